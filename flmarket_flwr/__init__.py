@@ -1,0 +1,1 @@
+"""FLMarket for Flower: pre-training pricing and client selection."""

@@ -1,0 +1,9 @@
+"""Pricing: the data value score and the truthful, budget-feasible reverse auction.
+
+Pure numpy/scipy: nothing here imports Flower, so the mathematics can be read and tested alone.
+"""
+
+from flmarket_flwr.pricing.auction import AuctionResult, auction_order, run_auction
+from flmarket_flwr.pricing.score import alpha, phi, score, theta
+
+__all__ = ["AuctionResult", "alpha", "auction_order", "phi", "run_auction", "score", "theta"]

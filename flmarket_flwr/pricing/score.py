@@ -1,0 +1,206 @@
+"""Data value score of a client (FLMarket, section 3.2).
+
+The score of client ``e`` is
+
+.. math::
+
+    u_e = \\sum_{c=1}^{C} \\theta_c \\, \\phi(n_e^c), \\qquad
+    \\theta_c = 1 - n_s^c / N_s, \\qquad
+    \\phi(x) = \\sum_{t=1}^{x} -\\ln \\min(t / \\alpha, 1), \\qquad
+    \\alpha = N_s / (E \\cdot C).
+
+Every term of ``phi`` with ``t >= alpha`` is ``-ln(1) = 0``, so ``phi`` saturates at
+``m = min(x, floor(alpha))`` and has the closed form
+
+.. math::
+
+    \\phi(x) = \\sum_{t=1}^{m} (\\ln \\alpha - \\ln t) = m \\ln \\alpha - \\ln \\Gamma(m + 1).
+
+This module evaluates that closed form with ``scipy.special.gammaln``: no loop over samples or
+clients, so counts in the millions and ``(100_000, 100)`` count matrices cost one vectorised pass.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy.special import gammaln
+
+__all__ = ["alpha", "phi", "score", "theta"]
+
+# Largest count accepted: float64 holds every integer below 2**53 exactly.
+_MAX_EXACT_COUNT = 2**53
+
+
+def _as_counts(values: ArrayLike, name: str) -> NDArray[np.int64]:
+    """Validate non-negative integer counts and return them as int64.
+
+    Parameters
+    ----------
+    values : ArrayLike
+        Integer counts, given as an integer array or a float array with integral values.
+    name : str
+        Argument name used in error messages.
+
+    Returns
+    -------
+    NDArray[np.int64]
+        The same counts as int64.
+    """
+    array = np.asarray(values)
+    if array.dtype == np.bool_ or not (
+        np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)
+    ):
+        raise TypeError(f"{name} must hold integer counts, got dtype {array.dtype}")
+    if array.size == 0:
+        raise ValueError(f"{name} is empty: it needs one count per class")
+    if np.issubdtype(array.dtype, np.floating):
+        if not np.all(np.isfinite(array)):
+            raise ValueError(f"{name} contains NaN or infinite values")
+        if np.any(array != np.floor(array)):
+            raise ValueError(f"{name} contains non-integer counts")
+    if array.min() < 0:
+        raise ValueError(f"{name} contains negative counts")
+    if array.max() >= _MAX_EXACT_COUNT:
+        raise ValueError(f"{name} contains counts of 2**53 or more, which float64 cannot hold exactly")
+    return array.astype(np.int64, copy=False)
+
+
+def _check_num_clients(num_clients: int) -> int:
+    if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)):
+        raise TypeError(f"num_clients must be an int, got {type(num_clients).__name__}")
+    if num_clients < 1:
+        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    return int(num_clients)
+
+
+def _global_counts(global_counts: ArrayLike) -> NDArray[np.int64]:
+    counts = _as_counts(global_counts, "global_counts")
+    if counts.ndim != 1:
+        raise ValueError(f"global_counts must have shape (C,), got {counts.shape}")
+    if counts.sum() == 0:
+        raise ValueError("global_counts are all zero: the global distribution is undefined")
+    return counts
+
+
+def theta(global_counts: ArrayLike) -> NDArray[np.float64]:
+    """Class weights ``theta_c = 1 - n_s^c / N_s`` (scarce classes weigh more).
+
+    Parameters
+    ----------
+    global_counts : ArrayLike
+        Global per-class counts ``n_s^c``, shape ``(C,)``.
+
+    Returns
+    -------
+    NDArray[np.float64]
+        ``theta``, shape ``(C,)``, each in ``[0, 1]``.
+    """
+    counts = _global_counts(global_counts)
+    return 1.0 - counts / counts.sum()
+
+
+def alpha(global_counts: ArrayLike, num_clients: int) -> float:
+    """Saturation threshold ``alpha = N_s / (E * C)``: the mean per-class volume of a client.
+
+    Parameters
+    ----------
+    global_counts : ArrayLike
+        Global per-class counts ``n_s^c``, shape ``(C,)``.
+    num_clients : int
+        Number of candidate clients ``E``.
+
+    Returns
+    -------
+    float
+        ``alpha``.
+    """
+    counts = _global_counts(global_counts)
+    return float(counts.sum() / (_check_num_clients(num_clients) * counts.size))
+
+
+def _log_factorial(values: NDArray[np.int64]) -> NDArray[np.float64]:
+    """``ln(m!) = lgamma(m + 1)`` of non-negative integers.
+
+    Saturated counts are small integers repeated many times, so when the largest is no bigger than
+    the array, ``gammaln`` is evaluated once per distinct integer and gathered: the same values
+    as calling it element-wise, at a fraction of the cost on ``(100_000, 100)`` inputs.
+    """
+    largest = int(values.max())
+    if largest < values.size:
+        table = gammaln(np.arange(largest + 1, dtype=np.float64) + 1.0)
+        return table[values]
+    return gammaln(values + 1.0)
+
+
+def phi(counts: ArrayLike, alpha_value: float) -> NDArray[np.float64] | float:
+    """Diminishing-returns volume utility ``phi(x) = sum_{t=1..x} -ln(min(t/alpha, 1))``.
+
+    Evaluated in closed form as ``m * ln(alpha) - lgamma(m + 1)`` with ``m = min(x, floor(alpha))``.
+
+    Parameters
+    ----------
+    counts : ArrayLike
+        Non-negative integer counts ``x`` (any shape).
+    alpha_value : float
+        Saturation threshold ``alpha > 0``.
+
+    Returns
+    -------
+    NDArray[np.float64] or float
+        ``phi`` of each count (a float for a scalar input). Zero wherever ``alpha <= 1``.
+    """
+    if not (isinstance(alpha_value, (int, float, np.integer, np.floating)) and math.isfinite(alpha_value)):
+        raise ValueError(f"alpha must be a finite number, got {alpha_value!r}")
+    if alpha_value <= 0:
+        raise ValueError(f"alpha must be > 0, got {alpha_value}")
+    saturated = np.minimum(_as_counts(np.atleast_1d(counts), "counts"), math.floor(alpha_value))
+    values = saturated * math.log(alpha_value) - _log_factorial(saturated)
+    # Rounding can leave a value of a few ulps below zero where m is 0 or 1 and alpha ~ 1.
+    values = np.maximum(values, 0.0)
+    if np.ndim(counts) == 0:
+        return float(values[0])
+    return values
+
+
+def score(
+    local_counts: ArrayLike, global_counts: ArrayLike, num_clients: int
+) -> NDArray[np.float64] | float:
+    """Data value score ``u_e = sum_c theta_c * phi(n_e^c)`` of one client or of many.
+
+    Parameters
+    ----------
+    local_counts : ArrayLike
+        Per-class counts of one client, shape ``(C,)``, or of ``E`` clients, shape ``(E, C)``.
+    global_counts : ArrayLike
+        Global per-class counts ``n_s^c`` (from PASS), shape ``(C,)``.
+    num_clients : int
+        Number of candidate clients ``E`` in the market (not the number of rows given).
+
+    Returns
+    -------
+    NDArray[np.float64] or float
+        A float for a ``(C,)`` input, an ``(E,)`` array for an ``(E, C)`` input.
+
+    Raises
+    ------
+    ValueError
+        Negative, non-integer or non-finite counts; shapes that do not agree; a local count above
+        the global count of its class; ``num_clients < 1``; all-zero global counts.
+    """
+    global_array = _global_counts(global_counts)
+    local = _as_counts(local_counts, "local_counts")
+    if local.ndim not in (1, 2) or local.shape[-1] != global_array.size:
+        raise ValueError(
+            f"local_counts must have shape (C,) or (E, C) with C={global_array.size}, got {local.shape}"
+        )
+    if np.any(local > global_array):
+        raise ValueError("local_counts exceed global_counts for some class: they cannot be part of that sum")
+    weights = theta(global_array)
+    utilities = phi(local, alpha(global_array, num_clients))
+    scores = utilities @ weights
+    if local.ndim == 1:
+        return float(scores)
+    return scores

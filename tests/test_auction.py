@@ -1,0 +1,203 @@
+"""The reverse auction: Algorithm 1 exactly, and its guarantees on thousands of random instances."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from auction_reference import reference_auction
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flmarket_flwr.pricing import auction_order, run_auction
+
+# Values drawn from a small set make ties in score per bid common; the rest are free floats.
+score_values = st.one_of(st.sampled_from([0.0, 1.0, 2.0, 3.0, 5.0, 10.0]), st.floats(1e-3, 100.0))
+bid_values = st.one_of(st.sampled_from([1.0, 2.0, 3.0, 5.0, 10.0]), st.floats(0.01, 100.0))
+
+
+@st.composite
+def instances(draw: st.DrawFn, max_clients: int = 12) -> tuple[np.ndarray, np.ndarray, float]:
+    size = draw(st.integers(1, max_clients))
+    scores = np.array(draw(st.lists(score_values, min_size=size, max_size=size)))
+    bids = np.array(draw(st.lists(bid_values, min_size=size, max_size=size)))
+    budget = draw(st.floats(0.1, 2000.0))
+    return scores, bids, budget
+
+
+def wins(scores: np.ndarray, bids: np.ndarray, budget: float, client: int, bid: float, **kwargs) -> bool:
+    changed = bids.copy()
+    changed[client] = bid
+    return client in run_auction(scores, changed, budget, **kwargs).winners
+
+
+def critical_bid_by_bisection(scores: np.ndarray, bids: np.ndarray, budget: float, client: int, **kwargs) -> float:
+    """The largest bid at which `client` still wins, found without the payment rule (to ~1e-10)."""
+    low = bids[client]  # a winner wins at its own bid
+    # In budget mode no winner can bid above R/2 (b_e <= R/2 * u_e / U with U >= u_e).
+    high = budget * 0.5000001 if "num_winners" not in kwargs else max(budget, low) * 4.0
+    while wins(scores, bids, budget, client, high, **kwargs):
+        high *= 4.0
+        if high > 1e12:
+            return math.inf
+    while high - low > 1e-10 * high:
+        middle = (low + high) / 2.0
+        if wins(scores, bids, budget, client, middle, **kwargs):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def test_paper_walk_through_recomputed() -> None:
+    # R = 140, U = {5, 6, 10, 20}, B = {10, 13, 80, 45}. Ranking 5/10 > 6/13 > 20/45 > 10/80.
+    # Selection: 10 <= 70*5/5; 13 <= 70*6/11 = 38.18; 45 <= 70*20/31 = 45.16; 80 > 70*10/41 = 17.07.
+    # Payment of client 0 over V^-0 = (1, 3, 2): min(65/6, 70) = 10.83, min(11.25, 350/11) = 11.25,
+    # then client 2 fails the rule: min(40, 70*5/31) = 350/31 = 11.29 -> p_0 = 350/31 (paper: 11.4).
+    # Likewise p_1 = max(12, 13.5, 420/31) = 420/31 (paper: 13.6) and
+    # p_3 = max(40, 260/6, 1400/31) = 1400/31 (paper: 45.2). Total 70 (paper: 70.2).
+    result = run_auction([5, 6, 10, 20], [10, 13, 80, 45], 140)
+    assert result.winners.tolist() == [0, 1, 3]
+    assert result.order.tolist() == [0, 1, 3, 2]
+    expected = [Fraction(350, 31), Fraction(420, 31), 0, Fraction(1400, 31)]
+    np.testing.assert_allclose(result.payments, [float(v) for v in expected], rtol=1e-12)
+    assert result.total_payment == pytest.approx(70.0, rel=1e-12)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(instances())
+def test_matches_direct_transcription_of_algorithm_1(instance) -> None:
+    scores, bids, budget = instance
+    result = run_auction(scores, bids, budget)
+    winners, payments = reference_auction(scores.tolist(), bids.tolist(), budget)
+    assert result.winners.tolist() == winners
+    # The fast path clamps p_e >= b_e against rounding; the transcription does not.
+    np.testing.assert_allclose(result.payments, np.maximum(payments, np.where(result.payments > 0, bids, 0)), rtol=1e-9)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(instances())
+def test_individually_rational_and_budget_feasible(instance) -> None:
+    scores, bids, budget = instance
+    result = run_auction(scores, bids, budget)
+    winner_mask = np.zeros(scores.size, dtype=bool)
+    winner_mask[result.winners] = True
+    assert np.all(result.payments[winner_mask] >= bids[winner_mask])
+    assert np.all(result.payments[~winner_mask] == 0.0)
+    assert result.total_payment <= budget * (1 + 1e-9)
+    assert np.all(scores[result.winners] > 0)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(instances(), st.data())
+def test_selection_is_monotone_in_the_bid(instance, data) -> None:
+    scores, bids, budget = instance
+    result = run_auction(scores, bids, budget)
+    client = data.draw(st.integers(0, scores.size - 1))
+    factor = data.draw(st.floats(0.01, 1.0))
+    if client in result.winners:
+        assert wins(scores, bids, budget, client, bids[client] * factor)
+    else:
+        assert not wins(scores, bids, budget, client, bids[client] / factor)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(instances(max_clients=9))
+def test_payment_is_the_critical_bid(instance) -> None:
+    scores, bids, budget = instance
+    result = run_auction(scores, bids, budget)
+    for client in result.winners:
+        payment = result.payments[client]
+        critical = critical_bid_by_bisection(scores, bids, budget, client)
+        assert payment == pytest.approx(critical, rel=1e-7)
+        assert wins(scores, bids, budget, client, payment * (1 - 1e-6))
+        assert not wins(scores, bids, budget, client, payment * (1 + 1e-6))
+
+
+def test_after_everyone_position_pays_the_budget_term() -> None:
+    # Everyone passes, so a winner's last candidate is "after everyone": R/2 * u_e / U(all).
+    scores, bids, budget = np.array([1.0, 1.0, 1.0]), np.array([1.0, 1.0, 1.0]), 600.0
+    result = run_auction(scores, bids, budget)
+    assert result.winners.tolist() == [0, 1, 2]
+    np.testing.assert_allclose(result.payments, [100.0, 100.0, 100.0])
+    assert critical_bid_by_bisection(scores, bids, budget, 0) == pytest.approx(100.0, rel=1e-9)
+
+
+def test_lone_bidder_is_paid_half_the_budget() -> None:
+    result = run_auction([4.0], [3.0], 10.0)
+    assert result.winners.tolist() == [0]
+    assert result.payments[0] == pytest.approx(5.0)
+
+
+def test_zero_score_clients_never_win_even_when_nearly_free() -> None:
+    result = run_auction([0.0, 2.0, 0.0], [1e-9, 1.0, 1e-9], 1000.0)
+    assert result.winners.tolist() == [1]
+    assert result.payments[0] == result.payments[2] == 0.0
+    assert run_auction([0.0, 0.0], [1.0, 1.0], 10.0).winners.size == 0
+
+
+def test_ties_go_to_the_lower_input_position() -> None:
+    order = auction_order([2.0, 1.0, 4.0, 2.0], [2.0, 1.0, 4.0, 1.0])
+    assert order.tolist() == [3, 0, 1, 2]
+
+
+def test_scale_agrees_with_transcription_on_two_thousand_bidders() -> None:
+    rng = np.random.default_rng(3)
+    scores = rng.exponential(1.0, 2000) * (rng.random(2000) > 0.05)
+    bids = rng.uniform(0.5, 1.5, 2000)
+    result = run_auction(scores, bids, 300.0)
+    winners, payments = reference_auction(scores.tolist(), bids.tolist(), 300.0)
+    assert len(winners) > 100
+    assert result.winners.tolist() == winners
+    np.testing.assert_allclose(result.payments, payments, rtol=1e-9)
+
+
+@settings(max_examples=500, deadline=None)
+@given(instances(max_clients=9), st.integers(1, 10))
+def test_fixed_count_mode_takes_the_ranking_head_at_critical_prices(instance, cohort) -> None:
+    scores, bids, budget = instance
+    result = run_auction(scores, bids, budget, num_winners=cohort)
+    ranked_positive = [int(i) for i in auction_order(scores, bids) if scores[i] > 0]
+    assert result.winners.tolist() == ranked_positive[:cohort]
+    assert result.num_winners == cohort
+    for client in result.winners:
+        assert result.payments[client] >= bids[client]
+        has_competitor = len(ranked_positive) > cohort
+        if has_competitor:
+            critical = critical_bid_by_bisection(scores, bids, budget, client, num_winners=cohort)
+            assert result.payments[client] == pytest.approx(critical, rel=1e-7)
+        else:
+            assert result.payments[client] == bids[client]
+
+
+@pytest.mark.parametrize(
+    ("scores", "bids", "budget", "kwargs", "error", "message"),
+    [
+        ([1.0, 2.0], [1.0], 10.0, {}, ValueError, "differ in length"),
+        ([1.0], [0.0], 10.0, {}, ValueError, "bids must be > 0"),
+        ([1.0], [-2.0], 10.0, {}, ValueError, "bids must be > 0"),
+        ([1.0], [math.nan], 10.0, {}, ValueError, "bids must be finite"),
+        ([1.0], [math.inf], 10.0, {}, ValueError, "bids must be finite"),
+        ([-1.0], [1.0], 10.0, {}, ValueError, "scores must be >= 0"),
+        ([math.nan], [1.0], 10.0, {}, ValueError, "scores must be finite"),
+        ([1.0], [1.0], 0.0, {}, ValueError, "budget must be a finite number > 0"),
+        ([1.0], [1.0], -5.0, {}, ValueError, "budget must be a finite number > 0"),
+        ([1.0], [1.0], math.inf, {}, ValueError, "budget must be a finite number > 0"),
+        ([1.0], [1.0], "10", {}, TypeError, "budget must be a number"),
+        ([[1.0]], [[1.0]], 10.0, {}, ValueError, "1-D"),
+        ([1.0], [1.0], 10.0, {"num_winners": 0}, ValueError, "num_winners"),
+    ],
+)
+def test_bad_input_names_the_problem(scores, bids, budget, kwargs, error, message) -> None:
+    with pytest.raises(error, match=message):
+        run_auction(scores, bids, budget, **kwargs)
+
+
+def test_result_serialises_to_plain_python() -> None:
+    result = run_auction([5, 6, 10, 20], [10, 13, 80, 45], 140)
+    as_dict = result.to_dict()
+    assert as_dict["winners"] == [0, 1, 3]
+    assert as_dict["total_payment"] == pytest.approx(70.0)
+    assert all(type(p) is float for p in as_dict["payments"])
