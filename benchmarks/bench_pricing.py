@@ -1,0 +1,86 @@
+"""Pricing at scale: the auction against a direct transcription of Algorithm 1, and the score.
+
+Run: ``.venv/bin/python -m benchmarks.bench_pricing`` (add ``--quick`` for a short run).
+
+For each market size the fast auction and, where it finishes in reasonable time, the direct
+transcription run on the same instance; the script checks that winners agree exactly and payments to
+1e-9 relative, and prints both wall times and their ratio. The score is timed on ``(E, 100)`` count
+matrices with counts in the millions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from flmarket_flwr.pricing import run_auction, score
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from auction_reference import reference_auction  # noqa: E402  (test oracle, not product code)
+
+
+def _best_of(repeats: int, function, *args, **kwargs) -> tuple[float, object]:
+    """Smallest wall time over `repeats` calls, and the last result."""
+    best = float("inf")
+    result = None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = function(*args, **kwargs)
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def _market(size: int, seed: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """Scores, bids and a budget that makes about 5% of the bidders win."""
+    rng = np.random.default_rng(seed)
+    scores = rng.exponential(1.0, size)
+    bids = rng.uniform(0.5, 1.5, size)
+    return scores, bids, 0.1 * size
+
+
+def bench_auction(sizes: list[int], reference_limit: int) -> None:
+    print(f"{'bidders':>10} {'winners':>8} {'fast (s)':>10} {'direct (s)':>11} {'speed-up':>9}  agree")
+    for size in sizes:
+        scores, bids, budget = _market(size, seed=size)
+        fast_time, result = _best_of(3, run_auction, scores, bids, budget)
+        line = f"{size:>10,} {result.winners.size:>8,} {fast_time:>10.4f}"
+        if size <= reference_limit:
+            direct_time, (winners, payments) = _best_of(1, reference_auction, scores.tolist(), bids.tolist(), budget)
+            agree = result.winners.tolist() == winners and np.allclose(result.payments, payments, rtol=1e-9, atol=0)
+            line += f" {direct_time:>11.3f} {direct_time / fast_time:>8.0f}x  {'yes' if agree else 'NO'}"
+            if not agree:
+                raise SystemExit(f"fast auction and transcription disagree at {size} bidders")
+        else:
+            line += f" {'(skipped)':>11} {'':>9}"
+        print(line, flush=True)
+
+
+def bench_score(sizes: list[int], num_classes: int) -> None:
+    print(f"\n{'clients':>10} {'classes':>8} {'score (s)':>10}")
+    for size in sizes:
+        rng = np.random.default_rng(size)
+        counts = rng.integers(0, 3_000_000, size=(size, num_classes))
+        elapsed, _ = _best_of(3, score, counts, counts.sum(axis=0), size)
+        print(f"{size:>10,} {num_classes:>8} {elapsed:>10.4f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, reference up to 10,000 bidders")
+    args = parser.parse_args()
+    print(f"machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}, numpy {np.__version__}\n")
+    if args.quick:
+        bench_auction([1_000, 10_000, 100_000], reference_limit=10_000)
+        bench_score([10_000, 100_000], 100)
+    else:
+        bench_auction([1_000, 10_000, 100_000, 1_000_000], reference_limit=100_000)
+        bench_score([10_000, 100_000], 100)
+
+
+if __name__ == "__main__":
+    main()
