@@ -1,0 +1,193 @@
+"""Restrict any Flower strategy to the market's winners with a ``Grid`` view.
+
+Usage::
+
+    outcome = MarketPhase(config).run(grid)
+    result = strategy.start(grid=WinnersGrid(grid, outcome.winners, seed=42), initial_arrays=arrays)
+
+:class:`WinnersGrid` is a :class:`flwr.serverapp.Grid` that wraps the ``Grid`` given to the
+``ServerApp``. Message-API strategies (``FedAvg``, ``FedProx``, ``FedAdam``, ...) only sample
+nodes from ``grid.get_node_ids()`` and send through ``grid.send_and_receive``; the view shows
+them the winners only and refuses any message to another node, so they run unchanged.
+
+Seeded sampling
+    Flower's strategies sample with ``random.sample`` on Python's module-level generator
+    (``flwr.serverapp.strategy.strategy_utils.sample_nodes``), which no argument seeds. With
+    ``seed=...``, every ``get_node_ids()`` call of the view reseeds that module-level generator
+    from a private stream started at ``seed``, just before the strategy draws its sample from
+    the returned list: the cohorts of every round are then a function of ``seed`` alone, whatever
+    else consumed randomness in between. This touches the global ``random`` state (and only it;
+    numpy and torch generators are left alone). With ``seed=None`` (default) nothing is reseeded.
+
+Strategy settings
+    A strategy waits, forever, until ``min_available_nodes`` (and ``min_train_nodes`` /
+    ``min_evaluate_nodes``) nodes are visible. Through this view only winners are visible: keep
+    those settings ``<= len(outcome.winners)``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from flwr.app import Message, RecordDict
+from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+
+__all__ = ["WinnersGrid"]
+
+
+class WinnersGrid(Grid):
+    """A ``Grid`` view that exposes, and lets messages reach, the given nodes only.
+
+    Parameters
+    ----------
+    grid : Grid
+        The underlying grid (the one passed to the ``ServerApp``'s main function).
+    node_ids : Iterable[int]
+        The nodes to expose, e.g. ``MarketOutcome.winners`` (order kept, duplicates dropped).
+    seed : int, optional
+        If given, node sampling by the strategy becomes reproducible (see the module
+        docstring: the module-level ``random`` generator is reseeded on each
+        ``get_node_ids()`` call).
+
+    Raises
+    ------
+    ValueError
+        If ``node_ids`` is empty.
+    TypeError
+        If a node id is not an int.
+    """
+
+    def __init__(self, grid: Grid, node_ids: Iterable[int], *, seed: int | None = None) -> None:
+        winners = _unique_node_ids(node_ids)
+        if not winners:
+            raise ValueError("WinnersGrid needs at least one node id: no client won the market")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+        self._grid = grid
+        self._node_ids = winners
+        self._allowed = frozenset(winners)
+        self._rng = random.Random(seed) if seed is not None else None
+
+    # --- The view ------------------------------------------------------------------------------
+    @property
+    def node_ids(self) -> tuple[int, ...]:
+        """All nodes of the view (connected or not), in the order given."""
+        return self._node_ids
+
+    @property
+    def grid(self) -> Grid:
+        """The underlying grid."""
+        return self._grid
+
+    def get_node_ids(self) -> list[int]:
+        """Return the view's nodes that the underlying grid reports as connected.
+
+        The order is the one given at construction. When the view is seeded, the
+        module-level ``random`` generator is reseeded before returning.
+        """
+        connected = set(self._grid.get_node_ids())
+        visible = [node for node in self._node_ids if node in connected]
+        if self._rng is not None:
+            random.seed(self._rng.getrandbits(64))
+        return visible
+
+    def get_nodes(self) -> list[NodeInfo]:
+        """Return the underlying grid's ``NodeInfo`` of the view's nodes."""
+        return [info for info in self._grid.get_nodes() if info.node_id in self._allowed]
+
+    # --- Guarded sending -----------------------------------------------------------------------
+    def create_message(  # pylint: disable=too-many-arguments,R0917
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
+        """Create a message through the underlying grid (destination must be in the view)."""
+        self._check_destination(dst_node_id)
+        return self._grid.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Push messages, all of them to nodes of the view, or none at all.
+
+        Raises
+        ------
+        ValueError
+            If any message is addressed to a node outside the view (nothing is sent).
+        """
+        batch = self._checked(messages)
+        return self._grid.push_messages(batch)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        """Pull replies through the underlying grid."""
+        return self._grid.pull_messages(message_ids)
+
+    def send_and_receive(
+        self,
+        messages: Iterable[Message],
+        *,
+        timeout: float | None = None,
+    ) -> Iterable[Message]:
+        """Send messages (all to nodes of the view, or none at all) and wait for the replies.
+
+        Raises
+        ------
+        ValueError
+            If any message is addressed to a node outside the view (nothing is sent).
+        """
+        batch = self._checked(messages)
+        return self._grid.send_and_receive(batch, timeout=timeout)
+
+    # --- Delegated -----------------------------------------------------------------------------
+    def set_run(self, run: Run) -> None:
+        """Set the run of the underlying grid."""
+        self._grid.set_run(run)
+
+    @property
+    def run(self) -> Run:
+        """Run information of the underlying grid."""
+        return self._grid.run
+
+    def __getattr__(self, name: str) -> Any:
+        """Delegate any other attribute (e.g. ``close``) to the underlying grid."""
+        grid = self.__dict__.get("_grid")
+        if grid is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(grid, name)
+
+    def __repr__(self) -> str:
+        """Return a short description of the view."""
+        seeded = "seeded" if self._rng is not None else "unseeded"
+        return f"WinnersGrid({type(self._grid).__name__}, node_ids={list(self._node_ids)}, {seeded})"
+
+    # --- Helpers -------------------------------------------------------------------------------
+    def _checked(self, messages: Iterable[Message]) -> list[Message]:
+        """Materialise ``messages`` as a list and check every destination first."""
+        batch = list(messages)
+        for message in batch:
+            self._check_destination(message.metadata.dst_node_id)
+        return batch
+
+    def _check_destination(self, node_id: int) -> None:
+        if node_id not in self._allowed:
+            raise ValueError(
+                f"node {node_id} is not in this WinnersGrid (nodes: {sorted(self._allowed)}); "
+                f"refusing to send it a message"
+            )
+
+
+def _unique_node_ids(node_ids: Iterable[int]) -> tuple[int, ...]:
+    """Node ids as plain ints, first occurrence kept."""
+    seen: dict[int, None] = {}
+    for node in node_ids:
+        if isinstance(node, bool) or not isinstance(node, (int, np.integer)):
+            raise TypeError(f"node ids must be ints, got {type(node).__name__}")
+        seen.setdefault(int(node), None)
+    return tuple(seen)

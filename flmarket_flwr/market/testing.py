@@ -1,0 +1,236 @@
+"""An in-process ``Grid`` that runs a real ``ClientApp`` per node, for tests without Ray or a SuperLink.
+
+:class:`InProcessGrid` delivers every message the way Flower's runtimes do, only synchronously
+and in one process:
+
+* each message crosses Flower's own wire format (the object-tree ``deflate``/``inflate`` used by
+  the SuperLink), in both directions, so only what a ``RecordDict`` can really carry arrives;
+* each node keeps its ``Context`` as serialised protobuf bytes and gets a freshly deserialised
+  ``Context`` for every message (deployment runs each message in a fresh process, so state that
+  is not in ``context.state`` is lost, exactly as there);
+* a ``ClientApp`` exception becomes an error reply (``ErrorCode.CLIENT_APP_RAISED_EXCEPTION``)
+  and the node's context is not updated, as in Flower's simulation and deployment runtimes.
+
+Test hooks: ``reply_hook(instruction, reply)`` may replace a reply or drop it (return ``None``:
+the server sees a timeout); :attr:`InProcessGrid.received_wire` holds the serialised bytes of
+every reply the server received, for privacy checks; replies come back in shuffled order.
+
+Constructing the grid sets Flower's process-wide ``TaskIdentity`` to a ServerApp identity
+(as ``flwr.simulation.run_simulation`` does), so ``Message(...)`` can be built in tests.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from uuid import uuid4
+
+import numpy as np
+
+from flwr.app import Context, Error, Message, RecordDict, UserConfig
+from flwr.clientapp import ClientApp
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+from flwr.common.serde import context_from_proto, context_to_proto
+from flwr.proto.message_pb2 import Context as ProtoContext  # pylint: disable=E0611
+from flwr.serverapp import Grid
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+
+from flmarket_flwr.market.bidding import BidPolicy
+from flmarket_flwr.market.client import register_market_handlers
+
+__all__ = ["InProcessGrid", "ReplyHook", "market_client_app", "wire_roundtrip"]
+
+ReplyHook = Callable[[Message, Message], Message | None]
+"""``(instruction as delivered, reply) -> reply to return, or None to drop it (a timeout)``."""
+
+
+def market_client_app(
+    label_counts: Mapping[int, np.ndarray],
+    bid_policy: BidPolicy | None = None,
+) -> ClientApp:
+    """A ``ClientApp`` with only the market handlers, serving fixed label counts per node id.
+
+    Parameters
+    ----------
+    label_counts : Mapping[int, numpy.ndarray]
+        Node id -> that node's per-class label counts.
+    bid_policy : BidPolicy, optional
+        Passed to :func:`~flmarket_flwr.market.client.register_market_handlers`.
+
+    Returns
+    -------
+    ClientApp
+        The app; add ``train``/``evaluate`` handlers to it as usual.
+    """
+    app = ClientApp()
+    register_market_handlers(app, lambda context: label_counts[context.node_id], bid_policy)
+    return app
+
+
+def wire_roundtrip(message: Message) -> tuple[Message, bytes]:
+    """Serialise a message as Flower does on the wire and read it back.
+
+    Parameters
+    ----------
+    message : Message
+        Any message (content or error).
+
+    Returns
+    -------
+    tuple[Message, bytes]
+        The deserialised copy (same ``message_id``) and the serialised bytes of the
+        message and all its records.
+    """
+    objects = get_all_nested_objects(message)
+    contents = {object_id: obj.deflate() for object_id, obj in objects.items()}
+    raw = b"".join(contents.values())
+    copy = inflate_object_from_contents(message.object_id, dict(contents))
+    copy.metadata.__dict__["_message_id"] = message.metadata.message_id
+    return copy, raw
+
+
+class InProcessGrid(Grid):
+    """A ``Grid`` whose nodes run a real ``ClientApp`` in this process.
+
+    Parameters
+    ----------
+    client_app : ClientApp or Callable[[], ClientApp]
+        The ``ClientApp`` every node runs, or a factory called for every message (a
+        fresh ``ClientApp`` per message, as when deployment loads the app in a new process).
+    node_ids : Sequence[int]
+        Ids of the nodes (all connected at first; see :attr:`connected`).
+    node_configs : Mapping[int, UserConfig], optional
+        Per-node ``node_config``; defaults to Flower simulation's
+        ``{"partition-id": i, "num-partitions": n}`` with ``i`` the node's position.
+    run_config : UserConfig, optional
+        The run config every node sees.
+    run_id : int (default: 1)
+        Run id of the grid's ``Run`` and of the nodes' contexts.
+    reply_hook : ReplyHook, optional
+        Called with each (instruction, reply); returns the reply to deliver or ``None``.
+    shuffle_seed : int or None (default: 0)
+        Seed of the shuffling of each batch of replies; ``None`` keeps sending order.
+    """
+
+    def __init__(  # pylint: disable=too-many-arguments
+        self,
+        client_app: ClientApp | Callable[[], ClientApp],
+        node_ids: Sequence[int],
+        *,
+        node_configs: Mapping[int, UserConfig] | None = None,
+        run_config: UserConfig | None = None,
+        run_id: int = 1,
+        reply_hook: ReplyHook | None = None,
+        shuffle_seed: int | None = 0,
+    ) -> None:
+        if len(set(node_ids)) != len(node_ids):
+            raise ValueError("node ids must be unique")
+        self._app = client_app
+        self.node_ids = [int(node) for node in node_ids]
+        self.connected: list[int] = list(self.node_ids)
+        self.reply_hook = reply_hook
+        self._rng = random.Random(shuffle_seed) if shuffle_seed is not None else None
+        self._run = Run.create_empty(run_id)
+        self._contexts: dict[int, bytes] = {}
+        for position, node in enumerate(self.node_ids):
+            config = dict(node_configs[node]) if node_configs is not None else {
+                "partition-id": position,
+                "num-partitions": len(self.node_ids),
+            }
+            context = Context(run_id, node, config, RecordDict(), dict(run_config or {}))
+            self._contexts[node] = context_to_proto(context).SerializeToString()
+        self._pending: dict[str, Message] = {}
+        self._replies: dict[str, Message] = {}
+        self.sent: list[Message] = []
+        self.received: list[Message] = []
+        self.received_wire: list[bytes] = []
+        TaskIdentity.task_id = 1
+        TaskIdentity.run_id = run_id
+        TaskIdentity.node_id = SUPERLINK_NODE_ID
+
+    # --- Grid API ------------------------------------------------------------------------------
+    def set_run(self, run: Run) -> None:
+        """Set the run."""
+        self._run = run
+
+    @property
+    def run(self) -> Run:
+        """Run information."""
+        return self._run
+
+    def create_message(  # pylint: disable=too-many-arguments,R0917
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
+        """Create a message (as Flower's grids do, without sending it)."""
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> list[int]:
+        """Ids of the connected nodes."""
+        return list(self.connected)
+
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        """Queue messages for their nodes and return their new message ids."""
+        ids = []
+        for message in messages:
+            if message.metadata.dst_node_id not in self._contexts:
+                raise ValueError(f"unknown destination node {message.metadata.dst_node_id}")
+            if message.metadata.reply_to_message_id or message.metadata.ttl <= 0:
+                raise ValueError(f"invalid instruction message: {message}")
+            message.metadata.__dict__["_message_id"] = str(uuid4())
+            self.sent.append(message)
+            self._pending[message.metadata.message_id], _ = wire_roundtrip(message)
+            ids.append(message.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
+        """Run the ``ClientApp`` on the pending messages among ``message_ids``; return the replies."""
+        replies = []
+        for message_id in message_ids:
+            if message_id in self._pending:
+                reply = self._deliver(self._pending.pop(message_id))
+                if reply is not None:
+                    self._replies[message_id] = reply
+            if message_id in self._replies:
+                replies.append(self._receive(self._replies.pop(message_id)))
+        if self._rng is not None:
+            self._rng.shuffle(replies)
+        return replies
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        """Push the messages and pull every reply (dropped replies are simply missing)."""
+        return self.pull_messages(self.push_messages(messages))
+
+    # --- Node side -----------------------------------------------------------------------------
+    def context(self, node_id: int) -> Context:
+        """A fresh copy of the node's persisted ``Context``."""
+        return context_from_proto(ProtoContext.FromString(self._contexts[node_id]))
+
+    def _deliver(self, message: Message) -> Message | None:
+        node = message.metadata.dst_node_id
+        context = self.context(node)
+        app = self._app if isinstance(self._app, ClientApp) else self._app()
+        try:
+            reply = app(message, context)
+        except Exception as ex:  # pylint: disable=broad-exception-caught
+            reason = str(type(ex)) + ":<'" + str(ex) + "'>"
+            reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)
+        else:
+            self._contexts[node] = context_to_proto(context).SerializeToString()
+        reply.metadata.__dict__["_message_id"] = str(uuid4())
+        if self.reply_hook is not None:
+            return self.reply_hook(message, reply)
+        return reply
+
+    def _receive(self, reply: Message) -> Message:
+        received, raw = wire_roundtrip(reply)
+        self.received.append(received)
+        self.received_wire.append(raw)
+        return received

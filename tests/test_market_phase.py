@@ -1,0 +1,316 @@
+"""The market phase over real Flower messages, against real ClientApps, in one process.
+
+Every test drives ``MarketPhase.run`` over an ``InProcessGrid``: messages cross Flower's wire
+format, each node's ``Context`` is rebuilt from protobuf bytes for every message (fresh-process
+semantics), and replies come back shuffled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from flmarket_flwr.market import (
+    CostBasedBid,
+    MarketConfig,
+    MarketError,
+    MarketOutcome,
+    MarketPhase,
+    SimulatedCostBid,
+    read_award,
+    simulated_cost_per_sample,
+)
+from flmarket_flwr.market.messages import RECORD_KEY
+from flmarket_flwr.market.testing import InProcessGrid, market_client_app
+from flmarket_flwr.pricing import run_auction, score
+
+NUM_CLASSES = 10
+
+
+def make_counts(num_nodes: int, seed: int = 0, num_classes: int = NUM_CLASSES) -> dict[int, np.ndarray]:
+    """Label counts of ``num_nodes`` nodes with large random node ids (like Flower's)."""
+    rng = np.random.default_rng(seed)
+    node_ids = sorted({int(n) for n in rng.integers(1, 2**62, size=num_nodes)})
+    assert len(node_ids) == num_nodes
+    return {node: rng.integers(1, 60, size=num_classes) for node in node_ids}
+
+
+def config(**overrides: object) -> MarketConfig:
+    values: dict[object, object] = {"budget": 100.0, "num_classes": NUM_CLASSES, "poll_interval": 0.001}
+    values.update(overrides)
+    return MarketConfig(**values)  # type: ignore[arg-type]
+
+
+def expected_auction(counts: dict[int, np.ndarray], policy, grid: InProcessGrid, cfg: MarketConfig):
+    """Winners and payments from the clients' true scores and bids, computed here directly."""
+    nodes = sorted(counts)
+    total = np.sum([counts[n] for n in nodes], axis=0)
+    scores = [score(counts[n], total, len(nodes)) for n in nodes]
+    bids = [policy(counts[n], s, grid.context(n)) for n, s in zip(nodes, scores)]
+    result = run_auction(scores, bids, cfg.budget, num_winners=cfg.num_winners)
+    winners = [nodes[i] for i in result.winners]
+    payments = {n: float(result.payments[i]) for i, n in enumerate(nodes)}
+    return total, scores, bids, winners, payments
+
+
+@pytest.mark.parametrize("num_nodes, budget", [(3, 10.0), (8, 50.0), (20, 300.0), (20, 5.0)])
+def test_outcome_equals_auction_on_true_scores_and_bids(num_nodes: int, budget: float) -> None:
+    counts = make_counts(num_nodes, seed=num_nodes)
+    policy = CostBasedBid(cost_per_sample=0.05, markup=0.2)
+    grid = InProcessGrid(market_client_app(counts, policy), list(counts))
+    cfg = config(budget=budget)
+
+    outcome = MarketPhase(cfg).run(grid)
+
+    total, scores, bids, winners, payments = expected_auction(counts, policy, grid, cfg)
+    assert outcome.global_counts == [int(c) for c in total]
+    assert outcome.participants == sorted(counts)
+    assert outcome.pass_participants == sorted(counts)
+    assert outcome.scores == dict(zip(sorted(counts), scores))
+    assert outcome.bids == dict(zip(sorted(counts), bids))
+    assert outcome.winners == winners
+    assert outcome.payments == payments
+    assert outcome.total_payment == pytest.approx(sum(payments.values()))
+    assert outcome.total_payment <= budget * (1 + 1e-12)
+    assert outcome.within_budget
+    assert outcome.excluded == {}
+    assert outcome.pass_attempts == 1
+    assert outcome.award_acknowledged == sorted(counts)
+    for winner in outcome.winners:
+        assert outcome.payments[winner] >= outcome.bids[winner]
+    assert set(outcome.timings) == {"wait_for_nodes", "pass", "bid", "auction", "award", "total"}
+
+
+def test_fixed_cohort_mode_selects_num_winners() -> None:
+    counts = make_counts(10, seed=3)
+    policy = CostBasedBid(0.1)
+    grid = InProcessGrid(market_client_app(counts, policy), list(counts))
+    cfg = config(budget=1.0, num_winners=4)
+
+    outcome = MarketPhase(cfg).run(grid)
+
+    _, _, _, winners, payments = expected_auction(counts, policy, grid, cfg)
+    assert len(outcome.winners) == 4
+    assert outcome.winners == winners
+    assert outcome.payments == payments
+    assert outcome.num_winners == 4
+
+
+def test_heterogeneous_simulated_costs_reach_the_auction() -> None:
+    counts = make_counts(6, seed=4)
+    policy = SimulatedCostBid(seed=7, low=0.5, high=2.0, markup=0.0)
+    grid = InProcessGrid(market_client_app(counts, policy), list(counts))
+
+    outcome = MarketPhase(config()).run(grid)
+
+    for position, node in enumerate(sorted(counts)):
+        cost = simulated_cost_per_sample(position, seed=7, low=0.5, high=2.0)
+        assert outcome.bids[node] == pytest.approx(cost * counts[node].sum())
+    assert len(set(outcome.bids[n] / counts[n].sum() for n in counts)) == len(counts)
+
+
+def test_reply_order_does_not_change_the_outcome() -> None:
+    counts = make_counts(9, seed=5)
+    outcomes = []
+    for shuffle_seed in (None, 1, 2):
+        grid = InProcessGrid(market_client_app(counts), list(counts), shuffle_seed=shuffle_seed)
+        outcomes.append(MarketPhase(config()).run(grid))
+    for outcome in outcomes[1:]:
+        assert outcome.winners == outcomes[0].winners
+        assert outcome.payments == outcomes[0].payments
+        assert outcome.global_counts == outcomes[0].global_counts
+
+
+def test_awards_are_recorded_in_client_state_and_pass_keys_purged() -> None:
+    counts = make_counts(7, seed=6)
+    grid = InProcessGrid(market_client_app(counts, CostBasedBid(0.05)), list(counts))
+
+    outcome = MarketPhase(config(budget=40.0)).run(grid)
+
+    assert outcome.winners
+    for node in counts:
+        context = grid.context(node)
+        award = read_award(context)
+        assert award is not None
+        assert award.won == (node in outcome.winners)
+        assert award.payment == outcome.payments[node]
+        assert award.score == outcome.scores[node]
+        assert award.bid == outcome.bids[node]
+        state = context.state.config_records[RECORD_KEY]
+        assert not [key for key in state if key.startswith("pass-")]
+
+
+def test_a_budget_too_small_for_anyone_gives_no_winners_but_completes() -> None:
+    counts = make_counts(5, seed=13)
+    grid = InProcessGrid(market_client_app(counts, CostBasedBid(10.0)), list(counts))
+
+    outcome = MarketPhase(config(budget=1.0)).run(grid)
+
+    assert outcome.winners == []
+    assert outcome.total_payment == 0.0
+    assert all(read_award(grid.context(node)).won is False for node in counts)
+
+
+def test_outcome_to_dict_and_save_json(tmp_path) -> None:
+    counts = make_counts(5, seed=8)
+    grid = InProcessGrid(market_client_app(counts), list(counts))
+    outcome = MarketPhase(config()).run(grid)
+
+    path = outcome.save_json(tmp_path / "out" / "market.json")
+    loaded = json.loads(path.read_text())
+
+    assert loaded["winners"] == outcome.winners
+    assert loaded["global_counts"] == outcome.global_counts
+    assert {int(k): v for k, v in loaded["payments"].items()} == outcome.payments
+    assert loaded["budget"] == 100.0
+    assert loaded["pass_attempts"] == 1
+    assert outcome.to_dict()["scores"] == outcome.scores
+    assert isinstance(outcome, MarketOutcome)
+
+
+class SlowGrid(InProcessGrid):
+    """Nodes appear only after a few polls, as in simulation where main starts first."""
+
+    def __init__(self, *args: object, appear_after: int, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.polls = 0
+        self.appear_after = appear_after
+
+    def get_node_ids(self) -> list[int]:
+        self.polls += 1
+        return list(self.connected) if self.polls > self.appear_after else []
+
+
+def test_waits_for_nodes_that_connect_late() -> None:
+    counts = make_counts(5, seed=9)
+    grid = SlowGrid(market_client_app(counts), list(counts), appear_after=3)
+
+    outcome = MarketPhase(config(wait_for_nodes_timeout=5.0)).run(grid)
+
+    assert grid.polls > 3
+    assert outcome.pass_participants == sorted(counts)
+
+
+def test_expected_nodes_waits_then_goes_on_with_those_present(caplog: pytest.LogCaptureFixture) -> None:
+    counts = make_counts(5, seed=10)
+    grid = InProcessGrid(market_client_app(counts), list(counts))
+    grid.connected = sorted(counts)[:4]
+
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        outcome = MarketPhase(config(expected_nodes=5, wait_for_nodes_timeout=0.05)).run(grid)
+
+    assert outcome.pass_participants == sorted(counts)[:4]
+    assert "4 of 5 expected nodes" in caplog.text
+
+
+def test_too_few_nodes_is_a_clear_error() -> None:
+    counts = make_counts(5, seed=11)
+    grid = InProcessGrid(market_client_app(counts), list(counts))
+    grid.connected = sorted(counts)[:2]
+
+    with pytest.raises(MarketError, match="only 2 node.*at least 3"):
+        MarketPhase(config(wait_for_nodes_timeout=0.02)).run(grid)
+    assert grid.sent == []
+
+
+def test_min_clients_above_three_is_enforced() -> None:
+    counts = make_counts(4, seed=12)
+    grid = InProcessGrid(market_client_app(counts), list(counts))
+
+    with pytest.raises(MarketError, match="at least 5"):
+        MarketPhase(config(min_clients=5, wait_for_nodes_timeout=0.02)).run(grid)
+
+
+@pytest.mark.parametrize(
+    "overrides, error, match",
+    [
+        ({"budget": 0.0}, ValueError, "budget"),
+        ({"budget": -1.0}, ValueError, "budget"),
+        ({"budget": float("nan")}, ValueError, "budget"),
+        ({"budget": float("inf")}, ValueError, "budget"),
+        ({"budget": "10"}, TypeError, "budget"),
+        ({"num_classes": 0}, ValueError, "num_classes"),
+        ({"num_classes": 2.0}, TypeError, "num_classes"),
+        ({"num_classes": True}, TypeError, "num_classes"),
+        ({"num_winners": 0}, ValueError, "num_winners"),
+        ({"min_clients": 2}, ValueError, "min_clients"),
+        ({"max_pass_attempts": 0}, ValueError, "max_pass_attempts"),
+        ({"timeout": 0.0}, ValueError, "timeout"),
+        ({"wait_for_nodes_timeout": -1.0}, ValueError, "wait_for_nodes_timeout"),
+        ({"expected_nodes": 2}, ValueError, "expected_nodes"),
+        ({"session_label": ""}, ValueError, "session_label"),
+        ({"poll_interval": 0.0}, ValueError, "poll_interval"),
+    ],
+)
+def test_config_validation(overrides: dict[str, object], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        config(**overrides)
+
+
+def test_config_defaults() -> None:
+    cfg = MarketConfig(budget=10.0, num_classes=3)
+    assert cfg.num_winners is None
+    assert cfg.min_clients == 3
+    assert cfg.max_pass_attempts == 3
+    assert cfg.timeout == 60.0
+    assert cfg.wait_for_nodes_timeout == 60.0
+    assert cfg.expected_nodes is None
+    assert cfg.session_label == "flmarket"
+    with pytest.raises(AttributeError):
+        cfg.budget = 5.0  # type: ignore[misc]
+
+
+def test_handlers_keep_no_state_outside_context_state() -> None:
+    """A fresh ClientApp for every message (deployment loads the app per message) changes nothing."""
+    counts = make_counts(6, seed=14)
+    loaded: list[object] = []
+
+    def fresh_app():  # type: ignore[no-untyped-def]
+        app = market_client_app(counts, CostBasedBid(0.05))
+        loaded.append(app)
+        return app
+
+    outcome = MarketPhase(config()).run(InProcessGrid(fresh_app, list(counts)))
+    reference = MarketPhase(config()).run(
+        InProcessGrid(market_client_app(counts, CostBasedBid(0.05)), list(counts))
+    )
+
+    assert len({id(app) for app in loaded}) == len(loaded) == 4 * len(counts)
+    assert outcome.global_counts == reference.global_counts
+    assert outcome.winners == reference.winners
+    assert outcome.payments == reference.payments
+
+
+class GrowingGrid(InProcessGrid):
+    """``get_node_ids`` reveals one more node per poll (from 3), up to ``limit`` nodes."""
+
+    def __init__(self, *args: object, limit: int, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.visible = 3
+        self.limit = limit
+
+    def get_node_ids(self) -> list[int]:
+        ids = self.connected[: self.visible]
+        self.visible = min(self.visible + 1, self.limit)
+        return ids
+
+
+def test_without_expected_nodes_the_wait_lasts_until_the_node_set_settles() -> None:
+    counts = make_counts(6, seed=15)
+    grid = GrowingGrid(market_client_app(counts, CostBasedBid(0.05)), list(counts), limit=6)
+
+    outcome = MarketPhase(config(wait_for_nodes_timeout=5.0)).run(grid)
+
+    assert outcome.pass_participants == sorted(counts)
+
+
+def test_a_node_set_that_never_settles_is_still_bounded_by_the_timeout() -> None:
+    counts = make_counts(40, seed=16)
+    grid = GrowingGrid(market_client_app(counts, CostBasedBid(0.05)), list(counts), limit=40)
+
+    outcome = MarketPhase(config(wait_for_nodes_timeout=0.02, poll_interval=0.001)).run(grid)
+
+    assert 3 <= len(outcome.pass_participants) < 40
