@@ -1,0 +1,229 @@
+"""ClientApp of the FLMarket Flower app.
+
+One ``ClientApp`` serves both phases of a run:
+
+* **Market** (``query.market_*`` messages): registered with
+  :func:`~flmarket_flwr.market.register_market_handlers`. The client's label
+  counts ``N_e`` come from its partition; its bid is its (simulated,
+  heterogeneous) cost per sample times ``N_e``, plus a markup
+  (:class:`RunConfigCostBid`).
+* **Training** (``train`` / ``evaluate`` messages): plain local SGD on the
+  client's partition, on CUDA when available.
+
+The client's partition is ``node_config["partition-id"]`` out of
+``node_config["num-partitions"]`` (set by the simulation engine, or by
+``flower-supernode --node-config "partition-id=0 num-partitions=3"`` in a
+deployment).
+
+In a deployment every message runs in a fresh process, so this module keeps
+its import light for the market messages: the model (and with it ``torch``) is
+imported by the ``train`` and ``evaluate`` handlers only, and the label counts
+are computed once and then kept in ``context.state``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from flmarket_flwr.market import (
+    CostBasedBid,
+    read_award,
+    register_market_handlers,
+    simulated_cost_per_sample,
+)
+from flmarket_flwr.task import (
+    DataConfig,
+    configure_torch_threads,
+    evaluate,
+    load_partition,
+    num_classes,
+    partition_label_counts,
+    resolve_device,
+)
+from flmarket_flwr.task import train as train_model
+
+if TYPE_CHECKING:
+    import torch
+
+app = ClientApp()
+
+STATE_KEY = "flmarket-app"
+"""Key of this app's ``ConfigRecord`` in ``context.state`` (label-count cache)."""
+
+
+def partition_id_of(context: Context) -> int:
+    """Return the client's partition id from its node config.
+
+    Raises
+    ------
+    KeyError
+        If the node config has no ``partition-id`` (start the SuperNode with
+        ``--node-config "partition-id=<i> num-partitions=<n>"``).
+    """
+    if "partition-id" not in context.node_config:
+        raise KeyError(
+            "node_config has no 'partition-id': start the SuperNode with "
+            "--node-config \"partition-id=<i> num-partitions=<n>\""
+        )
+    return int(context.node_config["partition-id"])
+
+
+def data_config_of(context: Context) -> DataConfig:
+    """Return the data config shared by all clients of the run."""
+    return DataConfig.from_run_config(context.run_config, context.node_config)
+
+
+def label_counts(context: Context) -> np.ndarray:
+    """Per-class label counts ``N_e`` of this client (the market's input).
+
+    Computed from the partition on first use, then read from ``context.state``
+    (which survives between messages, also in a deployment where each message
+    runs in a fresh process). The cache is keyed by the data config and the
+    partition id, and never leaves the client.
+    """
+    partition_id = partition_id_of(context)
+    data_config = data_config_of(context)
+    cache_key = f"{data_config!r}/partition-{partition_id}"
+    if STATE_KEY not in context.state.config_records:
+        context.state[STATE_KEY] = ConfigRecord()
+    state = context.state.config_records[STATE_KEY]
+    if state.get("label-counts-key") == cache_key:
+        return np.asarray(state["label-counts"], dtype=np.int64)
+    counts = partition_label_counts(partition_id, data_config)
+    state["label-counts-key"] = cache_key
+    state["label-counts"] = [int(c) for c in counts]
+    return counts
+
+
+class RunConfigCostBid:
+    """Cost-based bid with a simulated, heterogeneous cost per sample.
+
+    ``b_e = cost_e * N_e * (1 + markup)`` where ``cost_e`` is drawn uniformly in
+    ``[cost-low, cost-high)`` from ``(partition-id, seed)`` by
+    :func:`~flmarket_flwr.market.bidding.simulated_cost_per_sample`. The range
+    and the markup are read from the run config at bid time (keys
+    ``cost-low``, ``cost-high``, ``bid-markup``, ``seed``), so they can be
+    overridden with ``flwr run --run-config``.
+    """
+
+    def __call__(
+        self, label_counts: np.ndarray, score: float, context: Context
+    ) -> float:
+        """Return the client's bid."""
+        config = context.run_config
+        cost = simulated_cost_per_sample(
+            partition_id_of(context),
+            seed=int(config.get("seed", 0)),
+            low=float(config.get("cost-low", 0.5)),
+            high=float(config.get("cost-high", 1.5)),
+        )
+        policy = CostBasedBid(cost, markup=float(config.get("bid-markup", 0.2)))
+        return policy(label_counts, score, context)
+
+
+register_market_handlers(app, get_label_counts=label_counts, bid_policy=RunConfigCostBid())
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Train the received global model on the local partition."""
+    from flmarket_flwr.models import build_model, set_arrays  # pylint: disable=C0415
+
+    configure_torch_threads(int(context.run_config.get("torch-threads", 0)))
+    partition_id = partition_id_of(context)
+    data_config = data_config_of(context)
+    config = msg.content.config_records.get("config", {})
+    server_round = int(config.get("server-round", 0))
+
+    model = build_model(num_classes=num_classes(data_config))
+    set_arrays(model, msg.content.array_records["arrays"])
+    data = load_partition(partition_id, data_config)
+    device = resolve_device(str(context.run_config.get("device", "auto")))
+    started = time.perf_counter()
+    train_loss = train_model(
+        model,
+        data,
+        epochs=int(config.get("local-epochs", context.run_config.get("local-epochs", 3))),
+        lr=float(config.get("learning-rate", context.run_config.get("learning-rate", 0.1))),
+        device=device,
+        batch_size=int(config.get("batch-size", context.run_config.get("batch-size", 8))),
+        momentum=float(config.get("momentum", context.run_config.get("momentum", 0.5))),
+        seed=data_config.seed * 1_000_003 + partition_id * 1_009 + server_round,
+    )
+    train_time = time.perf_counter() - started
+    _record_training(context, partition_id, server_round, len(data[1]), train_time, device)
+
+    metrics = {
+        "train_loss": 0.0 if math.isnan(train_loss) else train_loss,
+        "train_time": train_time,
+        "num-examples": len(data[1]),
+    }
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord(model.to("cpu").state_dict()),
+            "metrics": MetricRecord(metrics),
+        }
+    )
+    return Message(content=content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate_local(msg: Message, context: Context) -> Message:
+    """Evaluate the received global model on the local partition."""
+    from flmarket_flwr.models import build_model, set_arrays  # pylint: disable=C0415
+
+    configure_torch_threads(int(context.run_config.get("torch-threads", 0)))
+    data_config = data_config_of(context)
+    model = build_model(num_classes=num_classes(data_config))
+    set_arrays(model, msg.content.array_records["arrays"])
+    data = load_partition(partition_id_of(context), data_config)
+    device = resolve_device(str(context.run_config.get("device", "auto")))
+    loss, accuracy = evaluate(model, data, device)
+    metrics = {
+        "eval_loss": 0.0 if math.isnan(loss) else loss,
+        "eval_acc": 0.0 if math.isnan(accuracy) else accuracy,
+        "num-examples": len(data[1]),
+    }
+    return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+
+
+def _record_training(  # pylint: disable=too-many-arguments,too-many-positional-arguments
+    context: Context,
+    partition_id: int,
+    server_round: int,
+    num_examples: int,
+    train_time: float,
+    device: torch.device,
+) -> None:
+    """Write an audit record of this train message when ``train-log-dir`` is set.
+
+    One small JSON file per (node, round) in ``<train-log-dir>/run-<run_id>/``:
+    tests use it to check, from the client side, that only the market's winners
+    ever trained.
+    """
+    log_dir = str(context.run_config.get("train-log-dir", ""))
+    if not log_dir:
+        return
+    folder = Path(log_dir).expanduser() / f"run-{context.run_id}"
+    folder.mkdir(parents=True, exist_ok=True)
+    award = read_award(context)
+    record = {
+        "node_id": int(context.node_id),
+        "partition_id": partition_id,
+        "server_round": server_round,
+        "num_examples": num_examples,
+        "train_time_s": train_time,
+        "won": None if award is None else award.won,
+        "payment": None if award is None else award.payment,
+        "device": str(device),
+    }
+    path = folder / f"train-node{context.node_id}-round{server_round}.json"
+    path.write_text(json.dumps(record), encoding="utf-8")

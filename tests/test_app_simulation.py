@@ -1,0 +1,292 @@
+"""End-to-end: the FLMarket app's ServerApp and ClientApp together.
+
+``test_app_in_process`` runs ``server_app.main`` against the real ClientApp on an
+in-process Grid (no Ray, no SuperLink: seconds), to catch app-level bugs fast.
+
+The other tests run ``flwr run .`` in a local simulation. One local SuperLink
+(started by the first ``flwr run``, on free ports, with its own temporary
+``FLWR_HOME``) serves two runs over 6 simulated SuperNodes:
+
+* budget mode: the auction picks the winners, the total payment stays within the
+  budget, only the winners ever train (checked from the client side through the
+  ``train-log-dir`` audit files), and the server-side accuracy rises;
+* fixed-cohort mode (``num-selected``): exactly that many winners train.
+
+The SuperLink and every process under it (``flower-superexec``, the simulation
+process, Ray) are stopped by PID at the end.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from flwr.app import Context, RecordDict
+
+from flmarket_flwr import client_app, server_app
+from flmarket_flwr.market.testing import InProcessGrid
+
+PROJECT = Path(__file__).resolve().parents[1]
+BIN_DIR = Path(sys.executable).parent
+FLWR = str(BIN_DIR / "flwr") if (BIN_DIR / "flwr").exists() else (shutil.which("flwr") or "flwr")
+NUM_SUPERNODES = 6
+RUN_TIMEOUT_S = 300
+
+needs_flower_cli = pytest.mark.skipif(
+    not Path(FLWR).exists() or not Path("/proc").is_dir(),
+    reason="needs the flwr CLI and /proc (Linux)",
+)
+
+
+def app_run_config(**overrides: object) -> dict:
+    """The app's ``[tool.flwr.app.config]`` with ``overrides`` (``_`` for ``-`` in keys)."""
+    with (PROJECT / "pyproject.toml").open("rb") as file:
+        config = tomllib.load(file)["tool"]["flwr"]["app"]["config"]
+    config.update({key.replace("_", "-"): value for key, value in overrides.items()})
+    return config
+
+
+def test_app_in_process(tmp_path: Path) -> None:
+    """ServerApp + ClientApp over an in-process Grid: results written, winners only trained."""
+    node_ids = [101, 202, 303, 404, 505, 606]
+    run_config = app_run_config(
+        num_clients=len(node_ids),
+        distribution="d1",
+        budget=2500.0,
+        num_server_rounds=2,
+        fraction_evaluate=1.0,
+        results_dir=str(tmp_path / "results"),
+        run_name="inproc",
+        train_log_dir=str(tmp_path / "train-log"),
+    )
+    grid = InProcessGrid(client_app.app, node_ids, run_config=run_config, run_id=7)
+    server_app.main(grid, Context(7, 0, {}, RecordDict(), run_config))
+
+    run_dir = tmp_path / "results" / "inproc"
+    market = json.loads((run_dir / "market.json").read_text())
+    winners = set(market["winners"])
+    assert 0 < len(winners) < len(node_ids)
+    assert market["total_payment"] <= 2500.0
+
+    def receivers(message_type: str) -> set[int]:
+        return {m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type == message_type}
+
+    assert receivers("train") == winners
+    assert receivers("evaluate") == winners
+    log = [json.loads(p.read_text()) for p in (tmp_path / "train-log" / "run-7").glob("*.json")]
+    assert {entry["node_id"] for entry in log} == winners and len(log) == 2 * len(winners)
+    history = json.loads((run_dir / "history.json").read_text())
+    assert [row["round"] for row in history["rounds"]] == [0, 1, 2]
+    assert history["winners"] == market["winners"]
+    assert (run_dir / "history.csv").is_file() and (run_dir / "final_model.pt").is_file()
+
+
+# --- Process and port helpers ----------------------------------------------------------------
+def free_port() -> int:
+    """Return a TCP port that is free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _proc_table() -> dict[int, tuple[int, str]]:
+    """``{pid: (parent pid, command line)}`` of every readable process."""
+    table: dict[int, tuple[int, str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        table[int(entry.name)] = (ppid, cmdline)
+    return table
+
+
+def process_tree(roots: list[int]) -> list[int]:
+    """``roots`` and all their descendants, parents first."""
+    table = _proc_table()
+    tree, frontier = [], [pid for pid in roots if pid in table]
+    while frontier:
+        pid = frontier.pop(0)
+        tree.append(pid)
+        frontier.extend(child for child, (ppid, _) in table.items() if ppid == pid)
+    return tree
+
+
+def pids_with_cmdline(fragment: str) -> list[int]:
+    """PIDs whose command line contains ``fragment`` (e.g. a unique temporary path)."""
+    table = _proc_table()
+    return [pid for pid, (_, cmdline) in table.items() if fragment in cmdline and pid != os.getpid()]
+
+
+def stop_processes(pids: list[int], grace_s: float = 10.0) -> None:
+    """SIGTERM each PID, wait (bounded), then SIGKILL whatever is left."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [pid for pid in alive if _is_alive(pid)]
+    for pid in alive:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _is_alive(pid: int) -> bool:
+    """Whether ``pid`` is running (zombies count as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+# --- Fixtures --------------------------------------------------------------------------------
+class LocalFlower:
+    """A private Flower CLI environment: own FLWR_HOME, own local SuperLink ports."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.home = root / "flwr-home"
+        self.env = {
+            **os.environ,
+            "FLWR_HOME": str(self.home),
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+            "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
+            # The CLI starts `flower-superlink`, which starts `flower-superexec`, by name.
+            "PATH": f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+
+    def run(self, name: str, run_config: str) -> tuple[Path, str]:
+        """``flwr run . --stream`` one app run; return its results folder and output."""
+        results = self.root / "results"
+        train_log = self.root / "train-log" / name
+        overrides = (
+            f"{run_config} results-dir='{results}' run-name='{name}' train-log-dir='{train_log}'"
+        )
+        command = [
+            FLWR,
+            "run",
+            str(PROJECT),
+            "--stream",
+            "--federation-config",
+            f"num-supernodes={NUM_SUPERNODES}",
+            "--run-config",
+            overrides,
+        ]
+        completed = subprocess.run(
+            command,
+            cwd=self.root,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+            check=False,
+        )
+        output = completed.stdout + completed.stderr
+        assert completed.returncode == 0, output[-5000:]
+        return results / name, output
+
+    def stop(self) -> None:
+        """Stop the local SuperLink of this FLWR_HOME and everything under it."""
+        stop_processes(process_tree(pids_with_cmdline(str(self.home))))
+
+
+@pytest.fixture(scope="module")
+def flower(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFlower]:
+    """A private Flower environment, torn down (by PID) after the module's tests."""
+    env = LocalFlower(tmp_path_factory.mktemp("flwr-sim"))
+    try:
+        yield env
+    finally:
+        env.stop()
+        assert not pids_with_cmdline(str(env.home)), "a SuperLink process survived"
+
+
+def _train_log(flower: LocalFlower, name: str) -> list[dict]:
+    """The audit records written by the ClientApps' train handler."""
+    files = sorted((flower.root / "train-log" / name).glob("run-*/train-*.json"))
+    return [json.loads(path.read_text()) for path in files]
+
+
+def _explain(output: str) -> str:
+    return "flwr run output (tail):\n" + output[-4000:]
+
+
+# --- Tests -----------------------------------------------------------------------------------
+@needs_flower_cli
+def test_budget_mode_only_winners_train(flower: LocalFlower) -> None:
+    """Auction winners within budget, then FedAvg over the winners only; accuracy rises."""
+    rounds, budget = 4, 2500.0
+    run_dir, output = flower.run(
+        "budget",
+        f"num-clients={NUM_SUPERNODES} distribution='d1' budget={budget} "
+        f"num-server-rounds={rounds} fraction-evaluate=1.0",
+    )
+    assert (run_dir / "market.json").is_file(), _explain(output)
+
+    market = json.loads((run_dir / "market.json").read_text())
+    winners = {int(node) for node in market["winners"]}
+    assert len(market["participants"]) == NUM_SUPERNODES
+    assert 0 < len(winners) < NUM_SUPERNODES
+    assert market["total_payment"] <= budget
+    assert market["budget"] == budget
+    for node in winners:
+        assert market["payments"][str(node)] >= market["bids"][str(node)]
+    assert sum(market["global_counts"]) > 0
+
+    # Client-side audit: only winners trained, every winner in every round.
+    log = _train_log(flower, "budget")
+    assert {entry["node_id"] for entry in log} == winners
+    assert all(entry["won"] is True for entry in log)
+    assert sorted((e["node_id"], e["server_round"]) for e in log) == sorted(
+        (node, r) for node in winners for r in range(1, rounds + 1)
+    )
+    assert len({entry["partition_id"] for entry in log}) == len(winners)
+
+    history = json.loads((run_dir / "history.json").read_text())
+    accuracies = [row["accuracy"] for row in history["rounds"]]
+    assert [row["round"] for row in history["rounds"]] == list(range(rounds + 1))
+    assert accuracies[-1] > accuracies[0] + 0.3, accuracies
+    assert accuracies[-1] > 0.6, accuracies
+    assert history["timings"]["market_phase_s"] > 0
+    assert all(row["round_time_s"] > 0 for row in history["rounds"][1:])
+    csv_lines = (run_dir / "history.csv").read_text().strip().splitlines()
+    assert csv_lines[0].startswith("round,accuracy,loss")
+    assert len(csv_lines) == rounds + 2
+    assert (run_dir / "final_model.pt").is_file()
+    # Federated evaluation reached the winners only, without failures.
+    assert f"aggregate_evaluate: Received {len(winners)} results and 0 failures" in output
+    assert "FLMarket summary" in output
+
+
+@needs_flower_cli
+def test_fixed_cohort_mode(flower: LocalFlower) -> None:
+    """num-selected > 0: exactly that many clients win and train."""
+    run_dir, output = flower.run(
+        "cohort",
+        f"num-clients={NUM_SUPERNODES} num-selected=2 num-server-rounds=1",
+    )
+    market = json.loads((run_dir / "market.json").read_text())
+    assert len(market["winners"]) == 2, _explain(output)
+    assert market["num_winners"] == 2
+    log = _train_log(flower, "cohort")
+    assert {entry["node_id"] for entry in log} == {int(node) for node in market["winners"]}
