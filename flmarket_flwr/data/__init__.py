@@ -4,6 +4,10 @@
   imbalanced distribution ``d1`` ... ``d7``, then a per-class Dirichlet split.
 * :mod:`flmarket_flwr.data.digits` — scikit-learn's bundled ``digits``, the offline
   default data set.
+* :mod:`flmarket_flwr.data.cifar10`, :mod:`flmarket_flwr.data.cinic10`,
+  :mod:`flmarket_flwr.data.deap` — the paper's data sets, read from local folders in
+  their official formats (nothing is downloaded).
+* :mod:`flmarket_flwr.data.registry` — :func:`load_dataset`, one entry point for all.
 """
 
 from flmarket_flwr.data.digits import (
@@ -40,4 +44,37 @@ __all__ = [
     "load_digits_arrays",
     "make_partition",
     "train_test_split_balanced",
+]
+
+from flmarket_flwr.data.cifar10 import CIFAR10_CLASS_NAMES, CIFAR10_MEAN, CIFAR10_STD, load_cifar10, normalize_images
+from flmarket_flwr.data.cinic10 import CINIC10_CLASS_NAMES, CINIC10_MEAN, CINIC10_STD, load_cinic10
+from flmarket_flwr.data.deap import (
+    PERIPHERAL_CHANNEL_NAMES,
+    QUADRANT_NAMES,
+    DeapWindows,
+    deap_train_test_split,
+    load_deap,
+    load_deap_windows,
+)
+from flmarket_flwr.data.registry import DATASET_NAMES, LoadedDataset, load_dataset
+
+__all__ += [
+    "CIFAR10_CLASS_NAMES",
+    "CIFAR10_MEAN",
+    "CIFAR10_STD",
+    "CINIC10_CLASS_NAMES",
+    "CINIC10_MEAN",
+    "CINIC10_STD",
+    "DATASET_NAMES",
+    "PERIPHERAL_CHANNEL_NAMES",
+    "QUADRANT_NAMES",
+    "DeapWindows",
+    "LoadedDataset",
+    "deap_train_test_split",
+    "load_cifar10",
+    "load_cinic10",
+    "load_dataset",
+    "load_deap",
+    "load_deap_windows",
+    "normalize_images",
 ]

@@ -1,0 +1,273 @@
+"""One entry point for every data set: :func:`load_dataset`.
+
+========== ========================= ============================================ =======================
+name       data                      test set                                     root
+========== ========================= ============================================ =======================
+digits     scikit-learn's bundled    balanced held-out set, ``test_per_class``    not needed (ignored)
+           8x8 digits, 10 classes    (default 30) per class, drawn by ``seed``
+cifar10    CIFAR-10, 10 classes      the official ``test_batch`` (10,000)         ``cifar-10-batches-py``
+                                                                                  or its parent
+cinic10    CINIC-10, 10 classes      official ``test/`` (``split="test"``) or     CINIC-10 folder or its
+                                     ``valid/`` (``split="valid"``), 90,000       parent
+deap       DEAP peripheral signals,  whole trials held out per subject,           ``data_preprocessed_python``
+           2 or 4 classes            ``test_fraction`` (default 0.2) by ``seed``  or its parent
+========== ========================= ============================================ =======================
+
+Options (keyword arguments after ``seed``):
+
+* ``digits``: ``test_per_class``.
+* ``cifar10``: none.
+* ``cinic10``: ``cache``, ``cache_dir``, ``num_workers`` (see :func:`~flmarket_flwr.data.cinic10.load_cinic10`)
+  and ``include_valid`` (default ``False``; ``True`` trains on ``train/`` + ``valid/``, 180,000 images,
+  and needs ``split="test"``).
+* ``deap``: ``label`` (default ``"valence_arousal"``, 4 classes), ``num_classes``, ``window_seconds``
+  (default 4), ``subjects``, ``standardize`` (see :func:`~flmarket_flwr.data.deap.load_deap_windows`)
+  and ``test_fraction``.
+
+``seed`` only matters where the test set is drawn (``digits``, ``deap``); the official
+splits ignore it, so callers may always pass it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+from flmarket_flwr.data import cifar10, cinic10, deap
+from flmarket_flwr.data.digits import NUM_CLASSES as DIGITS_NUM_CLASSES
+from flmarket_flwr.data.digits import DEFAULT_TEST_PER_CLASS, load_digits_arrays, train_test_split_balanced
+
+__all__ = ["DATASET_NAMES", "DATASET_OPTIONS", "LoadedDataset", "canonical_dataset_name", "load_dataset"]
+
+DATASET_NAMES: Final[tuple[str, ...]] = ("digits", "cifar10", "cinic10", "deap")
+"""Names accepted by :func:`load_dataset` (case, ``-`` and ``_`` are ignored: ``"CIFAR-10"`` works)."""
+
+DATASET_OPTIONS: Final[Mapping[str, tuple[str, ...]]] = {
+    "digits": ("test_per_class",),
+    "cifar10": (),
+    "cinic10": ("cache", "cache_dir", "num_workers", "include_valid"),
+    "deap": ("label", "num_classes", "window_seconds", "subjects", "standardize", "test_fraction"),
+}
+"""Keyword options each data set accepts."""
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedDataset:
+    """Training and test arrays of one data set.
+
+    Attributes
+    ----------
+    name : str
+        Canonical name (one of :data:`DATASET_NAMES`).
+    train_images, test_images : numpy.ndarray
+        ``float32`` inputs, ``(N, C, H, W)`` images or ``(N, channels, length)`` signals.
+    train_labels, test_labels : numpy.ndarray
+        ``int64`` labels ``0 .. num_classes - 1``.
+    num_classes : int
+        Number of classes.
+    input_shape : tuple of int
+        Shape of one input (``train_images.shape[1:]``).
+    class_names : tuple of str
+        Name of each class, in label order.
+    mean, std : tuple of float or None
+        Per-channel normalisation constants for the training code (CIFAR-10, CINIC-10);
+        ``None`` where the inputs need none (digits in ``[0, 1]``, DEAP already standardised).
+    train_groups, test_groups : numpy.ndarray or None
+        ``int64`` group of each sample (DEAP: the subject number); ``None`` otherwise.
+    """
+
+    name: str
+    train_images: NDArray[np.float32]
+    train_labels: NDArray[np.int64]
+    test_images: NDArray[np.float32]
+    test_labels: NDArray[np.int64]
+    num_classes: int
+    input_shape: tuple[int, ...]
+    class_names: tuple[str, ...]
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    train_groups: NDArray[np.int64] | None = None
+    test_groups: NDArray[np.int64] | None = None
+
+
+def canonical_dataset_name(name: str) -> str:
+    """Map a user-written name (``"CIFAR-10"``, ``"cinic_10"``) to one of :data:`DATASET_NAMES`.
+
+    Raises
+    ------
+    ValueError
+        On an unknown name.
+    """
+    key = str(name).strip().lower().replace("-", "").replace("_", "")
+    if key not in DATASET_NAMES:
+        raise ValueError(f"unknown data set {name!r}: choose one of {list(DATASET_NAMES)}")
+    return key
+
+
+def load_dataset(
+    name: str,
+    root: str | os.PathLike[str] | None = None,
+    split: str = "test",
+    *,
+    seed: int = 0,
+    **options: Any,
+) -> LoadedDataset:
+    """Load a data set's training set and its test (or validation) set.
+
+    Parameters
+    ----------
+    name : str
+        ``"digits"``, ``"cifar10"``, ``"cinic10"`` or ``"deap"`` (see the module table).
+    root : str or path-like, optional
+        Local data folder; required except for ``digits`` (an empty string counts as
+        not given). Nothing is ever downloaded.
+    split : str, default "test"
+        The held-out set returned as ``test_*``: ``"test"``; CINIC-10 also accepts
+        ``"valid"``.
+    seed : int, default 0
+        Seed of the held-out draw for ``digits`` and ``deap``; ignored otherwise.
+    **options
+        Data-set specific options (:data:`DATASET_OPTIONS`).
+
+    Returns
+    -------
+    LoadedDataset
+        The arrays and their metadata.
+
+    Raises
+    ------
+    ValueError
+        On an unknown name or split, a missing ``root``, or invalid option values.
+    TypeError
+        On an option the data set does not accept.
+    FileNotFoundError
+        If the data folder or its files are missing (the message says what to put where).
+    """
+    key = canonical_dataset_name(name)
+    unknown = sorted(set(options) - set(DATASET_OPTIONS[key]))
+    if unknown:
+        raise TypeError(f"unknown option(s) {unknown} for {key!r}; accepted: {list(DATASET_OPTIONS[key]) or 'none'}")
+    allowed_splits = ("test", "valid") if key == "cinic10" else ("test",)
+    if split not in allowed_splits:
+        raise ValueError(f"split for {key!r} must be one of {list(allowed_splits)}, got {split!r}")
+    folder = None if root is None or str(root) == "" else root
+    return _LOADERS[key](folder, split, seed, options)
+
+
+def _require_root(name: str, root: str | os.PathLike[str] | None) -> str | os.PathLike[str]:
+    """Return ``root`` or explain that a local folder is needed."""
+    if root is None:
+        raise ValueError(f"{name!r} is read from a local folder: pass root=<folder> (see flmarket_flwr.data.{name})")
+    return root
+
+
+def _load_digits(root: object, split: str, seed: int, options: dict[str, Any]) -> LoadedDataset:
+    """Bundled digits with a balanced, seeded held-out set (``root`` is ignored)."""
+    images, labels = load_digits_arrays()
+    train_idx, test_idx = train_test_split_balanced(
+        labels, test_per_class=options.get("test_per_class", DEFAULT_TEST_PER_CLASS), seed=seed
+    )
+    return _assemble(
+        "digits",
+        (images[train_idx], labels[train_idx]),
+        (images[test_idx], labels[test_idx]),
+        DIGITS_NUM_CLASSES,
+        tuple(str(digit) for digit in range(DIGITS_NUM_CLASSES)),
+    )
+
+
+def _load_cifar10(root: str | os.PathLike[str] | None, split: str, seed: int, options: dict[str, Any]) -> LoadedDataset:
+    """Official CIFAR-10 training and test batches."""
+    folder = _require_root("cifar10", root)
+    return _assemble(
+        "cifar10",
+        cifar10.load_cifar10(folder, "train"),
+        cifar10.load_cifar10(folder, "test"),
+        cifar10.CIFAR10_NUM_CLASSES,
+        cifar10.CIFAR10_CLASS_NAMES,
+        mean=cifar10.CIFAR10_MEAN,
+        std=cifar10.CIFAR10_STD,
+    )
+
+
+def _load_cinic10(root: str | os.PathLike[str] | None, split: str, seed: int, options: dict[str, Any]) -> LoadedDataset:
+    """Official CINIC-10 ``train/`` (plus ``valid/`` on request) and ``test/`` or ``valid/``."""
+    folder = _require_root("cinic10", root)
+    read_options = {key: value for key, value in options.items() if key != "include_valid"}
+    include_valid = bool(options.get("include_valid", False))
+    if include_valid and split == "valid":
+        raise ValueError("include_valid=True trains on valid/: evaluate on split='test'")
+    parts = [cinic10.load_cinic10(folder, part, **read_options) for part in ("train", "valid")[: 1 + include_valid]]
+    train = (np.concatenate([images for images, _ in parts]), np.concatenate([labels for _, labels in parts]))
+    return _assemble(
+        "cinic10",
+        train,
+        cinic10.load_cinic10(folder, split, **read_options),
+        cinic10.CINIC10_NUM_CLASSES,
+        cinic10.CINIC10_CLASS_NAMES,
+        mean=cinic10.CINIC10_MEAN,
+        std=cinic10.CINIC10_STD,
+    )
+
+
+def _load_deap(root: str | os.PathLike[str] | None, split: str, seed: int, options: dict[str, Any]) -> LoadedDataset:
+    """DEAP peripheral windows; whole trials held out per subject by ``seed``."""
+    folder = _require_root("deap", root)
+    read_options = {key: value for key, value in options.items() if key != "test_fraction"}
+    windows = deap.load_deap_windows(folder, **read_options)
+    train_idx, test_idx = deap.deap_train_test_split(
+        windows.subjects,
+        windows.trials,
+        test_fraction=options.get("test_fraction", deap.DEFAULT_DEAP_TEST_FRACTION),
+        seed=seed,
+    )
+    label = read_options.get("label", deap.DEFAULT_DEAP_LABEL)
+    names = deap.QUADRANT_NAMES if windows.num_classes == 4 else (f"low {label}", f"high {label}")
+    return _assemble(
+        "deap",
+        (windows.signals[train_idx], windows.labels[train_idx]),
+        (windows.signals[test_idx], windows.labels[test_idx]),
+        windows.num_classes,
+        names,
+        groups=(windows.subjects[train_idx], windows.subjects[test_idx]),
+    )
+
+
+def _assemble(
+    name: str,
+    train: tuple[NDArray[np.float32], NDArray[np.int64]],
+    test: tuple[NDArray[np.float32], NDArray[np.int64]],
+    num_classes: int,
+    class_names: tuple[str, ...],
+    mean: tuple[float, ...] | None = None,
+    std: tuple[float, ...] | None = None,
+    groups: tuple[NDArray[np.int64], NDArray[np.int64]] | None = None,
+) -> LoadedDataset:
+    """Build the :class:`LoadedDataset` record."""
+    return LoadedDataset(
+        name=name,
+        train_images=train[0],
+        train_labels=train[1],
+        test_images=test[0],
+        test_labels=test[1],
+        num_classes=num_classes,
+        input_shape=tuple(int(size) for size in train[0].shape[1:]),
+        class_names=tuple(class_names),
+        mean=mean,
+        std=std,
+        train_groups=None if groups is None else groups[0],
+        test_groups=None if groups is None else groups[1],
+    )
+
+
+_LOADERS: Final[dict[str, Callable[[Any, str, int, dict[str, Any]], LoadedDataset]]] = {
+    "digits": _load_digits,
+    "cifar10": _load_cifar10,
+    "cinic10": _load_cinic10,
+    "deap": _load_deap,
+}
