@@ -1,0 +1,25 @@
+"""Flower Message-API strategies used as baselines by the FLMarket experiments.
+
+* :class:`SFedAvg` -- S-FedAvg (Nagalapatti & Narayanam, AAAI 2021), the paper's in-training
+  baseline: Shapley-value-weighted client sampling every round.
+"""
+
+from flmarket_flwr.strategies.sfedavg import (
+    SFedAvg,
+    SFedAvgRound,
+    ShapleyEstimate,
+    estimate_shapley,
+    make_validation_fn,
+    sample_without_replacement,
+    softmax,
+)
+
+__all__ = [
+    "SFedAvg",
+    "SFedAvgRound",
+    "ShapleyEstimate",
+    "estimate_shapley",
+    "make_validation_fn",
+    "sample_without_replacement",
+    "softmax",
+]
