@@ -19,7 +19,7 @@ from flmarket_flwr.market.bidding import (
     simulated_cost_per_sample,
 )
 from flmarket_flwr.market.client import MarketAward, read_award, register_market_handlers
-from flmarket_flwr.market.grid_view import WinnersGrid
+from flmarket_flwr.market.grid_view import NoWinnerConnectedError, WinnersGrid
 from flmarket_flwr.market.messages import (
     ACTION_AWARD,
     ACTION_BID,
@@ -47,6 +47,7 @@ __all__ = [
     "MarketOutcome",
     "MarketPhase",
     "NoBidError",
+    "NoWinnerConnectedError",
     "PassResult",
     "SimulatedCostBid",
     "WinnersGrid",

@@ -22,12 +22,16 @@ Seeded sampling
 Strategy settings
     A strategy waits, forever, until ``min_available_nodes`` (and ``min_train_nodes`` /
     ``min_evaluate_nodes``) nodes are visible. Through this view only winners are visible: keep
-    those settings ``<= len(outcome.winners)``.
+    those settings ``<= len(outcome.winners)``. If every winner leaves, no setting can be met:
+    the view then raises :class:`NoWinnerConnectedError` from ``get_node_ids()`` once no winner
+    has been connected for ``absent_timeout`` seconds, so the strategy stops instead of waiting
+    forever.
 """
 
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -38,7 +42,11 @@ from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
-__all__ = ["WinnersGrid"]
+__all__ = ["NoWinnerConnectedError", "WinnersGrid"]
+
+
+class NoWinnerConnectedError(RuntimeError):
+    """No winner has been connected for longer than the view's ``absent_timeout``."""
 
 
 class WinnersGrid(Grid):
@@ -54,16 +62,27 @@ class WinnersGrid(Grid):
         If given, node sampling by the strategy becomes reproducible (see the module
         docstring: the module-level ``random`` generator is reseeded on each
         ``get_node_ids()`` call).
+    absent_timeout : float or None (default: 600.0)
+        Seconds that ``get_node_ids()`` may go on finding no winner connected before it raises
+        :class:`NoWinnerConnectedError` (a strategy would otherwise wait forever for nodes);
+        ``None``: never raise.
 
     Raises
     ------
     ValueError
-        If ``node_ids`` is empty.
+        If ``node_ids`` is empty, or ``absent_timeout`` is negative.
     TypeError
         If a node id is not an int.
     """
 
-    def __init__(self, grid: Grid, node_ids: Iterable[int], *, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        grid: Grid,
+        node_ids: Iterable[int],
+        *,
+        seed: int | None = None,
+        absent_timeout: float | None = 600.0,
+    ) -> None:
         winners = _unique_node_ids(node_ids)
         if not winners:
             raise ValueError("WinnersGrid needs at least one node id: no client won the market")
@@ -73,6 +92,12 @@ class WinnersGrid(Grid):
         self._node_ids = winners
         self._allowed = frozenset(winners)
         self._rng = random.Random(seed) if seed is not None else None
+        if absent_timeout is not None and (
+            isinstance(absent_timeout, bool) or not isinstance(absent_timeout, (int, float)) or absent_timeout < 0
+        ):
+            raise ValueError(f"absent_timeout must be a number >= 0 or None, got {absent_timeout!r}")
+        self._absent_timeout = absent_timeout
+        self._absent_since: float | None = None
 
     # --- The view ------------------------------------------------------------------------------
     @property
@@ -90,12 +115,33 @@ class WinnersGrid(Grid):
 
         The order is the one given at construction. When the view is seeded, the
         module-level ``random`` generator is reseeded before returning.
+
+        Raises
+        ------
+        NoWinnerConnectedError
+            If no winner has been connected, at any call, for more than ``absent_timeout`` s.
         """
         connected = set(self._grid.get_node_ids())
         visible = [node for node in self._node_ids if node in connected]
+        self._check_absence(visible)
         if self._rng is not None:
             random.seed(self._rng.getrandbits(64))
         return visible
+
+    def _check_absence(self, visible: list[int]) -> None:
+        """Raise once no winner has been seen connected for more than ``absent_timeout`` s."""
+        if visible or self._absent_timeout is None:
+            self._absent_since = None
+            return
+        now = time.monotonic()
+        if self._absent_since is None:
+            self._absent_since = now
+        elif now - self._absent_since > self._absent_timeout:
+            raise NoWinnerConnectedError(
+                f"none of the {len(self._node_ids)} winner(s) has been connected for "
+                f"{now - self._absent_since:.1f} s (absent_timeout {self._absent_timeout:g} s): "
+                "training cannot go on"
+            )
 
     def get_nodes(self) -> list[NodeInfo]:
         """Return the underlying grid's ``NodeInfo`` of the view's nodes."""

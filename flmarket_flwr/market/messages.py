@@ -34,6 +34,8 @@ from numpy.typing import NDArray
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
+from flmarket_flwr.pass_protocol import load_public_key
+
 __all__ = [
     "ACTION_AWARD",
     "ACTION_BID",
@@ -188,13 +190,23 @@ def read_public_key(reply: Message) -> bytes:
     Raises
     ------
     ReplyError
-        If the key is missing, not bytes, or not 32 bytes long.
+        If the key is missing, not bytes, not 32 bytes long, or a low-order point
+        (unusable for the X25519 exchange).
     """
     value = read_config(reply).get(KEY_PUBLIC_KEY)
     if not isinstance(value, bytes):
         raise ReplyError(f"'{KEY_PUBLIC_KEY}' must be bytes, got {type(value).__name__}")
     if len(value) != PUBLIC_KEY_BYTES:
         raise ReplyError(f"'{KEY_PUBLIC_KEY}' has {len(value)} bytes, expected {PUBLIC_KEY_BYTES}")
+    try:
+        # A low-order point would make every peer's exchange fail, and so every honest
+        # client refuse to mask: one such key must exclude its sender, not the others.
+        load_public_key(value, index=0)
+    except (TypeError, ValueError) as err:
+        raise ReplyError(
+            f"'{KEY_PUBLIC_KEY}' is not a usable X25519 public key (low-order point: every "
+            "exchange with it gives an all-zero shared secret)"
+        ) from err
     return value
 
 

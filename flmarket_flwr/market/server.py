@@ -70,6 +70,7 @@ from flmarket_flwr.market.messages import (
 )
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, unmask_sum
 from flmarket_flwr.pricing import AuctionResult, run_auction
+from flmarket_flwr.pricing import score as compute_score
 
 __all__ = ["MarketConfig", "MarketError", "MarketOutcome", "MarketPhase", "PassResult"]
 
@@ -453,7 +454,8 @@ class MarketPhase:
         }
         requests = {node: ConfigRecord(dict(record)) for node in pass_result.participants}
         replies = self._exchange(grid, ACTION_BID, requests, group_id="market-bid")
-        return self._validated(ACTION_BID, requests, replies, _read_score_and_bid)
+        highest = _highest_possible_score(pass_result)
+        return self._validated(ACTION_BID, requests, replies, lambda reply: _read_score_and_bid(reply, highest))
 
     # --- Step 4: auction and awards ------------------------------------------------------------
     def _run_auction(self, participants: Sequence[int], bids: Mapping[int, tuple[float, float]]) -> AuctionResult:
@@ -491,8 +493,9 @@ class MarketPhase:
     ) -> dict[int, Message]:
         """Send one request per node and return ``{node: reply}``, matched by message id.
 
-        Nodes without a reply are absent from the result; replies to unknown message ids
-        and second replies to one message are ignored.
+        Nodes without a reply are absent from the result; replies to unknown message ids,
+        replies sent by another node than the one asked, and second replies to one message
+        are ignored.
         """
         messages = [
             Message(make_content(record), dst_node_id=node, message_type=message_type(action), group_id=group_id)
@@ -506,6 +509,15 @@ class MarketPhase:
             node = node_of.get(reply.metadata.reply_to_message_id)
             if node is None:
                 log(WARNING, "Market: %s: ignoring a reply to an unknown message", action)
+                continue
+            if reply.metadata.src_node_id != node:
+                log(
+                    WARNING,
+                    "Market: %s: ignoring a reply to node %d's message sent by node %d",
+                    action,
+                    node,
+                    reply.metadata.src_node_id,
+                )
                 continue
             if node in matched:
                 log(WARNING, "Market: %s: ignoring a second reply from node %d", action, node)
@@ -547,13 +559,33 @@ class MarketPhase:
             timings[name] = time.perf_counter() - started
 
 
-def _read_score_and_bid(reply: Message) -> tuple[float, float]:
-    """Return ``(score, bid)`` of a ``market_bid`` reply: score finite ``>= 0``, bid finite ``> 0``."""
+def _highest_possible_score(pass_result: PassResult) -> float:
+    """The largest score any PASS participant can have: that of counts equal to ``N_s``.
+
+    ``phi`` never decreases and every client's count of a class is at most ``n_s^c``, so
+    ``score(N_s, N_s, E)`` bounds every honest score. A reply above it is malformed (and a
+    huge finite score would overflow the auction's sums into infinite or NaN payments).
+    """
+    try:
+        counts = pass_result.global_counts
+        bound = float(compute_score(counts, counts, len(pass_result.participants)))
+    except ValueError:  # e.g. all-zero global counts: no client can score, nothing to bound
+        return math.inf
+    return bound * (1.0 + 1e-9) + 1e-9
+
+
+def _read_score_and_bid(reply: Message, highest_score: float = math.inf) -> tuple[float, float]:
+    """Return ``(score, bid)`` of a ``market_bid`` reply: score finite in ``[0, highest_score]``, bid finite ``> 0``."""
     record = read_config(reply)
     score = read_float(record, KEY_SCORE)
     bid = read_float(record, KEY_BID)
     if score < 0:
         raise ReplyError(f"'{KEY_SCORE}' must be >= 0, got {score}")
+    if score > highest_score:
+        raise ReplyError(
+            f"'{KEY_SCORE}' {score} exceeds {highest_score:.6g}, the score of all the global counts: "
+            "no client can score that much"
+        )
     if bid <= 0:
         raise ReplyError(f"'{KEY_BID}' must be > 0, got {bid}")
     return score, bid
