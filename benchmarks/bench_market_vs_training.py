@@ -1,0 +1,272 @@
+"""The market phase against training, and Flower's simulation against the bare training compute.
+
+Run: ``.venv/bin/python -m benchmarks.bench_market_vs_training`` (about 2 min on 2 cores;
+``--clients 20`` for one size only).
+
+For 20 and 100 clients, the app's own ``ServerApp`` (``server_app.main``) and ``ClientApp``
+(``build_client_app``) run through ``flwr.simulation.run_simulation`` (Ray, one actor per CPU,
+``torch-threads = 1``, Flower's defaults otherwise, including its 0.1 s reply-polling interval)
+for 3 FedAvg rounds. The app's defaults hold (digits, Dirichlet 0.5, ``digits_cnn``, 3 local
+epochs, batch 8) except: a fixed cohort of half the clients (both sizes train the same share),
+and distribution d1 (on d4, the ~600 images left give ``alpha = N_s / (E C) <= 1`` at 100
+clients: every score is 0 and the market selects nobody).
+
+* **market phase** (PASS keys and masked counts, scores and bids, auction, awards, as timed by
+  ``MarketPhase``): a first run before the app's main (cold: Ray starts its actors on first
+  contact, they import Flower and the app and load the data), then the app's own (warm, from its
+  ``history.json``); and the same phase on an in-process grid (same ClientApp, no Ray, no polling
+  interval, caches warm): the protocol's own cost;
+* **one FedAvg round**: the app's ``round_time_s`` (sending the model, every winner's local
+  training, the replies and the aggregation; the server-side evaluation is not in it), round 1
+  (cold: the actors import torch) and the mean of the later rounds (warm);
+* **bare compute**: the winners' local training run here directly with
+  :func:`flmarket_flwr.task.train` (same partitions, model, epochs, batch size, learning rate and
+  seeds, one thread, after one untimed warm-up), summed; the ideal round on ``W`` workers is the
+  longest-first schedule of those times. Flower's overhead per round = warm round - that ideal.
+  The clients' own timing of their training inside the ClientApp (train-audit files, warm
+  rounds) is shown beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+import numpy as np
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def app_config(num_clients: int, results: Path, rounds: int) -> dict:
+    with (PROJECT / "pyproject.toml").open("rb") as file:
+        config = tomllib.load(file)["tool"]["flwr"]["app"]["config"]
+    config.update(
+        {
+            "num-clients": num_clients,
+            "distribution": "d1",
+            "num-selected": num_clients // 2,
+            "num-server-rounds": rounds,
+            "fraction-evaluate": 0.0,
+            "results-dir": str(results),
+            "run-name": f"clients-{num_clients}",
+            "train-log-dir": str(results / f"train-log-{num_clients}"),
+            "torch-threads": 1,
+            "device": "cpu",
+        }
+    )
+    return config
+
+
+def market_config(config: dict) -> "MarketConfig":  # noqa: F821
+    """The market settings the app derives from ``config`` (budget, classes, cohort, nodes)."""
+    from flmarket_flwr.market import MarketConfig  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.task import DataConfig, num_classes  # pylint: disable=import-outside-toplevel
+
+    return MarketConfig(
+        budget=float(config["budget"]),
+        num_classes=num_classes(DataConfig.from_run_config(config)),
+        num_winners=int(config["num-selected"]) or None,
+        expected_nodes=int(config["num-clients"]),
+        wait_for_nodes_timeout=120.0,
+        poll_interval=0.2,
+    )
+
+
+def run_in_simulation(config: dict, workers: int) -> tuple[float, dict[str, float]]:
+    """The app in ``run_simulation``, after one untimed-by-the-app market phase that warms the actors up.
+
+    Returns the whole call's seconds and the timings of that first (cold) market phase: on first
+    contact Ray starts its actor processes, which import Flower and the app and load the data.
+    The app's own market phase, timed in its ``history.json``, then runs on warm actors.
+    """
+    from flwr.app import Context  # pylint: disable=import-outside-toplevel
+    from flwr.serverapp import Grid, ServerApp  # pylint: disable=import-outside-toplevel
+    from flwr.simulation import run_simulation  # pylint: disable=import-outside-toplevel
+
+    from flmarket_flwr import server_app  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.client_app import build_client_app  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.market import MarketPhase  # pylint: disable=import-outside-toplevel
+
+    cold: dict[str, float] = {}
+    server = ServerApp()
+
+    @server.main()
+    def _main(grid: Grid, context: Context) -> None:
+        cold.update(MarketPhase(market_config(config)).run(grid).timings)
+        merged = Context(
+            run_id=context.run_id,
+            node_id=context.node_id,
+            node_config=context.node_config,
+            state=context.state,
+            run_config={**context.run_config, **config},
+        )
+        server_app.main(grid, merged)
+
+    started = time.perf_counter()
+    run_simulation(
+        server_app=server,
+        client_app=build_client_app(config),
+        num_supernodes=int(config["num-clients"]),
+        backend_config={"client_resources": {"num_cpus": max(1, (os.cpu_count() or 1) // workers), "num_gpus": 0.0}},
+    )
+    return time.perf_counter() - started, cold
+
+
+def market_in_process(config: dict) -> dict[str, float]:
+    """The same market phase over an in-process grid (no Ray): the protocol's own cost."""
+    from flmarket_flwr.client_app import build_client_app  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.market import MarketPhase  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.market.testing import InProcessGrid  # pylint: disable=import-outside-toplevel
+
+    nodes = [1_000 + 17 * i for i in range(int(config["num-clients"]))]
+    grid = InProcessGrid(build_client_app(config), nodes, run_config=config)
+    market = market_config(config)
+    MarketPhase(market).run(grid)  # cold: loads the data set and computes the partitions
+    outcome = MarketPhase(market).run(grid)  # warm: the protocol alone
+    return dict(outcome.timings)
+
+
+def bare_training(config: dict, partitions: list[int]) -> dict[int, float]:
+    """Each partition's local training of round 1, run here directly (no Flower), in seconds."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    from flmarket_flwr.task import (  # pylint: disable=import-outside-toplevel
+        DataConfig,
+        build_task_model,
+        configure_torch_threads,
+        load_partition,
+        train,
+    )
+
+    configure_torch_threads(1)
+    data_config = DataConfig.from_run_config(config)
+    times = {}
+    for partition in [partitions[0], *partitions]:  # the first, untimed, warms torch and the data caches up
+        model = build_task_model(str(config.get("model", "digits_cnn")), data_config)
+        data = load_partition(partition, data_config)
+        started = time.perf_counter()
+        train(
+            model,
+            data,
+            epochs=int(config["local-epochs"]),
+            lr=float(config["learning-rate"]),
+            device=torch.device("cpu"),
+            batch_size=int(config["batch-size"]),
+            momentum=float(config["momentum"]),
+            seed=data_config.seed * 1_000_003 + partition * 1_009 + 1,
+        )
+        times[partition] = time.perf_counter() - started
+    return times
+
+
+def makespan(durations: list[float], workers: int) -> float:
+    """Longest-processing-time-first schedule of ``durations`` on ``workers`` machines."""
+    loads = [0.0] * workers
+    for duration in sorted(durations, reverse=True):
+        loads[loads.index(min(loads))] += duration
+    return max(loads)
+
+
+def measure(num_clients: int, rounds: int, workers: int, results: Path) -> dict:
+    config = app_config(num_clients, results, rounds)
+    total, cold_market = run_in_simulation(config, workers)
+    run_dir = results / config["run-name"]
+    history = json.loads((run_dir / "history.json").read_text())
+    market = history["timings"]["market"]
+    audits = [json.loads(p.read_text()) for p in (results / f"train-log-{num_clients}").rglob("*.json")]
+    round_times = [row["round_time_s"] for row in history["rounds"] if row["round"] >= 1]
+    first_round = sorted((a for a in audits if a["server_round"] == 1), key=lambda a: a["partition_id"])
+    if not first_round:
+        raise SystemExit(f"{num_clients} clients: the market selected nobody, nothing trained")
+    bare = bare_training(config, [a["partition_id"] for a in first_round])
+    later = [a for a in audits if a["server_round"] >= 2]
+    in_client_warm = sum(a["train_time_s"] for a in later) / max(1, len({a["server_round"] for a in later}))
+    steps = ("pass", "bid", "auction", "award")
+    return {
+        "market_sim_cold": cold_market,
+        "market_sim_cold_phase_s": sum(cold_market.get(step, 0.0) for step in steps),
+        "in_client_train_round1_s": sum(a["train_time_s"] for a in first_round),
+        "in_client_train_warm_s": in_client_warm,
+        "clients": num_clients,
+        "winners": len(first_round),
+        "run_simulation_s": total,
+        "market_sim": {step: market.get(step, float("nan")) for step in (*steps, "wait_for_nodes", "total")},
+        "market_sim_phase_s": sum(market.get(step, 0.0) for step in steps),
+        "market_in_process": market_in_process(config),
+        "round_times_s": round_times,
+        "final_accuracy": history["rounds"][-1]["accuracy"],
+        "bare_train_s": list(bare.values()),
+        "ideal_round_s": makespan(list(bare.values()), workers),
+    }
+
+
+def report(rows: list[dict], workers: int) -> None:
+    steps = ("pass", "bid", "auction", "award")
+    print("Market phase, seconds: in Flower's simulation, first (cold) | again (warm) | in process, warm, no Ray\n")
+    print("| clients | PASS | scores and bids | auction | awards | market phase |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        runs = (r["market_sim_cold"], r["market_sim"], r["market_in_process"])
+        cells = [" / ".join(f"{run[s]:.3f}" for run in runs) for s in steps]
+        phases = " / ".join(f"{sum(run[s] for s in steps):.3f}" for run in runs)
+        print(f"| {r['clients']} | " + " | ".join(cells) + f" | {phases} |")
+    print("\nMarket phase vs one FedAvg round (simulation)\n")
+    print(
+        "| clients | winners | market phase, cold / warm | FedAvg round 1 (cold) | later rounds (mean, warm) "
+        "| warm market / warm round | final accuracy |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        warm = float(np.mean(r["round_times_s"][1:])) if len(r["round_times_s"]) > 1 else r["round_times_s"][0]
+        print(
+            f"| {r['clients']} | {r['winners']} "
+            f"| {r['market_sim_cold_phase_s']:.2f} s / {r['market_sim_phase_s']:.2f} s "
+            f"| {r['round_times_s'][0]:.2f} s | {warm:.2f} s | {r['market_sim_phase_s'] / warm:.2f}x "
+            f"| {r['final_accuracy']:.3f} |"
+        )
+    print(f"\nFlower's simulation round vs the bare local training of the same winners ({workers} workers)\n")
+    print(
+        "| clients | winners | bare training, sum | in-ClientApp training, sum (warm rounds) | ideal round on "
+        f"{workers} workers | warm round | Flower overhead per round | round / ideal |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        warm = float(np.mean(r["round_times_s"][1:])) if len(r["round_times_s"]) > 1 else r["round_times_s"][0]
+        print(
+            f"| {r['clients']} | {r['winners']} | {sum(r['bare_train_s']):.2f} s | {r['in_client_train_warm_s']:.2f} s "
+            f"| {r['ideal_round_s']:.2f} s | {warm:.2f} s | {warm - r['ideal_round_s']:.2f} s "
+            f"| {warm / r['ideal_round_s']:.2f}x |"
+        )
+    calls = ", ".join(f"{r['clients']} clients {r['run_simulation_s']:.1f} s" for r in rows)
+    print(f"\nWhole run_simulation call: {calls}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, nargs="+", default=[20, 100])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="Ray actors (1 CPU each)")
+    parser.add_argument("--json", help="also write the raw figures to this JSON file")
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+        f"load average at start {os.getloadavg()[0]:.2f}\n"
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-market-") as tmp:
+        rows = [measure(n, args.rounds, args.workers, Path(tmp)) for n in args.clients]
+    report(rows, args.workers)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

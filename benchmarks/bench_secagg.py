@@ -1,0 +1,609 @@
+"""PASS against Flower's own SecAgg+: the same integer count vectors summed by both, side by side.
+
+Run: ``.venv/bin/python -m benchmarks.bench_secagg`` (about 16 min on 2 cores; ``--quick``: E = 10
+and 100 only, about 10 min; ``--simulation``: also both protocols through Flower's Ray simulation
+engine, about 16 min more; ``--simulation-only``: that part alone).
+
+What runs
+---------
+Every client holds an integer vector of ``C`` label counts (``C`` = 10 and 10,000), drawn in
+``[0, 1000)``; ``E`` = 10, 100, 500 clients. Each protocol must return their sum.
+
+* **PASS**: the market's own two message rounds, ``MarketPhase.run_pass``, against real
+  ClientApps with the market handlers (:func:`flmarket_flwr.market.testing.market_client_app`).
+* **SecAgg+**: Flower's legacy ``DefaultWorkflow(fit_workflow=SecAggPlusWorkflow(...))`` in a
+  ``LegacyContext`` with the legacy ``FedAvg``, against ``ClientApp(client_fn, mods=[secaggplus_mod])``
+  whose ``NumPyClient.fit`` returns the counts (weight 1). Two settings:
+  *full* (``num_shares = E``: every client is every client's neighbour, the same all-pairs masking
+  as PASS, threshold ``E/2``) and *sparse* (``num_shares = 2*ceil(log2 E) + 1`` neighbours,
+  threshold half of that: SecAgg+'s logarithmic neighbourhood).
+  Counts are floats to SecAgg+: ``clipping_range = 1024`` (a public bound above every count;
+  Flower's default 8.0 would clip every count above 8), ``quantization_range`` the largest power
+  of two ``Q`` with ``E * Q < 2**32`` (``modulus_range = 2**32``, Flower's default and largest
+  value, so the sum of ``E`` quantised vectors cannot wrap), ``max_weight = 1`` (weight 1 per
+  client, so the workflow returns the mean; the sum is the mean times ``E``). The quantisation is
+  stochastic with step ``2 * 1024 / Q``: the rounding error reported is the largest
+  ``|SecAgg+ sum - true sum|`` over the classes, before rounding to the nearest integer.
+
+How it is measured
+------------------
+Both protocols run through the same in-process grid (:class:`MeasuredGrid`, built on
+:class:`~flmarket_flwr.market.testing.InProcessGrid`): every message crosses Flower's own wire
+format (the object-tree serialisation the SuperLink stores and sends) and every node's ``Context``
+is rebuilt from protobuf for every message, as in a deployment.
+
+* *wall*: the whole aggregation, every client and the server one after another in one process;
+* *client CPU*: ``time.process_time`` around each ClientApp call (context load and save included;
+  Flower's Shamir sharing runs in a thread pool, whose CPU is counted), summed per client;
+* *server CPU*: process CPU of the whole run minus all clients' CPU (it includes the in-process
+  transport's serialisation of both directions);
+* *bytes*: length of the serialised messages, each client's replies (sent by the client) and
+  every instruction (sent by the server).
+
+SecAgg+ *full* at ``E = 500`` is not run whole: its Shamir sharing (pycryptodome, pure Python,
+degree-250 polynomials over GF(2^128) for 500 shares) costs about 48 s per client, so the
+500 clients would need about 7 h of CPU, plus about 50 min for the server's 500 reconstructions.
+There, ONE client runs ``secaggplus_mod`` for real through all four stages, with 499 neighbours
+that have real P-384 key pairs; the server's messages to it are built exactly as the workflow
+builds them (the 499 encrypted shares addressed to it are real Fernet ciphertexts under real
+ECDH keys, of shares of the real sizes). Its CPU and bytes are the per-client figures; server
+bytes are 500 times its instructions (every client's are the same size); server CPU is 500 times
+one measured Shamir reconstruction at threshold 250 plus one mask expansion (the unmask step,
+which dominates; a lower bound: the transport and the forwarding of the shares are left out);
+wall is 500 times the client CPU plus that server CPU. These rows say "1 client driven x E".
+The same driver at E = 100 is printed beside the whole run as a check.
+
+With ``--simulation`` both protocols (PASS; SecAgg+ full and sparse) also run through
+``flwr.simulation.run_simulation`` (Ray, 2 actors of 1 CPU), ``E`` = 10 and 100: the time of the
+aggregation measured inside the ServerApp (nodes already connected), and the whole call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import platform
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from uuid import uuid4
+
+import numpy as np
+
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.client import NumPyClient
+from flwr.client.mod import secaggplus_mod
+from flwr.clientapp import ClientApp
+from flwr.common import FitIns, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common.secure_aggregation.crypto.shamir import combine_shares, create_shares
+from flwr.common.secure_aggregation.crypto.symmetric_encryption import encrypt, generate_shared_key
+from flwr.common.secure_aggregation.quantization import dequantize, quantize
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
+from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen, share_keys_plaintext_concat
+from flwr.compat.common import recorddict_compat as compat
+from flwr.server import LegacyContext, ServerConfig
+from flwr.server.strategy import FedAvg as LegacyFedAvg
+from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
+from flwr.server.workflow.constant import MAIN_PARAMS_RECORD
+from flwr.serverapp import Grid, ServerApp
+from flwr.supercore.primitives.asymmetric import (
+    bytes_to_private_key,
+    bytes_to_public_key,
+    generate_key_pairs,
+    private_key_to_bytes,
+    public_key_to_bytes,
+)
+
+from flmarket_flwr.market import MarketConfig, MarketPhase, register_market_handlers
+from flmarket_flwr.market.testing import InProcessGrid, market_client_app, wire_roundtrip
+
+SIZES = (10, 100, 500)
+QUICK_SIZES = (10, 100)
+SIMULATION_SIZES = (10, 100)
+MAX_COUNT = 1000
+CLIPPING_RANGE = 1024.0
+MODULUS_RANGE = 2**32
+
+
+# --- Measuring grid -----------------------------------------------------------------------------
+class MeasuredGrid(InProcessGrid):
+    """In-process grid that counts each client's CPU and bytes, and the server's bytes."""
+
+    def __init__(self, client_app: ClientApp | Callable[[], ClientApp], node_ids: list[int]) -> None:
+        super().__init__(client_app, node_ids, shuffle_seed=None)
+        self.client_cpu: dict[int, float] = defaultdict(float)
+        self.client_bytes: dict[int, int] = defaultdict(int)
+        self.server_bytes = 0
+        self.server_bytes_to: dict[int, int] = defaultdict(int)
+
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        ids = []
+        for message in messages:
+            node = message.metadata.dst_node_id
+            if node not in self._contexts:
+                raise ValueError(f"unknown destination node {node}")
+            message.metadata.__dict__["_message_id"] = str(uuid4())
+            copy, raw = wire_roundtrip(message)
+            self.server_bytes += len(raw)
+            self.server_bytes_to[node] += len(raw)
+            self._pending[message.metadata.message_id] = copy
+            ids.append(message.metadata.message_id)
+        return ids
+
+    def _deliver(self, message: Message) -> Message | None:
+        node = message.metadata.dst_node_id
+        started = time.process_time()
+        reply = super()._deliver(message)
+        self.client_cpu[node] += time.process_time() - started
+        return reply
+
+    def _receive(self, reply: Message) -> Message:
+        received, raw = wire_roundtrip(reply)
+        self.client_bytes[reply.metadata.src_node_id] += len(raw)
+        return received
+
+
+@dataclass
+class Row:
+    """One measured (or, where ``how`` says so, extrapolated) aggregation."""
+
+    protocol: str
+    num_clients: int
+    num_classes: int
+    how: str
+    wall_s: float
+    client_cpu_mean_s: float
+    client_cpu_max_s: float
+    server_cpu_s: float
+    client_bytes_mean: float
+    server_bytes: float
+    max_error: float
+    exact: bool
+
+
+def _row(protocol: str, grid: MeasuredGrid, wall: float, cpu: float, total: np.ndarray, truth: np.ndarray) -> Row:
+    client_cpu = np.array(list(grid.client_cpu.values()))
+    error = float(np.max(np.abs(total.astype(np.float64) - truth))) if total.size else math.nan
+    return Row(
+        protocol=protocol,
+        num_clients=len(grid.node_ids),
+        num_classes=truth.size,
+        how="measured, whole protocol",
+        wall_s=wall,
+        client_cpu_mean_s=float(client_cpu.mean()),
+        client_cpu_max_s=float(client_cpu.max()),
+        server_cpu_s=cpu - float(client_cpu.sum()),
+        client_bytes_mean=float(np.mean(list(grid.client_bytes.values()))),
+        server_bytes=float(grid.server_bytes),
+        max_error=error,
+        exact=bool(np.array_equal(np.rint(total).astype(np.int64), truth)),
+    )
+
+
+def make_counts(num_clients: int, num_classes: int) -> np.ndarray:
+    """The ``(E, C)`` integer counts of one benchmark case, in ``[0, MAX_COUNT)``."""
+    return np.random.default_rng(num_clients * 7 + num_classes).integers(0, MAX_COUNT, size=(num_clients, num_classes))
+
+
+def node_ids(num_clients: int) -> list[int]:
+    return [10_000 + i for i in range(num_clients)]
+
+
+# --- PASS ---------------------------------------------------------------------------------------
+def run_pass(counts: np.ndarray) -> Row:
+    num_clients, num_classes = counts.shape
+    nodes = node_ids(num_clients)
+    grid = MeasuredGrid(market_client_app(dict(zip(nodes, counts))), nodes)
+    phase = MarketPhase(MarketConfig(budget=1.0, num_classes=num_classes, timeout=3600.0, poll_interval=0.001))
+    cpu, wall = time.process_time(), time.perf_counter()
+    result = phase.run_pass(grid, nodes)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    assert result.attempts == 1 and result.participants == nodes
+    return _row("PASS", grid, wall, cpu, np.asarray(result.global_counts), counts.sum(axis=0))
+
+
+# --- SecAgg+ ------------------------------------------------------------------------------------
+class CountsClient(NumPyClient):
+    """A client whose 'model update' is its label-count vector, with weight 1."""
+
+    def __init__(self, counts: np.ndarray) -> None:
+        self.counts = counts
+
+    def fit(self, parameters, config):  # type: ignore[no-untyped-def]
+        return [self.counts.astype(np.float64)], 1, {}
+
+
+def secagg_client_app(counts_of: Callable[[Context], np.ndarray]) -> ClientApp:
+    return ClientApp(client_fn=lambda context: CountsClient(counts_of(context)).to_client(), mods=[secaggplus_mod])
+
+
+def quantization_range(num_clients: int) -> int:
+    """Largest power of two Q with E * Q < 2**32: the sum of E vectors in [0, Q] cannot wrap."""
+    return 2 ** int(math.floor(math.log2((MODULUS_RANGE - 1) / num_clients)))
+
+
+def secagg_shares(num_clients: int, setting: str) -> tuple[int, int]:
+    """``(num_shares, reconstruction_threshold)`` of a setting."""
+    if setting == "full":
+        shares = num_clients
+    else:
+        shares = min(num_clients, 2 * math.ceil(math.log2(num_clients)) + 1)
+    return shares, max(2, (shares + 1) // 2)
+
+
+def secagg_workflow(num_clients: int, setting: str, timeout: float | None = None) -> SecAggPlusWorkflow:
+    shares, threshold = secagg_shares(num_clients, setting)
+    return SecAggPlusWorkflow(
+        num_shares=shares,
+        reconstruction_threshold=threshold,
+        max_weight=1.0,
+        clipping_range=CLIPPING_RANGE,
+        quantization_range=quantization_range(num_clients),
+        modulus_range=MODULUS_RANGE,
+        timeout=timeout,
+    )
+
+
+def legacy_context(context: Context, num_clients: int, num_rounds: int = 1) -> LegacyContext:
+    strategy = LegacyFedAvg(
+        fraction_fit=1.0,
+        fraction_evaluate=0.0,
+        min_fit_clients=num_clients,
+        min_available_clients=num_clients,
+        initial_parameters=ndarrays_to_parameters([]),
+    )
+    return LegacyContext(context=context, config=ServerConfig(num_rounds=num_rounds), strategy=strategy)
+
+
+def secagg_sum(context: LegacyContext, num_clients: int) -> np.ndarray:
+    """The sum of the counts: the workflow's weighted mean (weights 1) times E."""
+    record = context.state.array_records[MAIN_PARAMS_RECORD]
+    (mean,) = parameters_to_ndarrays(compat.arrayrecord_to_parameters(record, keep_input=True))
+    return mean * num_clients
+
+
+def run_secagg(counts: np.ndarray, setting: str) -> Row:
+    num_clients, _ = counts.shape
+    nodes = node_ids(num_clients)
+    by_node = dict(zip(nodes, counts))
+    grid = MeasuredGrid(secagg_client_app(lambda context: by_node[context.node_id]), nodes)
+    server_context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
+    context = legacy_context(server_context, num_clients)
+    workflow = DefaultWorkflow(fit_workflow=secagg_workflow(num_clients, setting))
+    cpu, wall = time.process_time(), time.perf_counter()
+    workflow(grid, context)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return _row(f"SecAgg+ {setting}", grid, wall, cpu, secagg_sum(context, num_clients), counts.sum(axis=0))
+
+
+def drive_one_secagg_client(num_clients: int, counts_by_classes: dict[int, np.ndarray]) -> list[Row]:
+    """SecAgg+ 'full' for ONE client with ``num_clients - 1`` real neighbours; see the module docstring."""
+    me, others = 10_000, [10_001 + i for i in range(num_clients - 1)]
+    shares, threshold = secagg_shares(num_clients, "full")
+    current: dict[str, np.ndarray] = {}
+    grid = MeasuredGrid(secagg_client_app(lambda context: current["counts"]), [me])
+    neighbour_keys = {}
+    for node in others:
+        sk1, pk1 = generate_key_pairs()
+        sk2, pk2 = generate_key_pairs()
+        neighbour_keys[node] = (public_key_to_bytes(pk1), public_key_to_bytes(pk2), private_key_to_bytes(sk2))
+
+    def send(record: ConfigRecord, content: RecordDict | None = None) -> ConfigRecord:
+        content = content if content is not None else RecordDict()
+        content.config_records[RECORD_KEY_CONFIGS] = record
+        message = Message(content, dst_node_id=me, message_type=MessageType.TRAIN, group_id="1")
+        (reply,) = grid.send_and_receive([message])
+        assert not reply.has_error(), reply.error
+        return reply.content.config_records[RECORD_KEY_CONFIGS]
+
+    # Stage 0 (setup) and 1 (share keys): independent of C, run once.
+    setup = send(
+        ConfigRecord(
+            {
+                Key.STAGE: Stage.SETUP,
+                Key.SAMPLE_NUMBER: num_clients,
+                Key.SHARE_NUMBER: shares,
+                Key.THRESHOLD: threshold,
+                Key.CLIPPING_RANGE: CLIPPING_RANGE,
+                Key.TARGET_RANGE: quantization_range(num_clients),
+                Key.MOD_RANGE: MODULUS_RANGE,
+                Key.MAX_WEIGHT: 1.0,
+            }
+        )
+    )
+    my_pk1, my_pk2 = setup[Key.PUBLIC_KEY_1], setup[Key.PUBLIC_KEY_2]
+    keys = {str(node): [pk1, pk2] for node, (pk1, pk2, _) in neighbour_keys.items()}
+    keys[str(me)] = [my_pk1, my_pk2]
+    share_keys = send(ConfigRecord({**keys, Key.STAGE: Stage.SHARE_KEYS}))
+    assert len(share_keys[Key.CIPHERTEXT_LIST]) == num_clients - 1
+    cpu_keys, bytes_keys, server_keys = grid.client_cpu[me], grid.client_bytes[me], grid.server_bytes
+    after_keys = grid._contexts[me]  # pylint: disable=protected-access
+
+    # The 499 encrypted shares addressed to this client, as its neighbours' mods would make them.
+    seed_share_len = len(create_shares(os.urandom(32), threshold, 2)[0])
+    key_share_len = len(create_shares(private_key_to_bytes(generate_key_pairs()[0]), threshold, 2)[0])
+    ciphertexts = []
+    for node, (_, _, sk2) in neighbour_keys.items():
+        shared = generate_shared_key(bytes_to_private_key(sk2), bytes_to_public_key(my_pk2))
+        plaintext = share_keys_plaintext_concat(node, me, os.urandom(seed_share_len), os.urandom(key_share_len))
+        ciphertexts.append(encrypt(shared, plaintext))
+
+    # Server side: one reconstruction at the threshold and one mask expansion, times E.
+    seed_shares = create_shares(os.urandom(32), threshold, shares)[:threshold]
+    started = time.process_time()
+    combine_shares(seed_shares)
+    combine_s = time.process_time() - started
+
+    rows = []
+    for num_classes, counts in counts_by_classes.items():
+        current["counts"] = counts
+        grid._contexts[me] = after_keys  # pylint: disable=protected-access
+        grid.client_cpu[me], grid.client_bytes[me], grid.server_bytes = cpu_keys, bytes_keys, server_keys
+        fit_content = compat.fitins_to_recorddict(FitIns(Parameters(tensors=[], tensor_type="numpy.ndarray"), {}), True)
+        masked = send(
+            ConfigRecord(
+                {
+                    Key.STAGE: Stage.COLLECT_MASKED_VECTORS,
+                    Key.CIPHERTEXT_LIST: ciphertexts,
+                    Key.SOURCE_LIST: list(neighbour_keys),
+                }
+            ),
+            fit_content,
+        )
+        assert len(masked[Key.MASKED_PARAMETERS]) == 2  # the weight factor, then the vector
+        unmask = send(
+            ConfigRecord({Key.STAGE: Stage.UNMASK, Key.ACTIVE_NODE_ID_LIST: [me, *others], Key.DEAD_NODE_ID_LIST: []})
+        )
+        assert len(unmask[Key.SHARE_LIST]) == num_clients
+        started = time.process_time()
+        pseudo_rand_gen(os.urandom(32), MODULUS_RANGE, [(1,), (num_classes,)])
+        prg_s = time.process_time() - started
+        client_cpu = grid.client_cpu[me]
+        server_cpu = num_clients * (combine_s + prg_s)
+        rows.append(
+            Row(
+                protocol="SecAgg+ full",
+                num_clients=num_clients,
+                num_classes=num_classes,
+                how=f"1 client driven x {num_clients}",
+                wall_s=num_clients * client_cpu + server_cpu,
+                client_cpu_mean_s=client_cpu,
+                client_cpu_max_s=client_cpu,
+                server_cpu_s=server_cpu,
+                client_bytes_mean=float(grid.client_bytes[me]),
+                server_bytes=float(num_clients * grid.server_bytes),
+                max_error=math.nan,
+                exact=True,
+            )
+        )
+    return rows
+
+
+def quantisation_error(counts: np.ndarray, clipping_range: float, seed: int = 0) -> tuple[float, bool]:
+    """SecAgg+'s error on the sum of ``counts`` from its quantisation alone, with Flower's own functions.
+
+    The masks cancel exactly modulo ``2**32`` (no wrap: ``E * Q < 2**32``), so the workflow's
+    result is ``dequantize(sum_e quantize(x_e))`` shifted and scaled as in its unmask stage.
+    Returns the largest absolute error on the sum and whether rounding recovers every count.
+    """
+    num_clients = counts.shape[0]
+    target = quantization_range(num_clients)
+    np.random.seed(seed)  # Flower's stochastic rounding draws from numpy's global generator
+    quantised = sum(quantize([row.astype(np.float64)], clipping_range, target)[0].astype(np.int64) for row in counts)
+    (mean,) = dequantize([quantised], clipping_range, target)
+    total = (mean - (num_clients - 1) * clipping_range)  # the workflow's offset; weights 1: the sum itself
+    truth = counts.sum(axis=0)
+    return float(np.max(np.abs(total - truth))), bool(np.array_equal(np.rint(total).astype(np.int64), truth))
+
+
+# --- Flower simulation (Ray) --------------------------------------------------------------------
+def simulate(protocol: str, counts: np.ndarray) -> dict[str, float]:
+    """Run one aggregation through ``flwr.simulation.run_simulation``; return its timings."""
+    from flwr.simulation import run_simulation  # pylint: disable=import-outside-toplevel
+
+    num_clients, num_classes = counts.shape
+    out: dict[str, float] = {}
+    rounds: list[float] = []  # aggregation times: the first (cold: Ray starts the actors), then warm
+
+    def counts_of(context: Context) -> np.ndarray:
+        return counts[int(context.node_config["partition-id"])]
+
+    def wait_for_nodes(grid: Grid) -> list[int]:
+        deadline = time.monotonic() + 300
+        while len(nodes := sorted(grid.get_node_ids())) < num_clients and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return nodes
+
+    server = ServerApp()
+    if protocol == "PASS":
+        client = ClientApp()
+        register_market_handlers(client, counts_of)
+
+        @server.main()
+        def _pass(grid: Grid, context: Context) -> None:
+            nodes = wait_for_nodes(grid)
+            phase = MarketPhase(MarketConfig(budget=1.0, num_classes=num_classes, timeout=600.0))
+            for _ in range(2):
+                started = time.perf_counter()
+                result = phase.run_pass(grid, nodes)
+                rounds.append(time.perf_counter() - started)
+            out["exact"] = float(np.array_equal(result.global_counts, counts.sum(axis=0)))
+
+    else:
+        setting = protocol.split()[-1]
+        client = secagg_client_app(counts_of)
+
+        class TimedWorkflow(SecAggPlusWorkflow):
+            def __call__(self, grid: Grid, context: Context) -> None:
+                started = time.perf_counter()
+                super().__call__(grid, context)
+                rounds.append(time.perf_counter() - started)
+
+        @server.main()
+        def _secagg(grid: Grid, context: Context) -> None:
+            wait_for_nodes(grid)
+            legacy = legacy_context(context, num_clients, num_rounds=2)
+            base = secagg_workflow(num_clients, setting, timeout=600.0)
+            workflow = TimedWorkflow(
+                num_shares=base.num_shares,
+                reconstruction_threshold=base.reconstruction_threshold,
+                max_weight=base.max_weight,
+                clipping_range=base.clipping_range,
+                quantization_range=base.quantization_range,
+                modulus_range=base.modulus_range,
+                timeout=base.timeout,
+            )
+            DefaultWorkflow(fit_workflow=workflow)(grid, legacy)
+            total = secagg_sum(legacy, num_clients)
+            out["exact"] = float(np.array_equal(np.rint(total).astype(np.int64), counts.sum(axis=0)))
+
+    started = time.perf_counter()
+    run_simulation(
+        server_app=server,
+        client_app=client,
+        num_supernodes=num_clients,
+        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+    )
+    out["run_simulation_s"] = time.perf_counter() - started
+    out["cold_s"], out["warm_s"] = rounds[0], rounds[-1]
+    return out
+
+
+# --- Report -------------------------------------------------------------------------------------
+def _bytes(value: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= size:
+            return f"{value / size:.3g} {unit}"
+    return f"{value:.0f} B"
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1e3:.3g} ms" if value < 1 else f"{value:.3g} s"
+
+
+def print_table(rows: list[Row]) -> None:
+    print(
+        f"| E | C | protocol | how | wall | client CPU mean (max) | server CPU | bytes sent per client "
+        f"| bytes sent by server | max abs error (exact after rounding) |"
+    )
+    print("|---:|---:|---|---|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        if math.isnan(r.max_error):
+            error = "n/a (not run whole)"
+        else:
+            error = f"{r.max_error:.3g} ({'yes' if r.exact else 'NO'})"
+        print(
+            f"| {r.num_clients} | {r.num_classes:,} | {r.protocol} | {r.how} | {_seconds(r.wall_s)} "
+            f"| {_seconds(r.client_cpu_mean_s)} ({_seconds(r.client_cpu_max_s)}) | {_seconds(r.server_cpu_s)} "
+            f"| {_bytes(r.client_bytes_mean)} | {_bytes(r.server_bytes)} | {error} |"
+        )
+
+
+def print_ratios(rows: list[Row]) -> None:
+    print("\nRatios SecAgg+ / PASS (higher: PASS cheaper)\n")
+    print("| E | C | SecAgg+ | client CPU | bytes per client | server bytes | server CPU | wall |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|")
+    passes = {(r.num_clients, r.num_classes): r for r in rows if r.protocol == "PASS"}
+    for r in rows:
+        base = passes.get((r.num_clients, r.num_classes))
+        if r.protocol == "PASS" or base is None or "check" in r.how:
+            continue
+        print(
+            f"| {r.num_clients} | {r.num_classes:,} | {r.protocol.split()[-1]} "
+            f"| {r.client_cpu_mean_s / base.client_cpu_mean_s:.1f}x "
+            f"| {r.client_bytes_mean / base.client_bytes_mean:.1f}x | {r.server_bytes / base.server_bytes:.1f}x "
+            f"| {r.server_cpu_s / base.server_cpu_s:.1f}x | {r.wall_s / base.wall_s:.1f}x |"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="E = 10 and 100 only")
+    parser.add_argument("--simulation", action="store_true", help="also run both through Flower's Ray simulation")
+    parser.add_argument("--simulation-only", action="store_true", help="only the Ray simulation part")
+    parser.add_argument("--json", help="also write every row to this JSON file")
+    args = parser.parse_args()
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"numpy {np.__version__}; load average at start {os.getloadavg()[0]:.2f}\n"
+    )
+    sizes = QUICK_SIZES if args.quick else SIZES
+    class_counts = (10, 10_000)
+    rows: list[Row] = []
+    for num_clients in () if args.simulation_only else sizes:
+        data = {c: make_counts(num_clients, c) for c in class_counts}
+        for num_classes in class_counts:
+            counts = data[num_classes]
+            rows.append(run_pass(counts))
+            rows.append(run_secagg(counts, "sparse"))
+            if num_clients <= 100:
+                rows.append(run_secagg(counts, "full"))
+            print(f"  ... E={num_clients} C={num_classes} done", flush=True)
+        if num_clients > 100:
+            rows.extend(drive_one_secagg_client(num_clients, {c: data[c][0] for c in class_counts}))
+    if not args.quick and not args.simulation_only:  # the driver against the whole run at E = 100
+        check = drive_one_secagg_client(100, {10: np.zeros(10, dtype=np.int64)})[0]
+        check.how = "1 client driven x 100 (check of the driver)"
+        rows.append(check)
+    rows.sort(key=lambda r: (r.num_clients, r.num_classes, r.protocol != "PASS", r.protocol, r.how))
+    if rows:
+        print()
+        print_table(rows)
+        print_ratios(rows)
+    print(f"\nSecAgg+ settings: clipping_range {CLIPPING_RANGE:g}, modulus_range 2**32, quantization_range per E: "
+          + ", ".join(f"E={e}: 2**{int(math.log2(quantization_range(e)))}" for e in sizes)
+          + "; shares/threshold: "
+          + ", ".join(f"E={e} full {secagg_shares(e, 'full')}, sparse {secagg_shares(e, 'sparse')}" for e in sizes))
+    at500 = [r for r in rows if r.num_clients == 500]
+    if at500:
+        print("\nTarget: PASS at least 10x cheaper per client at E = 500 (client CPU):")
+        for r in at500:
+            if r.protocol != "PASS":
+                base = next(p for p in at500 if p.protocol == "PASS" and p.num_classes == r.num_classes)
+                ratio = r.client_cpu_mean_s / base.client_cpu_mean_s
+                print(f"  C={r.num_classes:,}: {r.protocol}: {ratio:.1f}x {'(met)' if ratio >= 10 else '(NOT met)'}")
+    if not args.simulation_only:
+        print(
+            "\nSecAgg+ quantisation error on the summed counts, by clipping_range "
+            "(Flower's quantize/dequantize, C = 10,000):\n"
+        )
+        print("| E | Q | clipping 1024 (used) | clipping 1000 | clipping 8.0 (Flower's default) |")
+        print("|---:|---:|---|---|---|")
+        for num_clients in sizes:
+            counts = np.random.default_rng(num_clients).integers(0, MAX_COUNT, size=(num_clients, 10_000))
+            cells = []
+            for clip in (1024.0, 1000.0, 8.0):
+                error, exact = quantisation_error(counts, clip)
+                cells.append(f"{error:.3g} ({'exact' if exact else 'wrong'} after rounding)")
+            exponent = int(math.log2(quantization_range(num_clients)))
+            print(f"| {num_clients} | 2**{exponent} | " + " | ".join(cells) + " |")
+    if args.simulation or args.simulation_only:
+        print(
+            "\nFlower simulation (run_simulation, Ray, 2 actors x 1 CPU): each aggregation twice in one run; "
+            "the first pays for Ray starting the actors\n"
+        )
+        print("| E | C | protocol | first aggregation (cold) | second (warm) | whole run_simulation | exact |")
+        print("|---:|---:|---|---:|---:|---:|---|")
+        for num_clients in SIMULATION_SIZES:
+            for num_classes in class_counts:
+                counts = make_counts(num_clients, num_classes)
+                for protocol in ("PASS", "SecAgg+ sparse", "SecAgg+ full"):
+                    timing = simulate(protocol, counts)
+                    print(
+                        f"| {num_clients} | {num_classes:,} | {protocol} | {_seconds(timing['cold_s'])} "
+                        f"| {_seconds(timing['warm_s'])} | {_seconds(timing['run_simulation_s'])} "
+                        f"| {'yes' if timing.get('exact') else 'NO'} |",
+                        flush=True,
+                    )
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as file:
+            json.dump([asdict(r) for r in rows], file, indent=2)
+
+
+if __name__ == "__main__":
+    main()
