@@ -72,7 +72,7 @@ def test_report_marks_the_best_of_each_row_and_writes_plots(sweep: Path, tmp_pat
     for metric in ("accuracy", "loss"):
         assert (out / f"{metric}_vs_round_digits_c3_k2.png").stat().st_size > 1000
     rows = (out / "final_accuracy.csv").read_text().splitlines()
-    assert rows[0].startswith("dataset,num_clients,num_selected,distribution,selector")
+    assert rows[0].startswith("dataset,num_clients,num_selected,val_per_class,distribution,selector")
     assert len(rows) == 1 + 15 + 1
 
 
