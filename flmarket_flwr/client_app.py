@@ -1,19 +1,29 @@
 """ClientApp of the FLMarket Flower app.
 
-One ``ClientApp`` serves both phases of a run:
+One ``ClientApp`` serves every phase of a run:
 
 * **Market** (``query.market_*`` messages): registered with
   :func:`~flmarket_flwr.market.register_market_handlers`. The client's label
   counts ``N_e`` come from its partition; its bid is its (simulated,
   heterogeneous) cost per sample times ``N_e``, plus a markup
-  (:class:`RunConfigCostBid`).
+  (:class:`RunConfigCostBid`). The server only ever sees them masked (PASS).
+* **Baseline selector statistics** (``query.selector_stats``, :func:`selector_stats`):
+  for the pre-training baselines RS, QBS, DICE and DDS the client sends its **raw**
+  label counts, and for DDS a 16-number embedding of its inputs. These baselines
+  have no privacy protection at all (unlike FLMarket's PASS); they exist to be
+  compared with it.
 * **Training** (``train`` / ``evaluate`` messages): plain local SGD on the
-  client's partition, on CUDA when available.
+  client's partition with the configured model, on CUDA when available.
 
 The client's partition is ``node_config["partition-id"]`` out of
 ``node_config["num-partitions"]`` (set by the simulation engine, or by
 ``flower-supernode --node-config "partition-id=0 num-partitions=3"`` in a
 deployment).
+
+:func:`build_client_app` builds the app; ``app`` is the one that ``flwr run`` loads.
+``build_client_app(run_config)`` lays a fixed run config over the one Flower hands
+the app (:class:`RunConfigOverride`): :mod:`simulations.run` uses it to run a job's
+config through ``flwr.simulation.run_simulation``, which takes no run config.
 
 In a deployment every message runs in a fresh process, so this module keeps
 its import light for the market messages: the model (and with it ``torch``) is
@@ -30,6 +40,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from collections.abc import Mapping
+from typing import Any
+
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -40,11 +53,13 @@ from flmarket_flwr.market import (
     simulated_cost_per_sample,
 )
 from flmarket_flwr.task import (
+    EMBEDDING_DIM,
     DataConfig,
+    build_task_model,
     configure_torch_threads,
+    data_embedding,
     evaluate,
     load_partition,
-    num_classes,
     partition_label_counts,
     resolve_device,
 )
@@ -53,10 +68,21 @@ from flmarket_flwr.task import train as train_model
 if TYPE_CHECKING:
     import torch
 
-app = ClientApp()
-
 STATE_KEY = "flmarket-app"
 """Key of this app's ``ConfigRecord`` in ``context.state`` (label-count cache)."""
+
+ACTION_SELECTOR_STATS = "selector_stats"
+"""Action of the baseline selectors' statistics query (message type ``query.selector_stats``)."""
+STATS_RECORD_KEY = "selector-stats"
+"""Key of the ``ConfigRecord`` in a ``query.selector_stats`` request and reply."""
+KEY_WANT_EMBEDDING = "want-embedding"
+KEY_EMBEDDING_DIM = "embedding-dim"
+KEY_PROJECTION_SEED = "projection-seed"
+KEY_LABEL_COUNTS = "label-counts"
+KEY_EMBEDDING = "embedding"
+MODEL_KEY = "model"
+"""Run-config key of the model name (see :func:`flmarket_flwr.models.build_model`)."""
+DEFAULT_MODEL = "digits_cnn"
 
 
 def partition_id_of(context: Context) -> int:
@@ -129,13 +155,39 @@ class RunConfigCostBid:
         return policy(label_counts, score, context)
 
 
-register_market_handlers(app, get_label_counts=label_counts, bid_policy=RunConfigCostBid())
+def selector_stats(msg: Message, context: Context) -> Message:
+    """Answer a baseline selector's statistics query with this client's raw data summary.
+
+    Reply (``ConfigRecord`` under ``"selector-stats"``): ``label-counts``, the
+    client's per-class counts ``N_e`` in clear; with ``want-embedding`` in the request,
+    also ``embedding``, :func:`~flmarket_flwr.task.data_embedding` of its inputs
+    (``embedding-dim`` numbers, projection seeded by ``projection-seed``).
+
+    This is what the pre-training baselines (RS, QBS, DICE, DDS) need, and it is
+    **not private**: the server sees every client's label counts. FLMarket never
+    uses this query; its server learns only the sum of the counts, through PASS.
+    """
+    request = msg.content.config_records.get(STATS_RECORD_KEY, ConfigRecord())
+    reply = ConfigRecord({KEY_LABEL_COUNTS: [int(c) for c in label_counts(context)]})
+    if bool(request.get(KEY_WANT_EMBEDDING, False)):
+        embedding = data_embedding(
+            partition_id_of(context),
+            data_config_of(context),
+            dim=int(request.get(KEY_EMBEDDING_DIM, EMBEDDING_DIM)),
+            seed=int(request.get(KEY_PROJECTION_SEED, 0)),
+        )
+        reply[KEY_EMBEDDING] = [float(v) for v in embedding]
+    return Message(content=RecordDict({STATS_RECORD_KEY: reply}), reply_to=msg)
 
 
-@app.train()
+def model_name_of(context: Context) -> str:
+    """The model to train, from the run config (``model`` key)."""
+    return str(context.run_config.get(MODEL_KEY, DEFAULT_MODEL))
+
+
 def train(msg: Message, context: Context) -> Message:
     """Train the received global model on the local partition."""
-    from flmarket_flwr.models import build_model, set_arrays  # pylint: disable=C0415
+    from flmarket_flwr.models import set_arrays  # pylint: disable=C0415
 
     configure_torch_threads(int(context.run_config.get("torch-threads", 0)))
     partition_id = partition_id_of(context)
@@ -143,7 +195,7 @@ def train(msg: Message, context: Context) -> Message:
     config = msg.content.config_records.get("config", {})
     server_round = int(config.get("server-round", 0))
 
-    model = build_model(num_classes=num_classes(data_config))
+    model = build_task_model(model_name_of(context), data_config)
     set_arrays(model, msg.content.array_records["arrays"])
     data = load_partition(partition_id, data_config)
     device = resolve_device(str(context.run_config.get("device", "auto")))
@@ -175,14 +227,13 @@ def train(msg: Message, context: Context) -> Message:
     return Message(content=content, reply_to=msg)
 
 
-@app.evaluate()
 def evaluate_local(msg: Message, context: Context) -> Message:
     """Evaluate the received global model on the local partition."""
-    from flmarket_flwr.models import build_model, set_arrays  # pylint: disable=C0415
+    from flmarket_flwr.models import set_arrays  # pylint: disable=C0415
 
     configure_torch_threads(int(context.run_config.get("torch-threads", 0)))
     data_config = data_config_of(context)
-    model = build_model(num_classes=num_classes(data_config))
+    model = build_task_model(model_name_of(context), data_config)
     set_arrays(model, msg.content.array_records["arrays"])
     data = load_partition(partition_id_of(context), data_config)
     device = resolve_device(str(context.run_config.get("device", "auto")))
@@ -227,3 +278,62 @@ def _record_training(  # pylint: disable=too-many-arguments,too-many-positional-
     }
     path = folder / f"train-node{context.node_id}-round{server_round}.json"
     path.write_text(json.dumps(record), encoding="utf-8")
+
+
+class RunConfigOverride:
+    """Flower ``ClientApp`` mod that lays a fixed run config over the context's.
+
+    Every message's handler sees ``context.run_config`` updated with ``run_config`` (its
+    keys win). ``flwr.simulation.run_simulation`` has no run-config
+    argument in Flower 1.41 (the ClientApps then see an empty run config); this is how
+    :mod:`simulations.run` passes a job's config to the app. A module-level class, so
+    that Ray can pickle the ``ClientApp`` that carries it.
+
+    Parameters
+    ----------
+    run_config : Mapping[str, Any]
+        Flower run-config keys (``num-selected``, ``selector``, ...) and values
+        (``bool``, ``int``, ``float`` or ``str``).
+    """
+
+    def __init__(self, run_config: Mapping[str, Any]) -> None:
+        self.run_config = dict(run_config)
+
+    def __call__(self, msg: Message, context: Context, call_next: Any) -> Message:
+        """Run the next mod or the handler with the overlaid run config.
+
+        The context's own run config is put back afterwards: Flower's simulation
+        engine refuses a context whose ``run_config`` changed.
+        """
+        original = context.run_config
+        context.run_config = {**original, **self.run_config}
+        try:
+            return call_next(msg, context)
+        finally:
+            context.run_config = original
+
+
+def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
+    """Build the app's ``ClientApp``: market, selector-statistics, train and evaluate handlers.
+
+    Parameters
+    ----------
+    run_config : Mapping[str, Any], optional
+        A run config laid over the one Flower provides (see :class:`RunConfigOverride`);
+        ``None``: Flower's run config only (``flwr run``).
+
+    Returns
+    -------
+    ClientApp
+        A new app.
+    """
+    client = ClientApp(mods=[RunConfigOverride(run_config)] if run_config else None)
+    register_market_handlers(client, get_label_counts=label_counts, bid_policy=RunConfigCostBid())
+    client.query(ACTION_SELECTOR_STATS)(selector_stats)
+    client.train()(train)
+    client.evaluate()(evaluate_local)
+    return client
+
+
+app = build_client_app()
+"""The ``ClientApp`` that ``flwr run`` loads (``[tool.flwr.app.components]``)."""

@@ -3,17 +3,37 @@
 Everything a ClientApp or the ServerApp needs to turn the run config into tensors
 and to train or evaluate a model lives here, free of any Flower message handling:
 
-* :class:`DataConfig` collects the data keys of the run config (dataset, number of
-  clients, global distribution, Dirichlet ``alpha``, seed, test-set size).
+* :class:`DataConfig` collects the data keys of the run config (data set and its
+  local folder, number of clients, global distribution, Dirichlet ``alpha``, seed,
+  test-set size, server-side validation split).
 * :func:`load_partition` / :func:`partition_label_counts` give a client its
   training tensors and its per-class counts ``N_e`` (the market's input);
-  :func:`load_test_set` gives the server its held-out, class-balanced test set.
-  The raw data set, the train/test split and the partition are computed once per
-  process and cached (a Ray actor, a SuperExec-spawned ClientApp process or the
-  ServerApp process each keep their own copy).
+  :func:`load_test_set` gives the server its held-out test set and
+  :func:`load_validation_set` its validation split (S-FedAvg values clients on it).
+  The raw data set, the splits and the partition are computed once per process and
+  cached (a Ray actor, a SuperExec-spawned ClientApp process or the ServerApp
+  process each keep their own copy).
+* :func:`data_embedding` is the small, fixed summary of a client's inputs that the
+  DDS baseline selector asks for (see its docstring).
+* :func:`build_task_model` builds the configured model for the configured data set.
 * :func:`train` / :func:`evaluate` run plain mini-batch SGD and evaluation on
   in-memory tensors: no ``DataLoader``, no worker processes, which is the fastest
   option for data sets of this size on a CPU.
+
+Data sets come from :func:`flmarket_flwr.data.registry.load_dataset`: ``digits``
+(bundled, offline, the default), ``cifar10``, ``cinic10`` and ``deap`` (read from the
+local folder ``data-root``; nothing is downloaded). Images of CIFAR-10 and CINIC-10
+are standardised per channel with the registry's constants, once, at load time.
+
+Splits, in this order, all seeded by ``seed``:
+
+1. the data set's own held-out test set (digits: ``test-per-class`` per class);
+2. ``val-per-class`` samples per class of the training set become the server's
+   validation split (``0``, the default: none, and the training pool is exactly
+   the data set's training set). Every selector sees the same pool for a given
+   ``val-per-class``: set the same value for runs that are compared;
+3. the rest, the training pool, is partitioned over the clients
+   (:func:`~flmarket_flwr.data.partition.make_partition`).
 
 ``torch`` is imported inside the functions that need tensors, not at module level:
 in a deployment every message runs in a fresh ClientApp process, and the four
@@ -31,12 +51,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flmarket_flwr.data.digits import (
-    NUM_CLASSES as DIGITS_NUM_CLASSES,
-    load_digits_arrays,
-    train_test_split_balanced,
-)
+from flmarket_flwr.data.digits import NUM_CLASSES as DIGITS_NUM_CLASSES
+from flmarket_flwr.data.digits import train_test_split_balanced
 from flmarket_flwr.data.partition import Partition, make_partition
+from flmarket_flwr.data.registry import DATASET_NAMES, LoadedDataset, canonical_dataset_name, load_dataset
 
 if TYPE_CHECKING:
     import torch
@@ -44,12 +62,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DataConfig",
+    "EMBEDDING_DIM",
     "TensorPair",
     "all_label_counts",
+    "build_task_model",
     "configure_torch_threads",
+    "data_embedding",
     "evaluate",
+    "input_shape",
     "load_partition",
     "load_test_set",
+    "load_validation_set",
     "num_classes",
     "partition_label_counts",
     "resolve_device",
@@ -57,19 +80,24 @@ __all__ = [
 ]
 
 TensorPair = tuple["torch.Tensor", "torch.Tensor"]
-"""Images ``(N, 1, 8, 8)`` float32 and labels ``(N,)`` int64."""
+"""Inputs (``(N, 1, 8, 8)`` for digits) float32 and labels ``(N,)`` int64."""
 
-SUPPORTED_DATASETS = ("digits",)
+SUPPORTED_DATASETS = DATASET_NAMES
+
+EMBEDDING_DIM = 16
+"""Length of the DDS data embedding (:func:`data_embedding`)."""
+
+_DIGITS_INPUT_SHAPE = (1, 8, 8)
 
 
 @dataclass(frozen=True)
-class DataConfig:
+class DataConfig:  # pylint: disable=too-many-instance-attributes
     """How the data set is split between the server's test set and the clients.
 
     Attributes
     ----------
     dataset : str
-        Data set name; the embedded app supports ``"digits"``.
+        Data set name: ``"digits"`` (bundled), ``"cifar10"``, ``"cinic10"`` or ``"deap"``.
     num_clients : int
         Number of partitions ``E`` of the training pool.
     distribution : str
@@ -77,9 +105,15 @@ class DataConfig:
     alpha : float
         Dirichlet concentration of the per-class split over the clients.
     seed : int
-        Seed of the train/test split and of the partition.
+        Seed of the splits and of the partition.
     test_per_class : int
-        Samples per class held out for the server's balanced test set.
+        Digits only: samples per class held out for the server's balanced test set
+        (the other data sets have an official or subject-wise test split).
+    data_root : str
+        Local folder of the data set (``""`` for digits, which is bundled).
+    val_per_class : int
+        Samples per class taken from the training set for the server's validation
+        split (``0``: none). S-FedAvg needs one.
     """
 
     dataset: str = "digits"
@@ -88,6 +122,8 @@ class DataConfig:
     alpha: float = 0.5
     seed: int = 0
     test_per_class: int = 30
+    data_root: str = ""
+    val_per_class: int = 0
 
     @classmethod
     def from_run_config(
@@ -100,9 +136,9 @@ class DataConfig:
         Parameters
         ----------
         run_config : Mapping[str, Any]
-            The run config (``context.run_config``); keys ``dataset``,
-            ``num-clients``, ``distribution``, ``alpha``, ``seed`` and
-            ``test-per-class`` are read when present.
+            The run config (``context.run_config``); keys ``dataset``, ``data-root``,
+            ``num-clients``, ``distribution``, ``alpha``, ``seed``,
+            ``test-per-class`` and ``val-per-class`` are read when present.
         node_config : Mapping[str, Any], optional
             The node config (``context.node_config``) of a ClientApp. When it
             carries ``num-partitions`` (always the case in simulation, and in a
@@ -128,16 +164,25 @@ class DataConfig:
             test_per_class=int(
                 run_config.get("test-per-class", defaults.test_per_class)
             ),
+            data_root=str(run_config.get("data-root", defaults.data_root)),
+            val_per_class=int(run_config.get("val-per-class", defaults.val_per_class)),
         )
         config.validate()
         return config
 
     def validate(self) -> None:
         """Raise ``ValueError`` on an unsupported data set or an invalid value."""
-        if self.dataset not in SUPPORTED_DATASETS:
+        try:
+            name = canonical_dataset_name(self.dataset)
+        except ValueError:
             raise ValueError(
-                f"Unsupported dataset {self.dataset!r}: the Flower app embeds "
+                f"Unsupported dataset {self.dataset!r}: the Flower app supports "
                 f"{', '.join(SUPPORTED_DATASETS)}."
+            ) from None
+        if name != "digits" and not self.data_root:
+            raise ValueError(
+                f"dataset {self.dataset!r} is read from a local folder: set data-root "
+                f"(nothing is downloaded; only 'digits' is bundled)."
             )
         if self.num_clients < 1:
             raise ValueError(f"num-clients must be >= 1, got {self.num_clients}")
@@ -145,6 +190,13 @@ class DataConfig:
             raise ValueError(
                 f"test-per-class must be >= 1, got {self.test_per_class}"
             )
+        if self.val_per_class < 0:
+            raise ValueError(f"val-per-class must be >= 0, got {self.val_per_class}")
+
+    @property
+    def dataset_name(self) -> str:
+        """The canonical data set name (``"CIFAR-10"`` -> ``"cifar10"``)."""
+        return canonical_dataset_name(self.dataset)
 
 
 # ---------------------------------------------------------------------------
@@ -152,30 +204,64 @@ class DataConfig:
 # ---------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=4)
-def _load_arrays(dataset: str) -> tuple[np.ndarray, np.ndarray]:
-    """Load a whole data set once per process: ``(images, labels)``."""
-    if dataset == "digits":
-        return load_digits_arrays()
-    raise ValueError(f"Unsupported dataset {dataset!r}")
+def _dataset_key(config: DataConfig) -> tuple[str, str, int, int]:
+    """Cache key of the raw data set: only the fields that change what is loaded.
+
+    ``test-per-class`` only matters for digits, and the seed only where the test set
+    is drawn (digits, DEAP): CIFAR-10 is not re-read for another seed.
+    """
+    name = config.dataset_name
+    return (
+        name,
+        "" if name == "digits" else config.data_root,
+        config.test_per_class if name == "digits" else 0,
+        config.seed if name in ("digits", "deap") else 0,
+    )
+
+
+@lru_cache(maxsize=2)
+def _load(key: tuple[str, str, int, int]) -> LoadedDataset:
+    """Load (once per process) a data set, its images standardised when it has constants."""
+    name, root, test_per_class, seed = key
+    options = {"test_per_class": test_per_class} if name == "digits" else {}
+    loaded = load_dataset(name, root or None, seed=seed, **options)
+    if loaded.mean is None or loaded.std is None:
+        return loaded
+    shape = (1, -1) + (1,) * (loaded.train_images.ndim - 2)
+    mean = np.asarray(loaded.mean, dtype=np.float32).reshape(shape)
+    std = np.asarray(loaded.std, dtype=np.float32).reshape(shape)
+    return LoadedDataset(
+        **{
+            **loaded.__dict__,
+            "train_images": (loaded.train_images - mean) / std,
+            "test_images": (loaded.test_images - mean) / std,
+        }
+    )
+
+
+def _dataset(config: DataConfig) -> LoadedDataset:
+    return _load(_dataset_key(config))
 
 
 @lru_cache(maxsize=8)
-def _split(
-    dataset: str, test_per_class: int, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Balanced train/test split of the data set: ``(train_idx, test_idx)``."""
-    _, labels = _load_arrays(dataset)
-    return train_test_split_balanced(labels, test_per_class=test_per_class, seed=seed)
+def _splits(key: tuple[str, str, int, int], val_per_class: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(pool_idx, val_idx)``: indices into the training arrays."""
+    labels = _load(key).train_labels
+    if val_per_class == 0:
+        return np.arange(labels.size, dtype=np.int64), np.empty(0, dtype=np.int64)
+    return train_test_split_balanced(labels, test_per_class=val_per_class, seed=seed)
+
+
+def _pool_and_val(config: DataConfig) -> tuple[np.ndarray, np.ndarray]:
+    return _splits(_dataset_key(config), config.val_per_class, config.seed)
 
 
 @lru_cache(maxsize=8)
 def _partition(config: DataConfig) -> Partition:
     """Partition of the training pool over ``config.num_clients`` clients."""
-    _, labels = _load_arrays(config.dataset)
-    train_idx, _ = _split(config.dataset, config.test_per_class, config.seed)
+    pool_idx, _ = _pool_and_val(config)
     return make_partition(
-        labels[train_idx],
+        _dataset(config).train_labels[pool_idx],
         num_clients=config.num_clients,
         distribution=config.distribution,
         alpha=config.alpha,
@@ -185,11 +271,30 @@ def _partition(config: DataConfig) -> Partition:
 
 
 def num_classes(config: DataConfig) -> int:
-    """Number of classes of the configured data set (without loading it)."""
-    if config.dataset == "digits":
+    """Number of classes of the configured data set (digits: without loading it)."""
+    if config.dataset_name == "digits":
         return DIGITS_NUM_CLASSES
-    _, labels = _load_arrays(config.dataset)
-    return int(labels.max()) + 1
+    return int(_dataset(config).num_classes)
+
+
+def input_shape(config: DataConfig) -> tuple[int, ...]:
+    """Shape of one input of the configured data set (digits: without loading it)."""
+    if config.dataset_name == "digits":
+        return _DIGITS_INPUT_SHAPE
+    return tuple(_dataset(config).input_shape)
+
+
+def build_task_model(name: str, config: DataConfig) -> nn.Module:
+    """Build model ``name`` for the configured data set (classes, input channels).
+
+    Uses the global torch RNG: seed it first for reproducible initial weights.
+    """
+    from flmarket_flwr.models import build_model  # pylint: disable=import-outside-toplevel
+
+    options: dict[str, Any] = {}
+    if name.strip().lower().replace("-", "_") == "deap_cnn":
+        options["in_channels"] = int(input_shape(config)[0])
+    return build_model(name, num_classes=num_classes(config), **options)
 
 
 def _check_partition_id(partition_id: int, config: DataConfig) -> None:
@@ -209,6 +314,13 @@ def _to_tensors(images: np.ndarray, labels: np.ndarray) -> TensorPair:
     return x, y
 
 
+def _partition_rows(partition_id: int, config: DataConfig) -> np.ndarray:
+    """Rows of the training arrays that belong to one client."""
+    _check_partition_id(partition_id, config)
+    pool_idx, _ = _pool_and_val(config)
+    return pool_idx[_partition(config).client_indices[partition_id]]
+
+
 @lru_cache(maxsize=32)
 def load_partition(partition_id: int, config: DataConfig) -> TensorPair:
     """Training tensors of one client.
@@ -223,13 +335,11 @@ def load_partition(partition_id: int, config: DataConfig) -> TensorPair:
     Returns
     -------
     TensorPair
-        ``(images, labels)``; cached per process, do not modify in place.
+        ``(inputs, labels)``; cached per process, do not modify in place.
     """
-    _check_partition_id(partition_id, config)
-    images, labels = _load_arrays(config.dataset)
-    train_idx, _ = _split(config.dataset, config.test_per_class, config.seed)
-    rows = train_idx[_partition(config).client_indices[partition_id]]
-    return _to_tensors(images[rows], labels[rows])
+    rows = _partition_rows(partition_id, config)
+    data = _dataset(config)
+    return _to_tensors(data.train_images[rows], data.train_labels[rows])
 
 
 def partition_label_counts(partition_id: int, config: DataConfig) -> np.ndarray:
@@ -246,10 +356,59 @@ def all_label_counts(config: DataConfig) -> np.ndarray:
 
 @lru_cache(maxsize=4)
 def load_test_set(config: DataConfig) -> TensorPair:
-    """The server's held-out test set (``test_per_class`` samples per class)."""
-    images, labels = _load_arrays(config.dataset)
-    _, test_idx = _split(config.dataset, config.test_per_class, config.seed)
-    return _to_tensors(images[test_idx], labels[test_idx])
+    """The server's held-out test set (digits: ``test_per_class`` samples per class)."""
+    data = _dataset(config)
+    return _to_tensors(data.test_images, data.test_labels)
+
+
+@lru_cache(maxsize=4)
+def load_validation_set(config: DataConfig) -> TensorPair:
+    """The server's validation split: ``val_per_class`` training samples per class.
+
+    Raises
+    ------
+    ValueError
+        If ``config.val_per_class`` is 0 (no validation split configured).
+    """
+    if config.val_per_class == 0:
+        raise ValueError("no validation split: set val-per-class > 0")
+    _, val_idx = _pool_and_val(config)
+    data = _dataset(config)
+    return _to_tensors(data.train_images[val_idx], data.train_labels[val_idx])
+
+
+@lru_cache(maxsize=8)
+def _projection(input_size: int, dim: int, seed: int) -> np.ndarray:
+    """The fixed random projection of :func:`data_embedding`, ``(input_size, dim)``."""
+    rng = np.random.default_rng([seed, 0xDD5])
+    return rng.standard_normal((input_size, dim)) / np.sqrt(dim)
+
+
+def data_embedding(
+    partition_id: int, config: DataConfig, dim: int = EMBEDDING_DIM, seed: int = 0
+) -> np.ndarray:
+    """A small summary of one client's inputs, for the DDS baseline's content diversity.
+
+    ``z_e = mean_i(x_i) @ P``: the mean of the client's (flattened, standardised)
+    inputs, projected to ``dim`` numbers by a fixed Gaussian random matrix ``P``
+    (entries ``N(0, 1/dim)``, drawn from ``seed`` so that every client uses the same
+    one). By the Johnson-Lindenstrauss lemma distances between clients' mean inputs
+    are roughly preserved, while a client sends ``dim`` numbers instead of its mean
+    image. It is a summary of the client's raw data: the DDS baseline has none of
+    FLMarket's privacy (see :mod:`flmarket_flwr.server_app`).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(dim,)`` float64; zeros for a client without data.
+    """
+    rows = _partition_rows(partition_id, config)
+    images = _dataset(config).train_images
+    flat_size = int(np.prod(images.shape[1:]))
+    if rows.size == 0:
+        return np.zeros(dim)
+    mean = images[rows].reshape(rows.size, flat_size).astype(np.float64).mean(axis=0)
+    return mean @ _projection(flat_size, dim, seed)
 
 
 # ---------------------------------------------------------------------------

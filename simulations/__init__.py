@@ -1,0 +1,1 @@
+"""Experiments: Hydra sweeps of the FLMarket Flower app (``python -m simulations.run``)."""

@@ -1,0 +1,173 @@
+"""Every selector through the app's own ServerApp and ClientApp (in-process Grid, no Ray).
+
+* the pre-training baselines (RS, QBS, DICE, DDS) get the clients' raw label counts (and
+  DDS embeddings) in one ``query.selector_stats`` round, select exactly what
+  :func:`~flmarket_flwr.pricing.select_clients` selects on those counts, and only the
+  selected nodes ever receive a train or evaluate message;
+* FLMarket never sends that query (the server learns the counts only through PASS);
+* S-FedAvg trains at most ``num-selected`` nodes per round and needs a validation split.
+"""
+
+import json
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+
+from flmarket_flwr import client_app, server_app
+from flmarket_flwr.market.testing import InProcessGrid
+from flmarket_flwr.pricing import select_clients
+from flmarket_flwr.task import EMBEDDING_DIM, DataConfig, all_label_counts, data_embedding
+
+PROJECT = Path(__file__).resolve().parents[1]
+NODE_IDS = [101, 202, 303, 404, 505, 606]
+
+
+def app_config(**overrides: object) -> dict:
+    """``[tool.flwr.app.config]`` with ``overrides`` (``_`` for ``-`` in keys)."""
+    with (PROJECT / "pyproject.toml").open("rb") as file:
+        config = tomllib.load(file)["tool"]["flwr"]["app"]["config"]
+    config.update({key.replace("_", "-"): value for key, value in overrides.items()})
+    return config
+
+
+def run_app(tmp_path: Path, selector: str, **overrides: object) -> tuple[InProcessGrid, Path]:
+    """Run ``server_app.main`` with the real ClientApp on 6 in-process nodes."""
+    settings: dict[str, object] = {
+        "selector": selector,
+        "num_clients": len(NODE_IDS),
+        "distribution": "d3",
+        "num_server_rounds": 2,
+        "local_epochs": 1,
+        "fraction_evaluate": 1.0,
+        "results_dir": str(tmp_path / "results"),
+        "run_name": selector,
+    }
+    run_config = app_config(**{**settings, **overrides})
+    grid = InProcessGrid(client_app.app, NODE_IDS, run_config=run_config, run_id=5)
+    server_app.main(grid, Context(5, 0, {}, RecordDict(), run_config))
+    return grid, tmp_path / "results" / selector
+
+
+def receivers(grid: InProcessGrid, message_type: str) -> set[int]:
+    """Nodes that were sent a message of this type."""
+    return {m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type == message_type}
+
+
+@pytest.mark.parametrize("selector", ["rs", "qbs", "dice", "dds"])
+def test_baseline_trains_only_its_selection(tmp_path: Path, selector: str) -> None:
+    """Raw counts in, select_clients' choice out, and only the chosen nodes train."""
+    grid, run_dir = run_app(tmp_path, selector, num_selected=2, seed=3)
+    selection = json.loads((run_dir / "selection.json").read_text())
+    selected = selection["selected"]
+    assert len(selected) == 2 and len(set(selected)) == 2
+    assert receivers(grid, "train") == set(selected)
+    assert receivers(grid, "evaluate") == set(selected)
+    assert receivers(grid, "query.selector_stats") == set(NODE_IDS)
+    assert not any(m.metadata.message_type.startswith("query.market") for m in grid.sent)
+
+    # The server saw each node's true label counts (node i holds partition i here) ...
+    truth = all_label_counts(DataConfig(num_clients=len(NODE_IDS), distribution="d3", seed=3))
+    seen = np.array([selection["label_counts"][str(node)] for node in NODE_IDS])
+    np.testing.assert_array_equal(seen, truth)
+    # ... and selected exactly what the selector picks on them.
+    extra = {}
+    if selector == "dds":
+        extra["embeddings"] = np.array([selection["embeddings"][str(node)] for node in NODE_IDS])
+        assert extra["embeddings"].shape == (len(NODE_IDS), EMBEDDING_DIM)
+    positions = select_clients(selector, truth, 2, seed=3, **extra)
+    assert selected == [NODE_IDS[int(p)] for p in positions]
+
+    history = json.loads((run_dir / "history.json").read_text())
+    assert history["selector"] == selector and history["selected"] == selected
+    assert [row["round"] for row in history["rounds"]] == [0, 1, 2]
+    assert not (run_dir / "market.json").exists()
+
+
+def test_flmarket_keeps_counts_private(tmp_path: Path) -> None:
+    """FLMarket selects through PASS and the auction: no raw-count query, no counts recorded."""
+    grid, run_dir = run_app(tmp_path, "flmarket", num_selected=3)
+    assert not receivers(grid, "query.selector_stats")
+    assert receivers(grid, "query.market_keys") == set(NODE_IDS)
+    selection = json.loads((run_dir / "selection.json").read_text())
+    market = json.loads((run_dir / "market.json").read_text())
+    assert selection["selected"] == market["winners"] and len(market["winners"]) == 3
+    assert selection["label_counts"] is None
+    assert receivers(grid, "train") == set(market["winners"])
+    # No reply on the wire carries a client's label counts in clear.
+    for raw in grid.received_wire:
+        assert b"label-counts" not in raw
+
+
+def test_sfedavg_samples_num_selected_per_round(tmp_path: Path) -> None:
+    """S-FedAvg: every node is a candidate, at most num-selected train in each round."""
+    grid, run_dir = run_app(tmp_path, "sfedavg", num_selected=2, val_per_class=5, num_server_rounds=3)
+    report = json.loads((run_dir / "sfedavg.json").read_text())
+    assert [r["server_round"] for r in report["rounds"]] == [1, 2, 3]
+    train_messages = [m for m in grid.sent if m.metadata.message_type == "train"]
+    assert len(train_messages) == 3 * 2
+    for record in report["rounds"]:
+        assert len(record["sampled"]) == 2 and set(record["sampled"]) <= set(NODE_IDS)
+    selection = json.loads((run_dir / "selection.json").read_text())
+    assert selection["candidates"] == sorted(NODE_IDS)
+    assert set(selection["sampled_per_round"]) == {"1", "2", "3"}
+    assert not receivers(grid, "query.selector_stats")
+
+
+def test_sfedavg_needs_a_validation_split(tmp_path: Path) -> None:
+    """Without val-per-class, S-FedAvg refuses to start, with a clear reason."""
+    with pytest.raises(server_app.SelectionError, match="val-per-class"):
+        run_app(tmp_path, "sfedavg", num_selected=2)
+    assert "val-per-class" in (tmp_path / "results" / "sfedavg" / "error.txt").read_text()
+
+
+@pytest.mark.parametrize("selector", ["rs", "qbs", "dice", "dds", "sfedavg"])
+def test_selectors_other_than_flmarket_need_num_selected(selector: str) -> None:
+    """Only FLMarket has a budget-driven mode; the others need a cohort size."""
+    with pytest.raises(ValueError, match="num-selected > 0"):
+        server_app.ServerSettings.from_run_config({"selector": selector, "num-selected": 0})
+    with pytest.raises(ValueError, match="selector must be one of"):
+        server_app.ServerSettings.from_run_config({"selector": "nope"})
+
+
+def test_run_config_override_mod() -> None:
+    """build_client_app(run_config): handlers see the overlay; the context keeps its own."""
+    seen = {}
+    app = client_app.build_client_app({"seed": 7, "num-clients": 3})
+
+    @app.query("peek")
+    def peek(msg: Message, context: Context) -> Message:
+        seen.update(context.run_config)
+        return Message(RecordDict({"x": ConfigRecord({"ok": True})}), reply_to=msg)
+
+    grid = InProcessGrid(app, [1, 2, 3], run_config={"seed": 1, "distribution": "d2"})
+    message = Message(RecordDict({"x": ConfigRecord()}), dst_node_id=1, message_type="query.peek")
+    replies = grid.send_and_receive([message])
+    assert not replies[0].has_error()
+    assert seen["seed"] == 7 and seen["num-clients"] == 3 and seen["distribution"] == "d2"
+    assert grid.context(1).run_config == {"seed": 1, "distribution": "d2"}
+
+
+def test_build_server_app_overlays_the_run_config(tmp_path: Path) -> None:
+    """build_server_app(run_config) runs main with the overlay (run_simulation passes none)."""
+    run_config = app_config(
+        selector="qbs", num_selected=2, num_clients=len(NODE_IDS), num_server_rounds=1,
+        results_dir=str(tmp_path / "results"), run_name="overlay",
+    )
+    grid = InProcessGrid(client_app.app, NODE_IDS, run_config=run_config, run_id=9)
+    app = server_app.build_server_app(run_config)
+    app(grid, Context(9, 0, {}, RecordDict(), {}))
+    history = json.loads((tmp_path / "results" / "overlay" / "history.json").read_text())
+    assert history["selector"] == "qbs" and len(history["selected"]) == 2
+
+
+def test_data_embedding_is_a_fixed_projection() -> None:
+    """The DDS embedding: deterministic, EMBEDDING_DIM numbers, the same projection for all."""
+    config = DataConfig(num_clients=4, distribution="d2")
+    first = data_embedding(0, config, seed=1)
+    assert first.shape == (EMBEDDING_DIM,) and np.all(np.isfinite(first))
+    np.testing.assert_array_equal(first, data_embedding(0, config, seed=1))
+    assert not np.allclose(first, data_embedding(1, config, seed=1))
+    assert not np.allclose(first, data_embedding(0, config, seed=2))

@@ -1,0 +1,154 @@
+"""The Hydra experiment configs (``conf/``) and their agreement with the Flower app config.
+
+``[tool.flwr.app.config]`` in ``pyproject.toml`` is what ``flwr run .`` uses; ``conf/``
+restates it for Hydra sweeps. The default composition must map to exactly the same keys,
+values and types (one source of truth, checked here), and every group option must
+compose into a valid app run config.
+"""
+
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+from omegaconf.errors import MissingMandatoryValue
+
+from flmarket_flwr.server_app import SELECTORS, ServerSettings
+from flmarket_flwr.task import DataConfig
+from simulations.config import CONF_DIR, GROUP_KEYS, app_config_defaults, to_run_config
+from simulations.progress import count_jobs, format_line
+
+GROUPS = ("dataset", "model", "distribution", "selector", "federation", "training")
+NEEDS_ROOT = {"cifar10", "cinic10", "deap"}
+
+
+def compose_config(*overrides: str) -> DictConfig:
+    """``conf/config.yaml`` composed with ``overrides`` (as on the command line)."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def options(group: str) -> list[str]:
+    """The options of a config group (its YAML files)."""
+    return sorted(path.stem for path in (Path(CONF_DIR) / group).glob("*.yaml"))
+
+
+def test_defaults_equal_the_flower_app_config() -> None:
+    """The default composition maps to [tool.flwr.app.config]: same keys, values and types."""
+    run_config = to_run_config(compose_config())
+    app_config = app_config_defaults()
+    assert set(run_config) == set(app_config), (
+        f"only in Hydra: {sorted(set(run_config) - set(app_config))}, "
+        f"only in pyproject: {sorted(set(app_config) - set(run_config))}"
+    )
+    for key, value in app_config.items():
+        assert run_config[key] == value, f"{key}: Hydra {run_config[key]!r} != pyproject {value!r}"
+        assert type(run_config[key]) is type(value), f"{key}: {type(run_config[key])} != {type(value)}"
+
+
+def test_app_defaults_equal_the_code_defaults() -> None:
+    """pyproject's defaults are also the code's fallbacks (ServerSettings, DataConfig)."""
+    app_config = app_config_defaults()
+    settings = ServerSettings()
+    data = DataConfig()
+    for obj in (settings, data):
+        for field in fields(obj):
+            key = field.name.replace("_", "-")
+            assert key in app_config, f"{key} missing from [tool.flwr.app.config]"
+            assert app_config[key] == getattr(obj, field.name), key
+
+
+def test_group_keys_map_to_app_keys() -> None:
+    """Every group key has an app key, and the default groups are the documented ones."""
+    app_config = app_config_defaults()
+    assert set(GROUP_KEYS.values()) <= set(app_config)
+    cfg = compose_config()
+    assert cfg.dataset.name == "digits" and cfg.model.name == "digits_cnn"
+    assert cfg.federation.num_clients == 20 and cfg.selector.name == "flmarket"
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_every_group_option_composes(group: str) -> None:
+    """Each option of each group composes into a complete, valid app run config."""
+    found = options(group)
+    assert found, f"conf/{group}/ has no options"
+    for option in found:
+        extra = [f"dataset.root=/data/{option}"] if group == "dataset" and option in NEEDS_ROOT else []
+        run_config = to_run_config(compose_config(f"{group}={option}", *extra))
+        assert set(run_config) == set(app_config_defaults())
+        ServerSettings.from_run_config({**run_config, "num-selected": 5})
+        if group == "dataset":
+            assert run_config["dataset"] == option
+        elif group == "model":
+            assert run_config["model"] == option
+        elif group == "distribution":
+            assert run_config["distribution"] == option
+        elif group == "selector":
+            assert run_config["selector"] == option
+        DataConfig.from_run_config(run_config)
+
+
+def test_expected_group_options() -> None:
+    """The groups offer what the experiments need."""
+    assert options("dataset") == ["cifar10", "cinic10", "deap", "digits"]
+    assert options("model") == ["deap_cnn", "digits_cnn", "resnet56"]
+    assert options("distribution") == [f"d{i}" for i in range(1, 8)]
+    assert sorted(options("selector")) == sorted(SELECTORS)
+    assert options("federation") == ["c100", "c20"]
+    assert compose_config("federation=c100").federation.num_clients == 100
+
+
+def test_dataset_options_pick_their_model() -> None:
+    """CIFAR-10 and CINIC-10 train ResNet-56, DEAP its 1-D CNN; the command line still wins."""
+    assert compose_config("dataset=cifar10", "dataset.root=/x").model.name == "resnet56"
+    assert compose_config("dataset=cinic10", "dataset.root=/x").model.name == "resnet56"
+    assert compose_config("dataset=deap", "dataset.root=/x").model.name == "deap_cnn"
+    assert compose_config("dataset=cifar10", "dataset.root=/x", "model=digits_cnn").model.name == "digits_cnn"
+
+
+def test_local_datasets_need_a_root() -> None:
+    """A data set read from disk without dataset.root is a clear error, not a silent default."""
+    with pytest.raises(MissingMandatoryValue):
+        to_run_config(compose_config("dataset=cifar10"))
+
+
+def test_sfedavg_gets_a_validation_split() -> None:
+    """selector=sfedavg sets dataset.val_per_class (S-FedAvg needs it); the command line wins."""
+    assert compose_config("selector=sfedavg").dataset.val_per_class == 10
+    assert compose_config("selector=sfedavg", "dataset.val_per_class=20").dataset.val_per_class == 20
+    assert compose_config("selector=rs").dataset.val_per_class == 0
+
+
+def test_digits_sweep_training_preset() -> None:
+    """training=digits_sweep changes training keys only, and they are app keys."""
+    base = to_run_config(compose_config())
+    sweep = to_run_config(compose_config("training=digits_sweep"))
+    changed = {key for key in base if base[key] != sweep[key]}
+    assert changed and changed <= {
+        "num-server-rounds", "local-epochs", "batch-size", "learning-rate", "momentum"
+    }
+
+
+def test_command_line_values_take_the_app_types() -> None:
+    """``budget=700`` (an int on Hydra's command line) reaches the app as 700.0."""
+    run_config = to_run_config(compose_config("budget=700", "num_selected=5", "run_name=7"))
+    assert run_config["budget"] == 700.0 and isinstance(run_config["budget"], float)
+    assert run_config["num-selected"] == 5 and run_config["run-name"] == "7"
+
+
+def test_unknown_top_level_key_is_rejected() -> None:
+    """A typo at the top level is an error (runner settings live under ``sim``)."""
+    with pytest.raises(KeyError, match="not a Flower app key"):
+        to_run_config(compose_config("+num_selectd=5"))
+
+
+def test_progress_counts_and_formats() -> None:
+    """The progress display counts the jobs of a sweep like Hydra's basic sweeper."""
+    assert count_jobs(["a=1,2", "b=x,y,z", "c=5"]) == 6
+    assert count_jobs(["distribution=d1,d2,d3,d4,d5,d6", "selector=flmarket,rs,qbs,dice,dds",
+                       "num_selected=5,10,15", "seed=0,1,2"]) == 270
+    line = format_line(index=3, total=10, elapsed_s=30.0, overrides="a=1", accuracy=0.91234, job_s=9.5)
+    assert line.startswith("[ 3/10] 0:00:30 elapsed, ETA 0:01:10 | a=1 | acc 0.9123 | 9.5 s")
+    failed = format_line(index=1, total=1, elapsed_s=1, overrides="", accuracy=None, job_s=1, failed="boom")
+    assert "FAILED (boom)" in failed
