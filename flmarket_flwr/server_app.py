@@ -55,7 +55,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg, Result
+from flwr.serverapp.strategy import FedAvg, Result, Strategy
 
 from flmarket_flwr.client_app import (
     ACTION_SELECTOR_STATS,
@@ -666,9 +666,17 @@ def _train_selected(
         # Never wait for a selected node that has gone: train whichever are there.
         min_available_nodes=1,
     )
+    evaluation, result = _start(strategy, selected_grid, settings, data_config)
+    return evaluation, result
+
+
+def _start(
+    strategy: Strategy, grid: Grid, settings: ServerSettings, data_config: DataConfig
+) -> tuple[CentralEvaluation, Result]:
+    """Start `strategy` from a fresh model, evaluating the global model on the server each round."""
     model, evaluation = _initial_model_and_evaluation(settings, data_config)
     result = strategy.start(
-        grid=selected_grid,
+        grid=grid,
         initial_arrays=ArrayRecord(model.state_dict()),
         num_rounds=settings.num_server_rounds,
         timeout=settings.round_timeout,
@@ -702,16 +710,7 @@ def _train_sfedavg(
         fraction_evaluate=settings.fraction_evaluate,
         min_evaluate_nodes=1 if settings.fraction_evaluate > 0 else 0,
     )
-    model, evaluation = _initial_model_and_evaluation(settings, data_config)
-    result = strategy.start(
-        grid=grid,
-        initial_arrays=ArrayRecord(model.state_dict()),
-        num_rounds=settings.num_server_rounds,
-        timeout=settings.round_timeout,
-        train_config=_train_config(settings),
-        evaluate_config=ConfigRecord(),
-        evaluate_fn=evaluation,
-    )
+    evaluation, result = _start(strategy, grid, settings, data_config)
     return evaluation, result, strategy.history()
 
 
