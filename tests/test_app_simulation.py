@@ -19,11 +19,8 @@ process, Ray) are stopped by PID at the end.
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +30,7 @@ from flwr.app import Context, RecordDict
 
 from flmarket_flwr import client_app, server_app
 from flmarket_flwr.market.testing import InProcessGrid
+from processes import free_ports, pids_with_cmdline, process_tree, stop_pids
 
 PROJECT = Path(__file__).resolve().parents[1]
 BIN_DIR = Path(sys.executable).parent
@@ -90,74 +88,6 @@ def test_app_in_process(tmp_path: Path) -> None:
 
 
 # --- Process and port helpers ----------------------------------------------------------------
-def free_port() -> int:
-    """Return a TCP port that is free on 127.0.0.1 right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _proc_table() -> dict[int, tuple[int, str]]:
-    """``{pid: (parent pid, command line)}`` of every readable process."""
-    table: dict[int, tuple[int, str]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        table[int(entry.name)] = (ppid, cmdline)
-    return table
-
-
-def process_tree(roots: list[int]) -> list[int]:
-    """``roots`` and all their descendants, parents first."""
-    table = _proc_table()
-    tree, frontier = [], [pid for pid in roots if pid in table]
-    while frontier:
-        pid = frontier.pop(0)
-        tree.append(pid)
-        frontier.extend(child for child, (ppid, _) in table.items() if ppid == pid)
-    return tree
-
-
-def pids_with_cmdline(fragment: str) -> list[int]:
-    """PIDs whose command line contains ``fragment`` (e.g. a unique temporary path)."""
-    table = _proc_table()
-    return [pid for pid, (_, cmdline) in table.items() if fragment in cmdline and pid != os.getpid()]
-
-
-def stop_processes(pids: list[int], grace_s: float = 10.0) -> None:
-    """SIGTERM each PID, wait (bounded), then SIGKILL whatever is left."""
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + grace_s
-    alive = list(pids)
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.2)
-        alive = [pid for pid in alive if _is_alive(pid)]
-    for pid in alive:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def _is_alive(pid: int) -> bool:
-    """Whether ``pid`` is running (zombies count as gone)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 # --- Fixtures --------------------------------------------------------------------------------
 class LocalFlower:
     """A private Flower CLI environment: own FLWR_HOME, own local SuperLink ports."""
@@ -165,12 +95,13 @@ class LocalFlower:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.home = root / "flwr-home"
+        http_port, control_port = free_ports(2)
         self.env = {
             **os.environ,
             "FLWR_HOME": str(self.home),
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
-            "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
+            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
+            "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
             # The CLI starts `flower-superlink`, which starts `flower-superexec`, by name.
             "PATH": f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}",
         }
@@ -207,7 +138,7 @@ class LocalFlower:
 
     def stop(self) -> None:
         """Stop the local SuperLink of this FLWR_HOME and everything under it."""
-        stop_processes(process_tree(pids_with_cmdline(str(self.home))))
+        stop_pids(process_tree(pids_with_cmdline(str(self.home))))
 
 
 @pytest.fixture(scope="module")

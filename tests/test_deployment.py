@@ -11,7 +11,6 @@ ServerApp / ClientApp processes): the whole process tree is stopped by PID in a
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from processes import free_ports, is_alive, process_tree, stop_pids
 
 PROJECT = Path(__file__).resolve().parents[1]
 BIN_DIR = Path(sys.executable).parent
@@ -34,76 +34,14 @@ pytestmark = pytest.mark.skipif(
 
 
 # --- Process and port helpers ----------------------------------------------------------------
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports that are free on 127.0.0.1 right now."""
-    import socket  # pylint: disable=import-outside-toplevel
-
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def process_tree(roots: list[int]) -> list[int]:
-    """``roots`` and all their live descendants (read from /proc), parents first."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    tree, frontier = [], list(roots)
-    while frontier:
-        pid = frontier.pop(0)
-        tree.append(pid)
-        frontier.extend(children.get(pid, []))
-    return tree
-
-
 def stop_process_tree(processes: list[subprocess.Popen], grace_s: float = 10.0) -> None:
-    """Stop ``processes`` and all their descendants by PID: SIGTERM, bounded wait, SIGKILL."""
-    pids = process_tree([proc.pid for proc in processes])
-    for pid in reversed(pids):  # children first, so none is orphaned mid-way
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + grace_s
-    for proc in processes:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    while time.monotonic() < deadline and any(_is_alive(pid) for pid in pids):
-        time.sleep(0.2)
-    for pid in pids:
-        if _is_alive(pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    """Stop ``processes`` and all their descendants by PID, then reap the ``Popen`` objects."""
+    stop_pids(process_tree([proc.pid for proc in processes]), grace_s)
     for proc in processes:
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-
-
-def _is_alive(pid: int) -> bool:
-    """Whether ``pid`` is running (zombies count as gone)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def wait_for_health(port: int, process: subprocess.Popen, timeout_s: float) -> None:
@@ -234,7 +172,7 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
     finally:
         system.stop()
         tree = process_tree([process.pid for process in system.processes])
-        survivors = [pid for pid in tree if _is_alive(pid)]
+        survivors = [pid for pid in tree if is_alive(pid)]
         assert not survivors, f"processes survived: {survivors}"
 
 
