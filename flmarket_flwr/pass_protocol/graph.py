@@ -1,0 +1,172 @@
+"""The masking graph of PASS v2: a Harary graph on a randomly relabelled cycle (Bell et al. 2020).
+
+Each client masks with, and shares its secrets among, only its ``k`` graph neighbours, so the per-client cost
+grows with ``k ~ log E`` instead of ``E``. The graph is drawn from a seed that binds a server seed, committed
+before any client key existed, and the roster of participants: a server that wants a victim surrounded by
+colluders can only retry by excluding advertised clients, and each try succeeds with probability below
+``2^-security_bits``. Threat model: a fraction ``bad_fraction`` of "bad" nodes (dropped or colluding with the
+server), placed independently of the relabelling.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from collections.abc import Sequence
+from typing import Final
+
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+GRAPH_SEED_LENGTH: Final[int] = 32
+"""Length in bytes of the server's graph seed and of the derived graph seed."""
+
+DEFAULT_SECURITY_BITS: Final[int] = 40
+DEFAULT_BAD_FRACTION: Final[float] = 0.1
+
+_COMMIT_LABEL: Final[bytes] = b"flmarket-pass/v2/graph-commitment"
+_DERIVE_LABEL: Final[bytes] = b"flmarket-pass/v2/graph-seed"
+_NONCE: Final[bytes] = bytes(16)
+
+
+def commit_graph_seed(seed: bytes) -> bytes:
+    """SHA-256 commitment to the server's graph seed (sent at advertise time, opened with the roster)."""
+    if not isinstance(seed, bytes) or len(seed) != GRAPH_SEED_LENGTH:
+        raise ValueError(f"graph seed must be {GRAPH_SEED_LENGTH} bytes")
+    return hashlib.sha256(_COMMIT_LABEL + seed).digest()
+
+
+def derive_graph_seed(server_seed: bytes, roster_digest: bytes) -> bytes:
+    """Graph seed ``H(label || server_seed || roster_digest)``.
+
+    ``roster_digest`` is what the clients can check: in PASS v2 it is :func:`roster_digest` of the sorted
+    participant indices (see ``secagg``'s module docstring for why not the keys).
+    """
+    if not isinstance(server_seed, bytes) or len(server_seed) != GRAPH_SEED_LENGTH:
+        raise ValueError(f"server seed must be {GRAPH_SEED_LENGTH} bytes")
+    return hashlib.sha256(_DERIVE_LABEL + server_seed + roster_digest).digest()
+
+
+def roster_digest(session: bytes, indices: Sequence[int]) -> bytes:
+    """SHA-256 over the session and the sorted participant indices (length-prefixed, injective)."""
+    ordered = sorted(int(i) for i in indices)
+    body = struct.pack(">Q", len(session)) + session + struct.pack(">Q", len(ordered))
+    return hashlib.sha256(body + b"".join(struct.pack(">Q", i) for i in ordered)).digest()
+
+
+def neighbourhood_size(
+    num_clients: int, *, security_bits: int = DEFAULT_SECURITY_BITS, bad_fraction: float = DEFAULT_BAD_FRACTION
+) -> int:
+    """Degree ``k`` of the masking graph for ``num_clients`` participants.
+
+    On the randomly shuffled cycle each node is joined to its ``k/2`` nearest nodes on each side. Removing the
+    bad nodes (dropped, or colluding with the server) can only cut the honest survivors apart, or isolate one of
+    them, if some run of ``k/2`` consecutive cycle positions is all bad. With ``E`` start positions and each node
+    bad independently with probability ``f = bad_fraction``, a union bound gives
+    ``P[failure] <= E * f^(k/2)``; ``k`` is the smallest even number with ``E * f^(k/2) <= 2^-security_bits``.
+    If that ``k >= E - 1`` the graph is complete (``k = E - 1``, the paper's PASS).
+
+    With the defaults (``security_bits = 40``, ``f = 0.1``), threshold ``t = k // 2 + 1``::
+
+        E        k    t
+        20       19   10   (complete)
+        100      30   16
+        1,000    32   17
+        10,000   34   18
+
+    Parameters
+    ----------
+    num_clients : int
+        ``E``, the number of participants (>= 2).
+    security_bits : int
+        Failure probability target ``2^-security_bits``.
+    bad_fraction : float
+        Assumed fraction of bad nodes, in ``(0, 1)``.
+    """
+    if num_clients < 2:
+        raise ValueError(f"a masking graph needs at least 2 clients, got {num_clients}")
+    if not 0.0 < bad_fraction < 1.0:
+        raise ValueError(f"bad_fraction must be in (0, 1), got {bad_fraction}")
+    if security_bits < 0:
+        raise ValueError(f"security_bits must be >= 0, got {security_bits}")
+    # E * f^h <= 2^-s  <=>  h >= (s ln 2 + ln E) / -ln f
+    half = max(1, math.ceil((security_bits * math.log(2) + math.log(num_clients)) / -math.log(bad_fraction) - 1e-12))
+    return min(2 * half, num_clients - 1)
+
+
+def share_threshold(k: int) -> int:
+    """Shamir threshold ``t = k // 2 + 1`` for degree ``k``.
+
+    ``2t > k``: a server that tells some of x's neighbours "x survived" (they answer shares of x's self-mask
+    seed) and others "x dropped" (shares of x's mask key) gets two disjoint sets of answers within ``k``
+    neighbours, so never ``t`` of both. With ``c`` neighbours of x colluding with the server (they give both
+    kinds) the condition becomes ``t > (k + c) / 2``.
+    """
+    if k < 1:
+        raise ValueError(f"degree must be >= 1, got {k}")
+    return k // 2 + 1
+
+
+def check_degree(k: int, num_clients: int) -> None:
+    """Raise ``ValueError`` unless ``k`` is a valid degree: even and ``2 <= k < E - 1``, or ``k = E - 1``."""
+    if num_clients < 2:
+        raise ValueError(f"a masking graph needs at least 2 clients, got {num_clients}")
+    if k == num_clients - 1:
+        return
+    if k < 2 or k >= num_clients - 1 or k % 2:
+        raise ValueError(f"degree must be even in [2, {num_clients - 2}] or equal {num_clients - 1}, got {k}")
+
+
+def _shuffled(seed: bytes, indices: Sequence[int]) -> list[int]:
+    """Fisher-Yates shuffle of the sorted indices driven by the ChaCha20 keystream under ``seed``."""
+    if not isinstance(seed, bytes) or len(seed) != GRAPH_SEED_LENGTH:
+        raise ValueError(f"graph seed must be {GRAPH_SEED_LENGTH} bytes")
+    order = sorted(int(i) for i in indices)
+    if len(set(order)) != len(order):
+        raise ValueError("graph indices must be distinct")
+    stream = Cipher(algorithms.ChaCha20(seed, _NONCE), mode=None).encryptor()
+    buffer, position = b"", 0
+    for i in range(len(order) - 1, 0, -1):
+        bound = i + 1
+        limit = (2**64 // bound) * bound  # rejection keeps the draw exactly uniform
+        while True:
+            if position + 8 > len(buffer):
+                buffer, position = stream.update(bytes(8 * 1024)), 0
+            word = int.from_bytes(buffer[position : position + 8], "little")
+            position += 8
+            if word < limit:
+                break
+        j = word % bound
+        order[i], order[j] = order[j], order[i]
+    return order
+
+
+def mask_graph(seed: bytes, indices: Sequence[int], k: int) -> dict[int, tuple[int, ...]]:
+    """The whole masking graph: ``{index: sorted neighbour indices}``, symmetric, every degree exactly ``k``.
+
+    Deterministic from ``seed``; ``k = len(indices) - 1`` gives the complete graph, otherwise ``k`` must be even.
+    """
+    cycle = _shuffled(seed, indices)
+    size = len(cycle)
+    check_degree(k, size)
+    if k == size - 1:
+        members = tuple(sorted(cycle))
+        return {i: tuple(j for j in members if j != i) for i in members}
+    half = k // 2
+    return {
+        node: tuple(sorted(cycle[(p + d) % size] for d in range(-half, half + 1) if d))
+        for p, node in enumerate(cycle)
+    }
+
+
+def neighbours_of(seed: bytes, indices: Sequence[int], k: int, index: int) -> tuple[int, ...]:
+    """Sorted neighbours of ``index`` in :func:`mask_graph` (``O(E)``, without building the whole graph)."""
+    cycle = _shuffled(seed, indices)
+    size = len(cycle)
+    check_degree(k, size)
+    if index not in cycle:
+        raise ValueError(f"index {index} is not a participant of the graph")
+    if k == size - 1:
+        return tuple(sorted(i for i in cycle if i != index))
+    p, half = cycle.index(index), k // 2
+    return tuple(sorted(cycle[(p + d) % size] for d in range(-half, half + 1) if d))

@@ -1,0 +1,180 @@
+"""Signed key advertisements for PASS v2 (Ed25519), so that clients need not trust the server to relay keys.
+
+Each client holds a long-term Ed25519 identity key; the public halves are distributed out of band in an
+:class:`IdentityDirectory` (node id -> public key). A client signs its two per-session X25519 public keys
+together with the session, its PASS index and its node id; its neighbours verify the signature before using
+the keys. Without a directory (semi-honest server) signatures are optional and the server is trusted to relay
+keys faithfully; with one, a malicious server can no longer substitute keys (man in the middle) or replay
+keys from another session or another node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
+from typing import Final
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+IDENTITY_KEY_LENGTH: Final[int] = 32
+SIGNATURE_LENGTH: Final[int] = 64
+_ADVERT_LABEL: Final[bytes] = b"flmarket-pass/v2/advertisement"
+_DIRECTORY_VERSION: Final[int] = 1
+
+
+def _field(data: bytes) -> bytes:
+    """Length-prefixed field (8-byte big-endian length)."""
+    return struct.pack(">Q", len(data)) + data
+
+
+def advertisement_message(
+    session: bytes, index: int, node_id: int, cipher_public_key: bytes, mask_public_key: bytes
+) -> bytes:
+    """The bytes a client signs: domain label and length-prefixed session, index, node id and both keys."""
+    if not isinstance(session, bytes) or not session:
+        raise ValueError("session must be non-empty bytes")
+    if not 0 <= index < 2**64 or not 0 <= node_id < 2**64:
+        raise ValueError(f"index and node_id must be in [0, 2**64), got {index} and {node_id}")
+    for name, key in (("cipher", cipher_public_key), ("mask", mask_public_key)):
+        if not isinstance(key, bytes) or len(key) != 32:
+            raise ValueError(f"{name} public key must be 32 bytes")
+    return b"".join(
+        (
+            _field(_ADVERT_LABEL),
+            _field(session),
+            struct.pack(">QQ", index, node_id),
+            _field(cipher_public_key),
+            _field(mask_public_key),
+        )
+    )
+
+
+def sign_advertisement(
+    identity_private_key: Ed25519PrivateKey,
+    session: bytes,
+    index: int,
+    node_id: int,
+    cipher_public_key: bytes,
+    mask_public_key: bytes,
+) -> bytes:
+    """Ed25519 signature (64 bytes) over :func:`advertisement_message`."""
+    return identity_private_key.sign(
+        advertisement_message(session, index, node_id, cipher_public_key, mask_public_key)
+    )
+
+
+def verify_advertisement(
+    identity_public_key: bytes,
+    signature: bytes,
+    session: bytes,
+    index: int,
+    node_id: int,
+    cipher_public_key: bytes,
+    mask_public_key: bytes,
+) -> None:
+    """Check an advertisement's signature.
+
+    Raises
+    ------
+    ValueError
+        If the signature is missing or malformed, the identity key is malformed, or the signature does not
+        verify for exactly this session, index, node id and pair of keys.
+    """
+    if not signature:
+        raise ValueError(f"advertisement of node {node_id} (index {index}) is not signed")
+    if not isinstance(signature, bytes) or len(signature) != SIGNATURE_LENGTH:
+        raise ValueError(f"signature of node {node_id} must be {SIGNATURE_LENGTH} bytes")
+    try:
+        public_key = Ed25519PublicKey.from_public_bytes(identity_public_key)
+    except ValueError as error:
+        raise ValueError(f"identity key of node {node_id} is not a valid Ed25519 key: {error}") from error
+    message = advertisement_message(session, index, node_id, cipher_public_key, mask_public_key)
+    try:
+        public_key.verify(signature, message)
+    except InvalidSignature as error:
+        raise ValueError(
+            f"signature of node {node_id} (index {index}) does not verify for this session, index and keys"
+        ) from error
+
+
+def generate_identity() -> tuple[Ed25519PrivateKey, bytes]:
+    """A fresh Ed25519 identity: ``(private key, 32 raw public bytes)``."""
+    private_key = Ed25519PrivateKey.generate()
+    return private_key, private_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+class IdentityDirectory(Mapping[int, bytes]):
+    """Immutable mapping ``node_id -> 32-byte Ed25519 public key``, distributed out of band.
+
+    JSON format: ``{"version": 1, "keys": {"<node_id>": "<64 hex digits>"}}``.
+    """
+
+    def __init__(self, keys: Mapping[int, bytes]) -> None:
+        checked: dict[int, bytes] = {}
+        for node_id, key in keys.items():
+            if isinstance(node_id, bool) or not isinstance(node_id, int) or not 0 <= node_id < 2**64:
+                raise ValueError(f"node ids must be ints in [0, 2**64), got {node_id!r}")
+            if not isinstance(key, bytes) or len(key) != IDENTITY_KEY_LENGTH:
+                raise ValueError(f"identity key of node {node_id} must be {IDENTITY_KEY_LENGTH} bytes")
+            try:
+                Ed25519PublicKey.from_public_bytes(key)
+            except ValueError as error:
+                raise ValueError(f"identity key of node {node_id} is not a valid Ed25519 key") from error
+            checked[node_id] = key
+        if len(set(checked.values())) != len(checked):
+            raise ValueError("two nodes share one identity key")
+        self._keys = MappingProxyType(checked)
+
+    def __getitem__(self, node_id: int) -> bytes:
+        return self._keys[node_id]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __repr__(self) -> str:
+        return f"IdentityDirectory({len(self)} nodes)"
+
+    def key_of(self, node_id: int) -> bytes:
+        """Public key of ``node_id``; ``ValueError`` (not ``KeyError``) if the node is unknown."""
+        if node_id not in self._keys:
+            raise ValueError(f"node {node_id} is not in the identity directory")
+        return self._keys[node_id]
+
+    def to_json(self) -> str:
+        """The directory as JSON text (see the class docstring)."""
+        keys = {str(node_id): key.hex() for node_id, key in sorted(self._keys.items())}
+        return json.dumps({"version": _DIRECTORY_VERSION, "keys": keys}, indent=2)
+
+    @classmethod
+    def from_json(cls, text_or_path: str | os.PathLike[str]) -> IdentityDirectory:
+        """Parse JSON text, or read it from a file path."""
+        text = str(text_or_path)
+        if isinstance(text_or_path, os.PathLike) or not text.lstrip().startswith("{"):
+            with open(text_or_path, encoding="utf-8") as handle:
+                text = handle.read()
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"identity directory is not valid JSON: {error}") from error
+        if not isinstance(data, dict) or data.get("version") != _DIRECTORY_VERSION:
+            raise ValueError(f"identity directory must be an object with \"version\": {_DIRECTORY_VERSION}")
+        keys = data.get("keys")
+        if not isinstance(keys, dict):
+            raise ValueError('identity directory needs a "keys" object')
+        parsed: dict[int, bytes] = {}
+        for node_id, hex_key in keys.items():
+            if not str(node_id).isdigit():
+                raise ValueError(f"node id {node_id!r} is not a non-negative decimal integer")
+            try:
+                parsed[int(node_id)] = bytes.fromhex(hex_key)
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"identity key of node {node_id} is not hex") from error
+        return cls(parsed)
