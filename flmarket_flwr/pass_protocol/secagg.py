@@ -1,0 +1,813 @@
+"""PASS v2: dropout-robust secure aggregation of label counts on a sparse graph (Bonawitz 2017 + Bell 2020).
+
+Each client masks its counts twice: a self-mask ``PRG(b_e)`` and pairwise masks with its ``k`` graph neighbours
+only. Both secrets (``b_e`` and the mask private key ``s_e``) are Shamir-shared among the neighbours with
+threshold ``t = k // 2 + 1``, so the server removes a dropped client's pairwise masks from ``s_d`` and a
+survivor's self-mask from ``b_u``, and only ONE sum is ever released per session. Rounds: advertise, share keys,
+masked input, unmask (:class:`PassClient` and :class:`PassServer`; every message is a dataclass with
+``to_record()`` / ``from_record()`` over ``ConfigRecord`` types, and the client state is such a record too).
+
+Threat model. Semi-honest server: it learns ``N_s`` over the survivors and nothing else, for any dropout
+pattern that leaves each needed secret ``t`` shares. Malicious server: it cannot get both secrets of one client
+from honest neighbours (each answers once, one kind per peer, and ``2t > k``), cannot substitute keys when the
+clients hold an :class:`~flmarket_flwr.pass_protocol.identity.IdentityDirectory`, and cannot choose the graph
+(it committed to its seed before the keys existed). It can still exclude honest clients, lie about dropouts
+within the threshold, or (without a directory) run a man-in-the-middle on keys. ``c`` colluding neighbours of
+a client are tolerated while ``t > (k + c) / 2``. The graph seed binds the server seed and the sorted
+participant indices, not the keys: a client sees only its neighbours' keys and could not check a digest over
+all of them; the price is that the server may retry graphs by excluding advertised clients, each retry
+succeeding with probability below ``2^-security_bits``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from flmarket_flwr.pass_protocol.graph import (
+    DEFAULT_BAD_FRACTION,
+    DEFAULT_SECURITY_BITS,
+    GRAPH_SEED_LENGTH,
+    check_degree,
+    commit_graph_seed,
+    derive_graph_seed,
+    mask_graph,
+    neighbourhood_size,
+    neighbours_of,
+    roster_digest,
+    share_threshold,
+)
+from flmarket_flwr.pass_protocol.identity import IdentityDirectory, sign_advertisement, verify_advertisement
+from flmarket_flwr.pass_protocol.primitives import (
+    COUNT_LIMIT,
+    MIN_PARTICIPANTS,
+    derive_pair_seed,
+    exchange_shared_secret,
+    expand_seed,
+    load_public_key,
+    ring_sum,
+    validate_counts,
+)
+from flmarket_flwr.pass_protocol.shamir import reconstruct_secrets, share_from_bytes, share_to_bytes, split_secrets
+
+SECRET_LENGTH: Final[int] = 32
+"""Bytes of each shared secret (an X25519 private key, a self-mask seed)."""
+
+_LABEL: Final[bytes] = b"flmarket-pass/v2"
+_SHARE_BYTES: Final[int] = len(share_to_bytes(np.zeros((1, 11), dtype=np.uint64)))  # one secret's share: 44
+_PLAINTEXT_BYTES: Final[int] = len(_LABEL) + 16 + 2 * _SHARE_BYTES
+_CIPHERTEXT_BYTES: Final[int] = _PLAINTEXT_BYTES + 16
+_ZERO_NONCE: Final[bytes] = bytes(12)  # every channel key encrypts exactly one message
+
+
+class PassError(ValueError):
+    """PASS v2 refused to go on: a check failed, or too few clients or shares are left (fail closed)."""
+
+
+# ----------------------------------------------------------------------------
+# Public helpers
+# ----------------------------------------------------------------------------
+def counts_commitment(session: bytes, index: int, counts: npt.ArrayLike, nonce: bytes) -> bytes:
+    """``SHA-256(label || session || index || counts as <u8 words || nonce)``: binds a client to its counts.
+
+    The client keeps ``nonce`` (32 random bytes) private; the market audits a winner by asking for counts and
+    nonce and recomputing this.
+    """
+    words = validate_counts(counts).astype("<u8").tobytes()
+    return hashlib.sha256(
+        _LABEL + b"/counts" + struct.pack(">Q", len(session)) + session + struct.pack(">QQ", index, len(words) // 8)
+        + words + nonce
+    ).digest()
+
+
+def survivor_transcript(session: bytes, survivors: Iterable[int]) -> bytes:
+    """``SHA-256(label || session || sorted U3)``: what the sum covers, recorded by clients for the bid step."""
+    ordered = sorted(int(u) for u in survivors)
+    body = struct.pack(">Q", len(session)) + session + struct.pack(">Q", len(ordered))
+    return hashlib.sha256(_LABEL + b"/transcript" + body + b"".join(struct.pack(">Q", u) for u in ordered)).digest()
+
+
+def _canonical_key(key: bytes) -> int:
+    """X25519 u-coordinate as the integer the exchange uses (bit 255 cleared, reduced mod 2^255 - 19)."""
+    return (int.from_bytes(key, "little") & ((1 << 255) - 1)) % (2**255 - 19)
+
+
+def _channel_key(private_key: X25519PrivateKey, peer_key: bytes, session: bytes, sender: int, receiver: int) -> bytes:
+    """AEAD key for the directed channel ``sender -> receiver`` (the direction is bound in the HKDF info)."""
+    secret = exchange_shared_secret(private_key, load_public_key(peer_key, receiver), receiver)
+    info = _LABEL + b"/channel" + struct.pack(">Q", len(session)) + session + struct.pack(">QQ", sender, receiver)
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
+
+
+def _channel_aad(session: bytes, sender: int, receiver: int) -> bytes:
+    return struct.pack(">Q", len(session)) + session + struct.pack(">QQ", sender, receiver)
+
+
+def _pair_mask(private_key: X25519PrivateKey, peer_key: bytes, session: bytes, own: int, peer: int, length: int):
+    """``eps_{own,peer} * PRG(s_{own,peer})`` in ``Z_2^64`` (eps = +1 if own < peer else -1)."""
+    secret = exchange_shared_secret(private_key, load_public_key(peer_key, peer), peer)
+    mask = expand_seed(derive_pair_seed(secret, session, own, peer), length)
+    return mask if own < peer else (np.uint64(0) - mask)
+
+
+# ----------------------------------------------------------------------------
+# Messages
+# ----------------------------------------------------------------------------
+_M = TypeVar("_M", bound="_Record")
+_CHECKS = {
+    "bytes": lambda v: isinstance(v, bytes),
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "list[int]": lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
+    "list[bytes]": lambda v: isinstance(v, list) and all(isinstance(x, bytes) for x in v),
+}
+
+
+class _Record:
+    """Dataclass mixin: ``to_record()`` / ``from_record()`` over ConfigRecord-compatible types."""
+
+    def to_record(self) -> dict[str, Any]:
+        """The message as a plain dict (bytes, int and lists of them)."""
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), list) else v)
+                for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+    @classmethod
+    def from_record(cls: type[_M], record: Mapping[str, Any]) -> _M:
+        """Parse and type-check a dict made by :meth:`to_record`; ``PassError`` if malformed."""
+        values = {}
+        for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if field.name not in record:
+                raise PassError(f"{cls.__name__} lacks field {field.name!r}")
+            value = record[field.name]
+            value = list(value) if isinstance(value, tuple) else value
+            if not _CHECKS[str(field.type)](value):
+                raise PassError(f"{cls.__name__}.{field.name} must be {field.type}")
+            values[field.name] = value
+        return cls(**values)
+
+    @classmethod
+    def coerce(cls: type[_M], value: _M | Mapping[str, Any]) -> _M:
+        """Accept the message itself or its record."""
+        return value if isinstance(value, cls) else cls.from_record(value)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class AdvertiseRequest(_Record):
+    """Round 1, server -> client ``index``."""
+
+    session: bytes
+    index: int
+    node_id: int
+    num_classes: int
+    count_bound: int
+    graph_commitment: bytes
+
+
+@dataclass(frozen=True)
+class Advertisement(_Record):
+    """Round 1, client -> server: two X25519 public keys and an Ed25519 signature (``b""`` if unsigned)."""
+
+    cipher_public_key: bytes
+    mask_public_key: bytes
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class ShareKeysRequest(_Record):
+    """Round 2, server -> client: the opened seed, all participants U1, the degree, the neighbours' adverts."""
+
+    server_seed: bytes
+    participants: list[int]
+    degree: int
+    neighbours: list[int]
+    neighbour_node_ids: list[int]
+    cipher_public_keys: list[bytes]
+    mask_public_keys: list[bytes]
+    signatures: list[bytes]
+
+
+@dataclass(frozen=True)
+class ShareKeysReply(_Record):
+    """Round 2, client -> server: one encrypted share pair per neighbour."""
+
+    receivers: list[int]
+    ciphertexts: list[bytes]
+
+
+@dataclass(frozen=True)
+class MaskRequest(_Record):
+    """Round 3, server -> client: the ciphertexts addressed to it by the neighbours in U2."""
+
+    senders: list[int]
+    ciphertexts: list[bytes]
+
+
+@dataclass(frozen=True)
+class MaskedInput(_Record):
+    """Round 3, client -> server: ``Y_e`` as little-endian uint64 words, and the counts commitment."""
+
+    masked_counts: bytes
+    counts_commitment: bytes
+
+
+@dataclass(frozen=True)
+class UnmaskRequest(_Record):
+    """Round 4, server -> client: survivors U3 (sent Y) and dropped D = U2 \\ U3, both sorted."""
+
+    survivors: list[int]
+    dropped: list[int]
+
+
+@dataclass(frozen=True)
+class UnmaskReply(_Record):
+    """Round 4, client -> server: self-mask-seed shares of surviving neighbours, mask-key shares of dropped ones."""
+
+    survivor_indices: list[int]
+    survivor_shares: list[bytes]
+    dropped_indices: list[int]
+    dropped_shares: list[bytes]
+
+
+# ----------------------------------------------------------------------------
+# Client
+# ----------------------------------------------------------------------------
+_STAGE_NEW, _STAGE_ADVERTISED, _STAGE_SHARED, _STAGE_MASKED, _STAGE_UNMASKED = range(5)
+
+
+class PassClient:
+    """One client's side of PASS v2; all state (keys included) lives in a record, see :meth:`to_record`.
+
+    Parameters
+    ----------
+    record : mapping, optional
+        A state from :meth:`to_record` (a fresh client if omitted).
+    """
+
+    def __init__(self, record: Mapping[str, Any] | None = None) -> None:
+        self._state: dict[str, Any] = {k: (list(v) if isinstance(v, (list, tuple)) else v)
+                                       for k, v in (record or {}).items()}
+        self._state.setdefault("stage", _STAGE_NEW)
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> PassClient:
+        """Restore a client from :meth:`to_record` (a fresh process between rounds)."""
+        return cls(record)
+
+    def to_record(self) -> dict[str, Any]:
+        """State as ``str -> bytes | int | bool | list[int] | list[bytes]``; holds private keys until wiped."""
+        return {k: (list(v) if isinstance(v, list) else v) for k, v in self._state.items()}
+
+    @property
+    def transcript(self) -> bytes | None:
+        """``survivor_transcript`` of the sum this client contributed to (after unmask)."""
+        return self._state.get("transcript")
+
+    @property
+    def survivor_count(self) -> int | None:
+        """``|U3|`` (after unmask)."""
+        return self._state.get("survivor_count")
+
+    @property
+    def counts_nonce(self) -> bytes | None:
+        """Nonce of the counts commitment (kept private; revealed only for an audit)."""
+        return self._state.get("nonce")
+
+    def _require(self, stage: int, step: str) -> None:
+        if self._state["stage"] != stage:
+            raise PassError(f"{step} is not allowed now (protocol stage {self._state['stage']}, need {stage})")
+
+    # Round 1 -----------------------------------------------------------------
+    def advertise(
+        self,
+        request: AdvertiseRequest | Mapping[str, Any],
+        counts: npt.ArrayLike,
+        *,
+        identity_key: Ed25519PrivateKey | None = None,
+        security_bits: int = DEFAULT_SECURITY_BITS,
+        bad_fraction: float = DEFAULT_BAD_FRACTION,
+    ) -> Advertisement:
+        """Make the session's cipher and mask key pairs and return the public keys (signed if ``identity_key``).
+
+        ``security_bits`` / ``bad_fraction`` are this client's own floor on the graph degree (from its config,
+        not from the server): it later refuses a sparser graph than :func:`neighbourhood_size` gives.
+        """
+        request = AdvertiseRequest.coerce(request)
+        if self._state["stage"] != _STAGE_NEW:
+            raise PassError(
+                f"this client already advertised (session {self._state.get('session', b'').hex()[:16]}): "
+                "one PASS session per run"
+            )
+        if not request.session or not 1 <= request.count_bound or request.num_classes < 1:
+            raise PassError("advertise request needs a session, num_classes >= 1 and count_bound >= 1")
+        if len(request.graph_commitment) != 32 or not 0 < request.index < 2**32 - 5:
+            raise PassError("advertise request needs a 32-byte graph commitment and an index in [1, 2**32 - 5)")
+        values = validate_counts(counts)
+        if values.shape != (request.num_classes,):
+            raise PassError(f"counts have {values.size} classes, the session has {request.num_classes}")
+        if int(values.max()) > request.count_bound:
+            raise PassError(f"a class count {int(values.max())} exceeds the declared count_bound {request.count_bound}")
+        cipher_key, mask_key = X25519PrivateKey.generate(), X25519PrivateKey.generate()
+        cipher_public, mask_public = cipher_key.public_key().public_bytes_raw(), mask_key.public_key().public_bytes_raw()
+        signature = b""
+        if identity_key is not None:
+            signature = sign_advertisement(
+                identity_key, request.session, request.index, request.node_id, cipher_public, mask_public
+            )
+        self._state.update(
+            stage=_STAGE_ADVERTISED,
+            session=request.session,
+            index=request.index,
+            node_id=request.node_id,
+            num_classes=request.num_classes,
+            count_bound=request.count_bound,
+            graph_commitment=request.graph_commitment,
+            counts=[int(c) for c in values],
+            cipher_private_key=cipher_key.private_bytes_raw(),
+            mask_private_key=mask_key.private_bytes_raw(),
+            cipher_public_key=cipher_public,
+            mask_public_key=mask_public,
+            min_security_bits=int(security_bits),
+            max_bad_fraction_ppm=int(round(bad_fraction * 1_000_000)),
+        )
+        return Advertisement(cipher_public, mask_public, signature)
+
+    # Round 2 -----------------------------------------------------------------
+    def share_keys(
+        self, request: ShareKeysRequest | Mapping[str, Any], directory: IdentityDirectory | None = None
+    ) -> ShareKeysReply:
+        """Check the graph and the neighbours' keys, then send each neighbour its encrypted shares of ``s_e, b_e``.
+
+        With ``directory`` every neighbour's advertisement must carry a valid signature for its node id.
+        """
+        request = ShareKeysRequest.coerce(request)
+        self._require(_STAGE_ADVERTISED, "share_keys")
+        state = self._state
+        session, index = state["session"], state["index"]
+        if commit_graph_seed(request.server_seed) != state["graph_commitment"]:
+            raise PassError("the server seed does not match the graph commitment")
+        participants = request.participants
+        if participants != sorted(set(participants)) or index not in participants:
+            raise PassError("participants must be sorted, distinct and include this client")
+        if len(participants) < MIN_PARTICIPANTS:
+            raise PassError(f"PASS needs at least {MIN_PARTICIPANTS} participants, got {len(participants)}")
+        k = request.degree
+        try:
+            check_degree(k, len(participants))
+        except ValueError as error:
+            raise PassError(str(error)) from error
+        floor = neighbourhood_size(
+            len(participants),
+            security_bits=state["min_security_bits"],
+            bad_fraction=state["max_bad_fraction_ppm"] / 1_000_000,
+        )
+        if k < floor:
+            raise PassError(f"degree {k} is below this client's floor {floor} for {len(participants)} participants")
+        seed = derive_graph_seed(request.server_seed, roster_digest(session, participants))
+        neighbours = list(neighbours_of(seed, participants, k, index))
+        columns = (request.neighbour_node_ids, request.cipher_public_keys, request.mask_public_keys,
+                   request.signatures)
+        if request.neighbours != neighbours or any(len(column) != k for column in columns):
+            raise PassError("the neighbours sent are not this client's neighbourhood in the committed graph")
+        self._check_neighbour_keys(request, directory)
+        threshold = share_threshold(k)
+        self_seed = os.urandom(SECRET_LENGTH)
+        shares = split_secrets([state["mask_private_key"], self_seed], neighbours, threshold)
+        cipher_key = X25519PrivateKey.from_private_bytes(state["cipher_private_key"])
+        ciphertexts = []
+        for v, cipher_public, share in zip(neighbours, request.cipher_public_keys, shares):
+            plaintext = _LABEL + struct.pack(">QQ", index, v) + share_to_bytes(share)
+            key = _channel_key(cipher_key, cipher_public, session, index, v)
+            ciphertexts.append(ChaCha20Poly1305(key).encrypt(_ZERO_NONCE, plaintext, _channel_aad(session, index, v)))
+        state.update(
+            stage=_STAGE_SHARED,
+            self_seed=self_seed,
+            degree=k,
+            participants=list(participants),
+            neighbours=neighbours,
+            neighbour_cipher_keys=list(request.cipher_public_keys),
+            neighbour_mask_keys=list(request.mask_public_keys),
+        )
+        return ShareKeysReply(receivers=neighbours, ciphertexts=ciphertexts)
+
+    def _check_neighbour_keys(self, request: ShareKeysRequest, directory: IdentityDirectory | None) -> None:
+        """Keys valid and pairwise distinct (own keys included); signatures valid when a directory is given."""
+        state = self._state
+        seen = {_canonical_key(state["cipher_public_key"]), _canonical_key(state["mask_public_key"])}
+        for v, node_id, cipher_public, mask_public, signature in zip(
+            request.neighbours, request.neighbour_node_ids, request.cipher_public_keys, request.mask_public_keys,
+            request.signatures,
+        ):
+            try:
+                load_public_key(cipher_public, v)
+                load_public_key(mask_public, v)
+                if directory is not None:
+                    if node_id == state["node_id"]:
+                        raise ValueError(f"neighbour {v} claims this client's node id {node_id}")
+                    verify_advertisement(directory.key_of(node_id), signature, state["session"], v, node_id,
+                                         cipher_public, mask_public)
+            except (TypeError, ValueError) as error:
+                raise PassError(f"neighbour {v} refused: {error}") from error
+            keys = {_canonical_key(cipher_public), _canonical_key(mask_public)}
+            if len(keys) != 2 or keys & seen:
+                raise PassError(f"neighbour {v} reuses a public key already in this session")
+            seen |= keys
+        if directory is not None and len(set(request.neighbour_node_ids)) != len(request.neighbour_node_ids):
+            raise PassError("two neighbours claim one node id")
+
+    # Round 3 -----------------------------------------------------------------
+    def mask_input(self, request: MaskRequest | Mapping[str, Any]) -> MaskedInput:
+        """Decrypt the shares held for neighbours in U2 and return ``Y_e`` and the counts commitment.
+
+        Afterwards the client's own private keys and self-mask seed are wiped from the state.
+        """
+        request = MaskRequest.coerce(request)
+        self._require(_STAGE_SHARED, "mask_input")
+        state = self._state
+        session, index, neighbours = state["session"], state["index"], state["neighbours"]
+        senders = request.senders
+        threshold = share_threshold(state["degree"])
+        if senders != sorted(set(senders)) or not set(senders) <= set(neighbours) or len(senders) != len(
+            request.ciphertexts
+        ):
+            raise PassError("the senders must be distinct neighbours of this client, one ciphertext each")
+        if len(senders) < threshold:
+            raise PassError(f"only {len(senders)} neighbours completed key sharing, the threshold is {threshold}")
+        cipher_key = X25519PrivateKey.from_private_bytes(state["cipher_private_key"])
+        mask_key = X25519PrivateKey.from_private_bytes(state["mask_private_key"])
+        position = {v: i for i, v in enumerate(neighbours)}
+        held = []
+        for v, ciphertext in zip(senders, request.ciphertexts):
+            key = _channel_key(cipher_key, state["neighbour_cipher_keys"][position[v]], session, v, index)
+            try:
+                plaintext = ChaCha20Poly1305(key).decrypt(_ZERO_NONCE, ciphertext, _channel_aad(session, v, index))
+            except InvalidTag as error:
+                raise PassError(f"the shares from neighbour {v} do not decrypt") from error
+            header = _LABEL + struct.pack(">QQ", v, index)
+            if len(plaintext) != _PLAINTEXT_BYTES or not plaintext.startswith(header):
+                raise PassError(f"the shares from neighbour {v} are malformed or misaddressed")
+            share_from_bytes(plaintext[len(header):], 2, SECRET_LENGTH)
+            held.append(plaintext[len(header):])
+        num_classes = state["num_classes"]
+        masked = np.asarray(state["counts"], dtype=np.uint64) + expand_seed(state["self_seed"], num_classes)
+        for v in senders:
+            masked += _pair_mask(mask_key, state["neighbour_mask_keys"][position[v]], session, index, v, num_classes)
+        nonce = os.urandom(32)
+        commitment = counts_commitment(session, index, state["counts"], nonce)
+        for secret in ("cipher_private_key", "mask_private_key", "self_seed", "neighbour_cipher_keys",
+                       "neighbour_mask_keys"):
+            del state[secret]
+        state.update(stage=_STAGE_MASKED, nonce=nonce, commitment=commitment, held_from=list(senders),
+                     held_shares=held)
+        return MaskedInput(masked.astype("<u8").tobytes(), commitment)
+
+    # Round 4 -----------------------------------------------------------------
+    def unmask(self, request: UnmaskRequest | Mapping[str, Any]) -> UnmaskReply:
+        """Answer the server's survivor/dropout split once: ``b`` shares of survivors, ``s`` shares of dropped.
+
+        Any request after the first (answered or refused) is refused.
+        """
+        request = UnmaskRequest.coerce(request)
+        if self._state["stage"] == _STAGE_UNMASKED or self._state.get("unmask_requested"):
+            raise PassError("this client already received an unmask request in this session")
+        self._require(_STAGE_MASKED, "unmask")
+        state = self._state
+        state["unmask_requested"] = True
+        survivors, dropped = request.survivors, request.dropped
+        for name, group in (("survivors", survivors), ("dropped", dropped)):
+            if group != sorted(set(group)) or not set(group) <= set(state["participants"]):
+                raise PassError(f"{name} must be sorted, distinct participants")
+        if set(survivors) & set(dropped):
+            raise PassError("a client cannot be both a survivor and dropped")
+        if state["index"] not in survivors:
+            raise PassError("this client sent its masked input but is not listed as a survivor")
+        if len(survivors) < MIN_PARTICIPANTS:
+            raise PassError(f"only {len(survivors)} survivors, PASS needs {MIN_PARTICIPANTS}")
+        neighbours = set(state["neighbours"])
+        held_from = state["held_from"]
+        if neighbours & (set(survivors) | set(dropped)) != set(held_from):
+            raise PassError("survivors and dropped do not match the neighbours that completed key sharing")
+        alive = sorted(neighbours & set(survivors))
+        if len(alive) < share_threshold(state["degree"]):
+            raise PassError(f"only {len(alive)} neighbours survived, the threshold is {share_threshold(state['degree'])}")
+        survivor_set = set(survivors)
+        reply = UnmaskReply([], [], [], [])
+        for v, both in zip(held_from, state["held_shares"]):
+            if v in survivor_set:
+                reply.survivor_indices.append(v)
+                reply.survivor_shares.append(both[_SHARE_BYTES:])  # share of b_v
+            else:
+                reply.dropped_indices.append(v)
+                reply.dropped_shares.append(both[:_SHARE_BYTES])  # share of s_v
+        del state["held_shares"]
+        state.update(stage=_STAGE_UNMASKED, transcript=survivor_transcript(state["session"], survivors),
+                     survivor_count=len(survivors))
+        return reply
+
+
+# ----------------------------------------------------------------------------
+# Server
+# ----------------------------------------------------------------------------
+class PassServer:
+    """The server's side of PASS v2: builds each round's per-client requests and reconstructs ``N_s``.
+
+    Every method takes and returns dicts keyed by PASS index (``node_of`` / ``index_of`` map to Flower node
+    ids). A client whose reply is missing or invalid leaves the protocol at that round (reason in
+    ``excluded``); the server never crashes on a bad reply and raises :class:`PassError` only when the
+    session as a whole can no longer finish safely. Memory is ``O(E k)``: per-edge ciphertexts and shares.
+
+    Parameters
+    ----------
+    session : bytes
+        Unique identifier of this PASS session (one per run).
+    num_classes : int
+        ``C``.
+    count_bound : int
+        Declared maximum count of any class at any client; the sum is refused above ``count_bound * |U3|``.
+    degree : int, optional
+        Graph degree ``k``; default :func:`neighbourhood_size` of ``|U1|`` (clients refuse a smaller one).
+    security_bits, bad_fraction
+        Parameters of :func:`neighbourhood_size` (the clients must use the same or weaker ones).
+    directory : IdentityDirectory, optional
+        Verify advertisement signatures (clients with a directory check them again themselves).
+    server_seed : bytes, optional
+        32-byte graph seed (random by default; only for tests).
+    """
+
+    def __init__(
+        self,
+        session: bytes,
+        num_classes: int,
+        count_bound: int,
+        *,
+        degree: int | None = None,
+        security_bits: int = DEFAULT_SECURITY_BITS,
+        bad_fraction: float = DEFAULT_BAD_FRACTION,
+        directory: IdentityDirectory | None = None,
+        server_seed: bytes | None = None,
+    ) -> None:
+        if not isinstance(session, bytes) or not session:
+            raise ValueError("session must be non-empty bytes")
+        if num_classes < 1 or count_bound < 1:
+            raise ValueError("num_classes and count_bound must be >= 1")
+        self.session, self.num_classes, self.count_bound = session, num_classes, count_bound
+        self._degree_override, self._security_bits, self._bad_fraction = degree, security_bits, bad_fraction
+        self.directory = directory
+        self._server_seed = server_seed if server_seed is not None else os.urandom(GRAPH_SEED_LENGTH)
+        self.graph_commitment = commit_graph_seed(self._server_seed)
+        self.node_of: dict[int, int] = {}
+        self.index_of: dict[int, int] = {}
+        self.excluded: dict[int, str] = {}
+        self.adverts: dict[int, Advertisement] = {}
+        self.graph: dict[int, tuple[int, ...]] = {}
+        self.degree = 0
+        self.threshold = 0
+        self.u2: list[int] = []
+        self.survivors: list[int] = []
+        self.dropped: list[int] = []
+        self.commitments: dict[int, bytes] = {}
+        self.transcript = b""
+        self._masked_sum = np.zeros(num_classes, dtype=np.uint64)
+        self._b_shares: dict[int, list[tuple[int, bytes]]] = {}
+        self._s_shares: dict[int, list[tuple[int, bytes]]] = {}
+        self._step = 0
+
+    def _advance(self, step: int, name: str) -> None:
+        if self._step != step:
+            raise PassError(f"{name} called out of order (step {self._step}, expected {step})")
+        self._step = step + 1
+
+    def _exclude(self, index: int, reason: str) -> None:
+        self.excluded.setdefault(index, reason)
+
+    # Round 1 -----------------------------------------------------------------
+    def advertise_requests(self, node_ids: Sequence[int]) -> dict[int, AdvertiseRequest]:
+        """Assign indices ``1..E`` to ``node_ids`` (in the given order) and build the advertise requests."""
+        self._advance(0, "advertise_requests")
+        if len(set(node_ids)) != len(node_ids):
+            raise ValueError("node ids must be distinct")
+        if len(node_ids) < MIN_PARTICIPANTS:
+            raise PassError(f"PASS needs at least {MIN_PARTICIPANTS} clients, got {len(node_ids)}")
+        if self.count_bound * len(node_ids) >= COUNT_LIMIT:
+            raise ValueError(f"count_bound * E must be < 2**63, got {self.count_bound} * {len(node_ids)}")
+        self.node_of = {i + 1: int(node) for i, node in enumerate(node_ids)}
+        self.index_of = {node: index for index, node in self.node_of.items()}
+        return {
+            index: AdvertiseRequest(self.session, index, node, self.num_classes, self.count_bound,
+                                    self.graph_commitment)
+            for index, node in self.node_of.items()
+        }
+
+    def _degree_for(self, size: int) -> int:
+        if self._degree_override is None:
+            return neighbourhood_size(size, security_bits=self._security_bits, bad_fraction=self._bad_fraction)
+        k = min(self._degree_override, size - 1)
+        return k + 1 if k < size - 1 and k % 2 else k
+
+    def _valid_advert(self, index: int, reply: Any) -> Advertisement | None:
+        try:
+            advert = Advertisement.coerce(reply)
+            load_public_key(advert.cipher_public_key, index)
+            load_public_key(advert.mask_public_key, index)
+            if self.directory is not None:
+                node = self.node_of[index]
+                verify_advertisement(self.directory.key_of(node), advert.signature, self.session, index, node,
+                                     advert.cipher_public_key, advert.mask_public_key)
+        except (TypeError, ValueError) as error:
+            self._exclude(index, f"advertisement refused: {error}")
+            return None
+        return advert
+
+    def receive_advertisements(
+        self, replies: Mapping[int, Advertisement | Mapping[str, Any]]
+    ) -> dict[int, ShareKeysRequest]:
+        """Validate the adverts (U1), open the graph seed, and build each client's share-keys request."""
+        self._advance(1, "receive_advertisements")
+        adverts = {i: a for i, r in replies.items() if i in self.node_of and (a := self._valid_advert(i, r))}
+        owners: dict[int, list[int]] = {}
+        for i, advert in adverts.items():
+            for key in {_canonical_key(advert.cipher_public_key), _canonical_key(advert.mask_public_key)}:
+                owners.setdefault(key, []).append(i)
+            if _canonical_key(advert.cipher_public_key) == _canonical_key(advert.mask_public_key):
+                owners.setdefault(-1, []).extend([i, i])
+        for clash in (group for group in owners.values() if len(group) > 1):
+            for i in clash:
+                self._exclude(i, "advertisement reuses a public key")
+                adverts.pop(i, None)
+        for i in self.node_of:
+            if i not in adverts:
+                self._exclude(i, "no advertisement")
+        participants = sorted(adverts)
+        if len(participants) < MIN_PARTICIPANTS:
+            raise PassError(f"only {len(participants)} clients advertised valid keys, PASS needs {MIN_PARTICIPANTS}")
+        self.adverts = adverts
+        self.degree = self._degree_for(len(participants))
+        self.threshold = share_threshold(self.degree)
+        seed = derive_graph_seed(self._server_seed, roster_digest(self.session, participants))
+        self.graph = mask_graph(seed, participants, self.degree)
+        requests = {}
+        for u in participants:
+            neighbours = list(self.graph[u])
+            requests[u] = ShareKeysRequest(
+                server_seed=self._server_seed,
+                participants=participants,
+                degree=self.degree,
+                neighbours=neighbours,
+                neighbour_node_ids=[self.node_of[v] for v in neighbours],
+                cipher_public_keys=[adverts[v].cipher_public_key for v in neighbours],
+                mask_public_keys=[adverts[v].mask_public_key for v in neighbours],
+                signatures=[adverts[v].signature for v in neighbours],
+            )
+        return requests
+
+    # Round 2 -----------------------------------------------------------------
+    def receive_shares(self, replies: Mapping[int, ShareKeysReply | Mapping[str, Any]]) -> dict[int, MaskRequest]:
+        """Keep the clients that sent one well-formed ciphertext per neighbour (U2); route the ciphertexts."""
+        self._advance(2, "receive_shares")
+        sent: dict[int, ShareKeysReply] = {}
+        for u, reply in replies.items():
+            if u not in self.graph:
+                continue
+            try:
+                reply = ShareKeysReply.coerce(reply)
+            except PassError as error:
+                self._exclude(u, str(error))
+                continue
+            if reply.receivers != list(self.graph[u]) or len(reply.ciphertexts) != len(reply.receivers) or any(
+                len(c) != _CIPHERTEXT_BYTES for c in reply.ciphertexts
+            ):
+                self._exclude(u, "share-keys reply does not hold one ciphertext per neighbour")
+                continue
+            sent[u] = reply
+        for u in self.graph:
+            if u not in sent:
+                self._exclude(u, "no share-keys reply")
+        self.u2 = sorted(sent)
+        if len(self.u2) < MIN_PARTICIPANTS:
+            raise PassError(f"only {len(self.u2)} clients shared their keys, PASS needs {MIN_PARTICIPANTS}")
+        inbox: dict[int, tuple[list[int], list[bytes]]] = {u: ([], []) for u in self.u2}
+        for u in self.u2:  # senders in increasing order, so each inbox is sorted
+            for v, ciphertext in zip(sent[u].receivers, sent[u].ciphertexts):
+                if v in inbox:
+                    inbox[v][0].append(u)
+                    inbox[v][1].append(ciphertext)
+        return {v: MaskRequest(senders, ciphertexts) for v, (senders, ciphertexts) in inbox.items()}
+
+    # Round 3 -----------------------------------------------------------------
+    def receive_masked(self, replies: Mapping[int, MaskedInput | Mapping[str, Any]]) -> dict[int, UnmaskRequest]:
+        """Add the masked inputs (U3), and ask for shares only if every needed secret can be rebuilt."""
+        self._advance(3, "receive_masked")
+        u2 = set(self.u2)
+        masked = {}
+        for u, reply in replies.items():
+            if u not in u2:
+                continue
+            try:
+                reply = MaskedInput.coerce(reply)
+            except PassError as error:
+                self._exclude(u, str(error))
+                continue
+            if len(reply.masked_counts) != 8 * self.num_classes or len(reply.counts_commitment) != 32:
+                self._exclude(u, "masked input has the wrong size")
+                continue
+            masked[u] = reply
+        self.survivors = sorted(masked)
+        self.dropped = sorted(u2 - set(masked))
+        for d in self.dropped:
+            self._exclude(d, "no masked input")
+        self._check_recoverable()
+        vectors = np.stack([np.frombuffer(masked[u].masked_counts, dtype="<u8") for u in self.survivors])
+        self._masked_sum = ring_sum(vectors.astype(np.uint64))
+        self.commitments = {u: masked[u].counts_commitment for u in self.survivors}
+        self.transcript = survivor_transcript(self.session, self.survivors)
+        request = UnmaskRequest(list(self.survivors), list(self.dropped))
+        return {u: request for u in self.survivors}
+
+    def _check_recoverable(self) -> None:
+        """``PassError`` unless ``|U3| >= 3`` and each survivor and dropped client keeps ``t`` surviving neighbours."""
+        if len(self.survivors) < MIN_PARTICIPANTS:
+            raise PassError(f"only {len(self.survivors)} clients sent masked input, PASS needs {MIN_PARTICIPANTS}")
+        alive = set(self.survivors)
+        for u in self.survivors + self.dropped:
+            left = sum(v in alive for v in self.graph[u])
+            if left < self.threshold:
+                raise PassError(
+                    f"client {u} keeps only {left} surviving neighbours, the threshold is {self.threshold}: "
+                    "its secret cannot be rebuilt, the session stops before any share is requested"
+                )
+
+    # Round 4 -----------------------------------------------------------------
+    def receive_unmask(self, replies: Mapping[int, UnmaskReply | Mapping[str, Any]]) -> None:
+        """Store the well-formed unmask replies (shares of ``b`` for survivors, of ``s`` for dropped clients)."""
+        self._advance(4, "receive_unmask")
+        alive, gone = set(self.survivors), set(self.dropped)
+        for v, reply in replies.items():
+            if v not in alive:
+                continue
+            try:
+                reply = UnmaskReply.coerce(reply)
+            except PassError as error:
+                self._exclude(v, str(error))
+                continue
+            neighbours = set(self.graph[v])
+            groups = ((reply.survivor_indices, reply.survivor_shares, alive), (reply.dropped_indices,
+                                                                               reply.dropped_shares, gone))
+            if any(len(i) != len(s) or len(set(i)) != len(i) or not set(i) <= neighbours & allowed
+                   or any(len(x) != _SHARE_BYTES for x in s) for i, s, allowed in groups):
+                self._exclude(v, "unmask reply names peers or shares it should not")
+                continue
+            for u, share in zip(reply.survivor_indices, reply.survivor_shares):
+                self._b_shares.setdefault(u, []).append((v, share))
+            for d, share in zip(reply.dropped_indices, reply.dropped_shares):
+                self._s_shares.setdefault(d, []).append((v, share))
+
+    def _rebuild(self, owner: int, shares: list[tuple[int, bytes]], what: str) -> bytes:
+        if len(shares) < self.threshold:
+            raise PassError(f"only {len(shares)} shares of {what} of client {owner}, the threshold is {self.threshold}")
+        xs = [x for x, _ in shares]
+        rows = np.stack([share_from_bytes(s, 1, SECRET_LENGTH) for _, s in shares])
+        try:
+            return reconstruct_secrets(xs, rows, SECRET_LENGTH)[0]
+        except ValueError as error:
+            raise PassError(f"the shares of {what} of client {owner} are inconsistent: {error}") from error
+
+    def finish(self) -> npt.NDArray[np.int64]:
+        """Remove every self-mask and every dropped client's pairwise masks; return ``N_s`` over U3.
+
+        Raises
+        ------
+        PassError
+            A needed secret has fewer than ``t`` shares or inconsistent ones, or the sum exceeds
+            ``count_bound * |U3|`` in some class (a poisoned or incomplete sum is never returned).
+        """
+        self._advance(5, "finish")
+        total = self._masked_sum.copy()
+        for u in self.survivors:
+            total -= expand_seed(self._rebuild(u, self._b_shares.get(u, []), "the self-mask seed"), self.num_classes)
+        alive = set(self.survivors)
+        for d in self.dropped:
+            raw = self._rebuild(d, self._s_shares.get(d, []), "the mask key")
+            key = X25519PrivateKey.from_private_bytes(raw)
+            if key.public_key().public_bytes_raw() != self.adverts[d].mask_public_key:
+                raise PassError(f"the rebuilt mask key of client {d} does not match its advertised key")
+            for v in self.graph[d]:
+                if v in alive:  # v masked with +eps_{v,d} PRG; eps_{v,d} = -eps_{d,v}
+                    total += _pair_mask(key, self.adverts[v].mask_public_key, self.session, d, v, self.num_classes)
+        bound = self.count_bound * len(self.survivors)
+        if (total > np.uint64(bound)).any():
+            raise PassError(f"the sum exceeds count_bound * |U3| = {bound} in some class: refused")
+        self._b_shares.clear()
+        self._s_shares.clear()
+        return total.astype(np.int64)
