@@ -45,6 +45,10 @@ its key was broadcast breaks cancellation: the round must be restarted over the
 survivors with fresh keys and a fresh session, never by reusing a key pair for
 a different participant set (the server could then subtract vectors and strip
 masks).
+
+PASS v2 (``secagg``, with ``shamir``, ``graph`` and ``identity``) replaces that
+restart: double masking with Shamir-shared keys on a sparse committed graph
+(Bonawitz et al. 2017, Bell et al. 2020), one sum per session, signed keys.
 """
 
 from flmarket_flwr.pass_protocol.aggregator import MaskedVectors, PassAggregator, unmask_sum
@@ -68,6 +72,44 @@ from flmarket_flwr.pass_protocol.primitives import (
     validate_counts,
 )
 
+from flmarket_flwr.pass_protocol.graph import (
+    commit_graph_seed,
+    derive_graph_seed,
+    mask_graph,
+    neighbourhood_size,
+    neighbours_of,
+    roster_digest,
+    share_threshold,
+)
+from flmarket_flwr.pass_protocol.identity import (
+    IdentityDirectory,
+    advertisement_message,
+    generate_identity,
+    sign_advertisement,
+    verify_advertisement,
+)
+from flmarket_flwr.pass_protocol.secagg import (
+    Advertisement,
+    AdvertiseRequest,
+    MaskedInput,
+    MaskRequest,
+    PassClient,
+    PassError,
+    PassServer,
+    ShareKeysReply,
+    ShareKeysRequest,
+    UnmaskReply,
+    UnmaskRequest,
+    counts_commitment,
+    survivor_transcript,
+)
+from flmarket_flwr.pass_protocol.shamir import (
+    reconstruct_secrets,
+    share_from_bytes,
+    share_to_bytes,
+    split_secrets,
+)
+
 __all__ = [
     "COUNT_LIMIT",
     "DEFAULT_SESSION",
@@ -87,4 +129,33 @@ __all__ = [
     "public_key_fingerprint",
     "unmask_sum",
     "validate_counts",
+    "Advertisement",
+    "AdvertiseRequest",
+    "IdentityDirectory",
+    "MaskedInput",
+    "MaskRequest",
+    "PassClient",
+    "PassError",
+    "PassServer",
+    "ShareKeysReply",
+    "ShareKeysRequest",
+    "UnmaskReply",
+    "UnmaskRequest",
+    "advertisement_message",
+    "commit_graph_seed",
+    "counts_commitment",
+    "derive_graph_seed",
+    "generate_identity",
+    "mask_graph",
+    "neighbourhood_size",
+    "neighbours_of",
+    "roster_digest",
+    "reconstruct_secrets",
+    "share_from_bytes",
+    "share_threshold",
+    "share_to_bytes",
+    "sign_advertisement",
+    "split_secrets",
+    "survivor_transcript",
+    "verify_advertisement",
 ]
