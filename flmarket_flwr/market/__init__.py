@@ -19,26 +19,12 @@ from flmarket_flwr.market.bidding import (
     simulated_cost_per_sample,
 )
 from flmarket_flwr.market.client import MarketAward, read_award, register_market_handlers
+from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.grid_view import NoWinnerConnectedError, WinnersGrid
-from flmarket_flwr.market.messages import (
-    ACTION_AWARD,
-    ACTION_BID,
-    ACTION_KEYS,
-    ACTION_MASK,
-    ACTIONS,
-    RECORD_KEY,
-    message_type,
-)
-from flmarket_flwr.market.server import MarketConfig, MarketError, MarketOutcome, MarketPhase, PassResult
+from flmarket_flwr.market.server import MarketConfig, MarketOutcome, MarketPhase
 
 __all__ = [
-    "ACTIONS",
-    "ACTION_AWARD",
-    "ACTION_BID",
-    "ACTION_KEYS",
-    "ACTION_MASK",
     "DEFAULT_COST_PER_SAMPLE",
-    "RECORD_KEY",
     "BidPolicy",
     "CostBasedBid",
     "MarketAward",
@@ -48,10 +34,8 @@ __all__ = [
     "MarketPhase",
     "NoBidError",
     "NoWinnerConnectedError",
-    "PassResult",
     "SimulatedCostBid",
     "WinnersGrid",
-    "message_type",
     "read_award",
     "register_market_handlers",
     "simulated_cost_per_sample",

@@ -1,45 +1,35 @@
-"""Client side of the market: ``query`` handlers added to an existing ``ClientApp``.
+"""Client side of the market: the ``query`` handlers added to a ``ClientApp`` in one line.
 
 Usage::
 
-    from flwr.clientapp import ClientApp
-    from flmarket_flwr.market import CostBasedBid, register_market_handlers
-
     app = ClientApp()
-
-    @app.train()
-    def train(msg, context): ...
-
     register_market_handlers(app, get_label_counts=my_label_counts, bid_policy=CostBasedBid(0.01))
 
-What stays on the client
-    The label counts ``N_e`` never leave the client: the server only receives the
-    32-byte public key, the masked vector ``Y_e`` (uniform-looking on its own), the
-    score and the bid. The X25519 private key lives only in ``context.state`` (a
-    ``ConfigRecord`` under :data:`~flmarket_flwr.market.messages.RECORD_KEY`), keyed by
-    the PASS session, because in deployment every message runs in a fresh process.
-    The key is deleted as soon as it has masked the counts once, so one key can
-    never mask two different participant sets (which would let the server strip
-    the masks by subtraction); all PASS keys are purged when the award arrives.
+The client enforces its own disclosure rules, whatever the server asks:
 
-Errors
-    A request the client cannot serve (malformed request, label counts of the
-    wrong length, unknown or already-used PASS session, no data to bid on, ...)
-    is answered with an error reply (``ErrorCode.CLIENT_APP_RAISED_EXCEPTION``,
-    reason prefixed with ``"flmarket: "``) and logged at WARNING on the client;
-    the server excludes the node with that reason. Other exceptions propagate
-    and Flower turns them into error replies as usual.
+* its label counts ``N_e`` never leave it during PASS (the server gets public keys, encrypted
+  shares of other clients' secrets, and ``Y_e``, which is uniform on its own); as a *winner* it
+  opens its counts commitment to the buyer once, for the audit of its score, and only when offered
+  a payment at least its bid (``audit=False`` makes it refuse, and then it cannot be paid);
+* one PASS session per run: a second session is refused, so the server never gets two sums to
+  difference; each step is answered once, in order;
+* it bids once, for the session whose sum it took part in, with that session's ``E`` and
+  transcript hash; a global count below its own is refused;
+* private key material lives only in ``context.state`` and is deleted once it has masked, on
+  every refusal, and at the award (which the server sends to every node it contacted);
+* error replies say only which step was refused; the details go to the client's own log.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from logging import WARNING
+from typing import Any
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from numpy.typing import NDArray
 
 from flwr.app import ConfigRecord, Context, Error, Message
@@ -49,29 +39,28 @@ from flwr.common.logger import log
 
 from flmarket_flwr.market.bidding import DEFAULT_COST_PER_SAMPLE, BidPolicy, CostBasedBid
 from flmarket_flwr.market.messages import (
+    ACTION_ADVERTISE,
+    ACTION_AUDIT,
     ACTION_AWARD,
     ACTION_BID,
-    ACTION_KEYS,
     ACTION_MASK,
+    ACTION_SHARE,
+    ACTION_UNMASK,
     KEY_ACCEPTED,
     KEY_BID,
+    KEY_COUNTS,
     KEY_GLOBAL_COUNTS,
-    KEY_INDICES,
-    KEY_MASKED_COUNTS,
-    KEY_NUM_CLASSES,
+    KEY_NONCE,
     KEY_NUM_CLIENTS,
-    KEY_PASS_INDEX,
     KEY_PAYMENT,
-    KEY_PUBLIC_KEY,
-    KEY_PUBLIC_KEYS,
     KEY_SCORE,
     KEY_SESSION,
+    KEY_TRANSCRIPT,
     KEY_WON,
     RECORD_KEY,
-    encode_masked_counts,
     make_content,
 )
-from flmarket_flwr.pass_protocol import PassParticipant, validate_counts
+from flmarket_flwr.pass_protocol import IdentityDirectory, PassClient, PassError, validate_counts
 from flmarket_flwr.pricing import score as compute_score
 
 __all__ = ["ERROR_PREFIX", "MarketAward", "read_award", "register_market_handlers"]
@@ -79,14 +68,20 @@ __all__ = ["ERROR_PREFIX", "MarketAward", "read_award", "register_market_handler
 ERROR_PREFIX = "flmarket: "
 """Prefix of the reason of every error reply sent by the market handlers."""
 
-_STATE_KEY_PREFIX = "pass-key/"
-_STATE_INDEX_PREFIX = "pass-index/"
-
 LabelCountsFn = Callable[[Context], NDArray[np.integer]]
+IdentityFn = Callable[[Context], Ed25519PrivateKey | None]
+DirectoryFn = Callable[[Context], IdentityDirectory | None]
+
+_PASS_PREFIX = "pass/"
+_STAGE = "stage"
+_STAGE_BID = "bid"
+_STAGE_AUDITED = "audited"
+_STAGE_CLOSED = "closed"
+_SESSION = "session"
 
 
 class _RequestError(ValueError):
-    """A market request the client refuses to serve; answered with an error reply."""
+    """A market request the client refuses to serve; answered with a generic error reply."""
 
 
 @dataclass(frozen=True)
@@ -141,124 +136,206 @@ def register_market_handlers(
     app: ClientApp,
     get_label_counts: LabelCountsFn,
     bid_policy: BidPolicy | None = None,
+    *,
+    audit: bool = True,
+    identity_key: IdentityFn | None = None,
+    directory: DirectoryFn | None = None,
 ) -> None:
     """Add the market's ``query`` handlers to an existing ``ClientApp``.
 
-    Registers ``query.market_keys``, ``query.market_mask``, ``query.market_bid``
-    and ``query.market_award``.
+    Registers ``query.market_advertise``, ``market_share``, ``market_mask``, ``market_unmask``
+    (PASS), ``market_bid``, ``market_audit`` and ``market_award``.
 
     Parameters
     ----------
     app : ClientApp
         A ``ClientApp`` built with decorators (not with a legacy ``client_fn``).
     get_label_counts : Callable[[Context], numpy.ndarray]
-        Returns the client's per-class label counts ``N_e`` (shape ``(C,)``,
-        non-negative integers). Called once per market message, in a possibly
-        fresh process: it must return the same counts every time.
+        Returns the client's per-class label counts ``N_e``: shape ``(C,)``, non-negative integers,
+        the same every time. Called once per market message, possibly in a fresh process (as in a
+        deployment): read them the way the app loads its partition, and cache them in
+        ``context.state`` if that is slow.
     bid_policy : BidPolicy, optional
-        The client's bid policy; defaults to
-        ``CostBasedBid(DEFAULT_COST_PER_SAMPLE)`` (1.0 per sample, 20 % markup).
+        The client's bid policy; defaults to ``CostBasedBid(DEFAULT_COST_PER_SAMPLE)``.
+    audit : bool (default: True)
+        Whether, as a winner offered at least its bid, the client opens its counts commitment to the
+        buyer (once). With ``False`` it refuses, and a market that audits will not pay it.
+    identity_key : Callable[[Context], Ed25519PrivateKey | None], optional
+        The client's long-term identity key, to sign its PASS key advertisement.
+    directory : Callable[[Context], IdentityDirectory | None], optional
+        The buyer's directory of identity keys; with it the client verifies every neighbour's
+        signed advertisement before masking, so the server cannot substitute keys.
 
     Raises
     ------
     ValueError
-        If one of the actions is already registered on ``app``, or ``app`` uses
-        a ``client_fn`` (Flower's own checks).
+        If one of the actions is already registered on ``app``, or ``app`` uses a ``client_fn``.
     """
     handlers = _MarketHandlers(
         get_label_counts=get_label_counts,
         bid_policy=bid_policy if bid_policy is not None else CostBasedBid(DEFAULT_COST_PER_SAMPLE),
+        audit=audit,
+        identity_key=identity_key if identity_key is not None else (lambda context: None),
+        directory=directory if directory is not None else (lambda context: None),
     )
-    app.query(ACTION_KEYS)(handlers.keys)
+    app.query(ACTION_ADVERTISE)(handlers.advertise)
+    app.query(ACTION_SHARE)(handlers.share)
     app.query(ACTION_MASK)(handlers.mask)
+    app.query(ACTION_UNMASK)(handlers.unmask)
     app.query(ACTION_BID)(handlers.bid)
+    app.query(ACTION_AUDIT)(handlers.audit)
     app.query(ACTION_AWARD)(handlers.award)
 
 
 class _MarketHandlers:
-    """The four market handlers, sharing the label-count source and the bid policy."""
+    """The market handlers, sharing the label-count source, the bid policy and the identity settings."""
 
-    def __init__(self, get_label_counts: LabelCountsFn, bid_policy: BidPolicy) -> None:
+    def __init__(
+        self,
+        get_label_counts: LabelCountsFn,
+        bid_policy: BidPolicy,
+        audit: bool,
+        identity_key: IdentityFn,
+        directory: DirectoryFn,
+    ) -> None:
         self._get_label_counts = get_label_counts
         self._bid_policy = bid_policy
+        self._audit = audit
+        self._identity_key = identity_key
+        self._directory = directory
 
-    # --- Handlers ------------------------------------------------------------------------------
-    def keys(self, message: Message, context: Context) -> Message:
-        """PASS round 1: make a fresh key pair, keep the private key locally, reply the public key."""
-        try:
-            request = _request(message)
-            index = _int_field(request, KEY_PASS_INDEX, minimum=0)
-            session = _session_field(request)
-            counts = self._label_counts(context, _int_field(request, KEY_NUM_CLASSES, minimum=1))
-            private_key = X25519PrivateKey.generate()
-            participant = PassParticipant(index, counts, session, private_key=private_key)
-        except (ValueError, TypeError, KeyError) as err:
-            return _error_reply(message, ACTION_KEYS, err)
-        state = _state_record(context)
-        state[_STATE_KEY_PREFIX + session.hex()] = private_key.private_bytes_raw()
-        state[_STATE_INDEX_PREFIX + session.hex()] = index
-        return _reply(message, ConfigRecord({KEY_PUBLIC_KEY: participant.public_key}))
+    # --- PASS ----------------------------------------------------------------------------------
+    def advertise(self, message: Message, context: Context) -> Message:
+        """PASS round 1: make the session's key pairs (private halves stay in ``context.state``)."""
+
+        def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
+            counts = self._label_counts(context)
+            return client.advertise(request, counts, identity_key=self._identity_key(context)).to_record()
+
+        return self._pass_step(message, context, ACTION_ADVERTISE, step)
+
+    def share(self, message: Message, context: Context) -> Message:
+        """PASS round 2: check the graph and the neighbours' keys, send encrypted shares of the secrets."""
+
+        def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
+            return client.share_keys(request, self._directory(context)).to_record()
+
+        return self._pass_step(message, context, ACTION_SHARE, step)
 
     def mask(self, message: Message, context: Context) -> Message:
-        """PASS round 2: mask the label counts against every broadcast public key (once per key)."""
-        state = _state_record(context)
-        try:
-            request = _request(message)
-            index = _int_field(request, KEY_PASS_INDEX, minimum=0)
-            session = _session_field(request)
-            public_keys = _public_keys_field(request)
-            private_key = _stored_private_key(state, session, index)
-            counts = self._label_counts(context, None)
-            participant = PassParticipant(index, counts, session, private_key=private_key)
-            masked = participant.masked_counts(public_keys)
-        except (ValueError, TypeError, KeyError) as err:
-            return _error_reply(message, ACTION_MASK, err)
-        _forget_session(state, session)
-        return _reply(message, ConfigRecord({KEY_MASKED_COUNTS: encode_masked_counts(masked)}))
+        """PASS round 3: the masked counts and the counts commitment; the private keys are wiped."""
 
+        def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
+            return client.mask_input(request).to_record()
+
+        return self._pass_step(message, context, ACTION_MASK, step)
+
+    def unmask(self, message: Message, context: Context) -> Message:
+        """PASS round 4: shares for the survivors' self-masks and the dropped clients' keys, once."""
+
+        def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
+            return client.unmask(request).to_record()
+
+        return self._pass_step(message, context, ACTION_UNMASK, step)
+
+    def _pass_step(
+        self,
+        message: Message,
+        context: Context,
+        action: str,
+        step: Callable[[PassClient, dict[str, Any]], Mapping[str, Any]],
+    ) -> Message:
+        """Run one PASS step on the client's stored protocol state; on any refusal wipe that state."""
+        state = _state_record(context)
+        client = PassClient.from_record(_pass_state(state))
+        try:
+            request = dict(_request(message).items())
+            reply = step(client, request)
+        except (PassError, ValueError, TypeError, KeyError) as err:
+            _close_pass_state(state)
+            return _refusal(message, action, err)
+        _store_pass_state(state, client.to_record())
+        return _reply(message, ConfigRecord(dict(reply)))
+
+    # --- Market --------------------------------------------------------------------------------
     def bid(self, message: Message, context: Context) -> Message:
-        """Score the local data against the broadcast ``N_s`` and ``E``, then bid."""
+        """Score the local data against the session's ``N_s`` and ``E``, then bid (once)."""
+        state = _state_record(context)
         try:
             request = _request(message)
-            global_counts = _int_list_field(request, KEY_GLOBAL_COUNTS)
-            num_clients = _int_field(request, KEY_NUM_CLIENTS, minimum=1)
-            counts = self._label_counts(context, len(global_counts))
-            score = float(compute_score(counts, np.asarray(global_counts, dtype=np.int64), num_clients))
+            client = PassClient.from_record(_pass_state(state))
+            _check_session(request, state)
+            if client.transcript is None or state.get(_STAGE) is not None:
+                raise _RequestError("no completed PASS session to bid for, or already bid")
+            if request.get(KEY_TRANSCRIPT) != client.transcript:
+                raise _RequestError("the transcript hash is not that of the session this client took part in")
+            if request.get(KEY_NUM_CLIENTS) != client.survivor_count:
+                raise _RequestError("E is not the number of survivors of the session")
+            global_counts = np.asarray(_int_list_field(request, KEY_GLOBAL_COUNTS), dtype=np.int64)
+            counts = self._label_counts(context)
+            if global_counts.shape != counts.shape or np.any(global_counts < counts):
+                raise _RequestError("the global counts cannot be the sum this client took part in")
+            if int(global_counts.max()) > _pass_state(state)["count_bound"] * int(client.survivor_count):
+                raise _RequestError("the global counts exceed the session's declared bound")
+            score = float(compute_score(counts, global_counts, int(client.survivor_count)))
             bid = _checked_bid(self._bid_policy(counts, score, context))
-        except (ValueError, TypeError, KeyError) as err:
-            return _error_reply(message, ACTION_BID, err)
-        state = _state_record(context)
+        except (PassError, ValueError, TypeError, KeyError) as err:
+            state[_STAGE] = _STAGE_CLOSED
+            return _refusal(message, ACTION_BID, err)
+        state[_STAGE] = _STAGE_BID
         state[KEY_SCORE] = score
         state[KEY_BID] = bid
         return _reply(message, ConfigRecord({KEY_SCORE: score, KEY_BID: bid}))
 
-    def award(self, message: Message, context: Context) -> Message:
-        """Record the auction outcome in ``context.state`` and drop any PASS key left."""
+    def audit(self, message: Message, context: Context) -> Message:
+        """As a winner offered at least its bid, open the counts commitment to the buyer, once."""
+        state = _state_record(context)
         try:
             request = _request(message)
+            _check_session(request, state)
+            if not self._audit:
+                raise _RequestError("this client does not open its counts for audits")
+            if state.get(_STAGE) != _STAGE_BID:
+                raise _RequestError("no bid to audit, or already audited")
+            payment = request.get(KEY_PAYMENT)
+            if isinstance(payment, bool) or not isinstance(payment, (int, float)) or not math.isfinite(payment):
+                raise _RequestError(f"'{KEY_PAYMENT}' must be a finite float")
+            if payment < float(state[KEY_BID]):  # type: ignore[arg-type]
+                raise _RequestError(f"the offered payment {payment} is below this client's bid {state[KEY_BID]}")
+            nonce = _pass_state(state).get("nonce")
+            if not isinstance(nonce, bytes):
+                raise _RequestError("no counts commitment to open")
+            counts = self._label_counts(context)
+        except (PassError, ValueError, TypeError, KeyError) as err:
+            return _refusal(message, ACTION_AUDIT, err)
+        state[_STAGE] = _STAGE_AUDITED
+        return _reply(message, ConfigRecord({KEY_COUNTS: [int(c) for c in counts], KEY_NONCE: nonce}))
+
+    def award(self, message: Message, context: Context) -> Message:
+        """Record the outcome and wipe what is left of the PASS state (the market is over)."""
+        state = _state_record(context)
+        try:
+            request = _request(message)
+            _check_session(request, state)
             won = request.get(KEY_WON)
             payment = request.get(KEY_PAYMENT)
             if not isinstance(won, bool):
-                raise _RequestError(f"'{KEY_WON}' must be a bool, got {type(won).__name__}")
+                raise _RequestError(f"'{KEY_WON}' must be a bool")
             if isinstance(payment, bool) or not isinstance(payment, (int, float)) or not math.isfinite(payment):
-                raise _RequestError(f"'{KEY_PAYMENT}' must be a finite float, got {payment!r}")
+                raise _RequestError(f"'{KEY_PAYMENT}' must be a finite float")
         except (ValueError, TypeError, KeyError) as err:
-            return _error_reply(message, ACTION_AWARD, err)
-        state = _state_record(context)
-        _forget_all_sessions(state)
+            _close_pass_state(state)
+            return _refusal(message, ACTION_AWARD, err)
+        _close_pass_state(state)
+        state[_STAGE] = _STAGE_CLOSED
         state[KEY_WON] = won
         state[KEY_PAYMENT] = float(payment)
         return _reply(message, ConfigRecord({KEY_ACCEPTED: True}))
 
     # --- Helpers -------------------------------------------------------------------------------
-    def _label_counts(self, context: Context, num_classes: int | None) -> NDArray[np.int64]:
-        """Fetch and validate the local label counts (length ``num_classes`` if given)."""
-        counts = validate_counts(self._get_label_counts(context)).astype(np.int64)
-        if num_classes is not None and counts.shape[0] != num_classes:
-            raise _RequestError(
-                f"the local label counts have {counts.shape[0]} classes, the market has {num_classes}"
-            )
-        return counts
+    def _label_counts(self, context: Context) -> NDArray[np.int64]:
+        """Fetch and validate the local label counts."""
+        return validate_counts(self._get_label_counts(context)).astype(np.int64)
 
 
 # --- Request parsing -----------------------------------------------------------------------------
@@ -268,11 +345,11 @@ def _request(message: Message) -> ConfigRecord:
     return message.content.config_records[RECORD_KEY]
 
 
-def _int_field(record: ConfigRecord, key: str, minimum: int) -> int:
-    value = record.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise _RequestError(f"'{key}' must be an int >= {minimum}, got {value!r}")
-    return value
+def _check_session(request: ConfigRecord, state: ConfigRecord) -> None:
+    """The request must name the one PASS session this client took part in."""
+    session = _pass_state(state).get(_SESSION)
+    if not isinstance(session, bytes) or request.get(KEY_SESSION) != session:
+        raise _RequestError("the request is not for the PASS session this client took part in")
 
 
 def _int_list_field(record: ConfigRecord, key: str) -> list[int]:
@@ -284,23 +361,6 @@ def _int_list_field(record: ConfigRecord, key: str) -> list[int]:
     ):
         raise _RequestError(f"'{key}' must be a non-empty list of non-negative ints")
     return value
-
-
-def _session_field(record: ConfigRecord) -> bytes:
-    value = record.get(KEY_SESSION)
-    if not isinstance(value, bytes) or not value:
-        raise _RequestError(f"'{KEY_SESSION}' must be non-empty bytes")
-    return value
-
-
-def _public_keys_field(record: ConfigRecord) -> dict[int, bytes]:
-    indices = record.get(KEY_INDICES)
-    keys = record.get(KEY_PUBLIC_KEYS)
-    if not isinstance(indices, list) or not isinstance(keys, list) or len(indices) != len(keys):
-        raise _RequestError(f"'{KEY_INDICES}' and '{KEY_PUBLIC_KEYS}' must be lists of equal length")
-    if len(set(indices)) != len(indices):
-        raise _RequestError(f"'{KEY_INDICES}' has duplicates")
-    return dict(zip(indices, keys, strict=True))
 
 
 def _checked_bid(bid: object) -> float:
@@ -320,26 +380,31 @@ def _state_record(context: Context) -> ConfigRecord:
     return context.state.config_records[RECORD_KEY]
 
 
-def _stored_private_key(state: ConfigRecord, session: bytes, index: int) -> X25519PrivateKey:
-    raw = state.get(_STATE_KEY_PREFIX + session.hex())
-    if not isinstance(raw, bytes):
-        raise _RequestError(
-            "no unused PASS key for this session (never created, or already used to mask once)"
-        )
-    stored_index = state.get(_STATE_INDEX_PREFIX + session.hex())
-    if stored_index != index:
-        raise _RequestError(f"PASS index {index} differs from the index {stored_index} of this session")
-    return X25519PrivateKey.from_private_bytes(raw)
+def _pass_state(state: ConfigRecord) -> dict[str, Any]:
+    """The PASS protocol state kept under ``pass/`` keys."""
+    return {key[len(_PASS_PREFIX):]: value for key, value in state.items() if key.startswith(_PASS_PREFIX)}
 
 
-def _forget_session(state: ConfigRecord, session: bytes) -> None:
-    for prefix in (_STATE_KEY_PREFIX, _STATE_INDEX_PREFIX):
-        state.pop(prefix + session.hex(), None)
-
-
-def _forget_all_sessions(state: ConfigRecord) -> None:
-    for key in [k for k in state if k.startswith((_STATE_KEY_PREFIX, _STATE_INDEX_PREFIX))]:
+def _store_pass_state(state: ConfigRecord, record: Mapping[str, Any]) -> None:
+    """Replace the PASS state by ``record`` (keys the protocol wiped disappear)."""
+    for key in [k for k in state if k.startswith(_PASS_PREFIX)]:
         del state[key]
+    for key, value in record.items():
+        state[_PASS_PREFIX + key] = value
+
+
+_KEPT_AFTER_CLOSE = ("session", "stage")
+
+
+def _close_pass_state(state: ConfigRecord) -> None:
+    """Wipe every secret of the PASS session; keep only what makes the client refuse a second one."""
+    kept = {key: value for key, value in _pass_state(state).items() if key in _KEPT_AFTER_CLOSE}
+    kept["stage"] = _CLOSED_PASS_STAGE
+    _store_pass_state(state, kept)
+
+
+_CLOSED_PASS_STAGE = 99
+"""A PASS stage no protocol step accepts: the session is over for this client."""
 
 
 # --- Replies -------------------------------------------------------------------------------------
@@ -347,7 +412,8 @@ def _reply(message: Message, record: ConfigRecord) -> Message:
     return Message(make_content(record), reply_to=message)
 
 
-def _error_reply(message: Message, action: str, err: Exception) -> Message:
-    reason = f"{ERROR_PREFIX}{action}: {err}"
-    log(WARNING, "Market request refused (%s)", reason)
+def _refusal(message: Message, action: str, err: Exception) -> Message:
+    """A generic error reply; the reason stays in the client's own log."""
+    log(WARNING, "Market request %s refused: %s", action, err)
+    reason = f"{ERROR_PREFIX}{action}: request refused"
     return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)

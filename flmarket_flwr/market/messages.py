@@ -1,27 +1,26 @@
 """Wire format of the market phase: message types, record keys and reply validation.
 
-Every market message, in both directions, carries one ``ConfigRecord`` under
-:data:`RECORD_KEY`. The four steps are Flower ``query`` messages with these
-actions (message type ``query.<action>``):
+Every market message, in both directions, carries one ``ConfigRecord`` under :data:`RECORD_KEY`. Each
+step is a Flower ``query`` message (message type ``query.<action>``):
 
-=================  ===========================================  ======================================
-Action             Server -> client                             Client -> server (reply)
-=================  ===========================================  ======================================
-``market_keys``    ``pass-index`` int, ``session`` bytes,       ``public-key`` bytes (32)
-                   ``num-classes`` int
-``market_mask``    ``pass-index`` int, ``session`` bytes,       ``masked-counts`` bytes
-                   ``indices`` list[int], ``public-keys``       (``C`` little-endian uint64 words)
-                   list[bytes]
-``market_bid``     ``global-counts`` list[int],                 ``score`` float, ``bid`` float
-                   ``num-clients`` int
-``market_award``   ``won`` bool, ``payment`` float              ``accepted`` bool
-=================  ===========================================  ======================================
+====================  ==========================================  ==========================================
+Action                Server -> client                            Client -> server (reply)
+====================  ==========================================  ==========================================
+``market_advertise``  session, PASS index, ``C``, count bound,    cipher and mask public keys (32 bytes
+                      graph-seed commitment, candidate count      each), Ed25519 signature (or empty)
+``market_share``      participants, graph seed, the neighbours'   one encrypted share pair per neighbour
+                      keys (and signatures, node ids)
+``market_mask``       the share ciphertexts addressed to it       masked counts ``Y_e`` (``C`` little-endian
+                                                                  uint64 words), counts commitment
+``market_unmask``     survivors, dropped                          self-mask shares of survivors, key
+                                                                  shares of the dropped
+``market_bid``        session, ``N_s``, ``E``, transcript hash    score, bid
+``market_audit``      session, offered payment                    the counts and the commitment nonce
+``market_award``      session, won, payment                       accepted
+====================  ==========================================  ==========================================
 
-Masked counts travel as bytes because a ``ConfigRecord`` cannot hold integers
-``>= 2**63`` and masked words are uniform in ``[0, 2**64)``.
-
-The helpers below turn one reply into typed values or raise :class:`ReplyError`
-with a reason that the server logs before excluding the node.
+The helpers below turn one reply into typed values or raise :class:`ReplyError` with a reason that the
+server logs before excluding the node.
 """
 
 from __future__ import annotations
@@ -29,78 +28,72 @@ from __future__ import annotations
 import math
 from typing import Final
 
-import numpy as np
-from numpy.typing import NDArray
-
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
-from flmarket_flwr.pass_protocol import load_public_key
-
 __all__ = [
+    "ACTIONS",
+    "ACTION_ADVERTISE",
+    "ACTION_AUDIT",
     "ACTION_AWARD",
     "ACTION_BID",
-    "ACTION_KEYS",
     "ACTION_MASK",
-    "ACTIONS",
+    "ACTION_SHARE",
+    "ACTION_UNMASK",
     "KEY_ACCEPTED",
     "KEY_BID",
+    "KEY_COUNTS",
     "KEY_GLOBAL_COUNTS",
-    "KEY_INDICES",
-    "KEY_MASKED_COUNTS",
-    "KEY_NUM_CLASSES",
+    "KEY_NONCE",
     "KEY_NUM_CLIENTS",
-    "KEY_PASS_INDEX",
     "KEY_PAYMENT",
-    "KEY_PUBLIC_KEY",
-    "KEY_PUBLIC_KEYS",
     "KEY_SCORE",
     "KEY_SESSION",
+    "KEY_TRANSCRIPT",
     "KEY_WON",
-    "MASK_WIRE_DTYPE",
-    "PUBLIC_KEY_BYTES",
     "RECORD_KEY",
     "ReplyError",
-    "decode_masked_counts",
-    "encode_masked_counts",
     "make_content",
     "message_type",
     "read_config",
     "read_float",
-    "read_masked_counts",
-    "read_public_key",
 ]
 
 # --- Actions (message type ``query.<action>``) -------------------------------------------------
-ACTION_KEYS: Final = "market_keys"
+ACTION_ADVERTISE: Final = "market_advertise"
+ACTION_SHARE: Final = "market_share"
 ACTION_MASK: Final = "market_mask"
+ACTION_UNMASK: Final = "market_unmask"
 ACTION_BID: Final = "market_bid"
+ACTION_AUDIT: Final = "market_audit"
 ACTION_AWARD: Final = "market_award"
-ACTIONS: Final = (ACTION_KEYS, ACTION_MASK, ACTION_BID, ACTION_AWARD)
+ACTIONS: Final = (
+    ACTION_ADVERTISE,
+    ACTION_SHARE,
+    ACTION_MASK,
+    ACTION_UNMASK,
+    ACTION_BID,
+    ACTION_AUDIT,
+    ACTION_AWARD,
+)
 
 # --- Record keys ---------------------------------------------------------------------------------
 RECORD_KEY: Final = "flmarket"
-"""Key of the single ``ConfigRecord`` in every market message (and in the client's state)."""
+"""Key of the single ``ConfigRecord`` in every market message (and in the client's state).
 
-KEY_PASS_INDEX: Final = "pass-index"
+The four PASS steps carry the fields of the :mod:`flmarket_flwr.pass_protocol.secagg` messages
+(``to_record()``); the keys below are those of the bid, audit and award steps."""
+
 KEY_SESSION: Final = "session"
-KEY_NUM_CLASSES: Final = "num-classes"
-KEY_PUBLIC_KEY: Final = "public-key"
-KEY_INDICES: Final = "indices"
-KEY_PUBLIC_KEYS: Final = "public-keys"
-KEY_MASKED_COUNTS: Final = "masked-counts"
 KEY_GLOBAL_COUNTS: Final = "global-counts"
 KEY_NUM_CLIENTS: Final = "num-clients"
+KEY_TRANSCRIPT: Final = "transcript"
 KEY_SCORE: Final = "score"
 KEY_BID: Final = "bid"
+KEY_COUNTS: Final = "counts"
+KEY_NONCE: Final = "nonce"
 KEY_WON: Final = "won"
 KEY_PAYMENT: Final = "payment"
 KEY_ACCEPTED: Final = "accepted"
-
-PUBLIC_KEY_BYTES: Final = 32
-"""Length of a raw X25519 public key."""
-
-MASK_WIRE_DTYPE: Final = np.dtype("<u8")
-"""Encoding of masked count vectors on the wire: little-endian uint64."""
 
 
 class ReplyError(ValueError):
@@ -118,7 +111,7 @@ def message_type(action: str) -> str:
     Returns
     -------
     str
-        The message type, e.g. ``"query.market_keys"``.
+        The message type, e.g. ``"query.market_bid"``.
     """
     if action not in ACTIONS:
         raise ValueError(f"unknown market action {action!r}; expected one of {ACTIONS}")
@@ -128,42 +121,6 @@ def message_type(action: str) -> str:
 def make_content(config: ConfigRecord) -> RecordDict:
     """Wrap a market ``ConfigRecord`` into message content under :data:`RECORD_KEY`."""
     return RecordDict({RECORD_KEY: config})
-
-
-def encode_masked_counts(masked: NDArray[np.uint64]) -> bytes:
-    """Encode a masked count vector for the wire (``C`` little-endian uint64 words)."""
-    return np.asarray(masked, dtype=np.uint64).astype(MASK_WIRE_DTYPE).tobytes()
-
-
-def decode_masked_counts(data: bytes, num_classes: int) -> NDArray[np.uint64]:
-    """Decode a masked count vector, checking its length.
-
-    Parameters
-    ----------
-    data : bytes
-        ``num_classes`` little-endian uint64 words.
-    num_classes : int
-        Expected number of classes ``C``.
-
-    Returns
-    -------
-    NDArray[np.uint64]
-        The vector, native-endian ``uint64``, shape ``(C,)``.
-
-    Raises
-    ------
-    ReplyError
-        If ``data`` is not bytes of length ``8 * num_classes``.
-    """
-    if not isinstance(data, bytes):
-        raise ReplyError(f"'{KEY_MASKED_COUNTS}' must be bytes, got {type(data).__name__}")
-    expected = num_classes * MASK_WIRE_DTYPE.itemsize
-    if len(data) != expected:
-        raise ReplyError(
-            f"'{KEY_MASKED_COUNTS}' has {len(data)} bytes, expected {expected} "
-            f"({num_classes} uint64 words)"
-        )
-    return np.frombuffer(data, dtype=MASK_WIRE_DTYPE).astype(np.uint64)
 
 
 def read_config(reply: Message) -> ConfigRecord:
@@ -182,43 +139,6 @@ def read_config(reply: Message) -> ConfigRecord:
     if record is None:
         raise ReplyError(f"reply has no ConfigRecord '{RECORD_KEY}'")
     return record
-
-
-def read_public_key(reply: Message) -> bytes:
-    """Return the 32-byte public key of a ``market_keys`` reply.
-
-    Raises
-    ------
-    ReplyError
-        If the key is missing, not bytes, not 32 bytes long, or a low-order point
-        (unusable for the X25519 exchange).
-    """
-    value = read_config(reply).get(KEY_PUBLIC_KEY)
-    if not isinstance(value, bytes):
-        raise ReplyError(f"'{KEY_PUBLIC_KEY}' must be bytes, got {type(value).__name__}")
-    if len(value) != PUBLIC_KEY_BYTES:
-        raise ReplyError(f"'{KEY_PUBLIC_KEY}' has {len(value)} bytes, expected {PUBLIC_KEY_BYTES}")
-    try:
-        # A low-order point would make every peer's exchange fail, and so every honest
-        # client refuse to mask: one such key must exclude its sender, not the others.
-        load_public_key(value, index=0)
-    except (TypeError, ValueError) as err:
-        raise ReplyError(
-            f"'{KEY_PUBLIC_KEY}' is not a usable X25519 public key (low-order point: every "
-            "exchange with it gives an all-zero shared secret)"
-        ) from err
-    return value
-
-
-def read_masked_counts(reply: Message, num_classes: int) -> NDArray[np.uint64]:
-    """Return the masked count vector of a ``market_mask`` reply.
-
-    Raises
-    ------
-    ReplyError
-        If the vector is missing, not bytes, or of the wrong length.
-    """
-    return decode_masked_counts(read_config(reply).get(KEY_MASKED_COUNTS), num_classes)
 
 
 def read_float(record: ConfigRecord, key: str) -> float:

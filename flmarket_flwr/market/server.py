@@ -1,28 +1,22 @@
-"""Server side of the market: PASS, scoring, the reverse auction and the awards, over a Flower ``Grid``.
+"""Server side of the market: PASS, scores and bids, the audited reverse auction and the awards, over a ``Grid``.
 
-Usage inside a ``ServerApp``::
+Steps (each a round of Flower ``query`` messages, see :mod:`flmarket_flwr.market.messages`):
 
-    @app.main()
-    def main(grid: Grid, context: Context) -> None:
-        outcome = MarketPhase(MarketConfig(budget=100.0, num_classes=10, expected_nodes=20)).run(grid)
-        strategy.start(grid=WinnersGrid(grid, outcome.winners), initial_arrays=arrays, ...)
+1. Wait for the nodes (bounded) and run PASS over them (:mod:`flmarket_flwr.market.pass_rounds`):
+   the server learns the global counts ``N_s`` and each survivor's commitment to its counts, once.
+2. Broadcast ``N_s``, ``E`` and the session's transcript hash; each client returns its score and
+   bid (``query.market_bid``). The market aborts if most PASS participants fail this step.
+3. Run the auction (:func:`flmarket_flwr.pricing.run_auction`); every winner opens its counts
+   commitment to the buyer (``query.market_audit``); a winner whose counts do not match its
+   commitment, or whose claimed score is not the score of those counts, is excluded and the auction
+   runs again without it. Every payment is capped at the budget, in every mode.
+4. Tell every node that took part in any step whether it won and what it is paid
+   (``query.market_award``), which also makes each client wipe what is left of its PASS state.
 
-Steps (each one Flower message round, see :mod:`flmarket_flwr.market.messages`):
-
-1. Wait for the nodes; give each a PASS index ``1..E`` (by sorted node id) and a fresh
-   random session; collect the 32-byte public keys (``query.market_keys``).
-2. Broadcast every key, collect the masked count vectors and unmask their sum ``N_s``
-   (``query.market_mask``). A node that fails after sending its key breaks the mask
-   cancellation: PASS restarts from step 1 over the survivors, with fresh keys and a fresh
-   session, at most ``max_pass_attempts`` times.
-3. Broadcast ``N_s`` and ``E``; each client returns its own score and bid (``query.market_bid``).
-4. Run the auction (:func:`flmarket_flwr.pricing.run_auction`) and tell every bidder whether it
-   won and what it is paid (``query.market_award``).
-
-Replies are matched to requests by ``reply_to_message_id``. A node whose reply is missing,
-an error, or malformed is excluded with a reason (logged at WARNING, kept in
-:attr:`MarketOutcome.excluded`); only too few PASS participants stop the phase, with
-:class:`MarketError`.
+Every step is bounded by ``timeout`` whatever the transport does underneath. A node whose reply is
+missing, an error or malformed is excluded with the reason logged at WARNING and kept in
+:attr:`MarketOutcome.excluded`; what cannot be recovered stops the phase with :class:`MarketError`.
+The threat model is in the README ("Threat model") and in :mod:`flmarket_flwr.market.pass_rounds`.
 """
 
 from __future__ import annotations
@@ -30,53 +24,53 @@ from __future__ import annotations
 import json
 import math
 import secrets
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
 from flwr.app import ConfigRecord, Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.messages import (
+    ACTION_AUDIT,
     ACTION_AWARD,
     ACTION_BID,
-    ACTION_KEYS,
-    ACTION_MASK,
     KEY_BID,
+    KEY_COUNTS,
     KEY_GLOBAL_COUNTS,
-    KEY_INDICES,
-    KEY_NUM_CLASSES,
+    KEY_NONCE,
     KEY_NUM_CLIENTS,
-    KEY_PASS_INDEX,
     KEY_PAYMENT,
-    KEY_PUBLIC_KEYS,
     KEY_SCORE,
     KEY_SESSION,
+    KEY_TRANSCRIPT,
     KEY_WON,
     ReplyError,
     make_content,
     message_type,
     read_config,
     read_float,
-    read_masked_counts,
-    read_public_key,
 )
-from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, unmask_sum
-from flmarket_flwr.pricing import AuctionResult, run_auction
+from flmarket_flwr.market.pass_rounds import PassResult, PassRounds
+from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, counts_commitment
+from flmarket_flwr.pricing import run_auction
 from flmarket_flwr.pricing import score as compute_score
 
-__all__ = ["MarketConfig", "MarketError", "MarketOutcome", "MarketPhase", "PassResult"]
+__all__ = ["MarketConfig", "MarketError", "MarketOutcome", "MarketPhase"]
 
+DEFAULT_COUNT_BOUND = 10**9
+"""Default declared maximum of one client's count of one class."""
 
-class MarketError(RuntimeError):
-    """The market phase cannot complete (too few clients left, PASS never completed, no bids)."""
+_PULL_INTERVAL = 0.1
+"""Seconds between two pulls of replies."""
 
 
 @dataclass(frozen=True)
@@ -86,18 +80,17 @@ class MarketConfig:
     Parameters
     ----------
     budget : float
-        Budget ``R > 0`` of the reverse auction.
+        Budget ``R > 0`` of the reverse auction. Every payment is at most ``R``.
     num_classes : int
         Number of classes ``C`` (length of every label-count vector).
     num_winners : int, optional
-        Fixed-cohort mode: select the first ``num_winners`` clients of the auction's ranking;
-        the budget then does not bind the payments. ``None`` (default): budget mode.
+        Fixed-cohort mode: select the first ``num_winners`` clients of the auction's ranking
+        (payments are the critical values for staying in that cohort, each capped at ``R``).
+        ``None`` (default): budget mode, total payment ``<= R``.
     min_clients : int (default: 3)
-        Fewest PASS participants accepted; at least 3 (with 2, each learns the other's counts).
-    max_pass_attempts : int (default: 3)
-        How many times PASS may run (the first run included) before giving up.
+        Fewest PASS survivors accepted; at least 3 (with 2, each learns the other's counts).
     timeout : float (default: 60.0)
-        Seconds to wait for the replies of one message round.
+        Seconds one message round may take, whatever the transport does underneath.
     wait_for_nodes_timeout : float (default: 60.0)
         Longest wait for nodes to connect before the market starts.
     expected_nodes : int, optional
@@ -105,21 +98,40 @@ class MarketConfig:
         ``None``: wait until ``min_clients`` are connected and their number has not changed
         for one ``poll_interval``.
     session_label : str (default: "flmarket")
-        Label prefixed to every PASS session id (binds the masks to this application).
+        Label prefixed to the PASS session id (binds the masks to this application).
     poll_interval : float (default: 1.0)
         Seconds between two node-count polls while waiting for nodes.
+    count_bound : int (default: 10**9)
+        Declared maximum of any one client's count of any one class, announced before masking.
+        A client with a larger count refuses to take part; an unmasked sum with a class above
+        ``count_bound * E`` is rejected (:class:`MarketError`), never used.
+    neighbours : int or str (default: "auto")
+        PASS masking graph: ``"all"`` masks with every other client (the paper's PASS), an int
+        ``k`` with ``k`` neighbours of a random graph, ``"auto"`` picks ``k`` from the number of
+        clients (:func:`flmarket_flwr.pass_protocol.neighbourhood_size`; the complete graph for small E).
+    directory : IdentityDirectory, optional
+        The buyer's directory of client identity keys (node id -> Ed25519 public key). With it the
+        server drops any unsigned or wrongly signed key advertisement; the clients check their
+        neighbours' signatures themselves against their own copy.
+    audit_winners : bool (default: True)
+        Whether each winner must open its PASS counts commitment to the buyer, so that a false
+        score is caught before anyone is paid. Winners then disclose their counts to the buyer
+        (losers never do); with ``False`` every score is the client's word (see the threat model).
     """
 
     budget: float
     num_classes: int
     num_winners: int | None = None
     min_clients: int = MIN_PARTICIPANTS
-    max_pass_attempts: int = 3
     timeout: float = 60.0
     wait_for_nodes_timeout: float = 60.0
     expected_nodes: int | None = None
     session_label: str = "flmarket"
     poll_interval: float = 1.0
+    count_bound: int = DEFAULT_COUNT_BOUND
+    neighbours: int | str = "auto"
+    directory: IdentityDirectory | None = None
+    audit_winners: bool = True
 
     def __post_init__(self) -> None:
         """Validate every field."""
@@ -128,7 +140,6 @@ class MarketConfig:
         if self.num_winners is not None:
             _check_int("num_winners", self.num_winners, minimum=1)
         _check_int("min_clients", self.min_clients, minimum=MIN_PARTICIPANTS)
-        _check_int("max_pass_attempts", self.max_pass_attempts, minimum=1)
         _check_positive_number("timeout", self.timeout)
         _check_positive_number("wait_for_nodes_timeout", self.wait_for_nodes_timeout, allow_zero=True)
         if self.expected_nodes is not None:
@@ -136,6 +147,11 @@ class MarketConfig:
         if not isinstance(self.session_label, str) or not self.session_label:
             raise ValueError(f"session_label must be a non-empty str, got {self.session_label!r}")
         _check_positive_number("poll_interval", self.poll_interval)
+        _check_int("count_bound", self.count_bound, minimum=1)
+        if self.neighbours not in ("auto", "all"):
+            _check_int("neighbours", self.neighbours, minimum=2)
+        if not isinstance(self.audit_winners, bool):
+            raise TypeError(f"audit_winners must be a bool, got {type(self.audit_winners).__name__}")
 
 
 @dataclass
@@ -147,19 +163,17 @@ class MarketOutcome:
     winners : list[int]
         Node ids of the winners, in the auction's selection order.
     participants : list[int]
-        Node ids of the auction's bidders (valid score and bid), ascending.
+        Node ids of the auction's bidders (valid score and bid, not caught lying), ascending.
     scores, bids, payments : dict[int, float]
-        Per bidder (payments are ``0.0`` for losers).
+        Per bidder (payments are ``0.0`` for losers, each at most ``budget``).
     total_payment : float
         Sum of the payments.
     budget : float
         The budget ``R``.
     global_counts : list[int]
-        ``N_s``, the per-class label counts summed over the PASS participants.
+        ``N_s``, the per-class label counts summed over the PASS survivors.
     excluded : dict[int, str]
         Node id -> reason, for every node left out at some step.
-    pass_attempts : int
-        PASS runs needed (1 if nobody dropped out).
     timings : dict[str, float]
         Seconds per step (``wait_for_nodes``, ``pass``, ``bid``, ``auction``, ``award``) and ``total``.
     pass_participants : list[int]
@@ -168,6 +182,8 @@ class MarketOutcome:
         The fixed cohort size, or ``None`` in budget mode.
     award_acknowledged : list[int]
         Bidders that acknowledged their award message.
+    audited : list[int]
+        Winners whose opened counts matched their commitment and their claimed score.
     """
 
     winners: list[int]
@@ -179,11 +195,11 @@ class MarketOutcome:
     budget: float
     global_counts: list[int]
     excluded: dict[int, str]
-    pass_attempts: int
     timings: dict[str, float]
     pass_participants: list[int] = field(default_factory=list)
     num_winners: int | None = None
     award_acknowledged: list[int] = field(default_factory=list)
+    audited: list[int] = field(default_factory=list)
 
     @property
     def within_budget(self) -> bool:
@@ -205,7 +221,7 @@ class MarketOutcome:
             "num_winners": self.num_winners,
             "global_counts": list(self.global_counts),
             "excluded": dict(self.excluded),
-            "pass_attempts": self.pass_attempts,
+            "audited": list(self.audited),
             "award_acknowledged": list(self.award_acknowledged),
             "timings": dict(self.timings),
         }
@@ -219,16 +235,17 @@ class MarketOutcome:
 
 
 @dataclass
-class PassResult:
-    """Outcome of PASS: who took part, their summed label counts, and the runs needed."""
+class _Award:
+    """The audited auction's result: who bids, who wins, what each is paid."""
 
-    participants: list[int]
-    global_counts: NDArray[np.int64]
-    attempts: int
+    bidders: list[int]
+    winners: list[int]
+    payments: dict[int, float]
+    audited: list[int]
 
 
 class MarketPhase:
-    """The market phase of a ``ServerApp``: PASS, scores and bids, auction, awards.
+    """The market phase of a ``ServerApp``: PASS, scores and bids, audited auction, awards.
 
     Parameters
     ----------
@@ -241,6 +258,8 @@ class MarketPhase:
             raise TypeError(f"config must be a MarketConfig, got {type(config).__name__}")
         self.config = config
         self._excluded: dict[int, str] = {}
+        self._contacted: set[int] = set()
+        self._session = b""
 
     # --- Public API ----------------------------------------------------------------------------
     def run(self, grid: Grid) -> MarketOutcome:
@@ -259,49 +278,52 @@ class MarketPhase:
         Raises
         ------
         MarketError
-            Fewer than ``min_clients`` nodes connected or left in PASS, PASS failed
-            ``max_pass_attempts`` times, or no client placed a valid bid.
+            Too few nodes connected or left in PASS, PASS could not recover its dropouts, the
+            global counts failed their bounds, or most PASS participants failed the bid step.
+            Every node contacted so far is told the market closed before the error is raised.
         """
         self._excluded = {}
+        self._contacted = set()
+        self._session = b""
         timings: dict[str, float] = {}
         started = time.perf_counter()
-
-        nodes = self._timed(timings, "wait_for_nodes", lambda: self.wait_for_nodes(grid))
-        pass_result = self._timed(timings, "pass", lambda: self.run_pass(grid, nodes))
-        bids = self._timed(timings, "bid", lambda: self.collect_bids(grid, pass_result))
-        participants = sorted(bids)
-        if not participants:
-            raise MarketError("no client placed a valid score and bid: the auction has no bidders")
-        auction = self._timed(timings, "auction", lambda: self._run_auction(participants, bids))
-        winners = [participants[int(i)] for i in auction.winners]
-        payments = {node: float(auction.payments[pos]) for pos, node in enumerate(participants)}
-        acknowledged = self._timed(timings, "award", lambda: self.send_awards(grid, payments, set(winners)))
+        try:
+            nodes = self._timed(timings, "wait_for_nodes", lambda: self.wait_for_nodes(grid))
+            pass_result = self._timed(timings, "pass", lambda: self.run_pass(grid, nodes))
+            bids = self._timed(timings, "bid", lambda: self.collect_bids(grid, pass_result))
+            award = self._timed(timings, "auction", lambda: self._audited_auction(grid, pass_result, bids))
+        except MarketError as err:
+            log(WARNING, "Market: aborted (%s)", err)
+            self._close(grid, {}, set())
+            raise
+        acknowledged = self._timed(
+            timings, "award", lambda: self._close(grid, award.payments, set(award.winners))
+        )
         timings["total"] = time.perf_counter() - started
 
         outcome = MarketOutcome(
-            winners=winners,
-            participants=participants,
-            scores={node: bids[node][0] for node in participants},
-            bids={node: bids[node][1] for node in participants},
-            payments=payments,
-            total_payment=float(sum(payments.values())),
+            winners=award.winners,
+            participants=award.bidders,
+            scores={node: bids[node][0] for node in award.bidders},
+            bids={node: bids[node][1] for node in award.bidders},
+            payments=award.payments,
+            total_payment=float(sum(award.payments.values())),
             budget=float(self.config.budget),
             global_counts=[int(c) for c in pass_result.global_counts],
             excluded=dict(self._excluded),
-            pass_attempts=pass_result.attempts,
             timings=timings,
             pass_participants=list(pass_result.participants),
             num_winners=self.config.num_winners,
             award_acknowledged=acknowledged,
+            audited=award.audited,
         )
         log(
             INFO,
-            "Market: %d winners of %d bidders, total payment %.4g (budget %.4g), %d PASS attempt(s)",
-            len(winners),
-            len(participants),
+            "Market: %d winners of %d bidders, total payment %.4g (budget %.4g)",
+            len(award.winners),
+            len(award.bidders),
             outcome.total_payment,
             outcome.budget,
-            outcome.pass_attempts,
         )
         return outcome
 
@@ -345,99 +367,21 @@ class MarketPhase:
             )
         return nodes
 
-    # --- Steps 1-2: PASS -----------------------------------------------------------------------
+    # --- Step 1: PASS -------------------------------------------------------------------------
     def run_pass(self, grid: Grid, nodes: Sequence[int]) -> PassResult:
-        """Run PASS over ``nodes`` (restarting over the survivors on dropouts) and return ``N_s``.
+        """Run PASS once over ``nodes`` and return ``N_s`` with the survivors and their commitments.
 
         Raises
         ------
         MarketError
-            If fewer than ``min_clients`` remain, or PASS failed ``max_pass_attempts`` times.
+            Too few survivors, a secret without enough shares, or ``N_s`` out of its bounds.
         """
-        candidates = sorted(nodes)
-        for attempt in range(1, self.config.max_pass_attempts + 1):
-            self._require_enough(candidates, f"PASS attempt {attempt}")
-            session = self._new_session(attempt)
-            indices = {node: position for position, node in enumerate(candidates, start=1)}
-            keys = self._collect_public_keys(grid, indices, session)
-            self._require_enough(list(keys), f"PASS attempt {attempt} (public keys)")
-            masked = self._collect_masked_counts(grid, indices, session, keys)
-            survivors = sorted(masked)
-            if len(survivors) == len(keys):
-                try:
-                    total = unmask_sum({indices[node]: masked[node] for node in survivors})
-                except ValueError as err:
-                    log(WARNING, "Market: PASS attempt %d gave no valid sum (%s); restarting", attempt, err)
-                else:
-                    return PassResult(participants=survivors, global_counts=total, attempts=attempt)
-            else:
-                log(
-                    WARNING,
-                    "Market: PASS attempt %d: %d of %d key holders did not mask; restarting over %d survivors",
-                    attempt,
-                    len(keys) - len(survivors),
-                    len(keys),
-                    len(survivors),
-                )
-            candidates = survivors
-        raise MarketError(
-            f"PASS did not complete in {self.config.max_pass_attempts} attempt(s); "
-            f"{len(candidates)} client(s) left"
-        )
+        self._contacted.update(nodes)
+        self._session = f"{self.config.session_label}/pass/".encode() + secrets.token_bytes(16)
+        return PassRounds(self.config, self, self._session).run(grid, nodes)
 
-    def _collect_public_keys(self, grid: Grid, indices: Mapping[int, int], session: bytes) -> dict[int, bytes]:
-        """PASS round 1: send index and session, return ``{node: public key}`` of valid replies."""
-        requests = {
-            node: ConfigRecord(
-                {KEY_PASS_INDEX: index, KEY_SESSION: session, KEY_NUM_CLASSES: self.config.num_classes}
-            )
-            for node, index in indices.items()
-        }
-        replies = self._exchange(grid, ACTION_KEYS, requests, group_id=f"market-pass-keys-{session.hex()[-8:]}")
-        keys = self._validated(ACTION_KEYS, requests, replies, read_public_key)
-        return self._drop_duplicate_keys(keys)
-
-    def _collect_masked_counts(
-        self, grid: Grid, indices: Mapping[int, int], session: bytes, keys: Mapping[int, bytes]
-    ) -> dict[int, NDArray[np.uint64]]:
-        """PASS round 2: broadcast the keys, return ``{node: masked counts}`` of valid replies."""
-        holders = sorted(keys)
-        broadcast_indices = [indices[node] for node in holders]
-        broadcast_keys = [keys[node] for node in holders]
-        requests = {
-            node: ConfigRecord(
-                {
-                    KEY_PASS_INDEX: indices[node],
-                    KEY_SESSION: session,
-                    KEY_INDICES: list(broadcast_indices),
-                    KEY_PUBLIC_KEYS: list(broadcast_keys),
-                }
-            )
-            for node in holders
-        }
-        replies = self._exchange(grid, ACTION_MASK, requests, group_id=f"market-pass-mask-{session.hex()[-8:]}")
-        num_classes = self.config.num_classes
-        return self._validated(
-            ACTION_MASK, requests, replies, lambda reply: read_masked_counts(reply, num_classes)
-        )
-
-    def _drop_duplicate_keys(self, keys: dict[int, bytes]) -> dict[int, bytes]:
-        """Exclude every node whose public key is also another node's (it cannot be told apart)."""
-        owners: dict[bytes, list[int]] = {}
-        for node, key in keys.items():
-            owners.setdefault(key, []).append(node)
-        for nodes in owners.values():
-            if len(nodes) > 1:
-                for node in nodes:
-                    self._exclude(node, ACTION_KEYS, f"public key shared with nodes {sorted(set(nodes) - {node})}")
-                    del keys[node]
-        return keys
-
-    def _new_session(self, attempt: int) -> bytes:
-        """Fresh, unpredictable session id of one PASS attempt."""
-        return f"{self.config.session_label}/pass/{attempt}/".encode() + secrets.token_bytes(16)
-
-    def _require_enough(self, nodes: Sequence[int], where: str) -> None:
+    def require_enough(self, nodes: Sequence[int], where: str) -> None:
+        """Raise :class:`MarketError` if fewer than ``min_clients`` nodes are left."""
         if len(nodes) < self.config.min_clients:
             raise MarketError(
                 f"{where}: only {len(nodes)} client(s) left, the market needs at least "
@@ -445,41 +389,116 @@ class MarketPhase:
                 f"a client's counts); excluded so far: {self._excluded}"
             )
 
-    # --- Step 3: scores and bids ---------------------------------------------------------------
+    # --- Step 2: scores and bids ---------------------------------------------------------------
     def collect_bids(self, grid: Grid, pass_result: PassResult) -> dict[int, tuple[float, float]]:
-        """Broadcast ``N_s`` and ``E``; return ``{node: (score, bid)}`` of the valid replies."""
+        """Broadcast ``N_s``, ``E`` and the transcript hash; return ``{node: (score, bid)}``.
+
+        Raises
+        ------
+        MarketError
+            If ``N_s`` is all zero (no client can score), or most PASS participants failed.
+        """
         record = {
+            KEY_SESSION: pass_result.session,
             KEY_GLOBAL_COUNTS: [int(c) for c in pass_result.global_counts],
             KEY_NUM_CLIENTS: len(pass_result.participants),
+            KEY_TRANSCRIPT: pass_result.transcript,
         }
         requests = {node: ConfigRecord(dict(record)) for node in pass_result.participants}
-        replies = self._exchange(grid, ACTION_BID, requests, group_id="market-bid")
         highest = _highest_possible_score(pass_result)
-        return self._validated(ACTION_BID, requests, replies, lambda reply: _read_score_and_bid(reply, highest))
+        replies = self.exchange(grid, ACTION_BID, requests)
+        bids = self.validated(ACTION_BID, requests, replies, lambda reply: _read_score_and_bid(reply, highest))
+        failed = len(pass_result.participants) - len(bids)
+        if 2 * failed > len(pass_result.participants):
+            raise MarketError(
+                f"{failed} of {len(pass_result.participants)} PASS participants failed the bid step: "
+                "the market aborts rather than pay the rest (see the excluded reasons)"
+            )
+        return bids
 
-    # --- Step 4: auction and awards ------------------------------------------------------------
-    def _run_auction(self, participants: Sequence[int], bids: Mapping[int, tuple[float, float]]) -> AuctionResult:
-        scores = np.array([bids[node][0] for node in participants], dtype=np.float64)
-        prices = np.array([bids[node][1] for node in participants], dtype=np.float64)
+    # --- Step 3: audited auction ---------------------------------------------------------------
+    def _audited_auction(
+        self, grid: Grid, pass_result: PassResult, bids: Mapping[int, tuple[float, float]]
+    ) -> _Award:
+        """Run the auction; audit new winners; drop the liars and run it again until every winner holds."""
+        bidders = dict(bids)
+        audited: list[int] = []
+        while True:
+            nodes = sorted(bidders)
+            if not nodes:
+                raise MarketError("no bidder left: every client failed the bid step or the audit")
+            winners, payments = self._run_auction(nodes, bidders)
+            pending = [node for node in winners if node not in audited]
+            if not self.config.audit_winners or not pending:
+                return _Award(bidders=nodes, winners=winners, payments=payments, audited=audited)
+            honest = self._audit(grid, pass_result, {node: payments[node] for node in pending}, bidders)
+            audited.extend(node for node in pending if node in honest)
+            for node in pending:
+                if node not in honest:
+                    del bidders[node]
+
+    def _run_auction(
+        self, bidders: Sequence[int], bids: Mapping[int, tuple[float, float]]
+    ) -> tuple[list[int], dict[int, float]]:
+        """Winners (selection order) and payments, each capped at the budget.
+
+        A bid above the budget can never be paid: such a bidder stays a (losing) participant but is
+        left out of the auction, so it can neither win nor move anyone's critical value.
+        """
+        budget = float(self.config.budget)
+        payments = {node: 0.0 for node in bidders}
+        nodes = [node for node in bidders if bids[node][1] <= budget]
+        if not nodes:
+            return [], payments
+        scores = np.array([bids[node][0] for node in nodes], dtype=np.float64)
+        prices = np.array([bids[node][1] for node in nodes], dtype=np.float64)
         try:
-            return run_auction(scores, prices, self.config.budget, num_winners=self.config.num_winners)
+            result = run_auction(scores, prices, self.config.budget, num_winners=self.config.num_winners)
         except ValueError as err:  # validated above; kept as a clear error all the same
             raise MarketError(f"the auction rejected its input: {err}") from err
+        winners = [nodes[int(i)] for i in result.winners]
+        payments.update({node: min(float(result.payments[pos]), budget) for pos, node in enumerate(nodes)})
+        return winners, payments
 
-    def send_awards(self, grid: Grid, payments: Mapping[int, float], winners: set[int]) -> list[int]:
-        """Tell every bidder whether it won and its payment; return the nodes that acknowledged."""
+    def _audit(
+        self,
+        grid: Grid,
+        pass_result: PassResult,
+        offers: Mapping[int, float],
+        bids: Mapping[int, tuple[float, float]],
+    ) -> set[int]:
+        """Ask each tentative winner to open its counts commitment; return those that hold."""
         requests = {
-            node: ConfigRecord({KEY_WON: node in winners, KEY_PAYMENT: float(payment)})
-            for node, payment in payments.items()
+            node: ConfigRecord({KEY_SESSION: pass_result.session, KEY_PAYMENT: float(payment)})
+            for node, payment in offers.items()
         }
-        replies = self._exchange(grid, ACTION_AWARD, requests, group_id="market-award")
+        replies = self.exchange(grid, ACTION_AUDIT, requests)
+
+        def check(reply: Message, node: int) -> None:
+            _check_opening(reply, node, pass_result, self.config, claimed_score=bids[node][0])
+
+        opened = self.validated(ACTION_AUDIT, requests, replies, check, pass_node=True)
+        return set(opened)
+
+    # --- Step 4: awards ------------------------------------------------------------------------
+    def _close(self, grid: Grid, payments: Mapping[int, float], winners: set[int]) -> list[int]:
+        """Tell every contacted node its award (``won=False`` for all but the winners); return the bidders that acknowledged."""
+        session = self._session
+        requests = {
+            node: ConfigRecord(
+                {KEY_SESSION: session, KEY_WON: node in winners, KEY_PAYMENT: float(payments.get(node, 0.0))}
+            )
+            for node in sorted(self._contacted)
+        }
+        if not requests:
+            return []
+        replies = self.exchange(grid, ACTION_AWARD, requests)
         acknowledged = []
-        for node in sorted(requests):
+        for node in sorted(payments):
             reply = replies.get(node)
-            if reply is None:
-                log(WARNING, "Market: node %d did not acknowledge its award (no reply)", node)
-                continue
             try:
+                if reply is None:
+                    raise ReplyError("no reply")
                 read_config(reply)
             except ReplyError as err:
                 log(WARNING, "Market: node %d did not acknowledge its award (%s)", node, err)
@@ -488,21 +507,18 @@ class MarketPhase:
         return acknowledged
 
     # --- Messaging -----------------------------------------------------------------------------
-    def _exchange(
-        self, grid: Grid, action: str, requests: Mapping[int, ConfigRecord], group_id: str
-    ) -> dict[int, Message]:
-        """Send one request per node and return ``{node: reply}``, matched by message id.
+    def exchange(self, grid: Grid, action: str, requests: Mapping[int, ConfigRecord]) -> dict[int, Message]:
+        """Send one request per node and return ``{node: reply}`` received within ``timeout``.
 
-        Nodes without a reply are absent from the result; replies to unknown message ids,
-        replies sent by another node than the one asked, and second replies to one message
-        are ignored.
+        Replies are matched by ``reply_to_message_id``. An error reply that the transport made for a
+        node (Flower's own, e.g. an upload that never completed) is kept as that node's reply, so its
+        real reason is logged; other replies from an unexpected sender, and second replies, are ignored.
         """
         messages = [
-            Message(make_content(record), dst_node_id=node, message_type=message_type(action), group_id=group_id)
+            Message(make_content(record), dst_node_id=node, message_type=message_type(action), group_id=action)
             for node, record in requests.items()
         ]
-        replies = list(grid.send_and_receive(messages, timeout=self.config.timeout))
-        # The grid sets each message's id when pushing it.
+        replies = _send_and_receive_within(grid, messages, self.config.timeout)
         node_of = {msg.metadata.message_id: msg.metadata.dst_node_id for msg in messages}
         matched: dict[int, Message] = {}
         for reply in replies:
@@ -510,42 +526,47 @@ class MarketPhase:
             if node is None:
                 log(WARNING, "Market: %s: ignoring a reply to an unknown message", action)
                 continue
-            if reply.metadata.src_node_id != node:
-                log(
-                    WARNING,
-                    "Market: %s: ignoring a reply to node %d's message sent by node %d",
-                    action,
-                    node,
-                    reply.metadata.src_node_id,
-                )
+            if reply.metadata.src_node_id != node and not reply.has_error():
+                log(WARNING, "Market: %s: ignoring a reply to node %d sent by node %d", action, node,
+                    reply.metadata.src_node_id)
                 continue
             if node in matched:
-                log(WARNING, "Market: %s: ignoring a second reply from node %d", action, node)
+                log(WARNING, "Market: %s: ignoring a second reply for node %d", action, node)
                 continue
             matched[node] = reply
         return matched
 
-    def _validated(
+    def validated(
         self,
         action: str,
-        requests: Mapping[int, ConfigRecord],
+        requests: Mapping[int, Any],
         replies: Mapping[int, Message],
-        read: Callable[[Message], Any],
+        read: Callable[..., Any],
+        *,
+        pass_node: bool = False,
     ) -> dict[int, Any]:
-        """Apply ``read`` to the reply of every requested node; exclude missing or bad replies."""
+        """Apply ``read`` to the reply of every requested node; exclude missing or bad replies.
+
+        With ``pass_node=True`` ``read`` is called as ``read(reply, node)``.
+        """
         valid: dict[int, Any] = {}
         for node in sorted(requests):
             reply = replies.get(node)
             if reply is None:
-                self._exclude(node, action, f"no reply within {self.config.timeout:g} s")
+                self.exclude(node, action, f"no reply within {self.config.timeout:g} s")
                 continue
             try:
-                valid[node] = read(reply)
+                valid[node] = read(reply, node) if pass_node else read(reply)
             except ReplyError as err:
-                self._exclude(node, action, str(err))
+                self.exclude(node, action, str(err))
         return valid
 
-    def _exclude(self, node: int, action: str, reason: str) -> None:
+    def is_excluded(self, node: int) -> bool:
+        """Whether ``node`` was excluded at some step."""
+        return node in self._excluded
+
+    def exclude(self, node: int, action: str, reason: str) -> None:
+        """Leave ``node`` out of the rest of the market, logging and keeping the reason."""
         message = f"{action}: {reason}"
         log(WARNING, "Market: excluding node %d (%s)", node, message)
         self._excluded[node] = message
@@ -559,23 +580,63 @@ class MarketPhase:
             timings[name] = time.perf_counter() - started
 
 
+def _send_and_receive_within(grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
+    """Push ``messages`` and pull their replies until all arrived or ``timeout`` seconds passed.
+
+    Unlike ``Grid.send_and_receive``, a pull that blocks inside the transport (a node dying in
+    the middle of an upload) cannot hold the market past its deadline: each pull runs in a
+    daemon thread that is abandoned when the deadline passes.
+    """
+    deadline = time.monotonic() + timeout
+    pending = set(grid.push_messages(messages))
+    received: list[Message] = []
+    while pending and time.monotonic() < deadline:
+        batch = _pull_within(grid, pending, deadline - time.monotonic())
+        received.extend(batch)
+        pending.difference_update(reply.metadata.reply_to_message_id for reply in batch)
+        if pending:
+            time.sleep(min(_PULL_INTERVAL, max(0.0, deadline - time.monotonic())))
+    return received
+
+
+def _pull_within(grid: Grid, message_ids: Iterable[str], seconds: float) -> list[Message]:
+    """One ``grid.pull_messages`` call, given up (empty result) after ``seconds``."""
+    result: list[Message] = []
+    ids = list(message_ids)
+
+    def pull() -> None:
+        result.extend(grid.pull_messages(ids))
+
+    worker = threading.Thread(target=pull, name="flmarket-pull", daemon=True)
+    worker.start()
+    worker.join(max(seconds, 0.0))
+    if worker.is_alive():
+        log(WARNING, "Market: pulling replies did not return within the step's timeout; going on without them")
+        return []
+    return result
+
+
 def _highest_possible_score(pass_result: PassResult) -> float:
     """The largest score any PASS participant can have: that of counts equal to ``N_s``.
 
     ``phi`` never decreases and every client's count of a class is at most ``n_s^c``, so
-    ``score(N_s, N_s, E)`` bounds every honest score. A reply above it is malformed (and a
-    huge finite score would overflow the auction's sums into infinite or NaN payments).
+    ``score(N_s, N_s, E)`` bounds every honest score.
+
+    Raises
+    ------
+    MarketError
+        If ``N_s`` is all zero: no client holds data, nothing can be scored.
     """
+    counts = pass_result.global_counts
     try:
-        counts = pass_result.global_counts
         bound = float(compute_score(counts, counts, len(pass_result.participants)))
-    except ValueError:  # e.g. all-zero global counts: no client can score, nothing to bound
-        return math.inf
+    except ValueError as err:
+        raise MarketError(f"the global counts cannot be scored ({err}): no client holds data") from err
     return bound * (1.0 + 1e-9) + 1e-9
 
 
-def _read_score_and_bid(reply: Message, highest_score: float = math.inf) -> tuple[float, float]:
-    """Return ``(score, bid)`` of a ``market_bid`` reply: score finite in ``[0, highest_score]``, bid finite ``> 0``."""
+def _read_score_and_bid(reply: Message, highest_score: float) -> tuple[float, float]:
+    """``(score, bid)`` of a ``market_bid`` reply: score in ``[0, highest_score]``, bid finite and ``> 0``."""
     record = read_config(reply)
     score = read_float(record, KEY_SCORE)
     bid = read_float(record, KEY_BID)
@@ -589,6 +650,38 @@ def _read_score_and_bid(reply: Message, highest_score: float = math.inf) -> tupl
     if bid <= 0:
         raise ReplyError(f"'{KEY_BID}' must be > 0, got {bid}")
     return score, bid
+
+
+def _check_opening(
+    reply: Message, node: int, pass_result: PassResult, config: MarketConfig, claimed_score: float
+) -> None:
+    """Check a winner's opened counts against its PASS commitment, the bounds and its claimed score.
+
+    Raises
+    ------
+    ReplyError
+        With the reason the winner is excluded.
+    """
+    record = read_config(reply)
+    counts = record.get(KEY_COUNTS)
+    nonce = record.get(KEY_NONCE)
+    if not isinstance(counts, list) or len(counts) != config.num_classes:
+        raise ReplyError(f"audit: '{KEY_COUNTS}' must be a list of {config.num_classes} ints")
+    if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 or c > config.count_bound for c in counts):
+        raise ReplyError(f"audit: '{KEY_COUNTS}' must hold ints in [0, {config.count_bound}]")
+    if not isinstance(nonce, bytes):
+        raise ReplyError(f"audit: '{KEY_NONCE}' must be bytes")
+    opened = np.asarray(counts, dtype=np.int64)
+    index = pass_result.indices[node]
+    if counts_commitment(pass_result.session, index, opened, nonce) != pass_result.commitments[node]:
+        raise ReplyError("audit: the opened counts do not match the client's PASS commitment")
+    if np.any(opened > pass_result.global_counts):
+        raise ReplyError("audit: the opened counts exceed the global counts")
+    true_score = float(compute_score(opened, pass_result.global_counts, len(pass_result.participants)))
+    if not math.isclose(true_score, claimed_score, rel_tol=1e-9, abs_tol=1e-12):
+        raise ReplyError(
+            f"audit: the claimed score {claimed_score:.6g} is not the score {true_score:.6g} of the committed counts"
+        )
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:

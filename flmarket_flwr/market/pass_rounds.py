@@ -1,0 +1,170 @@
+"""PASS over Flower messages: the server's four rounds of :class:`~flmarket_flwr.pass_protocol.PassServer`.
+
+Each round sends one ``query`` message per client (``market_advertise``, ``market_share``,
+``market_mask``, ``market_unmask``) whose ``ConfigRecord`` is the protocol message's own record, and
+feeds the valid replies back to the pure protocol object, which builds the next round. A node whose
+reply is missing, an error or malformed leaves PASS at that round with a logged reason; PASS runs
+once per market (the dropped clients' masks are recovered from Shamir shares, never by a second sum),
+and a session that cannot finish safely stops the market with :class:`MarketError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from flwr.app import ConfigRecord, Message
+from flwr.serverapp import Grid
+
+from flmarket_flwr.market.errors import MarketError
+from flmarket_flwr.market.messages import (
+    ACTION_ADVERTISE,
+    ACTION_MASK,
+    ACTION_SHARE,
+    ACTION_UNMASK,
+    read_config,
+)
+from flmarket_flwr.pass_protocol import PassError, PassServer
+
+if TYPE_CHECKING:
+    from flmarket_flwr.market.server import MarketConfig
+
+__all__ = ["PassResult", "PassRounds"]
+
+
+@dataclass
+class PassResult:
+    """What PASS gave the market: the survivors, their summed counts, and what binds them.
+
+    Attributes
+    ----------
+    participants : list[int]
+        Node ids whose counts are in ``global_counts`` (the survivors U3), ascending.
+    global_counts : NDArray[np.int64]
+        ``N_s`` over the survivors.
+    session : bytes
+        The PASS session id.
+    transcript : bytes
+        Hash of the session and the survivors, which every survivor recorded and checks at the bid step.
+    indices : dict[int, int]
+        Node id -> PASS index.
+    commitments : dict[int, bytes]
+        Node id -> the survivor's commitment to its counts (opened by winners in the audit).
+    """
+
+    participants: list[int]
+    global_counts: NDArray[np.int64]
+    session: bytes
+    transcript: bytes
+    indices: dict[int, int]
+    commitments: dict[int, bytes]
+
+
+class Messenger(Protocol):
+    """What PASS needs from the market phase: message rounds, validation and exclusion."""
+
+    def exchange(self, grid: Grid, action: str, requests: Mapping[int, ConfigRecord]) -> dict[int, Message]:
+        """Send one request per node; return the replies received in time."""
+
+    def validated(
+        self, action: str, requests: Mapping[int, Any], replies: Mapping[int, Message], read: Any
+    ) -> dict[int, Any]:
+        """Read every reply; exclude the missing and malformed ones."""
+
+    def exclude(self, node: int, action: str, reason: str) -> None:
+        """Leave ``node`` out with a logged reason."""
+
+    def require_enough(self, nodes: Sequence[int], where: str) -> None:
+        """Raise ``MarketError`` if too few nodes are left."""
+
+    def is_excluded(self, node: int) -> bool:
+        """Whether ``node`` was already excluded (with its own reason)."""
+
+
+class PassRounds:
+    """Run one PASS session over a ``Grid`` for a :class:`~flmarket_flwr.market.server.MarketPhase`.
+
+    Parameters
+    ----------
+    config : MarketConfig
+        The market's settings (classes, count bound, neighbourhood, directory).
+    messenger : Messenger
+        The market phase, which sends the messages and keeps the exclusions.
+    session : bytes
+        A fresh, unpredictable session id.
+    """
+
+    def __init__(self, config: MarketConfig, messenger: Messenger, session: bytes) -> None:
+        self._config = config
+        self._messenger = messenger
+        self._server = PassServer(
+            session,
+            config.num_classes,
+            config.count_bound,
+            degree=_degree(config.neighbours),
+            directory=config.directory,
+        )
+
+    def run(self, grid: Grid, nodes: Sequence[int]) -> PassResult:
+        """Run the four rounds over ``nodes`` and return the result.
+
+        Raises
+        ------
+        MarketError
+            Too few clients at some round, a secret without enough shares, or ``N_s`` out of its bounds.
+        """
+        server = self._server
+        try:
+            requests: Mapping[int, Any] = server.advertise_requests(list(nodes))
+            requests = server.receive_advertisements(self._round(grid, ACTION_ADVERTISE, requests))
+            requests = server.receive_shares(self._round(grid, ACTION_SHARE, requests))
+            requests = server.receive_masked(self._round(grid, ACTION_MASK, requests))
+            server.receive_unmask(self._round(grid, ACTION_UNMASK, requests))
+            total = server.finish()
+        except PassError as err:
+            self._report_exclusions()
+            raise MarketError(f"PASS stopped: {err}") from err
+        self._report_exclusions()
+        survivors = [server.node_of[index] for index in server.survivors]
+        self._messenger.require_enough(survivors, "PASS")
+        return PassResult(
+            participants=sorted(survivors),
+            global_counts=total,
+            session=server.session,
+            transcript=server.transcript,
+            indices={server.node_of[index]: index for index in server.survivors},
+            commitments={server.node_of[index]: server.commitments[index] for index in server.survivors},
+        )
+
+    def _round(self, grid: Grid, action: str, requests: Mapping[int, Any]) -> dict[int, dict[str, Any]]:
+        """Send each PASS index its request; return ``{index: reply record}`` of the usable replies."""
+        node_of = self._server.node_of
+        records = {node_of[index]: ConfigRecord(request.to_record()) for index, request in requests.items()}
+        replies = self._messenger.exchange(grid, action, records)
+        valid = self._messenger.validated(action, records, replies, _reply_record)
+        return {self._server.index_of[node]: record for node, record in valid.items()}
+
+    def _report_exclusions(self) -> None:
+        """Hand the protocol's own exclusions (bad keys, shares, sizes) to the market's log, once each."""
+        for index, reason in self._server.excluded.items():
+            node = self._server.node_of[index]
+            if not self._messenger.is_excluded(node):
+                self._messenger.exclude(node, "PASS", reason)
+
+
+def _reply_record(reply: Message) -> dict[str, Any]:
+    """The reply's market record as a plain dict (the protocol object type-checks every field)."""
+    return dict(read_config(reply).items())
+
+
+def _degree(neighbours: int | str) -> int | None:
+    """``PassServer``'s degree for the ``neighbours`` setting (``None``: sized from the number of clients)."""
+    if neighbours == "auto":
+        return None
+    if neighbours == "all":
+        return 2**31  # capped at E - 1 by the server: the complete graph
+    return int(neighbours)
