@@ -425,8 +425,6 @@ class MarketPhase:
         audited: list[int] = []
         while True:
             nodes = sorted(bidders)
-            if not nodes:
-                raise MarketError("no bidder left: every client failed the bid step or the audit")
             winners, payments = self._run_auction(nodes, bidders)
             pending = [node for node in winners if node not in audited]
             if not self.config.audit_winners or not pending:

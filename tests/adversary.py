@@ -1,0 +1,77 @@
+"""Tools for the adversarial tests: a server that sends whatever it likes to the real client handlers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from flwr.app import ConfigRecord, Message
+
+from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase
+from flmarket_flwr.market.messages import RECORD_KEY, make_content, message_type
+from flmarket_flwr.market.testing import InProcessGrid, market_client_app
+from flmarket_flwr.pass_protocol import PassServer
+
+NUM_CLASSES = 10
+SECRET_KEYS = ("cipher_private_key", "mask_private_key", "self_seed", "held_shares", "nonce", "counts")
+
+
+def make_counts(num_nodes: int, seed: int = 0, high: int = 200) -> dict[int, np.ndarray]:
+    """Distinct, random label counts for ``num_nodes`` nodes with Flower-like node ids."""
+    rng = np.random.default_rng(seed)
+    return {1000 + 17 * i: rng.integers(1, high, size=NUM_CLASSES) for i in range(num_nodes)}
+
+
+def honest_grid(counts: Mapping[int, np.ndarray], **grid_options: Any) -> InProcessGrid:
+    """An in-process grid whose nodes run the real market handlers with a cost-based bid."""
+    return InProcessGrid(market_client_app(counts, CostBasedBid(0.01)), list(counts), **grid_options)
+
+
+def market_config(**overrides: Any) -> MarketConfig:
+    values: dict[str, Any] = {"budget": 100.0, "num_classes": NUM_CLASSES, "poll_interval": 0.001, "timeout": 5.0}
+    values.update(overrides)
+    return MarketConfig(**values)
+
+
+def send(grid: InProcessGrid, action: str, requests: Mapping[int, Mapping[str, Any]]) -> dict[int, Message]:
+    """Send ``{node: fields}`` as ``query.<action>`` messages; return ``{node: reply}``."""
+    messages = [
+        Message(make_content(ConfigRecord(dict(fields))), dst_node_id=node, message_type=message_type(action),
+                group_id="attack")
+        for node, fields in requests.items()
+    ]
+    replies = grid.send_and_receive(messages)
+    node_of = {message.metadata.message_id: message.metadata.dst_node_id for message in messages}
+    return {node_of[reply.metadata.reply_to_message_id]: reply for reply in replies}
+
+
+def record_of(reply: Message) -> dict[str, Any]:
+    """A successful reply's market record (fails the test on an error reply)."""
+    assert not reply.has_error(), reply.error.reason
+    return dict(reply.content.config_records[RECORD_KEY].items())
+
+
+def run_pass_rounds(grid: InProcessGrid, nodes: list[int], server: PassServer, *, upto: int = 4) -> Any:
+    """Drive the real clients through PASS rounds 1..``upto`` with a protocol-following server object."""
+    requests: Any = server.advertise_requests(nodes)
+    actions = ("market_advertise", "market_share", "market_mask", "market_unmask")
+    steps = (server.receive_advertisements, server.receive_shares, server.receive_masked, server.receive_unmask)
+    for action, step in list(zip(actions, steps))[:upto]:
+        replies = send(grid, action, {server.node_of[i]: request.to_record() for i, request in requests.items()})
+        requests = step({server.index_of[node]: record_of(reply) for node, reply in replies.items()})
+    return requests
+
+
+def client_secrets(grid: InProcessGrid, node: int) -> dict[str, Any]:
+    """Every secret left in a node's ``context.state`` (what a later compromise of the node would expose)."""
+    state = grid.context(node).state.config_records.get(RECORD_KEY)
+    if state is None:
+        return {}
+    return {key: value for key, value in state.items() if key.removeprefix("pass/") in SECRET_KEYS}
+
+
+def run_market(counts: Mapping[int, np.ndarray], **overrides: Any) -> tuple[InProcessGrid, Any]:
+    grid = honest_grid(counts)
+    return grid, MarketPhase(market_config(**overrides)).run(grid)
