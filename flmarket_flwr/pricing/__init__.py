@@ -1,7 +1,7 @@
 """Pricing: the data value score, the truthful, budget-feasible reverse auction, and the
 pre-training client selectors (FLMarket and the RS, QBS, DICE, DDS baselines).
 
-Pure numpy/scipy: nothing here imports Flower, so the mathematics can be read and tested alone.
+Pure numpy: nothing here imports Flower, so the mathematics can be read and tested alone.
 """
 
 from flmarket_flwr.pricing.auction import AuctionResult, auction_order, run_auction
