@@ -7,11 +7,8 @@ One ``ClientApp`` serves every phase of a run:
   counts ``N_e`` come from its partition; its bid is its (simulated,
   heterogeneous) cost per sample times ``N_e``, plus a markup
   (:class:`RunConfigCostBid`). The server only ever sees them masked (PASS).
-* **Baseline selector statistics** (``query.selector_stats``, :func:`selector_stats`):
-  for the pre-training baselines RS, QBS, DICE and DDS the client sends its **raw**
-  label counts, and for DDS a 16-number embedding of its inputs. These baselines
-  have no privacy protection at all (unlike FLMarket's PASS); they exist to be
-  compared with it.
+* No other query: the baselines' raw-statistics query (RS, QBS, DICE, DDS) is answered
+  only by the experiments' ClientApp (:mod:`simulations.apps`), never by this one.
 * **Training** (``train`` / ``evaluate`` messages): plain local SGD on the
   client's partition with the configured model, on CUDA when available.
 
@@ -53,11 +50,9 @@ from flmarket_flwr.market import (
     simulated_cost_per_sample,
 )
 from flmarket_flwr.task import (
-    EMBEDDING_DIM,
     DataConfig,
     build_task_model,
     configure_torch_threads,
-    data_embedding,
     evaluate,
     load_partition,
     partition_label_counts,
@@ -71,15 +66,6 @@ if TYPE_CHECKING:
 STATE_KEY = "flmarket-app"
 """Key of this app's ``ConfigRecord`` in ``context.state`` (label-count cache)."""
 
-ACTION_SELECTOR_STATS = "selector_stats"
-"""Action of the baseline selectors' statistics query (message type ``query.selector_stats``)."""
-STATS_RECORD_KEY = "selector-stats"
-"""Key of the ``ConfigRecord`` in a ``query.selector_stats`` request and reply."""
-KEY_WANT_EMBEDDING = "want-embedding"
-KEY_EMBEDDING_DIM = "embedding-dim"
-KEY_PROJECTION_SEED = "projection-seed"
-KEY_LABEL_COUNTS = "label-counts"
-KEY_EMBEDDING = "embedding"
 MODEL_KEY = "model"
 """Run-config key of the model name (see :func:`flmarket_flwr.models.build_model`)."""
 DEFAULT_MODEL = "digits_cnn"
@@ -153,31 +139,6 @@ class RunConfigCostBid:
         )
         policy = CostBasedBid(cost, markup=float(config.get("bid-markup", 0.2)))
         return policy(label_counts, score, context)
-
-
-def selector_stats(msg: Message, context: Context) -> Message:
-    """Answer a baseline selector's statistics query with this client's raw data summary.
-
-    Reply (``ConfigRecord`` under ``"selector-stats"``): ``label-counts``, the
-    client's per-class counts ``N_e`` in clear; with ``want-embedding`` in the request,
-    also ``embedding``, :func:`~flmarket_flwr.task.data_embedding` of its inputs
-    (``embedding-dim`` numbers, projection seeded by ``projection-seed``).
-
-    This is what the pre-training baselines (RS, QBS, DICE, DDS) need, and it is
-    **not private**: the server sees every client's label counts. FLMarket never
-    uses this query; its server learns only the sum of the counts, through PASS.
-    """
-    request = msg.content.config_records.get(STATS_RECORD_KEY, ConfigRecord())
-    reply = ConfigRecord({KEY_LABEL_COUNTS: [int(c) for c in label_counts(context)]})
-    if bool(request.get(KEY_WANT_EMBEDDING, False)):
-        embedding = data_embedding(
-            partition_id_of(context),
-            data_config_of(context),
-            dim=int(request.get(KEY_EMBEDDING_DIM, EMBEDDING_DIM)),
-            seed=int(request.get(KEY_PROJECTION_SEED, 0)),
-        )
-        reply[KEY_EMBEDDING] = [float(v) for v in embedding]
-    return Message(content=RecordDict({STATS_RECORD_KEY: reply}), reply_to=msg)
 
 
 def model_name_of(context: Context) -> str:
@@ -314,7 +275,7 @@ class RunConfigOverride:
 
 
 def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
-    """Build the app's ``ClientApp``: market, selector-statistics, train and evaluate handlers.
+    """Build the app's ``ClientApp``: market, train and evaluate handlers (nothing that reveals counts).
 
     Parameters
     ----------
@@ -329,7 +290,6 @@ def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
     """
     client = ClientApp(mods=[RunConfigOverride(run_config)] if run_config else None)
     register_market_handlers(client, get_label_counts=label_counts, bid_policy=RunConfigCostBid())
-    client.query(ACTION_SELECTOR_STATS)(selector_stats)
     client.train()(train)
     client.evaluate()(evaluate_local)
     return client

@@ -43,7 +43,7 @@ import csv
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from logging import ERROR, INFO, WARNING
@@ -52,20 +52,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, Result, Strategy
 
-from flmarket_flwr.client_app import (
-    ACTION_SELECTOR_STATS,
-    KEY_EMBEDDING,
-    KEY_EMBEDDING_DIM,
-    KEY_LABEL_COUNTS,
-    KEY_PROJECTION_SEED,
-    KEY_WANT_EMBEDDING,
-    STATS_RECORD_KEY,
-)
 from flmarket_flwr.market import (
     MarketConfig,
     MarketError,
@@ -74,9 +65,7 @@ from flmarket_flwr.market import (
     WinnersGrid,
 )
 from flmarket_flwr.models import set_arrays
-from flmarket_flwr.pricing import select_clients
 from flmarket_flwr.task import (
-    EMBEDDING_DIM,
     DataConfig,
     build_task_model,
     configure_torch_threads,
@@ -343,11 +332,30 @@ class CentralEvaluation:
 app = ServerApp()
 
 
+BaselineSelection = Callable[[Grid, ServerSettings, DataConfig], Selection]
+"""Experiments hook: run a pre-training baseline selector (RS, QBS, DICE, DDS) on the grid."""
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Select the clients, train FedAvg (or S-FedAvg) on them, and save the results."""
+    run(grid, context)
+
+
+def run(grid: Grid, context: Context, select_baseline: BaselineSelection | None = None) -> None:
+    """Select the clients, train on them, and save the results.
+
+    ``select_baseline`` runs the pre-training baselines; the product app has none (they need every
+    client's raw label counts), so a baseline ``selector`` fails here, before anything is sent.
+    """
     t_run = time.perf_counter()
     settings = ServerSettings.from_run_config(context.run_config)
+    if settings.selector in BASELINE_SELECTORS and select_baseline is None:
+        raise ValueError(
+            f"selector={settings.selector!r} is an experiments baseline that reads every client's raw label "
+            f"counts; this app does not run it. Run baselines through `python -m simulations.run "
+            f"selector={settings.selector}`"
+        )
     data_config = DataConfig.from_run_config(context.run_config)
     configure_torch_threads(int(context.run_config.get("torch-threads", 0)))
     run_dir = _make_run_dir(settings, context.run_id)
@@ -355,7 +363,7 @@ def main(grid: Grid, context: Context) -> None:
 
     # 1. Selection
     try:
-        selection = _select(grid, settings, data_config, context.run_id)
+        selection = _select(grid, settings, data_config, context.run_id, select_baseline)
     except (MarketError, SelectionError) as err:
         (run_dir / "error.txt").write_text(f"selection failed: {err}\n", encoding="utf-8")
         log(ERROR, "FLMarket app: %s selection failed: %s", settings.selector, err)
@@ -399,7 +407,9 @@ def main(grid: Grid, context: Context) -> None:
     _log_summary(run_dir, selection, records, timings)
 
 
-def build_server_app(run_config: Mapping[str, Any] | None = None) -> ServerApp:
+def build_server_app(
+    run_config: Mapping[str, Any] | None = None, select_baseline: BaselineSelection | None = None
+) -> ServerApp:
     """Build a ``ServerApp`` running :func:`main` with ``run_config`` laid over Flower's.
 
     ``flwr.simulation.run_simulation`` (Flower 1.41) takes no run config: the
@@ -411,6 +421,8 @@ def build_server_app(run_config: Mapping[str, Any] | None = None) -> ServerApp:
     ----------
     run_config : Mapping[str, Any], optional
         Run-config keys and values; they win over the context's.
+    select_baseline : BaselineSelection, optional
+        The experiments' baseline selectors (:mod:`simulations.apps`); ``None``: FLMarket and S-FedAvg only.
 
     Returns
     -------
@@ -422,7 +434,7 @@ def build_server_app(run_config: Mapping[str, Any] | None = None) -> ServerApp:
 
     @server.main()
     def _main(grid: Grid, context: Context) -> None:
-        main(
+        run(
             grid,
             Context(
                 run_id=context.run_id,
@@ -431,6 +443,7 @@ def build_server_app(run_config: Mapping[str, Any] | None = None) -> ServerApp:
                 state=context.state,
                 run_config={**context.run_config, **overlay},
             ),
+            select_baseline,
         )
 
     return server
@@ -438,7 +451,11 @@ def build_server_app(run_config: Mapping[str, Any] | None = None) -> ServerApp:
 
 # --- Selection ---------------------------------------------------------------------------------
 def _select(
-    grid: Grid, settings: ServerSettings, data_config: DataConfig, run_id: int
+    grid: Grid,
+    settings: ServerSettings,
+    data_config: DataConfig,
+    run_id: int,
+    select_baseline: BaselineSelection | None,
 ) -> Selection:
     """Run the configured selector and return its :class:`Selection`."""
     started = time.perf_counter()
@@ -466,7 +483,8 @@ def _select(
             )
         selection = Selection(selector="sfedavg", selected=list(nodes), candidates=list(nodes))
     else:
-        selection = _select_baseline(grid, settings, data_config)
+        assert select_baseline is not None
+        selection = select_baseline(grid, settings, data_config)
     selection.time_s = time.perf_counter() - started
     return selection
 
@@ -499,128 +517,6 @@ def _wait_for_nodes(grid: Grid, expected: int, timeout: float, poll: float = 0.2
         log(WARNING, "Selection: %d of %d nodes connected after %g s; going on with them",
             len(nodes), expected, timeout)
     return nodes
-
-
-def _select_baseline(grid: Grid, settings: ServerSettings, data_config: DataConfig) -> Selection:
-    """RS, QBS, DICE or DDS: ask every client for its raw statistics, then select.
-
-    The clients' label counts (and DDS embeddings) reach the server in clear: the
-    baselines have no privacy protection.
-    """
-    nodes = _wait_for_nodes(grid, data_config.num_clients, settings.wait_for_nodes_timeout)
-    want_embedding = settings.selector == "dds"
-    counts, embeddings, excluded = _collect_selector_stats(
-        grid,
-        nodes,
-        num_classes=num_classes(data_config),
-        want_embedding=want_embedding,
-        projection_seed=settings.seed,
-        timeout=settings.market_timeout,
-    )
-    candidates = sorted(counts)
-    if len(candidates) < settings.num_selected:
-        raise SelectionError(
-            f"{settings.selector}: {len(candidates)} client(s) answered the statistics query, "
-            f"fewer than num-selected={settings.num_selected}; excluded: {excluded}"
-        )
-    matrix = np.array([counts[node] for node in candidates], dtype=np.int64)
-    extra: dict[str, Any] = {}
-    if want_embedding:
-        extra["embeddings"] = np.array([embeddings[node] for node in candidates], dtype=np.float64)
-    positions = select_clients(
-        settings.selector, matrix, settings.num_selected, seed=settings.seed, **extra
-    )
-    return Selection(
-        selector=settings.selector,
-        selected=[candidates[int(position)] for position in positions],
-        candidates=candidates,
-        label_counts={node: [int(c) for c in counts[node]] for node in candidates},
-        embeddings={node: [float(v) for v in embeddings[node]] for node in candidates}
-        if want_embedding
-        else None,
-        excluded=excluded,
-    )
-
-
-# pylint: disable=too-many-arguments,too-many-locals
-def _collect_selector_stats(
-    grid: Grid,
-    nodes: Sequence[int],
-    *,
-    num_classes: int,  # pylint: disable=redefined-outer-name
-    want_embedding: bool,
-    projection_seed: int,
-    timeout: float,
-) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray], dict[int, str]]:
-    """One ``query.selector_stats`` round: ``(counts, embeddings, excluded)`` by node id.
-
-    Replies are matched by ``reply_to_message_id``; a node whose reply is missing, an
-    error or malformed is excluded with a reason.
-    """
-    messages = [
-        Message(
-            RecordDict(
-                {
-                    STATS_RECORD_KEY: ConfigRecord(
-                        {
-                            KEY_WANT_EMBEDDING: want_embedding,
-                            KEY_EMBEDDING_DIM: EMBEDDING_DIM,
-                            KEY_PROJECTION_SEED: int(projection_seed),
-                        }
-                    )
-                }
-            ),
-            dst_node_id=int(node),
-            message_type=f"query.{ACTION_SELECTOR_STATS}",
-            group_id="selector-stats",
-        )
-        for node in nodes
-    ]
-    replies = list(grid.send_and_receive(messages, timeout=timeout))
-    node_of = {message.metadata.message_id: message.metadata.dst_node_id for message in messages}
-    counts: dict[int, np.ndarray] = {}
-    embeddings: dict[int, np.ndarray] = {}
-    excluded: dict[int, str] = {}
-    for reply in replies:
-        node = node_of.get(reply.metadata.reply_to_message_id)
-        if node is None or node in counts or node in excluded:
-            continue
-        try:
-            counts[node], embedding = _read_stats(reply, num_classes, want_embedding)
-        except ValueError as err:
-            excluded[node] = str(err)
-            continue
-        if embedding is not None:
-            embeddings[node] = embedding
-    for node in nodes:
-        if node not in counts and node not in excluded:
-            excluded[node] = f"no reply within {timeout:g} s"
-    for node, reason in sorted(excluded.items()):
-        log(WARNING, "Selection: excluding node %d (%s)", node, reason)
-    return counts, embeddings, excluded
-
-
-def _read_stats(
-    reply: Message, num_classes: int, want_embedding: bool  # pylint: disable=redefined-outer-name
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """Validate one ``selector_stats`` reply: ``(label counts, embedding or None)``."""
-    if reply.has_error():
-        raise ValueError(f"error reply: {reply.error.reason}")
-    record = reply.content.config_records.get(STATS_RECORD_KEY)
-    if record is None or KEY_LABEL_COUNTS not in record:
-        raise ValueError("reply carries no label counts")
-    values = list(record[KEY_LABEL_COUNTS])  # type: ignore[arg-type]
-    if len(values) != num_classes or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values
-    ):
-        raise ValueError(f"label counts must be {num_classes} non-negative ints")
-    embedding = None
-    if want_embedding:
-        raw = record.get(KEY_EMBEDDING)
-        embedding = np.asarray(list(raw) if raw is not None else [], dtype=np.float64)
-        if embedding.shape != (EMBEDDING_DIM,) or not np.all(np.isfinite(embedding)):
-            raise ValueError(f"embedding must be {EMBEDDING_DIM} finite floats")
-    return np.asarray(values, dtype=np.int64), embedding
 
 
 # --- Training ----------------------------------------------------------------------------------

@@ -14,9 +14,8 @@ Each job
 
 1. maps its config to the app's run config (:func:`simulations.config.to_run_config`),
    with ``results-dir`` / ``run-name`` pointing at the job's Hydra output folder;
-2. runs the app's own ``ServerApp`` and ``ClientApp`` (built by
-   :func:`flmarket_flwr.server_app.build_server_app` and
-   :func:`flmarket_flwr.client_app.build_client_app` with that run config, since
+2. runs the experiments' ``ServerApp`` and ``ClientApp`` (:mod:`simulations.apps`: the
+   product app plus the non-private baseline selectors, built with that run config, since
    ``run_simulation`` takes none) through ``flwr.simulation.run_simulation`` with
    ``num_supernodes = num-clients`` and one Ray actor per ``sim.client_num_cpus`` CPUs;
    with ``sim.warm_ray=true`` (default) Ray and the actors stay up between the jobs
@@ -141,8 +140,7 @@ def _simulate(run_config: dict[str, Any], sim: DictConfig) -> None:
     # pylint: disable=import-outside-toplevel
     from flwr.simulation import run_simulation
 
-    from flmarket_flwr.client_app import build_client_app
-    from flmarket_flwr.server_app import build_server_app
+    from simulations.apps import build_client_app, build_server_app
     from simulations.ray_session import warm_ray_session
 
     backend_config = _backend_config(sim)

@@ -18,6 +18,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from flmarket_flwr import client_app, server_app
 from flmarket_flwr.market.testing import InProcessGrid
+from simulations import apps
 from flmarket_flwr.pricing import select_clients
 from flmarket_flwr.task import EMBEDDING_DIM, DataConfig, all_label_counts, data_embedding
 
@@ -46,8 +47,8 @@ def run_app(tmp_path: Path, selector: str, **overrides: object) -> tuple[InProce
         "run_name": selector,
     }
     run_config = app_config(**{**settings, **overrides})
-    grid = InProcessGrid(client_app.app, NODE_IDS, run_config=run_config, run_id=5)
-    server_app.main(grid, Context(5, 0, {}, RecordDict(), run_config))
+    grid = InProcessGrid(apps.build_client_app(), NODE_IDS, run_config=run_config, run_id=5)
+    server_app.run(grid, Context(5, 0, {}, RecordDict(), run_config), apps.select_baseline)
     return grid, tmp_path / "results" / selector
 
 
@@ -156,11 +157,49 @@ def test_build_server_app_overlays_the_run_config(tmp_path: Path) -> None:
         selector="qbs", num_selected=2, num_clients=len(NODE_IDS), num_server_rounds=1,
         results_dir=str(tmp_path / "results"), run_name="overlay",
     )
-    grid = InProcessGrid(client_app.app, NODE_IDS, run_config=run_config, run_id=9)
-    app = server_app.build_server_app(run_config)
+    grid = InProcessGrid(apps.build_client_app(), NODE_IDS, run_config=run_config, run_id=9)
+    app = apps.build_server_app(run_config)
     app(grid, Context(9, 0, {}, RecordDict(), {}))
     history = json.loads((tmp_path / "results" / "overlay" / "history.json").read_text())
     assert history["selector"] == "qbs" and len(history["selected"]) == 2
+
+
+def stats_query(node: int) -> Message:
+    """A baseline's statistics query to ``node``."""
+    request = ConfigRecord({"want-embedding": True, "embedding-dim": EMBEDDING_DIM, "projection-seed": 0})
+    return Message(RecordDict({"selector-stats": request}), dst_node_id=node, message_type="query.selector_stats")
+
+
+def test_product_client_app_never_reveals_label_counts() -> None:
+    """A server asking the product ClientApp for raw statistics gets an error and no counts."""
+    run_config = app_config(distribution="d3")
+    grid = InProcessGrid(client_app.app, NODE_IDS, run_config=run_config)
+    replies = grid.send_and_receive([stats_query(node) for node in NODE_IDS])
+    assert len(replies) == len(NODE_IDS) and all(reply.has_error() for reply in replies)
+    truth = all_label_counts(DataConfig(num_clients=len(NODE_IDS), distribution="d3"))
+    for raw in grid.received_wire:
+        assert b"label-counts" not in raw and b"embedding" not in raw
+        for counts in truth:
+            assert np.asarray(counts, dtype=np.int64).tobytes() not in raw
+
+
+def test_experiments_client_app_answers_the_statistics_query() -> None:
+    """The experiments' ClientApp, which an operator runs on purpose, answers with its counts."""
+    run_config = app_config(distribution="d3")
+    grid = InProcessGrid(apps.build_client_app(), NODE_IDS, run_config=run_config)
+    replies = grid.send_and_receive([stats_query(NODE_IDS[0])])
+    assert not replies[0].has_error()
+    truth = all_label_counts(DataConfig(num_clients=len(NODE_IDS), distribution="d3"))
+    assert list(replies[0].content["selector-stats"]["label-counts"]) == truth[0].tolist()
+
+
+def test_product_server_app_refuses_baselines(tmp_path: Path) -> None:
+    """selector='qbs' on the product app fails at once, naming the experiments runner."""
+    run_config = app_config(selector="qbs", num_selected=2, results_dir=str(tmp_path))
+    grid = InProcessGrid(client_app.app, NODE_IDS, run_config=run_config)
+    with pytest.raises(ValueError, match="simulations.run"):
+        server_app.main(grid, Context(1, 0, {}, RecordDict(), run_config))
+    assert not grid.sent
 
 
 def test_data_embedding_is_a_fixed_projection() -> None:
