@@ -30,6 +30,7 @@ from flmarket_flwr.market.messages import (
     message_type,
 )
 from flmarket_flwr.market.server import MarketConfig, MarketError, MarketOutcome, MarketPhase, PassResult
+from flmarket_flwr.market.strategy import FLMarket
 
 __all__ = [
     "ACTIONS",
@@ -41,6 +42,7 @@ __all__ = [
     "RECORD_KEY",
     "BidPolicy",
     "CostBasedBid",
+    "FLMarket",
     "MarketAward",
     "MarketConfig",
     "MarketError",
