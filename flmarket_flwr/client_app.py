@@ -6,7 +6,7 @@ One ``ClientApp`` serves every phase of a run:
   :func:`~flmarket_flwr.market.register_market_handlers`. The client's label
   counts ``N_e`` come from its partition; its bid is its (simulated,
   heterogeneous) cost per sample times ``N_e``, plus a markup
-  (:class:`RunConfigCostBid`). The server only ever sees them masked (PASS).
+  (:func:`simulated_cost_bid`). The server only ever sees them masked (PASS).
 * No other query: the baselines' raw-statistics query (RS, QBS, DICE, DDS) is answered
   only by the experiments' ClientApp (:mod:`simulations.apps`), never by this one.
 * **Training** (``train`` / ``evaluate`` messages): plain local SGD on the
@@ -33,22 +33,15 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from collections.abc import Mapping
-from typing import Any
-
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flmarket_flwr.market import (
-    CostBasedBid,
-    read_award,
-    register_market_handlers,
-    simulated_cost_per_sample,
-)
+from flmarket_flwr.market import SimulatedCostBid, read_award, register_market_handlers
 from flmarket_flwr.task import (
     DataConfig,
     build_task_model,
@@ -89,7 +82,16 @@ def partition_id_of(context: Context) -> int:
 
 
 def data_config_of(context: Context) -> DataConfig:
-    """Return the data config shared by all clients of the run."""
+    """Return the data config shared by all clients of the run.
+
+    The number of clients is the federation's: the node config's ``num-partitions`` (set by Flower's
+    simulation, or ``flower-supernode --node-config "partition-id=<i> num-partitions=<n>"``).
+    """
+    if "num-partitions" not in context.node_config:
+        raise KeyError(
+            "node_config has no 'num-partitions': start the SuperNode with "
+            "--node-config \"partition-id=<i> num-partitions=<n>\""
+        )
     return DataConfig.from_run_config(context.run_config, context.node_config)
 
 
@@ -115,30 +117,20 @@ def label_counts(context: Context) -> np.ndarray:
     return counts
 
 
-class RunConfigCostBid:
-    """Cost-based bid with a simulated, heterogeneous cost per sample.
+def simulated_cost_bid(label_counts: np.ndarray, score: float, context: Context) -> float:
+    """The client's bid: :class:`~flmarket_flwr.market.SimulatedCostBid` with the run config's settings.
 
-    ``b_e = cost_e * N_e * (1 + markup)`` where ``cost_e`` is drawn uniformly in
-    ``[cost-low, cost-high)`` from ``(partition-id, seed)`` by
-    :func:`~flmarket_flwr.market.bidding.simulated_cost_per_sample`. The range
-    and the markup are read from the run config at bid time (keys
-    ``cost-low``, ``cost-high``, ``bid-markup``, ``seed``), so they can be
-    overridden with ``flwr run --run-config``.
+    ``b_e = cost_e * N_e * (1 + bid-markup)``, ``cost_e`` drawn in ``[cost-low, cost-high)`` from the
+    client's partition id and ``seed``; read at bid time, so ``--run-config`` overrides apply.
     """
-
-    def __call__(
-        self, label_counts: np.ndarray, score: float, context: Context
-    ) -> float:
-        """Return the client's bid."""
-        config = context.run_config
-        cost = simulated_cost_per_sample(
-            partition_id_of(context),
-            seed=int(config.get("seed", 0)),
-            low=float(config.get("cost-low", 0.5)),
-            high=float(config.get("cost-high", 1.5)),
-        )
-        policy = CostBasedBid(cost, markup=float(config.get("bid-markup", 0.2)))
-        return policy(label_counts, score, context)
+    config = context.run_config
+    policy = SimulatedCostBid(
+        seed=int(config.get("seed", 0)),
+        low=float(config.get("cost-low", 0.5)),
+        high=float(config.get("cost-high", 1.5)),
+        markup=float(config.get("bid-markup", 0.2)),
+    )
+    return policy(label_counts, score, context)
 
 
 def model_name_of(context: Context) -> str:
@@ -148,9 +140,11 @@ def model_name_of(context: Context) -> str:
 
 def train(msg: Message, context: Context) -> Message:
     """Train the received global model on the local partition."""
+    import torch  # pylint: disable=C0415,redefined-outer-name
+
     from flmarket_flwr.models import set_arrays  # pylint: disable=C0415
 
-    configure_torch_threads(int(context.run_config.get("torch-threads", 0)))
+    configure_torch_threads(int(context.run_config.get("torch-threads", 1)))
     partition_id = partition_id_of(context)
     data_config = data_config_of(context)
     config = msg.content.config_records.get("config", {})
@@ -160,6 +154,8 @@ def train(msg: Message, context: Context) -> Message:
     set_arrays(model, msg.content.array_records["arrays"])
     data = load_partition(partition_id, data_config)
     device = resolve_device(str(context.run_config.get("device", "auto")))
+    seed = data_config.seed * 1_000_003 + partition_id * 1_009 + server_round
+    torch.manual_seed(seed)  # Dropout and any other draw from torch's global generator: same run, same model.
     started = time.perf_counter()
     train_loss = train_model(
         model,
@@ -169,7 +165,7 @@ def train(msg: Message, context: Context) -> Message:
         device=device,
         batch_size=int(config.get("batch-size", context.run_config.get("batch-size", 8))),
         momentum=float(config.get("momentum", context.run_config.get("momentum", 0.5))),
-        seed=data_config.seed * 1_000_003 + partition_id * 1_009 + server_round,
+        seed=seed,
     )
     train_time = time.perf_counter() - started
     _record_training(context, partition_id, server_round, len(data[1]), train_time, device)
@@ -192,7 +188,7 @@ def evaluate_local(msg: Message, context: Context) -> Message:
     """Evaluate the received global model on the local partition."""
     from flmarket_flwr.models import set_arrays  # pylint: disable=C0415
 
-    configure_torch_threads(int(context.run_config.get("torch-threads", 0)))
+    configure_torch_threads(int(context.run_config.get("torch-threads", 1)))
     data_config = data_config_of(context)
     model = build_task_model(model_name_of(context), data_config)
     set_arrays(model, msg.content.array_records["arrays"])
@@ -289,7 +285,7 @@ def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
         A new app.
     """
     client = ClientApp(mods=[RunConfigOverride(run_config)] if run_config else None)
-    register_market_handlers(client, get_label_counts=label_counts, bid_policy=RunConfigCostBid())
+    register_market_handlers(client, get_label_counts=label_counts, bid_policy=simulated_cost_bid)
     client.train()(train)
     client.evaluate()(evaluate_local)
     return client

@@ -56,7 +56,6 @@ def test_app_in_process(tmp_path: Path) -> None:
     """ServerApp + ClientApp over an in-process Grid: results written, winners only trained."""
     node_ids = [101, 202, 303, 404, 505, 606]
     run_config = app_run_config(
-        num_clients=len(node_ids),
         distribution="d1",
         budget=2500.0,
         num_server_rounds=2,

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedProx, Result
+from test_grid_view import NUM_CLASSES, make_counts, training_app
 
 from flmarket_flwr.market import FLMarket, MarketConfig, MarketError
 from flmarket_flwr.market.testing import InProcessGrid
-from test_grid_view import NUM_CLASSES, make_counts, training_app
 
 INITIAL = ArrayRecord({"w": Array(np.zeros(3))})
 

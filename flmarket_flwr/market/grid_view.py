@@ -43,7 +43,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-
 from flwr.app import Message, RecordDict
 from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
 from flwr.serverapp import Grid
