@@ -42,7 +42,7 @@ __all__ = ["ServerSettings", "StrategyFactory", "app", "build_server_app", "feda
 CLIENT_KEYS = {"cost-low": 0.5, "cost-high": 1.5, "bid-markup": 0.2, "torch-threads": 1, "train-log-dir": ""}
 """Run-config keys only the ClientApp reads (checked here too, so that a bad value fails once)."""
 DATA_KEYS = ("dataset", "data-root", "distribution", "alpha", "test-per-class", "val-per-class")
-NODE_PROBE_S = 10.0
+NODE_PROBE_S = 2.0
 """Seconds to find out how many SuperNodes the federation has before failing fast on too few."""
 
 
