@@ -3,6 +3,7 @@
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
+from flmarket_flwr.market import FLMarket
 
 from quickstart.task import Net
 
@@ -24,7 +25,7 @@ def main(grid: Grid, context: Context) -> None:
     arrays = ArrayRecord(global_model.state_dict())
 
     # Initialize FedAvg strategy
-    strategy = FedAvg(fraction_train=fraction_train)
+    strategy = FLMarket(FedAvg(fraction_train=fraction_train), budget=5000.0, num_classes=10)
 
     # Start strategy, run FedAvg for `num_rounds`
     result = strategy.start(

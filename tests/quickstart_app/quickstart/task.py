@@ -31,6 +31,12 @@ def load_data(partition_id: int, num_partitions: int):
     return DataLoader(train, batch_size=16, shuffle=True), DataLoader(test, batch_size=64)
 
 
+def label_counts(context):
+    """Per-class label counts of this client's training data: the market's input."""
+    trainloader, _ = load_data(context.node_config["partition-id"], context.node_config["num-partitions"])
+    return np.bincount(trainloader.dataset.tensors[1].numpy(), minlength=10)
+
+
 def train(net, trainloader, epochs, lr, device):
     """Train the model on the training set."""
     net.to(device)
