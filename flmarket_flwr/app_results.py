@@ -19,12 +19,13 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, MetricRecord
 from flwr.common.logger import log
-from flwr.serverapp.strategy import Result
+from flwr.serverapp.strategy import Result, Strategy
 
+from flmarket_flwr.market import FLMarket
 from flmarket_flwr.models import set_arrays
 from flmarket_flwr.task import evaluate
 
-__all__ = ["CentralEvaluation", "RoundRecord", "make_run_dir", "save_results"]
+__all__ = ["CentralEvaluation", "RoundRecord", "make_run_dir", "save_results", "selection_of"]
 
 
 @dataclass
@@ -101,14 +102,35 @@ def make_run_dir(results_dir: str, run_name: str, run_id: int) -> Path:
     return run_dir
 
 
+def selection_of(strategy: Strategy) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(selection.json content, extra files)`` of the strategy that ran.
+
+    :class:`~flmarket_flwr.market.FLMarket`: its market outcome (``market.json``). Any other strategy
+    (the experiments') says itself, through ``selection_record()`` and ``result_files()``.
+    """
+    if not isinstance(strategy, FLMarket):
+        return strategy.selection_record(), strategy.result_files()  # type: ignore[attr-defined]
+    outcome = strategy.market_outcome
+    assert outcome is not None
+    selection = {
+        "selector": "flmarket",
+        "selected": list(outcome.winners),
+        "candidates": list(outcome.participants),
+        "label_counts": None,  # the server never sees them: PASS gives their sum only
+        "excluded": {str(node): reason for node, reason in outcome.excluded.items()},
+        "time_s": float(outcome.timings.get("total", 0.0)),
+        "timings": dict(outcome.timings),
+    }
+    return selection, {"market.json": outcome.to_dict()}
+
+
 # pylint: disable=too-many-arguments
 def save_results(
     run_dir: Path,
     *,
+    strategy: Strategy,
     result: Result,
     evaluation: CentralEvaluation,
-    selection: dict[str, Any],
-    files: dict[str, Any],
     config: dict[str, Any],
     total_s: float,
 ) -> list[RoundRecord]:
@@ -118,20 +140,18 @@ def save_results(
     ----------
     run_dir : Path
         The run's folder.
+    strategy : Strategy
+        The strategy that ran (see :func:`selection_of`).
     result : Result
         What the strategy returned (empty when nobody trained).
     evaluation : CentralEvaluation
         The server-side evaluation, with its records.
-    selection : dict
-        ``selector``, ``selected`` (node ids), ``candidates``, ``time_s`` and whatever else the
-        selection step records; written as ``selection.json``.
-    files : dict
-        Extra JSON files, name -> content (``market.json`` for FLMarket).
     config : dict
         Settings to record in ``history.json``.
     total_s : float
         Wall time of the whole ServerApp.
     """
+    selection, files = selection_of(strategy)
     records = list(evaluation.records)
     for record in records:
         metrics = result.train_metrics_clientapp.get(record.round)

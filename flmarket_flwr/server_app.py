@@ -150,8 +150,8 @@ def _data_config(run_config: Mapping[str, Any]) -> DataConfig:
 StrategyFactory = Callable[[ServerSettings, DataConfig, int], Strategy]
 """Experiments hook: ``(settings, data config, number of nodes) -> strategy`` for one more ``selector``.
 
-The strategy may offer ``selection_record() -> dict`` and ``result_files() -> dict`` (see
-:func:`_selection`)."""
+The strategy must offer ``selection_record() -> dict`` and ``result_files() -> dict`` (see
+:func:`flmarket_flwr.app_results.save_results`)."""
 
 
 def fedavg(settings: ServerSettings) -> FedAvg:
@@ -216,8 +216,7 @@ def _run(grid: Grid, context: Context, strategies: dict[str, StrategyFactory]) -
         evaluate_config=ConfigRecord(),
         evaluate_fn=evaluation,
     )
-    selection, files = _selection(strategy)
-    save_results(run_dir, result=result, evaluation=evaluation, selection=selection, files=files,
+    save_results(run_dir, strategy=strategy, result=result, evaluation=evaluation,
                  config={"settings": asdict(settings), "data": asdict(data_config)},
                  total_s=time.perf_counter() - started)
     return run_dir
@@ -257,18 +256,6 @@ def _market_config(settings: ServerSettings, data_config: DataConfig, num_nodes:
         expected_nodes=num_nodes if num_nodes >= settings.min_market_clients else None,
         session_label=f"flmarket-run-{run_id}",
     )
-
-
-def _selection(strategy: Strategy) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(selection.json content, extra files)`` of the strategy that ran."""
-    if isinstance(strategy, FLMarket):
-        outcome = strategy.market_outcome
-        assert outcome is not None
-        selection = {"selector": "flmarket", "selected": list(outcome.winners), "candidates": list(outcome.participants),
-                     "label_counts": None, "excluded": {str(k): v for k, v in outcome.excluded.items()},
-                     "time_s": float(outcome.timings.get("total", 0.0)), "timings": dict(outcome.timings)}
-        return selection, {"market.json": outcome.to_dict()}
-    return strategy.selection_record(), strategy.result_files()  # type: ignore[attr-defined]
 
 
 def build_server_app(
