@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-
 from processes import pids_with_cmdline
 from test_app_simulation import LocalFlower, _explain, needs_flower_cli
 

@@ -30,10 +30,10 @@ from pathlib import Path
 
 import pytest
 from flwr.app import Context, RecordDict
+from processes import pids_with_cmdline, process_tree, stop_pids
 
 from flmarket_flwr import client_app, server_app
 from flmarket_flwr.market.testing import InProcessGrid
-from processes import pids_with_cmdline, process_tree, stop_pids
 
 PROJECT = Path(__file__).resolve().parents[1]
 BIN_DIR = Path(sys.executable).parent
