@@ -227,11 +227,10 @@ def log_market_outcome(outcome: MarketOutcome) -> None:
     log(INFO, "FLMarket market phase finished in %.2fs", float(outcome.timings.get("total", 0.0)))
     log(
         INFO,
-        "\t├── %d bidders, %d winners, %d excluded, %d PASS attempt(s)",
+        "\t├── %d bidders, %d winners, %d excluded",
         len(outcome.participants),
         len(outcome.winners),
         len(outcome.excluded),
-        outcome.pass_attempts,
     )
     for node_id in outcome.winners:
         log(
