@@ -3,8 +3,8 @@
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from flmarket_flwr.market import register_market_handlers
 
+from flmarket_flwr.market import register_market_handlers
 from quickstart.task import Net, label_counts, load_data
 from quickstart.task import test as test_fn
 from quickstart.task import train as train_fn

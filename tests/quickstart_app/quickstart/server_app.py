@@ -3,8 +3,8 @@
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
-from flmarket_flwr.market import FLMarket
 
+from flmarket_flwr.market import FLMarket
 from quickstart.task import Net
 
 # Create ServerApp
