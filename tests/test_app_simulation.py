@@ -89,6 +89,19 @@ def test_app_in_process(tmp_path: Path) -> None:
     assert (run_dir / "history.csv").is_file() and (run_dir / "final_model.pt").is_file()
 
 
+def test_app_with_no_winner_succeeds_without_training(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A budget nobody can meet: the run ends cleanly, says so, and no node trains."""
+    run_config = app_run_config(budget=1e-6, num_server_rounds=2, results_dir=str(tmp_path), run_name="none")
+    grid = InProcessGrid(client_app.app, [11, 22, 33, 44], run_config=run_config)
+    server_app.main(grid, Context(3, 0, {}, RecordDict(), run_config))
+    assert not [m for m in grid.sent if m.metadata.message_type in ("train", "evaluate")]
+    market = json.loads((tmp_path / "none" / "market.json").read_text())
+    assert market["winners"] == [] and len(market["participants"]) == 4
+    assert json.loads((tmp_path / "none" / "history.json").read_text())["rounds"] == []
+    assert not (tmp_path / "none" / "final_model.pt").exists()
+    assert f"FLMarket run succeeded: results in {tmp_path / 'none'}" in caplog.text
+
+
 # --- Process and port helpers ----------------------------------------------------------------
 # --- Fixtures --------------------------------------------------------------------------------
 def ports_in_range(count: int, low: int = 19100, high: int = 19199) -> list[int]:
@@ -217,6 +230,7 @@ def test_budget_mode_only_winners_train(flower: LocalFlower) -> None:
     # Federated evaluation reached the winners only, without failures.
     assert f"aggregate_evaluate: Received {len(winners)} results and 0 failures" in output
     assert "FLMarket summary" in output
+    assert f"FLMarket run succeeded: results in {run_dir}" in output
 
 
 @needs_flower_cli
