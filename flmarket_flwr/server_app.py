@@ -37,7 +37,7 @@ from flmarket_flwr.task import (
     resolve_device,
 )
 
-__all__ = ["ServerSettings", "StrategyFactory", "app", "build_server_app", "fedavg", "main", "run"]
+__all__ = ["ServerSettings", "StrategyFactory", "app", "build_server_app", "data_config_of", "fedavg", "main", "run"]
 
 CLIENT_KEYS = {"cost-low": 0.5, "cost-high": 1.5, "bid-markup": 0.2, "torch-threads": 1, "train-log-dir": ""}
 """Run-config keys only the ClientApp reads (checked here too, so that a bad value fails once)."""
@@ -82,7 +82,7 @@ class ServerSettings:
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any], selectors: tuple[str, ...] = ("flmarket",)) -> ServerSettings:
-        """Check the whole run config (server, data and client keys) and return the server's settings.
+        """Check the server and client keys of the run config (:func:`data_config_of` the data keys).
 
         Raises
         ------
@@ -98,7 +98,6 @@ class ServerSettings:
         client = {key: _typed(key, run_config.get(key, default), default) for key, default in CLIENT_KEYS.items()}
         settings = cls(**values)
         settings.validate(selectors, client)
-        _data_config(run_config)
         return settings
 
     def validate(self, selectors: tuple[str, ...], client: Mapping[str, Any]) -> None:
@@ -134,8 +133,8 @@ def _typed(key: str, value: Any, default: Any) -> Any:
     return value.strip() if isinstance(value, str) else value
 
 
-def _data_config(run_config: Mapping[str, Any]) -> DataConfig:
-    """The run's data config (the number of clients is the federation's: every node's num-partitions)."""
+def data_config_of(run_config: Mapping[str, Any]) -> DataConfig:
+    """Check the data keys of the run config; the number of clients is the federation's (num-partitions)."""
     distribution = str(run_config.get("distribution", "d4")).lower()
     if distribution not in DISTRIBUTIONS:
         raise ValueError(f"run-config key distribution={distribution!r}: must be one of {list(DISTRIBUTIONS)}")
@@ -193,7 +192,7 @@ def _run(grid: Grid, context: Context, strategies: dict[str, StrategyFactory]) -
     """Check the config, select and train, then save the results."""
     started = time.perf_counter()
     settings = ServerSettings.from_run_config(context.run_config, ("flmarket", *strategies))
-    data_config = _data_config(context.run_config)
+    data_config = data_config_of(context.run_config)
     configure_torch_threads(int(context.run_config.get("torch-threads", 1)))
     torch.manual_seed(settings.seed)
     model = build_task_model(settings.model, data_config)
