@@ -6,12 +6,9 @@ One ``ClientApp`` serves every phase of a run:
   :func:`~flmarket_flwr.market.register_market_handlers`. The client's label
   counts ``N_e`` come from its partition; its bid is its (simulated,
   heterogeneous) cost per sample times ``N_e``, plus a markup
-  (:class:`RunConfigCostBid`). The server only ever sees them masked (PASS).
-* **Baseline selector statistics** (``query.selector_stats``, :func:`selector_stats`):
-  for the pre-training baselines RS, QBS, DICE and DDS the client sends its **raw**
-  label counts, and for DDS a 16-number embedding of its inputs. These baselines
-  have no privacy protection at all (unlike FLMarket's PASS); they exist to be
-  compared with it.
+  (:func:`simulated_cost_bid`). The server only ever sees them masked (PASS).
+* No other query: the baselines' raw-statistics query (RS, QBS, DICE, DDS) is answered
+  only by the experiments' ClientApp (:mod:`simulations.apps`), never by this one.
 * **Training** (``train`` / ``evaluate`` messages): plain local SGD on the
   client's partition with the configured model, on CUDA when available.
 
@@ -36,28 +33,19 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from collections.abc import Mapping
-from typing import Any
-
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flmarket_flwr.market import (
-    CostBasedBid,
-    read_award,
-    register_market_handlers,
-    simulated_cost_per_sample,
-)
+from flmarket_flwr.market import SimulatedCostBid, read_award, register_market_handlers
 from flmarket_flwr.task import (
-    EMBEDDING_DIM,
     DataConfig,
     build_task_model,
     configure_torch_threads,
-    data_embedding,
     evaluate,
     load_partition,
     partition_label_counts,
@@ -71,15 +59,6 @@ if TYPE_CHECKING:
 STATE_KEY = "flmarket-app"
 """Key of this app's ``ConfigRecord`` in ``context.state`` (label-count cache)."""
 
-ACTION_SELECTOR_STATS = "selector_stats"
-"""Action of the baseline selectors' statistics query (message type ``query.selector_stats``)."""
-STATS_RECORD_KEY = "selector-stats"
-"""Key of the ``ConfigRecord`` in a ``query.selector_stats`` request and reply."""
-KEY_WANT_EMBEDDING = "want-embedding"
-KEY_EMBEDDING_DIM = "embedding-dim"
-KEY_PROJECTION_SEED = "projection-seed"
-KEY_LABEL_COUNTS = "label-counts"
-KEY_EMBEDDING = "embedding"
 MODEL_KEY = "model"
 """Run-config key of the model name (see :func:`flmarket_flwr.models.build_model`)."""
 DEFAULT_MODEL = "digits_cnn"
@@ -103,7 +82,16 @@ def partition_id_of(context: Context) -> int:
 
 
 def data_config_of(context: Context) -> DataConfig:
-    """Return the data config shared by all clients of the run."""
+    """Return the data config shared by all clients of the run.
+
+    The number of clients is the federation's: the node config's ``num-partitions`` (set by Flower's
+    simulation, or ``flower-supernode --node-config "partition-id=<i> num-partitions=<n>"``).
+    """
+    if "num-partitions" not in context.node_config:
+        raise KeyError(
+            "node_config has no 'num-partitions': start the SuperNode with "
+            "--node-config \"partition-id=<i> num-partitions=<n>\""
+        )
     return DataConfig.from_run_config(context.run_config, context.node_config)
 
 
@@ -129,55 +117,20 @@ def label_counts(context: Context) -> np.ndarray:
     return counts
 
 
-class RunConfigCostBid:
-    """Cost-based bid with a simulated, heterogeneous cost per sample.
+def simulated_cost_bid(label_counts: np.ndarray, score: float, context: Context) -> float:
+    """The client's bid: :class:`~flmarket_flwr.market.SimulatedCostBid` with the run config's settings.
 
-    ``b_e = cost_e * N_e * (1 + markup)`` where ``cost_e`` is drawn uniformly in
-    ``[cost-low, cost-high)`` from ``(partition-id, seed)`` by
-    :func:`~flmarket_flwr.market.bidding.simulated_cost_per_sample`. The range
-    and the markup are read from the run config at bid time (keys
-    ``cost-low``, ``cost-high``, ``bid-markup``, ``seed``), so they can be
-    overridden with ``flwr run --run-config``.
+    ``b_e = cost_e * N_e * (1 + bid-markup)``, ``cost_e`` drawn in ``[cost-low, cost-high)`` from the
+    client's partition id and ``seed``; read at bid time, so ``--run-config`` overrides apply.
     """
-
-    def __call__(
-        self, label_counts: np.ndarray, score: float, context: Context
-    ) -> float:
-        """Return the client's bid."""
-        config = context.run_config
-        cost = simulated_cost_per_sample(
-            partition_id_of(context),
-            seed=int(config.get("seed", 0)),
-            low=float(config.get("cost-low", 0.5)),
-            high=float(config.get("cost-high", 1.5)),
-        )
-        policy = CostBasedBid(cost, markup=float(config.get("bid-markup", 0.2)))
-        return policy(label_counts, score, context)
-
-
-def selector_stats(msg: Message, context: Context) -> Message:
-    """Answer a baseline selector's statistics query with this client's raw data summary.
-
-    Reply (``ConfigRecord`` under ``"selector-stats"``): ``label-counts``, the
-    client's per-class counts ``N_e`` in clear; with ``want-embedding`` in the request,
-    also ``embedding``, :func:`~flmarket_flwr.task.data_embedding` of its inputs
-    (``embedding-dim`` numbers, projection seeded by ``projection-seed``).
-
-    This is what the pre-training baselines (RS, QBS, DICE, DDS) need, and it is
-    **not private**: the server sees every client's label counts. FLMarket never
-    uses this query; its server learns only the sum of the counts, through PASS.
-    """
-    request = msg.content.config_records.get(STATS_RECORD_KEY, ConfigRecord())
-    reply = ConfigRecord({KEY_LABEL_COUNTS: [int(c) for c in label_counts(context)]})
-    if bool(request.get(KEY_WANT_EMBEDDING, False)):
-        embedding = data_embedding(
-            partition_id_of(context),
-            data_config_of(context),
-            dim=int(request.get(KEY_EMBEDDING_DIM, EMBEDDING_DIM)),
-            seed=int(request.get(KEY_PROJECTION_SEED, 0)),
-        )
-        reply[KEY_EMBEDDING] = [float(v) for v in embedding]
-    return Message(content=RecordDict({STATS_RECORD_KEY: reply}), reply_to=msg)
+    config = context.run_config
+    policy = SimulatedCostBid(
+        seed=int(config.get("seed", 0)),
+        low=float(config.get("cost-low", 0.5)),
+        high=float(config.get("cost-high", 1.5)),
+        markup=float(config.get("bid-markup", 0.2)),
+    )
+    return policy(label_counts, score, context)
 
 
 def model_name_of(context: Context) -> str:
@@ -187,9 +140,11 @@ def model_name_of(context: Context) -> str:
 
 def train(msg: Message, context: Context) -> Message:
     """Train the received global model on the local partition."""
+    import torch  # pylint: disable=C0415,redefined-outer-name
+
     from flmarket_flwr.models import set_arrays  # pylint: disable=C0415
 
-    configure_torch_threads(int(context.run_config.get("torch-threads", 0)))
+    configure_torch_threads(int(context.run_config.get("torch-threads", 1)))
     partition_id = partition_id_of(context)
     data_config = data_config_of(context)
     config = msg.content.config_records.get("config", {})
@@ -199,6 +154,8 @@ def train(msg: Message, context: Context) -> Message:
     set_arrays(model, msg.content.array_records["arrays"])
     data = load_partition(partition_id, data_config)
     device = resolve_device(str(context.run_config.get("device", "auto")))
+    seed = data_config.seed * 1_000_003 + partition_id * 1_009 + server_round
+    torch.manual_seed(seed)  # Dropout and any other draw from torch's global generator: same run, same model.
     started = time.perf_counter()
     train_loss = train_model(
         model,
@@ -208,7 +165,7 @@ def train(msg: Message, context: Context) -> Message:
         device=device,
         batch_size=int(config.get("batch-size", context.run_config.get("batch-size", 8))),
         momentum=float(config.get("momentum", context.run_config.get("momentum", 0.5))),
-        seed=data_config.seed * 1_000_003 + partition_id * 1_009 + server_round,
+        seed=seed,
     )
     train_time = time.perf_counter() - started
     _record_training(context, partition_id, server_round, len(data[1]), train_time, device)
@@ -231,7 +188,7 @@ def evaluate_local(msg: Message, context: Context) -> Message:
     """Evaluate the received global model on the local partition."""
     from flmarket_flwr.models import set_arrays  # pylint: disable=C0415
 
-    configure_torch_threads(int(context.run_config.get("torch-threads", 0)))
+    configure_torch_threads(int(context.run_config.get("torch-threads", 1)))
     data_config = data_config_of(context)
     model = build_task_model(model_name_of(context), data_config)
     set_arrays(model, msg.content.array_records["arrays"])
@@ -314,7 +271,7 @@ class RunConfigOverride:
 
 
 def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
-    """Build the app's ``ClientApp``: market, selector-statistics, train and evaluate handlers.
+    """Build the app's ``ClientApp``: market, train and evaluate handlers (nothing that reveals counts).
 
     Parameters
     ----------
@@ -328,8 +285,7 @@ def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
         A new app.
     """
     client = ClientApp(mods=[RunConfigOverride(run_config)] if run_config else None)
-    register_market_handlers(client, get_label_counts=label_counts, bid_policy=RunConfigCostBid())
-    client.query(ACTION_SELECTOR_STATS)(selector_stats)
+    register_market_handlers(client, get_label_counts=label_counts, bid_policy=simulated_cost_bid)
     client.train()(train)
     client.evaluate()(evaluate_local)
     return client

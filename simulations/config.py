@@ -13,7 +13,8 @@ test says where the other one is.
 Key mapping: the Hydra keys of the group nodes are listed in :data:`GROUP_KEYS`; every
 other top-level scalar key is the app key with ``_`` for ``-`` (``num_selected`` ->
 ``num-selected``). The ``sim`` node (how :mod:`simulations.run` runs the job: Ray,
-resources, logging) and Hydra's own ``hydra`` node are not app config.
+resources, logging), the ``federation`` node (how many SuperNodes) and Hydra's own ``hydra`` node are
+not app config.
 """
 
 from __future__ import annotations
@@ -45,12 +46,12 @@ GROUP_KEYS: dict[str, str] = {
     "model.name": "model",
     "distribution.name": "distribution",
     "selector.name": "selector",
-    "federation.num_clients": "num-clients",
 }
 """Hydra key (dotted path in a group node) -> Flower app-config key."""
 
-NON_APP_KEYS = frozenset({"sim", "hydra"})
-"""Top-level Hydra nodes that are not app config."""
+NON_APP_KEYS = frozenset({"sim", "hydra", "federation"})
+"""Top-level Hydra nodes that are not app config (``federation.num_clients`` is the number of SuperNodes
+:mod:`simulations.run` starts: like ``flwr run``, the app learns it from the federation)."""
 
 
 def app_config_defaults(pyproject: Path | None = None) -> dict[str, Any]:

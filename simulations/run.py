@@ -14,13 +14,11 @@ Each job
 
 1. maps its config to the app's run config (:func:`simulations.config.to_run_config`),
    with ``results-dir`` / ``run-name`` pointing at the job's Hydra output folder;
-2. runs the app's own ``ServerApp`` and ``ClientApp`` (built by
-   :func:`flmarket_flwr.server_app.build_server_app` and
-   :func:`flmarket_flwr.client_app.build_client_app` with that run config, since
+2. runs the experiments' ``ServerApp`` and ``ClientApp`` (:mod:`simulations.apps`: the
+   product app plus the non-private baseline selectors, built with that run config, since
    ``run_simulation`` takes none) through ``flwr.simulation.run_simulation`` with
-   ``num_supernodes = num-clients`` and one Ray actor per ``sim.client_num_cpus`` CPUs;
-   with ``sim.warm_ray=true`` (default) Ray and the actors stay up between the jobs
-   (:mod:`simulations.ray_session`);
+   ``num_supernodes = federation.num_clients`` and one Ray actor per ``sim.client_num_cpus``
+   CPUs; Flower starts and stops Ray for every job (its supported life cycle);
 3. writes, in the job folder: the app's own outputs (``selection.json``,
    ``market.json`` for FLMarket, ``sfedavg.json`` for S-FedAvg, ``history.json``,
    ``history.csv``), ``flower.log`` (Flower's log of the run) and ``result.json``: the
@@ -136,33 +134,20 @@ def _flower_logging(job_dir: Path, verbose: bool) -> Iterator[None]:
             handler.removeFilter(noise)
 
 
-def _simulate(run_config: dict[str, Any], sim: DictConfig) -> None:
-    """One ``run_simulation`` of the app with this run config."""
+def _simulate(run_config: dict[str, Any], num_clients: int, sim: DictConfig) -> None:
+    """One ``run_simulation`` of the experiments' app with this run config over ``num_clients`` SuperNodes."""
     # pylint: disable=import-outside-toplevel
     from flwr.simulation import run_simulation
 
-    from flmarket_flwr.client_app import build_client_app
-    from flmarket_flwr.server_app import build_server_app
-    from simulations.ray_session import warm_ray_session
+    from simulations.apps import build_client_app, build_server_app
 
-    backend_config = _backend_config(sim)
-    kwargs = {
-        "server_app": _with_pull_interval(build_server_app(run_config), sim.grid_pull_interval),
-        "client_app": build_client_app(run_config),
-        "num_supernodes": int(run_config["num-clients"]),
-        "backend_config": backend_config,
-        "verbose_logging": bool(sim.verbose),
-    }
-    if not sim.warm_ray:
-        run_simulation(**kwargs)
-        return
-    session = warm_ray_session(dict(backend_config["init_args"]))
-    try:
-        with session.active():
-            run_simulation(**kwargs)
-    except BaseException:
-        session.reset()  # Never carry a possibly broken Ray or actor into the next job.
-        raise
+    run_simulation(
+        server_app=_with_pull_interval(build_server_app(run_config), sim.grid_pull_interval),
+        client_app=build_client_app(run_config),
+        num_supernodes=num_clients,
+        backend_config=_backend_config(sim),
+        verbose_logging=bool(sim.verbose),
+    )
 
 
 def _with_pull_interval(inner: Any, pull_interval: float | None) -> Any:
@@ -219,12 +204,12 @@ def run_experiment(cfg: DictConfig, job_dir: Path) -> dict[str, Any]:
     (job_dir / "run_config.json").write_text(json.dumps(run_config, indent=2), encoding="utf-8")
     try:
         with _flower_logging(job_dir, bool(cfg.sim.verbose)):
-            _simulate(run_config, cfg.sim)
+            _simulate(run_config, int(cfg.federation.num_clients), cfg.sim)
     except BaseException:
         (job_dir / "error.txt").write_text(traceback.format_exc(), encoding="utf-8")
         raise
     wall = time.perf_counter() - started
-    result = summarize(job_dir, run_config, wall_s=wall)
+    result = summarize(job_dir, run_config, wall_s=wall, num_clients=int(cfg.federation.num_clients))
     result["job"] = _job_info(cfg)
     (job_dir / "result.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
     if not cfg.sim.keep_model:
@@ -259,7 +244,7 @@ def _train_log(job_dir: Path) -> list[dict[str, Any]]:
     ]
 
 
-def summarize(job_dir: Path, run_config: dict[str, Any], wall_s: float) -> dict[str, Any]:
+def summarize(job_dir: Path, run_config: dict[str, Any], wall_s: float, num_clients: int) -> dict[str, Any]:
     """Collect a finished job's outputs into one JSON-ready ``result`` record.
 
     Parameters
@@ -271,6 +256,8 @@ def summarize(job_dir: Path, run_config: dict[str, Any], wall_s: float) -> dict[
         The run config the job ran with.
     wall_s : float
         Wall time of the whole job (Ray and actor start included).
+    num_clients : int
+        Number of SuperNodes (clients) of the job.
 
     Returns
     -------
@@ -282,7 +269,7 @@ def summarize(job_dir: Path, run_config: dict[str, Any], wall_s: float) -> dict[
 
     history = json.loads((job_dir / "history.json").read_text(encoding="utf-8"))
     selection = json.loads((job_dir / "selection.json").read_text(encoding="utf-8"))
-    data_config = DataConfig.from_run_config(run_config)
+    data_config = DataConfig.from_run_config(run_config, {"num-partitions": num_clients})
     counts = all_label_counts(data_config)
     log_records = _train_log(job_dir)
     partition_of = {int(r["node_id"]): int(r["partition_id"]) for r in log_records}
@@ -305,7 +292,7 @@ def summarize(job_dir: Path, run_config: dict[str, Any], wall_s: float) -> dict[
         "dataset": run_config["dataset"],
         "model": run_config["model"],
         "distribution": run_config["distribution"],
-        "num_clients": int(run_config["num-clients"]),
+        "num_clients": num_clients,
         "num_selected": int(run_config["num-selected"]),
         "seed": int(run_config["seed"]),
         "final_accuracy": accuracies[-1] if accuracies else math.nan,
@@ -343,7 +330,7 @@ def summarize(job_dir: Path, run_config: dict[str, Any], wall_s: float) -> dict[
     if selector == "flmarket" and (job_dir / "market.json").is_file():
         market = json.loads((job_dir / "market.json").read_text(encoding="utf-8"))
         result["market"] = {
-            key: market[key] for key in ("total_payment", "budget", "within_budget", "pass_attempts")
+            key: market[key] for key in ("total_payment", "budget", "within_budget")
         }
     return result
 

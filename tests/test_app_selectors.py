@@ -9,6 +9,7 @@
 """
 
 import json
+import time
 import tomllib
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from flmarket_flwr import client_app, server_app
 from flmarket_flwr.market.testing import InProcessGrid
 from flmarket_flwr.pricing import select_clients
 from flmarket_flwr.task import EMBEDDING_DIM, DataConfig, all_label_counts, data_embedding
+from simulations import apps
 
 PROJECT = Path(__file__).resolve().parents[1]
 NODE_IDS = [101, 202, 303, 404, 505, 606]
@@ -37,7 +39,6 @@ def run_app(tmp_path: Path, selector: str, **overrides: object) -> tuple[InProce
     """Run ``server_app.main`` with the real ClientApp on 6 in-process nodes."""
     settings: dict[str, object] = {
         "selector": selector,
-        "num_clients": len(NODE_IDS),
         "distribution": "d3",
         "num_server_rounds": 2,
         "local_epochs": 1,
@@ -46,8 +47,8 @@ def run_app(tmp_path: Path, selector: str, **overrides: object) -> tuple[InProce
         "run_name": selector,
     }
     run_config = app_config(**{**settings, **overrides})
-    grid = InProcessGrid(client_app.app, NODE_IDS, run_config=run_config, run_id=5)
-    server_app.main(grid, Context(5, 0, {}, RecordDict(), run_config))
+    grid = InProcessGrid(apps.build_client_app(), NODE_IDS, run_config=run_config, run_id=5)
+    server_app.run(grid, Context(5, 0, {}, RecordDict(), run_config), apps.experiment_strategies())
     return grid, tmp_path / "results" / selector
 
 
@@ -72,13 +73,15 @@ def test_baseline_trains_only_its_selection(tmp_path: Path, selector: str) -> No
     truth = all_label_counts(DataConfig(num_clients=len(NODE_IDS), distribution="d3", seed=3))
     seen = np.array([selection["label_counts"][str(node)] for node in NODE_IDS])
     np.testing.assert_array_equal(seen, truth)
-    # ... and selected exactly what the selector picks on them.
+    # ... and selected exactly what the selector picks on them, the candidates ordered by their
+    # counts (not by node id, which Flower's simulation draws at random each run).
+    order = sorted(range(len(NODE_IDS)), key=lambda i: (truth[i].tolist(), NODE_IDS[i]))
     extra = {}
     if selector == "dds":
-        extra["embeddings"] = np.array([selection["embeddings"][str(node)] for node in NODE_IDS])
+        extra["embeddings"] = np.array([selection["embeddings"][str(NODE_IDS[i])] for i in order])
         assert extra["embeddings"].shape == (len(NODE_IDS), EMBEDDING_DIM)
-    positions = select_clients(selector, truth, 2, seed=3, **extra)
-    assert selected == [NODE_IDS[int(p)] for p in positions]
+    positions = select_clients(selector, truth[order], 2, seed=3, **extra)
+    assert selected == [NODE_IDS[order[int(p)]] for p in positions]
 
     history = json.loads((run_dir / "history.json").read_text())
     assert history["selector"] == selector and history["selected"] == selected
@@ -118,24 +121,24 @@ def test_sfedavg_samples_num_selected_per_round(tmp_path: Path) -> None:
 
 def test_sfedavg_needs_a_validation_split(tmp_path: Path) -> None:
     """Without val-per-class, S-FedAvg refuses to start, with a clear reason."""
-    with pytest.raises(server_app.SelectionError, match="val-per-class"):
+    with pytest.raises(ValueError, match="val-per-class"):
         run_app(tmp_path, "sfedavg", num_selected=2)
-    assert "val-per-class" in (tmp_path / "results" / "sfedavg" / "error.txt").read_text()
 
 
 @pytest.mark.parametrize("selector", ["rs", "qbs", "dice", "dds", "sfedavg"])
 def test_selectors_other_than_flmarket_need_num_selected(selector: str) -> None:
     """Only FLMarket has a budget-driven mode; the others need a cohort size."""
-    with pytest.raises(ValueError, match="num-selected > 0"):
-        server_app.ServerSettings.from_run_config({"selector": selector, "num-selected": 0})
-    with pytest.raises(ValueError, match="selector must be one of"):
-        server_app.ServerSettings.from_run_config({"selector": "nope"})
+    selectors = ("flmarket", *apps.experiment_strategies())
+    with pytest.raises(ValueError, match="num-selected: must be > 0"):
+        server_app.ServerSettings.from_run_config({"selector": selector, "num-selected": 0}, selectors)
+    with pytest.raises(ValueError, match="selector: must be one of"):
+        server_app.ServerSettings.from_run_config({"selector": "nope"}, selectors)
 
 
 def test_run_config_override_mod() -> None:
     """build_client_app(run_config): handlers see the overlay; the context keeps its own."""
     seen = {}
-    app = client_app.build_client_app({"seed": 7, "num-clients": 3})
+    app = client_app.build_client_app({"seed": 7, "run-name": "x"})
 
     @app.query("peek")
     def peek(msg: Message, context: Context) -> Message:
@@ -146,21 +149,60 @@ def test_run_config_override_mod() -> None:
     message = Message(RecordDict({"x": ConfigRecord()}), dst_node_id=1, message_type="query.peek")
     replies = grid.send_and_receive([message])
     assert not replies[0].has_error()
-    assert seen["seed"] == 7 and seen["num-clients"] == 3 and seen["distribution"] == "d2"
+    assert seen["seed"] == 7 and seen["run-name"] == "x" and seen["distribution"] == "d2"
     assert grid.context(1).run_config == {"seed": 1, "distribution": "d2"}
 
 
 def test_build_server_app_overlays_the_run_config(tmp_path: Path) -> None:
     """build_server_app(run_config) runs main with the overlay (run_simulation passes none)."""
     run_config = app_config(
-        selector="qbs", num_selected=2, num_clients=len(NODE_IDS), num_server_rounds=1,
+        selector="qbs", num_selected=2, num_server_rounds=1,
         results_dir=str(tmp_path / "results"), run_name="overlay",
     )
-    grid = InProcessGrid(client_app.app, NODE_IDS, run_config=run_config, run_id=9)
-    app = server_app.build_server_app(run_config)
+    grid = InProcessGrid(apps.build_client_app(), NODE_IDS, run_config=run_config, run_id=9)
+    app = apps.build_server_app(run_config)
     app(grid, Context(9, 0, {}, RecordDict(), {}))
     history = json.loads((tmp_path / "results" / "overlay" / "history.json").read_text())
     assert history["selector"] == "qbs" and len(history["selected"]) == 2
+
+
+def stats_query(node: int) -> Message:
+    """A baseline's statistics query to ``node``."""
+    request = ConfigRecord({"want-embedding": True, "embedding-dim": EMBEDDING_DIM, "projection-seed": 0})
+    return Message(RecordDict({"selector-stats": request}), dst_node_id=node, message_type="query.selector_stats")
+
+
+def test_product_client_app_never_reveals_label_counts() -> None:
+    """A server asking the product ClientApp for raw statistics gets an error and no counts."""
+    run_config = app_config(distribution="d3")
+    grid = InProcessGrid(client_app.app, NODE_IDS, run_config=run_config)
+    replies = grid.send_and_receive([stats_query(node) for node in NODE_IDS])
+    assert len(replies) == len(NODE_IDS) and all(reply.has_error() for reply in replies)
+    truth = all_label_counts(DataConfig(num_clients=len(NODE_IDS), distribution="d3"))
+    for raw in grid.received_wire:
+        assert b"label-counts" not in raw and b"embedding" not in raw
+        for counts in truth:
+            assert np.asarray(counts, dtype=np.int64).tobytes() not in raw
+
+
+def test_experiments_client_app_answers_the_statistics_query() -> None:
+    """The experiments' ClientApp, which an operator runs on purpose, answers with its counts."""
+    run_config = app_config(distribution="d3")
+    grid = InProcessGrid(apps.build_client_app(), NODE_IDS, run_config=run_config)
+    replies = grid.send_and_receive([stats_query(NODE_IDS[0])])
+    assert not replies[0].has_error()
+    truth = all_label_counts(DataConfig(num_clients=len(NODE_IDS), distribution="d3"))
+    assert list(replies[0].content["selector-stats"]["label-counts"]) == truth[0].tolist()
+
+
+def test_product_server_app_refuses_baselines(tmp_path: Path) -> None:
+    """selector='qbs' on the product app fails at once, naming the experiments runner."""
+    run_config = app_config(selector="qbs", num_selected=2, results_dir=str(tmp_path))
+    grid = InProcessGrid(client_app.app, NODE_IDS, run_config=run_config)
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="simulations.run"):
+        server_app.main(grid, Context(1, 0, {}, RecordDict(), run_config))
+    assert not grid.sent and time.monotonic() - started < 5
 
 
 def test_data_embedding_is_a_fixed_projection() -> None:

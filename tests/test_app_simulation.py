@@ -18,19 +18,22 @@ process, Ray) are stopped by PID at the end.
 
 import json
 import os
+import random
 import shutil
+import socket
 import subprocess
 import sys
+import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from flwr.app import Context, RecordDict
+from processes import pids_with_cmdline, process_tree, stop_pids
 
 from flmarket_flwr import client_app, server_app
 from flmarket_flwr.market.testing import InProcessGrid
-from processes import free_ports, pids_with_cmdline, process_tree, stop_pids
 
 PROJECT = Path(__file__).resolve().parents[1]
 BIN_DIR = Path(sys.executable).parent
@@ -56,7 +59,6 @@ def test_app_in_process(tmp_path: Path) -> None:
     """ServerApp + ClientApp over an in-process Grid: results written, winners only trained."""
     node_ids = [101, 202, 303, 404, 505, 606]
     run_config = app_run_config(
-        num_clients=len(node_ids),
         distribution="d1",
         budget=2500.0,
         num_server_rounds=2,
@@ -87,15 +89,43 @@ def test_app_in_process(tmp_path: Path) -> None:
     assert (run_dir / "history.csv").is_file() and (run_dir / "final_model.pt").is_file()
 
 
+def test_app_with_no_winner_succeeds_without_training(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A budget nobody can meet: the run ends cleanly, says so, and no node trains."""
+    run_config = app_run_config(budget=1e-6, num_server_rounds=2, results_dir=str(tmp_path), run_name="none")
+    grid = InProcessGrid(client_app.app, [11, 22, 33, 44], run_config=run_config)
+    server_app.main(grid, Context(3, 0, {}, RecordDict(), run_config))
+    assert not [m for m in grid.sent if m.metadata.message_type in ("train", "evaluate")]
+    market = json.loads((tmp_path / "none" / "market.json").read_text())
+    assert market["winners"] == [] and len(market["participants"]) == 4
+    assert json.loads((tmp_path / "none" / "history.json").read_text())["rounds"] == []
+    assert not (tmp_path / "none" / "final_model.pt").exists()
+    assert f"FLMarket run succeeded: results in {tmp_path / 'none'}" in caplog.text
+
+
 # --- Process and port helpers ----------------------------------------------------------------
 # --- Fixtures --------------------------------------------------------------------------------
+def ports_in_range(count: int, low: int = 19100, high: int = 19199) -> list[int]:
+    """``count`` ports in [low, high] that are free on 127.0.0.1 now (the range these tests may use)."""
+    found: list[int] = []
+    for port in random.Random(os.getpid()).sample(range(low, high + 1), high - low + 1):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == count:
+            return found
+    raise RuntimeError(f"fewer than {count} free ports in {low}-{high}")
+
+
 class LocalFlower:
     """A private Flower CLI environment: own FLWR_HOME, own local SuperLink ports."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.home = root / "flwr-home"
-        http_port, control_port = free_ports(2)
+        http_port, control_port = ports_in_range(2)
         self.env = {
             **os.environ,
             "FLWR_HOME": str(self.home),
@@ -106,35 +136,29 @@ class LocalFlower:
             "PATH": f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}",
         }
 
-    def run(self, name: str, run_config: str) -> tuple[Path, str]:
+    def flwr(self, *args: str, app: Path = PROJECT) -> subprocess.CompletedProcess:
+        """Run ``flwr run <app> --stream <args>``."""
+        return subprocess.run(
+            [FLWR, "run", str(app), "--stream", *args],
+            cwd=self.root, env=self.env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False,
+        )
+
+    def run(self, name: str, run_config: str, supernodes: int = NUM_SUPERNODES) -> tuple[Path, str]:
         """``flwr run . --stream`` one app run; return its results folder and output."""
         results = self.root / "results"
         train_log = self.root / "train-log" / name
-        overrides = (
-            f"{run_config} results-dir='{results}' run-name='{name}' train-log-dir='{train_log}'"
-        )
-        command = [
-            FLWR,
-            "run",
-            str(PROJECT),
-            "--stream",
-            "--federation-config",
-            f"num-supernodes={NUM_SUPERNODES}",
-            "--run-config",
-            overrides,
-        ]
-        completed = subprocess.run(
-            command,
-            cwd=self.root,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=RUN_TIMEOUT_S,
-            check=False,
-        )
+        overrides = f"{run_config} results-dir='{results}' run-name='{name}' train-log-dir='{train_log}'"
+        completed = self.flwr("--federation-config", f"num-supernodes={supernodes}", "--run-config", overrides)
         output = completed.stdout + completed.stderr
         assert completed.returncode == 0, output[-5000:]
         return results / name, output
+
+    def last_run_status(self) -> str:
+        """``flwr ls``'s status of the latest run (e.g. ``finished:failed``)."""
+        completed = subprocess.run([FLWR, "ls", "--format", "json"], cwd=self.root, env=self.env,
+                                   capture_output=True, text=True, timeout=60, check=False)
+        runs = json.loads(completed.stdout)["runs"]
+        return str(max(runs, key=lambda run: run["pending-at"])["status"])
 
     def stop(self) -> None:
         """Stop the local SuperLink of this FLWR_HOME and everything under it."""
@@ -169,8 +193,7 @@ def test_budget_mode_only_winners_train(flower: LocalFlower) -> None:
     rounds, budget = 4, 2500.0
     run_dir, output = flower.run(
         "budget",
-        f"num-clients={NUM_SUPERNODES} distribution='d1' budget={budget} "
-        f"num-server-rounds={rounds} fraction-evaluate=1.0",
+        f"distribution='d1' budget={budget} num-server-rounds={rounds} fraction-evaluate=1.0",
     )
     assert (run_dir / "market.json").is_file(), _explain(output)
 
@@ -198,7 +221,7 @@ def test_budget_mode_only_winners_train(flower: LocalFlower) -> None:
     assert [row["round"] for row in history["rounds"]] == list(range(rounds + 1))
     assert accuracies[-1] > accuracies[0] + 0.3, accuracies
     assert accuracies[-1] > 0.6, accuracies
-    assert history["timings"]["market_phase_s"] > 0
+    assert history["timings"]["market"]["total"] > 0
     assert all(row["round_time_s"] > 0 for row in history["rounds"][1:])
     csv_lines = (run_dir / "history.csv").read_text().strip().splitlines()
     assert csv_lines[0].startswith("round,accuracy,loss")
@@ -207,6 +230,7 @@ def test_budget_mode_only_winners_train(flower: LocalFlower) -> None:
     # Federated evaluation reached the winners only, without failures.
     assert f"aggregate_evaluate: Received {len(winners)} results and 0 failures" in output
     assert "FLMarket summary" in output
+    assert f"FLMarket run succeeded: results in {run_dir}" in output
 
 
 @needs_flower_cli
@@ -214,10 +238,39 @@ def test_fixed_cohort_mode(flower: LocalFlower) -> None:
     """num-selected > 0: exactly that many clients win and train."""
     run_dir, output = flower.run(
         "cohort",
-        f"num-clients={NUM_SUPERNODES} num-selected=2 num-server-rounds=1",
+        "num-selected=2 num-server-rounds=1",
     )
     market = json.loads((run_dir / "market.json").read_text())
     assert len(market["winners"]) == 2, _explain(output)
     assert market["num_winners"] == 2
     log = _train_log(flower, "cohort")
     assert {entry["node_id"] for entry in log} == {int(node) for node in market["winners"]}
+
+
+@needs_flower_cli
+def test_too_few_supernodes_fails_fast(flower: LocalFlower) -> None:
+    """Flower's default federation (2 SuperNodes) cannot run PASS: the run stops at once, saying how to fix it."""
+    started = time.monotonic()
+    completed = flower.flwr("--run-config", f"results-dir='{flower.root / 'results'}' run-name='two'")
+    elapsed = time.monotonic() - started
+    output = completed.stdout + completed.stderr
+    assert "FLMarket run FAILED: only 2 SuperNode(s) connected" in output, _explain(output)
+    assert 'num-supernodes=N' in output
+    assert elapsed < 30, elapsed
+    # Flower 1.41: `flwr run` exits 0 whatever the ServerApp did; `flwr ls` records the failure.
+    assert completed.returncode == 0
+    assert flower.last_run_status() == "finished:failed"
+
+
+@needs_flower_cli
+def test_bad_config_fails_once_on_the_server(flower: LocalFlower) -> None:
+    """distribution='d9': one error on the server, naming the key, before any client is asked anything."""
+    started = time.monotonic()
+    completed = flower.flwr("--federation-config", f"num-supernodes={NUM_SUPERNODES}",
+                            "--run-config", "distribution='d9'")
+    elapsed = time.monotonic() - started
+    output = completed.stdout + completed.stderr
+    assert "FLMarket run FAILED: run-config key distribution='d9'" in output, _explain(output)
+    assert output.count("distribution='d9'") <= 3  # the FAILED line and Flower's own report of it
+    assert "ClientApp" not in output or "ClientApp raised" not in output
+    assert elapsed < 30, elapsed

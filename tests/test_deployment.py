@@ -181,7 +181,7 @@ def test_market_then_fedavg_in_deployment(deployment: Deployment) -> None:
     results, train_log = deployment.root / "results", deployment.root / "train-log"
     budget, rounds = 2000.0, 2
     output = deployment.flwr_run(
-        f"num-clients={NUM_NODES} distribution='d1' budget={budget} num-server-rounds={rounds} "
+        f"distribution='d1' budget={budget} num-server-rounds={rounds} "
         f"wait-for-nodes-timeout=60.0 results-dir='{results}' run-name='deploy' "
         f"train-log-dir='{train_log}'"
     )

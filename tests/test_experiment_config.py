@@ -14,7 +14,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
 
-from flmarket_flwr.server_app import SELECTORS, ServerSettings
+from flmarket_flwr.server_app import ServerSettings
+from simulations.apps import experiment_strategies
 from flmarket_flwr.task import DataConfig
 from simulations.config import CONF_DIR, GROUP_KEYS, app_config_defaults, to_run_config
 from simulations.progress import count_jobs, format_line
@@ -54,6 +55,8 @@ def test_app_defaults_equal_the_code_defaults() -> None:
     data = DataConfig()
     for obj in (settings, data):
         for field in fields(obj):
+            if field.name == "num_clients":
+                continue  # the federation's: each node's num-partitions, not a run-config key
             key = field.name.replace("_", "-")
             assert key in app_config, f"{key} missing from [tool.flwr.app.config]"
             assert app_config[key] == getattr(obj, field.name), key
@@ -77,7 +80,7 @@ def test_every_group_option_composes(group: str) -> None:
         extra = [f"dataset.root=/data/{option}"] if group == "dataset" and option in NEEDS_ROOT else []
         run_config = to_run_config(compose_config(f"{group}={option}", *extra))
         assert set(run_config) == set(app_config_defaults())
-        ServerSettings.from_run_config({**run_config, "num-selected": 5})
+        ServerSettings.from_run_config({**run_config, "num-selected": 5}, ("flmarket", *experiment_strategies()))
         if group == "dataset":
             assert run_config["dataset"] == option
         elif group == "model":
@@ -94,7 +97,7 @@ def test_expected_group_options() -> None:
     assert options("dataset") == ["cifar10", "cinic10", "deap", "digits"]
     assert options("model") == ["deap_cnn", "digits_cnn", "resnet56"]
     assert options("distribution") == [f"d{i}" for i in range(1, 8)]
-    assert sorted(options("selector")) == sorted(SELECTORS)
+    assert sorted(options("selector")) == sorted(("flmarket", *experiment_strategies()))
     assert options("federation") == ["c100", "c20"]
     assert compose_config("federation=c100").federation.num_clients == 100
 

@@ -31,7 +31,6 @@ def run_config(tmp_path: Path, name: str, **overrides: object) -> dict:
         config = tomllib.load(file)["tool"]["flwr"]["app"]["config"]
     config.update(
         {
-            "num-clients": len(NODE_IDS),
             "distribution": "d4",
             "budget": 2500.0,
             "num-server-rounds": 2,

@@ -29,11 +29,11 @@ from flmarket_flwr.models import DigitsCNN, get_arrays
 from flmarket_flwr.strategies import (
     SFedAvg,
     estimate_shapley,
-    make_validation_fn,
     sample_without_replacement,
     softmax,
 )
 from flmarket_flwr.task import evaluate
+from simulations.apps import make_validation_fn
 
 TARGET = np.linspace(-1.0, 1.0, 16)
 NODES = list(range(101, 111))

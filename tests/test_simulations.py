@@ -3,10 +3,9 @@
 Each test runs the harness in a subprocess (its own Ray instance, shut down when the
 process exits) on 4 simulated clients for 1-2 rounds:
 
-* a 2-job Hydra sweep (warm Ray: the second job reuses Ray and the actors of the
-  first) writes every job's results, prints one progress line per job, and the
-  baseline's trained clients are exactly its selection;
-* one job with ``sim.warm_ray=false`` (Flower's own Ray start and shutdown).
+* a 2-job Hydra sweep writes every job's results, prints one progress line per job, and
+  the baseline's trained clients are exactly its selection;
+* one single job (Flower's own Ray start and shutdown, as for every job).
 """
 
 import json

@@ -2,8 +2,8 @@
 
 Server (inside ``@app.main()``)::
 
-    outcome = MarketPhase(MarketConfig(budget=100.0, num_classes=10)).run(grid)
-    strategy.start(grid=WinnersGrid(grid, outcome.winners, seed=0), initial_arrays=arrays)
+    strategy = FLMarket(FedAvg(), budget=600.0, num_classes=10)
+    result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=10)
 
 Client::
 
@@ -22,11 +22,13 @@ from flmarket_flwr.market.client import MarketAward, read_award, register_market
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.grid_view import NoWinnerConnectedError, WinnersGrid
 from flmarket_flwr.market.server import MarketConfig, MarketOutcome, MarketPhase
+from flmarket_flwr.market.strategy import FLMarket
 
 __all__ = [
     "DEFAULT_COST_PER_SAMPLE",
     "BidPolicy",
     "CostBasedBid",
+    "FLMarket",
     "MarketAward",
     "MarketConfig",
     "MarketError",

@@ -19,6 +19,13 @@ Seeded sampling
     else consumed randomness in between. This touches the global ``random`` state (and only it;
     numpy and torch generators are left alone). With ``seed=None`` (default) nothing is reseeded.
 
+Reply order
+    ``send_and_receive`` returns the replies in the view's node order (the order given at
+    construction, e.g. the auction's), not in arrival order. A strategy sums the replies' arrays
+    in the order it gets them, and a floating-point sum depends on that order: arrival order (or
+    node-id order: Flower's simulation draws node ids at random each run) would make the global
+    model differ in its last bits from run to run, and the accuracy with it.
+
 Strategy settings
     A strategy waits, forever, until ``min_available_nodes`` (and ``min_train_nodes`` /
     ``min_evaluate_nodes``) nodes are visible. Through this view only winners are visible: keep
@@ -36,7 +43,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-
 from flwr.app import Message, RecordDict
 from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
 from flwr.serverapp import Grid
@@ -183,13 +189,17 @@ class WinnersGrid(Grid):
     ) -> Iterable[Message]:
         """Send messages (all to nodes of the view, or none at all) and wait for the replies.
 
+        The replies come back in the view's node order (see the module docstring), a list.
+
         Raises
         ------
         ValueError
             If any message is addressed to a node outside the view (nothing is sent).
         """
         batch = self._checked(messages)
-        return self._grid.send_and_receive(batch, timeout=timeout)
+        replies = list(self._grid.send_and_receive(batch, timeout=timeout))
+        position = {node: index for index, node in enumerate(self._node_ids)}
+        return sorted(replies, key=lambda reply: position.get(reply.metadata.src_node_id, len(position)))
 
     # --- Delegated -----------------------------------------------------------------------------
     def set_run(self, run: Run) -> None:

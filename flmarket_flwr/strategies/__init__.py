@@ -9,7 +9,6 @@ from flmarket_flwr.strategies.sfedavg import (
     SFedAvgRound,
     ShapleyEstimate,
     estimate_shapley,
-    make_validation_fn,
     sample_without_replacement,
     softmax,
 )
@@ -19,7 +18,6 @@ __all__ = [
     "SFedAvgRound",
     "ShapleyEstimate",
     "estimate_shapley",
-    "make_validation_fn",
     "sample_without_replacement",
     "softmax",
 ]

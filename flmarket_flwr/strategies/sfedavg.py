@@ -64,26 +64,20 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from logging import INFO, WARNING
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from flwr.supercore import log
 
-if TYPE_CHECKING:
-    import torch
-    from torch import nn
-
 __all__ = [
     "SFedAvg",
     "SFedAvgRound",
     "ShapleyEstimate",
     "estimate_shapley",
-    "make_validation_fn",
     "sample_without_replacement",
     "softmax",
 ]
@@ -336,7 +330,7 @@ class SFedAvg(FedAvg):
         Scores a model (given as the ``ArrayRecord`` FedAvg produces) on a server-side
         validation set, higher is better (the paper: accuracy). Called up to
         ``min(num_permutations * (k - 1) + 2, 2**k)`` times per round; see
-        :func:`make_validation_fn` for PyTorch models.
+        :func:`simulations.apps.make_validation_fn` for PyTorch models.
     num_train_nodes : int (default: 5)
         Nodes sampled for training each round (the paper's ``m``).
     num_permutations : int (default: 10)
@@ -714,44 +708,3 @@ def _json_round(record: SFedAvgRound) -> dict[str, Any]:
     for key in ("probabilities", "shapley", "relevance"):
         data[key] = {str(node): value for node, value in data[key].items()}
     return data
-
-
-def make_validation_fn(
-    model: nn.Module,
-    data: tuple[torch.Tensor, torch.Tensor],
-    device: torch.device | str = "cpu",
-    batch_size: int = 512,
-) -> ValidationFn:
-    """Build an S-FedAvg ``validation_fn``: the accuracy of ``arrays`` on ``data``.
-
-    Parameters
-    ----------
-    model : torch.nn.Module
-        A model of the trained architecture (its weights are overwritten at each call).
-    data : tuple[torch.Tensor, torch.Tensor]
-        The server's validation inputs and labels.
-    device : torch.device or str (default: "cpu")
-        Device to evaluate on.
-    batch_size : int (default: 512)
-        Evaluation batch size.
-
-    Returns
-    -------
-    Callable[[ArrayRecord], float]
-        ``arrays -> accuracy`` in ``[0, 1]``.
-    """
-    import torch  # pylint: disable=import-outside-toplevel,redefined-outer-name
-
-    from flmarket_flwr.models import set_arrays  # pylint: disable=import-outside-toplevel
-    from flmarket_flwr.task import evaluate  # pylint: disable=import-outside-toplevel
-
-    if int(data[1].shape[0]) == 0:
-        raise ValueError("the validation set is empty")
-    target = torch.device(device)
-
-    def validation_fn(arrays: ArrayRecord) -> float:
-        set_arrays(model, arrays)
-        _, accuracy = evaluate(model, data, target, batch_size=batch_size)
-        return float(accuracy)
-
-    return validation_fn

@@ -1,0 +1,244 @@
+"""FLMarket as a Flower strategy: the market phase, then any Message-API strategy on the winners only.
+
+Usage, in a ``ServerApp``'s main::
+
+    strategy = FLMarket(FedAvg(fraction_train=1.0), budget=600.0, num_classes=10)
+    result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=3)
+    strategy.market_outcome  # winners, payments, scores, bids
+
+A strategy that wraps a strategy, like Flower's ``DifferentialPrivacyServerSideFixedClipping``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from logging import ERROR, INFO, WARNING
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from flmarket_flwr.market.grid_view import WinnersGrid
+from flmarket_flwr.market.server import MarketConfig, MarketError, MarketOutcome, MarketPhase
+
+__all__ = ["FLMarket", "log_market_outcome", "start_on_nodes"]
+
+_MIN_NODE_SETTINGS = ("min_available_nodes", "min_train_nodes", "min_evaluate_nodes")
+
+
+class FLMarket(Strategy):
+    """Run the FLMarket market phase, then the wrapped strategy on the market's winners only.
+
+    :meth:`start` runs PASS (the server learns the sum of the clients' label counts, never one
+    client's), collects each client's score and bid, runs the truthful budget-feasible reverse
+    auction and sends the awards; it keeps the outcome in :attr:`market_outcome`, then starts the
+    wrapped strategy on a :class:`~flmarket_flwr.market.WinnersGrid`: no other node ever receives a
+    train or evaluate message. Every other method delegates to the wrapped strategy.
+
+    Parameters
+    ----------
+    strategy : Strategy
+        The strategy to run on the winners (``FedAvg``, ``FedProx``, ``FedAdam``, ...). Its
+        ``min_available_nodes`` / ``min_train_nodes`` / ``min_evaluate_nodes`` are capped at the
+        number of winners during :meth:`start`, and restored afterwards.
+    budget : float, optional
+        Budget ``R > 0`` of the reverse auction. Required unless ``market_config`` is given.
+    num_classes : int, optional
+        Number of classes ``C``. Required unless ``market_config`` is given.
+    num_winners : int, optional
+        Fixed-cohort mode: the first ``num_winners`` clients of the auction's ranking win.
+        ``None`` (default): the budget decides.
+    market_config : MarketConfig, optional
+        Every market setting at once; then ``budget``, ``num_classes``, ``num_winners``,
+        ``min_clients``, ``market_timeout`` and ``wait_for_nodes_timeout`` must be left unset.
+    min_clients : int (default: 3)
+        Fewest clients the market accepts (PASS with fewer would reveal a client's counts).
+    market_timeout : float (default: 60.0)
+        Seconds to wait for the replies of one market message round.
+    wait_for_nodes_timeout : float (default: 60.0)
+        Longest wait for nodes to connect before the market starts.
+    seed : int or None (default: 0)
+        Seeds the wrapped strategy's node sampling among the winners (see ``WinnersGrid``).
+    absent_timeout : float or None (default: 600.0)
+        Seconds training may find no winner connected before it stops (see ``WinnersGrid``).
+
+    Notes
+    -----
+    A :class:`~flmarket_flwr.market.MarketError` (too few clients connected, PASS failed, no valid
+    bid) is logged in one plain line and re-raised: there is nothing to train. When nobody wins,
+    :meth:`start` logs it and returns an empty ``Result`` without training.
+    """
+
+    # pylint: disable=too-many-arguments
+    def __init__(
+        self,
+        strategy: Strategy,
+        *,
+        budget: float | None = None,
+        num_classes: int | None = None,
+        num_winners: int | None = None,
+        market_config: MarketConfig | None = None,
+        min_clients: int | None = None,
+        market_timeout: float | None = None,
+        wait_for_nodes_timeout: float | None = None,
+        seed: int | None = 0,
+        absent_timeout: float | None = 600.0,
+    ) -> None:
+        super().__init__()
+        if not isinstance(strategy, Strategy):
+            raise TypeError(f"strategy must be a flwr Strategy, got {type(strategy).__name__}")
+        knobs = {
+            "budget": budget,
+            "num_classes": num_classes,
+            "num_winners": num_winners,
+            "min_clients": min_clients,
+            "timeout": market_timeout,
+            "wait_for_nodes_timeout": wait_for_nodes_timeout,
+        }
+        if market_config is not None:
+            given = sorted(name for name, value in knobs.items() if value is not None)
+            if given:
+                raise ValueError(f"give either market_config or {given}, not both")
+        else:
+            if budget is None or num_classes is None:
+                raise ValueError("FLMarket needs budget and num_classes (or a market_config)")
+            market_config = MarketConfig(**{name: value for name, value in knobs.items() if value is not None})
+        self.strategy = strategy
+        self.market_config = market_config
+        self.seed = seed
+        self.absent_timeout = absent_timeout
+        self.market_outcome: MarketOutcome | None = None
+
+    # pylint: disable=too-many-positional-arguments
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """Run the market phase, then the wrapped strategy's ``start`` on the winners.
+
+        Parameters are those of ``Strategy.start``.
+
+        Returns
+        -------
+        Result
+            The wrapped strategy's result; an empty ``Result`` when nobody won.
+
+        Raises
+        ------
+        MarketError
+            If the market phase cannot run (logged first).
+        """
+        log(INFO, "Starting FLMarket: market phase, then %s on the winners", type(self.strategy).__name__)
+        self.market_outcome = None
+        try:
+            outcome = MarketPhase(self.market_config).run(grid)
+        except MarketError as err:
+            log(ERROR, "FLMarket: the market phase failed: %s", err)
+            raise
+        self.market_outcome = outcome
+        log_market_outcome(outcome)
+        if not outcome.winners:
+            log(WARNING, "FLMarket: no client won the auction (budget %.4g); nothing to train", outcome.budget)
+            return Result()
+        return start_on_nodes(
+            self.strategy,
+            WinnersGrid(grid, outcome.winners, seed=self.seed, absent_timeout=self.absent_timeout),
+            initial_arrays=initial_arrays,
+            num_rounds=num_rounds,
+            timeout=timeout,
+            train_config=train_config,
+            evaluate_config=evaluate_config,
+            evaluate_fn=evaluate_fn,
+        )
+
+    def summary(self) -> None:
+        """Log the market settings and the wrapped strategy's summary."""
+        log(INFO, "\t├── FLMarket: budget %.4g, %d classes", self.market_config.budget, self.market_config.num_classes)
+        self.strategy.summary()
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Delegate to the wrapped strategy."""
+        return self.strategy.configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Delegate to the wrapped strategy."""
+        return self.strategy.aggregate_train(server_round, replies)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Delegate to the wrapped strategy."""
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Delegate to the wrapped strategy."""
+        return self.strategy.aggregate_evaluate(server_round, replies)
+
+
+def start_on_nodes(strategy: Strategy, grid: WinnersGrid, **start_args: object) -> Result:
+    """Start ``strategy`` on ``grid`` with its minimum node counts capped at the grid's nodes.
+
+    Parameters
+    ----------
+    strategy : Strategy
+        Any Message-API strategy.
+    grid : WinnersGrid
+        The view of the selected nodes.
+    **start_args
+        ``Strategy.start``'s other arguments.
+
+    Returns
+    -------
+    Result
+        What ``strategy.start`` returns.
+    """
+    with _capped_min_nodes(strategy, len(grid.node_ids)):
+        return strategy.start(grid=grid, **start_args)  # type: ignore[arg-type]
+
+
+@contextmanager
+def _capped_min_nodes(strategy: Strategy, num_nodes: int) -> Iterator[None]:
+    """Cap the strategy's ``min_*_nodes`` at ``num_nodes`` (it would wait forever for more); restore after."""
+    saved = {name: getattr(strategy, name) for name in _MIN_NODE_SETTINGS if hasattr(strategy, name)}
+    for name, value in saved.items():
+        setattr(strategy, name, min(int(value), num_nodes))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(strategy, name, value)
+
+
+def log_market_outcome(outcome: MarketOutcome) -> None:
+    """Log the auction's outcome as a tree: winners with score, bid and payment, and the total."""
+    log(INFO, "")
+    log(INFO, "FLMarket market phase finished in %.2fs", float(outcome.timings.get("total", 0.0)))
+    log(
+        INFO,
+        "\t├── %d bidders, %d winners, %d excluded",
+        len(outcome.participants),
+        len(outcome.winners),
+        len(outcome.excluded),
+    )
+    for node_id in outcome.winners:
+        log(
+            INFO,
+            "\t│\t├── node %s: score %.3f, bid %.2f, payment %.2f",
+            node_id,
+            float(outcome.scores.get(node_id, float("nan"))),
+            float(outcome.bids.get(node_id, float("nan"))),
+            float(outcome.payments.get(node_id, float("nan"))),
+        )
+    log(INFO, "\t└── total payment %.2f of budget %.2f", float(outcome.total_payment), float(outcome.budget))

@@ -1,0 +1,127 @@
+"""FLMarket, the strategy that wraps a strategy: the market, then the inner strategy on the winners only."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType
+from flwr.serverapp.strategy import FedAdam, FedAvg, FedProx, Result
+from test_grid_view import NUM_CLASSES, make_counts, training_app
+
+from flmarket_flwr.market import FLMarket, MarketConfig, MarketError
+from flmarket_flwr.market.testing import InProcessGrid
+
+INITIAL = ArrayRecord({"w": Array(np.zeros(3))})
+
+
+def market_grid(num_nodes: int = 6, seed: int = 3) -> InProcessGrid:
+    """An in-process grid of ClientApps with the market handlers and a trivial train handler."""
+    return InProcessGrid(training_app(make_counts(num_nodes, seed=seed)), list(make_counts(num_nodes, seed=seed)))
+
+
+def receivers(grid: InProcessGrid, message_type: str) -> list[int]:
+    """Destinations of every message of this type, in sending order."""
+    return [m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type == message_type]
+
+
+def wrapped(inner, **market: object) -> FLMarket:
+    """``FLMarket(inner)`` with a quick market (no waiting between node polls)."""
+    config = MarketConfig(
+        **{"budget": 1.0, "num_classes": NUM_CLASSES, "poll_interval": 0.001, "wait_for_nodes_timeout": 0.0, **market}
+    )
+    return FLMarket(inner, market_config=config, seed=0)
+
+
+@pytest.mark.parametrize(
+    "inner",
+    [
+        lambda: FedAvg(fraction_evaluate=1.0),
+        lambda: FedProx(proximal_mu=0.1, fraction_evaluate=1.0),
+        lambda: FedAdam(fraction_evaluate=1.0),
+    ],
+    ids=["FedAvg", "FedProx", "FedAdam"],
+)
+def test_inner_strategy_trains_the_winners_only(inner) -> None:
+    grid = market_grid()
+    strategy = wrapped(inner(), num_winners=3)
+    result = strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=2, train_config=ConfigRecord({"lr": 0.1}))
+
+    winners = strategy.market_outcome.winners
+    assert len(winners) == 3
+    assert sorted(receivers(grid, MessageType.TRAIN)) == sorted(winners * 2)
+    assert set(receivers(grid, MessageType.EVALUATE)) == set(winners)
+    assert result.train_metrics_clientapp[2]["won"] == pytest.approx(1.0)
+    assert not np.allclose(result.arrays["w"].numpy(), 0.0)
+
+
+def test_min_nodes_are_capped_during_start_and_restored() -> None:
+    inner = FedAvg(min_train_nodes=5, min_evaluate_nodes=5, min_available_nodes=5)
+    grid = market_grid()
+    strategy = wrapped(inner, num_winners=2)
+    strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=1)
+    assert len(set(receivers(grid, MessageType.TRAIN))) == 2
+    assert (inner.min_train_nodes, inner.min_evaluate_nodes, inner.min_available_nodes) == (5, 5, 5)
+
+
+def test_one_winner_trains() -> None:
+    grid = market_grid()
+    strategy = wrapped(FedAvg(), num_winners=1)
+    result = strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=2)
+    assert receivers(grid, MessageType.TRAIN) == strategy.market_outcome.winners * 2
+    assert 2 in result.train_metrics_clientapp
+
+
+def test_all_winners() -> None:
+    grid = market_grid()
+    strategy = wrapped(FedAvg(fraction_evaluate=0.0), budget=1e9)
+    strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=1)
+    assert sorted(strategy.market_outcome.winners) == sorted(grid.node_ids)
+    assert sorted(receivers(grid, MessageType.TRAIN)) == sorted(grid.node_ids)
+
+
+def test_zero_winners_returns_an_empty_result(caplog: pytest.LogCaptureFixture) -> None:
+    grid = market_grid()
+    strategy = wrapped(FedAvg(), budget=1e-9)
+    result = strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=3)
+    assert strategy.market_outcome is not None and strategy.market_outcome.winners == []
+    assert isinstance(result, Result) and not result.train_metrics_clientapp
+    assert not receivers(grid, MessageType.TRAIN)
+
+
+def test_too_few_clients_is_a_market_error() -> None:
+    grid = market_grid(num_nodes=2)
+    with pytest.raises(MarketError, match="at least 3"):
+        wrapped(FedAvg()).start(grid=grid, initial_arrays=INITIAL, num_rounds=1)
+    assert not receivers(grid, MessageType.TRAIN)
+
+
+def test_delegates_every_other_method() -> None:
+    inner = FedAvg()
+    strategy = FLMarket(inner, budget=10.0, num_classes=NUM_CLASSES)
+    assert strategy.market_config.budget == 10.0
+    grid = market_grid()
+    messages = list(strategy.configure_train(1, INITIAL, ConfigRecord(), grid))
+    assert {m.metadata.message_type for m in messages} == {MessageType.TRAIN}
+    assert strategy.aggregate_evaluate(1, []) is None
+    strategy.summary()
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="budget and num_classes"):
+        FLMarket(FedAvg(), budget=1.0)
+    with pytest.raises(ValueError, match="not both"):
+        FLMarket(FedAvg(), budget=1.0, market_config=MarketConfig(budget=1.0, num_classes=2))
+    with pytest.raises(TypeError):
+        FLMarket(object(), budget=1.0, num_classes=2)  # type: ignore[arg-type]
+
+
+def test_replies_are_aggregated_in_the_winners_order() -> None:
+    """The same market and seeds give bit-identical models whatever order the replies arrive in."""
+    arrays = []
+    for shuffle_seed in (0, 1, 2):
+        counts = make_counts(6, seed=3)
+        grid = InProcessGrid(training_app(counts), list(counts), shuffle_seed=shuffle_seed)
+        strategy = wrapped(FedAvg(), num_winners=4)
+        result = strategy.start(grid=grid, initial_arrays=ArrayRecord({"w": Array(np.full(3, 0.1))}), num_rounds=2)
+        arrays.append(result.arrays["w"].numpy().tobytes())
+    assert arrays[0] == arrays[1] == arrays[2]
