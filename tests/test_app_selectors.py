@@ -93,7 +93,7 @@ def test_flmarket_keeps_counts_private(tmp_path: Path) -> None:
     """FLMarket selects through PASS and the auction: no raw-count query, no counts recorded."""
     grid, run_dir = run_app(tmp_path, "flmarket", num_selected=3)
     assert not receivers(grid, "query.selector_stats")
-    assert receivers(grid, "query.market_keys") == set(NODE_IDS)
+    assert receivers(grid, "query.market_advertise") == set(NODE_IDS)
     selection = json.loads((run_dir / "selection.json").read_text())
     market = json.loads((run_dir / "market.json").read_text())
     assert selection["selected"] == market["winners"] and len(market["winners"]) == 3

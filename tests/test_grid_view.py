@@ -177,7 +177,7 @@ def test_seeded_view_makes_strategy_sampling_reproducible() -> None:
 def test_a_real_strategy_after_the_market_only_reaches_winners(strategy) -> None:
     counts = make_counts(9, seed=3)
     grid = InProcessGrid(training_app(counts), list(counts))
-    outcome = MarketPhase(MarketConfig(budget=1.0, num_classes=NUM_CLASSES, num_winners=4, poll_interval=0.001)).run(
+    outcome = MarketPhase(MarketConfig(budget=1000.0, num_classes=NUM_CLASSES, num_winners=4, poll_interval=0.001)).run(
         grid
     )
     assert len(outcome.winners) == 4
