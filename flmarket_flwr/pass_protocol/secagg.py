@@ -62,7 +62,7 @@ from flmarket_flwr.pass_protocol.primitives import (
     ring_sum,
     validate_counts,
 )
-from flmarket_flwr.pass_protocol.shamir import reconstruct_secrets, share_from_bytes, share_to_bytes, split_secrets
+from flmarket_flwr.pass_protocol.shamir import FIELD_PRIME, reconstruct_secrets, share_from_bytes, share_to_bytes, split_secrets
 
 SECRET_LENGTH: Final[int] = 32
 """Bytes of each shared secret (an X25519 private key, a self-mask seed)."""
@@ -312,8 +312,8 @@ class PassClient:
             )
         if not request.session or not 1 <= request.count_bound or request.num_classes < 1:
             raise PassError("advertise request needs a session, num_classes >= 1 and count_bound >= 1")
-        if len(request.graph_commitment) != 32 or not 0 < request.index < 2**32 - 5:
-            raise PassError("advertise request needs a 32-byte graph commitment and an index in [1, 2**32 - 5)")
+        if len(request.graph_commitment) != 32 or not 0 < request.index < FIELD_PRIME:
+            raise PassError(f"advertise request needs a 32-byte graph commitment and an index in [1, {FIELD_PRIME})")
         values = validate_counts(counts)
         if values.shape != (request.num_classes,):
             raise PassError(f"counts have {values.size} classes, the session has {request.num_classes}")
@@ -361,6 +361,8 @@ class PassClient:
         participants = request.participants
         if participants != sorted(set(participants)) or index not in participants:
             raise PassError("participants must be sorted, distinct and include this client")
+        if participants[0] < 1 or participants[-1] >= FIELD_PRIME:
+            raise PassError(f"participant indices must be in [1, {FIELD_PRIME}) (they are Shamir x-coordinates)")
         if len(participants) < MIN_PARTICIPANTS:
             raise PassError(f"PASS needs at least {MIN_PARTICIPANTS} participants, got {len(participants)}")
         k = request.degree
@@ -395,7 +397,7 @@ class PassClient:
             stage=_STAGE_SHARED,
             self_seed=self_seed,
             degree=k,
-            participants=list(participants),
+            participants=np.asarray(participants, dtype=">u4").tobytes(),  # 4 bytes per index: compact
             neighbours=neighbours,
             neighbour_cipher_keys=list(request.cipher_public_keys),
             neighbour_mask_keys=list(request.mask_public_keys),
@@ -486,8 +488,9 @@ class PassClient:
         state = self._state
         state["unmask_requested"] = True
         survivors, dropped = request.survivors, request.dropped
+        participants = set(np.frombuffer(state["participants"], dtype=">u4").tolist())
         for name, group in (("survivors", survivors), ("dropped", dropped)):
-            if group != sorted(set(group)) or not set(group) <= set(state["participants"]):
+            if group != sorted(set(group)) or not set(group) <= participants:
                 raise PassError(f"{name} must be sorted, distinct participants")
         if set(survivors) & set(dropped):
             raise PassError("a client cannot be both a survivor and dropped")
