@@ -27,7 +27,7 @@ import os
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, TypeVar
+from typing import Any, Final, Self
 
 import numpy as np
 import numpy.typing as npt
@@ -59,10 +59,17 @@ from flmarket_flwr.pass_protocol.primitives import (
     exchange_shared_secret,
     expand_seed,
     load_public_key,
+    parse_public_key,
     ring_sum,
     validate_counts,
 )
-from flmarket_flwr.pass_protocol.shamir import FIELD_PRIME, reconstruct_secrets, share_from_bytes, share_to_bytes, split_secrets
+from flmarket_flwr.pass_protocol.shamir import (
+    FIELD_PRIME,
+    reconstruct_secrets,
+    share_from_bytes,
+    share_to_bytes,
+    split_secrets,
+)
 
 SECRET_LENGTH: Final[int] = 32
 """Bytes of each shared secret (an X25519 private key, a self-mask seed)."""
@@ -108,7 +115,7 @@ def _canonical_key(key: bytes) -> int:
 
 def _channel_key(private_key: X25519PrivateKey, peer_key: bytes, session: bytes, sender: int, receiver: int) -> bytes:
     """AEAD key for the directed channel ``sender -> receiver`` (the direction is bound in the HKDF info)."""
-    secret = exchange_shared_secret(private_key, load_public_key(peer_key, receiver), receiver)
+    secret = exchange_shared_secret(private_key, parse_public_key(peer_key, receiver), receiver)
     info = _LABEL + b"/channel" + struct.pack(">Q", len(session)) + session + struct.pack(">QQ", sender, receiver)
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
 
@@ -119,7 +126,7 @@ def _channel_aad(session: bytes, sender: int, receiver: int) -> bytes:
 
 def _pair_mask(private_key: X25519PrivateKey, peer_key: bytes, session: bytes, own: int, peer: int, length: int):
     """``eps_{own,peer} * PRG(s_{own,peer})`` in ``Z_2^64`` (eps = +1 if own < peer else -1)."""
-    secret = exchange_shared_secret(private_key, load_public_key(peer_key, peer), peer)
+    secret = exchange_shared_secret(private_key, parse_public_key(peer_key, peer), peer)
     mask = expand_seed(derive_pair_seed(secret, session, own, peer), length)
     return mask if own < peer else (np.uint64(0) - mask)
 
@@ -127,7 +134,6 @@ def _pair_mask(private_key: X25519PrivateKey, peer_key: bytes, session: bytes, o
 # ----------------------------------------------------------------------------
 # Messages
 # ----------------------------------------------------------------------------
-_M = TypeVar("_M", bound="_Record")
 _CHECKS = {
     "bytes": lambda v: isinstance(v, bytes),
     "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
@@ -145,7 +151,7 @@ class _Record:
                 for f in dataclasses.fields(self)}  # type: ignore[arg-type]
 
     @classmethod
-    def from_record(cls: type[_M], record: Mapping[str, Any]) -> _M:
+    def from_record(cls, record: Mapping[str, Any]) -> Self:
         """Parse and type-check a dict made by :meth:`to_record`; ``PassError`` if malformed."""
         values = {}
         for field in dataclasses.fields(cls):  # type: ignore[arg-type]
@@ -159,7 +165,7 @@ class _Record:
         return cls(**values)
 
     @classmethod
-    def coerce(cls: type[_M], value: _M | Mapping[str, Any]) -> _M:
+    def coerce(cls, value: Self | Mapping[str, Any]) -> Self:
         """Accept the message itself or its record."""
         return value if isinstance(value, cls) else cls.from_record(value)  # type: ignore[arg-type]
 
@@ -320,7 +326,8 @@ class PassClient:
         if int(values.max()) > request.count_bound:
             raise PassError(f"a class count {int(values.max())} exceeds the declared count_bound {request.count_bound}")
         cipher_key, mask_key = X25519PrivateKey.generate(), X25519PrivateKey.generate()
-        cipher_public, mask_public = cipher_key.public_key().public_bytes_raw(), mask_key.public_key().public_bytes_raw()
+        cipher_public = cipher_key.public_key().public_bytes_raw()
+        mask_public = mask_key.public_key().public_bytes_raw()
         signature = b""
         if identity_key is not None:
             signature = sign_advertisement(
@@ -340,7 +347,7 @@ class PassClient:
             cipher_public_key=cipher_public,
             mask_public_key=mask_public,
             min_security_bits=int(security_bits),
-            max_bad_fraction_ppm=int(round(bad_fraction * 1_000_000)),
+            max_bad_fraction_ppm=round(bad_fraction * 1_000_000),
         )
         return Advertisement(cipher_public, mask_public, signature)
 
@@ -503,8 +510,9 @@ class PassClient:
         if neighbours & (set(survivors) | set(dropped)) != set(held_from):
             raise PassError("survivors and dropped do not match the neighbours that completed key sharing")
         alive = sorted(neighbours & set(survivors))
-        if len(alive) < share_threshold(state["degree"]):
-            raise PassError(f"only {len(alive)} neighbours survived, the threshold is {share_threshold(state['degree'])}")
+        threshold = share_threshold(state["degree"])
+        if len(alive) < threshold:
+            raise PassError(f"only {len(alive)} neighbours survived, the threshold is {threshold}")
         survivor_set = set(survivors)
         reply = UnmaskReply([], [], [], [])
         for v, both in zip(held_from, state["held_shares"]):
