@@ -487,6 +487,14 @@ def test_client_refuses_a_graph_or_keys_it_cannot_check(change, match):
         session._call(2, "share_keys", request.to_record())
 
 
+def test_client_refuses_a_roster_below_its_own_minimum():
+    counts = _counts(np.random.default_rng(22), 6, 2)
+    session = Session(counts, degree=2, floor=dict(FLOOR, min_participants=7))
+    requests = session.advertise()
+    with pytest.raises(PassError, match="at least 7 participants"):
+        session._call(1, "share_keys", requests[1].to_record())
+
+
 def test_client_floor_refuses_a_sparser_graph_than_its_config():
     counts = _counts(np.random.default_rng(18), 40, 2)
     session = Session(counts, degree=4, floor={})  # default floor: complete graph at E = 40 < 2 * 16

@@ -12,7 +12,9 @@ pattern that leaves each needed secret ``t`` shares. Malicious server: it cannot
 from honest neighbours (each answers once, one kind per peer, and ``2t > k``), cannot substitute keys when the
 clients hold an :class:`~flmarket_flwr.pass_protocol.identity.IdentityDirectory`, and cannot choose the graph
 (it committed to its seed before the keys existed). It can still exclude honest clients, lie about dropouts
-within the threshold, or (without a directory) run a man-in-the-middle on keys. ``c`` colluding neighbours of
+within the threshold, or (without a directory) run a man-in-the-middle on keys. Without a cross-client
+consistency round it can also show one client a roster of colluders only: the client's ``min_participants``
+floor (from its own config) bounds that. ``c`` colluding neighbours of
 a client are tolerated while ``t > (k + c) / 2``. The graph seed binds the server seed and the sorted
 participant indices, not the keys: a client sees only its neighbours' keys and could not check a digest over
 all of them; the price is that the server may retry graphs by excluding advertised clients, each retry
@@ -304,11 +306,14 @@ class PassClient:
         identity_key: Ed25519PrivateKey | None = None,
         security_bits: int = DEFAULT_SECURITY_BITS,
         bad_fraction: float = DEFAULT_BAD_FRACTION,
+        min_participants: int = MIN_PARTICIPANTS,
     ) -> Advertisement:
         """Make the session's cipher and mask key pairs and return the public keys (signed if ``identity_key``).
 
-        ``security_bits`` / ``bad_fraction`` are this client's own floor on the graph degree (from its config,
-        not from the server): it later refuses a sparser graph than :func:`neighbourhood_size` gives.
+        ``security_bits`` / ``bad_fraction`` are this client's own floor on the graph degree, and
+        ``min_participants`` its floor on ``|U1|`` (from its config, not from the server): it later refuses a
+        sparser graph than :func:`neighbourhood_size` gives, or a roster smaller than that floor (a malicious
+        server could otherwise show a victim a roster of colluders only).
         """
         request = AdvertiseRequest.coerce(request)
         if self._state["stage"] != _STAGE_NEW:
@@ -348,6 +353,7 @@ class PassClient:
             mask_public_key=mask_public,
             min_security_bits=int(security_bits),
             max_bad_fraction_ppm=round(bad_fraction * 1_000_000),
+            min_participants=max(int(min_participants), MIN_PARTICIPANTS),
         )
         return Advertisement(cipher_public, mask_public, signature)
 
@@ -370,8 +376,9 @@ class PassClient:
             raise PassError("participants must be sorted, distinct and include this client")
         if participants[0] < 1 or participants[-1] >= FIELD_PRIME:
             raise PassError(f"participant indices must be in [1, {FIELD_PRIME}) (they are Shamir x-coordinates)")
-        if len(participants) < MIN_PARTICIPANTS:
-            raise PassError(f"PASS needs at least {MIN_PARTICIPANTS} participants, got {len(participants)}")
+        if len(participants) < state["min_participants"]:
+            raise PassError(f"this client needs at least {state['min_participants']} participants, "
+                            f"got {len(participants)}")
         k = request.degree
         try:
             check_degree(k, len(participants))
