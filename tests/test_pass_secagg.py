@@ -516,8 +516,11 @@ def test_server_excludes_duplicate_keys_and_garbage_replies():
     shares = {i: session._call(i, "share_keys", r.to_record()) for i, r in requests.items()}
     first = min(shares)
     shares[first] = dict(shares[first], receivers=shares[first]["receivers"][::-1])
+    last = max(shares)
+    shares[last] = 42
     mask_requests = session.server.receive_shares(shares)
     assert first not in mask_requests and "ciphertext" in session.server.excluded[first]
+    assert last not in mask_requests and "expected a ShareKeysReply" in session.server.excluded[last]
 
 
 def test_server_rejects_out_of_order_calls():

@@ -126,7 +126,9 @@ def _channel_aad(session: bytes, sender: int, receiver: int) -> bytes:
     return struct.pack(">Q", len(session)) + session + struct.pack(">QQ", sender, receiver)
 
 
-def _pair_mask(private_key: X25519PrivateKey, peer_key: bytes, session: bytes, own: int, peer: int, length: int):
+def _pair_mask(
+    private_key: X25519PrivateKey, peer_key: bytes, session: bytes, own: int, peer: int, length: int
+) -> npt.NDArray[np.uint64]:
     """``eps_{own,peer} * PRG(s_{own,peer})`` in ``Z_2^64`` (eps = +1 if own < peer else -1)."""
     secret = exchange_shared_secret(private_key, parse_public_key(peer_key, peer), peer)
     mask = expand_seed(derive_pair_seed(secret, session, own, peer), length)
@@ -168,8 +170,12 @@ class _Record:
 
     @classmethod
     def coerce(cls, value: Self | Mapping[str, Any]) -> Self:
-        """Accept the message itself or its record."""
-        return value if isinstance(value, cls) else cls.from_record(value)  # type: ignore[arg-type]
+        """Accept the message itself or its record; ``PassError`` for anything else."""
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, Mapping):
+            raise PassError(f"expected a {cls.__name__} or its record, got {type(value).__name__}")
+        return cls.from_record(value)
 
 
 @dataclass(frozen=True)
