@@ -504,7 +504,7 @@ def test_client_floor_refuses_a_sparser_graph_than_its_config():
 
 
 def test_server_excludes_duplicate_keys_and_garbage_replies():
-    counts = _counts(np.random.default_rng(19), 8, 2)
+    counts = _counts(np.random.default_rng(19), 10, 2)
     session = Session(counts, degree=4)
     replies = {i: session._call(i, "advertise", r.to_record(), counts[i - 1], **FLOOR)
                for i, r in session.requests.items()}
