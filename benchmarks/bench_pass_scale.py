@@ -50,7 +50,7 @@ def record_bytes(record: dict[str, Any]) -> int:
         if isinstance(value, bytes):
             return len(value)
         if isinstance(value, list):
-            return sum(size(v) for v in value)
+            return 8 * len(value) if value and isinstance(value[0], int) else sum(size(v) for v in value)
         return 8
     return sum(size(v) for v in record.values())
 

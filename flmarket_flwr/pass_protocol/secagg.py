@@ -105,9 +105,14 @@ def counts_commitment(session: bytes, index: int, counts: npt.ArrayLike, nonce: 
 
 def survivor_transcript(session: bytes, survivors: Iterable[int]) -> bytes:
     """``SHA-256(label || session || sorted U3)``: what the sum covers, recorded by clients for the bid step."""
-    ordered = sorted(int(u) for u in survivors)
-    body = struct.pack(">Q", len(session)) + session + struct.pack(">Q", len(ordered))
-    return hashlib.sha256(_LABEL + b"/transcript" + body + b"".join(struct.pack(">Q", u) for u in ordered)).digest()
+    ordered = np.sort(np.asarray(list(survivors), dtype=np.uint64))
+    body = struct.pack(">Q", len(session)) + session + struct.pack(">Q", ordered.size)
+    return hashlib.sha256(_LABEL + b"/transcript" + body + ordered.astype(">u8").tobytes()).digest()
+
+
+def _strictly_increasing(values: list[int]) -> bool:
+    """True if ``values`` is sorted without repeats (an empty list is)."""
+    return all(a < b for a, b in zip(values, values[1:]))
 
 
 def _canonical_key(key: bytes) -> int:
@@ -378,7 +383,7 @@ class PassClient:
         if commit_graph_seed(request.server_seed) != state["graph_commitment"]:
             raise PassError("the server seed does not match the graph commitment")
         participants = request.participants
-        if participants != sorted(set(participants)) or index not in participants:
+        if not _strictly_increasing(participants) or index not in set(participants):
             raise PassError("participants must be sorted, distinct and include this client")
         if participants[0] < 1 or participants[-1] >= FIELD_PRIME:
             raise PassError(f"participant indices must be in [1, {FIELD_PRIME}) (they are Shamir x-coordinates)")
@@ -510,7 +515,7 @@ class PassClient:
         survivors, dropped = request.survivors, request.dropped
         participants = set(np.frombuffer(state["participants"], dtype=">u4").tolist())
         for name, group in (("survivors", survivors), ("dropped", dropped)):
-            if group != sorted(set(group)) or not set(group) <= participants:
+            if not _strictly_increasing(group) or not set(group) <= participants:
                 raise PassError(f"{name} must be sorted, distinct participants")
         if set(survivors) & set(dropped):
             raise PassError("a client cannot be both a survivor and dropped")
