@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import os
 import struct
 from collections.abc import Iterable, Mapping, Sequence
@@ -112,7 +113,7 @@ def survivor_transcript(session: bytes, survivors: Iterable[int]) -> bytes:
 
 def _strictly_increasing(values: list[int]) -> bool:
     """True if ``values`` is sorted without repeats (an empty list is)."""
-    return all(a < b for a, b in zip(values, values[1:]))
+    return all(a < b for a, b in itertools.pairwise(values))
 
 
 def _canonical_key(key: bytes) -> int:
