@@ -21,7 +21,9 @@ from flmarket_flwr.pass_protocol.secagg import (
     PassServer,
     ShareKeysRequest,
     UnmaskRequest,
+    bitmap_to_indices,
     counts_commitment,
+    indices_to_bitmap,
     survivor_transcript,
 )
 from flmarket_flwr.pass_protocol.shamir import reconstruct_secrets, share_from_bytes
@@ -225,7 +227,7 @@ def test_too_many_dropouts_stop_before_any_share_is_requested():
     # a server that asks anyway: the victim refuses, it has fewer than t surviving neighbours
     u3 = sorted(set(requests) - lost)
     with pytest.raises(PassError, match="neighbours survived"):
-        session._call(victim, "unmask", UnmaskRequest(u3, sorted(lost)).to_record())
+        session._call(victim, "unmask", UnmaskRequest.of(u3, lost).to_record())
 
 
 def test_too_few_advertisers_or_sharers_or_maskers():
@@ -235,7 +237,7 @@ def test_too_few_advertisers_or_sharers_or_maskers():
     session = Session(counts)
     with pytest.raises(PassError, match="shared"):
         session.share(session.advertise(), drop={1, 2})
-    with pytest.raises(PassError, match="at least 3"):
+    with pytest.raises(PassError, match="needs 3 to"):
         PassServer(b"s", 2, 10).advertise_requests([1, 2])
 
 
@@ -293,11 +295,12 @@ def test_client_answers_once_and_never_both_kinds():
     session = Session(counts, degree=4)
     requests = session.mask(session.share(session.advertise()), drop={2})
     client_index = next(i for i in requests if 2 not in session.server.graph[i])
-    u3 = requests[client_index].survivors
+    u3 = bitmap_to_indices(requests[client_index].survivors)
     bad_requests = [
-        UnmaskRequest(u3, u3[:1]),  # a peer both survived and dropped
-        UnmaskRequest([u for u in u3 if u != client_index], [client_index]),  # itself dropped
-        UnmaskRequest([u for u in u3 if u not in session.server.graph[client_index][:1]], []),  # a peer vanished
+        UnmaskRequest.of(u3, u3[:1]),  # a peer both survived and dropped
+        UnmaskRequest.of([u for u in u3 if u != client_index], [client_index]),  # itself dropped
+        UnmaskRequest.of([u for u in u3 if u not in session.server.graph[client_index][:1]], []),  # a peer vanished
+        UnmaskRequest(requests[client_index].survivors + b"\0", b""),  # not a canonical bitmap
     ]
     for bad in bad_requests:
         fresh = PassClient.from_record(session.states[client_index])
@@ -305,7 +308,7 @@ def test_client_answers_once_and_never_both_kinds():
             fresh.unmask(bad)
     reply = session._call(client_index, "unmask", requests[client_index].to_record())
     assert not set(reply["survivor_indices"]) & set(reply["dropped_indices"])
-    for again in (requests[client_index], UnmaskRequest(u3[1:], u3[:1])):
+    for again in (requests[client_index], UnmaskRequest.of(u3[1:], u3[:1])):
         with pytest.raises(PassError, match="already"):
             session._call(client_index, "unmask", again.to_record())
 
@@ -315,7 +318,8 @@ def test_a_refused_unmask_request_is_not_retried():
     session = Session(counts, degree=4)
     requests = session.mask(session.share(session.advertise()))
     with pytest.raises(PassError):
-        session._call(1, "unmask", UnmaskRequest(requests[1].survivors, requests[1].survivors[:1]).to_record())
+        u3 = bitmap_to_indices(requests[1].survivors)
+        session._call(1, "unmask", UnmaskRequest.of(u3, u3[:1]).to_record())
     with pytest.raises(PassError, match="already"):
         session._call(1, "unmask", requests[1].to_record())
 
@@ -341,7 +345,7 @@ def test_fake_dropout_gives_the_mask_key_but_never_the_counts(seed):
     u3 = [u for u in requests if u != x]
     shares = []
     for v in u3:  # the server claims x dropped, to everyone
-        reply = session._call(v, "unmask", UnmaskRequest(u3, [x]).to_record())
+        reply = session._call(v, "unmask", UnmaskRequest.of(u3, [x]).to_record())
         assert x not in reply["survivor_indices"]
         shares += [(v, s) for d, s in zip(reply["dropped_indices"], reply["dropped_shares"]) if d == x]
     raw = reconstruct_secrets([v for v, _ in shares], np.stack([share_from_bytes(s, 1, 32) for _, s in shares]), 32)
@@ -362,9 +366,9 @@ def test_inconsistent_survivor_claims_never_yield_t_shares_of_both_secrets():
     everyone = list(requests)
     for position, v in enumerate(neighbours):
         if position % 2:
-            request = UnmaskRequest(everyone, [])
+            request = UnmaskRequest.of(everyone, [])
         else:
-            request = UnmaskRequest([u for u in everyone if u != x], [x])
+            request = UnmaskRequest.of([u for u in everyone if u != x], [x])
         try:
             reply = session._call(v, "unmask", request.to_record())
         except PassError:
@@ -471,7 +475,10 @@ def test_advert_replayed_from_another_session_is_refused():
     ("change", "match"),
     [
         ({"server_seed": lambda r: bytes(32)}, "commitment"),
-        ({"participants": lambda r: r.participants[:-1]}, "neighbourhood|participants"),
+        ({"participants": lambda r: indices_to_bitmap(bitmap_to_indices(r.participants)[:-1])}, "neighbourhood"),
+        ({"participants": lambda r: r.participants + b"\0"}, "zero byte"),
+        ({"participants": lambda r: indices_to_bitmap([u for u in bitmap_to_indices(r.participants) if u != 2])},
+         "include this"),
         ({"neighbours": lambda r: r.neighbours[::-1]}, "neighbourhood"),
         ({"degree": lambda r: 2}, "neighbourhood|floor"),
         ({"degree": lambda r: 3}, "degree"),
@@ -544,5 +551,16 @@ def test_share_request_record_round_trip_and_type_checks():
     with pytest.raises(PassError, match="lacks field"):
         ShareKeysRequest.from_record({})
     with pytest.raises(PassError, match="must be list"):
-        ShareKeysRequest.from_record(dict(request.to_record(), participants=[b"x"]))
+        ShareKeysRequest.from_record(dict(request.to_record(), neighbours=[b"x"]))
     assert share_threshold(request.degree) == 2
+
+
+def test_roster_bitmaps_round_trip():
+    for indices in ([], [1], [8], [9], [1, 2, 3, 64, 65, 1000], list(range(1, 300, 7))):
+        bitmap = indices_to_bitmap(indices)
+        assert bitmap_to_indices(bitmap) == sorted(indices)
+        assert len(bitmap) == (max(indices, default=0) + 7) // 8
+    with pytest.raises(ValueError, match="indices"):
+        indices_to_bitmap([0])
+    with pytest.raises(PassError, match="at most"):
+        bitmap_to_indices(b"\xff" * (2**17 + 1))

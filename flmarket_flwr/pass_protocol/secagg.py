@@ -67,7 +67,6 @@ from flmarket_flwr.pass_protocol.primitives import (
     validate_counts,
 )
 from flmarket_flwr.pass_protocol.shamir import (
-    FIELD_PRIME,
     reconstruct_secrets,
     share_from_bytes,
     share_to_bytes,
@@ -76,6 +75,9 @@ from flmarket_flwr.pass_protocol.shamir import (
 
 SECRET_LENGTH: Final[int] = 32
 """Bytes of each shared secret (an X25519 private key, a self-mask seed)."""
+
+MAX_PARTICIPANTS: Final[int] = 2**20
+"""Largest PASS index, so that a roster bitmap is at most 128 KiB."""
 
 _LABEL: Final[bytes] = b"flmarket-pass/v2"
 _SHARE_BYTES: Final[int] = len(share_to_bytes(np.zeros((1, 11), dtype=np.uint64)))  # one secret's share: 44
@@ -109,6 +111,31 @@ def survivor_transcript(session: bytes, survivors: Iterable[int]) -> bytes:
     ordered = np.sort(np.asarray(list(survivors), dtype=np.uint64))
     body = struct.pack(">Q", len(session)) + session + struct.pack(">Q", ordered.size)
     return hashlib.sha256(_LABEL + b"/transcript" + body + ordered.astype(">u8").tobytes()).digest()
+
+
+def indices_to_bitmap(indices: Iterable[int]) -> bytes:
+    """Set of PASS indices (1-based) as a bitmap: bit ``(i - 1) % 8`` of byte ``(i - 1) // 8``, no trailing zeros.
+
+    Rosters travel as bitmaps: ``E / 8`` bytes per message instead of ``8 E`` for a list of ints.
+    """
+    values = np.asarray(list(indices), dtype=np.int64)
+    if values.size == 0:
+        return b""
+    if values.min() < 1 or values.max() > MAX_PARTICIPANTS:
+        raise ValueError(f"indices must be in [1, {MAX_PARTICIPANTS}]")
+    bits = np.zeros(int(values.max()), dtype=np.uint8)
+    bits[values - 1] = 1
+    return np.packbits(bits, bitorder="little").tobytes()
+
+
+def bitmap_to_indices(bitmap: bytes) -> list[int]:
+    """Inverse of :func:`indices_to_bitmap`: the sorted indices; ``PassError`` if oversized or not canonical."""
+    if len(bitmap) > MAX_PARTICIPANTS // 8:
+        raise PassError(f"a roster bitmap holds at most {MAX_PARTICIPANTS} indices")
+    if bitmap and bitmap[-1] == 0:
+        raise PassError("a roster bitmap must not end with a zero byte")
+    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
+    return (np.flatnonzero(bits) + 1).tolist()
 
 
 def _strictly_increasing(values: list[int]) -> bool:
@@ -207,10 +234,10 @@ class Advertisement(_Record):
 
 @dataclass(frozen=True)
 class ShareKeysRequest(_Record):
-    """Round 2, server -> client: the opened seed, all participants U1, the degree, the neighbours' adverts."""
+    """Round 2, server -> client: the opened seed, all participants U1 (bitmap), the degree, the neighbours' adverts."""
 
     server_seed: bytes
-    participants: list[int]
+    participants: bytes
     degree: int
     neighbours: list[int]
     neighbour_node_ids: list[int]
@@ -245,10 +272,15 @@ class MaskedInput(_Record):
 
 @dataclass(frozen=True)
 class UnmaskRequest(_Record):
-    """Round 4, server -> client: survivors U3 (sent Y) and dropped D = U2 \\ U3, both sorted."""
+    """Round 4, server -> client: survivors U3 (sent Y) and dropped D = U2 \\ U3, as roster bitmaps."""
 
-    survivors: list[int]
-    dropped: list[int]
+    survivors: bytes
+    dropped: bytes
+
+    @classmethod
+    def of(cls, survivors: Iterable[int], dropped: Iterable[int]) -> UnmaskRequest:
+        """The request for these index sets."""
+        return cls(indices_to_bitmap(survivors), indices_to_bitmap(dropped))
 
 
 @dataclass(frozen=True)
@@ -335,8 +367,10 @@ class PassClient:
             )
         if not request.session or not 1 <= request.count_bound or request.num_classes < 1:
             raise PassError("advertise request needs a session, num_classes >= 1 and count_bound >= 1")
-        if len(request.graph_commitment) != 32 or not 0 < request.index < FIELD_PRIME:
-            raise PassError(f"advertise request needs a 32-byte graph commitment and an index in [1, {FIELD_PRIME})")
+        if len(request.graph_commitment) != 32 or not 0 < request.index <= MAX_PARTICIPANTS:
+            raise PassError(
+                f"advertise request needs a 32-byte graph commitment and an index in [1, {MAX_PARTICIPANTS}]"
+            )
         values = validate_counts(counts)
         if values.shape != (request.num_classes,):
             raise PassError(f"counts have {values.size} classes, the session has {request.num_classes}")
@@ -383,11 +417,9 @@ class PassClient:
         session, index = state["session"], state["index"]
         if commit_graph_seed(request.server_seed) != state["graph_commitment"]:
             raise PassError("the server seed does not match the graph commitment")
-        participants = request.participants
-        if not _strictly_increasing(participants) or index not in set(participants):
-            raise PassError("participants must be sorted, distinct and include this client")
-        if participants[0] < 1 or participants[-1] >= FIELD_PRIME:
-            raise PassError(f"participant indices must be in [1, {FIELD_PRIME}) (they are Shamir x-coordinates)")
+        participants = bitmap_to_indices(request.participants)
+        if index not in set(participants):
+            raise PassError("the participants do not include this client")
         if len(participants) < state["min_participants"]:
             raise PassError(f"this client needs at least {state['min_participants']} participants, "
                             f"got {len(participants)}")
@@ -423,7 +455,7 @@ class PassClient:
             stage=_STAGE_SHARED,
             self_seed=self_seed,
             degree=k,
-            participants=np.asarray(participants, dtype=">u4").tobytes(),  # 4 bytes per index: compact
+            participants=request.participants,
             neighbours=neighbours,
             neighbour_cipher_keys=list(request.cipher_public_keys),
             neighbour_mask_keys=list(request.mask_public_keys),
@@ -467,7 +499,7 @@ class PassClient:
         session, index, neighbours = state["session"], state["index"], state["neighbours"]
         senders = request.senders
         threshold = share_threshold(state["degree"])
-        if senders != sorted(set(senders)) or not set(senders) <= set(neighbours) or len(senders) != len(
+        if not _strictly_increasing(senders) or not set(senders) <= set(neighbours) or len(senders) != len(
             request.ciphertexts
         ):
             raise PassError("the senders must be distinct neighbours of this client, one ciphertext each")
@@ -513,11 +545,11 @@ class PassClient:
         self._require(_STAGE_MASKED, "unmask")
         state = self._state
         state["unmask_requested"] = True
-        survivors, dropped = request.survivors, request.dropped
-        participants = set(np.frombuffer(state["participants"], dtype=">u4").tolist())
+        survivors, dropped = bitmap_to_indices(request.survivors), bitmap_to_indices(request.dropped)
+        participants = set(bitmap_to_indices(state["participants"]))
         for name, group in (("survivors", survivors), ("dropped", dropped)):
-            if not _strictly_increasing(group) or not set(group) <= participants:
-                raise PassError(f"{name} must be sorted, distinct participants")
+            if not set(group) <= participants:
+                raise PassError(f"{name} must be participants")
         if set(survivors) & set(dropped):
             raise PassError("a client cannot be both a survivor and dropped")
         if state["index"] not in survivors:
@@ -628,8 +660,8 @@ class PassServer:
         self._advance(0, "advertise_requests")
         if len(set(node_ids)) != len(node_ids):
             raise ValueError("node ids must be distinct")
-        if len(node_ids) < MIN_PARTICIPANTS:
-            raise PassError(f"PASS needs at least {MIN_PARTICIPANTS} clients, got {len(node_ids)}")
+        if not MIN_PARTICIPANTS <= len(node_ids) <= MAX_PARTICIPANTS:
+            raise PassError(f"PASS v2 needs {MIN_PARTICIPANTS} to {MAX_PARTICIPANTS} clients, got {len(node_ids)}")
         if self.count_bound * len(node_ids) >= COUNT_LIMIT:
             raise ValueError(f"count_bound * E must be < 2**63, got {self.count_bound} * {len(node_ids)}")
         self.node_of = {i + 1: int(node) for i, node in enumerate(node_ids)}
@@ -687,12 +719,12 @@ class PassServer:
         self.threshold = share_threshold(self.degree)
         seed = derive_graph_seed(self._server_seed, roster_digest(self.session, participants))
         self.graph = mask_graph(seed, participants, self.degree)
-        requests = {}
+        requests, roster = {}, indices_to_bitmap(participants)
         for u in participants:
             neighbours = list(self.graph[u])
             requests[u] = ShareKeysRequest(
                 server_seed=self._server_seed,
-                participants=participants,
+                participants=roster,
                 degree=self.degree,
                 neighbours=neighbours,
                 neighbour_node_ids=[self.node_of[v] for v in neighbours],
@@ -762,7 +794,7 @@ class PassServer:
         self._masked_sum = ring_sum(vectors.astype(np.uint64))
         self.commitments = {u: masked[u].counts_commitment for u in self.survivors}
         self.transcript = survivor_transcript(self.session, self.survivors)
-        request = UnmaskRequest(list(self.survivors), list(self.dropped))
+        request = UnmaskRequest.of(self.survivors, self.dropped)
         return {u: request for u in self.survivors}
 
     def _check_recoverable(self) -> None:
