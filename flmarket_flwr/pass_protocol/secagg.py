@@ -14,11 +14,11 @@ clients hold an :class:`~flmarket_flwr.pass_protocol.identity.IdentityDirectory`
 (it committed to its seed before the keys existed). It can still exclude honest clients, lie about dropouts
 within the threshold, or (without a directory) run a man-in-the-middle on keys. Without a cross-client
 consistency round it can also show one client a roster of colluders only: the client's ``min_participants``
-floor (from its own config) bounds that. ``c`` colluding neighbours of
-a client are tolerated while ``t > (k + c) / 2``. The graph seed binds the server seed and the sorted
-participant indices, not the keys: a client sees only its neighbours' keys and could not check a digest over
-all of them; the price is that the server may retry graphs by excluding advertised clients, each retry
-succeeding with probability below ``2^-security_bits``.
+floor (from its own config) bounds that. ``c`` colluding neighbours of a client are tolerated while
+``t > (k + c) / 2``. The graph seed binds the server seed and the participant indices, not the keys: a client
+sees only its neighbours' keys and could not check a digest over all of them; the price is that the server may
+retry graphs by excluding advertised clients, each retry succeeding with probability below
+``2^-security_bits``. The server refuses (fails closed) a sum above ``count_bound * |U3|`` in any class.
 """
 
 from __future__ import annotations
