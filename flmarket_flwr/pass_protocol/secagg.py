@@ -838,8 +838,9 @@ class PassServer:
     def _rebuild(self, owner: int, shares: list[tuple[int, bytes]], what: str) -> bytes:
         if len(shares) < self.threshold:
             raise PassError(f"only {len(shares)} shares of {what} of client {owner}, the threshold is {self.threshold}")
-        xs = [x for x, _ in shares]
-        rows = np.stack([share_from_bytes(s, 1, SECRET_LENGTH) for _, s in shares])
+        chosen = shares[: self.threshold]  # any t: a corrupted one still breaks the 24-bit words (2^-88 escape)
+        xs = [x for x, _ in chosen]
+        rows = np.stack([share_from_bytes(s, 1, SECRET_LENGTH) for _, s in chosen])
         try:
             return reconstruct_secrets(xs, rows, SECRET_LENGTH)[0]
         except ValueError as error:
