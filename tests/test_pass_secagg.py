@@ -564,3 +564,15 @@ def test_roster_bitmaps_round_trip():
         indices_to_bitmap([0])
     with pytest.raises(PassError, match="at most"):
         bitmap_to_indices(b"\xff" * (2**17 + 1))
+
+
+def test_corrupted_shares_fail_closed_never_a_wrong_sum():
+    counts = _counts(np.random.default_rng(23), 12, 3)
+    session = Session(counts, degree=4)
+    requests = session.mask(session.share(session.advertise()), drop={6})
+    replies = {i: session._call(i, "unmask", r.to_record()) for i, r in requests.items()}
+    liar = min(replies)  # answers first, so its shares are among the t used
+    replies[liar] = dict(replies[liar], survivor_shares=[bytes(44)] * len(replies[liar]["survivor_shares"]))
+    session.server.receive_unmask(replies)
+    with pytest.raises(PassError, match="inconsistent"):
+        session.server.finish()
