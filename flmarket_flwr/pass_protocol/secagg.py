@@ -65,6 +65,7 @@ from flmarket_flwr.pass_protocol.primitives import (
     parse_public_key,
     ring_sum,
     validate_counts,
+    validate_public_key_bytes,
 )
 from flmarket_flwr.pass_protocol.shamir import (
     reconstruct_secrets,
@@ -441,15 +442,13 @@ class PassClient:
                    request.signatures)
         if request.neighbours != neighbours or any(len(column) != k for column in columns):
             raise PassError("the neighbours sent are not this client's neighbourhood in the committed graph")
-        self._check_neighbour_keys(request, directory)
+        channel_keys = self._check_neighbour_keys(request, directory)
         threshold = share_threshold(k)
         self_seed = os.urandom(SECRET_LENGTH)
         shares = split_secrets([state["mask_private_key"], self_seed], neighbours, threshold)
-        cipher_key = X25519PrivateKey.from_private_bytes(state["cipher_private_key"])
         ciphertexts = []
-        for v, cipher_public, share in zip(neighbours, request.cipher_public_keys, shares):
+        for v, key, share in zip(neighbours, channel_keys, shares):
             plaintext = _LABEL + struct.pack(">QQ", index, v) + share_to_bytes(share)
-            key = _channel_key(cipher_key, cipher_public, session, index, v)
             ciphertexts.append(ChaCha20Poly1305(key).encrypt(_ZERO_NONCE, plaintext, _channel_aad(session, index, v)))
         state.update(
             stage=_STAGE_SHARED,
@@ -462,17 +461,26 @@ class PassClient:
         )
         return ShareKeysReply(receivers=neighbours, ciphertexts=ciphertexts)
 
-    def _check_neighbour_keys(self, request: ShareKeysRequest, directory: IdentityDirectory | None) -> None:
-        """Keys valid and pairwise distinct (own keys included); signatures valid when a directory is given."""
+    def _check_neighbour_keys(self, request: ShareKeysRequest, directory: IdentityDirectory | None) -> list[bytes]:
+        """Keys valid and pairwise distinct (own keys included); signatures valid when a directory is given.
+
+        Each key is validated by the exchange this client needs anyway (a low-order point gives the all-zero
+        secret, which the exchange refuses): returns the channel keys ``this client -> neighbour``.
+        """
         state = self._state
+        cipher_key = X25519PrivateKey.from_private_bytes(state["cipher_private_key"])
+        mask_key = X25519PrivateKey.from_private_bytes(state["mask_private_key"])
+        channel_keys = []
         seen = {_canonical_key(state["cipher_public_key"]), _canonical_key(state["mask_public_key"])}
         for v, node_id, cipher_public, mask_public, signature in zip(
             request.neighbours, request.neighbour_node_ids, request.cipher_public_keys, request.mask_public_keys,
             request.signatures,
         ):
             try:
-                load_public_key(cipher_public, v)
-                load_public_key(mask_public, v)
+                validate_public_key_bytes(cipher_public, v)
+                validate_public_key_bytes(mask_public, v)
+                exchange_shared_secret(mask_key, parse_public_key(mask_public, v), v)
+                channel_keys.append(_channel_key(cipher_key, cipher_public, state["session"], state["index"], v))
                 if directory is not None:
                     if node_id == state["node_id"]:
                         raise ValueError(f"neighbour {v} claims this client's node id {node_id}")
@@ -486,6 +494,7 @@ class PassClient:
             seen |= keys
         if directory is not None and len(set(request.neighbour_node_ids)) != len(request.neighbour_node_ids):
             raise PassError("two neighbours claim one node id")
+        return channel_keys
 
     # Round 3 -----------------------------------------------------------------
     def mask_input(self, request: MaskRequest | Mapping[str, Any]) -> MaskedInput:
