@@ -599,6 +599,16 @@ class PassServer:
     ``excluded``); the server never crashes on a bad reply and raises :class:`PassError` only when the
     session as a whole can no longer finish safely. Memory is ``O(E k)``: per-edge ciphertexts and shares.
 
+    One session, driven by the glue (send each request's ``to_record()``, pass the replies back keyed by index;
+    a missing reply is a dropout)::
+
+        requests = server.advertise_requests(node_ids)           # -> client.advertise(request, counts)
+        requests = server.receive_advertisements(replies)        # -> client.share_keys(request, directory)
+        requests = server.receive_shares(replies)                # -> client.mask_input(request)
+        requests = server.receive_masked(replies)                # -> client.unmask(request)
+        server.receive_unmask(replies)
+        label_counts = server.finish()
+
     Parameters
     ----------
     session : bytes
