@@ -100,7 +100,9 @@ from flmarket_flwr.pass_protocol.secagg import (
     ShareKeysRequest,
     UnmaskReply,
     UnmaskRequest,
+    bitmap_to_indices,
     counts_commitment,
+    indices_to_bitmap,
     survivor_transcript,
 )
 from flmarket_flwr.pass_protocol.shamir import (
@@ -142,10 +144,12 @@ __all__ = [
     "UnmaskReply",
     "UnmaskRequest",
     "advertisement_message",
+    "bitmap_to_indices",
     "commit_graph_seed",
     "counts_commitment",
     "derive_graph_seed",
     "generate_identity",
+    "indices_to_bitmap",
     "mask_graph",
     "neighbourhood_size",
     "neighbours_of",

@@ -16,6 +16,7 @@ import struct
 from collections.abc import Sequence
 from typing import Final
 
+import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 GRAPH_SEED_LENGTH: Final[int] = 32
@@ -49,9 +50,9 @@ def derive_graph_seed(server_seed: bytes, roster_digest: bytes) -> bytes:
 
 def roster_digest(session: bytes, indices: Sequence[int]) -> bytes:
     """SHA-256 over the session and the sorted participant indices (length-prefixed, injective)."""
-    ordered = sorted(int(i) for i in indices)
-    body = struct.pack(">Q", len(session)) + session + struct.pack(">Q", len(ordered))
-    return hashlib.sha256(body + b"".join(struct.pack(">Q", i) for i in ordered)).digest()
+    ordered = np.sort(np.asarray(list(indices), dtype=np.uint64))
+    body = struct.pack(">Q", len(session)) + session + struct.pack(">Q", ordered.size)
+    return hashlib.sha256(body + ordered.astype(">u8").tobytes()).digest()
 
 
 def neighbourhood_size(
@@ -118,25 +119,33 @@ def check_degree(k: int, num_clients: int) -> None:
 
 
 def _shuffled(seed: bytes, indices: Sequence[int]) -> list[int]:
-    """Fisher-Yates shuffle of the sorted indices driven by the ChaCha20 keystream under ``seed``."""
+    """Fisher-Yates shuffle of the sorted indices driven by the ChaCha20 keystream under ``seed``.
+
+    Step ``i = E-1, ..., 1`` swaps position ``i`` with ``j = w mod (i + 1)``, ``w`` the next little-endian 64-bit
+    keystream word; a word ``>= floor(2^64 / (i + 1)) * (i + 1)`` is skipped (rejection keeps ``j`` exactly
+    uniform). The draws are vectorised; only the swaps run in Python.
+    """
     if not isinstance(seed, bytes) or len(seed) != GRAPH_SEED_LENGTH:
         raise ValueError(f"graph seed must be {GRAPH_SEED_LENGTH} bytes")
     order = sorted(int(i) for i in indices)
     if len(set(order)) != len(order):
         raise ValueError("graph indices must be distinct")
+    bounds = np.arange(len(order), 1, -1, dtype=np.uint64)  # i + 1 for i = E-1 .. 1
+    remainder = (np.uint64(2**64 - 1) % bounds + np.uint64(1)) % bounds  # 2^64 mod (i + 1)
     stream = Cipher(algorithms.ChaCha20(seed, _NONCE), mode=None).encryptor()
-    buffer, position = b"", 0
-    for i in range(len(order) - 1, 0, -1):
-        bound = i + 1
-        limit = (2**64 // bound) * bound  # rejection keeps the draw exactly uniform
-        while True:
-            if position + 8 > len(buffer):
-                buffer, position = stream.update(bytes(8 * 1024)), 0
-            word = int.from_bytes(buffer[position : position + 8], "little")
-            position += 8
-            if word < limit:
-                break
-        j = word % bound
+    words = np.frombuffer(stream.update(bytes(8 * (bounds.size + 8))), dtype="<u8")
+    draws = np.empty(bounds.size, dtype=np.uint64)
+    done, offset = 0, 0
+    while done < bounds.size:
+        if offset + bounds.size - done > words.size:  # astronomically rare: more rejections than spare words
+            words = np.concatenate([words, np.frombuffer(stream.update(bytes(8 * 1024)), dtype="<u8")])
+        window = words[offset : offset + bounds.size - done]
+        accepted = (remainder[done:] == 0) | (window < np.uint64(0) - remainder[done:])
+        rejected = np.flatnonzero(~accepted)
+        stop = int(rejected[0]) if rejected.size else window.size
+        draws[done : done + stop] = window[:stop]
+        done, offset = done + stop, offset + stop + (1 if rejected.size else 0)
+    for i, j in zip(range(len(order) - 1, 0, -1), (draws % bounds).tolist()):
         order[i], order[j] = order[j], order[i]
     return order
 

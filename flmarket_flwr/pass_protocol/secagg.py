@@ -12,22 +12,25 @@ pattern that leaves each needed secret ``t`` shares. Malicious server: it cannot
 from honest neighbours (each answers once, one kind per peer, and ``2t > k``), cannot substitute keys when the
 clients hold an :class:`~flmarket_flwr.pass_protocol.identity.IdentityDirectory`, and cannot choose the graph
 (it committed to its seed before the keys existed). It can still exclude honest clients, lie about dropouts
-within the threshold, or (without a directory) run a man-in-the-middle on keys. ``c`` colluding neighbours of
-a client are tolerated while ``t > (k + c) / 2``. The graph seed binds the server seed and the sorted
-participant indices, not the keys: a client sees only its neighbours' keys and could not check a digest over
-all of them; the price is that the server may retry graphs by excluding advertised clients, each retry
-succeeding with probability below ``2^-security_bits``.
+within the threshold, or (without a directory) run a man-in-the-middle on keys. Without a cross-client
+consistency round it can also show one client a roster of colluders only: the client's ``min_participants``
+floor (from its own config) bounds that. ``c`` colluding neighbours of a client are tolerated while
+``t > (k + c) / 2``. The graph seed binds the server seed and the participant indices, not the keys: a client
+sees only its neighbours' keys and could not check a digest over all of them; the price is that the server may
+retry graphs by excluding advertised clients, each retry succeeding with probability below
+``2^-security_bits``. The server refuses (fails closed) a sum above ``count_bound * |U3|`` in any class.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import os
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, TypeVar
+from typing import Any, Final, Self
 
 import numpy as np
 import numpy.typing as npt
@@ -59,13 +62,23 @@ from flmarket_flwr.pass_protocol.primitives import (
     exchange_shared_secret,
     expand_seed,
     load_public_key,
+    parse_public_key,
     ring_sum,
     validate_counts,
+    validate_public_key_bytes,
 )
-from flmarket_flwr.pass_protocol.shamir import reconstruct_secrets, share_from_bytes, share_to_bytes, split_secrets
+from flmarket_flwr.pass_protocol.shamir import (
+    reconstruct_secrets,
+    share_from_bytes,
+    share_to_bytes,
+    split_secrets,
+)
 
 SECRET_LENGTH: Final[int] = 32
 """Bytes of each shared secret (an X25519 private key, a self-mask seed)."""
+
+MAX_PARTICIPANTS: Final[int] = 2**20
+"""Largest PASS index, so that a roster bitmap is at most 128 KiB."""
 
 _LABEL: Final[bytes] = b"flmarket-pass/v2"
 _SHARE_BYTES: Final[int] = len(share_to_bytes(np.zeros((1, 11), dtype=np.uint64)))  # one secret's share: 44
@@ -96,9 +109,39 @@ def counts_commitment(session: bytes, index: int, counts: npt.ArrayLike, nonce: 
 
 def survivor_transcript(session: bytes, survivors: Iterable[int]) -> bytes:
     """``SHA-256(label || session || sorted U3)``: what the sum covers, recorded by clients for the bid step."""
-    ordered = sorted(int(u) for u in survivors)
-    body = struct.pack(">Q", len(session)) + session + struct.pack(">Q", len(ordered))
-    return hashlib.sha256(_LABEL + b"/transcript" + body + b"".join(struct.pack(">Q", u) for u in ordered)).digest()
+    ordered = np.sort(np.asarray(list(survivors), dtype=np.uint64))
+    body = struct.pack(">Q", len(session)) + session + struct.pack(">Q", ordered.size)
+    return hashlib.sha256(_LABEL + b"/transcript" + body + ordered.astype(">u8").tobytes()).digest()
+
+
+def indices_to_bitmap(indices: Iterable[int]) -> bytes:
+    """Set of PASS indices (1-based) as a bitmap: bit ``(i - 1) % 8`` of byte ``(i - 1) // 8``, no trailing zeros.
+
+    Rosters travel as bitmaps: ``E / 8`` bytes per message instead of ``8 E`` for a list of ints.
+    """
+    values = np.asarray(list(indices), dtype=np.int64)
+    if values.size == 0:
+        return b""
+    if values.min() < 1 or values.max() > MAX_PARTICIPANTS:
+        raise ValueError(f"indices must be in [1, {MAX_PARTICIPANTS}]")
+    bits = np.zeros(int(values.max()), dtype=np.uint8)
+    bits[values - 1] = 1
+    return np.packbits(bits, bitorder="little").tobytes()
+
+
+def bitmap_to_indices(bitmap: bytes) -> list[int]:
+    """Inverse of :func:`indices_to_bitmap`: the sorted indices; ``PassError`` if oversized or not canonical."""
+    if len(bitmap) > MAX_PARTICIPANTS // 8:
+        raise PassError(f"a roster bitmap holds at most {MAX_PARTICIPANTS} indices")
+    if bitmap and bitmap[-1] == 0:
+        raise PassError("a roster bitmap must not end with a zero byte")
+    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
+    return (np.flatnonzero(bits) + 1).tolist()
+
+
+def _strictly_increasing(values: list[int]) -> bool:
+    """True if ``values`` is sorted without repeats (an empty list is)."""
+    return all(a < b for a, b in itertools.pairwise(values))
 
 
 def _canonical_key(key: bytes) -> int:
@@ -108,7 +151,7 @@ def _canonical_key(key: bytes) -> int:
 
 def _channel_key(private_key: X25519PrivateKey, peer_key: bytes, session: bytes, sender: int, receiver: int) -> bytes:
     """AEAD key for the directed channel ``sender -> receiver`` (the direction is bound in the HKDF info)."""
-    secret = exchange_shared_secret(private_key, load_public_key(peer_key, receiver), receiver)
+    secret = exchange_shared_secret(private_key, parse_public_key(peer_key, receiver), receiver)
     info = _LABEL + b"/channel" + struct.pack(">Q", len(session)) + session + struct.pack(">QQ", sender, receiver)
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
 
@@ -117,9 +160,11 @@ def _channel_aad(session: bytes, sender: int, receiver: int) -> bytes:
     return struct.pack(">Q", len(session)) + session + struct.pack(">QQ", sender, receiver)
 
 
-def _pair_mask(private_key: X25519PrivateKey, peer_key: bytes, session: bytes, own: int, peer: int, length: int):
+def _pair_mask(
+    private_key: X25519PrivateKey, peer_key: bytes, session: bytes, own: int, peer: int, length: int
+) -> npt.NDArray[np.uint64]:
     """``eps_{own,peer} * PRG(s_{own,peer})`` in ``Z_2^64`` (eps = +1 if own < peer else -1)."""
-    secret = exchange_shared_secret(private_key, load_public_key(peer_key, peer), peer)
+    secret = exchange_shared_secret(private_key, parse_public_key(peer_key, peer), peer)
     mask = expand_seed(derive_pair_seed(secret, session, own, peer), length)
     return mask if own < peer else (np.uint64(0) - mask)
 
@@ -127,7 +172,6 @@ def _pair_mask(private_key: X25519PrivateKey, peer_key: bytes, session: bytes, o
 # ----------------------------------------------------------------------------
 # Messages
 # ----------------------------------------------------------------------------
-_M = TypeVar("_M", bound="_Record")
 _CHECKS = {
     "bytes": lambda v: isinstance(v, bytes),
     "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
@@ -145,7 +189,7 @@ class _Record:
                 for f in dataclasses.fields(self)}  # type: ignore[arg-type]
 
     @classmethod
-    def from_record(cls: type[_M], record: Mapping[str, Any]) -> _M:
+    def from_record(cls, record: Mapping[str, Any]) -> Self:
         """Parse and type-check a dict made by :meth:`to_record`; ``PassError`` if malformed."""
         values = {}
         for field in dataclasses.fields(cls):  # type: ignore[arg-type]
@@ -159,9 +203,13 @@ class _Record:
         return cls(**values)
 
     @classmethod
-    def coerce(cls: type[_M], value: _M | Mapping[str, Any]) -> _M:
-        """Accept the message itself or its record."""
-        return value if isinstance(value, cls) else cls.from_record(value)  # type: ignore[arg-type]
+    def coerce(cls, value: Self | Mapping[str, Any]) -> Self:
+        """Accept the message itself or its record; ``PassError`` for anything else."""
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, Mapping):
+            raise PassError(f"expected a {cls.__name__} or its record, got {type(value).__name__}")
+        return cls.from_record(value)
 
 
 @dataclass(frozen=True)
@@ -187,10 +235,10 @@ class Advertisement(_Record):
 
 @dataclass(frozen=True)
 class ShareKeysRequest(_Record):
-    """Round 2, server -> client: the opened seed, all participants U1, the degree, the neighbours' adverts."""
+    """Round 2, server -> client: the opened seed, all participants U1 (bitmap), the degree, the neighbours' adverts."""
 
     server_seed: bytes
-    participants: list[int]
+    participants: bytes
     degree: int
     neighbours: list[int]
     neighbour_node_ids: list[int]
@@ -225,10 +273,15 @@ class MaskedInput(_Record):
 
 @dataclass(frozen=True)
 class UnmaskRequest(_Record):
-    """Round 4, server -> client: survivors U3 (sent Y) and dropped D = U2 \\ U3, both sorted."""
+    """Round 4, server -> client: survivors U3 (sent Y) and dropped D = U2 \\ U3, as roster bitmaps."""
 
-    survivors: list[int]
-    dropped: list[int]
+    survivors: bytes
+    dropped: bytes
+
+    @classmethod
+    def of(cls, survivors: Iterable[int], dropped: Iterable[int]) -> UnmaskRequest:
+        """The request for these index sets."""
+        return cls(indices_to_bitmap(survivors), indices_to_bitmap(dropped))
 
 
 @dataclass(frozen=True)
@@ -298,11 +351,14 @@ class PassClient:
         identity_key: Ed25519PrivateKey | None = None,
         security_bits: int = DEFAULT_SECURITY_BITS,
         bad_fraction: float = DEFAULT_BAD_FRACTION,
+        min_participants: int = MIN_PARTICIPANTS,
     ) -> Advertisement:
         """Make the session's cipher and mask key pairs and return the public keys (signed if ``identity_key``).
 
-        ``security_bits`` / ``bad_fraction`` are this client's own floor on the graph degree (from its config,
-        not from the server): it later refuses a sparser graph than :func:`neighbourhood_size` gives.
+        ``security_bits`` / ``bad_fraction`` are this client's own floor on the graph degree, and
+        ``min_participants`` its floor on ``|U1|`` (from its config, not from the server): it later refuses a
+        sparser graph than :func:`neighbourhood_size` gives, or a roster smaller than that floor (a malicious
+        server could otherwise show a victim a roster of colluders only).
         """
         request = AdvertiseRequest.coerce(request)
         if self._state["stage"] != _STAGE_NEW:
@@ -312,15 +368,18 @@ class PassClient:
             )
         if not request.session or not 1 <= request.count_bound or request.num_classes < 1:
             raise PassError("advertise request needs a session, num_classes >= 1 and count_bound >= 1")
-        if len(request.graph_commitment) != 32 or not 0 < request.index < 2**32 - 5:
-            raise PassError("advertise request needs a 32-byte graph commitment and an index in [1, 2**32 - 5)")
+        if len(request.graph_commitment) != 32 or not 0 < request.index <= MAX_PARTICIPANTS:
+            raise PassError(
+                f"advertise request needs a 32-byte graph commitment and an index in [1, {MAX_PARTICIPANTS}]"
+            )
         values = validate_counts(counts)
         if values.shape != (request.num_classes,):
             raise PassError(f"counts have {values.size} classes, the session has {request.num_classes}")
         if int(values.max()) > request.count_bound:
             raise PassError(f"a class count {int(values.max())} exceeds the declared count_bound {request.count_bound}")
         cipher_key, mask_key = X25519PrivateKey.generate(), X25519PrivateKey.generate()
-        cipher_public, mask_public = cipher_key.public_key().public_bytes_raw(), mask_key.public_key().public_bytes_raw()
+        cipher_public = cipher_key.public_key().public_bytes_raw()
+        mask_public = mask_key.public_key().public_bytes_raw()
         signature = b""
         if identity_key is not None:
             signature = sign_advertisement(
@@ -340,7 +399,8 @@ class PassClient:
             cipher_public_key=cipher_public,
             mask_public_key=mask_public,
             min_security_bits=int(security_bits),
-            max_bad_fraction_ppm=int(round(bad_fraction * 1_000_000)),
+            max_bad_fraction_ppm=round(bad_fraction * 1_000_000),
+            min_participants=max(int(min_participants), MIN_PARTICIPANTS),
         )
         return Advertisement(cipher_public, mask_public, signature)
 
@@ -358,11 +418,12 @@ class PassClient:
         session, index = state["session"], state["index"]
         if commit_graph_seed(request.server_seed) != state["graph_commitment"]:
             raise PassError("the server seed does not match the graph commitment")
-        participants = request.participants
-        if participants != sorted(set(participants)) or index not in participants:
-            raise PassError("participants must be sorted, distinct and include this client")
-        if len(participants) < MIN_PARTICIPANTS:
-            raise PassError(f"PASS needs at least {MIN_PARTICIPANTS} participants, got {len(participants)}")
+        participants = bitmap_to_indices(request.participants)
+        if index not in set(participants):
+            raise PassError("the participants do not include this client")
+        if len(participants) < state["min_participants"]:
+            raise PassError(f"this client needs at least {state['min_participants']} participants, "
+                            f"got {len(participants)}")
         k = request.degree
         try:
             check_degree(k, len(participants))
@@ -381,38 +442,45 @@ class PassClient:
                    request.signatures)
         if request.neighbours != neighbours or any(len(column) != k for column in columns):
             raise PassError("the neighbours sent are not this client's neighbourhood in the committed graph")
-        self._check_neighbour_keys(request, directory)
+        channel_keys = self._check_neighbour_keys(request, directory)
         threshold = share_threshold(k)
         self_seed = os.urandom(SECRET_LENGTH)
         shares = split_secrets([state["mask_private_key"], self_seed], neighbours, threshold)
-        cipher_key = X25519PrivateKey.from_private_bytes(state["cipher_private_key"])
         ciphertexts = []
-        for v, cipher_public, share in zip(neighbours, request.cipher_public_keys, shares):
+        for v, key, share in zip(neighbours, channel_keys, shares):
             plaintext = _LABEL + struct.pack(">QQ", index, v) + share_to_bytes(share)
-            key = _channel_key(cipher_key, cipher_public, session, index, v)
             ciphertexts.append(ChaCha20Poly1305(key).encrypt(_ZERO_NONCE, plaintext, _channel_aad(session, index, v)))
         state.update(
             stage=_STAGE_SHARED,
             self_seed=self_seed,
             degree=k,
-            participants=list(participants),
+            participants=request.participants,
             neighbours=neighbours,
             neighbour_cipher_keys=list(request.cipher_public_keys),
             neighbour_mask_keys=list(request.mask_public_keys),
         )
         return ShareKeysReply(receivers=neighbours, ciphertexts=ciphertexts)
 
-    def _check_neighbour_keys(self, request: ShareKeysRequest, directory: IdentityDirectory | None) -> None:
-        """Keys valid and pairwise distinct (own keys included); signatures valid when a directory is given."""
+    def _check_neighbour_keys(self, request: ShareKeysRequest, directory: IdentityDirectory | None) -> list[bytes]:
+        """Keys valid and pairwise distinct (own keys included); signatures valid when a directory is given.
+
+        Each key is validated by the exchange this client needs anyway (a low-order point gives the all-zero
+        secret, which the exchange refuses): returns the channel keys ``this client -> neighbour``.
+        """
         state = self._state
+        cipher_key = X25519PrivateKey.from_private_bytes(state["cipher_private_key"])
+        mask_key = X25519PrivateKey.from_private_bytes(state["mask_private_key"])
+        channel_keys = []
         seen = {_canonical_key(state["cipher_public_key"]), _canonical_key(state["mask_public_key"])}
         for v, node_id, cipher_public, mask_public, signature in zip(
             request.neighbours, request.neighbour_node_ids, request.cipher_public_keys, request.mask_public_keys,
             request.signatures,
         ):
             try:
-                load_public_key(cipher_public, v)
-                load_public_key(mask_public, v)
+                validate_public_key_bytes(cipher_public, v)
+                validate_public_key_bytes(mask_public, v)
+                exchange_shared_secret(mask_key, parse_public_key(mask_public, v), v)
+                channel_keys.append(_channel_key(cipher_key, cipher_public, state["session"], state["index"], v))
                 if directory is not None:
                     if node_id == state["node_id"]:
                         raise ValueError(f"neighbour {v} claims this client's node id {node_id}")
@@ -426,6 +494,7 @@ class PassClient:
             seen |= keys
         if directory is not None and len(set(request.neighbour_node_ids)) != len(request.neighbour_node_ids):
             raise PassError("two neighbours claim one node id")
+        return channel_keys
 
     # Round 3 -----------------------------------------------------------------
     def mask_input(self, request: MaskRequest | Mapping[str, Any]) -> MaskedInput:
@@ -439,7 +508,7 @@ class PassClient:
         session, index, neighbours = state["session"], state["index"], state["neighbours"]
         senders = request.senders
         threshold = share_threshold(state["degree"])
-        if senders != sorted(set(senders)) or not set(senders) <= set(neighbours) or len(senders) != len(
+        if not _strictly_increasing(senders) or not set(senders) <= set(neighbours) or len(senders) != len(
             request.ciphertexts
         ):
             raise PassError("the senders must be distinct neighbours of this client, one ciphertext each")
@@ -485,10 +554,11 @@ class PassClient:
         self._require(_STAGE_MASKED, "unmask")
         state = self._state
         state["unmask_requested"] = True
-        survivors, dropped = request.survivors, request.dropped
+        survivors, dropped = bitmap_to_indices(request.survivors), bitmap_to_indices(request.dropped)
+        participants = set(bitmap_to_indices(state["participants"]))
         for name, group in (("survivors", survivors), ("dropped", dropped)):
-            if group != sorted(set(group)) or not set(group) <= set(state["participants"]):
-                raise PassError(f"{name} must be sorted, distinct participants")
+            if not set(group) <= participants:
+                raise PassError(f"{name} must be participants")
         if set(survivors) & set(dropped):
             raise PassError("a client cannot be both a survivor and dropped")
         if state["index"] not in survivors:
@@ -500,8 +570,9 @@ class PassClient:
         if neighbours & (set(survivors) | set(dropped)) != set(held_from):
             raise PassError("survivors and dropped do not match the neighbours that completed key sharing")
         alive = sorted(neighbours & set(survivors))
-        if len(alive) < share_threshold(state["degree"]):
-            raise PassError(f"only {len(alive)} neighbours survived, the threshold is {share_threshold(state['degree'])}")
+        threshold = share_threshold(state["degree"])
+        if len(alive) < threshold:
+            raise PassError(f"only {len(alive)} neighbours survived, the threshold is {threshold}")
         survivor_set = set(survivors)
         reply = UnmaskReply([], [], [], [])
         for v, both in zip(held_from, state["held_shares"]):
@@ -527,6 +598,16 @@ class PassServer:
     ids). A client whose reply is missing or invalid leaves the protocol at that round (reason in
     ``excluded``); the server never crashes on a bad reply and raises :class:`PassError` only when the
     session as a whole can no longer finish safely. Memory is ``O(E k)``: per-edge ciphertexts and shares.
+
+    One session, driven by the glue (send each request's ``to_record()``, pass the replies back keyed by index;
+    a missing reply is a dropout)::
+
+        requests = server.advertise_requests(node_ids)           # -> client.advertise(request, counts)
+        requests = server.receive_advertisements(replies)        # -> client.share_keys(request, directory)
+        requests = server.receive_shares(replies)                # -> client.mask_input(request)
+        requests = server.receive_masked(replies)                # -> client.unmask(request)
+        server.receive_unmask(replies)
+        label_counts = server.finish()
 
     Parameters
     ----------
@@ -598,8 +679,8 @@ class PassServer:
         self._advance(0, "advertise_requests")
         if len(set(node_ids)) != len(node_ids):
             raise ValueError("node ids must be distinct")
-        if len(node_ids) < MIN_PARTICIPANTS:
-            raise PassError(f"PASS needs at least {MIN_PARTICIPANTS} clients, got {len(node_ids)}")
+        if not MIN_PARTICIPANTS <= len(node_ids) <= MAX_PARTICIPANTS:
+            raise PassError(f"PASS v2 needs {MIN_PARTICIPANTS} to {MAX_PARTICIPANTS} clients, got {len(node_ids)}")
         if self.count_bound * len(node_ids) >= COUNT_LIMIT:
             raise ValueError(f"count_bound * E must be < 2**63, got {self.count_bound} * {len(node_ids)}")
         self.node_of = {i + 1: int(node) for i, node in enumerate(node_ids)}
@@ -657,12 +738,12 @@ class PassServer:
         self.threshold = share_threshold(self.degree)
         seed = derive_graph_seed(self._server_seed, roster_digest(self.session, participants))
         self.graph = mask_graph(seed, participants, self.degree)
-        requests = {}
+        requests, roster = {}, indices_to_bitmap(participants)
         for u in participants:
             neighbours = list(self.graph[u])
             requests[u] = ShareKeysRequest(
                 server_seed=self._server_seed,
-                participants=participants,
+                participants=roster,
                 degree=self.degree,
                 neighbours=neighbours,
                 neighbour_node_ids=[self.node_of[v] for v in neighbours],
@@ -732,7 +813,7 @@ class PassServer:
         self._masked_sum = ring_sum(vectors.astype(np.uint64))
         self.commitments = {u: masked[u].counts_commitment for u in self.survivors}
         self.transcript = survivor_transcript(self.session, self.survivors)
-        request = UnmaskRequest(list(self.survivors), list(self.dropped))
+        request = UnmaskRequest.of(self.survivors, self.dropped)
         return {u: request for u in self.survivors}
 
     def _check_recoverable(self) -> None:
@@ -776,8 +857,9 @@ class PassServer:
     def _rebuild(self, owner: int, shares: list[tuple[int, bytes]], what: str) -> bytes:
         if len(shares) < self.threshold:
             raise PassError(f"only {len(shares)} shares of {what} of client {owner}, the threshold is {self.threshold}")
-        xs = [x for x, _ in shares]
-        rows = np.stack([share_from_bytes(s, 1, SECRET_LENGTH) for _, s in shares])
+        chosen = shares[: self.threshold]  # any t: a corrupted one still breaks the 24-bit words (2^-88 escape)
+        xs = [x for x, _ in chosen]
+        rows = np.stack([share_from_bytes(s, 1, SECRET_LENGTH) for _, s in chosen])
         try:
             return reconstruct_secrets(xs, rows, SECRET_LENGTH)[0]
         except ValueError as error:

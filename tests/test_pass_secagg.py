@@ -1,0 +1,578 @@
+"""PASS v2 end to end: exact sums under dropouts at every round, refusals, and a dishonest server's attacks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flmarket_flwr.pass_protocol import secagg
+from flmarket_flwr.pass_protocol.graph import share_threshold
+from flmarket_flwr.pass_protocol.identity import IdentityDirectory, generate_identity
+from flmarket_flwr.pass_protocol.primitives import derive_pair_seed, expand_seed
+from flmarket_flwr.pass_protocol.secagg import (
+    Advertisement,
+    PassClient,
+    PassError,
+    PassServer,
+    ShareKeysRequest,
+    UnmaskRequest,
+    bitmap_to_indices,
+    counts_commitment,
+    indices_to_bitmap,
+    survivor_transcript,
+)
+from flmarket_flwr.pass_protocol.shamir import reconstruct_secrets, share_from_bytes
+
+FLOOR = {"security_bits": 0, "bad_fraction": 0.01}  # client floor low enough for any test degree
+STAGES = ("advertise", "share", "mask", "unmask")
+
+
+class Session:
+    """Drive a PassServer and E PassClients, round-tripping every message and state through records."""
+
+    def __init__(self, counts, *, degree=None, bound=None, directory=None, identities=None, session=b"run-1",
+                 client_directory=None, floor=FLOOR):
+        self.counts = np.asarray(counts)
+        size, classes = self.counts.shape
+        self.bound = int(self.counts.max()) + 1 if bound is None else bound
+        self.server = PassServer(session, classes, self.bound, degree=degree, directory=directory)
+        self.identities = identities or {}
+        self.client_directory = client_directory
+        self.floor = floor
+        self.requests = self.server.advertise_requests([1000 + i for i in range(size)])
+        self.states: dict[int, dict] = {i: PassClient().to_record() for i in self.requests}
+        self.masked: dict[int, secagg.MaskedInput] = {}
+
+    def _call(self, index, method, *args, **kwargs):
+        client = PassClient.from_record(self.states[index])
+        try:
+            return getattr(client, method)(*args, **kwargs).to_record()
+        finally:
+            self.states[index] = client.to_record()
+            _check_record_types(self.states[index])
+
+    def advertise(self, drop=()):
+        replies = {}
+        for i, request in self.requests.items():
+            if i not in drop:
+                key = self.identities.get(1000 + i - 1)
+                replies[i] = self._call(i, "advertise", request.to_record(), self.counts[i - 1],
+                                        identity_key=key, **self.floor)
+        return self.server.receive_advertisements(replies)
+
+    def share(self, requests, drop=()):
+        replies = {i: self._call(i, "share_keys", r.to_record(), self.client_directory)
+                   for i, r in requests.items() if i not in drop}
+        return self.server.receive_shares(replies)
+
+    def mask(self, requests, drop=(), tamper=None):
+        replies = {}
+        for i, request in requests.items():
+            if i in drop:
+                continue
+            try:
+                replies[i] = self._call(i, "mask_input", request.to_record())
+            except PassError:
+                continue  # a client that refuses is a dropout
+        for i, change in (tamper or {}).items():
+            replies[i] = change(replies[i])
+        self.masked = {i: secagg.MaskedInput.from_record(r) for i, r in replies.items()}
+        return self.server.receive_masked(replies)
+
+    def unmask(self, requests, drop=()):
+        replies = {i: self._call(i, "unmask", r.to_record()) for i, r in requests.items() if i not in drop}
+        for reply in replies.values():
+            assert not set(reply["survivor_indices"]) & set(reply["dropped_indices"])
+        self.server.receive_unmask(replies)
+        return self.server.finish()
+
+    def run(self, drops=None):
+        drops = drops or {}
+        requests = self.advertise(drops.get("advertise", ()))
+        requests = self.share(requests, drops.get("share", ()))
+        requests = self.mask(requests, drops.get("mask", ()))
+        return self.unmask(requests, drops.get("unmask", ()))
+
+    def expected(self):
+        return self.counts[[u - 1 for u in self.server.survivors]].sum(axis=0)
+
+
+def _check_record_types(record):
+    for key, value in record.items():
+        assert isinstance(key, str)
+        if isinstance(value, list):
+            assert value and (all(type(v) is int for v in value) or all(type(v) is bytes for v in value)), key
+        else:
+            assert type(value) in (bytes, int, bool), key
+
+
+def _counts(rng, size, classes, high=50):
+    return rng.integers(0, high, size=(size, classes))
+
+
+def _recoverable(server, responders):
+    """Oracle: can every needed secret be rebuilt from the unmask responders?"""
+    alive, t = set(server.survivors), server.threshold
+    if len(alive) < 3:
+        return False
+    return all(sum(v in alive and v in responders for v in server.graph[u]) >= t
+               for u in server.survivors + server.dropped)
+
+
+# ----------------------------------------------------------------------------
+# Exact sums
+# ----------------------------------------------------------------------------
+@st.composite
+def scenarios(draw):
+    size = draw(st.integers(3, 40))
+    classes = draw(st.integers(1, 6))
+    even = list(range(2, size - 1, 2))
+    degree = draw(st.sampled_from(even + [size - 1]))
+    drops = {stage: set(draw(st.lists(st.integers(1, size), max_size=max(1, size // 8), unique=True)))
+             for stage in STAGES}
+    return size, classes, degree, drops, draw(st.integers(0, 2**32))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_sum_is_exact_or_refused_under_dropouts_at_every_round(case):
+    size, classes, degree, drops, seed = case
+    session = Session(_counts(np.random.default_rng(seed), size, classes), degree=degree)
+    try:
+        requests = session.advertise(drops["advertise"])
+        requests = session.share(requests, drops["share"])
+        requests = session.mask(requests, drops["mask"])
+    except PassError:
+        server = session.server
+        if server._step == 4:  # receive_masked refused: the oracle must agree, and no share was requested
+            assert not _recoverable(server, set(server.survivors))
+        else:
+            assert len(server.adverts if server._step == 2 else server.u2) < 3
+        return
+    responders = set(requests) - drops["unmask"]
+    if _recoverable(session.server, responders):
+        total = session.unmask(requests, drops["unmask"])
+        assert total.dtype == np.int64
+        assert (total == session.expected()).all()
+    else:
+        with pytest.raises(PassError, match="shares"):
+            session.unmask(requests, drops["unmask"])
+
+
+def test_no_dropout_sum_transcript_and_commitments():
+    counts = _counts(np.random.default_rng(1), 25, 4)
+    session = Session(counts, degree=8)
+    total = session.run()
+    assert (total == counts.sum(axis=0)).all()
+    assert session.server.survivors == list(range(1, 26))
+    for i, state in session.states.items():
+        client = PassClient.from_record(state)
+        assert client.transcript == session.server.transcript == survivor_transcript(b"run-1", range(1, 26))
+        assert client.survivor_count == 25
+        assert session.server.commitments[i] == counts_commitment(b"run-1", i, counts[i - 1], client.counts_nonce)
+        assert session.server.commitments[i] != counts_commitment(b"run-1", i, counts[i - 1] + 1,
+                                                                   client.counts_nonce)
+
+
+def test_complete_graph_default_degree_at_small_e():
+    counts = _counts(np.random.default_rng(2), 12, 3)
+    session = Session(counts, floor={})
+    assert (session.run({"mask": {4}}) == session.expected()).all()
+    assert session.server.degree == 11
+
+
+def test_worst_allowed_exactly_t_shares_for_one_survivor():
+    counts = _counts(np.random.default_rng(3), 20, 3)
+    session = Session(counts, degree=8)
+    requests = session.share(session.advertise())
+    t = session.server.threshold
+    victim = 10
+    neighbours = list(session.server.graph[victim])
+    after_mask, during_unmask = set(neighbours[:2]), set(neighbours[2:8 - t])  # k - t = 3 lost in all
+    requests = session.mask(requests, after_mask)
+    replies = {i: session._call(i, "unmask", r.to_record()) for i, r in requests.items() if i not in during_unmask}
+    session.server.receive_unmask(replies)
+    assert len(session.server._b_shares[victim]) == t
+    assert (session.server.finish() == session.expected()).all()
+
+
+def test_dropouts_after_sharing_are_recovered_and_ten_percent_at_e_200():
+    rng = np.random.default_rng(4)
+    counts = _counts(rng, 200, 10, high=1000)
+    session = Session(counts, floor={})
+    dropped = set(rng.choice(np.arange(1, 201), 20, replace=False).tolist())
+    total = session.run({"mask": dropped})
+    assert session.server.degree == 30 and set(session.server.dropped) == dropped
+    assert (total == session.expected()).all()
+
+
+# ----------------------------------------------------------------------------
+# Refusals
+# ----------------------------------------------------------------------------
+def test_too_many_dropouts_stop_before_any_share_is_requested():
+    counts = _counts(np.random.default_rng(5), 20, 3)
+    session = Session(counts, degree=8)
+    requests = session.share(session.advertise())
+    victim = 7
+    lost = set(session.server.graph[victim][: 8 - session.server.threshold + 1])
+    survivors = {i: r for i, r in requests.items() if i not in lost}
+    with pytest.raises(PassError, match="threshold"):
+        session.mask(survivors)
+    assert not session.server._b_shares and not session.server._s_shares
+    # a server that asks anyway: the victim refuses, it has fewer than t surviving neighbours
+    u3 = sorted(set(requests) - lost)
+    with pytest.raises(PassError, match="neighbours survived"):
+        session._call(victim, "unmask", UnmaskRequest.of(u3, lost).to_record())
+
+
+def test_too_few_advertisers_or_sharers_or_maskers():
+    counts = _counts(np.random.default_rng(6), 4, 2)
+    with pytest.raises(PassError, match="advertised"):
+        Session(counts).advertise(drop={1, 2})
+    session = Session(counts)
+    with pytest.raises(PassError, match="shared"):
+        session.share(session.advertise(), drop={1, 2})
+    with pytest.raises(PassError, match="needs 3 to"):
+        PassServer(b"s", 2, 10).advertise_requests([1, 2])
+
+
+def test_too_many_dropouts_during_unmask_fail_closed():
+    counts = _counts(np.random.default_rng(7), 10, 2)
+    session = Session(counts, degree=4)
+    requests = session.mask(session.share(session.advertise()))
+    with pytest.raises(PassError, match="shares"):
+        session.unmask(requests, drop=set(range(1, 8)))
+
+
+def test_client_with_too_few_sharing_neighbours_refuses_to_mask():
+    counts = _counts(np.random.default_rng(8), 12, 2)
+    session = Session(counts, degree=4)
+    requests = session.advertise()
+    victim = 5
+    lost = set(session.server.graph[victim][:2])
+    mask_requests = session.share(requests, drop=lost)
+    with pytest.raises(PassError, match="threshold"):
+        session._call(victim, "mask_input", mask_requests[victim].to_record())
+
+
+def test_poisoned_sum_is_refused():
+    counts = _counts(np.random.default_rng(9), 8, 3)
+    session = Session(counts, degree=4, bound=100)
+
+    def inflate(reply):
+        masked = np.frombuffer(reply["masked_counts"], dtype="<u8") + np.uint64(10**6)
+        return dict(reply, masked_counts=masked.astype("<u8").tobytes())
+
+    requests = session.mask(session.share(session.advertise()), tamper={3: inflate})
+    with pytest.raises(PassError, match="count_bound"):
+        session.unmask(requests)
+
+
+def test_client_refuses_counts_above_bound_and_a_second_session():
+    request = PassServer(b"s", 2, 10).advertise_requests([1, 2, 3])[1]
+    with pytest.raises(PassError, match="count_bound"):
+        PassClient().advertise(request, [3, 11])
+    with pytest.raises(PassError, match="classes"):
+        PassClient().advertise(request, [3, 1, 1])
+    client = PassClient()
+    client.advertise(request, [3, 10])
+    other = PassServer(b"other", 2, 10).advertise_requests([1, 2, 3])[1]
+    for again in (other, request):
+        with pytest.raises(PassError, match="one PASS session per run"):
+            client.advertise(again, [3, 10])
+
+
+# ----------------------------------------------------------------------------
+# A dishonest server
+# ----------------------------------------------------------------------------
+def test_client_answers_once_and_never_both_kinds():
+    counts = _counts(np.random.default_rng(10), 10, 2)
+    session = Session(counts, degree=4)
+    requests = session.mask(session.share(session.advertise()), drop={2})
+    client_index = next(i for i in requests if 2 not in session.server.graph[i])
+    u3 = bitmap_to_indices(requests[client_index].survivors)
+    bad_requests = [
+        UnmaskRequest.of(u3, u3[:1]),  # a peer both survived and dropped
+        UnmaskRequest.of([u for u in u3 if u != client_index], [client_index]),  # itself dropped
+        UnmaskRequest.of([u for u in u3 if u not in session.server.graph[client_index][:1]], []),  # a peer vanished
+        UnmaskRequest(requests[client_index].survivors + b"\0", b""),  # not a canonical bitmap
+    ]
+    for bad in bad_requests:
+        fresh = PassClient.from_record(session.states[client_index])
+        with pytest.raises(PassError):
+            fresh.unmask(bad)
+    reply = session._call(client_index, "unmask", requests[client_index].to_record())
+    assert not set(reply["survivor_indices"]) & set(reply["dropped_indices"])
+    for again in (requests[client_index], UnmaskRequest.of(u3[1:], u3[:1])):
+        with pytest.raises(PassError, match="already"):
+            session._call(client_index, "unmask", again.to_record())
+
+
+def test_a_refused_unmask_request_is_not_retried():
+    counts = _counts(np.random.default_rng(11), 10, 2)
+    session = Session(counts, degree=4)
+    requests = session.mask(session.share(session.advertise()))
+    with pytest.raises(PassError):
+        u3 = bitmap_to_indices(requests[1].survivors)
+        session._call(1, "unmask", UnmaskRequest.of(u3, u3[:1]).to_record())
+    with pytest.raises(PassError, match="already"):
+        session._call(1, "unmask", requests[1].to_record())
+
+
+def _strip_pairwise_masks(session, x, mask_key):
+    """What a server holding x's mask private key recovers from Y_x: Y_x minus x's pairwise masks."""
+    server, classes = session.server, session.counts.shape[1]
+    value = np.frombuffer(session.masked[x].masked_counts, dtype="<u8").astype(np.uint64)
+    for v in server.graph[x]:
+        if v in server.u2:
+            value = value - secagg._pair_mask(mask_key, server.adverts[v].mask_public_key, b"run-1", x, v, classes)
+    return value
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fake_dropout_gives_the_mask_key_but_never_the_counts(seed):
+    counts = _counts(np.random.default_rng(seed), 14, 6)
+    session = Session(counts, degree=6)
+    x = 1 + seed
+    share_requests = session.share(session.advertise())
+    self_seed = session.states[x]["self_seed"]  # the test peeks; the server never sees it
+    requests = session.mask(share_requests)
+    u3 = [u for u in requests if u != x]
+    shares = []
+    for v in u3:  # the server claims x dropped, to everyone
+        reply = session._call(v, "unmask", UnmaskRequest.of(u3, [x]).to_record())
+        assert x not in reply["survivor_indices"]
+        shares += [(v, s) for d, s in zip(reply["dropped_indices"], reply["dropped_shares"]) if d == x]
+    raw = reconstruct_secrets([v for v, _ in shares], np.stack([share_from_bytes(s, 1, 32) for _, s in shares]), 32)
+    mask_key = X25519PrivateKey.from_private_bytes(raw[0])
+    assert mask_key.public_key().public_bytes_raw() == session.server.adverts[x].mask_public_key
+    recovered = _strip_pairwise_masks(session, x, mask_key)
+    assert (recovered == counts[x - 1].astype(np.uint64) + expand_seed(self_seed, 6)).all()  # N_x + PRG(b_x)
+    assert (recovered != counts[x - 1].astype(np.uint64)).all()
+
+
+def test_inconsistent_survivor_claims_never_yield_t_shares_of_both_secrets():
+    counts = _counts(np.random.default_rng(12), 16, 2)
+    session = Session(counts, degree=8)
+    requests = session.mask(session.share(session.advertise()))
+    x, t = 3, session.server.threshold
+    neighbours = list(session.server.graph[x])
+    b_shares = s_shares = 0
+    everyone = list(requests)
+    for position, v in enumerate(neighbours):
+        if position % 2:
+            request = UnmaskRequest.of(everyone, [])
+        else:
+            request = UnmaskRequest.of([u for u in everyone if u != x], [x])
+        try:
+            reply = session._call(v, "unmask", request.to_record())
+        except PassError:
+            continue
+        b_shares += x in reply["survivor_indices"]
+        s_shares += x in reply["dropped_indices"]
+    assert min(b_shares, s_shares) < t
+
+
+def test_pairwise_mask_depends_on_the_private_keys():
+    """A server knowing every public value but no private key cannot compute the masks."""
+    a, b, stranger = (X25519PrivateKey.generate() for _ in range(3))
+    a_pub, b_pub = a.public_key().public_bytes_raw(), b.public_key().public_bytes_raw()
+    mask_ab = secagg._pair_mask(a, b_pub, b"run", 1, 2, 8)
+    mask_ba = secagg._pair_mask(b, a_pub, b"run", 2, 1, 8)
+    assert (mask_ab + mask_ba == 0).all()  # the pair cancels
+    assert (mask_ab == expand_seed(derive_pair_seed(a.exchange(b.public_key()), b"run", 1, 2), 8)).all()
+    guessed = secagg._pair_mask(stranger, b_pub, b"run", 1, 2, 8)  # another private key, same public values
+    assert (guessed != mask_ab).all()
+    assert (secagg._pair_mask(a, b_pub, b"run-2", 1, 2, 8) != mask_ab).all()  # bound to the session
+    public_only = expand_seed(derive_pair_seed(a_pub + b_pub[:0], b"run", 1, 2), 8)
+    assert (public_only != mask_ab).all()
+
+
+# ----------------------------------------------------------------------------
+# Keys, signatures, graph commitment
+# ----------------------------------------------------------------------------
+def _signed_session(counts, **kwargs):
+    identities = {1000 + i: generate_identity() for i in range(len(counts))}
+    directory = IdentityDirectory({node: public for node, (_, public) in identities.items()})
+    keys = {node: private for node, (private, _) in identities.items()}
+    return Session(counts, directory=directory, client_directory=directory, identities=keys, **kwargs)
+
+
+def test_signed_session_sums_exactly():
+    counts = _counts(np.random.default_rng(13), 9, 3)
+    session = _signed_session(counts, degree=4)
+    assert (session.run({"mask": {2}}) == session.expected()).all()
+
+
+def test_unsigned_or_forged_advert_is_excluded_by_a_server_with_a_directory():
+    counts = _counts(np.random.default_rng(14), 8, 2)
+    session = _signed_session(counts, degree=4)
+    del session.identities[1001]  # index 2 does not sign
+    original = session.server.receive_advertisements
+
+    def tamper(replies):
+        replies[3] = dict(replies[3], cipher_public_key=X25519PrivateKey.generate().public_key().public_bytes_raw())
+        return original(replies)
+
+    session.server.receive_advertisements = tamper
+    requests = session.advertise()
+    assert 2 not in requests and 3 not in requests
+    assert "not signed" in session.server.excluded[2] and "does not verify" in session.server.excluded[3]
+
+
+def _share_request_tampered(session, index, **changes):
+    requests = session.advertise()
+    request = dataclasses.replace(requests[index], **{k: v(requests[index]) for k, v in changes.items()})
+    return request
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"cipher_public_keys": lambda r: [X25519PrivateKey.generate().public_key().public_bytes_raw()]
+          + r.cipher_public_keys[1:]}, "does not verify"),
+        ({"neighbour_node_ids": lambda r: r.neighbour_node_ids[::-1]}, "does not verify"),
+        ({"neighbour_node_ids": lambda r: [1000 + 99] + r.neighbour_node_ids[1:]}, "not in the identity"),
+        ({"signatures": lambda r: [b""] + r.signatures[1:]}, "not signed"),
+    ],
+)
+def test_client_with_a_directory_refuses_substituted_or_unsigned_keys(change, match):
+    counts = _counts(np.random.default_rng(15), 8, 2)
+    session = _signed_session(counts, degree=4)
+    request = _share_request_tampered(session, 1, **change)
+    with pytest.raises(PassError, match=match):
+        session._call(1, "share_keys", request.to_record(), session.client_directory)
+
+
+def test_advert_replayed_from_another_session_is_refused():
+    counts = _counts(np.random.default_rng(16), 6, 2)
+    identities = {1000 + i: generate_identity() for i in range(6)}
+    directory = IdentityDirectory({node: public for node, (_, public) in identities.items()})
+    keys = {node: private for node, (private, _) in identities.items()}
+    old = Session(counts, directory=directory, identities=keys, session=b"old", degree=4)
+    old_requests = old.advertise()
+    new = Session(counts, client_directory=directory, identities=keys, session=b"new", degree=4)
+    requests = new.advertise()
+    request = requests[1]
+    old_ad = old.server.adverts[request.neighbours[0]]
+    replayed = dataclasses.replace(
+        request,
+        cipher_public_keys=[old_ad.cipher_public_key] + request.cipher_public_keys[1:],
+        mask_public_keys=[old_ad.mask_public_key] + request.mask_public_keys[1:],
+        signatures=[old_ad.signature] + request.signatures[1:],
+    )
+    assert old_requests
+    with pytest.raises(PassError, match="does not verify"):
+        new._call(1, "share_keys", replayed.to_record(), directory)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"server_seed": lambda r: bytes(32)}, "commitment"),
+        ({"participants": lambda r: indices_to_bitmap(bitmap_to_indices(r.participants)[:-1])}, "neighbourhood"),
+        ({"participants": lambda r: r.participants + b"\0"}, "zero byte"),
+        ({"participants": lambda r: indices_to_bitmap([u for u in bitmap_to_indices(r.participants) if u != 2])},
+         "include this"),
+        ({"neighbours": lambda r: r.neighbours[::-1]}, "neighbourhood"),
+        ({"degree": lambda r: 2}, "neighbourhood|floor"),
+        ({"degree": lambda r: 3}, "degree"),
+        ({"mask_public_keys": lambda r: r.cipher_public_keys[:1] + r.mask_public_keys[1:]}, "reuses"),
+        ({"mask_public_keys": lambda r: [bytes(32)] + r.mask_public_keys[1:]}, "not a valid"),
+    ],
+)
+def test_client_refuses_a_graph_or_keys_it_cannot_check(change, match):
+    counts = _counts(np.random.default_rng(17), 12, 2)
+    session = Session(counts, degree=4)
+    request = _share_request_tampered(session, 2, **change)
+    with pytest.raises(PassError, match=match):
+        session._call(2, "share_keys", request.to_record())
+
+
+def test_client_refuses_a_roster_below_its_own_minimum():
+    counts = _counts(np.random.default_rng(22), 6, 2)
+    session = Session(counts, degree=2, floor=dict(FLOOR, min_participants=7))
+    requests = session.advertise()
+    with pytest.raises(PassError, match="at least 7 participants"):
+        session._call(1, "share_keys", requests[1].to_record())
+
+
+def test_client_floor_refuses_a_sparser_graph_than_its_config():
+    counts = _counts(np.random.default_rng(18), 40, 2)
+    session = Session(counts, degree=4, floor={})  # default floor: complete graph at E = 40 < 2 * 16
+    requests = session.advertise()
+    with pytest.raises(PassError, match="floor"):
+        session._call(1, "share_keys", requests[1].to_record())
+
+
+def test_server_excludes_duplicate_keys_and_garbage_replies():
+    counts = _counts(np.random.default_rng(19), 10, 2)
+    session = Session(counts, degree=4)
+    replies = {i: session._call(i, "advertise", r.to_record(), counts[i - 1], **FLOOR)
+               for i, r in session.requests.items()}
+    replies[2] = dict(replies[2], mask_public_key=replies[1]["mask_public_key"])
+    replies[3] = {"cipher_public_key": 5}
+    replies[4] = Advertisement(b"x", b"y", b"")
+    requests = session.server.receive_advertisements(replies)
+    assert not {1, 2, 3, 4} & set(requests)
+    shares = {i: session._call(i, "share_keys", r.to_record()) for i, r in requests.items()}
+    first = min(shares)
+    shares[first] = dict(shares[first], receivers=shares[first]["receivers"][::-1])
+    last = max(shares)
+    shares[last] = 42
+    mask_requests = session.server.receive_shares(shares)
+    assert first not in mask_requests and "ciphertext" in session.server.excluded[first]
+    assert last not in mask_requests and "expected a ShareKeysReply" in session.server.excluded[last]
+
+
+def test_server_rejects_out_of_order_calls():
+    server = PassServer(b"s", 2, 10)
+    with pytest.raises(PassError, match="out of order"):
+        server.receive_shares({})
+
+
+def test_private_keys_are_wiped_after_masking():
+    counts = _counts(np.random.default_rng(20), 6, 2)
+    session = Session(counts, degree=2)
+    session.mask(session.share(session.advertise()))
+    for state in session.states.values():
+        assert not {"cipher_private_key", "mask_private_key", "self_seed"} & set(state)
+
+
+def test_share_request_record_round_trip_and_type_checks():
+    counts = _counts(np.random.default_rng(21), 6, 2)
+    request = Session(counts, degree=2).advertise()[1]
+    assert ShareKeysRequest.from_record(request.to_record()) == request
+    with pytest.raises(PassError, match="lacks field"):
+        ShareKeysRequest.from_record({})
+    with pytest.raises(PassError, match="must be list"):
+        ShareKeysRequest.from_record(dict(request.to_record(), neighbours=[b"x"]))
+    assert share_threshold(request.degree) == 2
+
+
+def test_roster_bitmaps_round_trip():
+    for indices in ([], [1], [8], [9], [1, 2, 3, 64, 65, 1000], list(range(1, 300, 7))):
+        bitmap = indices_to_bitmap(indices)
+        assert bitmap_to_indices(bitmap) == sorted(indices)
+        assert len(bitmap) == (max(indices, default=0) + 7) // 8
+    with pytest.raises(ValueError, match="indices"):
+        indices_to_bitmap([0])
+    with pytest.raises(PassError, match="at most"):
+        bitmap_to_indices(b"\xff" * (2**17 + 1))
+
+
+def test_corrupted_shares_fail_closed_never_a_wrong_sum():
+    counts = _counts(np.random.default_rng(23), 12, 3)
+    session = Session(counts, degree=4)
+    requests = session.mask(session.share(session.advertise()), drop={6})
+    replies = {i: session._call(i, "unmask", r.to_record()) for i, r in requests.items()}
+    liar = min(replies)  # answers first, so its shares are among the t used
+    replies[liar] = dict(replies[liar], survivor_shares=[bytes(44)] * len(replies[liar]["survivor_shares"]))
+    session.server.receive_unmask(replies)
+    with pytest.raises(PassError, match="inconsistent"):
+        session.server.finish()
