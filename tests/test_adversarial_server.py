@@ -20,6 +20,7 @@ from flmarket_flwr.market.testing import InProcessGrid
 from flmarket_flwr.pass_protocol import (
     IdentityDirectory,
     PassServer,
+    UnmaskRequest,
     derive_pair_seed,
     expand_seed,
     generate_identity,
@@ -136,7 +137,7 @@ def test_claiming_a_survivor_dropped_strips_only_its_pairwise_masks(seed: int) -
     grid, server, requests, masked = _mask_round(counts, seed)
     victim = server.survivors[0]
     survivors = [u for u in server.survivors if u != victim]
-    lie = {"survivors": survivors, "dropped": sorted([*server.dropped, victim])}
+    lie = UnmaskRequest.of(survivors, sorted([*server.dropped, victim])).to_record()
     replies = send(grid, "market_unmask", {server.node_of[u]: lie for u in survivors})
     key_shares = [(server.index_of[node], record_of(reply)) for node, reply in replies.items()
                   if not reply.has_error()]
@@ -149,7 +150,7 @@ def test_claiming_a_survivor_dropped_strips_only_its_pairwise_masks(seed: int) -
     truth = counts[server.node_of[victim]].astype(np.uint64)
     assert np.all(recovered != truth)  # ...but the self-mask PRG(b_victim) still hides every class
     # and the b shares cannot be had any more: every neighbour answers one unmask request per session.
-    honest_split = {"survivors": list(server.survivors), "dropped": list(server.dropped)}
+    honest_split = UnmaskRequest.of(server.survivors, server.dropped).to_record()
     again = send(grid, "market_unmask", {server.node_of[u]: honest_split for u in survivors})
     assert all(reply.has_error() for reply in again.values())
 
@@ -160,9 +161,9 @@ def test_telling_half_the_neighbours_survived_and_half_dropped_yields_neither_se
     victim = server.survivors[0]
     neighbours = sorted(server.graph[victim])
     half = len(neighbours) // 2
-    as_survivor = {"survivors": list(server.survivors), "dropped": list(server.dropped)}
+    as_survivor = UnmaskRequest.of(server.survivors, server.dropped).to_record()
     others = [u for u in server.survivors if u != victim]
-    as_dropped = {"survivors": others, "dropped": sorted([*server.dropped, victim])}
+    as_dropped = UnmaskRequest.of(others, sorted([*server.dropped, victim])).to_record()
     requests = {server.node_of[v]: (as_survivor if i < half else as_dropped) for i, v in enumerate(neighbours)}
     replies = {node: record_of(reply) for node, reply in send(grid, "market_unmask", requests).items()
                if not reply.has_error()}
@@ -282,3 +283,16 @@ def test_the_full_transcript_reveals_no_losers_counts_and_no_single_masked_vecto
         stripped = vector - expand_seed(seed, NUM_CLASSES)
         assert np.count_nonzero(stripped == counts[node].astype(np.uint64)) == 0
     assert outcome.global_counts == [int(c) for c in np.sum(list(counts.values()), axis=0)]
+
+
+@pytest.mark.parametrize("floor, refused", [(3, False), (6, True)])
+def test_a_roster_cut_down_to_the_servers_choice_is_refused_below_the_clients_floor(floor: int, refused: bool) -> None:
+    """A server that shows clients a small roster (say, one victim and its own sybils) meets each client's floor."""
+    counts = make_counts(6)
+    app = ClientApp()
+    register_market_handlers(app, lambda context: counts[context.node_id], CostBasedBid(0.01), min_participants=floor)
+    grid = InProcessGrid(app, list(counts))
+    server = PassServer(b"attack/small-roster", NUM_CLASSES, 10**9)
+    requests = run_pass_rounds(grid, sorted(counts)[:3], server, upto=1)
+    replies = send(grid, "market_share", {server.node_of[i]: r.to_record() for i, r in requests.items()})
+    assert all(reply.has_error() == refused for reply in replies.values())

@@ -60,7 +60,7 @@ from flmarket_flwr.market.messages import (
     RECORD_KEY,
     make_content,
 )
-from flmarket_flwr.pass_protocol import IdentityDirectory, PassClient, PassError, validate_counts
+from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, PassClient, PassError, validate_counts
 from flmarket_flwr.pricing import score as compute_score
 
 __all__ = ["ERROR_PREFIX", "MarketAward", "read_award", "register_market_handlers"]
@@ -140,6 +140,7 @@ def register_market_handlers(
     audit: bool = True,
     identity_key: IdentityFn | None = None,
     directory: DirectoryFn | None = None,
+    min_participants: int = MIN_PARTICIPANTS,
 ) -> None:
     """Add the market's ``query`` handlers to an existing ``ClientApp``.
 
@@ -165,6 +166,10 @@ def register_market_handlers(
     directory : Callable[[Context], IdentityDirectory | None], optional
         The buyer's directory of identity keys; with it the client verifies every neighbour's
         signed advertisement before masking, so the server cannot substitute keys.
+    min_participants : int (default: 3)
+        The smallest PASS roster this client accepts. A malicious server could show a client a roster
+        of its own sybils only; set this to most of the federation you expect (it is the client's own
+        setting, never the server's).
 
     Raises
     ------
@@ -177,6 +182,7 @@ def register_market_handlers(
         audit=audit,
         identity_key=identity_key if identity_key is not None else (lambda context: None),
         directory=directory if directory is not None else (lambda context: None),
+        min_participants=min_participants,
     )
     app.query(ACTION_ADVERTISE)(handlers.advertise)
     app.query(ACTION_SHARE)(handlers.share)
@@ -197,12 +203,14 @@ class _MarketHandlers:
         audit: bool,
         identity_key: IdentityFn,
         directory: DirectoryFn,
+        min_participants: int,
     ) -> None:
         self._get_label_counts = get_label_counts
         self._bid_policy = bid_policy
         self._audit = audit
         self._identity_key = identity_key
         self._directory = directory
+        self._min_participants = min_participants
 
     # --- PASS ----------------------------------------------------------------------------------
     def advertise(self, message: Message, context: Context) -> Message:
@@ -210,7 +218,10 @@ class _MarketHandlers:
 
         def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
             counts = self._label_counts(context)
-            return client.advertise(request, counts, identity_key=self._identity_key(context)).to_record()
+            advert = client.advertise(
+                request, counts, identity_key=self._identity_key(context), min_participants=self._min_participants
+            )
+            return advert.to_record()
 
         return self._pass_step(message, context, ACTION_ADVERTISE, step)
 
