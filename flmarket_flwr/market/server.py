@@ -72,6 +72,9 @@ DEFAULT_COUNT_BOUND = 10**9
 _PULL_INTERVAL = 0.1
 """Seconds between two pulls of replies."""
 
+_LAST_PULL_S = 1.0
+"""Seconds the last pull of a step may take, even when the step's deadline has passed."""
+
 
 @dataclass(frozen=True)
 class MarketConfig:
@@ -583,17 +586,18 @@ def _send_and_receive_within(grid: Grid, messages: list[Message], timeout: float
 
     Unlike ``Grid.send_and_receive``, a pull that blocks inside the transport (a node dying in
     the middle of an upload) cannot hold the market past its deadline: each pull runs in a
-    daemon thread that is abandoned when the deadline passes.
+    daemon thread that is abandoned when the deadline passes. One last pull is always made.
     """
     deadline = time.monotonic() + timeout
     pending = set(grid.push_messages(messages))
     received: list[Message] = []
-    while pending and time.monotonic() < deadline:
-        batch = _pull_within(grid, pending, deadline - time.monotonic())
+    while pending:
+        batch = _pull_within(grid, pending, max(deadline - time.monotonic(), _LAST_PULL_S))
         received.extend(batch)
         pending.difference_update(reply.metadata.reply_to_message_id for reply in batch)
-        if pending:
-            time.sleep(min(_PULL_INTERVAL, max(0.0, deadline - time.monotonic())))
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(min(_PULL_INTERVAL, max(0.0, deadline - time.monotonic())))
     return received
 
 
