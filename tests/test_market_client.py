@@ -207,7 +207,7 @@ def test_a_dropout_after_sharing_is_recovered_in_the_same_session() -> None:
 
 
 def test_private_keys_and_self_mask_are_wiped_once_masked() -> None:
-    session, nodes = completed()
+    _, nodes = completed()
     for node in nodes:
         assert node.secrets() == []
         assert isinstance(node.state()["pass/nonce"], bytes)
@@ -250,7 +250,7 @@ def test_each_pass_step_is_answered_once_and_a_refusal_closes_the_session(caplog
 
 def test_a_second_session_is_refused() -> None:
     """One PASS session per run: the server never gets two sums to difference."""
-    session, nodes = completed()
+    _, nodes = completed()
     again = Session(nodes, session=b"flmarket/another-session")
     for index, request in again.requests.items():
         refused(again.node(index).call(ACTION_ADVERTISE, **request.to_record()), ACTION_ADVERTISE)
@@ -405,7 +405,7 @@ def test_a_winner_offered_its_bid_opens_its_counts_commitment_once() -> None:
     ],
 )
 def test_audit_requests_below_the_bid_or_off_session_are_refused(fields: dict[str, object]) -> None:
-    session, node, bid = bid_placed()
+    _, node, bid = bid_placed()
     request: dict[str, object] = {KEY_SESSION: SESSION, KEY_PAYMENT: bid}
     request.update({k: (bid * 0.99 if v == "below" else v) for k, v in fields.items()})
     refused(node.call(ACTION_AUDIT, **{k: v for k, v in request.items() if v is not None}), ACTION_AUDIT)
@@ -413,12 +413,12 @@ def test_audit_requests_below_the_bid_or_off_session_are_refused(fields: dict[st
 
 
 def test_a_client_that_does_not_open_its_counts_refuses_every_audit() -> None:
-    session, node, bid = bid_placed(audit=False)
+    _, node, bid = bid_placed(audit=False)
     refused(node.call(ACTION_AUDIT, **{KEY_SESSION: SESSION, KEY_PAYMENT: 10 * bid}), ACTION_AUDIT)
 
 
 def test_no_audit_before_a_bid() -> None:
-    session, nodes = completed()
+    _, nodes = completed()
     refused(nodes[0].call(ACTION_AUDIT, **{KEY_SESSION: SESSION, KEY_PAYMENT: 1e9}), ACTION_AUDIT)
 
 

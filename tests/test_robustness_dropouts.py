@@ -14,6 +14,7 @@ during the training that follows.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import re
@@ -146,7 +147,7 @@ def run_bounded(phase: MarketPhase, grid: PollingGrid, bound: float):
     ended = time.monotonic()
     assert not worker.is_alive(), f"the market phase still runs after {bound:.1f} s: a wait is unbounded"
     marks = [*grid.pushes, ended]
-    for begin, end in zip(marks, marks[1:]):  # each market round: from its push to the next push
+    for begin, end in itertools.pairwise(marks):  # each market round: from its push to the next push
         assert end - begin <= phase.config.timeout + ROUND_SLACK, f"a message round took {end - begin:.2f} s"
     for waited, timeout in grid.waits:
         assert waited <= timeout + SLACK, f"a message round waited {waited:.2f} s for a {timeout} s timeout"
@@ -155,7 +156,11 @@ def run_bounded(phase: MarketPhase, grid: PollingGrid, bound: float):
 
 
 def expected_auction(
-    counts: dict[int, np.ndarray], pass_nodes: list[int], bidders: list[int], budget: float, failing: set[int] = set()
+    counts: dict[int, np.ndarray],
+    pass_nodes: list[int],
+    bidders: list[int],
+    budget: float,
+    failing: frozenset[int] = frozenset(),
 ):
     """Winners and payments of the audited auction on the bidders' true scores and bids.
 
@@ -195,14 +200,14 @@ def test_clients_leaving_at_each_step_leave_a_correct_market_for_the_others(stag
     assert result["elapsed"] <= len(grid.pushes) * (TIMEOUT + ROUND_SLACK)
 
     step = STEPS[stage]
-    failing: set[int] = set()
+    failing: frozenset[int] = frozenset()
     if stage <= STEPS.index(ACTION_UNMASK) - 1:  # gone before their masked input: N_s and E are the others'
         pass_nodes, bidders = others, others
     elif step in (ACTION_UNMASK, ACTION_BID):  # their counts are in N_s (E = all seven), but they never bid
         pass_nodes, bidders = nodes, others
     else:  # they bid; a leaver that wins fails its audit; a leaver left at the award is just not acknowledged
         pass_nodes, bidders = nodes, nodes
-        failing = set(leavers) if step == ACTION_AUDIT else set()
+        failing = frozenset(leavers) if step == ACTION_AUDIT else frozenset()
     total, winners, payments, bidders = expected_auction(counts, pass_nodes, bidders, cfg.budget, failing)
     if step == STEPS[-1]:
         assert outcome.excluded == {}
