@@ -18,17 +18,19 @@ Rounds (:class:`PassClient` / :class:`PassServer`; every message and the client 
 4. unmask: each survivor sends shares of ``b`` for surviving neighbours and of ``s`` for dropped ones,
    never both for one peer; the server removes every mask and obtains ``N_s`` over the survivors.
 
-Arithmetic is in the ring ``Z_2^64`` (numpy ``uint64``, wrapping), where masks are exactly uniform
-and the sum is exact; counts are integers in ``[0, count_bound]`` with ``count_bound * E < 2^63``
-(:mod:`.primitives`: X25519, HKDF-SHA256 seeds bound to the session and the pair, ChaCha20 PRG).
+Arithmetic is in the ring ``Z_2^64`` (numpy ``uint64``, wrapping), where a mask that is uniform (given
+the PRG) hides a count completely and the sum is exact; counts are integers in ``[0, count_bound]``
+with ``count_bound * E < 2^63`` (:mod:`.primitives`: X25519, HKDF-SHA256 seeds bound to the session and
+the pair, ChaCha20 PRG).
 
-Threat model, in short (details in :mod:`.secagg`): against a semi-honest server, only ``N_s`` over
-the survivors is released, once per session, whatever the dropouts, as long as every needed secret
-keeps ``t`` shares (otherwise the session stops with :class:`PassError`, never a partial sum). A malicious server
-cannot obtain both secrets of one client from honest neighbours and cannot choose the graph; it can
-exclude clients, and without an identity directory it can substitute keys. A session needs at least
-3 clients (with 2, each learns the other's counts); ``E - 1`` colluders always learn the last
-client's counts from ``N_s``, and nothing here stops a client from lying about its own counts.
+Threat model, in short (details in :mod:`.secagg`): against a semi-honest server, only ``N_s`` over the
+survivors is released, once per session, whatever the dropouts, as long as every needed secret keeps
+``t`` shares (otherwise the session stops with :class:`PassError`, never a partial sum). A malicious
+server cannot obtain both secrets of one client from honest neighbours and cannot choose the graph; it
+can exclude clients or claim false dropouts (within the threshold), and without an identity directory
+it can substitute keys. A session needs at least 3 clients (with 2, each learns the other's counts);
+``E - 1`` colluders always learn the last client's counts from ``N_s``; a client can commit to false
+counts, which nothing here detects.
 """
 
 from flmarket_flwr.pass_protocol.primitives import (
