@@ -1,39 +1,74 @@
-"""PASS cost on one client: masking its counts against every peer's public key.
+"""PASS v2 cost: one client's four rounds, and the server's, in one full session without dropouts.
 
-Run: ``.venv/bin/python -m benchmarks.bench_pass``.
+Run: ``.venv/bin/python -m benchmarks.bench_pass`` (``--quick`` for the smallest sizes only).
 
-Prints, for E participants and C classes, the wall time of one ``masked_counts`` call (E - 1
-X25519 exchanges, HKDF and ChaCha20 expansions) and of the server's ``unmask_sum`` over E vectors.
+For E participants and C classes, runs one session of :class:`PassClient` / :class:`PassServer` in this
+process (every message and client state through its record form) and prints the graph degree ``k``, the
+mean wall time of one client's rounds (advertise, share keys, masked input, unmask: about ``k`` X25519
+exchanges, Shamir shares and ChaCha20 expansions of ``C`` words) and the server's total (routing, the
+``k``-regular graph, Shamir reconstruction of every self-mask seed, ``E`` PRG expansions).
 """
 
 from __future__ import annotations
 
+import argparse
 import time
+from collections.abc import Sequence
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from flmarket_flwr.pass_protocol import PassParticipant, unmask_sum
+from flmarket_flwr.pass_protocol import PassClient, PassServer
 
 
-def main() -> None:
-    print(f"{'E':>5} {'C':>7} {'mask one client (s)':>20} {'unmask E vectors (s)':>21}")
-    for num_clients in (10, 100, 500):
+def run_session(num_clients: int, num_classes: int, seed: int = 0) -> tuple[int, float, float]:
+    """One session; return ``(degree, mean seconds of one client's rounds, seconds of the server)``."""
+    counts = np.random.default_rng(seed).integers(0, 1000, size=(num_clients, num_classes))
+    server_time = 0.0
+    client_time = 0.0
+    started = time.perf_counter()
+    server = PassServer(b"bench", num_classes, 1000)
+    requests = server.advertise_requests(list(range(num_clients)))
+    server_time += time.perf_counter() - started
+    states = {index: PassClient().to_record() for index in requests}
+
+    def answer(requests: dict, method: str) -> dict:  # type: ignore[type-arg]
+        nonlocal client_time
+        replies = {}
+        for index, request in requests.items():
+            started = time.perf_counter()
+            client = PassClient.from_record(states[index])
+            own = (counts[index - 1],) if method == "advertise" else ()
+            replies[index] = getattr(client, method)(request.to_record(), *own).to_record()
+            states[index] = client.to_record()
+            client_time += time.perf_counter() - started
+        return replies
+
+    def serve(step, replies):  # type: ignore[no-untyped-def]
+        nonlocal server_time
+        started = time.perf_counter()
+        result = step(replies)
+        server_time += time.perf_counter() - started
+        return result
+
+    shares = serve(server.receive_advertisements, answer(requests, "advertise"))
+    masks = serve(server.receive_shares, answer(shares, "share_keys"))
+    unmasks = serve(server.receive_masked, answer(masks, "mask_input"))
+    serve(server.receive_unmask, answer(unmasks, "unmask"))
+    total = serve(lambda _: server.finish(), None)
+    assert np.array_equal(total, counts.sum(axis=0)), "PASS did not return the exact sum"
+    return server.degree, client_time / num_clients, server_time
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="E = 10 only")
+    args = parser.parse_args(argv)
+    sizes = (10,) if args.quick else (10, 100, 500)
+    print(f"{'E':>5} {'C':>7} {'k':>4} {'one client, 4 rounds (s)':>25} {'server, 4 rounds (s)':>21}")
+    for num_clients in sizes:
         for num_classes in (10, 10_000):
-            keys = {i: X25519PrivateKey.generate().public_key().public_bytes_raw() for i in range(1, num_clients)}
-            participant = PassParticipant(0, np.arange(num_classes), session=b"bench")
-            keys[0] = participant.public_key
-            start = time.perf_counter()
-            masked = participant.masked_counts(keys)
-            mask_time = time.perf_counter() - start
-            vectors = np.tile(masked, (num_clients, 1))
-            start = time.perf_counter()
-            try:
-                unmask_sum(vectors)
-            except ValueError:
-                pass  # copies of one vector are not a complete set; only the summing time matters here
-            unmask_time = time.perf_counter() - start
-            print(f"{num_clients:>5} {num_classes:>7} {mask_time:>20.4f} {unmask_time:>21.4f}", flush=True)
+            degree, client_time, server_time = run_session(num_clients, num_classes)
+            print(f"{num_clients:>5} {num_classes:>7} {degree:>4} {client_time:>25.4f} {server_time:>21.4f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,10 @@ Run ``python -m flmarket_flwr.demo`` (see ``--help``). Every step uses the libra
 the way a non-Flower integration would:
 
 1. partition the bundled digits data over ``E`` clients (global distribution ``dN``, Dirichlet);
-2. PASS: each client masks its label counts with pairwise X25519/ChaCha20 masks, the aggregator
-   sums the masked vectors and obtains the exact global counts, never a client's own;
+2. PASS v2 (:class:`~flmarket_flwr.pass_protocol.PassClient` and
+   :class:`~flmarket_flwr.pass_protocol.PassServer`, driven in this process): each client double-masks its
+   label counts (a self-mask and pairwise X25519/ChaCha20 masks with its graph neighbours, both secrets
+   Shamir-shared), and the server unmasks the exact global counts, never a client's own;
 3. each client scores itself from its own counts, the global counts and ``E``, and bids its cost
    (a per-sample cost drawn per client, times its data volume, plus a markup);
 4. the reverse auction selects winners within the budget and pays each its critical value.
@@ -20,29 +22,55 @@ import numpy as np
 
 from flmarket_flwr.data import DISTRIBUTIONS, load_digits_arrays, make_partition, train_test_split_balanced
 from flmarket_flwr.market.bidding import simulated_cost_per_sample
-from flmarket_flwr.pass_protocol import PassParticipant, unmask_sum
+from flmarket_flwr.pass_protocol import PassClient, PassServer
 from flmarket_flwr.pricing import AuctionResult, run_auction, score
 
 
-def secure_global_counts(label_counts: np.ndarray, session: bytes) -> np.ndarray:
-    """Run PASS among all clients and return the unmasked global counts.
+def secure_global_counts(label_counts: np.ndarray, session: bytes, count_bound: int = 10**9) -> np.ndarray:
+    """Run one PASS v2 session among all clients, in this process, and return the global counts.
+
+    Every message and every client state crosses its record form (``to_record`` / ``from_record``),
+    as it would between processes; no client drops out.
 
     Parameters
     ----------
     label_counts : np.ndarray
-        ``(E, C)`` per-client counts; row ``e`` stays with participant ``e``.
+        ``(E, C)`` per-client counts; row ``e`` stays with client ``e``.
     session : bytes
-        Run identifier bound into every pairwise seed.
+        Session identifier bound into every key, share and mask.
+    count_bound : int (default: 10**9)
+        Declared maximum of any client's count of any class.
 
     Returns
     -------
     np.ndarray
         The global per-class counts, ``(C,)``.
+
+    Raises
+    ------
+    flmarket_flwr.pass_protocol.PassError
+        Fewer than 3 clients, or a count above ``count_bound``.
     """
-    participants = [PassParticipant(index, counts, session=session) for index, counts in enumerate(label_counts)]
-    public_keys = {participant.index: participant.public_key for participant in participants}
-    masked = {participant.index: participant.masked_counts(public_keys) for participant in participants}
-    return unmask_sum(masked)
+    counts = np.asarray(label_counts)
+    server = PassServer(session, counts.shape[1], count_bound)
+    requests = server.advertise_requests(list(range(counts.shape[0])))  # node id = row
+    states = {index: PassClient().to_record() for index in requests}
+
+    def answer(requests: dict, method: str) -> dict:  # type: ignore[type-arg]
+        """Each client answers its request from its stored state, and stores its new state."""
+        replies = {}
+        for index, request in requests.items():
+            client = PassClient.from_record(states[index])
+            own = (counts[server.node_of[index]],) if method == "advertise" else ()
+            replies[index] = getattr(client, method)(request.to_record(), *own).to_record()
+            states[index] = client.to_record()
+        return replies
+
+    shares = server.receive_advertisements(answer(requests, "advertise"))
+    masks = server.receive_shares(answer(shares, "share_keys"))
+    unmasks = server.receive_masked(answer(masks, "mask_input"))
+    server.receive_unmask(answer(unmasks, "unmask"))
+    return server.finish()
 
 
 def run_demo(

@@ -1,4 +1,4 @@
-"""The Flower-free demo: every step of the market on digits, end to end."""
+"""The Flower-free demo: every step of the market on digits, end to end, PASS v2 driven in-process."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from flmarket_flwr.demo import main, run_demo, secure_global_counts
+from flmarket_flwr.pass_protocol import PassError
 from flmarket_flwr.pricing import run_auction, score
 
 
@@ -22,9 +23,13 @@ def test_demo_market_is_exact_and_within_budget() -> None:
     assert result.winners.tolist() == reference.winners.tolist()
 
 
-def test_pass_over_the_demo_clients_never_hands_back_a_row() -> None:
+def test_pass_over_the_demo_clients_gives_the_exact_sum_and_refuses_what_it_must() -> None:
     counts = np.array([[3, 6, 8], [4, 4, 7], [10, 8, 5]])  # the paper's PASS example
     np.testing.assert_array_equal(secure_global_counts(counts, session=b"test"), [17, 18, 20])
+    with pytest.raises(PassError, match="at least 3"):
+        secure_global_counts(counts[:2], session=b"test")
+    with pytest.raises(PassError, match="count_bound"):
+        secure_global_counts(counts, session=b"test", count_bound=9)
 
 
 def test_demo_prints_winners_and_refuses_too_few_clients(capsys: pytest.CaptureFixture[str]) -> None:

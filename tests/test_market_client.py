@@ -1,7 +1,9 @@
-"""Client handlers: PASS key handling in ``context.state``, scoring, bidding, awards, privacy."""
+"""Client handlers: PASS v2 state in ``context.state``, one session per run, scoring, bidding, audits,
+awards, generic refusals, and what the server can see."""
 
 from __future__ import annotations
 
+import logging
 import math
 from uuid import uuid4
 
@@ -26,34 +28,36 @@ from flmarket_flwr.market import (
 )
 from flmarket_flwr.market.client import ERROR_PREFIX
 from flmarket_flwr.market.messages import (
+    ACTION_ADVERTISE,
+    ACTION_AUDIT,
     ACTION_AWARD,
     ACTION_BID,
-    ACTION_KEYS,
     ACTION_MASK,
+    ACTION_SHARE,
+    ACTION_UNMASK,
+    ACTIONS,
     KEY_ACCEPTED,
     KEY_BID,
+    KEY_COUNTS,
     KEY_GLOBAL_COUNTS,
-    KEY_INDICES,
-    KEY_MASKED_COUNTS,
-    KEY_NUM_CLASSES,
+    KEY_NONCE,
     KEY_NUM_CLIENTS,
-    KEY_PASS_INDEX,
     KEY_PAYMENT,
-    KEY_PUBLIC_KEY,
-    KEY_PUBLIC_KEYS,
     KEY_SCORE,
     KEY_SESSION,
+    KEY_TRANSCRIPT,
     KEY_WON,
     RECORD_KEY,
-    decode_masked_counts,
     message_type,
 )
 from flmarket_flwr.market.testing import InProcessGrid, market_client_app
-from flmarket_flwr.pass_protocol import unmask_sum
+from flmarket_flwr.pass_protocol import MaskedInput, PassServer, counts_commitment
 from flmarket_flwr.pricing import score
 
 C = 5
 SESSION = b"flmarket/test-session"
+BOUND = 100
+SECRET_KEYS = ("pass/cipher_private_key", "pass/mask_private_key", "pass/self_seed", "pass/held_shares")
 
 
 @pytest.fixture(autouse=True)
@@ -66,10 +70,10 @@ def _server_identity() -> None:
 class Node:
     """One client: a ClientApp and a Context, called the way Flower's runtimes call them."""
 
-    def __init__(self, counts, bid_policy=None, node_id: int = 7, node_config=None) -> None:
+    def __init__(self, counts, bid_policy=None, node_id: int = 7, node_config=None, audit: bool = True) -> None:
         self.counts = np.asarray(counts)
         self.app = ClientApp()
-        register_market_handlers(self.app, lambda context: self.counts, bid_policy)
+        register_market_handlers(self.app, lambda context: self.counts, bid_policy, audit=audit)
         self.context = Context(1, node_id, dict(node_config or {"partition-id": 3}), RecordDict(), {})
 
     def call(self, action: str, **fields: object) -> Message:
@@ -86,206 +90,372 @@ class Node:
     def state(self) -> ConfigRecord:
         return self.context.state.config_records[RECORD_KEY]
 
+    def secrets(self) -> list[bytes]:
+        state = self.state()
+        found: list[bytes] = []
+        for key in SECRET_KEYS:
+            value = state.get(key)
+            found.extend(value if isinstance(value, list) else [value] if isinstance(value, bytes) else [])
+        return found
+
 
 def record(reply: Message) -> ConfigRecord:
     assert not reply.has_error(), reply.error.reason
     return reply.content.config_records[RECORD_KEY]
 
 
-def error_reason(reply: Message) -> str:
+def refused(reply: Message, action: str) -> str:
+    """The reply is the generic refusal of ``action``, with no detail."""
     assert reply.has_error()
-    assert reply.error.reason.startswith(ERROR_PREFIX)
+    assert reply.error.reason == f"{ERROR_PREFIX}{action}: request refused"
     return reply.error.reason
 
 
-def keys_round(nodes: list[Node], session: bytes = SESSION) -> dict[int, bytes]:
-    keys = {}
-    for index, node in enumerate(nodes, start=1):
-        reply = node.call(ACTION_KEYS, **{KEY_PASS_INDEX: index, KEY_SESSION: session, KEY_NUM_CLASSES: C})
-        keys[index] = record(reply)[KEY_PUBLIC_KEY]
-    return keys
+class Session:
+    """A PassServer driving the Nodes' handlers through the four PASS rounds."""
+
+    def __init__(self, nodes: list[Node], session: bytes = SESSION, count_bound: int = BOUND) -> None:
+        self.nodes = {node.context.node_id: node for node in nodes}
+        self.server = PassServer(session, C, count_bound)
+        self.requests = self.server.advertise_requests(list(self.nodes))
+        self.masked: dict[int, dict] = {}
+
+    def node(self, index: int) -> Node:
+        return self.nodes[self.server.node_of[index]]
+
+    def round(self, action: str, requests: dict, drop: tuple[int, ...] = ()) -> dict[int, dict]:
+        return {
+            index: dict(record(self.node(index).call(action, **request.to_record())).items())
+            for index, request in requests.items()
+            if self.server.node_of[index] not in drop
+        }
+
+    def run(self, drop_at_mask: tuple[int, ...] = ()) -> np.ndarray:
+        server = self.server
+        requests = server.receive_advertisements(self.round(ACTION_ADVERTISE, self.requests))
+        requests = server.receive_shares(self.round(ACTION_SHARE, requests))
+        self.masked = self.round(ACTION_MASK, requests, drop=drop_at_mask)
+        requests = server.receive_masked(self.masked)
+        server.receive_unmask(self.round(ACTION_UNMASK, requests))
+        return server.finish()
+
+    def bid_fields(self, node: Node | None = None, **changes: object) -> dict[str, object]:
+        fields: dict[str, object] = {
+            KEY_SESSION: self.server.session,
+            KEY_GLOBAL_COUNTS: [int(c) for c in self.total],
+            KEY_NUM_CLIENTS: len(self.server.survivors),
+            KEY_TRANSCRIPT: self.server.transcript,
+        }
+        fields.update(changes)
+        return {k: v for k, v in fields.items() if v is not None}
+
+    @property
+    def total(self) -> np.ndarray:
+        return sum(self.nodes[self.server.node_of[u]].counts for u in self.server.survivors)
 
 
-def mask_call(node: Node, index: int, keys: dict[int, bytes], session: bytes = SESSION) -> Message:
-    return node.call(
-        ACTION_MASK,
-        **{
-            KEY_PASS_INDEX: index,
-            KEY_SESSION: session,
-            KEY_INDICES: list(keys),
-            KEY_PUBLIC_KEYS: list(keys.values()),
-        },
-    )
+def three_nodes(**kwargs: object) -> list[Node]:
+    counts = ([1, 2, 3, 4, 5], [10, 0, 7, 1, 2], [0, 9, 9, 9, 1])
+    return [Node(c, node_id=7 + i, **kwargs) for i, c in enumerate(counts)]  # type: ignore[arg-type]
 
 
-def three_nodes() -> list[Node]:
-    return [Node([1, 2, 3, 4, 5]), Node([10, 0, 7, 1, 2]), Node([0, 9, 9, 9, 1])]
+def completed(**kwargs: object) -> tuple[Session, list[Node]]:
+    nodes = three_nodes(**kwargs)
+    session = Session(nodes)
+    session.run()
+    return session, nodes
 
 
 # --- PASS ----------------------------------------------------------------------------------------
-def test_keys_handler_keeps_the_private_key_in_state_and_replies_its_public_key() -> None:
+def test_advertise_keeps_the_private_keys_in_state_and_replies_public_keys_only() -> None:
     node = Node([3, 1, 4, 1, 5])
-    reply = node.call(ACTION_KEYS, **{KEY_PASS_INDEX: 2, KEY_SESSION: SESSION, KEY_NUM_CLASSES: C})
+    server = PassServer(SESSION, C, BOUND)
+    request = server.advertise_requests([7, 8, 9])[1]
+    reply = record(node.call(ACTION_ADVERTISE, **request.to_record()))
 
-    public_key = record(reply)[KEY_PUBLIC_KEY]
-    stored = [v for k, v in node.state().items() if k.startswith("pass-key/")]
-    assert len(stored) == 1 and isinstance(stored[0], bytes) and len(stored[0]) == 32
-    private = X25519PrivateKey.from_private_bytes(stored[0])
-    assert private.public_key().public_bytes_raw() == public_key
-    assert list(record(reply).keys()) == [KEY_PUBLIC_KEY]
+    assert set(reply.keys()) == {"cipher_public_key", "mask_public_key", "signature"}
+    assert reply["signature"] == b""
+    for kind in ("cipher", "mask"):
+        private = X25519PrivateKey.from_private_bytes(node.state()[f"pass/{kind}_private_key"])  # type: ignore[arg-type]
+        assert private.public_key().public_bytes_raw() == reply[f"{kind}_public_key"]
+    assert node.state()["pass/session"] == SESSION
 
 
-def test_masked_counts_of_three_clients_unmask_to_the_exact_sum() -> None:
+def test_a_session_through_the_handlers_unmasks_to_the_exact_sum() -> None:
     nodes = three_nodes()
-    keys = keys_round(nodes)
+    session = Session(nodes)
 
-    masked = {}
-    for index, node in enumerate(nodes, start=1):
-        data = record(mask_call(node, index, keys))[KEY_MASKED_COUNTS]
-        masked[index] = decode_masked_counts(data, C)  # type: ignore[arg-type]
+    total = session.run()
 
-    expected = sum(node.counts for node in nodes)
-    np.testing.assert_array_equal(unmask_sum(masked), expected)
-    for index, node in enumerate(nodes, start=1):
-        assert not np.array_equal(masked[index], node.counts)
+    np.testing.assert_array_equal(total, sum(node.counts for node in nodes))
+    for index, reply in session.masked.items():
+        masked = np.frombuffer(MaskedInput.from_record(reply).masked_counts, dtype="<u8")
+        assert not np.array_equal(masked, session.node(index).counts)
+    for node in nodes:
+        assert node.state()["pass/transcript"] == session.server.transcript
+        assert node.state()["pass/survivor_count"] == 3
 
 
-def test_a_key_masks_once_only() -> None:
+def test_a_dropout_after_sharing_is_recovered_in_the_same_session() -> None:
+    nodes = [Node(np.arange(C) + i, node_id=20 + i) for i in range(5)]
+    session = Session(nodes)
+
+    total = session.run(drop_at_mask=(22,))
+
+    assert session.server.dropped == [session.server.index_of[22]]
+    np.testing.assert_array_equal(total, sum(n.counts for n in nodes if n.context.node_id != 22))
+
+
+def test_private_keys_and_self_mask_are_wiped_once_masked() -> None:
+    _, nodes = completed()
+    for node in nodes:
+        assert node.secrets() == []
+        assert isinstance(node.state()["pass/nonce"], bytes)
+
+
+def test_only_plain_values_live_in_the_client_state() -> None:
+    """Each message may run in a fresh process: the state is a ConfigRecord of plain values after every round."""
     nodes = three_nodes()
-    keys = keys_round(nodes)
-    record(mask_call(nodes[0], 1, keys))
+    session = Session(nodes)
+    server = session.server
+    requests: dict = session.requests
+    for action, receive in (
+        (ACTION_ADVERTISE, server.receive_advertisements),
+        (ACTION_SHARE, server.receive_shares),
+        (ACTION_MASK, server.receive_masked),
+        (ACTION_UNMASK, server.receive_unmask),
+    ):
+        requests = receive(session.round(action, requests))
+        for node in nodes:
+            for key, value in node.state().items():
+                assert isinstance(value, (bytes, int, float, bool, str)) or (
+                    isinstance(value, list) and all(isinstance(v, (bytes, int)) for v in value)
+                ), (action, key)
+    np.testing.assert_array_equal(server.finish(), sum(node.counts for node in nodes))
 
-    again = mask_call(nodes[0], 1, keys)
-    assert "no unused PASS key" in error_reason(again)
-    assert not [k for k in nodes[0].state() if k.startswith("pass-key/")]
 
-
-def test_mask_refuses_fewer_than_three_keys_and_keeps_the_key() -> None:
+def test_each_pass_step_is_answered_once_and_a_refusal_closes_the_session(caplog) -> None:
     nodes = three_nodes()
-    keys = keys_round(nodes)
+    session = Session(nodes)
+    share_requests = session.server.receive_advertisements(session.round(ACTION_ADVERTISE, session.requests))
+    node = session.node(1)
 
-    reply = mask_call(nodes[0], 1, {1: keys[1], 2: keys[2]})
-    assert "at least 3" in error_reason(reply)
-    record(mask_call(nodes[0], 1, keys))  # the refused request did not consume the key
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        refused(node.call(ACTION_ADVERTISE, **session.requests[1].to_record()), ACTION_ADVERTISE)
+    assert "already advertised" in caplog.text  # the detail stays in the client's log
+    assert node.secrets() == []  # the refusal wiped the session's keys
+    refused(node.call(ACTION_SHARE, **share_requests[1].to_record()), ACTION_SHARE)
+    record(session.node(2).call(ACTION_SHARE, **share_requests[2].to_record()))  # the others go on
+
+
+def test_a_second_session_is_refused() -> None:
+    """One PASS session per run: the server never gets two sums to difference."""
+    _, nodes = completed()
+    again = Session(nodes, session=b"flmarket/another-session")
+    for index, request in again.requests.items():
+        refused(again.node(index).call(ACTION_ADVERTISE, **request.to_record()), ACTION_ADVERTISE)
+
+
+def test_steps_out_of_order_are_refused() -> None:
+    nodes = three_nodes()
+    refused(nodes[0].call(ACTION_MASK, senders=[], ciphertexts=[]), ACTION_MASK)
+    refused(nodes[1].call(ACTION_UNMASK, survivors=[1, 2, 3], dropped=[]), ACTION_UNMASK)
+    refused(nodes[2].call(ACTION_BID, **{KEY_SESSION: SESSION}), ACTION_BID)
+    assert all(node.secrets() == [] for node in nodes)
 
 
 @pytest.mark.parametrize(
-    "fields, reason",
+    "change",
     [
-        ({KEY_PASS_INDEX: 1, KEY_SESSION: b"other-session"}, "no unused PASS key"),
-        ({KEY_PASS_INDEX: 2, KEY_SESSION: SESSION}, "index"),
-        ({KEY_PASS_INDEX: 1}, "session"),
-        ({KEY_SESSION: SESSION}, "pass-index"),
+        {"session": b""},
+        {"num_classes": 0},
+        {"count_bound": 0},
+        {"graph_commitment": b"short"},
+        {"index": 0},
+        {"index": "1"},
+        {"session": "text"},
     ],
 )
-def test_mask_refuses_unknown_sessions_and_bad_requests(fields: dict[str, object], reason: str) -> None:
-    nodes = three_nodes()
-    keys = keys_round(nodes)
-    reply = nodes[0].call(ACTION_MASK, **fields, **{KEY_INDICES: list(keys), KEY_PUBLIC_KEYS: list(keys.values())})
-    assert reason in error_reason(reply)
+def test_malformed_advertise_requests_are_refused(change: dict[str, object]) -> None:
+    request = PassServer(SESSION, C, BOUND).advertise_requests([7, 8, 9])[1].to_record()
+    request.update(change)
+    refused(Node([1, 2, 3, 4, 5]).call(ACTION_ADVERTISE, **request), ACTION_ADVERTISE)
 
 
-def test_mask_refuses_a_key_set_without_its_own_key() -> None:
-    nodes = three_nodes()
-    keys = keys_round(nodes)
-    forged = dict(keys)
-    forged[1] = X25519PrivateKey.generate().public_key().public_bytes_raw()
-    assert "does not match" in error_reason(mask_call(nodes[0], 1, forged))
+def test_a_request_without_the_market_record_is_refused() -> None:
+    node = Node([1, 2, 3, 4, 5])
+    message = Message(RecordDict({"other": ConfigRecord({"x": 1})}), dst_node_id=7,
+                      message_type=message_type(ACTION_ADVERTISE))
+    message.metadata.__dict__["_message_id"] = str(uuid4())
+    refused(node.app(message, node.context), ACTION_ADVERTISE)
 
 
-def test_keys_are_kept_per_session() -> None:
-    """A late round-one message of an older attempt must not clobber the current key."""
-    nodes = three_nodes()
-    old = keys_round(nodes, session=b"attempt-1")
-    new = keys_round(nodes, session=b"attempt-2")
-    assert old != new
-    record(mask_call(nodes[0], 1, new, session=b"attempt-2"))
-    record(mask_call(nodes[0], 1, old, session=b"attempt-1"))
-
-
-def test_label_counts_of_the_wrong_length_are_refused() -> None:
+def test_label_counts_of_the_wrong_length_are_refused(caplog) -> None:
     node = Node([1, 2, 3])
-    reply = node.call(ACTION_KEYS, **{KEY_PASS_INDEX: 1, KEY_SESSION: SESSION, KEY_NUM_CLASSES: C})
-    assert "3 classes, the market has 5" in error_reason(reply)
+    request = PassServer(SESSION, C, BOUND).advertise_requests([7, 8, 9])[1]
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        refused(node.call(ACTION_ADVERTISE, **request.to_record()), ACTION_ADVERTISE)
+    assert "3 classes, the session has 5" in caplog.text
+
+
+def test_counts_above_the_declared_bound_are_refused(caplog) -> None:
+    node = Node([1, 2, 300, 4, 5])
+    request = PassServer(SESSION, C, BOUND).advertise_requests([7, 8, 9])[1]
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        refused(node.call(ACTION_ADVERTISE, **request.to_record()), ACTION_ADVERTISE)
+    assert "exceeds the declared count_bound" in caplog.text
 
 
 @pytest.mark.parametrize("counts", [[1, -2, 3, 4, 5], [1.5, 2, 3, 4, 5], [[1, 2, 3, 4, 5]]])
 def test_invalid_label_counts_are_refused(counts: object) -> None:
-    node = Node(counts)
-    reply = node.call(ACTION_KEYS, **{KEY_PASS_INDEX: 1, KEY_SESSION: SESSION, KEY_NUM_CLASSES: C})
-    assert reply.has_error()
+    request = PassServer(SESSION, C, BOUND).advertise_requests([7, 8, 9])[1]
+    refused(Node(counts).call(ACTION_ADVERTISE, **request.to_record()), ACTION_ADVERTISE)
 
 
 # --- Score and bid -------------------------------------------------------------------------------
-def test_bid_handler_scores_locally_and_applies_the_policy() -> None:
-    counts = [3, 0, 8, 2, 1]
-    global_counts = [30, 12, 40, 9, 4]
-    node = Node(counts, bid_policy=CostBasedBid(0.5, markup=0.1))
+def test_bid_handler_scores_locally_against_the_session_and_applies_the_policy() -> None:
+    session, nodes = completed(bid_policy=CostBasedBid(0.5, markup=0.1))
+    node = nodes[0]
 
-    reply = record(node.call(ACTION_BID, **{KEY_GLOBAL_COUNTS: global_counts, KEY_NUM_CLIENTS: 4}))
+    reply = record(node.call(ACTION_BID, **session.bid_fields()))
 
-    assert reply[KEY_SCORE] == score(counts, global_counts, 4)
-    assert reply[KEY_BID] == pytest.approx(0.5 * 14 * 1.1)
+    assert reply[KEY_SCORE] == score(node.counts, session.total, 3)
+    assert reply[KEY_BID] == pytest.approx(0.5 * 15 * 1.1)
     assert node.state()[KEY_SCORE] == reply[KEY_SCORE]
+    refused(node.call(ACTION_BID, **session.bid_fields()), ACTION_BID)  # bids once
 
 
-def test_a_client_without_data_cannot_bid() -> None:
-    node = Node([0, 0, 0, 0, 0])
-    reply = node.call(ACTION_BID, **{KEY_GLOBAL_COUNTS: [5, 5, 5, 5, 5], KEY_NUM_CLIENTS: 3})
-    assert "no data" in error_reason(reply)
+def test_a_client_without_data_cannot_bid(caplog) -> None:
+    nodes = three_nodes()
+    nodes[0].counts = np.zeros(C, dtype=np.int64)
+    session = Session(nodes)
+    session.run()
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        refused(nodes[0].call(ACTION_BID, **session.bid_fields()), ACTION_BID)
+    assert "no data" in caplog.text
 
 
 @pytest.mark.parametrize("bad_bid", [float("nan"), 0.0, -1.0, math.inf, "1.0", None])
 def test_a_bid_policy_returning_an_invalid_bid_gives_an_error_reply(bad_bid: object) -> None:
-    node = Node([1, 2, 3, 4, 5], bid_policy=lambda counts, s, context: bad_bid)
-    reply = node.call(ACTION_BID, **{KEY_GLOBAL_COUNTS: [5, 5, 5, 5, 5], KEY_NUM_CLIENTS: 3})
-    assert "bid" in error_reason(reply)
+    session, nodes = completed(bid_policy=lambda counts, s, context: bad_bid)
+    refused(nodes[0].call(ACTION_BID, **session.bid_fields()), ACTION_BID)
+
+
+BAD_BID_REQUESTS = {
+    "counts-below-own": {KEY_GLOBAL_COUNTS: [1, 1, 1, 1, 1]},
+    "wrong-classes": {KEY_GLOBAL_COUNTS: [50, 50, 50, 50]},
+    "above-bound": {KEY_GLOBAL_COUNTS: [50, 50, 50, 50, 3 * BOUND + 1]},
+    "negative": {KEY_GLOBAL_COUNTS: [50, 50, -1, 50, 50]},
+    "wrong-E": {KEY_NUM_CLIENTS: 4},
+    "zero-E": {KEY_NUM_CLIENTS: 0},
+    "wrong-transcript": {KEY_TRANSCRIPT: bytes(32)},
+    "wrong-session": {KEY_SESSION: b"flmarket/other"},
+    "no-session": {KEY_SESSION: None},
+    "no-counts": {KEY_GLOBAL_COUNTS: None},
+    "no-E": {KEY_NUM_CLIENTS: None},
+    "no-transcript": {KEY_TRANSCRIPT: None},
+}
+
+
+@pytest.mark.parametrize("change", BAD_BID_REQUESTS.values(), ids=BAD_BID_REQUESTS.keys())
+def test_bid_requests_not_bound_to_the_session_are_refused_and_close_the_bid(change: dict[str, object]) -> None:
+    session, nodes = completed()
+    refused(nodes[0].call(ACTION_BID, **session.bid_fields(**change)), ACTION_BID)
+    refused(nodes[0].call(ACTION_BID, **session.bid_fields()), ACTION_BID)  # answered once, even a refusal
+
+
+def test_simulated_cost_bid_reads_the_partition_id(caplog) -> None:
+    policy = SimulatedCostBid(seed=3, low=1.0, high=2.0, markup=0.0)
+    session, nodes = completed(bid_policy=policy, node_config={"partition-id": 4})
+    reply = record(nodes[0].call(ACTION_BID, **session.bid_fields()))
+    assert reply[KEY_BID] == pytest.approx(simulated_cost_per_sample(4, seed=3, low=1.0, high=2.0) * 15)
+
+    session, nodes = completed(bid_policy=policy, node_config={"other": 1})
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        refused(nodes[0].call(ACTION_BID, **session.bid_fields()), ACTION_BID)
+    assert "partition-id" in caplog.text
+
+
+# --- Audit ---------------------------------------------------------------------------------------
+def bid_placed(**kwargs: object) -> tuple[Session, Node, float]:
+    session, nodes = completed(bid_policy=CostBasedBid(0.5, markup=0.0), **kwargs)
+    node = nodes[1]
+    bid = float(record(node.call(ACTION_BID, **session.bid_fields()))[KEY_BID])
+    return session, node, bid
+
+
+def test_a_winner_offered_its_bid_opens_its_counts_commitment_once() -> None:
+    session, node, bid = bid_placed()
+    reply = record(node.call(ACTION_AUDIT, **{KEY_SESSION: SESSION, KEY_PAYMENT: bid}))
+
+    assert reply[KEY_COUNTS] == [int(c) for c in node.counts]
+    index = session.server.index_of[node.context.node_id]
+    assert counts_commitment(SESSION, index, reply[KEY_COUNTS], reply[KEY_NONCE]) == session.server.commitments[index]
+    refused(node.call(ACTION_AUDIT, **{KEY_SESSION: SESSION, KEY_PAYMENT: bid}), ACTION_AUDIT)
 
 
 @pytest.mark.parametrize(
     "fields",
     [
-        {KEY_GLOBAL_COUNTS: [1, 1, 1, 1, 1], KEY_NUM_CLIENTS: 3},  # local counts exceed global ones
-        {KEY_GLOBAL_COUNTS: [50, 50, 50, 50], KEY_NUM_CLIENTS: 3},  # wrong number of classes
-        {KEY_GLOBAL_COUNTS: [50, 50, 50, 50, 50], KEY_NUM_CLIENTS: 0},
-        {KEY_GLOBAL_COUNTS: [50, 50, 50, 50, 50]},
-        {KEY_NUM_CLIENTS: 3},
+        {KEY_PAYMENT: "below"},
+        {KEY_SESSION: b"flmarket/other"},
+        {KEY_PAYMENT: float("nan")},
+        {KEY_PAYMENT: True},
+        {KEY_PAYMENT: None},
     ],
 )
-def test_inconsistent_bid_requests_give_error_replies(fields: dict[str, object]) -> None:
-    node = Node([1, 2, 3, 4, 5])
-    assert node.call(ACTION_BID, **fields).has_error()
+def test_audit_requests_below_the_bid_or_off_session_are_refused(fields: dict[str, object]) -> None:
+    _, node, bid = bid_placed()
+    request: dict[str, object] = {KEY_SESSION: SESSION, KEY_PAYMENT: bid}
+    request.update({k: (bid * 0.99 if v == "below" else v) for k, v in fields.items()})
+    refused(node.call(ACTION_AUDIT, **{k: v for k, v in request.items() if v is not None}), ACTION_AUDIT)
+    record(node.call(ACTION_AUDIT, **{KEY_SESSION: SESSION, KEY_PAYMENT: bid}))  # a refusal does not close it
 
 
-def test_simulated_cost_bid_reads_the_partition_id() -> None:
-    policy = SimulatedCostBid(seed=3, low=1.0, high=2.0, markup=0.0)
-    node = Node([1, 2, 3, 4, 5], bid_policy=policy, node_config={"partition-id": 4})
-    reply = record(node.call(ACTION_BID, **{KEY_GLOBAL_COUNTS: [9, 9, 9, 9, 9], KEY_NUM_CLIENTS: 3}))
-    assert reply[KEY_BID] == pytest.approx(simulated_cost_per_sample(4, seed=3, low=1.0, high=2.0) * 15)
+def test_a_client_that_does_not_open_its_counts_refuses_every_audit() -> None:
+    _, node, bid = bid_placed(audit=False)
+    refused(node.call(ACTION_AUDIT, **{KEY_SESSION: SESSION, KEY_PAYMENT: 10 * bid}), ACTION_AUDIT)
 
-    no_partition = Node([1, 2, 3, 4, 5], bid_policy=policy, node_config={"other": 1})
-    reply = no_partition.call(ACTION_BID, **{KEY_GLOBAL_COUNTS: [9, 9, 9, 9, 9], KEY_NUM_CLIENTS: 3})
-    assert "partition-id" in error_reason(reply)
+
+def test_no_audit_before_a_bid() -> None:
+    _, nodes = completed()
+    refused(nodes[0].call(ACTION_AUDIT, **{KEY_SESSION: SESSION, KEY_PAYMENT: 1e9}), ACTION_AUDIT)
 
 
 # --- Award ---------------------------------------------------------------------------------------
-def test_award_is_recorded_and_pass_keys_purged() -> None:
+def test_award_is_recorded_and_pass_state_wiped() -> None:
     nodes = three_nodes()
-    keys_round(nodes, session=b"never-masked")
+    session = Session(nodes)
+    session.round(ACTION_ADVERTISE, session.requests)  # advertised, never masked: keys still held
     node = nodes[0]
-    assert read_award(node.context) is None
+    assert read_award(node.context) is None and len(node.secrets()) == 2
 
-    reply = record(node.call(ACTION_AWARD, **{KEY_WON: True, KEY_PAYMENT: 12.5}))
+    reply = record(node.call(ACTION_AWARD, **{KEY_SESSION: SESSION, KEY_WON: True, KEY_PAYMENT: 12.5}))
 
     assert reply[KEY_ACCEPTED] is True
     award = read_award(node.context)
     assert award is not None and award.won is True and award.payment == 12.5
-    assert not [k for k in node.state() if k.startswith("pass-")]
+    assert {k for k in node.state() if k.startswith("pass/")} == {"pass/session", "pass/stage"}
+    refused(node.call(ACTION_ADVERTISE, **session.requests[1].to_record()), ACTION_ADVERTISE)
 
 
-@pytest.mark.parametrize("fields", [{KEY_WON: 1, KEY_PAYMENT: 1.0}, {KEY_WON: True, KEY_PAYMENT: float("nan")}, {}])
-def test_malformed_awards_give_error_replies(fields: dict[str, object]) -> None:
-    assert Node([1, 2, 3, 4, 5]).call(ACTION_AWARD, **fields).has_error()
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {KEY_SESSION: SESSION, KEY_WON: 1, KEY_PAYMENT: 1.0},
+        {KEY_SESSION: SESSION, KEY_WON: True, KEY_PAYMENT: float("nan")},
+        {KEY_SESSION: b"flmarket/other", KEY_WON: True, KEY_PAYMENT: 1.0},
+        {KEY_SESSION: SESSION},
+        {},
+    ],
+)
+def test_malformed_awards_give_error_replies_and_still_wipe_the_keys(fields: dict[str, object]) -> None:
+    nodes = three_nodes()
+    session = Session(nodes)
+    session.round(ACTION_ADVERTISE, session.requests)
+    refused(nodes[0].call(ACTION_AWARD, **fields), ACTION_AWARD)
+    assert nodes[0].secrets() == []
+    assert read_award(nodes[0].context) is None
 
 
 def test_register_refuses_a_second_registration() -> None:
@@ -343,10 +513,20 @@ def _values(config: ConfigRecord) -> list[object]:
     return values
 
 
-def find_leaks(grid: InProcessGrid, counts: dict[int, np.ndarray], private_keys: list[bytes]) -> list[str]:
-    """Search every reply the server received, and every message it sent, for counts and keys."""
+def find_leaks(grid: InProcessGrid, counts: dict[int, np.ndarray], secrets: list[bytes]) -> list[str]:
+    """Search every reply the server received (but the audits), and every message it sent, for counts and secrets.
+
+    The audit is where a winner opens its counts to the buyer on purpose: it is checked apart.
+    """
     leaks = []
-    received = b"".join(grid.received_wire)
+    audit = message_type(ACTION_AUDIT)
+    audited_ids = {m.metadata.message_id for m in grid.sent if m.metadata.message_type == audit}
+    replies = [
+        (reply, raw)
+        for reply, raw in zip(grid.received, grid.received_wire)
+        if reply.metadata.reply_to_message_id not in audited_ids
+    ]
+    received = b"".join(raw for _, raw in replies)
     sent = b"".join(message.content.deflate() for message in grid.sent) + b"".join(
         record.deflate() for message in grid.sent for record in message.content.config_records.values()
     )
@@ -354,16 +534,16 @@ def find_leaks(grid: InProcessGrid, counts: dict[int, np.ndarray], private_keys:
         for node, vector in counts.items():
             if any(encoded in wire for encoded in _encodings(vector)):
                 leaks.append(f"{where}: label counts of node {node} (raw bytes)")
-        for key in private_keys:
+        for key in secrets:
             if key in wire or key.hex().encode() in wire:
                 leaks.append(f"{where}: a private key (raw bytes)")
     count_lists = {tuple(int(c) for c in vector) for vector in counts.values()}
-    for reply in grid.received:
+    for reply, _ in replies:
         if reply.has_error():
             continue
         for config in reply.content.config_records.values():
             for value in _values(config):
-                if isinstance(value, bytes) and value in private_keys:
+                if isinstance(value, bytes) and value in secrets:
                     leaks.append("received: a private key (value)")
                 if isinstance(value, list) and tuple(value) in count_lists:
                     leaks.append("received: label counts (list value)")
@@ -376,39 +556,59 @@ def find_leaks(grid: InProcessGrid, counts: dict[int, np.ndarray], private_keys:
     return leaks
 
 
-def run_recorded_market(app_factory) -> tuple[InProcessGrid, dict[int, np.ndarray], list[bytes]]:
-    """Run a market where one client drops out of PASS round two; harvest every private key."""
+def opened_counts(grid: InProcessGrid) -> dict[int, list[int]]:
+    """Node -> the counts it opened in an audit reply."""
+    node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in grid.sent}
+    audit = message_type(ACTION_AUDIT)
+    kinds = {m.metadata.message_id: m.metadata.message_type for m in grid.sent}
+    return {
+        node_of[reply.metadata.reply_to_message_id]: list(reply.content.config_records[RECORD_KEY][KEY_COUNTS])
+        for reply in grid.received
+        if kinds[reply.metadata.reply_to_message_id] == audit and not reply.has_error()
+    }
+
+
+def run_recorded_market(app_factory):  # type: ignore[no-untyped-def]
+    """Run a market where one client drops out before its masked input; harvest every secret of every client."""
     rng = np.random.default_rng(42)
     counts = {9000 + i: rng.integers(100, 10_000, size=10) for i in range(6)}
-    private_keys: list[bytes] = []
+    secrets: list[bytes] = []
     dropped: list[int] = []
 
     def hook(instruction: Message, reply: Message) -> Message | None:
         kind = instruction.metadata.message_type
-        if kind == message_type(ACTION_KEYS):
-            # Right after a keys round, read the key the node stored in its local state.
+        if kind in (message_type(ACTION_ADVERTISE), message_type(ACTION_SHARE), message_type(ACTION_MASK)):
+            # Right after each round, read the secrets the node holds in its local state.
             state = grid.context(instruction.metadata.dst_node_id).state.config_records[RECORD_KEY]
-            private_keys.extend(v for k, v in state.items() if k.startswith("pass-key/"))
+            for key in SECRET_KEYS:
+                value = state.get(key)
+                secrets.extend(value if isinstance(value, list) else [value] if isinstance(value, bytes) else [])
         if kind == message_type(ACTION_MASK) and not dropped:
             dropped.append(instruction.metadata.dst_node_id)
             return None
         return reply
 
     grid = InProcessGrid(app_factory(counts), list(counts), reply_hook=hook)
-    outcome = MarketPhase(MarketConfig(budget=500.0, num_classes=10, poll_interval=0.001)).run(grid)
-    assert outcome.pass_attempts == 2
-    assert len(set(private_keys)) >= 2 * len(counts) - 1
-    return grid, counts, private_keys
+    outcome = MarketPhase(MarketConfig(budget=5000.0, num_classes=10, poll_interval=0.001, timeout=0.5)).run(grid)
+    assert outcome.pass_participants == sorted(n for n in counts if n not in dropped)
+    assert len(set(secrets)) >= 3 * len(counts)
+    return grid, counts, secrets, outcome
 
 
-def test_no_message_reveals_label_counts_or_private_keys() -> None:
-    grid, counts, private_keys = run_recorded_market(lambda counts: market_client_app(counts, CostBasedBid(0.01)))
-    assert len(grid.received) == len(grid.received_wire) > 4 * len(counts)
-    assert find_leaks(grid, counts, private_keys) == []
+def test_no_message_reveals_label_counts_or_private_keys_but_a_winners_audit() -> None:
+    grid, counts, secrets, outcome = run_recorded_market(
+        lambda counts: market_client_app(counts, CostBasedBid(0.01))
+    )
+    assert len(grid.received) == len(grid.received_wire) >= 5 * len(counts) + 2  # 7 steps, one dropout
+    assert find_leaks(grid, counts, secrets) == []
+    opened = opened_counts(grid)
+    assert outcome.winners and set(opened) == set(outcome.audited) == set(outcome.winners)
+    for node, values in opened.items():
+        assert values == [int(c) for c in counts[node]]
 
 
 def test_the_leak_search_catches_a_leaky_client() -> None:
-    """Negative control: a client that adds its counts and key to its replies is caught."""
+    """Negative control: a client that adds its counts and keys to its replies is caught."""
 
     def leaky_app(counts: dict[int, np.ndarray]) -> ClientApp:
         honest = market_client_app(counts, CostBasedBid(0.01))
@@ -416,31 +616,18 @@ def test_the_leak_search_catches_a_leaky_client() -> None:
 
         def leak(message: Message, context: Context) -> Message:
             reply = honest(message, context)
+            state = context.state.config_records[RECORD_KEY]
             if reply.has_content() and message.metadata.message_type == message_type(ACTION_BID):
-                state = context.state.config_records[RECORD_KEY]
                 reply.content.config_records[RECORD_KEY]["debug"] = counts[context.node_id].astype("<u8").tobytes()
-                reply.content.config_records[RECORD_KEY]["keys"] = [
-                    v for k, v in state.items() if k.startswith("pass-key/")
-                ] or [b"-"]
-            if reply.has_content() and message.metadata.message_type == message_type(ACTION_KEYS):
-                state = context.state.config_records[RECORD_KEY]
-                reply.content.config_records[RECORD_KEY]["debug-key"] = [
-                    v for k, v in state.items() if k.startswith("pass-key/")
-                ][0]
+            if reply.has_content() and message.metadata.message_type == message_type(ACTION_ADVERTISE):
+                reply.content.config_records[RECORD_KEY]["debug-key"] = state["pass/mask_private_key"]
             return reply
 
-        for action in (ACTION_KEYS, ACTION_MASK, ACTION_BID, ACTION_AWARD):
+        for action in ACTIONS:
             app.query(action)(leak)
         return app
 
-    grid, counts, private_keys = run_recorded_market(leaky_app)
-    leaks = find_leaks(grid, counts, private_keys)
+    grid, counts, secrets, _ = run_recorded_market(leaky_app)
+    leaks = find_leaks(grid, counts, secrets)
     assert any("label counts" in leak for leak in leaks)
     assert any("private key" in leak for leak in leaks)
-
-
-def test_only_plain_values_live_in_the_client_state() -> None:
-    nodes = three_nodes()
-    keys_round(nodes)
-    for value in nodes[0].state().values():
-        assert isinstance(value, (bytes, int, float, bool, str))

@@ -45,14 +45,24 @@ def config(**overrides: object) -> MarketConfig:
 
 
 def expected_auction(counts: dict[int, np.ndarray], policy, grid: InProcessGrid, cfg: MarketConfig):
-    """Winners and payments from the clients' true scores and bids, computed here directly."""
+    """Winners and payments from the clients' true scores and bids, computed here directly.
+
+    Bids above the budget stay (losing, paid 0) but are left out of the auction; every payment is
+    capped at the budget.
+    """
     nodes = sorted(counts)
     total = np.sum([counts[n] for n in nodes], axis=0)
     scores = [score(counts[n], total, len(nodes)) for n in nodes]
     bids = [policy(counts[n], s, grid.context(n)) for n, s in zip(nodes, scores)]
-    result = run_auction(scores, bids, cfg.budget, num_winners=cfg.num_winners)
-    winners = [nodes[i] for i in result.winners]
-    payments = {n: float(result.payments[i]) for i, n in enumerate(nodes)}
+    payments = {n: 0.0 for n in nodes}
+    bidders = [i for i, b in enumerate(bids) if b <= cfg.budget]
+    winners: list[int] = []
+    if bidders:
+        result = run_auction(
+            [scores[i] for i in bidders], [bids[i] for i in bidders], cfg.budget, num_winners=cfg.num_winners
+        )
+        winners = [nodes[bidders[i]] for i in result.winners]
+        payments.update({nodes[b]: min(float(result.payments[i]), cfg.budget) for i, b in enumerate(bidders)})
     return total, scores, bids, winners, payments
 
 
@@ -77,7 +87,7 @@ def test_outcome_equals_auction_on_true_scores_and_bids(num_nodes: int, budget: 
     assert outcome.total_payment <= budget * (1 + 1e-12)
     assert outcome.within_budget
     assert outcome.excluded == {}
-    assert outcome.pass_attempts == 1
+    assert sorted(outcome.audited) == sorted(outcome.winners)
     assert outcome.award_acknowledged == sorted(counts)
     for winner in outcome.winners:
         assert outcome.payments[winner] >= outcome.bids[winner]
@@ -88,7 +98,7 @@ def test_fixed_cohort_mode_selects_num_winners() -> None:
     counts = make_counts(10, seed=3)
     policy = CostBasedBid(0.1)
     grid = InProcessGrid(market_client_app(counts, policy), list(counts))
-    cfg = config(budget=1.0, num_winners=4)
+    cfg = config(budget=50.0, num_winners=4)  # every bid (about 30-40) within the budget
 
     outcome = MarketPhase(cfg).run(grid)
 
@@ -97,6 +107,76 @@ def test_fixed_cohort_mode_selects_num_winners() -> None:
     assert outcome.winners == winners
     assert outcome.payments == payments
     assert outcome.num_winners == 4
+    assert all(payment <= cfg.budget for payment in outcome.payments.values())
+
+
+def test_fixed_cohort_payments_are_capped_at_the_budget() -> None:
+    """A cohort's critical values can exceed the budget; no single payment may."""
+    counts = make_counts(6, seed=3)
+    nodes = sorted(counts)
+    total = np.sum(list(counts.values()), axis=0)
+    pricey = min(nodes, key=lambda n: score(counts[n], total, len(nodes)))
+    budget = 30.0
+
+    def policy(label_counts, client_score, context):  # type: ignore[no-untyped-def]
+        return budget if context.node_id == pricey else 0.01 * float(label_counts.sum())
+
+    grid = InProcessGrid(market_client_app(counts, policy), nodes)
+    cfg = config(budget=budget, num_winners=len(nodes) - 1)  # everyone but the pricey node
+
+    outcome = MarketPhase(cfg).run(grid)
+
+    uncapped = run_auction(list(outcome.scores.values()), list(outcome.bids.values()), budget, num_winners=5)
+    assert max(uncapped.payments) > budget, "the instance must have a critical value above the budget"
+    assert sorted(outcome.winners) == [n for n in nodes if n != pricey]
+    assert max(outcome.payments.values()) == budget
+    assert all(budget >= outcome.payments[w] >= outcome.bids[w] for w in outcome.winners)
+    _, _, _, winners, payments = expected_auction(counts, policy, grid, cfg)
+    assert outcome.winners == winners and outcome.payments == payments
+
+
+def test_bids_above_the_budget_lose_and_move_no_payment() -> None:
+    counts = make_counts(8, seed=21)
+    nodes = sorted(counts)
+    greedy = nodes[3]
+
+    def policy(label_counts, client_score, context):  # type: ignore[no-untyped-def]
+        return 1e6 if context.node_id == greedy else 0.05 * float(label_counts.sum())
+
+    grid = InProcessGrid(market_client_app(counts, policy), nodes)
+    cfg = config(budget=40.0)
+    outcome = MarketPhase(cfg).run(grid)
+
+    assert greedy in outcome.participants and outcome.bids[greedy] == 1e6
+    assert greedy not in outcome.winners and outcome.payments[greedy] == 0.0
+    assert greedy not in outcome.excluded
+    others = [n for n in nodes if n != greedy]
+    result = run_auction([outcome.scores[n] for n in others], [outcome.bids[n] for n in others], cfg.budget)
+    assert outcome.winners == [others[i] for i in result.winners]
+    assert [outcome.payments[n] for n in others] == [float(p) for p in result.payments]
+    assert read_award(grid.context(greedy)).won is False
+
+
+def test_all_zero_global_counts_are_a_clear_error() -> None:
+    counts = {node: np.zeros(NUM_CLASSES, dtype=np.int64) for node in make_counts(4, seed=22)}
+    grid = InProcessGrid(market_client_app(counts), list(counts))
+
+    with pytest.raises(MarketError, match="no client holds data"):
+        MarketPhase(config()).run(grid)
+    assert not [m for m in grid.sent if m.metadata.message_type.endswith("market_bid")]
+    for node in counts:  # told the market closed, PASS state wiped
+        state = grid.context(node).state.config_records[RECORD_KEY]
+        assert {k for k in state if k.startswith("pass/")} <= {"pass/session", "pass/stage"}
+
+
+def test_without_audits_no_counts_are_opened() -> None:
+    counts = make_counts(7, seed=23)
+    grid = InProcessGrid(market_client_app(counts, CostBasedBid(0.05)), list(counts))
+
+    outcome = MarketPhase(config(audit_winners=False, budget=40.0)).run(grid)
+
+    assert outcome.winners and outcome.audited == []
+    assert not [m for m in grid.sent if m.metadata.message_type.endswith("market_audit")]
 
 
 def test_heterogeneous_simulated_costs_reach_the_auction() -> None:
@@ -140,7 +220,9 @@ def test_awards_are_recorded_in_client_state_and_pass_keys_purged() -> None:
         assert award.score == outcome.scores[node]
         assert award.bid == outcome.bids[node]
         state = context.state.config_records[RECORD_KEY]
-        assert not [key for key in state if key.startswith("pass-")]
+        assert {key for key in state if key.startswith("pass/")} <= {"pass/session", "pass/stage"}
+        for value in state.values():  # no key material survives the award
+            assert not (isinstance(value, bytes) and len(value) == 32 and value != state.get("pass/session"))
 
 
 def test_a_budget_too_small_for_anyone_gives_no_winners_but_completes() -> None:
@@ -166,7 +248,8 @@ def test_outcome_to_dict_and_save_json(tmp_path) -> None:
     assert loaded["global_counts"] == outcome.global_counts
     assert {int(k): v for k, v in loaded["payments"].items()} == outcome.payments
     assert loaded["budget"] == 100.0
-    assert loaded["pass_attempts"] == 1
+    assert loaded["audited"] == outcome.audited and sorted(loaded["audited"]) == sorted(outcome.winners)
+    assert loaded["pass_participants"] == outcome.pass_participants
     assert outcome.to_dict()["scores"] == outcome.scores
     assert isinstance(outcome, MarketOutcome)
 
@@ -237,7 +320,11 @@ def test_min_clients_above_three_is_enforced() -> None:
         ({"num_classes": True}, TypeError, "num_classes"),
         ({"num_winners": 0}, ValueError, "num_winners"),
         ({"min_clients": 2}, ValueError, "min_clients"),
-        ({"max_pass_attempts": 0}, ValueError, "max_pass_attempts"),
+        ({"count_bound": 0}, ValueError, "count_bound"),
+        ({"count_bound": 1.5}, TypeError, "count_bound"),
+        ({"neighbours": 1}, ValueError, "neighbours"),
+        ({"neighbours": "some"}, TypeError, "neighbours"),
+        ({"audit_winners": 1}, TypeError, "audit_winners"),
         ({"timeout": 0.0}, ValueError, "timeout"),
         ({"wait_for_nodes_timeout": -1.0}, ValueError, "wait_for_nodes_timeout"),
         ({"expected_nodes": 2}, ValueError, "expected_nodes"),
@@ -254,7 +341,10 @@ def test_config_defaults() -> None:
     cfg = MarketConfig(budget=10.0, num_classes=3)
     assert cfg.num_winners is None
     assert cfg.min_clients == 3
-    assert cfg.max_pass_attempts == 3
+    assert cfg.count_bound == 10**9
+    assert cfg.neighbours == "auto"
+    assert cfg.directory is None
+    assert cfg.audit_winners is True
     assert cfg.timeout == 60.0
     assert cfg.wait_for_nodes_timeout == 60.0
     assert cfg.expected_nodes is None
@@ -278,7 +368,8 @@ def test_handlers_keep_no_state_outside_context_state() -> None:
         InProcessGrid(market_client_app(counts, CostBasedBid(0.05)), list(counts))
     )
 
-    assert len({id(app) for app in loaded}) == len(loaded) == 4 * len(counts)
+    # Four PASS rounds, the bid and the award for every node, and the audit of each winner.
+    assert len({id(app) for app in loaded}) == len(loaded) == 6 * len(counts) + len(outcome.winners)
     assert outcome.global_counts == reference.global_counts
     assert outcome.winners == reference.winners
     assert outcome.payments == reference.payments

@@ -1,8 +1,9 @@
 """The market phase and WinnersGrid under Flower's real simulation runtime (Ray).
 
-About 15 s, Ray start-up dominating. The rest of the market's tests drive real ClientApps through ``InProcessGrid`` without Ray; this one checks the
-same code against the real ``InMemoryGrid`` and Ray backend (nodes absent when ``main`` starts,
-message ids set by the grid, contexts kept by the runtime).
+About 15 s, Ray start-up dominating. The rest of the market's tests drive real ClientApps through
+``InProcessGrid`` without Ray; this one checks the same code (the four PASS v2 rounds, bid, audit and
+award) against the real ``InMemoryGrid`` and Ray backend (nodes absent when ``main`` starts, message
+ids set by the grid, contexts kept by the runtime).
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ def test_market_then_fedavg_in_a_ray_simulation() -> None:
     assert len(outcome.pass_participants) == NUM_NODES
     assert outcome.excluded == {}
     assert outcome.winners and outcome.total_payment <= 60.0
+    assert sorted(outcome.audited) == sorted(outcome.winners)  # each winner opened its PASS commitment
+    assert outcome.award_acknowledged == outcome.pass_participants  # every node told, PASS state wiped
     fl = results["fl"]
     for round_number in (1, 2):
         assert fl.train_metrics_clientapp[round_number]["won"] == pytest.approx(1.0)  # type: ignore[attr-defined]

@@ -3,16 +3,18 @@
 Extends ``test_market_faults.py`` (which drops single replies on an instant grid) in two ways:
 
 * a client here *leaves*: from its step on it answers nothing at all, as a crashed SuperNode;
-* the grid waits the way Flower's own grids do (:class:`PollingGrid`: push, then pull every few
-  milliseconds until every reply is in or the timeout passes), so a missing reply really costs a
-  wait, and each test checks that every wait was bounded by the configured timeout.
+* the grid delivers replies only when pulled, and the market waits for them the way it does on a
+  real SuperLink (push, then pull until every reply is in or the step's timeout passes), so a
+  missing reply really costs a wait; each test checks that every wait was bounded.
 
-Steps: before connecting, before the keys, after the keys, after the masked counts, after the
-bids, after the award (during training).
+Steps: before connecting, at each of the four PASS rounds (one session: the departed are recovered
+from their neighbours' shares, never by a second sum), at the bid, at the audit, at the award, and
+during the training that follows.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import re
@@ -34,7 +36,7 @@ from flmarket_flwr.market import (
     NoWinnerConnectedError,
     WinnersGrid,
 )
-from flmarket_flwr.market.messages import ACTION_AWARD, ACTION_BID, ACTION_KEYS, ACTION_MASK
+from flmarket_flwr.market.messages import ACTIONS, ACTION_AUDIT, ACTION_BID, ACTION_UNMASK
 from flmarket_flwr.market.testing import InProcessGrid, market_client_app
 from flmarket_flwr.pricing import run_auction, score
 
@@ -43,15 +45,16 @@ COST = 0.05
 MARKUP = 0.2
 TIMEOUT = 0.25  # seconds per message round: small, so that waiting for the departed stays cheap
 SLACK = 1.0  # scheduling slack allowed on top of each bound (a loaded 2-core CI machine)
-STEPS = (ACTION_KEYS, ACTION_MASK, ACTION_BID, ACTION_AWARD)
+ROUND_SLACK = 2.0  # a market round, push to next push, also holds the in-process clients' own PASS work
+STEPS = ACTIONS  # advertise, share, mask, unmask, bid, audit, award
 
 
 class PollingGrid(InProcessGrid):
-    """``send_and_receive`` as Flower's grids do it, with every wait recorded.
+    """A grid that records every wait: the market's rounds (push to next push) and ``send_and_receive``.
 
-    Pushes the messages, then pulls every ``pull_interval`` seconds until each has a reply
-    or ``timeout`` has passed (a dropped reply never arrives). A ``None`` timeout, which Flower
-    treats as "wait forever", fails the test at once.
+    ``send_and_receive`` (used by Flower's strategies) pushes, then pulls every ``pull_interval``
+    seconds until each message has a reply or ``timeout`` has passed; a ``None`` timeout, which
+    Flower treats as "wait forever", fails the test at once.
     """
 
     pull_interval = 0.005
@@ -59,6 +62,11 @@ class PollingGrid(InProcessGrid):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.waits: list[tuple[float, float]] = []  # (seconds waited, timeout given)
+        self.pushes: list[float] = []
+
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        self.pushes.append(time.monotonic())
+        return super().push_messages(messages)
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
         assert timeout is not None and math.isfinite(timeout) and timeout > 0, f"unbounded wait: {timeout!r}"
@@ -123,7 +131,7 @@ def market_config(**overrides: object) -> MarketConfig:
 
 
 def run_bounded(phase: MarketPhase, grid: PollingGrid, bound: float):
-    """Run the phase in a thread; fail if it is still running after ``bound`` seconds."""
+    """Run the phase in a thread; fail if it is still running after ``bound`` seconds, or a round waited too long."""
     result: dict[str, object] = {}
 
     def target() -> None:
@@ -136,32 +144,43 @@ def run_bounded(phase: MarketPhase, grid: PollingGrid, bound: float):
     worker = threading.Thread(target=target, daemon=True)
     worker.start()
     worker.join(bound)
+    ended = time.monotonic()
     assert not worker.is_alive(), f"the market phase still runs after {bound:.1f} s: a wait is unbounded"
+    marks = [*grid.pushes, ended]
+    for begin, end in itertools.pairwise(marks):  # each market round: from its push to the next push
+        assert end - begin <= phase.config.timeout + ROUND_SLACK, f"a message round took {end - begin:.2f} s"
     for waited, timeout in grid.waits:
         assert waited <= timeout + SLACK, f"a message round waited {waited:.2f} s for a {timeout} s timeout"
-    result["elapsed"] = time.monotonic() - started
+    result["elapsed"] = ended - started
     return result
 
 
-def expected_auction(counts: dict[int, np.ndarray], pass_nodes: list[int], bidders: list[int], budget: float):
-    """Winners and payments of the auction on the bidders' true scores and bids."""
+def expected_auction(
+    counts: dict[int, np.ndarray],
+    pass_nodes: list[int],
+    bidders: list[int],
+    budget: float,
+    failing: frozenset[int] = frozenset(),
+):
+    """Winners and payments of the audited auction on the bidders' true scores and bids.
+
+    Winners in ``failing`` fail their audit: they are dropped and the auction runs again, as the server does.
+    """
     total = np.sum([counts[n] for n in pass_nodes], axis=0)
-    scores = [score(counts[n], total, len(pass_nodes)) for n in bidders]
-    bids = [COST * float(counts[n].sum()) * (1 + MARKUP) for n in bidders]
-    result = run_auction(scores, bids, budget)
-    return total, [bidders[i] for i in result.winners], {n: float(result.payments[i]) for i, n in enumerate(bidders)}
+    left = list(bidders)
+    while True:
+        scores = [score(counts[n], total, len(pass_nodes)) for n in left]
+        bids = [COST * float(counts[n].sum()) * (1 + MARKUP) for n in left]
+        result = run_auction(scores, bids, budget)
+        winners = [left[i] for i in result.winners]
+        caught = [n for n in winners if n in failing]
+        if not caught:
+            return total, winners, {n: min(float(result.payments[i]), budget) for i, n in enumerate(left)}, left
+        left = [n for n in left if n not in caught]
 
 
 # --- One or two clients leave; the others get a correct market --------------------------------
-STAGES = {
-    "before-keys": 0,
-    "after-keys": 1,
-    "after-masked-counts": 2,
-    "after-bids": 3,
-}
-
-
-@pytest.mark.parametrize("stage", STAGES.values(), ids=STAGES.keys())
+@pytest.mark.parametrize("stage", range(len(STEPS)), ids=[f"at-{step}" for step in STEPS])
 def test_clients_leaving_at_each_step_leave_a_correct_market_for_the_others(stage: int, caplog) -> None:
     counts = make_counts(7, seed=stage)
     nodes = sorted(counts)
@@ -176,38 +195,60 @@ def test_clients_leaving_at_each_step_leave_a_correct_market_for_the_others(stag
     assert "error" not in result, result.get("error")
     outcome = result["outcome"]
 
-    # Rounds: keys, masks (twice if PASS restarts), bids, awards; the departed cost one timeout each.
-    pass_rounds = 4 if stage == 1 else 2
-    assert len(grid.waits) == pass_rounds + 2
-    assert result["elapsed"] <= len(grid.waits) * (TIMEOUT + SLACK)
+    advertise = [m for m in grid.sent if m.metadata.message_type.endswith(STEPS[0])]
+    assert len(advertise) == len(nodes), "one PASS session, never re-run"
+    assert result["elapsed"] <= len(grid.pushes) * (TIMEOUT + ROUND_SLACK)
 
-    if stage <= 1:  # gone before their masked counts: N_s and E are the others' only
+    step = STEPS[stage]
+    failing: frozenset[int] = frozenset()
+    if stage <= STEPS.index(ACTION_UNMASK) - 1:  # gone before their masked input: N_s and E are the others'
         pass_nodes, bidders = others, others
-        assert outcome.pass_attempts == (2 if stage == 1 else 1)
-        for node in leavers:
-            assert outcome.excluded[node].startswith(STEPS[stage])
-            assert "no reply" in outcome.excluded[node]
-    elif stage == 2:  # their counts are in N_s (E = all seven), but they never bid
+    elif step in (ACTION_UNMASK, ACTION_BID):  # their counts are in N_s (E = all seven), but they never bid
         pass_nodes, bidders = nodes, others
-        assert outcome.pass_attempts == 1
-        for node in leavers:
-            assert outcome.excluded[node].startswith(ACTION_BID)
-    else:  # they bid, then left before their award: the auction stands, unacknowledged awards logged
+    else:  # they bid; a leaver that wins fails its audit; a leaver left at the award is just not acknowledged
         pass_nodes, bidders = nodes, nodes
+        failing = frozenset(leavers) if step == ACTION_AUDIT else frozenset()
+    total, winners, payments, bidders = expected_auction(counts, pass_nodes, bidders, cfg.budget, failing)
+    if step == STEPS[-1]:
         assert outcome.excluded == {}
         assert outcome.award_acknowledged == others
         for node in leavers:
             assert f"node {node} did not acknowledge its award" in caplog.text
-    total, winners, payments = expected_auction(counts, pass_nodes, bidders, cfg.budget)
+    elif step == ACTION_AUDIT:
+        caught = [n for n in leavers if n not in bidders]
+        assert caught, "the instance must make a leaver win the first auction"
+        assert set(outcome.excluded) == set(caught)
+        for node in caught:
+            assert outcome.excluded[node].startswith(ACTION_AUDIT) and f"excluding node {node}" in caplog.text
+    else:
+        assert set(outcome.excluded) == set(leavers)
+        for node in leavers:
+            assert outcome.excluded[node] == f"{step}: no reply within {TIMEOUT:g} s"
+            assert f"excluding node {node}" in caplog.text
     assert outcome.pass_participants == pass_nodes
     assert outcome.global_counts == [int(c) for c in total]
     assert outcome.participants == bidders
     assert outcome.winners == winners
     assert outcome.payments == pytest.approx(payments, rel=1e-12)
     assert outcome.total_payment <= cfg.budget * (1 + 1e-12)
-    if stage < 3:
-        for node in leavers:
-            assert f"excluding node {node}" in caplog.text
+
+
+def test_a_new_departure_at_every_pass_round_is_recovered_in_one_session() -> None:
+    """One client leaves at each of the four PASS rounds: one session, the exact sum of the maskers."""
+    counts = make_counts(9, seed=31)
+    nodes = sorted(counts)
+    plan = {nodes[0]: 0, nodes[3]: 1, nodes[5]: 2, nodes[8]: 3}
+    grid = make_grid(counts, Leave(plan))
+
+    result = run_bounded(MarketPhase(market_config()), grid, bound=30.0)
+
+    outcome = result["outcome"]
+    maskers = [n for n in nodes if plan.get(n, 9) >= 3]
+    assert outcome.pass_participants == maskers
+    assert outcome.global_counts == [int(c) for c in np.sum([counts[n] for n in maskers], axis=0)]
+    assert set(outcome.excluded) == set(plan)
+    assert outcome.participants == [n for n in nodes if n not in plan]
+    assert len([m for m in grid.sent if m.metadata.message_type.endswith(STEPS[0])]) == len(nodes)
 
 
 def test_a_client_that_never_connects_is_waited_for_within_the_bound(caplog) -> None:
@@ -221,16 +262,18 @@ def test_a_client_that_never_connects_is_waited_for_within_the_bound(caplog) -> 
 
     outcome = result["outcome"]
     assert outcome.pass_participants == nodes[1:]
-    _, winners, _ = expected_auction(counts, nodes[1:], nodes[1:], 80.0)
+    _, winners, _, _ = expected_auction(counts, nodes[1:], nodes[1:], 80.0)
     assert outcome.winners == winners
     assert "5 of 6 expected nodes" in caplog.text
 
 
 # --- Too many leave: a clear error, in bounded time -------------------------------------------
 TOO_FEW = {
-    "before-keys": (0, 5, r"PASS attempt 1 \(public keys\): only 2 client\(s\) left.*at least 3"),
-    "after-keys": (1, 5, r"PASS attempt 2: only 2 client\(s\) left.*at least 3"),
-    "after-masked-counts": (2, 7, "no client placed a valid score and bid"),
+    "at-advertise": (0, 5, r"PASS stopped: only 2 clients advertised valid keys"),
+    "at-share": (1, 5, r"PASS stopped: only 2 clients shared their keys"),
+    "at-mask": (2, 4, r"PASS stopped: client \d+ keeps only 2 surviving neighbours, the threshold is 4"),
+    "at-unmask": (3, 4, r"PASS stopped: only 3 shares of the self-mask seed .* threshold is 4"),
+    "at-bid": (4, 4, r"4 of 7 PASS participants failed the bid step"),
 }
 
 
@@ -245,7 +288,9 @@ def test_too_few_clients_left_is_a_clear_error_in_bounded_time(stage: int, leavi
     error = result.get("error")
     assert isinstance(error, MarketError), f"expected a MarketError, got {error!r}"
     assert re.search(match, str(error)), str(error)
-    assert result["elapsed"] <= len(grid.waits) * (TIMEOUT + SLACK)
+    assert result["elapsed"] <= len(grid.pushes) * (TIMEOUT + ROUND_SLACK)
+    awarded = {m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type.endswith(STEPS[-1])}
+    assert awarded == set(nodes), "every contacted node is told the market closed"
 
 
 def test_too_few_connected_is_a_clear_error_in_bounded_time() -> None:
@@ -258,32 +303,6 @@ def test_too_few_connected_is_a_clear_error_in_bounded_time() -> None:
     assert isinstance(result.get("error"), MarketError)
     assert "only 2 node(s) connected" in str(result["error"])
     assert grid.sent == []
-
-
-def test_a_new_departure_at_every_pass_attempt_ends_in_a_clear_error() -> None:
-    """Each PASS attempt loses one more key holder before its masked counts: the bound on attempts holds."""
-    counts = make_counts(9, seed=31)
-    nodes = sorted(counts)
-    sessions: list[bytes] = []
-
-    class OnePerAttempt(Leave):
-        def __call__(self, instruction: Message, reply: Message) -> Message | None:
-            if instruction.metadata.message_type.endswith(ACTION_KEYS):
-                session = instruction.content["flmarket"]["session"]
-                if session not in sessions:  # a new PASS attempt: one more node will leave after its key
-                    sessions.append(session)  # type: ignore[arg-type]
-                    self.plan[nodes[len(sessions) - 1]] = 1
-            return super().__call__(instruction, reply)
-
-    hook = OnePerAttempt({})
-    grid = make_grid(counts, hook)
-
-    result = run_bounded(MarketPhase(market_config(max_pass_attempts=3)), grid, bound=30.0)
-
-    assert isinstance(result.get("error"), MarketError)
-    assert "PASS did not complete in 3 attempt(s)" in str(result["error"])
-    assert len(sessions) == 3
-    assert len(grid.waits) == 6  # three attempts of two rounds: nothing more, nothing waited forever
 
 
 # --- After the award: the training that follows ------------------------------------------------

@@ -6,7 +6,9 @@ market phase, and the client learns whether it won and its payment from its ``ma
 message (read back from its own ``context.state`` with :func:`read_award`). A client's utility is
 ``payment - true cost`` if it won, ``0`` otherwise; its true cost is its per-sample cost times its
 number of samples. For each client, bidding its true cost is compared with many lies (shading
-and inflating its bid by factors, and bidding just across its critical value).
+and inflating its bid by factors, and bidding just across its critical value). Every winner
+passes its audit (its score is the true one), payments are capped at the budget and a bid above
+the budget cannot win: none of that may make a lie pay.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ def lies_for(node: int, costs: dict[int, float], honest_awards: dict[int, tuple[
 
 @pytest.mark.parametrize(
     "config",
-    [{"budget": 40.0}, {"budget": 400.0}, {"budget": 1.0, "num_winners": 3}],
+    [{"budget": 40.0}, {"budget": 400.0}, {"budget": 60.0, "num_winners": 3}],
     ids=["tight-budget", "loose-budget", "fixed-cohort"],
 )
 def test_no_client_gains_by_lying_about_its_bid(config: dict) -> None:
@@ -95,6 +97,8 @@ def test_no_client_gains_by_lying_about_its_bid(config: dict) -> None:
     for node, (won, payment) in honest_awards.items():
         assert won == (node in winners)
         assert payment >= costs[node] if won else payment == 0.0  # individually rational
+        assert payment <= config["budget"]
+    assert sorted(honest_outcome.audited) == sorted(winners)
     tried = 0
     for node in counts:
         tried += assert_no_profitable_lie(counts, costs, node, lies_for(node, costs, honest_awards), **config)

@@ -407,7 +407,10 @@ class MarketPhase:
             KEY_NUM_CLIENTS: len(pass_result.participants),
             KEY_TRANSCRIPT: pass_result.transcript,
         }
-        requests = {node: ConfigRecord(dict(record)) for node in pass_result.participants}
+        # A survivor excluded at the unmask round stays in N_s and E, but is left out of the rest of the market.
+        requests = {
+            node: ConfigRecord(dict(record)) for node in pass_result.participants if not self.is_excluded(node)
+        }
         highest = _highest_possible_score(pass_result)
         replies = self.exchange(grid, ACTION_BID, requests)
         bids = self.validated(ACTION_BID, requests, replies, lambda reply: _read_score_and_bid(reply, highest))

@@ -1,62 +1,38 @@
-"""PASS: privacy-aware secret sharing of per-class label counts (FLMarket, section 4).
+"""PASS: privacy-aware secret sharing of per-class label counts (FLMarket, section 4), version 2.
 
-The server learns the global per-class label counts ``N_s = sum_e N_e`` of the
-``E`` candidate clients without seeing any client's own counts ``N_e``.
+The server learns the global per-class label counts ``N_s = sum_e N_e`` of the clients that complete
+one session, without seeing any client's own counts ``N_e``. PASS v2 (:mod:`.secagg`) is secure
+aggregation with double masking (Bonawitz et al. 2017) on a sparse masking graph (Bell et al. 2020).
 
-Protocol
---------
-1. The server assigns each client a unique non-negative index ``e`` and a
-   session identifier binding the run (and the attempt).
-2. Each client makes an X25519 key pair (:class:`PassParticipant`) and sends its
-   32-byte public key; the private key never leaves the client.
-3. The server collects every public key (:class:`PassAggregator`) and
-   broadcasts the complete set ``{e: PK_e}``.
-4. For every other client ``v``, client ``e`` computes the X25519 shared
-   secret, derives the pairwise seed
-   ``s_{e,v} = HKDF-SHA256(secret, info = "flmarket-pass/v1" || len(session) ||
-   session || min(e, v) || max(e, v))`` (same on both sides, bound to run and
-   pair), expands it with the ChaCha20 keystream into ``C`` words, and sends
-   ``Y_e = N_e + sum_{v > e} PRG(s_{e,v}) - sum_{v < e} PRG(s_{e,v})``.
-5. The server adds all ``Y_e`` (:func:`unmask_sum`): each mask appears once with
-   ``+`` and once with ``-``, so the sum is exactly ``N_s``.
+Rounds (:class:`PassClient` / :class:`PassServer`; every message and the client state are
+``ConfigRecord``-compatible records):
 
-Arithmetic
-----------
-The paper works over the reals, where masks cannot be uniform. Here every
-vector lives in the ring ``Z_{2^64}`` (numpy ``uint64`` with wrapping). Counts
-are non-negative integers below ``2^63``, and so must every per-class total be;
-the sum is then recovered exactly, and a total ``>= 2^63`` flags (with
-probability ``1 - 2^-C``) an incomplete set of masked vectors.
+1. advertise: the server assigns each client an index, a session id, ``C``, a declared count bound
+   and its commitment to the graph seed; each client makes an X25519 cipher key pair and mask key pair
+   and returns the public keys (signed with its Ed25519 identity key if it has one, :mod:`.identity`);
+2. share keys: the server opens the graph seed; each client checks its neighbourhood in the graph
+   (:mod:`.graph`), Shamir-shares (:mod:`.shamir`) its mask private key ``s_e`` and a fresh self-mask
+   seed ``b_e`` among its ``k`` neighbours (threshold ``t = k // 2 + 1``), encrypted to each;
+3. masked input: ``Y_e = N_e + PRG(b_e) + sum_v eps_{e,v} PRG(s_{e,v})`` over its neighbours that
+   shared, and a commitment to ``N_e``; the private keys are then wiped;
+4. unmask: each survivor sends shares of ``b`` for surviving neighbours and of ``s`` for dropped ones,
+   never both for one peer; the server removes every mask and obtains ``N_s`` over the survivors.
 
-Threat model
-------------
-Semi-honest (honest-but-curious) server and clients that follow the protocol.
-For any strict, non-empty subset of the masked vectors, the pairwise masks
-between that subset and the rest do not cancel, so the partial sum is
-uniform in ``Z_{2^64}^C`` given that the PRG output is indistinguishable from
-uniform (ChaCha20 keyed by an HKDF output of an X25519 secret unknown to the
-server); only the complete sum carries information, and it carries exactly
-``N_s``. PASS needs at least 3 participants: with 2, each learns the other's
-counts as ``N_s - N_e``. Not covered: a malicious server substituting public
-keys (no authentication of keys beyond the transport), clients lying about
-their counts, and collusion (any ``E - 1`` colluders learn the last client's
-counts from ``N_s``, inherent to releasing the sum). A client dropping out after
-its key was broadcast breaks cancellation: the round must be restarted over the
-survivors with fresh keys and a fresh session, never by reusing a key pair for
-a different participant set (the server could then subtract vectors and strip
-masks).
+Arithmetic is in the ring ``Z_2^64`` (numpy ``uint64``, wrapping), where a mask that is uniform (given
+the PRG) hides a count completely and the sum is exact; counts are integers in ``[0, count_bound]``
+with ``count_bound * E < 2^63`` (:mod:`.primitives`: X25519, HKDF-SHA256 seeds bound to the session and
+the pair, ChaCha20 PRG).
 
-PASS v2 (``secagg``, with ``shamir``, ``graph`` and ``identity``) replaces that
-restart: double masking with Shamir-shared keys on a sparse committed graph
-(Bonawitz et al. 2017, Bell et al. 2020), one sum per session, signed keys.
+Threat model, in short (details in :mod:`.secagg`): against a semi-honest server, only ``N_s`` over the
+survivors is released, once per session, whatever the dropouts, as long as every needed secret keeps
+``t`` shares (otherwise the session stops with :class:`PassError`, never a partial sum). A malicious
+server cannot obtain both secrets of one client from honest neighbours and cannot choose the graph; it
+can exclude clients or claim false dropouts (within the threshold), and without an identity directory
+it can substitute keys. A session needs at least 3 clients (with 2, each learns the other's counts);
+``E - 1`` colluders always learn the last client's counts from ``N_s``; a client can commit to false
+counts, which nothing here detects.
 """
 
-from flmarket_flwr.pass_protocol.aggregator import MaskedVectors, PassAggregator, unmask_sum
-from flmarket_flwr.pass_protocol.participant import (
-    DEFAULT_SESSION,
-    PassParticipant,
-    PublicKeys,
-)
 from flmarket_flwr.pass_protocol.primitives import (
     COUNT_LIMIT,
     MASK_DTYPE,
@@ -114,22 +90,16 @@ from flmarket_flwr.pass_protocol.shamir import (
 
 __all__ = [
     "COUNT_LIMIT",
-    "DEFAULT_SESSION",
     "MASK_DTYPE",
     "MIN_PARTICIPANTS",
     "PROTOCOL_LABEL",
     "PUBLIC_KEY_LENGTH",
-    "MaskedVectors",
-    "PassAggregator",
-    "PassParticipant",
-    "PublicKeys",
     "derive_pair_seed",
     "expand_seed",
     "load_public_key",
     "pair_info",
     "pairwise_sign",
     "public_key_fingerprint",
-    "unmask_sum",
     "validate_counts",
     "Advertisement",
     "AdvertiseRequest",
