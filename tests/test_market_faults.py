@@ -19,6 +19,7 @@ from flwr.app import ConfigRecord, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketError, MarketOutcome, MarketPhase
+from flmarket_flwr.pass_protocol import bitmap_to_indices
 from flmarket_flwr.market.messages import (
     ACTION_ADVERTISE,
     ACTION_AUDIT,
@@ -194,11 +195,12 @@ def test_a_mask_dropout_is_unmasked_from_its_neighbours_shares() -> None:
     unmask_requests = faults.sent(ACTION_UNMASK)
     assert {m.metadata.dst_node_id for m in unmask_requests} == set(nodes) - {culprit}
     record = unmask_requests[0].content.config_records[RECORD_KEY]
-    assert len(record["dropped"]) == 1 and len(record["survivors"]) == 5
+    dropped, survivors = bitmap_to_indices(record["dropped"]), bitmap_to_indices(record["survivors"])
+    assert len(dropped) == 1 and len(survivors) == 5
     for reply in faults.replies:
         if reply.metadata.reply_to_message_id in {m.metadata.message_id for m in unmask_requests}:
             fields = reply.content.config_records[RECORD_KEY]
-            assert list(fields["dropped_indices"]) == list(record["dropped"])  # each holds a share of its key
+            assert list(fields["dropped_indices"]) == dropped  # each holds a share of its key
     assert outcome.global_counts == true_sum(counts, [n for n in nodes if n != culprit])
 
 
@@ -213,7 +215,7 @@ def test_share_requests_list_only_the_advertisers() -> None:
     assert {m.metadata.dst_node_id for m in shares} == set(nodes[1:])
     for share in shares:
         record = share.content.config_records[RECORD_KEY]
-        assert len(record["participants"]) == 5
+        assert len(bitmap_to_indices(record["participants"])) == 5
         assert nodes[0] not in record["neighbour_node_ids"]
     assert outcome.global_counts == true_sum(counts, nodes[1:])
     assert "no reply" in outcome.excluded[nodes[0]]
