@@ -191,7 +191,7 @@ def test_market_then_fedavg_in_deployment(deployment: Deployment) -> None:
     market = json.loads((run_dir / "market.json").read_text())
     winners = {int(node) for node in market["winners"]}
     assert len(market["participants"]) == NUM_NODES
-    assert market["pass_attempts"] == 1 and not market["excluded"]
+    assert not market["excluded"] and market["within_budget"]
     assert 0 < len(winners) < NUM_NODES
     assert market["total_payment"] <= budget
 

@@ -37,7 +37,7 @@ def test_the_core_alone_installs_in_a_fresh_venv_and_imports_without_torch(tmp_p
     venv.create(tmp_path / "venv", with_pip=True)
     python = tmp_path / "venv" / "bin" / "python"
     subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "-c", str(ROOT / "constraints.txt"), str(ROOT)],
+        [str(python), "-m", "pip", "install", "--quiet", "--no-cache-dir", "-c", str(ROOT / "constraints.txt"), str(ROOT)],
         check=True,
         capture_output=True,
         text=True,

@@ -83,19 +83,16 @@ def test_tiny_sweep_end_to_end(tmp_path: Path) -> None:
         assert result["timings"]["job_wall_s"] > result["timings"]["training_s"] > 0
         assert result["run_config"]["results-dir"] == str(job_dir.parent)
     assert set(results) == {"flmarket", "qbs"}
-    assert results["flmarket"]["market"]["pass_attempts"] >= 1
-    # The second job ran on the warm Ray of the first: no Ray start in it.
-    assert results["qbs"]["timings"]["overhead_s"] < results["flmarket"]["timings"]["overhead_s"]
+    assert 0 < results["flmarket"]["market"]["total_payment"] <= 2 * results["flmarket"]["market"]["budget"]  # 2 winners, each paid at most R
     # QBS picks the two largest clients, as its label counts say.
     sizes = sorted((sum(row) for row in results["qbs"]["all_label_counts"]), reverse=True)
     assert sorted(map(sum, results["qbs"]["selected_label_counts"]), reverse=True) == sizes[:2]
 
 
-def test_single_job_without_warm_ray(tmp_path: Path) -> None:
-    """``sim.warm_ray=false``: Flower's own Ray life cycle, same outputs."""
+def test_single_job(tmp_path: Path) -> None:
+    """One job outside a sweep writes its result where Hydra's run dir says."""
     run_dir = tmp_path / "single"
-    run_harness(*TINY, "selector=rs", "num_selected=2", "num_server_rounds=1",
-                "sim.warm_ray=false", f"hydra.run.dir={run_dir}")
+    run_harness(*TINY, "selector=rs", "num_selected=2", "num_server_rounds=1", f"hydra.run.dir={run_dir}")
     result = json.loads((run_dir / "result.json").read_text())
     assert result["selector"] == "rs" and len(result["selected_nodes"]) == 2
     assert [r["round"] for r in result["rounds"]] == [0, 1]

@@ -310,7 +310,7 @@ class MarketPhase:
             scores={node: bids[node][0] for node in award.bidders},
             bids={node: bids[node][1] for node in award.bidders},
             payments=award.payments,
-            total_payment=float(sum(award.payments.values())),
+            total_payment=math.fsum(award.payments.values()),  # exact: independent of the node-id order
             budget=float(self.config.budget),
             global_counts=[int(c) for c in pass_result.global_counts],
             excluded=dict(self._excluded),
