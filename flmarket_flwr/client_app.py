@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app.typing import MetricRecordValues
 from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import SimulatedCostBid, read_award, register_market_handlers
@@ -147,7 +148,7 @@ def train(msg: Message, context: Context) -> Message:
     configure_torch_threads(int(context.run_config.get("torch-threads", 1)))
     partition_id = partition_id_of(context)
     data_config = data_config_of(context)
-    config = msg.content.config_records.get("config", {})
+    config: dict[str, Any] = dict(msg.content.config_records.get("config", ConfigRecord()))
     server_round = int(config.get("server-round", 0))
 
     model = build_task_model(model_name_of(context), data_config)
@@ -170,7 +171,7 @@ def train(msg: Message, context: Context) -> Message:
     train_time = time.perf_counter() - started
     _record_training(context, partition_id, server_round, len(data[1]), train_time, device)
 
-    metrics = {
+    metrics: dict[str, MetricRecordValues] = {
         "train_loss": 0.0 if math.isnan(train_loss) else train_loss,
         "train_time": train_time,
         "num-examples": len(data[1]),
@@ -195,7 +196,7 @@ def evaluate_local(msg: Message, context: Context) -> Message:
     data = load_partition(partition_id_of(context), data_config)
     device = resolve_device(str(context.run_config.get("device", "auto")))
     loss, accuracy = evaluate(model, data, device)
-    metrics = {
+    metrics: dict[str, MetricRecordValues] = {
         "eval_loss": 0.0 if math.isnan(loss) else loss,
         "eval_acc": 0.0 if math.isnan(accuracy) else accuracy,
         "num-examples": len(data[1]),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -56,7 +57,7 @@ def secure_global_counts(label_counts: np.ndarray, session: bytes, count_bound: 
     requests = server.advertise_requests(list(range(counts.shape[0])))  # node id = row
     states = {index: PassClient().to_record() for index in requests}
 
-    def answer(requests: dict, method: str) -> dict:  # type: ignore[type-arg]
+    def answer(requests: dict[int, Any], method: str) -> dict[int, Any]:
         """Each client answers its request from its stored state, and stores its new state."""
         replies = {}
         for index, request in requests.items():

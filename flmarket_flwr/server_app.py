@@ -235,7 +235,7 @@ def _count_nodes(grid: Grid, settings: ServerSettings) -> int:
     try:
         return len(MarketPhase(probe).wait_for_nodes(grid))
     except MarketError:
-        connected = len(grid.get_node_ids())
+        connected = len(list(grid.get_node_ids()))
         if connected == 0:
             return 0
         raise MarketError(

@@ -223,7 +223,7 @@ def _dataset_key(config: DataConfig) -> tuple[str, str, int, int]:
 def _load(key: tuple[str, str, int, int]) -> LoadedDataset:
     """Load (once per process) a data set, its images standardised when it has constants."""
     name, root, test_per_class, seed = key
-    options = {"test_per_class": test_per_class} if name == "digits" else {}
+    options: dict[str, Any] = {"test_per_class": test_per_class} if name == "digits" else {}
     loaded = load_dataset(name, root or None, seed=seed, **options)
     if loaded.mean is None or loaded.std is None:
         return loaded

@@ -286,9 +286,10 @@ class _MarketHandlers:
             counts = self._label_counts(context)
             if global_counts.shape != counts.shape or np.any(global_counts < counts):
                 raise _RequestError("the global counts cannot be the sum this client took part in")
-            if int(global_counts.max()) > _pass_state(state)["count_bound"] * int(client.survivor_count):
+            num_clients = int(client.survivor_count or 0)  # the request named the same E (checked above)
+            if int(global_counts.max()) > _pass_state(state)["count_bound"] * num_clients:
                 raise _RequestError("the global counts exceed the session's declared bound")
-            score = float(compute_score(counts, global_counts, int(client.survivor_count)))
+            score = float(compute_score(counts, global_counts, num_clients))
             bid = _checked_bid(self._bid_policy(counts, score, context))
         except (PassError, ValueError, TypeError, KeyError) as err:
             state[_STAGE] = _STAGE_CLOSED
@@ -312,7 +313,7 @@ class _MarketHandlers:
             if isinstance(payment, bool) or not isinstance(payment, (int, float)) or not math.isfinite(payment):
                 raise _RequestError(f"'{KEY_PAYMENT}' must be a finite float")
             if payment < float(state[KEY_BID]):  # type: ignore[arg-type]
-                raise _RequestError(f"the offered payment {payment} is below this client's bid {state[KEY_BID]}")
+                raise _RequestError(f"the offered payment {payment} is below this client's bid {state[KEY_BID]!r}")
             nonce = _pass_state(state).get("nonce")
             if not isinstance(nonce, bytes):
                 raise _RequestError("no counts commitment to open")
@@ -371,7 +372,7 @@ def _int_list_field(record: ConfigRecord, key: str) -> list[int]:
         or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in value)
     ):
         raise _RequestError(f"'{key}' must be a non-empty list of non-negative ints")
-    return value
+    return [int(v) for v in value]
 
 
 def _checked_bid(bid: object) -> float:

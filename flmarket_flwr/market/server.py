@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from flwr.app import ConfigRecord, Message
+from flwr.app.typing import ConfigRecordValues
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -401,7 +402,7 @@ class MarketPhase:
         MarketError
             If ``N_s`` is all zero (no client can score), or most PASS participants failed.
         """
-        record = {
+        record: dict[str, ConfigRecordValues] = {
             KEY_SESSION: pass_result.session,
             KEY_GLOBAL_COUNTS: [int(c) for c in pass_result.global_counts],
             KEY_NUM_CLIENTS: len(pass_result.participants),

@@ -104,7 +104,7 @@ class FLMarket(Strategy):
         else:
             if budget is None or num_classes is None:
                 raise ValueError("FLMarket needs budget and num_classes (or a market_config)")
-            market_config = MarketConfig(**{name: value for name, value in knobs.items() if value is not None})
+            market_config = MarketConfig(**{name: value for name, value in knobs.items() if value is not None})  # type: ignore[arg-type]
         self.strategy = strategy
         self.market_config = market_config
         self.seed = seed

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import cast
 from uuid import uuid4
 
 import numpy as np
@@ -87,7 +88,7 @@ def wire_roundtrip(message: Message) -> tuple[Message, bytes]:
     objects = get_all_nested_objects(message)
     contents = {object_id: obj.deflate() for object_id, obj in objects.items()}
     raw = b"".join(contents.values())
-    copy = inflate_object_from_contents(message.object_id, dict(contents))
+    copy = cast(Message, inflate_object_from_contents(message.object_id, dict(contents)))
     copy.metadata.__dict__["_message_id"] = message.metadata.message_id
     return copy, raw
 
@@ -136,7 +137,7 @@ class InProcessGrid(Grid):
         self._run = Run.create_empty(run_id)
         self._contexts: dict[int, bytes] = {}
         for position, node in enumerate(self.node_ids):
-            config = dict(node_configs[node]) if node_configs is not None else {
+            config: UserConfig = dict(node_configs[node]) if node_configs is not None else {
                 "partition-id": position,
                 "num-partitions": len(self.node_ids),
             }
