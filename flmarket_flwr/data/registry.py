@@ -5,9 +5,9 @@ name       data                      test set                                   
 ========== ========================= ============================================ =======================
 digits     scikit-learn's bundled    balanced held-out set, ``test_per_class``    not needed (ignored)
            8x8 digits, 10 classes    (default 30) per class, drawn by ``seed``
-digits_xl  digits plus deformed      held-out real originals, ``test_per_class``  not needed (ignored)
-           copies (derived, see      (default 50) per class, drawn by
-           :mod:`.digits_xl`)        ``generation_seed`` (not ``seed``)
+digits_xl  digits plus deformed      held-out real originals, ``test_per_class``  optional: the cache
+           copies (derived, see      (default 50) per class, drawn by             folder of the generated
+           :mod:`.digits_xl`)        ``generation_seed`` (not ``seed``)           arrays
 cifar10    CIFAR-10, 10 classes      the official ``test_batch`` (10,000)         ``cifar-10-batches-py``
                                                                                   or its parent
 cinic10    CINIC-10, 10 classes      official ``test/`` (``split="test"``) or     CINIC-10 folder or its
@@ -189,9 +189,11 @@ def _load_digits(root: object, split: str, seed: int, options: dict[str, Any]) -
     )
 
 
-def _load_digits_xl(root: object, split: str, seed: int, options: dict[str, Any]) -> LoadedDataset:
-    """Derived digits (``root`` and ``seed`` are ignored: ``generation_seed`` fixes the data)."""
-    data = digits_xl.load_digits_xl(**options)
+def _load_digits_xl(
+    root: str | os.PathLike[str] | None, split: str, seed: int, options: dict[str, Any]
+) -> LoadedDataset:
+    """Derived digits, cached under ``root`` when given (``seed`` is ignored: ``generation_seed`` fixes the data)."""
+    data = digits_xl.load_digits_xl(**{"cache_dir": root, **options})
     return _assemble(
         "digits_xl",
         (data.train_images, data.train_labels),
