@@ -303,12 +303,12 @@ def report(records: Sequence[Mapping[str, Any]], reference: str = "flmarket") ->
             f"{test.p_holm:.3g} |"
         )
     wins = win_counts(records, reference)
-    lines += [
-        "",
+    summary = (
         f"{reference} best in {wins.wins} of {wins.settings} settings, tied for best in {wins.ties}: win share "
         f"{wins.win_share:.2f} (95% bootstrap CI {wins.ci_low:.2f}-{wins.ci_high:.2f}; chance {wins.chance:.2f}, "
-        f"{len(wins.selectors)} selectors).",
-    ]
+        f"{len(wins.selectors)} selectors)."
+    )
+    lines += ["", summary]
     return "\n".join(lines)
 
 

@@ -9,7 +9,12 @@ import pytest
 from numpy.typing import NDArray
 
 from flmarket_flwr.data import load_dataset, load_digits_arrays, make_partition
-from flmarket_flwr.data.digits_xl import DEFAULT_STRENGTH, DigitsXL, deform, load_digits_xl
+from flmarket_flwr.data.digits_xl import (
+    DEFAULT_STRENGTH,
+    DigitsXL,
+    deform,
+    load_digits_xl,
+)
 from flmarket_flwr.pricing import alpha
 
 NEAR_DUPLICATE_L2 = 0.25

@@ -20,7 +20,12 @@ from flmarket_flwr.client_app import build_client_app
 from flmarket_flwr.market import MarketConfig, MarketPhase, WinnersGrid
 from flmarket_flwr.market.testing import InProcessGrid
 from flmarket_flwr.pricing import select_clients
-from flmarket_flwr.task import DataConfig, all_label_counts, data_embedding, load_partition
+from flmarket_flwr.task import (
+    DataConfig,
+    all_label_counts,
+    data_embedding,
+    load_partition,
+)
 from simulations.config import app_config_defaults
 from simulations.engine import (
     EngineConfig,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -44,7 +46,7 @@ def test_geometric_stays_the_default() -> None:
 def test_linear_levels_are_nested_and_shrink() -> None:
     labels = _cifar_labels()
     kept = [set(global_distribution_indices(labels, level, 5, schedule="linear").tolist()) for level in DISTRIBUTIONS]
-    for larger, smaller in zip(kept, kept[1:]):
+    for larger, smaller in itertools.pairwise(kept):
         assert smaller < larger
 
 

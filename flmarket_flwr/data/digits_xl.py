@@ -37,9 +37,9 @@ __all__ = [
     "CACHE_ENV",
     "CHOSEN_STRENGTH_FACTOR",
     "DEFAULT_STRENGTH",
-    "REFERENCE_STRENGTH",
     "DEFAULT_TEST_PER_CLASS",
     "DEFAULT_VARIANTS_PER_IMAGE",
+    "REFERENCE_STRENGTH",
     "DeformationStrength",
     "DigitsXL",
     "deform",
@@ -89,7 +89,7 @@ class DeformationStrength:
     elastic_sigma: float = 1.0
     noise_std: float = 0.05
 
-    def scaled(self, factor: float) -> "DeformationStrength":
+    def scaled(self, factor: float) -> DeformationStrength:
         """Every range times ``factor`` (``elastic_sigma`` unchanged): one knob for tuning."""
         values = {key: value * factor for key, value in asdict(self).items() if key != "elastic_sigma"}
         return DeformationStrength(elastic_sigma=self.elastic_sigma, **values)

@@ -97,14 +97,14 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 __all__ = [
-    "DEFAULT_SCHEDULE",
-    "LINEAR_MIN_KEEP_RATIO",
-    "SCHEDULES",
     "DEFAULT_ALPHA",
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_MIN_SAMPLES_PER_CLIENT",
+    "DEFAULT_SCHEDULE",
     "DISTRIBUTIONS",
+    "LINEAR_MIN_KEEP_RATIO",
     "MIN_KEEP_RATIO",
+    "SCHEDULES",
     "Partition",
     "as_label_array",
     "dirichlet_split",
