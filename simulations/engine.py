@@ -165,7 +165,7 @@ class Federation:
 @lru_cache(maxsize=2)
 def _dataset(name: str, root: str, test_per_class: int, seed: int) -> Any:
     """The registry's data set, standardised where it has constants (as ``flmarket_flwr.task`` does)."""
-    options = {"test_per_class": test_per_class} if name.replace("-", "_").startswith("digits") else {}
+    options: dict[str, Any] = {"test_per_class": test_per_class} if name.replace("-", "_").startswith("digits") else {}
     loaded = load_dataset(name, root or None, seed=seed, **options)
     if loaded.mean is None or loaded.std is None:
         return loaded
@@ -437,8 +437,8 @@ def _protocol(cfg: EngineConfig, training: _Training) -> dict[str, Any]:
     diverged = training.diverged_at is not None
     final = math.nan if diverged or accuracies.size < window else float(accuracies[-window:].mean())
     previous = float(accuracies[-2 * window : -window].mean()) if accuracies.size >= 2 * window else math.nan
-    moving = np.convolve(accuracies, np.ones(window) / window, mode="valid") if accuracies.size >= window else []
-    best_window = float(np.max(moving)) if len(moving) and not diverged else math.nan
+    moving = np.convolve(accuracies, np.ones(window) / window, mode="valid") if accuracies.size >= window else None
+    best_window = float(np.max(moving)) if moving is not None and not diverged else math.nan
     return {
         "final_accuracy": final,
         "final_window": window,

@@ -192,7 +192,7 @@ def paired_tests(
         array = np.asarray(differences, dtype=np.float64)
         statistic, p_value = _wilcoxon(array)
         partial.append((baseline, array, excluded, statistic, p_value))
-    adjusted = holm([item[4] for item in partial]) if partial else []
+    adjusted = holm([item[4] for item in partial]) if partial else np.empty(0)
     return [
         PairedTest(
             baseline=baseline,
