@@ -32,6 +32,7 @@ __all__ = [
     "PairedTest",
     "WinCounts",
     "holm",
+    "means_table",
     "paired_tests",
     "records_from_dirs",
     "setting_of",
@@ -290,9 +291,29 @@ def win_counts(
     )
 
 
+def means_table(records: Sequence[Mapping[str, Any]]) -> str:
+    """Markdown: per setting, each selector's mean final accuracy (std, finished seeds, diverged seeds)."""
+    table = _table(records)
+    selectors = sorted({str(r["selector"]) for r in records})
+    lines = ["| setting | " + " | ".join(selectors) + " |", "|---" * (len(selectors) + 1) + "|"]
+    for setting in sorted(table, key=str):
+        cells = []
+        for selector in selectors:
+            values = np.array([runs[selector] for runs in table[setting].values() if selector in runs])
+            finite = values[~np.isnan(values)]
+            diverged = int(np.isnan(values).sum())
+            text = f"{100 * finite.mean():.1f} ± {100 * finite.std():.1f} (n={finite.size})" if finite.size else "-"
+            cells.append(text + (f", {diverged} diverged" if diverged else ""))
+        name = " ".join(str(value) for value in setting if value is not None)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def report(records: Sequence[Mapping[str, Any]], reference: str = "flmarket") -> str:
-    """Markdown: the paired tests and the win counts."""
+    """Markdown: mean accuracies per setting, the paired tests and the win counts."""
     lines = [
+        means_table(records),
+        "",
         f"| {reference} vs | pairs | diverged (excluded) | mean diff | median diff | W/T/L | p | p (Holm) |",
         "|---|---|---|---|---|---|---|---|",
     ]

@@ -87,5 +87,8 @@ def test_bootstrap_interval_brackets_the_share() -> None:
 
 
 def test_report_renders() -> None:
-    text = report(_synthetic({"rs": 0.05}))
+    records = _synthetic({"rs": 0.05})
+    records.append(_record("rs", "d0", 9, 0.0, diverged=True))
+    text = report(records)
     assert "| rs | 30 | 0 |" in text and "chance 0.50" in text
+    assert "(n=5), 1 diverged" in text
