@@ -94,7 +94,7 @@ def test_every_group_option_composes(group: str) -> None:
 
 def test_expected_group_options() -> None:
     """The groups offer what the experiments need."""
-    assert options("dataset") == ["cifar10", "cinic10", "deap", "digits"]
+    assert options("dataset") == ["cifar10", "cinic10", "deap", "digits", "digits_xl"]
     assert options("model") == ["deap_cnn", "digits_cnn", "resnet56"]
     assert options("distribution") == [f"d{i}" for i in range(1, 8)]
     assert sorted(options("selector")) == sorted(("flmarket", *experiment_strategies()))

@@ -3,7 +3,8 @@
 * :mod:`flmarket_flwr.data.partition` — the paper's two-step partition: a globally
   imbalanced distribution ``d1`` ... ``d7``, then a per-class Dirichlet split.
 * :mod:`flmarket_flwr.data.digits` — scikit-learn's bundled ``digits``, the offline
-  default data set.
+  default data set; :mod:`flmarket_flwr.data.digits_xl` — a derived, larger digits set
+  (held-out originals, deformed training copies) in the paper's score regime.
 * :mod:`flmarket_flwr.data.cifar10`, :mod:`flmarket_flwr.data.cinic10`,
   :mod:`flmarket_flwr.data.deap` — the paper's data sets, read from local folders in
   their official formats (nothing is downloaded).
@@ -19,8 +20,11 @@ from flmarket_flwr.data.partition import (
     DEFAULT_ALPHA,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MIN_SAMPLES_PER_CLIENT,
+    DEFAULT_SCHEDULE,
     DISTRIBUTIONS,
+    LINEAR_MIN_KEEP_RATIO,
     MIN_KEEP_RATIO,
+    SCHEDULES,
     Partition,
     as_label_array,
     dirichlet_split,
@@ -33,9 +37,12 @@ __all__ = [
     "DEFAULT_ALPHA",
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_MIN_SAMPLES_PER_CLIENT",
+    "DEFAULT_SCHEDULE",
     "DEFAULT_TEST_PER_CLASS",
     "DISTRIBUTIONS",
+    "LINEAR_MIN_KEEP_RATIO",
     "MIN_KEEP_RATIO",
+    "SCHEDULES",
     "Partition",
     "as_label_array",
     "dirichlet_split",
@@ -56,6 +63,7 @@ from flmarket_flwr.data.deap import (
     load_deap,
     load_deap_windows,
 )
+from flmarket_flwr.data.digits_xl import DigitsXL, load_digits_xl
 from flmarket_flwr.data.registry import DATASET_NAMES, LoadedDataset, load_dataset
 
 __all__ += [
@@ -69,6 +77,7 @@ __all__ += [
     "PERIPHERAL_CHANNEL_NAMES",
     "QUADRANT_NAMES",
     "DeapWindows",
+    "DigitsXL",
     "LoadedDataset",
     "deap_train_test_split",
     "load_cifar10",
@@ -76,5 +85,6 @@ __all__ += [
     "load_dataset",
     "load_deap",
     "load_deap_windows",
+    "load_digits_xl",
     "normalize_images",
 ]

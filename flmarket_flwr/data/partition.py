@@ -37,6 +37,14 @@ With 5,000 samples per class (CIFAR-10) this gives a largest/smallest class rati
 The ratio table is the brief's; we kept it because the resulting ratios are round,
 strictly increasing numbers (the paper gives no numbers for its levels).
 
+Linear schedule (``schedule="linear"``, opt-in; the geometric one stays the default): the
+paper's Table 2 column sums for its four rarest CIFAR-10 classes at D6 are 2,000, 1,500,
+1,000 and 500 of 5,000, i.e. 40, 30, 20 and 10%: equal steps, smallest class at 10%. Here
+the class at rank ``r`` keeps ``1 - (1 - rho_d) * r / (C - 1)`` of the balanced size, with
+``rho_d`` (:data:`LINEAR_MIN_KEEP_RATIO`) falling in equal steps from 1 at ``d1`` to 0.1 at
+``d6`` (``d7``: 0.05). At ``d6`` with 10 classes that is 100, 90, ..., 10%: Table 2's tail
+exactly. Ranking and sample order are the geometric schedule's, so the levels stay nested.
+
 Dirichlet split
 ---------------
 For each class present among the global-distribution indices, the class's indices are
@@ -92,8 +100,11 @@ __all__ = [
     "DEFAULT_ALPHA",
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_MIN_SAMPLES_PER_CLIENT",
+    "DEFAULT_SCHEDULE",
     "DISTRIBUTIONS",
+    "LINEAR_MIN_KEEP_RATIO",
     "MIN_KEEP_RATIO",
+    "SCHEDULES",
     "Partition",
     "as_label_array",
     "dirichlet_split",
@@ -114,6 +125,24 @@ MIN_KEEP_RATIO: Final[dict[str, float]] = {
 """Minimum keep ratio ``rho_d`` per global distribution: the fraction of the balanced
 per-class size kept by the most pruned class. Equal to the inverse of the
 largest/smallest class ratio (up to rounding)."""
+
+LINEAR_MIN_KEEP_RATIO: Final[dict[str, float]] = {
+    "d1": 1.0,
+    "d2": 0.82,
+    "d3": 0.64,
+    "d4": 0.46,
+    "d5": 0.28,
+    "d6": 0.10,
+    "d7": 0.05,
+}
+"""Kept fraction of the smallest class per level under the linear schedule (equal steps
+from 1 at ``d1`` to 0.1 at ``d6``, the paper's Table 2 tail; ``d7`` halves it again)."""
+
+SCHEDULES: Final[tuple[str, ...]] = ("geometric", "linear")
+"""Names of the pruning schedules (see the module docstring)."""
+
+DEFAULT_SCHEDULE: Final[str] = "geometric"
+"""The schedule used unless another is asked for."""
 
 DISTRIBUTIONS: Final[tuple[str, ...]] = tuple(MIN_KEEP_RATIO)
 """Names of the global distributions, from balanced (``d1``) to most imbalanced."""
@@ -153,6 +182,8 @@ class Partition:
         Dirichlet concentration of the split.
     seed : int
         Seed the partition was drawn with.
+    schedule : str
+        Pruning schedule of the global distribution (``"geometric"`` or ``"linear"``).
     """
 
     client_indices: list[IndexArray]
@@ -161,6 +192,7 @@ class Partition:
     distribution: str
     alpha: float
     seed: int
+    schedule: str = DEFAULT_SCHEDULE
 
     @property
     def num_clients(self) -> int:
@@ -219,7 +251,7 @@ def as_label_array(labels: ArrayLike, num_classes: int | None = None) -> tuple[N
     return array, int(num_classes)
 
 
-def keep_fractions(distribution: str, num_ranked: int) -> NDArray[np.float64]:
+def keep_fractions(distribution: str, num_ranked: int, schedule: str = DEFAULT_SCHEDULE) -> NDArray[np.float64]:
     """Fraction of the balanced class size kept at each rank, for one distribution.
 
     Parameters
@@ -228,19 +260,25 @@ def keep_fractions(distribution: str, num_ranked: int) -> NDArray[np.float64]:
         Global distribution name, ``"d1"`` ... ``"d7"`` (case-insensitive).
     num_ranked : int
         Number of ranked classes.
+    schedule : str, default "geometric"
+        ``"geometric"`` or ``"linear"`` (see the module docstring).
 
     Returns
     -------
     numpy.ndarray
-        ``keep[r] = rho_d ** (r / (num_ranked - 1))`` for ``r = 0 .. num_ranked - 1``
-        (``[1.0]`` for a single class): 1 at rank 0, ``rho_d`` at the last rank.
+        Geometric: ``keep[r] = rho_d ** (r / (num_ranked - 1))``; linear:
+        ``keep[r] = 1 - (1 - rho_d) * r / (num_ranked - 1)``, for ``r = 0 .. num_ranked - 1``
+        (``[1.0]`` for a single class): 1 at rank 0, ``rho_d`` of the schedule at the last rank.
     """
-    rho = MIN_KEEP_RATIO[_normalise_distribution(distribution)]
+    name = _normalise_distribution(distribution)
+    kind = _normalise_schedule(schedule)
     _check_positive_int("num_ranked", num_ranked)
     if num_ranked == 1:
         return np.ones(1)
-    exponents = np.arange(num_ranked) / (num_ranked - 1)
-    return rho**exponents
+    steps = np.arange(num_ranked) / (num_ranked - 1)
+    if kind == "linear":
+        return 1.0 - (1.0 - LINEAR_MIN_KEEP_RATIO[name]) * steps
+    return MIN_KEEP_RATIO[name] ** steps
 
 
 def global_distribution_indices(
@@ -248,6 +286,7 @@ def global_distribution_indices(
     distribution: str,
     seed: int,
     num_classes: int | None = None,
+    schedule: str = DEFAULT_SCHEDULE,
 ) -> IndexArray:
     """Indices kept by pruning the data set to a global distribution.
 
@@ -264,6 +303,8 @@ def global_distribution_indices(
         Non-negative seed of the class ranking and of the kept samples.
     num_classes : int, optional
         Number of classes; inferred as ``max(labels) + 1`` when omitted.
+    schedule : str, default "geometric"
+        Pruning schedule, ``"geometric"`` or ``"linear"``.
 
     Returns
     -------
@@ -283,7 +324,7 @@ def global_distribution_indices(
     present = sorted(per_class)
     balanced_size = min(len(per_class[label]) for label in present)
     rank_order = rng.permutation(len(present))
-    fractions = keep_fractions(name, len(present))
+    fractions = keep_fractions(name, len(present), schedule)
     kept = [
         per_class[present[class_pos]][: _kept_count(balanced_size, fractions[rank])]
         for rank, class_pos in enumerate(rank_order)
@@ -366,6 +407,7 @@ def make_partition(
     num_classes: int | None = None,
     min_samples_per_client: int = DEFAULT_MIN_SAMPLES_PER_CLIENT,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    schedule: str = DEFAULT_SCHEDULE,
 ) -> Partition:
     """Make the paper's two-step partition: global distribution, then Dirichlet split.
 
@@ -387,6 +429,8 @@ def make_partition(
         Smallest accepted client size, see :func:`dirichlet_split`.
     max_attempts : int, default 10000
         Bound on the Dirichlet redraws, see :func:`dirichlet_split`.
+    schedule : str, default "geometric"
+        Pruning schedule of the global distribution, ``"geometric"`` or ``"linear"``.
 
     Returns
     -------
@@ -400,7 +444,7 @@ def make_partition(
     """
     array, classes = as_label_array(labels, num_classes)
     name = _normalise_distribution(distribution)
-    kept = global_distribution_indices(array, name, seed, classes)
+    kept = global_distribution_indices(array, name, seed, classes, schedule)
     clients = dirichlet_split(
         array,
         kept,
@@ -417,6 +461,7 @@ def make_partition(
         distribution=name,
         alpha=float(alpha),
         seed=int(seed),
+        schedule=_normalise_schedule(schedule),
     )
 
 
@@ -425,6 +470,14 @@ def _normalise_distribution(distribution: str) -> str:
     name = distribution.lower() if isinstance(distribution, str) else distribution
     if name not in MIN_KEEP_RATIO:
         raise ValueError(f"unknown distribution {distribution!r}; expected one of {', '.join(DISTRIBUTIONS)}")
+    return name
+
+
+def _normalise_schedule(schedule: str) -> str:
+    """Return the lower-case schedule name, or raise on an unknown one."""
+    name = schedule.lower() if isinstance(schedule, str) else schedule
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
     return name
 
 

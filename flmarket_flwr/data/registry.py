@@ -5,6 +5,9 @@ name       data                      test set                                   
 ========== ========================= ============================================ =======================
 digits     scikit-learn's bundled    balanced held-out set, ``test_per_class``    not needed (ignored)
            8x8 digits, 10 classes    (default 30) per class, drawn by ``seed``
+digits_xl  digits plus deformed      held-out real originals, ``test_per_class``  optional: the cache
+           copies (derived, see      (default 50) per class, drawn by             folder of the generated
+           :mod:`.digits_xl`)        ``generation_seed`` (not ``seed``)           arrays
 cifar10    CIFAR-10, 10 classes      the official ``test_batch`` (10,000)         ``cifar-10-batches-py``
                                                                                   or its parent
 cinic10    CINIC-10, 10 classes      official ``test/`` (``split="test"``) or     CINIC-10 folder or its
@@ -16,6 +19,9 @@ deap       DEAP peripheral signals,  whole trials held out per subject,         
 Options (keyword arguments after ``seed``):
 
 * ``digits``: ``test_per_class``.
+* ``digits_xl``: ``test_per_class``, ``variants_per_image``, ``generation_seed``, ``strength``, ``cache_dir``
+  (see :func:`~flmarket_flwr.data.digits_xl.load_digits_xl`); ``train_groups`` / ``test_groups`` hold
+  each image's source original, for leakage checks.
 * ``cifar10``: none.
 * ``cinic10``: ``cache``, ``cache_dir``, ``num_workers`` (see :func:`~flmarket_flwr.data.cinic10.load_cinic10`)
   and ``include_valid`` (default ``False``; ``True`` trains on ``train/`` + ``valid/``, 180,000 images,
@@ -38,17 +44,18 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
-from flmarket_flwr.data import cifar10, cinic10, deap
+from flmarket_flwr.data import cifar10, cinic10, deap, digits_xl
 from flmarket_flwr.data.digits import NUM_CLASSES as DIGITS_NUM_CLASSES
 from flmarket_flwr.data.digits import DEFAULT_TEST_PER_CLASS, load_digits_arrays, train_test_split_balanced
 
 __all__ = ["DATASET_NAMES", "DATASET_OPTIONS", "LoadedDataset", "canonical_dataset_name", "load_dataset"]
 
-DATASET_NAMES: Final[tuple[str, ...]] = ("digits", "cifar10", "cinic10", "deap")
+DATASET_NAMES: Final[tuple[str, ...]] = ("digits", "digits_xl", "cifar10", "cinic10", "deap")
 """Names accepted by :func:`load_dataset` (case, ``-`` and ``_`` are ignored: ``"CIFAR-10"`` works)."""
 
 DATASET_OPTIONS: Final[Mapping[str, tuple[str, ...]]] = {
     "digits": ("test_per_class",),
+    "digits_xl": ("test_per_class", "variants_per_image", "generation_seed", "strength", "cache_dir"),
     "cifar10": (),
     "cinic10": ("cache", "cache_dir", "num_workers", "include_valid"),
     "deap": ("label", "num_classes", "window_seconds", "subjects", "standardize", "test_fraction"),
@@ -78,7 +85,7 @@ class LoadedDataset:
         Per-channel normalisation constants for the training code (CIFAR-10, CINIC-10);
         ``None`` where the inputs need none (digits in ``[0, 1]``, DEAP already standardised).
     train_groups, test_groups : numpy.ndarray or None
-        ``int64`` group of each sample (DEAP: the subject number); ``None`` otherwise.
+        ``int64`` group of each sample (DEAP: the subject number; digits_xl: the source original); ``None`` otherwise.
     """
 
     name: str
@@ -104,9 +111,10 @@ def canonical_dataset_name(name: str) -> str:
         On an unknown name.
     """
     key = str(name).strip().lower().replace("-", "").replace("_", "")
-    if key not in DATASET_NAMES:
+    canonical = {known.replace("_", ""): known for known in DATASET_NAMES}
+    if key not in canonical:
         raise ValueError(f"unknown data set {name!r}: choose one of {list(DATASET_NAMES)}")
-    return key
+    return canonical[key]
 
 
 def load_dataset(
@@ -122,7 +130,7 @@ def load_dataset(
     Parameters
     ----------
     name : str
-        ``"digits"``, ``"cifar10"``, ``"cinic10"`` or ``"deap"`` (see the module table).
+        ``"digits"``, ``"digits_xl"``, ``"cifar10"``, ``"cinic10"`` or ``"deap"`` (see the module table).
     root : str or path-like, optional
         Local data folder; required except for ``digits`` (an empty string counts as
         not given). Nothing is ever downloaded.
@@ -178,6 +186,21 @@ def _load_digits(root: object, split: str, seed: int, options: dict[str, Any]) -
         (images[test_idx], labels[test_idx]),
         DIGITS_NUM_CLASSES,
         tuple(str(digit) for digit in range(DIGITS_NUM_CLASSES)),
+    )
+
+
+def _load_digits_xl(
+    root: str | os.PathLike[str] | None, split: str, seed: int, options: dict[str, Any]
+) -> LoadedDataset:
+    """Derived digits, cached under ``root`` when given (``seed`` is ignored: ``generation_seed`` fixes the data)."""
+    data = digits_xl.load_digits_xl(**{"cache_dir": root, **options})
+    return _assemble(
+        "digits_xl",
+        (data.train_images, data.train_labels),
+        (data.test_images, data.test_labels),
+        DIGITS_NUM_CLASSES,
+        tuple(str(digit) for digit in range(DIGITS_NUM_CLASSES)),
+        groups=(data.train_sources, data.test_sources),
     )
 
 
@@ -267,6 +290,7 @@ def _assemble(
 
 _LOADERS: Final[dict[str, Callable[[Any, str, int, dict[str, Any]], LoadedDataset]]] = {
     "digits": _load_digits,
+    "digits_xl": _load_digits_xl,
     "cifar10": _load_cifar10,
     "cinic10": _load_cinic10,
     "deap": _load_deap,

@@ -1,0 +1,610 @@
+"""In-process engine for sweeps: the Flower app's selection and training code, without the message layer.
+
+One job = partition, selection, then FedAvg rounds on the selected clients, all in this process:
+
+* **Selection** calls :mod:`flmarket_flwr.pricing` directly: FLMarket is ``select_flmarket`` (the score
+  and the auction in fixed-count mode; ``num_selected=0``: the budget-driven auction), where PASS's
+  output is replaced by the plain sum of the clients' label counts (PASS returns exactly that sum,
+  mod 2^64, see ``tests/test_pass_protocol.py``); RS, QBS, DICE and DDS are ``select_clients``.
+* **Training** is FedAvg: each selected client trains a copy of the global model, the server averages
+  the weights by sample count the way ``flwr.serverapp.strategy.FedAvg`` does (float32 arrays, weights
+  ``n_e / sum n``). Local training is ``flmarket_flwr.task.train`` (``local_steps=0``: whole epochs, the
+  Flower app's protocol, bit-for-bit its train handler) or :func:`train_steps`, the same SGD loop cut at
+  a fixed number of steps, with gradient-norm clipping (``task.train`` has neither yet).
+* **Protocol**: accuracy on the held-out test set after every round; final accuracy = mean of the last
+  ``final_window`` rounds; plateau criterion: that mean minus the mean of the ``final_window`` rounds
+  before it, within ``plateau_tolerance``; a run whose weights or loss turn non-finite is stopped and
+  marked ``diverged`` (final accuracy NaN), one that falls more than ``collapse_drop`` below its best
+  window is marked ``collapsed``: both are counted by :mod:`simulations.stats`, never averaged in.
+* **Paired seeds**: ``seed`` fixes the partition, the initial model, RS's draw and the mini-batch order,
+  identically for every selector. Bids (``bid_policy``): ``volume`` (primary: ``c N_e (1 + markup)`` at
+  one shared per-sample cost ``c``), ``constant`` (every client bids 1) or ``random`` (the Flower app's
+  per-client costs, :func:`~flmarket_flwr.market.simulated_cost_per_sample`).
+
+:func:`run_job_inprocess` takes a Hydra job config (``conf/``, with ``+engine=inprocess``) and returns
+the ``result.json`` record of :func:`simulations.run.summarize`; ``python -m simulations.engine`` runs a
+resumable grid of jobs (see :func:`main`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from flmarket_flwr.data import load_dataset, make_partition, train_test_split_balanced
+from flmarket_flwr.market import simulated_cost_per_sample
+from flmarket_flwr.pricing import run_auction, score, select_clients, select_flmarket
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+__all__ = [
+    "BID_POLICIES",
+    "EngineConfig",
+    "Federation",
+    "bids_for",
+    "fedavg",
+    "load_federation",
+    "main",
+    "run_engine",
+    "run_job_inprocess",
+    "select",
+    "train_steps",
+]
+
+BID_POLICIES = ("volume", "constant", "random")
+"""Bid policies: shared per-sample cost (primary), constant bids, per-client random costs."""
+
+TensorPair = tuple["torch.Tensor", "torch.Tensor"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:  # pylint: disable=too-many-instance-attributes
+    """One in-process job.
+
+    Attributes
+    ----------
+    dataset, data_root, test_per_class, val_per_class, model
+        Data set (registry name), its folder, held-out sizes and the model, as in the app's run config.
+    num_clients, distribution, schedule, alpha, seed
+        Federation: ``E``, global distribution ``d1..d7``, pruning schedule, Dirichlet concentration, seed.
+    selector, num_selected, budget
+        Selector name; cohort size (``0``: FLMarket's budget-driven auction); auction budget ``R``
+        (``0``: the sum of the bids, which never binds in fixed-count mode).
+    bid_policy, cost_per_sample, cost_low, cost_high, bid_markup
+        How clients bid (see :data:`BID_POLICIES`).
+    rounds, local_steps, local_epochs, batch_size, learning_rate, momentum, clip_norm
+        FedAvg rounds; local SGD steps per round (``0``: ``local_epochs`` whole epochs); batch size,
+        learning rate, momentum; gradient-norm clipping (``0``: none).
+    final_window, plateau_tolerance, collapse_drop
+        Final accuracy window, plateau criterion and collapse threshold (see the module docstring).
+    device, torch_threads
+        Torch device and intra-op threads.
+    """
+
+    dataset: str = "digits_xl"
+    data_root: str = ""
+    test_per_class: int = 50
+    val_per_class: int = 0
+    model: str = "digits_cnn"
+    num_clients: int = 20
+    distribution: str = "d4"
+    schedule: str = "geometric"
+    alpha: float = 0.5
+    seed: int = 0
+    selector: str = "flmarket"
+    num_selected: int = 10
+    budget: float = 0.0
+    bid_policy: str = "volume"
+    cost_per_sample: float = 1.0
+    cost_low: float = 0.5
+    cost_high: float = 1.5
+    bid_markup: float = 0.2
+    rounds: int = 60
+    local_steps: int = 20
+    local_epochs: int = 1
+    batch_size: int = 32
+    learning_rate: float = 0.05
+    momentum: float = 0.9
+    clip_norm: float = 5.0
+    final_window: int = 10
+    plateau_tolerance: float = 0.01
+    collapse_drop: float = 0.3
+    device: str = "cpu"
+    torch_threads: int = 1
+
+    def __post_init__(self) -> None:
+        """Reject settings the engine cannot run."""
+        if self.bid_policy not in BID_POLICIES:
+            raise ValueError(f"bid_policy must be one of {BID_POLICIES}, got {self.bid_policy!r}")
+        if self.selector == "sfedavg":
+            raise ValueError("S-FedAvg samples clients during training: run it through the Flower path")
+        if self.num_selected < 0 or (self.num_selected == 0 and self.selector != "flmarket"):
+            raise ValueError(f"{self.selector} needs num_selected >= 1, got {self.num_selected}")
+        if self.rounds < 1 or self.final_window < 1:
+            raise ValueError("rounds and final_window must be >= 1")
+
+
+@dataclass(frozen=True, eq=False)
+class Federation:
+    """The clients' data and the server's test set of one (data set, partition) pair.
+
+    Attributes
+    ----------
+    client_data : list of TensorPair
+        ``(inputs, labels)`` of each client, by partition id.
+    label_counts : numpy.ndarray
+        ``(E, C)`` per-class counts.
+    test_data : TensorPair
+        The held-out test set.
+    num_classes : int
+        Number of classes.
+    input_shape : tuple of int
+        Shape of one input.
+    """
+
+    client_data: list[TensorPair]
+    label_counts: np.ndarray
+    test_data: TensorPair
+    num_classes: int
+    input_shape: tuple[int, ...]
+
+
+# --- Data ----------------------------------------------------------------------------------------------------------
+@lru_cache(maxsize=2)
+def _dataset(name: str, root: str, test_per_class: int, seed: int) -> Any:
+    """The registry's data set, standardised where it has constants (as ``flmarket_flwr.task`` does)."""
+    options: dict[str, Any] = {"test_per_class": test_per_class} if name.replace("-", "_").startswith("digits") else {}
+    loaded = load_dataset(name, root or None, seed=seed, **options)
+    if loaded.mean is None or loaded.std is None:
+        return loaded
+    shape = (1, -1) + (1,) * (loaded.train_images.ndim - 2)
+    mean = np.asarray(loaded.mean, dtype=np.float32).reshape(shape)
+    std = np.asarray(loaded.std, dtype=np.float32).reshape(shape)
+    train_images, test_images = (loaded.train_images - mean) / std, (loaded.test_images - mean) / std
+    return replace(loaded, train_images=train_images, test_images=test_images)
+
+
+@lru_cache(maxsize=16)
+def _federation(key: tuple[Any, ...]) -> Federation:
+    import torch  # pylint: disable=import-outside-toplevel
+
+    name, root, test_per_class, val_per_class, num_clients, distribution, schedule, alpha, seed = key
+    # Only digits draws its test set from the seed (as in flmarket_flwr.task); the others have a fixed one.
+    data = _dataset(name, root, test_per_class, seed if name == "digits" else 0)
+    labels = data.train_labels
+    pool = np.arange(labels.size, dtype=np.int64)
+    if val_per_class > 0:
+        pool, _ = train_test_split_balanced(labels, test_per_class=val_per_class, seed=seed)
+    partition = make_partition(
+        labels[pool], num_clients, distribution, alpha=alpha, seed=seed, num_classes=data.num_classes, schedule=schedule
+    )
+
+    def tensors(images: np.ndarray, targets: np.ndarray) -> TensorPair:
+        return torch.from_numpy(np.ascontiguousarray(images, np.float32)), torch.from_numpy(targets.astype(np.int64))
+
+    clients = [tensors(data.train_images[pool[rows]], labels[pool[rows]]) for rows in partition.client_indices]
+    return Federation(
+        client_data=clients,
+        label_counts=partition.label_counts,
+        test_data=tensors(data.test_images, data.test_labels),
+        num_classes=int(data.num_classes),
+        input_shape=tuple(data.input_shape),
+    )
+
+
+def load_federation(cfg: EngineConfig) -> Federation:
+    """The clients' tensors and label counts and the test set for ``cfg`` (cached per process).
+
+    Same order of splits as ``flmarket_flwr.task``: the data set's test set, then ``val_per_class``
+    per class for a validation split, then the partition of the rest.
+    """
+    key = (
+        cfg.dataset, cfg.data_root, cfg.test_per_class, cfg.val_per_class, cfg.num_clients,
+        cfg.distribution, cfg.schedule, float(cfg.alpha), cfg.seed,
+    )
+    return _federation(key)
+
+
+# --- Selection -----------------------------------------------------------------------------------------------------
+def bids_for(cfg: EngineConfig, label_counts: np.ndarray) -> np.ndarray:
+    """Every client's bid under ``cfg.bid_policy``.
+
+    ``volume``: ``c N_e (1 + markup)`` with one shared ``c = cost_per_sample``; ``constant``: 1 each;
+    ``random``: ``c_e N_e (1 + markup)`` with the Flower app's per-client ``c_e`` in ``[cost_low, cost_high)``.
+    A client without data bids like one sample (it scores 0 and never wins).
+    """
+    volumes = np.maximum(label_counts.sum(axis=1), 1).astype(np.float64)
+    if cfg.bid_policy == "constant":
+        return np.ones(volumes.size)
+    if cfg.bid_policy == "volume":
+        return cfg.cost_per_sample * volumes * (1.0 + cfg.bid_markup)
+    costs = [simulated_cost_per_sample(e, cfg.seed, cfg.cost_low, cfg.cost_high) for e in range(volumes.size)]
+    return np.asarray(costs) * volumes * (1.0 + cfg.bid_markup)
+
+
+def _embeddings(federation: Federation, seed: int) -> np.ndarray:
+    """DDS's client embeddings: mean input through the app's fixed projection (``task.data_embedding``)."""
+    from flmarket_flwr.task import EMBEDDING_DIM, _projection  # pylint: disable=import-outside-toplevel
+
+    size = int(np.prod(federation.input_shape))
+    projection = _projection(size, EMBEDDING_DIM, seed)
+    rows = []
+    for images, _ in federation.client_data:
+        flat = images.numpy().reshape(len(images), size).astype(np.float64)
+        rows.append(flat.mean(axis=0) @ projection if len(flat) else np.zeros(EMBEDDING_DIM))
+    return np.stack(rows)
+
+
+def select(cfg: EngineConfig, federation: Federation) -> tuple[list[int], dict[str, Any]]:
+    """Run the selector: the selected partition ids (selection order) and what it saw and decided."""
+    counts = federation.label_counts
+    if cfg.selector != "flmarket":
+        extra = {"embeddings": _embeddings(federation, cfg.seed)} if cfg.selector == "dds" else {}
+        positions = select_clients(cfg.selector, counts, cfg.num_selected, seed=cfg.seed, **extra)
+        return [int(p) for p in positions], {}
+    bids = bids_for(cfg, counts)
+    scores = np.atleast_1d(score(counts, counts.sum(axis=0), counts.shape[0]))
+    budget = cfg.budget if cfg.budget > 0 else float(bids.sum())
+    auction = run_auction(scores, bids, budget=budget, num_winners=cfg.num_selected or None)
+    if cfg.num_selected:
+        positions = select_flmarket(counts, cfg.num_selected, seed=cfg.seed, bids=bids, budget=budget)
+    else:
+        positions = auction.winners
+    market = {
+        "total_payment": float(auction.total_payment),
+        "budget": budget,
+        "within_budget": bool(auction.within_budget),
+        "pass_attempts": 0,
+        "scores": scores.tolist(),
+        "bids": bids.tolist(),
+        "bid_policy": cfg.bid_policy,
+    }
+    return [int(p) for p in positions], market
+
+
+# --- Training ------------------------------------------------------------------------------------------------------
+def _build_model(cfg: EngineConfig, federation: Federation) -> nn.Module:
+    from flmarket_flwr.models import build_model  # pylint: disable=import-outside-toplevel
+
+    options = {"in_channels": federation.input_shape[0]} if cfg.model.replace("-", "_") == "deap_cnn" else {}
+    return build_model(cfg.model, num_classes=federation.num_classes, **options)
+
+
+# pylint: disable=too-many-arguments,too-many-locals
+def train_steps(
+    model: nn.Module,
+    data: TensorPair,
+    steps: int,
+    lr: float,
+    device: torch.device,
+    batch_size: int = 32,
+    momentum: float = 0.5,
+    clip_norm: float = 0.0,
+    seed: int | None = None,
+) -> float:
+    """``flmarket_flwr.task.train``'s SGD loop, stopped after ``steps`` mini-batches, with clipping.
+
+    Mini-batches come from successive random permutations of the client's data (as epochs do), so a
+    client with fewer than ``batch_size * steps`` samples passes over its data more than once.
+
+    Returns
+    -------
+    float
+        Mean training loss over the steps (``nan`` without data; non-finite if training diverged).
+    """
+    import torch  # pylint: disable=import-outside-toplevel
+    from torch import nn as torch_nn  # pylint: disable=import-outside-toplevel
+
+    images, labels = data[0].to(device), data[1].to(device)
+    num_samples = int(labels.shape[0])
+    if num_samples == 0 or steps <= 0:
+        return float("nan")
+    model.to(device)
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    criterion = torch_nn.CrossEntropyLoss()
+    generator = torch.Generator()
+    if seed is not None:
+        generator.manual_seed(seed)
+    total, done = 0.0, 0
+    while done < steps:
+        order = torch.randperm(num_samples, generator=generator).to(device)
+        for start in range(0, num_samples, batch_size):
+            batch = order[start : start + batch_size]
+            optimizer.zero_grad()
+            loss = criterion(model(images[batch]), labels[batch])
+            loss.backward()
+            if clip_norm > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+            optimizer.step()
+            total += float(loss.item())
+            done += 1
+            if done == steps:
+                break
+    return total / done
+
+
+def fedavg(states: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float]) -> dict[str, np.ndarray]:
+    """Weighted average of state dicts, computed as ``flwr``'s ``aggregate_arrayrecords`` does."""
+    total = float(sum(weights))
+    averaged: dict[str, np.ndarray] = {}
+    for state, weight in zip(states, weights, strict=True):
+        factor = weight / total
+        for key, value in state.items():
+            if key in averaged:
+                averaged[key] += value * factor
+            else:
+                averaged[key] = value * factor
+    return averaged
+
+
+def _local_update(cfg: EngineConfig, model: nn.Module, data: TensorPair, seed: int, device: torch.device) -> float:
+    from flmarket_flwr.task import train  # pylint: disable=import-outside-toplevel
+
+    if cfg.local_steps > 0:
+        return train_steps(
+            model, data, cfg.local_steps, cfg.learning_rate, device, cfg.batch_size, cfg.momentum, cfg.clip_norm, seed
+        )
+    return train(model, data, cfg.local_epochs, cfg.learning_rate, device, cfg.batch_size, cfg.momentum, seed)
+
+
+def _state(model: nn.Module) -> dict[str, np.ndarray]:
+    return {key: value.detach().cpu().numpy().copy() for key, value in model.state_dict().items()}
+
+
+def _load(model: nn.Module, state: Mapping[str, np.ndarray]) -> None:
+    import torch  # pylint: disable=import-outside-toplevel
+
+    model.load_state_dict({key: torch.from_numpy(np.asarray(value)) for key, value in state.items()}, strict=True)
+
+
+@dataclass
+class _Training:
+    """What the FedAvg loop records."""
+
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    diverged_at: int | None = None
+    final_state: dict[str, np.ndarray] | None = None
+
+
+def _fedavg_rounds(cfg: EngineConfig, federation: Federation, selected: Sequence[int]) -> _Training:
+    """FedAvg over ``selected`` for ``cfg.rounds`` rounds, evaluating the global model after each."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    from flmarket_flwr.task import evaluate, resolve_device  # pylint: disable=import-outside-toplevel
+
+    device = resolve_device(cfg.device)
+    torch.manual_seed(cfg.seed)  # The initial model: as the ServerApp builds it.
+    worker = _build_model(cfg, federation)
+    global_state = _state(worker)
+    training = _Training()
+    loss, accuracy = evaluate(worker, federation.test_data, device)
+    training.rounds.append(_round_record(0, accuracy, loss, None, 0.0, 0.0))
+    for server_round in range(1, cfg.rounds + 1):
+        started = time.perf_counter()
+        states, weights, losses = [], [], []
+        for partition_id in selected:
+            _load(worker, global_state)
+            seed = cfg.seed * 1_000_003 + partition_id * 1_009 + server_round  # the app's train handler's seed
+            losses.append(_local_update(cfg, worker, federation.client_data[partition_id], seed, device))
+            states.append(_state(worker))
+            weights.append(float(len(federation.client_data[partition_id][1])))
+        global_state = fedavg(states, weights)
+        trained = time.perf_counter()
+        if not all(np.all(np.isfinite(v)) for v in global_state.values()) or not np.all(np.isfinite(losses)):
+            training.diverged_at = server_round
+            training.rounds.append(_round_record(server_round, math.nan, math.nan, math.nan, trained - started, 0.0))
+            break
+        _load(worker, global_state)
+        loss, accuracy = evaluate(worker, federation.test_data, device)
+        train_loss = float(np.average(losses, weights=weights))
+        training.rounds.append(
+            _round_record(server_round, accuracy, loss, train_loss, trained - started, time.perf_counter() - trained)
+        )
+    training.final_state = global_state
+    return training
+
+
+def _round_record(
+    server_round: int, accuracy: float, loss: float, train_loss: float | None, round_s: float, eval_s: float
+) -> dict[str, Any]:
+    return {
+        "round": server_round,
+        "accuracy": float(accuracy),
+        "loss": float(loss),
+        "train_loss": train_loss,
+        "round_time_s": round_s,
+        "eval_time_s": eval_s,
+    }
+
+
+def _protocol(cfg: EngineConfig, training: _Training) -> dict[str, Any]:
+    """Final accuracy, plateau and divergence flags (see the module docstring)."""
+    accuracies = np.array([r["accuracy"] for r in training.rounds[1:]], dtype=np.float64)
+    window = cfg.final_window
+    diverged = training.diverged_at is not None
+    final = math.nan if diverged or accuracies.size < window else float(accuracies[-window:].mean())
+    previous = float(accuracies[-2 * window : -window].mean()) if accuracies.size >= 2 * window else math.nan
+    moving = np.convolve(accuracies, np.ones(window) / window, mode="valid") if accuracies.size >= window else None
+    best_window = float(np.max(moving)) if moving is not None and not diverged else math.nan
+    return {
+        "final_accuracy": final,
+        "final_window": window,
+        "last_accuracy": float(accuracies[-1]) if accuracies.size else math.nan,
+        "plateau_delta": final - previous,
+        "plateau_tolerance": cfg.plateau_tolerance,
+        "plateau_reached": bool(abs(final - previous) <= cfg.plateau_tolerance),
+        "diverged": diverged,
+        "diverged_at_round": training.diverged_at,
+        "collapsed": bool(not diverged and best_window - final > cfg.collapse_drop),
+        "best_window_accuracy": best_window,
+    }
+
+
+def run_engine(cfg: EngineConfig, run_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Run one job in process and return its ``result.json`` record (``simulations.run.summarize``'s shape).
+
+    ``final_accuracy`` is the mean of the last ``final_window`` rounds (NaN for a diverged run);
+    ``engine`` holds the protocol, the plateau criterion and the divergence flags.
+    """
+    import torch  # pylint: disable=import-outside-toplevel
+
+    started = time.perf_counter()
+    if cfg.torch_threads > 0:
+        torch.set_num_threads(cfg.torch_threads)
+    federation = load_federation(cfg)
+    loaded = time.perf_counter()
+    selected, market = select(cfg, federation)
+    selected_at = time.perf_counter()
+    training = _fedavg_rounds(cfg, federation, selected)
+    finished = time.perf_counter()
+    protocol = _protocol(cfg, training)
+    counts = federation.label_counts
+    accuracies = [r["accuracy"] for r in training.rounds[1:]]
+    result: dict[str, Any] = {
+        "selector": cfg.selector,
+        "dataset": cfg.dataset,
+        "model": cfg.model,
+        "distribution": cfg.distribution,
+        "num_clients": cfg.num_clients,
+        "num_selected": cfg.num_selected,
+        "seed": cfg.seed,
+        "final_accuracy": protocol["final_accuracy"],
+        "best_accuracy": float(np.nanmax(accuracies)) if np.isfinite(accuracies).any() else math.nan,
+        "final_loss": float(training.rounds[-1]["loss"]),
+        "rounds": training.rounds,
+        "selected_nodes": list(selected),  # no nodes here: node id = partition id
+        "selected_partitions": list(selected),
+        "selected_label_counts": [counts[p].tolist() for p in selected],
+        "selected_class_totals": counts[selected].sum(axis=0).astype(int).tolist() if selected else None,
+        "pool_class_totals": counts.sum(axis=0).astype(int).tolist(),
+        "all_label_counts": counts.tolist(),
+        "trained_partitions_per_round": {str(r["round"]): sorted(selected) for r in training.rounds[1:]},
+        "timings": {
+            "job_wall_s": finished - started,
+            "selection_s": selected_at - loaded,
+            "training_s": finished - selected_at,
+            "server_app_s": finished - loaded,
+            "overhead_s": loaded - started,
+        },
+        "run_config": dict(run_config) if run_config is not None else asdict(cfg),
+        "engine": {"name": "inprocess", "config": asdict(cfg), **protocol},
+    }
+    if market:
+        result["market"] = market
+    return result
+
+
+# --- Hydra and command line ----------------------------------------------------------------------------------------
+_ENGINE_KEYS = (
+    "schedule", "bid_policy", "cost_per_sample", "local_steps", "clip_norm", "final_window",
+    "plateau_tolerance", "collapse_drop",
+)
+
+
+def config_from_hydra(cfg: Any) -> EngineConfig:
+    """The :class:`EngineConfig` of a composed Hydra job config (``conf/``; engine keys under ``sim.engine``)."""
+    from omegaconf import OmegaConf  # pylint: disable=import-outside-toplevel
+
+    container = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, Mapping) else cfg
+    assert isinstance(container, Mapping)
+    engine = dict((container.get("sim") or {}).get("engine") or {})
+    values: dict[str, Any] = {
+        "dataset": container["dataset"]["name"],
+        "data_root": container["dataset"].get("root", ""),
+        "test_per_class": container["dataset"]["test_per_class"],
+        "val_per_class": container["dataset"].get("val_per_class", 0),
+        "model": container["model"]["name"],
+        "num_clients": container["federation"]["num_clients"],
+        "distribution": container["distribution"]["name"],
+        "selector": container["selector"]["name"],
+        "alpha": container["alpha"],
+        "seed": container["seed"],
+        "num_selected": container["num_selected"],
+        "budget": container["budget"],
+        "cost_low": container["cost_low"],
+        "cost_high": container["cost_high"],
+        "bid_markup": container["bid_markup"],
+        "rounds": container["num_server_rounds"],
+        "local_epochs": container["local_epochs"],
+        "batch_size": container["batch_size"],
+        "learning_rate": container["learning_rate"],
+        "momentum": container["momentum"],
+        "device": "cpu" if container["device"] == "auto" else container["device"],
+        "torch_threads": container["torch_threads"],
+    }
+    values.update({key: engine[key] for key in _ENGINE_KEYS if engine.get(key) is not None})
+    return EngineConfig(**values)
+
+
+def run_job_inprocess(cfg: Any) -> dict[str, Any]:
+    """Run a Hydra job config through the engine; return the record ``simulations.run`` writes as ``result.json``."""
+    from simulations.config import to_run_config  # pylint: disable=import-outside-toplevel
+
+    started = time.perf_counter()
+    result = run_engine(config_from_hydra(cfg), run_config=to_run_config(cfg))
+    result["timings"]["job_wall_s"] = time.perf_counter() - started
+    return result
+
+
+def _job_name(cfg: EngineConfig, varied: Sequence[str]) -> str:
+    return "_".join(f"{key}={getattr(cfg, key)}" for key in varied)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run a resumable grid of engine jobs: ``<out>/<job>/result.json``; finished jobs are skipped.
+
+    Example (the pilot)::
+
+        python -m simulations.engine --out results/digits_xl/raw/pilot --distribution d4 d5 d6 \\
+            --selector flmarket rs qbs dice dds --num-selected 10 --seed 0 1 2
+    """
+    parser = argparse.ArgumentParser(description="Resumable grid of in-process FLMarket jobs.")
+    parser.add_argument("--out", type=Path, required=True)
+    # Product order: settings outermost, then seed, selector innermost, so that a partial grid holds whole
+    # paired sets (every selector of a setting and seed) as it goes.
+    grid_keys = ("distribution", "num_clients", "schedule", "bid_policy", "num_selected", "seed", "selector")
+    types = {"num_selected": int, "seed": int, "num_clients": int}
+    for key in grid_keys:
+        parser.add_argument(f"--{key.replace('_', '-')}", nargs="+", type=types.get(key, str), default=None)
+    for item in fields(EngineConfig):
+        if item.name not in grid_keys:
+            parser.add_argument(f"--{item.name.replace('_', '-')}", type=type(item.default), default=item.default)
+    args = vars(parser.parse_args(argv))
+    out: Path = args.pop("out")
+    grids = {key: args.pop(key) or [getattr(EngineConfig, key)] for key in grid_keys}
+    varied = [key for key in grid_keys if len(grids[key]) > 1 or key in ("distribution", "selector", "seed")]
+    combos = list(itertools.product(*(grids[key] for key in grid_keys)))
+    out.mkdir(parents=True, exist_ok=True)
+    sweep_started = time.perf_counter()
+    for index, combo in enumerate(combos, start=1):
+        cfg = EngineConfig(**args, **dict(zip(grid_keys, combo)))
+        job = out / _job_name(cfg, varied)
+        if (job / "result.json").is_file():
+            continue
+        result = run_engine(cfg)
+        job.mkdir(parents=True, exist_ok=True)
+        (job / "result.json").write_text(json.dumps(result), encoding="utf-8")
+        elapsed = time.perf_counter() - sweep_started
+        print(
+            f"[{index:4d}/{len(combos)}] {job.name} | final {result['final_accuracy']:.4f} "
+            f"plateau {result['engine']['plateau_delta']:+.4f} diverged {result['engine']['diverged']} "
+            f"| {result['timings']['job_wall_s']:.1f} s (elapsed {elapsed:.0f} s)",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""The in-process engine against the Flower path: same data, same selection, same one-round model.
+
+The Flower side runs the app's real ``ClientApp`` (``build_client_app``) on an ``InProcessGrid`` (no Ray):
+FLMarket's selection is the real ``MarketPhase`` (PASS, client-side scores and bids, auction) and one
+FedAvg round is Flower's own ``FedAvg.start`` on the ``WinnersGrid`` of the selected nodes, the way the
+ServerApp trains. Tolerance of the one-round comparison: weights within 1e-5 (float32 summation order of
+the replies) and test accuracy within 0.01.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from flmarket_flwr.client_app import build_client_app
+from flmarket_flwr.market import MarketConfig, MarketPhase, WinnersGrid
+from flmarket_flwr.market.testing import InProcessGrid
+from flmarket_flwr.pricing import select_clients
+from flmarket_flwr.task import (
+    DataConfig,
+    all_label_counts,
+    data_embedding,
+    load_partition,
+)
+from simulations.config import app_config_defaults
+from simulations.engine import (
+    EngineConfig,
+    _fedavg_rounds,
+    _protocol,
+    _Training,
+    bids_for,
+    fedavg,
+    load_federation,
+    run_engine,
+    select,
+    train_steps,
+)
+
+NODE_BASE = 7_000
+WEIGHT_ATOL = 1e-5
+ACCURACY_TOL = 0.01
+
+SETTINGS = [
+    EngineConfig(dataset="digits", test_per_class=30, distribution="d4", seed=0, num_selected=5),
+    EngineConfig(dataset="digits", test_per_class=30, distribution="d6", seed=2, num_selected=10),
+]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def _flower_config(cfg: EngineConfig) -> dict:
+    run_config = app_config_defaults()
+    run_config.update(
+        {
+            "dataset": cfg.dataset, "num-clients": cfg.num_clients, "distribution": cfg.distribution,
+            "seed": cfg.seed, "test-per-class": cfg.test_per_class, "val-per-class": cfg.val_per_class,
+            "selector": cfg.selector, "num-selected": cfg.num_selected, "device": "cpu", "torch-threads": 1,
+            "cost-low": cfg.cost_low, "cost-high": cfg.cost_high, "bid-markup": cfg.bid_markup,
+            "local-epochs": cfg.local_epochs, "batch-size": cfg.batch_size,
+            "learning-rate": cfg.learning_rate, "momentum": cfg.momentum,
+        }
+    )
+    return run_config
+
+
+def _grid(cfg: EngineConfig) -> InProcessGrid:
+    nodes = [NODE_BASE + e for e in range(cfg.num_clients)]  # partition-id = position
+    return InProcessGrid(build_client_app(_flower_config(cfg)), nodes, run_config=_flower_config(cfg))
+
+
+@pytest.mark.parametrize("cfg", SETTINGS)
+def test_engine_data_is_the_apps_data(cfg: EngineConfig) -> None:
+    federation = load_federation(cfg)
+    data_config = DataConfig.from_run_config(_flower_config(cfg))
+    assert np.array_equal(federation.label_counts, all_label_counts(data_config))
+    for partition_id in (0, cfg.num_clients - 1):
+        images, labels = load_partition(partition_id, data_config)
+        assert torch.equal(federation.client_data[partition_id][0], images)
+        assert torch.equal(federation.client_data[partition_id][1], labels)
+
+
+@pytest.mark.parametrize("cfg", SETTINGS)
+def test_flmarket_selects_what_the_market_phase_selects(cfg: EngineConfig) -> None:
+    engine_cfg = replace(cfg, bid_policy="random")  # the app's bids: per-client simulated costs
+    selected, market = select(engine_cfg, load_federation(engine_cfg))
+    outcome = MarketPhase(
+        MarketConfig(budget=1e9, num_classes=10, num_winners=cfg.num_selected, expected_nodes=cfg.num_clients)
+    ).run(_grid(cfg))
+    assert [node - NODE_BASE for node in outcome.winners] == selected
+    assert market["bids"] == pytest.approx(bids_for(engine_cfg, load_federation(engine_cfg).label_counts).tolist())
+
+
+@pytest.mark.parametrize("selector", ["rs", "qbs", "dice", "dds"])
+def test_baselines_select_what_the_server_selects(selector: str) -> None:
+    cfg = replace(SETTINGS[1], selector=selector)
+    data_config = DataConfig.from_run_config(_flower_config(cfg))
+    extra = {}
+    if selector == "dds":
+        extra["embeddings"] = np.stack([data_embedding(e, data_config, seed=cfg.seed) for e in range(cfg.num_clients)])
+    expected = select_clients(selector, all_label_counts(data_config), cfg.num_selected, seed=cfg.seed, **extra)
+    assert select(cfg, load_federation(cfg))[0] == [int(p) for p in expected]
+
+
+def test_one_round_matches_flowers_fedavg_through_the_train_handler() -> None:
+    from flwr.app import ArrayRecord, ConfigRecord
+    from flwr.serverapp.strategy import FedAvg
+
+    from flmarket_flwr.models import build_model
+    from flmarket_flwr.task import evaluate
+
+    cfg = replace(
+        SETTINGS[0], selector="qbs", local_steps=0, local_epochs=2, rounds=1, batch_size=16, learning_rate=0.1
+    )
+    federation = load_federation(cfg)
+    selected, _ = select(cfg, federation)
+    engine = _fedavg_rounds(cfg, federation, selected)
+
+    torch.manual_seed(cfg.seed)
+    model = build_model("digits_cnn", num_classes=10)
+    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=1, min_evaluate_nodes=0,
+                      min_available_nodes=1)
+    result = strategy.start(
+        grid=WinnersGrid(_grid(cfg), [NODE_BASE + p for p in selected], seed=cfg.seed),
+        initial_arrays=ArrayRecord(model.state_dict()),
+        num_rounds=1,
+        train_config=ConfigRecord({"local-epochs": cfg.local_epochs, "batch-size": cfg.batch_size,
+                                   "learning-rate": cfg.learning_rate, "momentum": cfg.momentum}),
+    )
+    flower_state = result.arrays.to_torch_state_dict()
+    assert engine.final_state is not None
+    for key, value in flower_state.items():
+        np.testing.assert_allclose(engine.final_state[key], value.numpy(), atol=WEIGHT_ATOL, rtol=0)
+    model.load_state_dict(flower_state)
+    _, flower_accuracy = evaluate(model, federation.test_data, torch.device("cpu"))
+    assert abs(engine.rounds[-1]["accuracy"] - flower_accuracy) <= ACCURACY_TOL
+
+
+def test_fedavg_weights_by_samples() -> None:
+    states = [{"w": np.array([1.0], np.float32)}, {"w": np.array([4.0], np.float32)}]
+    assert fedavg(states, [3.0, 1.0])["w"] == pytest.approx([1.75])
+
+
+def test_train_steps_runs_exactly_the_steps_and_clips() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    x, y = torch.randn(10, 4) * 100, torch.randint(0, 3, (10,))
+    before = model.weight.detach().clone()
+    loss = train_steps(model, (x, y), steps=7, lr=1.0, device=torch.device("cpu"), batch_size=4, momentum=0.0,
+                       clip_norm=1e-3, seed=1)
+    assert math.isfinite(loss)
+    assert (model.weight.detach() - before).norm() <= 7 * 1e-3 + 1e-6
+
+
+def test_protocol_flags_divergence_and_plateau() -> None:
+    cfg = EngineConfig(final_window=2, plateau_tolerance=0.01, collapse_drop=0.3)
+    flat = _Training(rounds=[{"accuracy": a} for a in (0.1, 0.5, 0.8, 0.8, 0.8, 0.8)])
+    summary = _protocol(cfg, flat)
+    assert summary["final_accuracy"] == pytest.approx(0.8) and summary["plateau_reached"]
+    diverged = _protocol(cfg, _Training(rounds=[{"accuracy": a} for a in (0.1, 0.5, math.nan)], diverged_at=2))
+    assert diverged["diverged"] and math.isnan(diverged["final_accuracy"])
+    collapsed = _protocol(cfg, _Training(rounds=[{"accuracy": a} for a in (0.1, 0.9, 0.9, 0.1, 0.1)]))
+    assert collapsed["collapsed"] and not collapsed["diverged"]
+
+
+def test_run_engine_result_has_run_py_shape() -> None:
+    cfg = replace(SETTINGS[0], rounds=3, local_steps=2, final_window=2)
+    result = run_engine(cfg)
+    expected = {
+        "selector", "dataset", "model", "distribution", "num_clients", "num_selected", "seed", "final_accuracy",
+        "best_accuracy", "final_loss", "rounds", "selected_nodes", "selected_partitions", "selected_label_counts",
+        "selected_class_totals", "pool_class_totals", "all_label_counts", "trained_partitions_per_round", "timings",
+        "run_config", "market",
+    }
+    assert expected <= set(result) and len(result["rounds"]) == 4
+    assert set(result["timings"]) == {"job_wall_s", "selection_s", "training_s", "server_app_s", "overhead_s"}
+    again = run_engine(cfg)
+    assert [r["accuracy"] for r in again["rounds"]] == [r["accuracy"] for r in result["rounds"]]
+
+
+def test_run_job_inprocess_takes_a_hydra_job_config() -> None:
+    from hydra import compose, initialize_config_dir
+
+    from simulations.config import CONF_DIR
+    from simulations.engine import run_job_inprocess
+
+    overrides = ["+engine=inprocess", "selector=dice", "num_selected=4", "num_server_rounds=2",
+                 "sim.engine.local_steps=2", "sim.engine.final_window=1", "sim.engine.bid_policy=constant"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    result = run_job_inprocess(cfg)
+    assert result["selector"] == "dice" and len(result["selected_partitions"]) == 4
+    assert result["run_config"]["num-selected"] == 4 and result["engine"]["config"]["bid_policy"] == "constant"
+    assert result["final_accuracy"] == result["rounds"][-1]["accuracy"]
