@@ -337,8 +337,18 @@ def summarize(job_dir: Path, run_config: dict[str, Any], wall_s: float, num_clie
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> dict[str, Any]:
-    """Hydra entry point: one job = one experiment."""
-    return run_experiment(cfg, Path(HydraConfig.get().runtime.output_dir))
+    """Hydra entry point: one job = one experiment, through Flower (``engine=flower``) or in process."""
+    job_dir = Path(HydraConfig.get().runtime.output_dir)
+    if OmegaConf.select(cfg, "sim.engine.name", default="flower") == "inprocess":
+        from simulations.engine import run_job_inprocess  # pylint: disable=import-outside-toplevel
+
+        job_dir.mkdir(parents=True, exist_ok=True)
+        result = run_job_inprocess(cfg)
+        result["job"] = _job_info(cfg)
+        (job_dir / "result.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
+        return {"final_accuracy": result["final_accuracy"], "best_accuracy": result["best_accuracy"],
+                "wall_s": result["timings"]["job_wall_s"], "result": str(job_dir / "result.json")}
+    return run_experiment(cfg, job_dir)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from flmarket_flwr.task import DataConfig
 from simulations.config import CONF_DIR, GROUP_KEYS, app_config_defaults, to_run_config
 from simulations.progress import count_jobs, format_line
 
-GROUPS = ("dataset", "model", "distribution", "selector", "federation", "training")
+GROUPS = ("dataset", "model", "distribution", "selector", "federation", "training", "engine")
 NEEDS_ROOT = {"cifar10", "cinic10", "deap"}
 
 
