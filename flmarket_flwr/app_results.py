@@ -190,10 +190,22 @@ def _log_summary(selection: dict[str, Any], records: list[RoundRecord], timings:
     log(INFO, "")
     log(INFO, "FLMarket summary (selector %r)", selection["selector"])
     selected = selection["selected"]
-    log(INFO, "\t├── selected %d of %d: %s", len(selected), len(selection["candidates"]),
-        ", ".join(str(node) for node in selected) or "none")
+    log(
+        INFO,
+        "\t├── selected %d of %d: %s",
+        len(selected),
+        len(selection["candidates"]),
+        ", ".join(str(node) for node in selected) or "none",
+    )
     log(INFO, "\t├── selection: %.2fs", timings["selection_s"])
     for record in records:
-        log(INFO, "\t├── round %2d: accuracy %.4f, loss %.4f, round %.2fs, eval %.3fs",
-            record.round, record.accuracy, record.loss, record.round_time_s, record.eval_time_s)
+        log(
+            INFO,
+            "\t├── round %2d: accuracy %.4f, loss %.4f, round %.2fs, eval %.3fs",
+            record.round,
+            record.accuracy,
+            record.loss,
+            record.round_time_s,
+            record.eval_time_s,
+        )
     log(INFO, "\t└── training total: %.2fs", timings["fedavg_total_s"])

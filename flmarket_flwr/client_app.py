@@ -77,7 +77,7 @@ def partition_id_of(context: Context) -> int:
     if "partition-id" not in context.node_config:
         raise KeyError(
             "node_config has no 'partition-id': start the SuperNode with "
-            "--node-config \"partition-id=<i> num-partitions=<n>\""
+            '--node-config "partition-id=<i> num-partitions=<n>"'
         )
     return int(context.node_config["partition-id"])
 
@@ -91,7 +91,7 @@ def data_config_of(context: Context) -> DataConfig:
     if "num-partitions" not in context.node_config:
         raise KeyError(
             "node_config has no 'num-partitions': start the SuperNode with "
-            "--node-config \"partition-id=<i> num-partitions=<n>\""
+            '--node-config "partition-id=<i> num-partitions=<n>"'
         )
     return DataConfig.from_run_config(context.run_config, context.node_config)
 

@@ -88,8 +88,11 @@ def run_demo(
     return partition.label_counts, global_counts, scores, bids, run_auction(scores, bids, budget)
 
 
-def _print_report(label_counts: np.ndarray, global_counts: np.ndarray, scores: np.ndarray, bids: np.ndarray, result: AuctionResult) -> None:
-    print(f"global counts (via PASS): {global_counts.tolist()}  (exact: {np.array_equal(global_counts, label_counts.sum(axis=0))})")
+def _print_report(
+    label_counts: np.ndarray, global_counts: np.ndarray, scores: np.ndarray, bids: np.ndarray, result: AuctionResult
+) -> None:
+    exact = np.array_equal(global_counts, label_counts.sum(axis=0))
+    print(f"global counts (via PASS): {global_counts.tolist()}  (exact: {exact})")
     print(f"{'client':>6} {'samples':>7} {'score':>9} {'bid':>8} {'u/b':>7} {'won':>4} {'payment':>8}")
     for client in result.order:
         won = "yes" if client in result.winners else ""
@@ -98,10 +101,7 @@ def _print_report(label_counts: np.ndarray, global_counts: np.ndarray, scores: n
             f"{client:>6} {label_counts[client].sum():>7} {scores[client]:>9.2f} {bids[client]:>8.2f} "
             f"{scores[client] / bids[client]:>7.3f} {won:>4} {payment}"
         )
-    print(
-        f"winners: {result.winners.tolist()}  total payment {result.total_payment:.2f} "
-        f"of budget {result.budget:.2f}"
-    )
+    print(f"winners: {result.winners.tolist()}  total payment {result.total_payment:.2f} of budget {result.budget:.2f}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

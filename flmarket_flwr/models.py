@@ -276,12 +276,10 @@ class DeapCNN(nn.Module):
     ) -> None:
         super().__init__()
         if len(channels) != 3 or len(kernel_sizes) != 3:
-            raise ValueError(
-                "DeapCNN has exactly three convolution blocks: give 3 channels and 3 kernel sizes"
-            )
+            raise ValueError("DeapCNN has exactly three convolution blocks: give 3 channels and 3 kernel sizes")
         blocks: list[nn.Module] = []
         previous = in_channels
-        for width, kernel in zip(channels, kernel_sizes):
+        for width, kernel in zip(channels, kernel_sizes, strict=True):
             blocks += [
                 nn.Conv1d(previous, width, kernel_size=kernel, padding=kernel // 2),
                 nn.BatchNorm1d(width),

@@ -53,7 +53,8 @@ class ServerSettings:
 
     ``selector`` (``"flmarket"``); ``model``; the market's ``budget``, ``num_selected`` (0: the budget
     decides; n > 0: a fixed cohort of n), ``market_timeout``, ``wait_for_nodes_timeout``,
-    ``min_market_clients``, ``neighbours`` (PASS graph: ``"auto"``, ``"all"`` or a degree k), ``audit_winners``; FedAvg's ``num_server_rounds``, ``fraction_train``,
+    ``min_market_clients``, ``neighbours`` (PASS graph: ``"auto"``, ``"all"`` or a degree k), ``audit_winners``;
+    FedAvg's ``num_server_rounds``, ``fraction_train``,
     ``fraction_evaluate``, ``round_timeout`` and the clients' ``local_epochs``, ``batch_size``,
     ``learning_rate``, ``momentum``; ``seed`` (initial model, sampling); ``device`` of the server-side
     evaluation; ``results_dir`` and ``run_name`` (empty: ``<time>_run-<id>``).
@@ -82,7 +83,9 @@ class ServerSettings:
     round_timeout: float = 600.0
 
     @classmethod
-    def from_run_config(cls, run_config: Mapping[str, Any], selectors: tuple[str, ...] = ("flmarket",)) -> ServerSettings:
+    def from_run_config(
+        cls, run_config: Mapping[str, Any], selectors: tuple[str, ...] = ("flmarket",)
+    ) -> ServerSettings:
         """Check the server and client keys of the run config (:func:`data_config_of` the data keys).
 
         Raises
@@ -94,8 +97,9 @@ class ServerSettings:
         unknown = sorted(set(run_config) - set(known) - set(CLIENT_KEYS) - set(DATA_KEYS) - {"seed"})
         if unknown:
             raise ValueError(f"unknown run-config key(s) {unknown}: see [tool.flwr.app.config] in pyproject.toml")
-        values = {field.name: _typed(key, run_config[key], field.default) for key, field in known.items()
-                  if key in run_config}
+        values = {
+            field.name: _typed(key, run_config[key], field.default) for key, field in known.items() if key in run_config
+        }
         client = {key: _typed(key, run_config.get(key, default), default) for key, default in CLIENT_KEYS.items()}
         settings = cls(**values)
         settings.validate(selectors, client)
@@ -104,8 +108,14 @@ class ServerSettings:
     def validate(self, selectors: tuple[str, ...], client: Mapping[str, Any]) -> None:
         """Raise ``ValueError`` naming the first key whose value cannot work."""
         checks = [
-            (self.selector in selectors, "selector", (f"one of {list(selectors)}; the baselines rs, qbs, dice, dds "
-             f"and sfedavg run through `python -m simulations.run selector={self.selector}` only")),
+            (
+                self.selector in selectors,
+                "selector",
+                (
+                    f"one of {list(selectors)}; the baselines rs, qbs, dice, dds "
+                    f"and sfedavg run through `python -m simulations.run selector={self.selector}` only"
+                ),
+            ),
             (self.budget > 0, "budget", "> 0"),
             (self.num_selected >= 0, "num-selected", ">= 0 (0: the budget decides)"),
             (self.selector == "flmarket" or self.num_selected > 0, "num-selected", "> 0 for a baseline"),
@@ -113,8 +123,11 @@ class ServerSettings:
             (0.0 < self.fraction_train <= 1.0, "fraction-train", "in (0, 1]"),
             (0.0 <= self.fraction_evaluate <= 1.0, "fraction-evaluate", "in [0, 1]"),
             (self.min_market_clients >= 3, "min-market-clients", ">= 3 (PASS with 2 reveals a client's counts)"),
-            (self.neighbours in ("auto", "all") or (self.neighbours.isdigit() and int(self.neighbours) >= 2),
-             "neighbours", "'auto', 'all' or a degree k >= 2 (as a string)"),
+            (
+                self.neighbours in ("auto", "all") or (self.neighbours.isdigit() and int(self.neighbours) >= 2),
+                "neighbours",
+                "'auto', 'all' or a degree k >= 2 (as a string)",
+            ),
             (self.local_epochs >= 1 and self.batch_size >= 1, "local-epochs/batch-size", ">= 1"),
             (self.learning_rate > 0, "learning-rate", "> 0"),
             (0 < client["cost-low"] < client["cost-high"], "cost-low/cost-high", "0 < cost-low < cost-high"),
@@ -199,8 +212,9 @@ def _run(grid: Grid, context: Context, strategies: dict[str, StrategyFactory]) -
     configure_torch_threads(int(context.run_config.get("torch-threads", 1)))
     torch.manual_seed(settings.seed)
     model = build_task_model(settings.model, data_config)
-    evaluation = CentralEvaluation(build_task_model(settings.model, data_config), load_test_set(data_config),
-                                   resolve_device(settings.device))
+    evaluation = CentralEvaluation(
+        build_task_model(settings.model, data_config), load_test_set(data_config), resolve_device(settings.device)
+    )
     run_dir = make_run_dir(settings.results_dir, settings.run_name, context.run_id)
     num_nodes = _count_nodes(grid, settings)
     if settings.selector == "flmarket":
@@ -213,14 +227,25 @@ def _run(grid: Grid, context: Context, strategies: dict[str, StrategyFactory]) -
         initial_arrays=ArrayRecord(model.state_dict()),
         num_rounds=settings.num_server_rounds,
         timeout=settings.round_timeout,
-        train_config=ConfigRecord({"local-epochs": settings.local_epochs, "batch-size": settings.batch_size,
-                                   "learning-rate": settings.learning_rate, "momentum": settings.momentum}),
+        train_config=ConfigRecord(
+            {
+                "local-epochs": settings.local_epochs,
+                "batch-size": settings.batch_size,
+                "learning-rate": settings.learning_rate,
+                "momentum": settings.momentum,
+            }
+        ),
         evaluate_config=ConfigRecord(),
         evaluate_fn=evaluation,
     )
-    save_results(run_dir, strategy=strategy, result=result, evaluation=evaluation,
-                 config={"settings": asdict(settings), "data": asdict(data_config)},
-                 total_s=time.perf_counter() - started)
+    save_results(
+        run_dir,
+        strategy=strategy,
+        result=result,
+        evaluation=evaluation,
+        config={"settings": asdict(settings), "data": asdict(data_config)},
+        total_s=time.perf_counter() - started,
+    )
     return run_dir
 
 
@@ -230,8 +255,13 @@ def _count_nodes(grid: Grid, settings: ServerSettings) -> int:
     Fails fast, with the fix, when some nodes are connected but fewer than PASS needs (Flower's default
     simulation federation has 2).
     """
-    probe = MarketConfig(budget=1.0, num_classes=1, min_clients=settings.min_market_clients,
-                         wait_for_nodes_timeout=min(NODE_PROBE_S, settings.wait_for_nodes_timeout), poll_interval=0.5)
+    probe = MarketConfig(
+        budget=1.0,
+        num_classes=1,
+        min_clients=settings.min_market_clients,
+        wait_for_nodes_timeout=min(NODE_PROBE_S, settings.wait_for_nodes_timeout),
+        poll_interval=0.5,
+    )
     try:
         return len(MarketPhase(probe).wait_for_nodes(grid))
     except MarketError:
@@ -240,7 +270,7 @@ def _count_nodes(grid: Grid, settings: ServerSettings) -> int:
             return 0
         raise MarketError(
             f"only {connected} SuperNode(s) connected; the market's secure sum (PASS) needs at least "
-            f"{settings.min_market_clients}. In simulation pass --federation-config \"num-supernodes=N\" "
+            f'{settings.min_market_clients}. In simulation pass --federation-config "num-supernodes=N" '
             f"(N >= {settings.min_market_clients}); in a deployment start more SuperNodes"
         ) from None
 

@@ -130,7 +130,7 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
         cls,
         run_config: Mapping[str, Any],
         node_config: Mapping[str, Any] | None = None,
-    ) -> "DataConfig":
+    ) -> DataConfig:
         """Build the data config from a Flower run config (and node config).
 
         Parameters
@@ -161,9 +161,7 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
             distribution=str(run_config.get("distribution", defaults.distribution)),
             alpha=float(run_config.get("alpha", defaults.alpha)),
             seed=int(run_config.get("seed", defaults.seed)),
-            test_per_class=int(
-                run_config.get("test-per-class", defaults.test_per_class)
-            ),
+            test_per_class=int(run_config.get("test-per-class", defaults.test_per_class)),
             data_root=str(run_config.get("data-root", defaults.data_root)),
             val_per_class=int(run_config.get("val-per-class", defaults.val_per_class)),
         )
@@ -176,8 +174,7 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
             name = canonical_dataset_name(self.dataset)
         except ValueError:
             raise ValueError(
-                f"Unsupported dataset {self.dataset!r}: the Flower app supports "
-                f"{', '.join(SUPPORTED_DATASETS)}."
+                f"Unsupported dataset {self.dataset!r}: the Flower app supports {', '.join(SUPPORTED_DATASETS)}."
             ) from None
         if name != "digits" and not self.data_root:
             raise ValueError(
@@ -187,9 +184,7 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
         if self.num_clients < 1:
             raise ValueError(f"num-clients must be >= 1, got {self.num_clients}")
         if self.test_per_class < 1:
-            raise ValueError(
-                f"test-per-class must be >= 1, got {self.test_per_class}"
-            )
+            raise ValueError(f"test-per-class must be >= 1, got {self.test_per_class}")
         if self.val_per_class < 0:
             raise ValueError(f"val-per-class must be >= 0, got {self.val_per_class}")
 
@@ -300,9 +295,7 @@ def build_task_model(name: str, config: DataConfig) -> nn.Module:
 def _check_partition_id(partition_id: int, config: DataConfig) -> None:
     """Raise ``ValueError`` unless ``0 <= partition_id < num_clients``."""
     if not 0 <= partition_id < config.num_clients:
-        raise ValueError(
-            f"partition-id {partition_id} outside [0, {config.num_clients})"
-        )
+        raise ValueError(f"partition-id {partition_id} outside [0, {config.num_clients})")
 
 
 def _to_tensors(images: np.ndarray, labels: np.ndarray) -> TensorPair:
@@ -384,9 +377,7 @@ def _projection(input_size: int, dim: int, seed: int) -> np.ndarray:
     return rng.standard_normal((input_size, dim)) / np.sqrt(dim)
 
 
-def data_embedding(
-    partition_id: int, config: DataConfig, dim: int = EMBEDDING_DIM, seed: int = 0
-) -> np.ndarray:
+def data_embedding(partition_id: int, config: DataConfig, dim: int = EMBEDDING_DIM, seed: int = 0) -> np.ndarray:
     """A small summary of one client's inputs, for the DDS baseline's content diversity.
 
     ``z_e = mean_i(x_i) @ P``: the mean of the client's (flattened, standardised)

@@ -134,9 +134,7 @@ class DigitsXL:
     test_sources: NDArray[np.int64]
 
 
-def deform(
-    images: NDArray[np.float32], strength: DeformationStrength, rng: np.random.Generator
-) -> NDArray[np.float32]:
+def deform(images: NDArray[np.float32], strength: DeformationStrength, rng: np.random.Generator) -> NDArray[np.float32]:
     """Apply one random InfiMNIST-style deformation to each image, vectorised over the batch.
 
     Parameters

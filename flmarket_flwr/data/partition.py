@@ -521,9 +521,7 @@ def _draw_counts(
     )
 
 
-def _counts_from_proportions(
-    proportions: NDArray[np.float64], class_sizes: NDArray[np.int64]
-) -> NDArray[np.int64]:
+def _counts_from_proportions(proportions: NDArray[np.float64], class_sizes: NDArray[np.int64]) -> NDArray[np.int64]:
     """Cut each class at ``floor(cumsum(p) * n_c)`` and return the per-client counts."""
     cumulative = np.cumsum(proportions, axis=1)[:, :-1]
     cuts = np.floor(cumulative * class_sizes[:, None]).astype(np.int64)
@@ -533,9 +531,7 @@ def _counts_from_proportions(
     return np.diff(bounds, axis=1)
 
 
-def _assemble_clients(
-    class_members: list[IndexArray], counts: NDArray[np.int64], length: int
-) -> list[IndexArray]:
+def _assemble_clients(class_members: list[IndexArray], counts: NDArray[np.int64], length: int) -> list[IndexArray]:
     """Turn per-class shuffled members and a count matrix into sorted client arrays.
 
     Member ``j`` of class ``k`` goes to the client whose cumulative count range in row
@@ -553,9 +549,7 @@ def _assemble_clients(
     return np.split(grouped, np.cumsum(counts.sum(axis=0))[:-1])
 
 
-def _label_count_matrix(
-    labels: NDArray[np.int64], clients: list[IndexArray], num_classes: int
-) -> NDArray[np.int64]:
+def _label_count_matrix(labels: NDArray[np.int64], clients: list[IndexArray], num_classes: int) -> NDArray[np.int64]:
     """``(E, C)`` matrix of per-client class counts."""
     owners = np.repeat(np.arange(len(clients)), [len(client) for client in clients])
     flat = owners * num_classes + labels[np.concatenate(clients)]

@@ -45,8 +45,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flmarket_flwr.data import cifar10, cinic10, deap, digits_xl
-from flmarket_flwr.data.digits import NUM_CLASSES as DIGITS_NUM_CLASSES
 from flmarket_flwr.data.digits import DEFAULT_TEST_PER_CLASS, load_digits_arrays, train_test_split_balanced
+from flmarket_flwr.data.digits import NUM_CLASSES as DIGITS_NUM_CLASSES
 
 __all__ = ["DATASET_NAMES", "DATASET_OPTIONS", "LoadedDataset", "canonical_dataset_name", "load_dataset"]
 

@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-from numpy.typing import NDArray
-
 from flwr.app import Context
+from numpy.typing import NDArray
 
 __all__ = [
     "DEFAULT_COST_PER_SAMPLE",

@@ -30,12 +30,11 @@ from typing import Any
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from numpy.typing import NDArray
-
 from flwr.app import ConfigRecord, Context, Error, Message
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
+from numpy.typing import NDArray
 
 from flmarket_flwr.market.bidding import DEFAULT_COST_PER_SAMPLE, BidPolicy, CostBasedBid
 from flmarket_flwr.market.messages import (
@@ -394,7 +393,7 @@ def _state_record(context: Context) -> ConfigRecord:
 
 def _pass_state(state: ConfigRecord) -> dict[str, Any]:
     """The PASS protocol state kept under ``pass/`` keys."""
-    return {key[len(_PASS_PREFIX):]: value for key, value in state.items() if key.startswith(_PASS_PREFIX)}
+    return {key[len(_PASS_PREFIX) :]: value for key, value in state.items() if key.startswith(_PASS_PREFIX)}
 
 
 def _store_pass_state(state: ConfigRecord, record: Mapping[str, Any]) -> None:

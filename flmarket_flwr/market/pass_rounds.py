@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-from numpy.typing import NDArray
-
 from flwr.app import ConfigRecord, Message
 from flwr.serverapp import Grid
+from numpy.typing import NDArray
 
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.messages import (

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from flwr.app import ConfigRecord, Message
 from flwr.app.typing import ConfigRecordValues
 from flwr.common.logger import log
@@ -300,9 +299,7 @@ class MarketPhase:
             log(WARNING, "Market: aborted (%s)", err)
             self._close(grid, {}, set())
             raise
-        acknowledged = self._timed(
-            timings, "award", lambda: self._close(grid, award.payments, set(award.winners))
-        )
+        acknowledged = self._timed(timings, "award", lambda: self._close(grid, award.payments, set(award.winners)))
         timings["total"] = time.perf_counter() - started
 
         outcome = MarketOutcome(
@@ -409,9 +406,7 @@ class MarketPhase:
             KEY_TRANSCRIPT: pass_result.transcript,
         }
         # A survivor excluded at the unmask round stays in N_s and E, but is left out of the rest of the market.
-        requests = {
-            node: ConfigRecord(dict(record)) for node in pass_result.participants if not self.is_excluded(node)
-        }
+        requests = {node: ConfigRecord(dict(record)) for node in pass_result.participants if not self.is_excluded(node)}
         highest = _highest_possible_score(pass_result)
         replies = self.exchange(grid, ACTION_BID, requests)
         bids = self.validated(ACTION_BID, requests, replies, lambda reply: _read_score_and_bid(reply, highest))
@@ -424,9 +419,7 @@ class MarketPhase:
         return bids
 
     # --- Step 3: audited auction ---------------------------------------------------------------
-    def _audited_auction(
-        self, grid: Grid, pass_result: PassResult, bids: Mapping[int, tuple[float, float]]
-    ) -> _Award:
+    def _audited_auction(self, grid: Grid, pass_result: PassResult, bids: Mapping[int, tuple[float, float]]) -> _Award:
         """Run the auction; audit new winners; drop the liars and run it again until every winner holds."""
         bidders = dict(bids)
         audited: list[int] = []
@@ -487,7 +480,7 @@ class MarketPhase:
 
     # --- Step 4: awards ------------------------------------------------------------------------
     def _close(self, grid: Grid, payments: Mapping[int, float], winners: set[int]) -> list[int]:
-        """Tell every contacted node its award (``won=False`` for all but the winners); return the bidders that acknowledged."""
+        """Tell every contacted node its award (``won=False`` but for the winners); return the acknowledging bidders."""
         session = self._session
         requests = {
             node: ConfigRecord(
@@ -532,8 +525,13 @@ class MarketPhase:
                 log(WARNING, "Market: %s: ignoring a reply to an unknown message", action)
                 continue
             if reply.metadata.src_node_id != node and not reply.has_error():
-                log(WARNING, "Market: %s: ignoring a reply to node %d sent by node %d", action, node,
-                    reply.metadata.src_node_id)
+                log(
+                    WARNING,
+                    "Market: %s: ignoring a reply to node %d sent by node %d",
+                    action,
+                    node,
+                    reply.metadata.src_node_id,
+                )
                 continue
             if node in matched:
                 log(WARNING, "Market: %s: ignoring a second reply for node %d", action, node)
@@ -703,5 +701,3 @@ def _check_positive_number(name: str, value: object, allow_zero: bool = False) -
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be finite and {bound}, got {value}")
-
-

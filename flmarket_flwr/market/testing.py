@@ -27,7 +27,6 @@ from typing import cast
 from uuid import uuid4
 
 import numpy as np
-
 from flwr.app import Context, Error, Message, RecordDict, UserConfig
 from flwr.clientapp import ClientApp
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
@@ -137,10 +136,14 @@ class InProcessGrid(Grid):
         self._run = Run.create_empty(run_id)
         self._contexts: dict[int, bytes] = {}
         for position, node in enumerate(self.node_ids):
-            config: UserConfig = dict(node_configs[node]) if node_configs is not None else {
-                "partition-id": position,
-                "num-partitions": len(self.node_ids),
-            }
+            config: UserConfig = (
+                dict(node_configs[node])
+                if node_configs is not None
+                else {
+                    "partition-id": position,
+                    "num-partitions": len(self.node_ids),
+                }
+            )
             context = Context(run_id, node, config, RecordDict(), dict(run_config or {}))
             self._contexts[node] = context_to_proto(context).SerializeToString()
         self._pending: dict[str, Message] = {}

@@ -33,21 +33,6 @@ it can substitute keys. A session needs at least 3 clients (with 2, each learns 
 counts, which nothing here detects.
 """
 
-from flmarket_flwr.pass_protocol.primitives import (
-    COUNT_LIMIT,
-    MASK_DTYPE,
-    MIN_PARTICIPANTS,
-    PROTOCOL_LABEL,
-    PUBLIC_KEY_LENGTH,
-    derive_pair_seed,
-    expand_seed,
-    load_public_key,
-    pair_info,
-    pairwise_sign,
-    public_key_fingerprint,
-    validate_counts,
-)
-
 from flmarket_flwr.pass_protocol.graph import (
     commit_graph_seed,
     derive_graph_seed,
@@ -63,6 +48,20 @@ from flmarket_flwr.pass_protocol.identity import (
     generate_identity,
     sign_advertisement,
     verify_advertisement,
+)
+from flmarket_flwr.pass_protocol.primitives import (
+    COUNT_LIMIT,
+    MASK_DTYPE,
+    MIN_PARTICIPANTS,
+    PROTOCOL_LABEL,
+    PUBLIC_KEY_LENGTH,
+    derive_pair_seed,
+    expand_seed,
+    load_public_key,
+    pair_info,
+    pairwise_sign,
+    public_key_fingerprint,
+    validate_counts,
 )
 from flmarket_flwr.pass_protocol.secagg import (
     Advertisement,

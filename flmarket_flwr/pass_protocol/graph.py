@@ -145,7 +145,7 @@ def _shuffled(seed: bytes, indices: Sequence[int]) -> list[int]:
         stop = int(rejected[0]) if rejected.size else window.size
         draws[done : done + stop] = window[:stop]
         done, offset = done + stop, offset + stop + (1 if rejected.size else 0)
-    for i, j in zip(range(len(order) - 1, 0, -1), (draws % bounds).tolist()):
+    for i, j in zip(range(len(order) - 1, 0, -1), (draws % bounds).tolist(), strict=True):
         order[i], order[j] = order[j], order[i]
     return order
 
@@ -163,8 +163,7 @@ def mask_graph(seed: bytes, indices: Sequence[int], k: int) -> dict[int, tuple[i
         return {i: tuple(j for j in members if j != i) for i in members}
     half = k // 2
     return {
-        node: tuple(sorted(cycle[(p + d) % size] for d in range(-half, half + 1) if d))
-        for p, node in enumerate(cycle)
+        node: tuple(sorted(cycle[(p + d) % size] for d in range(-half, half + 1) if d)) for p, node in enumerate(cycle)
     }
 
 

@@ -63,9 +63,7 @@ def sign_advertisement(
     mask_public_key: bytes,
 ) -> bytes:
     """Ed25519 signature (64 bytes) over :func:`advertisement_message`."""
-    return identity_private_key.sign(
-        advertisement_message(session, index, node_id, cipher_public_key, mask_public_key)
-    )
+    return identity_private_key.sign(advertisement_message(session, index, node_id, cipher_public_key, mask_public_key))
 
 
 def verify_advertisement(
@@ -165,7 +163,7 @@ class IdentityDirectory(Mapping[int, bytes]):
         except json.JSONDecodeError as error:
             raise ValueError(f"identity directory is not valid JSON: {error}") from error
         if not isinstance(data, dict) or data.get("version") != _DIRECTORY_VERSION:
-            raise ValueError(f"identity directory must be an object with \"version\": {_DIRECTORY_VERSION}")
+            raise ValueError(f'identity directory must be an object with "version": {_DIRECTORY_VERSION}')
         keys = data.get("keys")
         if not isinstance(keys, dict):
             raise ValueError('identity directory needs a "keys" object')

@@ -76,9 +76,7 @@ def validate_index(index: object, what: str = "index") -> int:
         If ``index`` is negative or does not fit in 64 bits.
     """
     if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)):
-        raise TypeError(
-            f"{what} must be a non-negative int, got {type(index).__name__} {index!r}"
-        )
+        raise TypeError(f"{what} must be a non-negative int, got {type(index).__name__} {index!r}")
     value = int(index)
     if value < 0 or value > _MAX_INDEX:
         raise ValueError(f"{what} must be a non-negative int below 2**64, got {value}")
@@ -120,15 +118,9 @@ def validate_public_key_bytes(key: object, index: int) -> bytes:
         If ``key`` does not have length 32.
     """
     if not isinstance(key, bytes):
-        raise TypeError(
-            f"public key of participant {index} must be bytes, "
-            f"got {type(key).__name__}"
-        )
+        raise TypeError(f"public key of participant {index} must be bytes, got {type(key).__name__}")
     if len(key) != PUBLIC_KEY_LENGTH:
-        raise ValueError(
-            f"public key of participant {index} must be {PUBLIC_KEY_LENGTH} bytes, "
-            f"got {len(key)}"
-        )
+        raise ValueError(f"public key of participant {index} must be {PUBLIC_KEY_LENGTH} bytes, got {len(key)}")
     return key
 
 
@@ -157,19 +149,14 @@ def validate_counts(counts: npt.ArrayLike) -> npt.NDArray[np.uint64]:
     """
     array = np.asarray(counts)
     if array.ndim != 1 or array.size == 0:
-        raise ValueError(
-            f"counts must be a non-empty 1-D vector (one entry per class), "
-            f"got shape {array.shape}"
-        )
+        raise ValueError(f"counts must be a non-empty 1-D vector (one entry per class), got shape {array.shape}")
     if array.dtype.kind == "O":
         array = _object_counts_to_array(array)
     if array.dtype.kind == "f":
         return _float_counts_to_uint64(array)
     if array.dtype.kind in "iu":
         return _int_counts_to_uint64(array)
-    raise TypeError(
-        f"counts must be integers or integral floats, got dtype {array.dtype}"
-    )
+    raise TypeError(f"counts must be integers or integral floats, got dtype {array.dtype}")
 
 
 def _object_counts_to_array(array: np.ndarray) -> np.ndarray:
@@ -260,14 +247,10 @@ def parse_public_key(key: bytes, index: int) -> X25519PublicKey:
     try:
         return X25519PublicKey.from_public_bytes(key)
     except ValueError as error:
-        raise ValueError(
-            f"public key of participant {index} is not a valid X25519 key: {error}"
-        ) from error
+        raise ValueError(f"public key of participant {index} is not a valid X25519 key: {error}") from error
 
 
-def exchange_shared_secret(
-    private_key: X25519PrivateKey, peer_public_key: X25519PublicKey, peer_index: int
-) -> bytes:
+def exchange_shared_secret(private_key: X25519PrivateKey, peer_public_key: X25519PublicKey, peer_index: int) -> bytes:
     """Run the X25519 exchange with the key of participant ``peer_index``.
 
     Raises

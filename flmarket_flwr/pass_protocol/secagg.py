@@ -102,8 +102,13 @@ def counts_commitment(session: bytes, index: int, counts: npt.ArrayLike, nonce: 
     """
     words = validate_counts(counts).astype("<u8").tobytes()
     return hashlib.sha256(
-        _LABEL + b"/counts" + struct.pack(">Q", len(session)) + session + struct.pack(">QQ", index, len(words) // 8)
-        + words + nonce
+        _LABEL
+        + b"/counts"
+        + struct.pack(">Q", len(session))
+        + session
+        + struct.pack(">QQ", index, len(words) // 8)
+        + words
+        + nonce
     ).digest()
 
 
@@ -185,8 +190,8 @@ class _Record:
 
     def to_record(self) -> dict[str, Any]:
         """The message as a plain dict (bytes, int and lists of them)."""
-        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), list) else v)
-                for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        fields = dataclasses.fields(self)  # type: ignore[arg-type]
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), list) else v) for f in fields}
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> Self:
@@ -310,8 +315,9 @@ class PassClient:
     """
 
     def __init__(self, record: Mapping[str, Any] | None = None) -> None:
-        self._state: dict[str, Any] = {k: (list(v) if isinstance(v, (list, tuple)) else v)
-                                       for k, v in (record or {}).items()}
+        self._state: dict[str, Any] = {
+            k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in (record or {}).items()
+        }
         self._state.setdefault("stage", _STAGE_NEW)
 
     @classmethod
@@ -422,8 +428,9 @@ class PassClient:
         if index not in set(participants):
             raise PassError("the participants do not include this client")
         if len(participants) < state["min_participants"]:
-            raise PassError(f"this client needs at least {state['min_participants']} participants, "
-                            f"got {len(participants)}")
+            raise PassError(
+                f"this client needs at least {state['min_participants']} participants, got {len(participants)}"
+            )
         k = request.degree
         try:
             check_degree(k, len(participants))
@@ -438,8 +445,7 @@ class PassClient:
             raise PassError(f"degree {k} is below this client's floor {floor} for {len(participants)} participants")
         seed = derive_graph_seed(request.server_seed, roster_digest(session, participants))
         neighbours = list(neighbours_of(seed, participants, k, index))
-        columns = (request.neighbour_node_ids, request.cipher_public_keys, request.mask_public_keys,
-                   request.signatures)
+        columns = (request.neighbour_node_ids, request.cipher_public_keys, request.mask_public_keys, request.signatures)
         if request.neighbours != neighbours or any(len(column) != k for column in columns):
             raise PassError("the neighbours sent are not this client's neighbourhood in the committed graph")
         channel_keys = self._check_neighbour_keys(request, directory)
@@ -447,7 +453,7 @@ class PassClient:
         self_seed = os.urandom(SECRET_LENGTH)
         shares = split_secrets([state["mask_private_key"], self_seed], neighbours, threshold)
         ciphertexts = []
-        for v, key, share in zip(neighbours, channel_keys, shares):
+        for v, key, share in zip(neighbours, channel_keys, shares, strict=True):
             plaintext = _LABEL + struct.pack(">QQ", index, v) + share_to_bytes(share)
             ciphertexts.append(ChaCha20Poly1305(key).encrypt(_ZERO_NONCE, plaintext, _channel_aad(session, index, v)))
         state.update(
@@ -473,8 +479,12 @@ class PassClient:
         channel_keys = []
         seen = {_canonical_key(state["cipher_public_key"]), _canonical_key(state["mask_public_key"])}
         for v, node_id, cipher_public, mask_public, signature in zip(
-            request.neighbours, request.neighbour_node_ids, request.cipher_public_keys, request.mask_public_keys,
+            request.neighbours,
+            request.neighbour_node_ids,
+            request.cipher_public_keys,
+            request.mask_public_keys,
             request.signatures,
+            strict=True,
         ):
             try:
                 validate_public_key_bytes(cipher_public, v)
@@ -484,8 +494,9 @@ class PassClient:
                 if directory is not None:
                     if node_id == state["node_id"]:
                         raise ValueError(f"neighbour {v} claims this client's node id {node_id}")
-                    verify_advertisement(directory.key_of(node_id), signature, state["session"], v, node_id,
-                                         cipher_public, mask_public)
+                    verify_advertisement(
+                        directory.key_of(node_id), signature, state["session"], v, node_id, cipher_public, mask_public
+                    )
             except (TypeError, ValueError) as error:
                 raise PassError(f"neighbour {v} refused: {error}") from error
             keys = {_canonical_key(cipher_public), _canonical_key(mask_public)}
@@ -508,8 +519,10 @@ class PassClient:
         session, index, neighbours = state["session"], state["index"], state["neighbours"]
         senders = request.senders
         threshold = share_threshold(state["degree"])
-        if not _strictly_increasing(senders) or not set(senders) <= set(neighbours) or len(senders) != len(
-            request.ciphertexts
+        if (
+            not _strictly_increasing(senders)
+            or not set(senders) <= set(neighbours)
+            or len(senders) != len(request.ciphertexts)
         ):
             raise PassError("the senders must be distinct neighbours of this client, one ciphertext each")
         if len(senders) < threshold:
@@ -518,7 +531,7 @@ class PassClient:
         mask_key = X25519PrivateKey.from_private_bytes(state["mask_private_key"])
         position = {v: i for i, v in enumerate(neighbours)}
         held = []
-        for v, ciphertext in zip(senders, request.ciphertexts):
+        for v, ciphertext in zip(senders, request.ciphertexts, strict=True):
             key = _channel_key(cipher_key, state["neighbour_cipher_keys"][position[v]], session, v, index)
             try:
                 plaintext = ChaCha20Poly1305(key).decrypt(_ZERO_NONCE, ciphertext, _channel_aad(session, v, index))
@@ -527,19 +540,23 @@ class PassClient:
             header = _LABEL + struct.pack(">QQ", v, index)
             if len(plaintext) != _PLAINTEXT_BYTES or not plaintext.startswith(header):
                 raise PassError(f"the shares from neighbour {v} are malformed or misaddressed")
-            share_from_bytes(plaintext[len(header):], 2, SECRET_LENGTH)
-            held.append(plaintext[len(header):])
+            share_from_bytes(plaintext[len(header) :], 2, SECRET_LENGTH)
+            held.append(plaintext[len(header) :])
         num_classes = state["num_classes"]
         masked = np.asarray(state["counts"], dtype=np.uint64) + expand_seed(state["self_seed"], num_classes)
         for v in senders:
             masked += _pair_mask(mask_key, state["neighbour_mask_keys"][position[v]], session, index, v, num_classes)
         nonce = os.urandom(32)
         commitment = counts_commitment(session, index, state["counts"], nonce)
-        for secret in ("cipher_private_key", "mask_private_key", "self_seed", "neighbour_cipher_keys",
-                       "neighbour_mask_keys"):
+        for secret in (
+            "cipher_private_key",
+            "mask_private_key",
+            "self_seed",
+            "neighbour_cipher_keys",
+            "neighbour_mask_keys",
+        ):
             del state[secret]
-        state.update(stage=_STAGE_MASKED, nonce=nonce, commitment=commitment, held_from=list(senders),
-                     held_shares=held)
+        state.update(stage=_STAGE_MASKED, nonce=nonce, commitment=commitment, held_from=list(senders), held_shares=held)
         return MaskedInput(masked.astype("<u8").tobytes(), commitment)
 
     # Round 4 -----------------------------------------------------------------
@@ -575,7 +592,7 @@ class PassClient:
             raise PassError(f"only {len(alive)} neighbours survived, the threshold is {threshold}")
         survivor_set = set(survivors)
         reply = UnmaskReply([], [], [], [])
-        for v, both in zip(held_from, state["held_shares"]):
+        for v, both in zip(held_from, state["held_shares"], strict=True):
             if v in survivor_set:
                 reply.survivor_indices.append(v)
                 reply.survivor_shares.append(both[_SHARE_BYTES:])  # share of b_v
@@ -583,8 +600,11 @@ class PassClient:
                 reply.dropped_indices.append(v)
                 reply.dropped_shares.append(both[:_SHARE_BYTES])  # share of s_v
         del state["held_shares"]
-        state.update(stage=_STAGE_UNMASKED, transcript=survivor_transcript(state["session"], survivors),
-                     survivor_count=len(survivors))
+        state.update(
+            stage=_STAGE_UNMASKED,
+            transcript=survivor_transcript(state["session"], survivors),
+            survivor_count=len(survivors),
+        )
         return reply
 
 
@@ -686,8 +706,9 @@ class PassServer:
         self.node_of = {i + 1: int(node) for i, node in enumerate(node_ids)}
         self.index_of = {node: index for index, node in self.node_of.items()}
         return {
-            index: AdvertiseRequest(self.session, index, node, self.num_classes, self.count_bound,
-                                    self.graph_commitment)
+            index: AdvertiseRequest(
+                self.session, index, node, self.num_classes, self.count_bound, self.graph_commitment
+            )
             for index, node in self.node_of.items()
         }
 
@@ -704,8 +725,15 @@ class PassServer:
             load_public_key(advert.mask_public_key, index)
             if self.directory is not None:
                 node = self.node_of[index]
-                verify_advertisement(self.directory.key_of(node), advert.signature, self.session, index, node,
-                                     advert.cipher_public_key, advert.mask_public_key)
+                verify_advertisement(
+                    self.directory.key_of(node),
+                    advert.signature,
+                    self.session,
+                    index,
+                    node,
+                    advert.cipher_public_key,
+                    advert.mask_public_key,
+                )
         except (TypeError, ValueError) as error:
             self._exclude(index, f"advertisement refused: {error}")
             return None
@@ -766,8 +794,10 @@ class PassServer:
             except PassError as error:
                 self._exclude(u, str(error))
                 continue
-            if reply.receivers != list(self.graph[u]) or len(reply.ciphertexts) != len(reply.receivers) or any(
-                len(c) != _CIPHERTEXT_BYTES for c in reply.ciphertexts
+            if (
+                reply.receivers != list(self.graph[u])
+                or len(reply.ciphertexts) != len(reply.receivers)
+                or any(len(c) != _CIPHERTEXT_BYTES for c in reply.ciphertexts)
             ):
                 self._exclude(u, "share-keys reply does not hold one ciphertext per neighbour")
                 continue
@@ -780,7 +810,7 @@ class PassServer:
             raise PassError(f"only {len(self.u2)} clients shared their keys, PASS needs {MIN_PARTICIPANTS}")
         inbox: dict[int, tuple[list[int], list[bytes]]] = {u: ([], []) for u in self.u2}
         for u in self.u2:  # senders in increasing order, so each inbox is sorted
-            for v, ciphertext in zip(sent[u].receivers, sent[u].ciphertexts):
+            for v, ciphertext in zip(sent[u].receivers, sent[u].ciphertexts, strict=True):
                 if v in inbox:
                     inbox[v][0].append(u)
                     inbox[v][1].append(ciphertext)
@@ -843,15 +873,22 @@ class PassServer:
                 self._exclude(v, str(error))
                 continue
             neighbours = set(self.graph[v])
-            groups = ((reply.survivor_indices, reply.survivor_shares, alive), (reply.dropped_indices,
-                                                                               reply.dropped_shares, gone))
-            if any(len(i) != len(s) or len(set(i)) != len(i) or not set(i) <= neighbours & allowed
-                   or any(len(x) != _SHARE_BYTES for x in s) for i, s, allowed in groups):
+            groups = (
+                (reply.survivor_indices, reply.survivor_shares, alive),
+                (reply.dropped_indices, reply.dropped_shares, gone),
+            )
+            if any(
+                len(i) != len(s)
+                or len(set(i)) != len(i)
+                or not set(i) <= neighbours & allowed
+                or any(len(x) != _SHARE_BYTES for x in s)
+                for i, s, allowed in groups
+            ):
                 self._exclude(v, "unmask reply names peers or shares it should not")
                 continue
-            for u, share in zip(reply.survivor_indices, reply.survivor_shares):
+            for u, share in zip(reply.survivor_indices, reply.survivor_shares, strict=True):
                 self._b_shares.setdefault(u, []).append((v, share))
-            for d, share in zip(reply.dropped_indices, reply.dropped_shares):
+            for d, share in zip(reply.dropped_indices, reply.dropped_shares, strict=True):
                 self._s_shares.setdefault(d, []).append((v, share))
 
     def _rebuild(self, owner: int, shares: list[tuple[int, bytes]], what: str) -> bytes:

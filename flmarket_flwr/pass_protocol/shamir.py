@@ -174,7 +174,7 @@ def reconstruct_secrets(xs: Sequence[int], shares: npt.ArrayLike, secret_length:
         raise ValueError(f"shares must be integers in [0, {FIELD_PRIME})")
     array = array.astype(np.uint64)
     acc = np.zeros(array.shape[1:], dtype=np.uint64)
-    for coefficient, row in zip(lagrange_at_zero(points), array):
+    for coefficient, row in zip(lagrange_at_zero(points), array, strict=True):
         acc = (acc + row * np.uint64(coefficient) % _P) % _P
     return _decode(acc, secret_length)
 

@@ -99,7 +99,9 @@ class AuctionResult:
         }
 
 
-def _validate(scores: ArrayLike, bids: ArrayLike, budget: float) -> tuple[NDArray[np.float64], NDArray[np.float64], float]:
+def _validate(
+    scores: ArrayLike, bids: ArrayLike, budget: float
+) -> tuple[NDArray[np.float64], NDArray[np.float64], float]:
     """Check the auction's inputs and return them as float64 arrays and a float budget."""
     score_array = np.asarray(scores, dtype=np.float64)
     bid_array = np.asarray(bids, dtype=np.float64)
@@ -112,7 +114,9 @@ def _validate(scores: ArrayLike, bids: ArrayLike, budget: float) -> tuple[NDArra
     if np.any(score_array < 0):
         raise ValueError(f"scores must be >= 0; negative at positions {np.flatnonzero(score_array < 0)[:10].tolist()}")
     if not np.all(np.isfinite(bid_array)):
-        raise ValueError(f"bids must be finite; non-finite at positions {np.flatnonzero(~np.isfinite(bid_array))[:10].tolist()}")
+        raise ValueError(
+            f"bids must be finite; non-finite at positions {np.flatnonzero(~np.isfinite(bid_array))[:10].tolist()}"
+        )
     if np.any(bid_array <= 0):
         raise ValueError(f"bids must be > 0; non-positive at positions {np.flatnonzero(bid_array <= 0)[:10].tolist()}")
     if isinstance(budget, bool) or not isinstance(budget, (int, float, np.integer, np.floating)):
@@ -143,7 +147,9 @@ def auction_order(scores: ArrayLike, bids: ArrayLike) -> NDArray[np.intp]:
 
 
 def _first_true(
-    low: NDArray[np.intp], high: NDArray[np.intp], predicate: Callable[[NDArray[np.intp], NDArray[np.intp]], NDArray[np.bool_]]
+    low: NDArray[np.intp],
+    high: NDArray[np.intp],
+    predicate: Callable[[NDArray[np.intp], NDArray[np.intp]], NDArray[np.bool_]],
 ) -> NDArray[np.intp]:
     """Vectorised bisection: for each row, the first position in ``[low, high)`` where a monotone
     predicate (False ... False True ... True) holds, or ``high`` if it never does.
@@ -162,7 +168,12 @@ def _first_true(
         low[rows[~holds]] = middle[~holds] + 1
 
 
-def _budget_winner_count(sorted_scores: NDArray[np.float64], sorted_bids: NDArray[np.float64], half_budget: float, prefix: NDArray[np.float64]) -> int:
+def _budget_winner_count(
+    sorted_scores: NDArray[np.float64],
+    sorted_bids: NDArray[np.float64],
+    half_budget: float,
+    prefix: NDArray[np.float64],
+) -> int:
     """Length of the prefix of the ranking that passes the budget rule."""
     with np.errstate(divide="ignore", invalid="ignore"):
         passes = (sorted_scores > 0) & (sorted_bids <= half_budget * sorted_scores / prefix)
@@ -225,7 +236,9 @@ def _budget_payments(
     return payments
 
 
-def _fixed_count_payments(sorted_scores: NDArray[np.float64], sorted_bids: NDArray[np.float64], num_winners: int) -> NDArray[np.float64]:
+def _fixed_count_payments(
+    sorted_scores: NDArray[np.float64], sorted_bids: NDArray[np.float64], num_winners: int
+) -> NDArray[np.float64]:
     """Critical values for staying among the first ``num_winners`` ranked clients."""
     winner_score = sorted_scores[:num_winners]
     competitor = num_winners

@@ -172,9 +172,7 @@ def phi(counts: ArrayLike, alpha_value: float) -> NDArray[np.float64] | float:
     return values
 
 
-def score(
-    local_counts: ArrayLike, global_counts: ArrayLike, num_clients: int
-) -> NDArray[np.float64] | float:
+def score(local_counts: ArrayLike, global_counts: ArrayLike, num_clients: int) -> NDArray[np.float64] | float:
     """Data value score ``u_e = sum_c theta_c * phi(n_e^c)`` of one client or of many.
 
     Parameters
@@ -200,9 +198,7 @@ def score(
     global_array = _global_counts(global_counts)
     local = _as_counts(local_counts, "local_counts")
     if local.ndim not in (1, 2) or local.shape[-1] != global_array.size:
-        raise ValueError(
-            f"local_counts must have shape (C,) or (E, C) with C={global_array.size}, got {local.shape}"
-        )
+        raise ValueError(f"local_counts must have shape (C,) or (E, C) with C={global_array.size}, got {local.shape}")
     if np.any(local > global_array):
         raise ValueError("local_counts exceed global_counts for some class: they cannot be part of that sum")
     weights = theta(global_array)

@@ -97,7 +97,9 @@ def _num_selected(num_selected: int, num_clients: int) -> int:
     if isinstance(num_selected, bool) or not isinstance(num_selected, (int, np.integer)):
         raise TypeError(f"num_selected must be an int, got {type(num_selected).__name__}")
     if not 1 <= num_selected <= num_clients:
-        raise ValueError(f"num_selected must be between 1 and the number of clients E={num_clients}, got {num_selected}")
+        raise ValueError(
+            f"num_selected must be between 1 and the number of clients E={num_clients}, got {num_selected}"
+        )
     return int(num_selected)
 
 
@@ -116,7 +118,9 @@ def _check_extra(extra: dict[str, Any]) -> None:
         raise TypeError(f"unknown selector keyword(s) {unknown}; known: {sorted(_SELECTOR_KEYWORDS)}")
 
 
-def _prepare(label_counts: ArrayLike, num_selected: int, seed: int, extra: dict[str, Any]) -> tuple[NDArray[np.int64], int]:
+def _prepare(
+    label_counts: ArrayLike, num_selected: int, seed: int, extra: dict[str, Any]
+) -> tuple[NDArray[np.int64], int]:
     counts = _label_counts(label_counts)
     _check_extra(extra)
     _seed(seed)
@@ -124,7 +128,11 @@ def _prepare(label_counts: ArrayLike, num_selected: int, seed: int, extra: dict[
 
 
 def _weight(value: float, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not np.isfinite(value):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float, np.integer, np.floating))
+        or not np.isfinite(value)
+    ):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     return float(value)
 

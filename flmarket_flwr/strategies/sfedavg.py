@@ -107,9 +107,7 @@ def softmax(values: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     return exps / exps.sum()
 
 
-def sample_without_replacement(
-    probabilities: np.ndarray, size: int, rng: np.random.Generator
-) -> list[int]:
+def sample_without_replacement(probabilities: np.ndarray, size: int, rng: np.random.Generator) -> list[int]:
     """Draw ``size`` distinct indices by successive draws proportional to ``probabilities``.
 
     Each draw picks among the indices not drawn yet, with the given probabilities
@@ -167,9 +165,7 @@ class ShapleyEstimate:
     num_truncated: int
 
 
-def _distinct_permutations(
-    players: Sequence[int], count: int, rng: np.random.Generator
-) -> list[tuple[int, ...]]:
+def _distinct_permutations(players: Sequence[int], count: int, rng: np.random.Generator) -> list[tuple[int, ...]]:
     """Draw ``count < len(players)!`` distinct uniformly random permutations of ``players``."""
     seen: set[tuple[int, ...]] = set()
     orders: list[tuple[int, ...]] = []
@@ -398,8 +394,14 @@ class SFedAvg(FedAvg):
         evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
     ) -> None:
         _check_settings(
-            validation_fn, num_train_nodes, num_permutations, alpha_decay, beta, temperature,
-            truncation_tolerance, wait_for_nodes_timeout,
+            validation_fn,
+            num_train_nodes,
+            num_permutations,
+            alpha_decay,
+            beta,
+            temperature,
+            truncation_tolerance,
+            wait_for_nodes_timeout,
         )
         available = num_train_nodes if min_available_nodes is None else int(min_available_nodes)
         super().__init__(
@@ -490,7 +492,7 @@ class SFedAvg(FedAvg):
         if not nodes:
             return {}
         probs = softmax(np.array([self._relevance[node] for node in nodes]), self.temperature)
-        return dict(zip(nodes, (float(p) for p in probs)))
+        return dict(zip(nodes, (float(p) for p in probs), strict=True))
 
     def _register(self, nodes: Sequence[int]) -> None:
         """Give nodes seen for the first time the initial relevance (fixed at the first call)."""
@@ -499,9 +501,7 @@ class SFedAvg(FedAvg):
             return
         if self._initial_value is None:
             self._initial_value = (
-                float(self.initial_relevance)
-                if self.initial_relevance is not None
-                else 1.0 / len(nodes)
+                float(self.initial_relevance) if self.initial_relevance is not None else 1.0 / len(nodes)
             )
         for node in new:
             self._relevance[node] = self._initial_value
@@ -543,9 +543,7 @@ class SFedAvg(FedAvg):
             self.relevance_history[0] = dict(self._relevance)
         probabilities = self.sampling_probabilities(nodes)
         size = min(self.num_train_nodes, len(nodes))
-        drawn = sample_without_replacement(
-            np.array([probabilities[node] for node in nodes]), size, self._sampling_rng
-        )
+        drawn = sample_without_replacement(np.array([probabilities[node] for node in nodes]), size, self._sampling_rng)
         sampled = [nodes[index] for index in drawn]
         log(
             INFO,
@@ -622,9 +620,7 @@ class SFedAvg(FedAvg):
         self.rounds.append(record)
         return record
 
-    def _estimate(
-        self, contents: Mapping[int, RecordDict], grand_arrays: ArrayRecord
-    ) -> tuple[ShapleyEstimate, int]:
+    def _estimate(self, contents: Mapping[int, RecordDict], grand_arrays: ArrayRecord) -> tuple[ShapleyEstimate, int]:
         """Estimate the Shapley values of the replying nodes; also return the evaluations made."""
         players = sorted(contents)
         grand = frozenset(players)
@@ -641,9 +637,7 @@ class SFedAvg(FedAvg):
             elif coalition == grand:
                 model = grand_arrays
             else:
-                model = aggregate_arrayrecords(
-                    [contents[node] for node in sorted(coalition)], self.weighted_by_key
-                )
+                model = aggregate_arrayrecords([contents[node] for node in sorted(coalition)], self.weighted_by_key)
             calls += 1
             return float(self.validation_fn(model))
 
