@@ -449,6 +449,9 @@ def train(
     batch_size: int = 32,
     momentum: float = 0.5,
     seed: int | None = None,
+    *,
+    steps: int | None = None,
+    clip_norm: float = 0.0,
 ) -> float:
     """Train ``model`` in place with mini-batch SGD on in-memory tensors.
 
@@ -459,7 +462,7 @@ def train(
     data : TensorPair
         ``(images, labels)`` of the client.
     epochs : int
-        Number of passes over the data.
+        Number of passes over the data (ignored when ``steps`` is given).
     lr : float
         SGD learning rate.
     device : torch.device
@@ -470,19 +473,25 @@ def train(
         SGD momentum.
     seed : int, optional
         Seed of the mini-batch shuffling (unseeded when ``None``).
+    steps : int, optional
+        Train exactly this many mini-batches instead, drawn from successive random permutations of the
+        data (so a client with fewer than ``batch_size * steps`` samples passes over it more than once).
+    clip_norm : float (default: 0.0)
+        Clip the gradient norm of every step at this value (0: no clipping).
 
     Returns
     -------
     float
-        Mean training loss over all mini-batches of all epochs (``nan`` when the
-        client has no data).
+        Mean training loss over all mini-batches (``nan`` when the client has no data; non-finite if
+        training diverged).
     """
     import torch  # pylint: disable=import-outside-toplevel
     from torch import nn  # pylint: disable=import-outside-toplevel,redefined-outer-name
 
     images, labels = data[0].to(device), data[1].to(device)
     num_samples = int(labels.shape[0])
-    if num_samples == 0 or epochs <= 0:
+    budget = steps if steps is not None else epochs * -(-num_samples // batch_size)
+    if num_samples == 0 or budget <= 0:
         return float("nan")
     model.to(device)
     model.train()
@@ -492,16 +501,20 @@ def train(
     if seed is not None:
         generator.manual_seed(seed)
     total_loss, num_batches = 0.0, 0
-    for _ in range(epochs):
+    while num_batches < budget:
         order = torch.randperm(num_samples, generator=generator).to(device)
         for start in range(0, num_samples, batch_size):
             batch = order[start : start + batch_size]
             optimizer.zero_grad()
             loss = criterion(model(images[batch]), labels[batch])
             loss.backward()
+            if clip_norm > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
             optimizer.step()
             total_loss += float(loss.item())
             num_batches += 1
+            if num_batches == budget:
+                break
     return total_loss / num_batches
 
 

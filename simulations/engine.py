@@ -8,9 +8,9 @@ One job = partition, selection, then FedAvg rounds on the selected clients, all 
   mod 2^64, see ``tests/test_pass_protocol.py``); RS, QBS, DICE and DDS are ``select_clients``.
 * **Training** is FedAvg: each selected client trains a copy of the global model, the server averages
   the weights by sample count the way ``flwr.serverapp.strategy.FedAvg`` does (float32 arrays, weights
-  ``n_e / sum n``). Local training is ``flmarket_flwr.task.train`` (``local_steps=0``: whole epochs, the
-  Flower app's protocol, bit-for-bit its train handler) or :func:`train_steps`, the same SGD loop cut at
-  a fixed number of steps, with gradient-norm clipping (``task.train`` has neither yet).
+  ``n_e / sum n``). Local training is ``flmarket_flwr.task.train``: whole epochs (``local_steps=0``, the
+  Flower app's protocol, bit-for-bit its train handler) or a fixed number of steps with gradient-norm
+  clipping (its ``steps`` and ``clip_norm``).
 * **Protocol**: accuracy on the held-out test set after every round; final accuracy = mean of the last
   ``final_window`` rounds; plateau criterion: that mean minus the mean of the ``final_window`` rounds
   before it, within ``plateau_tolerance``; a run whose weights or loss turn non-finite is stopped and
@@ -21,7 +21,7 @@ One job = partition, selection, then FedAvg rounds on the selected clients, all 
   one shared per-sample cost ``c``), ``constant`` (every client bids 1) or ``random`` (the Flower app's
   per-client costs, :func:`~flmarket_flwr.market.simulated_cost_per_sample`).
 
-:func:`run_job_inprocess` takes a Hydra job config (``conf/``, with ``+engine=inprocess``) and returns
+:func:`run_job_inprocess` takes a Hydra job config (``conf/``, with ``engine=inprocess``) and returns
 the ``result.json`` record of :func:`simulations.run.summarize`; ``python -m simulations.engine`` runs a
 resumable grid of jobs (see :func:`main`).
 """
@@ -211,8 +211,15 @@ def load_federation(cfg: EngineConfig) -> Federation:
     per class for a validation split, then the partition of the rest.
     """
     key = (
-        cfg.dataset, cfg.data_root, cfg.test_per_class, cfg.val_per_class, cfg.num_clients,
-        cfg.distribution, cfg.schedule, float(cfg.alpha), cfg.seed,
+        cfg.dataset,
+        cfg.data_root,
+        cfg.test_per_class,
+        cfg.val_per_class,
+        cfg.num_clients,
+        cfg.distribution,
+        cfg.schedule,
+        float(cfg.alpha),
+        cfg.seed,
     )
     return _federation(key)
 
@@ -283,59 +290,6 @@ def _build_model(cfg: EngineConfig, federation: Federation) -> nn.Module:
 
 
 # pylint: disable=too-many-arguments,too-many-locals
-def train_steps(
-    model: nn.Module,
-    data: TensorPair,
-    steps: int,
-    lr: float,
-    device: torch.device,
-    batch_size: int = 32,
-    momentum: float = 0.5,
-    clip_norm: float = 0.0,
-    seed: int | None = None,
-) -> float:
-    """``flmarket_flwr.task.train``'s SGD loop, stopped after ``steps`` mini-batches, with clipping.
-
-    Mini-batches come from successive random permutations of the client's data (as epochs do), so a
-    client with fewer than ``batch_size * steps`` samples passes over its data more than once.
-
-    Returns
-    -------
-    float
-        Mean training loss over the steps (``nan`` without data; non-finite if training diverged).
-    """
-    import torch  # pylint: disable=import-outside-toplevel
-    from torch import nn as torch_nn  # pylint: disable=import-outside-toplevel
-
-    images, labels = data[0].to(device), data[1].to(device)
-    num_samples = int(labels.shape[0])
-    if num_samples == 0 or steps <= 0:
-        return float("nan")
-    model.to(device)
-    model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    criterion = torch_nn.CrossEntropyLoss()
-    generator = torch.Generator()
-    if seed is not None:
-        generator.manual_seed(seed)
-    total, done = 0.0, 0
-    while done < steps:
-        order = torch.randperm(num_samples, generator=generator).to(device)
-        for start in range(0, num_samples, batch_size):
-            batch = order[start : start + batch_size]
-            optimizer.zero_grad()
-            loss = criterion(model(images[batch]), labels[batch])
-            loss.backward()
-            if clip_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-            optimizer.step()
-            total += float(loss.item())
-            done += 1
-            if done == steps:
-                break
-    return total / done
-
-
 def fedavg(states: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float]) -> dict[str, np.ndarray]:
     """Weighted average of state dicts, computed as ``flwr``'s ``aggregate_arrayrecords`` does."""
     total = float(sum(weights))
@@ -353,11 +307,19 @@ def fedavg(states: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float])
 def _local_update(cfg: EngineConfig, model: nn.Module, data: TensorPair, seed: int, device: torch.device) -> float:
     from flmarket_flwr.task import train  # pylint: disable=import-outside-toplevel
 
-    if cfg.local_steps > 0:
-        return train_steps(
-            model, data, cfg.local_steps, cfg.learning_rate, device, cfg.batch_size, cfg.momentum, cfg.clip_norm, seed
-        )
-    return train(model, data, cfg.local_epochs, cfg.learning_rate, device, cfg.batch_size, cfg.momentum, seed)
+    steps = cfg.local_steps if cfg.local_steps > 0 else None  # None: whole epochs, unclipped, as the Flower app
+    return train(
+        model,
+        data,
+        cfg.local_epochs,
+        cfg.learning_rate,
+        device,
+        cfg.batch_size,
+        cfg.momentum,
+        seed,
+        steps=steps,
+        clip_norm=cfg.clip_norm if steps else 0.0,
+    )
 
 
 def _state(model: nn.Module) -> dict[str, np.ndarray]:
@@ -509,8 +471,14 @@ def run_engine(cfg: EngineConfig, run_config: Mapping[str, Any] | None = None) -
 
 # --- Hydra and command line ----------------------------------------------------------------------------------------
 _ENGINE_KEYS = (
-    "schedule", "bid_policy", "cost_per_sample", "local_steps", "clip_norm", "final_window",
-    "plateau_tolerance", "collapse_drop",
+    "schedule",
+    "bid_policy",
+    "cost_per_sample",
+    "local_steps",
+    "clip_norm",
+    "final_window",
+    "plateau_tolerance",
+    "collapse_drop",
 )
 
 

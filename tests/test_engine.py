@@ -25,6 +25,7 @@ from flmarket_flwr.task import (
     all_label_counts,
     data_embedding,
     load_partition,
+    train,
 )
 from simulations.config import app_config_defaults
 from simulations.engine import (
@@ -37,7 +38,6 @@ from simulations.engine import (
     load_federation,
     run_engine,
     select,
-    train_steps,
 )
 
 NODE_BASE = 7_000
@@ -147,13 +147,13 @@ def test_fedavg_weights_by_samples() -> None:
     assert fedavg(states, [3.0, 1.0])["w"] == pytest.approx([1.75])
 
 
-def test_train_steps_runs_exactly_the_steps_and_clips() -> None:
+def test_train_with_steps_runs_exactly_the_steps_and_clips() -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
     x, y = torch.randn(10, 4) * 100, torch.randint(0, 3, (10,))
     before = model.weight.detach().clone()
-    loss = train_steps(model, (x, y), steps=7, lr=1.0, device=torch.device("cpu"), batch_size=4, momentum=0.0,
-                       clip_norm=1e-3, seed=1)
+    loss = train(model, (x, y), 0, lr=1.0, device=torch.device("cpu"), batch_size=4, momentum=0.0, seed=1,
+                 steps=7, clip_norm=1e-3)
     assert math.isfinite(loss)
     assert (model.weight.detach() - before).norm() <= 7 * 1e-3 + 1e-6
 
@@ -190,7 +190,7 @@ def test_run_job_inprocess_takes_a_hydra_job_config() -> None:
     from simulations.config import CONF_DIR
     from simulations.engine import run_job_inprocess
 
-    overrides = ["+engine=inprocess", "selector=dice", "num_selected=4", "num_server_rounds=2",
+    overrides = ["engine=inprocess", "selector=dice", "num_selected=4", "num_server_rounds=2",
                  "sim.engine.local_steps=2", "sim.engine.final_window=1", "sim.engine.bid_policy=constant"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
