@@ -7,6 +7,9 @@ One ``ClientApp`` serves every phase of a run:
   counts ``N_e`` come from its partition; its bid is its (simulated,
   heterogeneous) cost per sample times ``N_e``, plus a markup
   (:func:`simulated_cost_bid`). The server only ever sees them masked (PASS).
+  A node started with ``--node-config "... identity-key='<pem>' identity-directory='<json>'"``
+  signs its PASS key advertisement and checks its neighbours' against the buyer's directory
+  (:func:`identity_key_of`, :func:`identity_directory_of`).
 * No other query: the baselines' raw-statistics query (RS, QBS, DICE, DDS) is answered
   only by the experiments' ClientApp (:mod:`simulations.apps`), never by this one.
 * **Training** (``train`` / ``evaluate`` messages): plain local SGD on the
@@ -38,11 +41,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.app.typing import MetricRecordValues
 from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import SimulatedCostBid, read_award, register_market_handlers
+from flmarket_flwr.pass_protocol import IdentityDirectory, load_identity_key
 from flmarket_flwr.task import (
     DataConfig,
     build_task_model,
@@ -271,6 +276,18 @@ class RunConfigOverride:
             context.run_config = original
 
 
+def identity_key_of(context: Context) -> Ed25519PrivateKey | None:
+    """The node's Ed25519 identity key, from the PEM file named by ``node_config["identity-key"]`` (if any)."""
+    path = str(context.node_config.get("identity-key", ""))
+    return load_identity_key(path) if path else None
+
+
+def identity_directory_of(context: Context) -> IdentityDirectory | None:
+    """The buyer's identity directory, from the JSON file named by ``node_config["identity-directory"]`` (if any)."""
+    path = str(context.node_config.get("identity-directory", ""))
+    return IdentityDirectory.from_json(Path(path)) if path else None
+
+
 def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
     """Build the app's ``ClientApp``: market, train and evaluate handlers (nothing that reveals counts).
 
@@ -286,7 +303,13 @@ def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
         A new app.
     """
     client = ClientApp(mods=[RunConfigOverride(run_config)] if run_config else None)
-    register_market_handlers(client, get_label_counts=label_counts, bid_policy=simulated_cost_bid)
+    register_market_handlers(
+        client,
+        get_label_counts=label_counts,
+        bid_policy=simulated_cost_bid,
+        identity_key=identity_key_of,
+        directory=identity_directory_of,
+    )
     client.train()(train)
     client.evaluate()(evaluate_local)
     return client

@@ -28,6 +28,7 @@ from flwr.serverapp.strategy import FedAvg, Strategy
 from flmarket_flwr.app_results import CentralEvaluation, make_run_dir, save_results
 from flmarket_flwr.data.partition import DISTRIBUTIONS
 from flmarket_flwr.market import FLMarket, MarketConfig, MarketError, MarketPhase
+from flmarket_flwr.pass_protocol import IdentityDirectory
 from flmarket_flwr.task import (
     DataConfig,
     build_task_model,
@@ -53,7 +54,8 @@ class ServerSettings:
 
     ``selector`` (``"flmarket"``); ``model``; the market's ``budget``, ``num_selected`` (0: the budget
     decides; n > 0: a fixed cohort of n), ``market_timeout``, ``wait_for_nodes_timeout``,
-    ``min_market_clients``, ``neighbours`` (PASS graph: ``"auto"``, ``"all"`` or a degree k), ``audit_winners``;
+    ``min_market_clients``, ``neighbours`` (PASS graph: ``"auto"``, ``"all"`` or a degree k), ``audit_winners``,
+    ``identity_directory`` (path of the buyer's directory of client identity keys; "" for none);
     FedAvg's ``num_server_rounds``, ``fraction_train``,
     ``fraction_evaluate``, ``round_timeout`` and the clients' ``local_epochs``, ``batch_size``,
     ``learning_rate``, ``momentum``; ``seed`` (initial model, sampling); ``device`` of the server-side
@@ -80,6 +82,7 @@ class ServerSettings:
     min_market_clients: int = 3
     neighbours: str = "auto"
     audit_winners: bool = True
+    identity_directory: str = ""
     round_timeout: float = 600.0
 
     @classmethod
@@ -284,6 +287,9 @@ def _market_config(settings: ServerSettings, data_config: DataConfig, num_nodes:
         min_clients=settings.min_market_clients,
         neighbours=int(settings.neighbours) if settings.neighbours.isdigit() else settings.neighbours,
         audit_winners=settings.audit_winners,
+        directory=IdentityDirectory.from_json(Path(settings.identity_directory))
+        if settings.identity_directory
+        else None,
         timeout=settings.market_timeout,
         wait_for_nodes_timeout=settings.wait_for_nodes_timeout,
         expected_nodes=num_nodes if num_nodes >= settings.min_market_clients else None,

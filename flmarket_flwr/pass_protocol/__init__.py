@@ -46,6 +46,8 @@ from flmarket_flwr.pass_protocol.identity import (
     IdentityDirectory,
     advertisement_message,
     generate_identity,
+    load_identity_key,
+    save_identity_key,
     sign_advertisement,
     verify_advertisement,
 )
@@ -118,6 +120,8 @@ __all__ = [
     "counts_commitment",
     "derive_graph_seed",
     "generate_identity",
+    "load_identity_key",
+    "save_identity_key",
     "indices_to_bitmap",
     "mask_graph",
     "neighbourhood_size",

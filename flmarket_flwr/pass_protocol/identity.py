@@ -19,7 +19,13 @@ from typing import Final
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+    load_pem_private_key,
+)
 
 IDENTITY_KEY_LENGTH: Final[int] = 32
 SIGNATURE_LENGTH: Final[int] = 64
@@ -104,6 +110,30 @@ def generate_identity() -> tuple[Ed25519PrivateKey, bytes]:
     """A fresh Ed25519 identity: ``(private key, 32 raw public bytes)``."""
     private_key = Ed25519PrivateKey.generate()
     return private_key, private_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def save_identity_key(private_key: Ed25519PrivateKey, path: str | os.PathLike[str]) -> bytes:
+    """Write ``private_key`` as unencrypted PKCS#8 PEM, readable by its owner only; return the raw public key."""
+    pem = private_key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(pem)
+    return private_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def load_identity_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
+    """Read an Ed25519 private key from a PKCS#8 PEM file (as :func:`save_identity_key` writes it).
+
+    Raises
+    ------
+    ValueError
+        If the file holds no unencrypted Ed25519 private key.
+    """
+    with open(path, "rb") as handle:
+        key = load_pem_private_key(handle.read(), password=None)
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ValueError(f"{os.fspath(path)} holds a {type(key).__name__}, not an Ed25519 private key")
+    return key
 
 
 class IdentityDirectory(Mapping[int, bytes]):
