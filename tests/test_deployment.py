@@ -1,31 +1,37 @@
 """End-to-end: the FLMarket app in a real SuperLink / SuperNode deployment on loopback.
 
-Starts ``flower-superlink --insecure`` and three ``flower-supernode --insecure``
-processes (each with its own free port and ``--node-config "partition-id=i
-num-partitions=3"``), writes a SuperLink connection into a temporary
-``FLWR_HOME/config.toml`` and runs ``flwr run <app> <connection> --stream``.
-Each of these processes spawns a ``flower-superexec`` child (which spawns the
-ServerApp / ClientApp processes): the whole process tree is stopped by PID in a
-``finally``, with bounded waits everywhere.
+Starts ``flower-superlink --insecure`` and ``flower-supernode --insecure`` processes (each with its
+own free port and ``--node-config "partition-id=i num-partitions=n"``), writes a SuperLink
+connection into a temporary ``FLWR_HOME/config.toml`` and runs ``flwr run <app> <connection>
+--stream``. Each of these processes spawns a ``flower-superexec`` child (which spawns the ServerApp /
+ClientApp processes): the whole process tree is stopped by PID in a ``finally``, with bounded waits
+everywhere. The ServerApp and ClientApps import ``flmarket_flwr`` from this checkout (``PYTHONPATH``).
+
+The dropout test runs ``tests/dropout_app`` (the product's apps, with a ClientApp mod that makes one
+chosen SuperNode hang in PASS's ``market_mask`` round) and kills that SuperNode while it hangs.
 """
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import numpy as np
 import pytest
 from processes import free_ports, is_alive, process_tree, stop_pids
 
 PROJECT = Path(__file__).resolve().parents[1]
+DROPOUT_APP = Path(__file__).resolve().parent / "dropout_app"
 BIN_DIR = Path(sys.executable).parent
 NUM_NODES = 3
 STARTUP_TIMEOUT_S = 60
 RUN_TIMEOUT_S = 400
+HANG_MARKER_ENV = "FLMARKET_TEST_HANG_MARKER"  # read by tests/dropout_app's ClientApp
 
 pytestmark = pytest.mark.skipif(
     not (BIN_DIR / "flower-superlink").exists() or not Path("/proc").is_dir(),
@@ -62,21 +68,24 @@ def wait_for_health(port: int, process: subprocess.Popen, timeout_s: float) -> N
 
 # --- The deployment --------------------------------------------------------------------------
 class Deployment:
-    """A SuperLink and ``NUM_NODES`` SuperNodes on loopback, with a private FLWR_HOME."""
+    """A SuperLink and ``num_nodes`` SuperNodes on loopback, with a private FLWR_HOME."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, num_nodes: int = NUM_NODES) -> None:
         self.root = root
+        self.num_nodes = num_nodes
         self.home = root / "flwr-home"
         self.home.mkdir()
-        ports = free_ports(NUM_NODES + 1)
+        ports = free_ports(num_nodes + 1)
         self.superlink_port, self.node_ports = ports[0], ports[1:]
         self.env = {
             **os.environ,
             "FLWR_HOME": str(self.home),
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
             "PATH": f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")])),
         }
         self.processes: list[subprocess.Popen] = []
+        self.supernodes: list[subprocess.Popen] = []
         (self.home / "config.toml").write_text(
             "[superlink]\n"
             'default = "loopback"\n\n'
@@ -86,16 +95,16 @@ class Deployment:
             encoding="utf-8",
         )
 
-    def _spawn(self, name: str, command: list[str]) -> subprocess.Popen:
+    def _spawn(self, name: str, command: list[str], extra_env: Mapping[str, str] | None = None) -> subprocess.Popen:
         log_file = (self.root / f"{name}.log").open("wb")
         process = subprocess.Popen(  # pylint: disable=consider-using-with
-            command, cwd=self.root, env=self.env, stdout=log_file, stderr=subprocess.STDOUT
+            command, cwd=self.root, env={**self.env, **(extra_env or {})}, stdout=log_file, stderr=subprocess.STDOUT
         )
         self.processes.append(process)
         return process
 
-    def start(self) -> None:
-        """Start the SuperLink, wait for it, then start the SuperNodes."""
+    def start(self, node_env: Mapping[int, Mapping[str, str]] | None = None) -> None:
+        """Start the SuperLink, wait for it, then start the SuperNodes (``node_env``: extra env per partition)."""
         superlink = self._spawn(
             "superlink",
             [
@@ -109,7 +118,7 @@ class Deployment:
         )
         wait_for_health(self.superlink_port, superlink, STARTUP_TIMEOUT_S)
         for partition_id, port in enumerate(self.node_ports):
-            self._spawn(
+            node = self._spawn(
                 f"supernode-{partition_id}",
                 [
                     str(BIN_DIR / "flower-supernode"),
@@ -123,35 +132,63 @@ class Deployment:
                     "--max-wait-time",
                     str(STARTUP_TIMEOUT_S),
                     "--node-config",
-                    f"partition-id={partition_id} num-partitions={NUM_NODES}",
+                    f"partition-id={partition_id} num-partitions={self.num_nodes}",
                 ],
+                (node_env or {}).get(partition_id),
             )
+            self.supernodes.append(node)
 
-    def flwr_run(self, run_config: str) -> str:
-        """``flwr run <app> loopback --stream``; return the CLI's output."""
-        completed = subprocess.run(
-            [
-                str(BIN_DIR / "flwr"),
-                "run",
-                str(PROJECT),
-                "loopback",
-                "--stream",
-                "--run-config",
-                run_config,
-            ],
-            cwd=self.root,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=RUN_TIMEOUT_S,
-            check=False,
+    def node_ids(self, timeout_s: float = STARTUP_TIMEOUT_S) -> dict[int, int]:
+        """``{partition id: node id}`` once every SuperNode has logged its id (bounded wait)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = {}
+            for partition_id in range(self.num_nodes):
+                text = (self.root / f"supernode-{partition_id}.log").read_text(errors="replace")
+                match = re.search(r"SuperNode ID: (\d+)", text)
+                if match:
+                    found[partition_id] = int(match.group(1))
+            if len(found) == self.num_nodes:
+                return found
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(found)} of {self.num_nodes} SuperNodes connected\n{self.logs()}")
+            time.sleep(0.3)
+
+    def flwr_run(self, run_config: str, app: Path = PROJECT) -> subprocess.Popen:
+        """Start ``flwr run <app> loopback --stream`` (output in ``flwr-run.log``)."""
+        return self._spawn(
+            "flwr-run",
+            [str(BIN_DIR / "flwr"), "run", str(app), "loopback", "--stream", "--run-config", run_config],
         )
-        output = completed.stdout + completed.stderr
-        assert completed.returncode == 0, output[-5000:]
+
+    def finish(self, run: subprocess.Popen, timeout_s: float = RUN_TIMEOUT_S) -> str:
+        """Wait (bounded) for ``flwr run`` to end successfully; return its output."""
+        try:
+            run.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"flwr run did not end within {timeout_s} s\n{self.logs()}")
+        output = (self.root / "flwr-run.log").read_text(errors="replace")
+        assert run.returncode == 0, output[-5000:]
         return output
 
+    def wait_for_output(self, text: str, run: subprocess.Popen, timeout_s: float = RUN_TIMEOUT_S) -> float:
+        """Wait (bounded) until ``flwr run``'s output shows ``text``; return when (``time.monotonic()``)."""
+        deadline = time.monotonic() + timeout_s
+        log = self.root / "flwr-run.log"
+        while True:
+            ended = run.poll() is not None
+            if text in log.read_text(errors="replace"):
+                return time.monotonic()
+            if ended or time.monotonic() > deadline:
+                pytest.fail(f"{text!r} never appeared in the output of flwr run\n{self.logs()}")
+            time.sleep(0.2)
+
+    def kill_node(self, partition_id: int) -> None:
+        """Kill a SuperNode and everything under it (flower-superexec, its ClientApp), by PID, at once."""
+        stop_pids(process_tree([self.supernodes[partition_id].pid]), grace_s=0.0)
+
     def logs(self) -> str:
-        """Tails of the SuperLink and SuperNode logs (for failure messages)."""
+        """Tails of the SuperLink, SuperNode and ``flwr run`` logs (for failure messages)."""
         parts = []
         for path in sorted(self.root.glob("*.log")):
             parts.append(f"--- {path.name}\n{path.read_text(errors='replace')[-1500:]}")
@@ -162,12 +199,10 @@ class Deployment:
         stop_process_tree(self.processes)
 
 
-@pytest.fixture
-def deployment(tmp_path: Path) -> Iterator[Deployment]:
-    """A running loopback deployment, stopped (by PID) afterwards whatever happens."""
-    system = Deployment(tmp_path)
+def running(system: Deployment, node_env: Mapping[int, Mapping[str, str]] | None = None) -> Iterator[Deployment]:
+    """Start ``system``; stop it (by PID) afterwards whatever happens, and check nothing survived."""
     try:
-        system.start()
+        system.start(node_env)
         yield system
     finally:
         system.stop()
@@ -176,14 +211,23 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
         assert not survivors, f"processes survived: {survivors}"
 
 
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    """A running loopback deployment of ``NUM_NODES`` SuperNodes."""
+    yield from running(Deployment(tmp_path))
+
+
 def test_market_then_fedavg_in_deployment(deployment: Deployment) -> None:
     """Three SuperNodes: the market picks winners within budget, only winners train."""
     results, train_log = deployment.root / "results", deployment.root / "train-log"
     budget, rounds = 2000.0, 2
-    output = deployment.flwr_run(
-        f"distribution='d1' budget={budget} num-server-rounds={rounds} "
-        f"wait-for-nodes-timeout=60.0 results-dir='{results}' run-name='deploy' "
-        f"train-log-dir='{train_log}'"
+    deployment.node_ids()
+    output = deployment.finish(
+        deployment.flwr_run(
+            f"distribution='d1' budget={budget} num-server-rounds={rounds} "
+            f"wait-for-nodes-timeout=60.0 results-dir='{results}' run-name='deploy' "
+            f"train-log-dir='{train_log}'"
+        )
     )
     run_dir = results / "deploy"
     assert (run_dir / "market.json").is_file(), output[-4000:] + deployment.logs()
@@ -207,3 +251,73 @@ def test_market_then_fedavg_in_deployment(deployment: Deployment) -> None:
     assert len(accuracies) == rounds + 1
     assert accuracies[-1] > accuracies[0] + 0.2, accuracies
     assert "FLMarket summary" in output
+
+
+# --- A SuperNode killed in the middle of PASS ------------------------------------------------
+DROPOUT_NODES = 6
+HUNG_PARTITION = DROPOUT_NODES - 1
+# Each market message starts a fresh ClientApp process per node: on a loaded 2-core machine a healthy
+# round of six nodes takes 20-40 s, so the round timeout cannot be much smaller than this.
+MARKET_TIMEOUT_S = 45.0
+MARKET_ROUNDS = 7  # PASS: advertise, share, mask, unmask; then bid, audit, award
+SLACK_S = 45.0
+LOG_SLACK_S = 15.0  # `flwr run --stream` forwards the ServerApp's log lines with some delay
+
+
+def test_supernode_killed_in_pass_is_excluded_without_a_stall(tmp_path: Path) -> None:
+    """Kill one of six SuperNodes while its ClientApp hangs in ``market_mask``.
+
+    PASS recovers the dead node's masks from the survivors' shares; the market excludes it with a
+    reason; ``N_s`` is the sum over the five survivors' partitions; and the market phase is bounded by
+    its message rounds times ``market-timeout`` (no multi-minute stall in Flower's transport).
+    """
+    marker = tmp_path / "hung-node-id"
+    system = Deployment(tmp_path, num_nodes=DROPOUT_NODES)
+    for deployment in running(system, {HUNG_PARTITION: {HANG_MARKER_ENV: str(marker)}}):
+        node_of = deployment.node_ids()
+        results = tmp_path / "results"
+        run = deployment.flwr_run(
+            f"distribution='d1' budget=2000.0 num-server-rounds=1 local-epochs=1 "
+            f"market-timeout={MARKET_TIMEOUT_S} wait-for-nodes-timeout=60.0 "
+            f"results-dir='{results}' run-name='dropout' train-log-dir='{tmp_path / 'train-log'}'",
+            app=DROPOUT_APP,
+        )
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not marker.exists() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert marker.exists(), "the hung node never got its market_mask message\n" + deployment.logs()
+        hung_node = int(marker.read_text())
+        assert hung_node == node_of[HUNG_PARTITION]
+        deployment.kill_node(HUNG_PARTITION)
+        killed_at = time.monotonic()
+        excluded_after_s = deployment.wait_for_output(f"excluding node {hung_node}", run) - killed_at
+        output = deployment.finish(run)
+        after_kill_s = time.monotonic() - killed_at
+
+    market = json.loads((results / "dropout" / "market.json").read_text())
+    survivors = sorted(node for partition, node in node_of.items() if partition != HUNG_PARTITION)
+    assert set(market["excluded"]) == {str(hung_node)}, market["excluded"]
+    assert market["excluded"][str(hung_node)].startswith("market_mask:"), market["excluded"]
+    assert f"excluding node {hung_node}" in output
+    assert market["pass_participants"] == survivors
+    assert market["global_counts"] == expected_global_counts(range(HUNG_PARTITION)).tolist()
+    assert set(market["winners"]) <= set(survivors) and market["winners"]
+
+    # The round the node died in ends at its deadline: the exclusion comes at most one timeout after the kill.
+    assert excluded_after_s <= MARKET_TIMEOUT_S + LOG_SLACK_S, excluded_after_s
+    timings = market["timings"]
+    assert timings["pass"] <= 4 * MARKET_TIMEOUT_S + SLACK_S, timings
+    assert timings["total"] <= MARKET_ROUNDS * MARKET_TIMEOUT_S + SLACK_S, timings
+    assert after_kill_s < RUN_TIMEOUT_S / 2, after_kill_s
+    print(
+        f"market phase with a killed SuperNode: {timings}; node excluded {excluded_after_s:.1f} s and "
+        f"flwr run ended {after_kill_s:.1f} s after the kill"
+    )
+
+
+def expected_global_counts(partitions: range) -> np.ndarray:
+    """``N_s`` over ``partitions`` of the dropout run's data config (the clients' own partitioning)."""
+    from flmarket_flwr.task import DataConfig, partition_label_counts  # pylint: disable=import-outside-toplevel
+
+    config = DataConfig.from_run_config({"distribution": "d1"}, {"num-partitions": DROPOUT_NODES})
+    return sum(partition_label_counts(p, config) for p in partitions)

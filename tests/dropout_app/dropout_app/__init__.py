@@ -1,0 +1,1 @@
+"""The FLMarket app with a ClientApp that hangs in ``market_mask`` on request (a test fixture)."""

@@ -1,0 +1,35 @@
+"""The product's ClientApp, behind a mod that makes one SuperNode hang in PASS's ``market_mask`` round.
+
+A SuperNode started with ``FLMARKET_TEST_HANG_MARKER=<path>`` in its environment (the ClientApp
+processes it spawns inherit it) writes its node id to ``<path>`` when its ``market_mask`` message
+arrives, then sleeps instead of answering: the test sees the file and kills that SuperNode's
+process tree while the market is inside PASS. Every other node runs the product's ClientApp as is.
+"""
+
+import os
+import time
+from pathlib import Path
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from flmarket_flwr.client_app import evaluate_local, label_counts, simulated_cost_bid, train
+from flmarket_flwr.market import register_market_handlers
+
+HANG_MARKER_ENV = "FLMARKET_TEST_HANG_MARKER"
+HANG_S = 600.0
+
+
+def hang_in_mask(msg: Message, context: Context, call_next) -> Message:
+    """Hang (after writing the marker) on ``query.market_mask`` when this node is the one to kill."""
+    marker = os.environ.get(HANG_MARKER_ENV)
+    if marker and msg.metadata.message_type == "query.market_mask":
+        Path(marker).write_text(str(context.node_id), encoding="utf-8")
+        time.sleep(HANG_S)
+    return call_next(msg, context)
+
+
+app = ClientApp(mods=[hang_in_mask])
+register_market_handlers(app, get_label_counts=label_counts, bid_policy=simulated_cost_bid)
+app.train()(train)
+app.evaluate()(evaluate_local)
