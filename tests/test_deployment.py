@@ -33,6 +33,7 @@ NUM_NODES = 3
 STARTUP_TIMEOUT_S = 60
 RUN_TIMEOUT_S = 400
 HANG_MARKER_ENV = "FLMARKET_TEST_HANG_MARKER"  # read by tests/dropout_app's ClientApp
+BIG_REPLY_MARKER_ENV = "FLMARKET_TEST_BIG_REPLY_MARKER"
 
 pytestmark = pytest.mark.skipif(
     not (BIN_DIR / "flower-superlink").exists() or not Path("/proc").is_dir(),
@@ -285,14 +286,17 @@ class Deployment:
 
     def wait_for_output(self, text: str, run: subprocess.Popen, timeout_s: float = RUN_TIMEOUT_S) -> float:
         """Wait (bounded) until ``flwr run``'s output shows ``text``; return when (``time.monotonic()``)."""
+        return self.wait_for_text(self.root / "flwr-run.log", text, run, timeout_s)
+
+    def wait_for_text(self, log: Path, text: str, run: subprocess.Popen, timeout_s: float = RUN_TIMEOUT_S) -> float:
+        """Wait (bounded, while ``run`` lasts) until ``log`` shows ``text``; return when (``time.monotonic()``)."""
         deadline = time.monotonic() + timeout_s
-        log = self.root / "flwr-run.log"
         while True:
             ended = run.poll() is not None
             if text in log.read_text(errors="replace"):
                 return time.monotonic()
             if ended or time.monotonic() > deadline:
-                pytest.fail(f"{text!r} never appeared in the output of flwr run\n{self.logs()}")
+                pytest.fail(f"{text!r} never appeared in {log.name}\n{self.logs()}")
             time.sleep(0.2)
 
     def kill_node(self, partition_id: int) -> None:
@@ -397,19 +401,25 @@ HUNG_PARTITION = DROPOUT_NODES - 1
 MARKET_TIMEOUT_S = 45.0
 MARKET_ROUNDS = 7  # PASS: advertise, share, mask, unmask; then bid, audit, award
 SLACK_S = 45.0
-LOG_SLACK_S = 15.0  # `flwr run --stream` forwards the ServerApp's log lines with some delay
+LOG_SLACK_S = 15.0
+UPLOAD_KILL_DELAY_S = 1.0  # `flwr run --stream` forwards the ServerApp's log lines with some delay
 
 
-def test_supernode_killed_in_pass_is_excluded_without_a_stall(tmp_path: Path) -> None:
-    """Kill one of six SuperNodes while its ClientApp hangs in ``market_mask``.
+@pytest.mark.parametrize("moment", ["handling", "uploading"])
+def test_supernode_killed_in_pass_is_excluded_without_a_stall(tmp_path: Path, moment: str) -> None:
+    """Kill one of six SuperNodes in ``market_mask``: while its ClientApp handles it, or while its reply uploads.
 
     PASS recovers the dead node's masks from the survivors' shares; the market excludes it with a
     reason; ``N_s`` is the sum over the five survivors' partitions; and the market phase is bounded by
-    its message rounds times ``market-timeout`` (no multi-minute stall in Flower's transport).
+    its message rounds times ``market-timeout`` (no multi-minute stall in Flower's transport). A reply
+    cut off mid-upload is registered at the SuperLink without its objects: pulling it retries until the
+    SuperLink's object-push session expires (3 minutes), which must neither hold the market nor cost
+    the other nodes their replies.
     """
-    marker = tmp_path / "hung-node-id"
+    marker = tmp_path / "marked-node-id"
+    marker_env = HANG_MARKER_ENV if moment == "handling" else BIG_REPLY_MARKER_ENV
     system = Deployment(tmp_path, num_nodes=DROPOUT_NODES)
-    for deployment in running(system, {HUNG_PARTITION: {HANG_MARKER_ENV: str(marker)}}):
+    for deployment in running(system, {HUNG_PARTITION: {marker_env: str(marker)}}):
         node_of = deployment.node_ids()
         results = tmp_path / "results"
         run = deployment.flwr_run(
@@ -421,11 +431,18 @@ def test_supernode_killed_in_pass_is_excluded_without_a_stall(tmp_path: Path) ->
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while not marker.exists() and run.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert marker.exists(), "the hung node never got its market_mask message\n" + deployment.logs()
+        assert marker.exists(), "the marked node never got its market_mask message\n" + deployment.logs()
         hung_node = int(marker.read_text())
         assert hung_node == node_of[HUNG_PARTITION]
+        node_log = tmp_path / f"supernode-{HUNG_PARTITION}.log"
+        if moment == "uploading":
+            deployment.wait_for_text(node_log, "Sending: query.market_mask", run)
+            time.sleep(UPLOAD_KILL_DELAY_S)  # the SuperNode has registered the reply and is pushing its objects
         deployment.kill_node(HUNG_PARTITION)
         killed_at = time.monotonic()
+        if moment == "uploading":
+            tail = node_log.read_text(errors="replace").split("Sending: query.market_mask", 1)[1]
+            assert "Sent successfully" not in tail, "the reply finished uploading before the kill"
         excluded_after_s = deployment.wait_for_output(f"excluding node {hung_node}", run) - killed_at
         output = deployment.finish(run)
         after_kill_s = time.monotonic() - killed_at

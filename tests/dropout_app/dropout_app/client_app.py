@@ -1,23 +1,30 @@
-"""The product's ClientApp, behind a mod that makes one SuperNode hang in PASS's ``market_mask`` round.
+"""The product's ClientApp, behind a mod that makes one SuperNode slow in PASS's ``market_mask`` round.
 
 A SuperNode started with ``FLMARKET_TEST_HANG_MARKER=<path>`` in its environment (the ClientApp
 processes it spawns inherit it) writes its node id to ``<path>`` when its ``market_mask`` message
 arrives, then sleeps instead of answering: the test sees the file and kills that SuperNode's
-process tree while the market is inside PASS. Every other node runs the product's ClientApp as is.
+process tree while the market is inside PASS. With ``FLMARKET_TEST_BIG_REPLY_MARKER=<path>``
+instead, the node answers ``market_mask`` with its reply padded by a large random array (so that
+its upload takes seconds) and writes the marker: the test kills it while the reply is on its way,
+after the SuperLink registered it but before its objects arrived. Every other node runs the
+product's ClientApp as is.
 """
 
 import os
 import time
 from pathlib import Path
 
-from flwr.app import Context, Message
+import numpy as np
+from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from flmarket_flwr.client_app import evaluate_local, label_counts, simulated_cost_bid, train
 from flmarket_flwr.market import register_market_handlers
 
 HANG_MARKER_ENV = "FLMARKET_TEST_HANG_MARKER"
+BIG_REPLY_MARKER_ENV = "FLMARKET_TEST_BIG_REPLY_MARKER"
 HANG_S = 600.0
+PADDING_BYTES = 300 * 2**20
 
 
 def hang_in_mask(msg: Message, context: Context, call_next) -> Message:
@@ -29,7 +36,18 @@ def hang_in_mask(msg: Message, context: Context, call_next) -> Message:
     return call_next(msg, context)
 
 
-app = ClientApp(mods=[hang_in_mask])
+def pad_mask_reply(msg: Message, context: Context, call_next) -> Message:
+    """Pad the ``market_mask`` reply with random bytes (and write the marker) on the node to kill."""
+    reply = call_next(msg, context)
+    marker = os.environ.get(BIG_REPLY_MARKER_ENV)
+    if marker and msg.metadata.message_type == "query.market_mask" and not reply.has_error():
+        padding = np.frombuffer(os.urandom(PADDING_BYTES), dtype=np.uint8)
+        reply.content["padding"] = ArrayRecord([padding])
+        Path(marker).write_text(str(context.node_id), encoding="utf-8")
+    return reply
+
+
+app = ClientApp(mods=[hang_in_mask, pad_mask_reply])
 register_market_handlers(app, get_label_counts=label_counts, bid_policy=simulated_cost_bid)
 app.train()(train)
 app.evaluate()(evaluate_local)
