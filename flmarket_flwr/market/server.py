@@ -26,7 +26,7 @@ import math
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from pathlib import Path
@@ -71,6 +71,8 @@ DEFAULT_COUNT_BOUND = 10**9
 
 _PULL_INTERVAL = 0.1
 """Seconds between two pulls of replies."""
+_STUCK_PULL_S = 5.0
+"""Seconds after which a pull of replies that has not returned counts as stuck in the transport."""
 
 _LAST_PULL_S = 1.0
 """Seconds the last pull of a step may take, even when the step's deadline has passed."""
@@ -586,38 +588,78 @@ class MarketPhase:
 def _send_and_receive_within(grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
     """Push ``messages`` and pull their replies until all arrived or ``timeout`` seconds passed.
 
-    Unlike ``Grid.send_and_receive``, a pull that blocks inside the transport (a node dying in
-    the middle of an upload) cannot hold the market past its deadline: each pull runs in a
-    daemon thread that is abandoned when the deadline passes. One last pull is always made.
+    Unlike ``Grid.send_and_receive``, a pull that blocks inside the transport cannot hold the market
+    past its deadline: each pull runs in a daemon thread that is abandoned when the deadline passes.
+    One last pull is always made (bounded by ``_LAST_PULL_S``). A pull stuck in the transport (a node
+    cut off while uploading its reply: Flower retries that reply's objects until the SuperLink's
+    upload session expires, minutes later) would also hold every reply that arrives after it, so once
+    a pull is stuck the others are pulled one message id at a time.
     """
     deadline = time.monotonic() + timeout
     pending = set(grid.push_messages(messages))
     received: list[Message] = []
+    pulls: list[_Pull] = []
+    one_by_one = False
     while pending:
-        batch = _pull_within(grid, pending, max(deadline - time.monotonic(), _LAST_PULL_S))
-        received.extend(batch)
-        pending.difference_update(reply.metadata.reply_to_message_id for reply in batch)
-        if not pending or time.monotonic() >= deadline:
+        last = time.monotonic() >= deadline
+        busy = {message_id for pull in pulls if len(pull.ids) == 1 or not pull.stuck for message_id in pull.ids}
+        idle = sorted(pending - busy)
+        if idle and one_by_one:
+            pulls.extend(_Pull(grid, [message_id]) for message_id in idle)
+        elif idle:
+            pulls.append(_Pull(grid, idle))
+        if last:
+            _wait_for(pulls, _LAST_PULL_S)
+        else:
+            time.sleep(min(_PULL_INTERVAL, max(0.0, deadline - time.monotonic())))
+        for pull in [pull for pull in pulls if pull.done]:
+            pulls.remove(pull)
+            received.extend(pull.replies)
+            pending.difference_update(reply.metadata.reply_to_message_id for reply in pull.replies)
+        if last:
             break
-        time.sleep(min(_PULL_INTERVAL, max(0.0, deadline - time.monotonic())))
+        if not one_by_one and any(pull.stuck for pull in pulls):
+            one_by_one = True
+            log(WARNING, "Market: a pull of replies is stuck in the transport; pulling the others one by one")
+    if pending and pulls:
+        log(WARNING, "Market: pulling replies did not return within the step's timeout; going on without them")
     return received
 
 
-def _pull_within(grid: Grid, message_ids: Iterable[str], seconds: float) -> list[Message]:
-    """One ``grid.pull_messages`` call, given up (empty result) after ``seconds``."""
-    result: list[Message] = []
-    ids = list(message_ids)
+class _Pull:
+    """One ``grid.pull_messages(ids)`` call in a daemon thread, abandoned if it never returns."""
 
-    def pull() -> None:
-        result.extend(grid.pull_messages(ids))
+    def __init__(self, grid: Grid, ids: list[str]) -> None:
+        self.ids = ids
+        self.replies: list[Message] = []
+        self._started = time.monotonic()
+        self._thread = threading.Thread(target=self._pull, args=(grid,), name="flmarket-pull", daemon=True)
+        self._thread.start()
 
-    worker = threading.Thread(target=pull, name="flmarket-pull", daemon=True)
-    worker.start()
-    worker.join(max(seconds, 0.0))
-    if worker.is_alive():
-        log(WARNING, "Market: pulling replies did not return within the step's timeout; going on without them")
-        return []
-    return result
+    def _pull(self, grid: Grid) -> None:
+        self.replies = list(grid.pull_messages(self.ids))
+
+    @property
+    def done(self) -> bool:
+        """Whether the call returned (or failed)."""
+        return not self._thread.is_alive()
+
+    def wait(self, seconds: float) -> None:
+        """Wait at most ``seconds`` for the call to return."""
+        self._thread.join(max(seconds, 0.0))
+
+    @property
+    def stuck(self) -> bool:
+        """Whether the call has been running longer than a pull of replies takes unless the transport is stuck."""
+        return not self.done and time.monotonic() - self._started > _STUCK_PULL_S
+
+
+def _wait_for(pulls: list[_Pull], seconds: float) -> None:
+    """Wait at most ``seconds`` in all for the pulls that are not stuck to return."""
+    end = time.monotonic() + seconds
+    for pull in pulls:
+        if not pull.stuck:
+            pull.wait(end - time.monotonic())
 
 
 def _highest_possible_score(pass_result: PassResult) -> float:
