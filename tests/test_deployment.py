@@ -34,6 +34,7 @@ STARTUP_TIMEOUT_S = 60
 RUN_TIMEOUT_S = 400
 HANG_MARKER_ENV = "FLMARKET_TEST_HANG_MARKER"  # read by tests/dropout_app's ClientApp
 BIG_REPLY_MARKER_ENV = "FLMARKET_TEST_BIG_REPLY_MARKER"
+MASK_DELAY_ENV = "FLMARKET_TEST_MASK_DELAY_S"
 
 pytestmark = pytest.mark.skipif(
     not (BIN_DIR / "flower-superlink").exists() or not Path("/proc").is_dir(),
@@ -402,7 +403,8 @@ MARKET_TIMEOUT_S = 45.0
 MARKET_ROUNDS = 7  # PASS: advertise, share, mask, unmask; then bid, audit, award
 SLACK_S = 45.0
 LOG_SLACK_S = 15.0
-UPLOAD_KILL_DELAY_S = 1.0  # `flwr run --stream` forwards the ServerApp's log lines with some delay
+UPLOAD_KILL_DELAY_S = 1.0
+SURVIVOR_MASK_DELAY_S = 10.0  # `flwr run --stream` forwards the ServerApp's log lines with some delay
 
 
 @pytest.mark.parametrize("moment", ["handling", "uploading"])
@@ -417,9 +419,12 @@ def test_supernode_killed_in_pass_is_excluded_without_a_stall(tmp_path: Path, mo
     the other nodes their replies.
     """
     marker = tmp_path / "marked-node-id"
-    marker_env = HANG_MARKER_ENV if moment == "handling" else BIG_REPLY_MARKER_ENV
+    node_env: dict[int, dict[str, str]] = {HUNG_PARTITION: {HANG_MARKER_ENV: str(marker)}}
+    if moment == "uploading":  # the cut-off reply reaches the SuperLink first, the others after it
+        node_env = {p: {MASK_DELAY_ENV: str(SURVIVOR_MASK_DELAY_S)} for p in range(HUNG_PARTITION)}
+        node_env[HUNG_PARTITION] = {BIG_REPLY_MARKER_ENV: str(marker)}
     system = Deployment(tmp_path, num_nodes=DROPOUT_NODES)
-    for deployment in running(system, {HUNG_PARTITION: {marker_env: str(marker)}}):
+    for deployment in running(system, node_env):
         node_of = deployment.node_ids()
         results = tmp_path / "results"
         run = deployment.flwr_run(

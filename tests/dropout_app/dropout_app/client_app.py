@@ -6,8 +6,9 @@ arrives, then sleeps instead of answering: the test sees the file and kills that
 process tree while the market is inside PASS. With ``FLMARKET_TEST_BIG_REPLY_MARKER=<path>``
 instead, the node answers ``market_mask`` with its reply padded by a large random array (so that
 its upload takes seconds) and writes the marker: the test kills it while the reply is on its way,
-after the SuperLink registered it but before its objects arrived. Every other node runs the
-product's ClientApp as is.
+after the SuperLink registered it but before its objects arrived. ``FLMARKET_TEST_MASK_DELAY_S=<s>``
+delays a node's ``market_mask`` handling by ``s`` seconds (so the cut-off reply reaches the SuperLink
+before the others). Otherwise every node runs the product's ClientApp as is.
 """
 
 import os
@@ -23,12 +24,15 @@ from flmarket_flwr.market import register_market_handlers
 
 HANG_MARKER_ENV = "FLMARKET_TEST_HANG_MARKER"
 BIG_REPLY_MARKER_ENV = "FLMARKET_TEST_BIG_REPLY_MARKER"
+MASK_DELAY_ENV = "FLMARKET_TEST_MASK_DELAY_S"
 HANG_S = 600.0
 PADDING_BYTES = 300 * 2**20
 
 
 def hang_in_mask(msg: Message, context: Context, call_next) -> Message:
-    """Hang (after writing the marker) on ``query.market_mask`` when this node is the one to kill."""
+    """Delay ``query.market_mask`` if asked; hang there (after writing the marker) on the node to kill."""
+    if msg.metadata.message_type == "query.market_mask":
+        time.sleep(float(os.environ.get(MASK_DELAY_ENV, "0")))
     marker = os.environ.get(HANG_MARKER_ENV)
     if marker and msg.metadata.message_type == "query.market_mask":
         Path(marker).write_text(str(context.node_id), encoding="utf-8")
