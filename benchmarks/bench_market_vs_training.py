@@ -136,7 +136,7 @@ def market_in_process(config: dict, num_clients: int) -> tuple[dict[str, float],
     return runs[0], runs[1]
 
 
-def bare_training(config: dict, partitions: list[int]) -> dict[int, float]:
+def bare_training(config: dict, partitions: list[int], num_clients: int) -> dict[int, float]:
     """Each partition's local training of round 1, run here directly (no Flower), in seconds."""
     import torch  # pylint: disable=import-outside-toplevel
 
@@ -149,7 +149,7 @@ def bare_training(config: dict, partitions: list[int]) -> dict[int, float]:
     )
 
     configure_torch_threads(1)
-    data_config = DataConfig.from_run_config(config)
+    data_config = DataConfig.from_run_config(config, {"num-partitions": num_clients})
     times = {}
     for partition in [partitions[0], *partitions]:  # the first, untimed, warms torch and the data caches up
         model = build_task_model(str(config.get("model", "digits_cnn")), data_config)
@@ -188,7 +188,7 @@ def measure(num_clients: int, rounds: int, workers: int, results: Path) -> dict:
     first_round = sorted((a for a in audits if a["server_round"] == 1), key=lambda a: a["partition_id"])
     if not first_round:
         raise SystemExit(f"{num_clients} clients: the market selected nobody, nothing trained")
-    bare = bare_training(config, [a["partition_id"] for a in first_round])
+    bare = bare_training(config, [a["partition_id"] for a in first_round], num_clients)
     later = [a for a in audits if a["server_round"] >= 2]
     in_client_warm = sum(a["train_time_s"] for a in later) / max(1, len({a["server_round"] for a in later}))
     steps = ("pass", "bid", "auction", "award")
