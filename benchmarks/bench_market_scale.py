@@ -1,7 +1,8 @@
 """The whole market phase at scale, in one process: PASS v2, scores and bids, auction, awards, step by step.
 
 Run: ``.venv/bin/python -m benchmarks.bench_market_scale --sizes 1000 3000 10000`` (default E = 10,000
-alone: about 10 min of CPU on this machine, most of it the 10,000 ClientApps run one after the other).
+alone: about 4.5 min of CPU on this machine, 8 min of wall time under load 6 to 8, most of it the
+10,000 ClientApps run one after the other).
 
 ``E`` real ClientApps with the market handlers (:func:`flmarket_flwr.market.testing.market_client_app`,
 ``C`` label counts each, drawn in ``[0, 200)``, bids from :class:`~flmarket_flwr.market.CostBasedBid`)

@@ -538,7 +538,8 @@ def _mib(value: float) -> str:
 def print_table(rows: list[Row]) -> None:
     print(
         "| E | C | k | t | protocol | how | wall | client CPU mean (max) | server CPU | bytes sent per client "
-        "| bytes sent by server | peak RSS (rise during the run) | clients' stored contexts after the run | exact | load |"
+        "| bytes sent by server | peak RSS (rise during the run) | clients' stored contexts after the run "
+        "| exact | load |"
     )
     print("|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for r in rows:
