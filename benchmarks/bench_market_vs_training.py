@@ -11,11 +11,13 @@ epochs, batch 8) except: a fixed cohort of half the clients (both sizes train th
 and distribution d1 (on d4, the ~600 images left give ``alpha = N_s / (E C) <= 1`` at 100
 clients: every score is 0 and the market selects nobody).
 
-* **market phase** (PASS keys and masked counts, scores and bids, auction, awards, as timed by
-  ``MarketPhase``): a first run before the app's main (cold: Ray starts its actors on first
-  contact, they import Flower and the app and load the data), then the app's own (warm, from its
-  ``history.json``); and the same phase on an in-process grid (same ClientApp, no Ray, no polling
-  interval, caches warm): the protocol's own cost;
+* **market phase** (PASS v2's four rounds, scores and bids, auction, awards, as timed by
+  ``MarketPhase``): the app's own, from its ``history.json`` (cold: on first contact Ray starts its
+  actors, which import Flower and the app and load the data; a PASS v2 client takes part in one
+  session per run, so there is no second, warm market phase in the same simulation); and the same
+  phase on in-process grids (same ClientApp, no Ray, no polling interval): a first grid (cold:
+  loads the data set and computes the partitions), then a fresh grid of fresh nodes (warm caches):
+  the protocol's own cost;
 * **one FedAvg round**: the app's ``round_time_s`` (sending the model, every winner's local
   training, the replies and the aggregation; the server-side evaluation is not in it), round 1
   (cold: the actors import torch) and the mean of the later rounds (warm);
@@ -25,6 +27,9 @@ clients: every score is 0 and the market selects nobody).
   longest-first schedule of those times. Flower's overhead per round = warm round - that ideal.
   The clients' own timing of their training inside the ClientApp (train-audit files, warm
   rounds) is shown beside it.
+
+The number of clients is the federation's (``num_supernodes`` of ``run_simulation``; each node's
+``num-partitions``), never a run-config key.
 """
 
 from __future__ import annotations
@@ -49,7 +54,6 @@ def app_config(num_clients: int, results: Path, rounds: int) -> dict:
         config = tomllib.load(file)["tool"]["flwr"]["app"]["config"]
     config.update(
         {
-            "num-clients": num_clients,
             "distribution": "d1",
             "num-selected": num_clients // 2,
             "num-server-rounds": rounds,
@@ -64,27 +68,25 @@ def app_config(num_clients: int, results: Path, rounds: int) -> dict:
     return config
 
 
-def market_config(config: dict) -> "MarketConfig":  # noqa: F821
-    """The market settings the app derives from ``config`` (budget, classes, cohort, nodes)."""
+def market_config(config: dict, num_clients: int) -> "MarketConfig":  # noqa: F821
+    """The market settings the app derives from ``config`` (budget, classes, cohort) for ``num_clients`` nodes."""
     from flmarket_flwr.market import MarketConfig  # pylint: disable=import-outside-toplevel
     from flmarket_flwr.task import DataConfig, num_classes  # pylint: disable=import-outside-toplevel
 
     return MarketConfig(
         budget=float(config["budget"]),
-        num_classes=num_classes(DataConfig.from_run_config(config)),
+        num_classes=num_classes(DataConfig.from_run_config(config, {"num-partitions": num_clients})),
         num_winners=int(config["num-selected"]) or None,
-        expected_nodes=int(config["num-clients"]),
+        expected_nodes=num_clients,
         wait_for_nodes_timeout=120.0,
         poll_interval=0.2,
     )
 
 
-def run_in_simulation(config: dict, workers: int) -> tuple[float, dict[str, float]]:
-    """The app in ``run_simulation``, after one untimed-by-the-app market phase that warms the actors up.
+def run_in_simulation(config: dict, num_clients: int, workers: int) -> float:
+    """The app (``server_app.main`` and ``build_client_app``) in ``run_simulation`` over ``num_clients`` nodes.
 
-    Returns the whole call's seconds and the timings of that first (cold) market phase: on first
-    contact Ray starts its actor processes, which import Flower and the app and load the data.
-    The app's own market phase, timed in its ``history.json``, then runs on warm actors.
+    Returns the whole call's seconds; the app writes its market and round timings to its ``history.json``.
     """
     from flwr.app import Context  # pylint: disable=import-outside-toplevel
     from flwr.serverapp import Grid, ServerApp  # pylint: disable=import-outside-toplevel
@@ -92,14 +94,11 @@ def run_in_simulation(config: dict, workers: int) -> tuple[float, dict[str, floa
 
     from flmarket_flwr import server_app  # pylint: disable=import-outside-toplevel
     from flmarket_flwr.client_app import build_client_app  # pylint: disable=import-outside-toplevel
-    from flmarket_flwr.market import MarketPhase  # pylint: disable=import-outside-toplevel
 
-    cold: dict[str, float] = {}
     server = ServerApp()
 
     @server.main()
     def _main(grid: Grid, context: Context) -> None:
-        cold.update(MarketPhase(market_config(config)).run(grid).timings)
         merged = Context(
             run_id=context.run_id,
             node_id=context.node_id,
@@ -113,27 +112,31 @@ def run_in_simulation(config: dict, workers: int) -> tuple[float, dict[str, floa
     run_simulation(
         server_app=server,
         client_app=build_client_app(config),
-        num_supernodes=int(config["num-clients"]),
+        num_supernodes=num_clients,
         backend_config={"client_resources": {"num_cpus": max(1, (os.cpu_count() or 1) // workers), "num_gpus": 0.0}},
     )
-    return time.perf_counter() - started, cold
+    return time.perf_counter() - started
 
 
-def market_in_process(config: dict) -> dict[str, float]:
-    """The same market phase over an in-process grid (no Ray): the protocol's own cost."""
+def market_in_process(config: dict, num_clients: int) -> tuple[dict[str, float], dict[str, float]]:
+    """The same market phase over in-process grids (no Ray): cold (first grid), then warm (a fresh grid).
+
+    A PASS v2 client takes part in one session per run, so the warm run needs fresh nodes.
+    """
     from flmarket_flwr.client_app import build_client_app  # pylint: disable=import-outside-toplevel
     from flmarket_flwr.market import MarketPhase  # pylint: disable=import-outside-toplevel
     from flmarket_flwr.market.testing import InProcessGrid  # pylint: disable=import-outside-toplevel
 
-    nodes = [1_000 + 17 * i for i in range(int(config["num-clients"]))]
-    grid = InProcessGrid(build_client_app(config), nodes, run_config=config)
-    market = market_config(config)
-    MarketPhase(market).run(grid)  # cold: loads the data set and computes the partitions
-    outcome = MarketPhase(market).run(grid)  # warm: the protocol alone
-    return dict(outcome.timings)
+    market = market_config(config, num_clients)
+    runs = []
+    for first in (1_000, 5_000):  # cold: loads the data set and computes the partitions; then warm
+        nodes = [first + 17 * i for i in range(num_clients)]
+        grid = InProcessGrid(build_client_app(config), nodes, run_config=config)
+        runs.append(dict(MarketPhase(market).run(grid).timings))
+    return runs[0], runs[1]
 
 
-def bare_training(config: dict, partitions: list[int]) -> dict[int, float]:
+def bare_training(config: dict, partitions: list[int], num_clients: int) -> dict[int, float]:
     """Each partition's local training of round 1, run here directly (no Flower), in seconds."""
     import torch  # pylint: disable=import-outside-toplevel
 
@@ -146,7 +149,7 @@ def bare_training(config: dict, partitions: list[int]) -> dict[int, float]:
     )
 
     configure_torch_threads(1)
-    data_config = DataConfig.from_run_config(config)
+    data_config = DataConfig.from_run_config(config, {"num-partitions": num_clients})
     times = {}
     for partition in [partitions[0], *partitions]:  # the first, untimed, warms torch and the data caches up
         model = build_task_model(str(config.get("model", "digits_cnn")), data_config)
@@ -176,7 +179,7 @@ def makespan(durations: list[float], workers: int) -> float:
 
 def measure(num_clients: int, rounds: int, workers: int, results: Path) -> dict:
     config = app_config(num_clients, results, rounds)
-    total, cold_market = run_in_simulation(config, workers)
+    total = run_in_simulation(config, num_clients, workers)
     run_dir = results / config["run-name"]
     history = json.loads((run_dir / "history.json").read_text())
     market = history["timings"]["market"]
@@ -185,13 +188,12 @@ def measure(num_clients: int, rounds: int, workers: int, results: Path) -> dict:
     first_round = sorted((a for a in audits if a["server_round"] == 1), key=lambda a: a["partition_id"])
     if not first_round:
         raise SystemExit(f"{num_clients} clients: the market selected nobody, nothing trained")
-    bare = bare_training(config, [a["partition_id"] for a in first_round])
+    bare = bare_training(config, [a["partition_id"] for a in first_round], num_clients)
     later = [a for a in audits if a["server_round"] >= 2]
     in_client_warm = sum(a["train_time_s"] for a in later) / max(1, len({a["server_round"] for a in later}))
     steps = ("pass", "bid", "auction", "award")
+    in_process_cold, in_process_warm = market_in_process(config, num_clients)
     return {
-        "market_sim_cold": cold_market,
-        "market_sim_cold_phase_s": sum(cold_market.get(step, 0.0) for step in steps),
         "in_client_train_round1_s": sum(a["train_time_s"] for a in first_round),
         "in_client_train_warm_s": in_client_warm,
         "clients": num_clients,
@@ -199,7 +201,8 @@ def measure(num_clients: int, rounds: int, workers: int, results: Path) -> dict:
         "run_simulation_s": total,
         "market_sim": {step: market.get(step, float("nan")) for step in (*steps, "wait_for_nodes", "total")},
         "market_sim_phase_s": sum(market.get(step, 0.0) for step in steps),
-        "market_in_process": market_in_process(config),
+        "market_in_process_cold": in_process_cold,
+        "market_in_process": in_process_warm,
         "round_times_s": round_times,
         "final_accuracy": history["rounds"][-1]["accuracy"],
         "bare_train_s": list(bare.values()),
@@ -209,26 +212,28 @@ def measure(num_clients: int, rounds: int, workers: int, results: Path) -> dict:
 
 def report(rows: list[dict], workers: int) -> None:
     steps = ("pass", "bid", "auction", "award")
-    print("Market phase, seconds: in Flower's simulation, first (cold) | again (warm) | in process, warm, no Ray\n")
+    print("Market phase, seconds: in Flower's simulation (cold, first contact) / in process, cold / in process, "
+          "warm (no Ray)\n")
     print("| clients | PASS | scores and bids | auction | awards | market phase |")
     print("|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        runs = (r["market_sim_cold"], r["market_sim"], r["market_in_process"])
+        runs = (r["market_sim"], r["market_in_process_cold"], r["market_in_process"])
         cells = [" / ".join(f"{run[s]:.3f}" for run in runs) for s in steps]
         phases = " / ".join(f"{sum(run[s] for s in steps):.3f}" for run in runs)
         print(f"| {r['clients']} | " + " | ".join(cells) + f" | {phases} |")
     print("\nMarket phase vs one FedAvg round (simulation)\n")
     print(
-        "| clients | winners | market phase, cold / warm | FedAvg round 1 (cold) | later rounds (mean, warm) "
-        "| warm market / warm round | final accuracy |"
+        "| clients | winners | market phase (simulation, cold) | FedAvg round 1 (cold) | later rounds (mean, warm) "
+        "| warm market in process / warm round | final accuracy |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         warm = float(np.mean(r["round_times_s"][1:])) if len(r["round_times_s"]) > 1 else r["round_times_s"][0]
         print(
             f"| {r['clients']} | {r['winners']} "
-            f"| {r['market_sim_cold_phase_s']:.2f} s / {r['market_sim_phase_s']:.2f} s "
-            f"| {r['round_times_s'][0]:.2f} s | {warm:.2f} s | {r['market_sim_phase_s'] / warm:.2f}x "
+            f"| {r['market_sim_phase_s']:.2f} s "
+            f"| {r['round_times_s'][0]:.2f} s | {warm:.2f} s "
+            f"| {sum(r['market_in_process'][s] for s in steps) / warm:.2f}x "
             f"| {r['final_accuracy']:.3f} |"
         )
     print(f"\nFlower's simulation round vs the bare local training of the same winners ({workers} workers)\n")

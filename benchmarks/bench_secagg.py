@@ -1,61 +1,61 @@
-"""PASS against Flower's own SecAgg+: the same integer count vectors summed by both, side by side.
+"""PASS v2 against Flower's own SecAgg+ at the same neighbourhood size and threshold, side by side.
 
-Run: ``.venv/bin/python -m benchmarks.bench_secagg`` (about 16 min on 2 cores; ``--quick``: E = 10
-and 100 only, about 10 min; ``--simulation``: also both protocols through Flower's Ray simulation
-engine, about 16 min more; ``--simulation-only``: that part alone).
+Run: ``.venv/bin/python -m benchmarks.bench_secagg`` (E = 100, 1,000, 10,000; C = 10 and 1,000;
+about 20 min on 2 cores, most of it the 10,000 PASS v2 clients run whole); ``--sizes``/``--classes``
+to choose; ``--quick``: E = 100 only; ``--simulation``: also both protocols through Flower's Ray
+simulation engine at E = 100 (``--simulation-only``: that part alone).
 
 What runs
 ---------
-Every client holds an integer vector of ``C`` label counts (``C`` = 10 and 10,000), drawn in
-``[0, 1000)``; ``E`` = 10, 100, 500 clients. Each protocol must return their sum.
+Every client holds an integer vector of ``C`` label counts drawn in ``[0, 1000)``. Each protocol
+must return their sum. Both use the same masking graph size: ``k = neighbourhood_size(E)``
+(30, 32, 34 neighbours at E = 100, 1,000, 10,000) and the same reconstruction threshold
+``t = k // 2 + 1`` (16, 17, 18).
 
-* **PASS**: the market's own two message rounds, ``MarketPhase.run_pass``, against real
-  ClientApps with the market handlers (:func:`flmarket_flwr.market.testing.market_client_app`).
+* **PASS v2**: the market's own four message rounds, ``MarketPhase.run_pass``, against real
+  ClientApps with the market handlers (:func:`flmarket_flwr.market.testing.market_client_app`):
+  X25519 + ChaCha20 pairwise masks on the Harary graph of degree ``k``, double masking, Shamir
+  shares of both secrets to the ``k`` neighbours at threshold ``t``.
 * **SecAgg+**: Flower's legacy ``DefaultWorkflow(fit_workflow=SecAggPlusWorkflow(...))`` in a
   ``LegacyContext`` with the legacy ``FedAvg``, against ``ClientApp(client_fn, mods=[secaggplus_mod])``
-  whose ``NumPyClient.fit`` returns the counts (weight 1). Two settings:
-  *full* (``num_shares = E``: every client is every client's neighbour, the same all-pairs masking
-  as PASS, threshold ``E/2``) and *sparse* (``num_shares = 2*ceil(log2 E) + 1`` neighbours,
-  threshold half of that: SecAgg+'s logarithmic neighbourhood).
-  Counts are floats to SecAgg+: ``clipping_range = 1024`` (a public bound above every count;
-  Flower's default 8.0 would clip every count above 8), ``quantization_range`` the largest power
-  of two ``Q`` with ``E * Q < 2**32`` (``modulus_range = 2**32``, Flower's default and largest
-  value, so the sum of ``E`` quantised vectors cannot wrap), ``max_weight = 1`` (weight 1 per
-  client, so the workflow returns the mean; the sum is the mean times ``E``). The quantisation is
-  stochastic with step ``2 * 1024 / Q``: the rounding error reported is the largest
-  ``|SecAgg+ sum - true sum|`` over the classes, before rounding to the nearest integer.
+  whose ``NumPyClient.fit`` returns the counts (weight 1). ``num_shares = k + 1``: Flower counts the
+  client itself (its ring neighbourhood is offsets ``-k/2 .. +k/2``, itself included, and it keeps
+  one share), so each client has exactly ``k`` neighbours, as in PASS v2;
+  ``reconstruction_threshold = t`` (Flower's ``t`` counts among the ``k + 1`` holders, the client
+  included; PASS v2's among its ``k`` neighbours: PASS v2's is the stricter by one holder).
+  Counts are floats to SecAgg+: ``clipping_range = 1024`` (a public bound above every count),
+  ``quantization_range`` the largest power of two ``Q`` with ``E * Q < 2**32``
+  (``modulus_range = 2**32``: the sum cannot wrap), ``max_weight = 1`` (the workflow returns the
+  mean; the sum is the mean times ``E``).
 
 How it is measured
 ------------------
 Both protocols run through the same in-process grid (:class:`MeasuredGrid`, built on
 :class:`~flmarket_flwr.market.testing.InProcessGrid`): every message crosses Flower's own wire
-format (the object-tree serialisation the SuperLink stores and sends) and every node's ``Context``
-is rebuilt from protobuf for every message, as in a deployment.
+format and every node's ``Context`` is rebuilt from protobuf for every message, as in a deployment.
 
-* *wall*: the whole aggregation, every client and the server one after another in one process;
 * *client CPU*: ``time.process_time`` around each ClientApp call (context load and save included;
   Flower's Shamir sharing runs in a thread pool, whose CPU is counted), summed per client;
 * *server CPU*: process CPU of the whole run minus all clients' CPU (it includes the in-process
   transport's serialisation of both directions);
 * *bytes*: length of the serialised messages, each client's replies (sent by the client) and
-  every instruction (sent by the server).
+  every instruction (sent by the server);
+* *peak RSS*: the process's resident-set high-water mark (``VmHWM``, reset through
+  ``/proc/self/clear_refs`` just before the run) and its rise over the RSS before the run. Server,
+  all ``E`` clients' stored ``Context``s and the transport share the process: an upper bound for
+  the server; the clients' stored contexts are reported beside it.
 
-SecAgg+ *full* at ``E = 500`` is not run whole: its Shamir sharing (pycryptodome, pure Python,
-degree-250 polynomials over GF(2^128) for 500 shares) costs about 48 s per client, so the
-500 clients would need about 7 h of CPU, plus about 50 min for the server's 500 reconstructions.
-There, ONE client runs ``secaggplus_mod`` for real through all four stages, with 499 neighbours
-that have real P-384 key pairs; the server's messages to it are built exactly as the workflow
-builds them (the 499 encrypted shares addressed to it are real Fernet ciphertexts under real
-ECDH keys, of shares of the real sizes). Its CPU and bytes are the per-client figures; server
-bytes are 500 times its instructions (every client's are the same size); server CPU is 500 times
-one measured Shamir reconstruction at threshold 250 plus one mask expansion (the unmask step,
-which dominates; a lower bound: the transport and the forwarding of the shares are left out);
-wall is 500 times the client CPU plus that server CPU. These rows say "1 client driven x E".
-The same driver at E = 100 is printed beside the whole run as a check.
-
-With ``--simulation`` both protocols (PASS; SecAgg+ full and sparse) also run through
-``flwr.simulation.run_simulation`` (Ray, 2 actors of 1 CPU), ``E`` = 10 and 100: the time of the
-aggregation measured inside the ServerApp (nodes already connected), and the whole call.
+SecAgg+ is run whole at E = 100 only (``--secagg-whole-max``): whole at E = 1,000 it would take
+about 4 min of CPU per C here (137 ms per client, about 110 ms of server unmasking per client), and
+E = 10,000 ten times that. Above it, ONE client runs ``secaggplus_mod`` for real through all four
+stages with exactly ``k`` neighbours holding real P-384 key pairs (its cost does not depend on
+``E`` beyond ``SAMPLE_NUMBER``): the server's messages to it are built as the workflow builds them
+(the ``k`` encrypted shares addressed to it are real Fernet ciphertexts under real ECDH keys, of
+shares of the real sizes). Its CPU and bytes are the per-client figures; server bytes are ``E``
+times its instructions; server CPU is ``E`` times one measured Shamir reconstruction at threshold
+``t`` plus one mask expansion (the unmask step; a lower bound: the transport and the forwarding of
+the shares are left out); server memory is not measured there. These rows say "1 client driven
+x E". The same driver at E = 100 is printed beside the whole run as a check.
 """
 
 from __future__ import annotations
@@ -70,10 +70,10 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from uuid import uuid4
 
 import numpy as np
-
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.client import NumPyClient
 from flwr.client.mod import secaggplus_mod
@@ -100,13 +100,39 @@ from flwr.supercore.primitives.asymmetric import (
 
 from flmarket_flwr.market import MarketConfig, MarketPhase, register_market_handlers
 from flmarket_flwr.market.testing import InProcessGrid, market_client_app, wire_roundtrip
+from flmarket_flwr.pass_protocol import neighbourhood_size, share_threshold
 
-SIZES = (10, 100, 500)
-QUICK_SIZES = (10, 100)
-SIMULATION_SIZES = (10, 100)
+SIZES = (100, 1_000, 10_000)
+QUICK_SIZES = (100,)
+CLASS_COUNTS = (10, 1_000)
+SIMULATION_SIZES = (100,)
 MAX_COUNT = 1000
 CLIPPING_RANGE = 1024.0
 MODULUS_RANGE = 2**32
+
+
+# --- Memory -------------------------------------------------------------------------------------
+def _status_mib(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise KeyError(field)
+
+
+class PeakRss:
+    """Peak RSS of a block: ``VmHWM`` reset through ``/proc/self/clear_refs`` at entry (NaN if not allowed)."""
+
+    def __enter__(self) -> PeakRss:
+        self.before = _status_mib("VmRSS")
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+            self.reset = True
+        except OSError:
+            self.reset = False
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.peak = _status_mib("VmHWM") if self.reset else math.nan
 
 
 # --- Measuring grid -----------------------------------------------------------------------------
@@ -163,11 +189,20 @@ class Row:
     server_bytes: float
     max_error: float
     exact: bool
+    load: float = math.nan
+    degree: int = 0
+    threshold: int = 0
+    peak_rss_mib: float = math.nan
+    rss_rise_mib: float = math.nan
+    client_state_mib: float = math.nan
 
 
-def _row(protocol: str, grid: MeasuredGrid, wall: float, cpu: float, total: np.ndarray, truth: np.ndarray) -> Row:
+def _row(
+    protocol: str, grid: MeasuredGrid, wall: float, cpu: float, total: np.ndarray, truth: np.ndarray, rss: PeakRss
+) -> Row:
     client_cpu = np.array(list(grid.client_cpu.values()))
     error = float(np.max(np.abs(total.astype(np.float64) - truth))) if total.size else math.nan
+    k = matched_degree(len(grid.node_ids))
     return Row(
         protocol=protocol,
         num_clients=len(grid.node_ids),
@@ -181,7 +216,18 @@ def _row(protocol: str, grid: MeasuredGrid, wall: float, cpu: float, total: np.n
         server_bytes=float(grid.server_bytes),
         max_error=error,
         exact=bool(np.array_equal(np.rint(total).astype(np.int64), truth)),
+        load=os.getloadavg()[0],
+        degree=k,
+        threshold=share_threshold(k),
+        peak_rss_mib=rss.peak,
+        rss_rise_mib=rss.peak - rss.before,
+        client_state_mib=sum(len(raw) for raw in grid._contexts.values()) / 2**20,  # pylint: disable=W0212
     )
+
+
+def matched_degree(num_clients: int) -> int:
+    """``k``: PASS v2's default graph degree for E clients, which SecAgg+ is given too."""
+    return neighbourhood_size(num_clients)
 
 
 def make_counts(num_clients: int, num_classes: int) -> np.ndarray:
@@ -199,11 +245,12 @@ def run_pass(counts: np.ndarray) -> Row:
     nodes = node_ids(num_clients)
     grid = MeasuredGrid(market_client_app(dict(zip(nodes, counts))), nodes)
     phase = MarketPhase(MarketConfig(budget=1.0, num_classes=num_classes, timeout=3600.0, poll_interval=0.001))
-    cpu, wall = time.process_time(), time.perf_counter()
-    result = phase.run_pass(grid, nodes)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    assert result.attempts == 1 and result.participants == nodes
-    return _row("PASS", grid, wall, cpu, np.asarray(result.global_counts), counts.sum(axis=0))
+    with PeakRss() as rss:
+        cpu, wall = time.process_time(), time.perf_counter()
+        result = phase.run_pass(grid, nodes)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    assert result.participants == nodes
+    return _row("PASS v2", grid, wall, cpu, np.asarray(result.global_counts), counts.sum(axis=0), rss)
 
 
 # --- SecAgg+ ------------------------------------------------------------------------------------
@@ -226,17 +273,14 @@ def quantization_range(num_clients: int) -> int:
     return 2 ** int(math.floor(math.log2((MODULUS_RANGE - 1) / num_clients)))
 
 
-def secagg_shares(num_clients: int, setting: str) -> tuple[int, int]:
-    """``(num_shares, reconstruction_threshold)`` of a setting."""
-    if setting == "full":
-        shares = num_clients
-    else:
-        shares = min(num_clients, 2 * math.ceil(math.log2(num_clients)) + 1)
-    return shares, max(2, (shares + 1) // 2)
+def secagg_shares(num_clients: int) -> tuple[int, int]:
+    """``(num_shares, reconstruction_threshold)``: ``k`` neighbours plus the client itself, threshold ``t``."""
+    k = matched_degree(num_clients)
+    return k + 1, share_threshold(k)
 
 
-def secagg_workflow(num_clients: int, setting: str, timeout: float | None = None) -> SecAggPlusWorkflow:
-    shares, threshold = secagg_shares(num_clients, setting)
+def secagg_workflow(num_clients: int, timeout: float | None = None) -> SecAggPlusWorkflow:
+    shares, threshold = secagg_shares(num_clients)
     return SecAggPlusWorkflow(
         num_shares=shares,
         reconstruction_threshold=threshold,
@@ -266,24 +310,25 @@ def secagg_sum(context: LegacyContext, num_clients: int) -> np.ndarray:
     return mean * num_clients
 
 
-def run_secagg(counts: np.ndarray, setting: str) -> Row:
+def run_secagg(counts: np.ndarray) -> Row:
     num_clients, _ = counts.shape
     nodes = node_ids(num_clients)
     by_node = dict(zip(nodes, counts))
     grid = MeasuredGrid(secagg_client_app(lambda context: by_node[context.node_id]), nodes)
     server_context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
     context = legacy_context(server_context, num_clients)
-    workflow = DefaultWorkflow(fit_workflow=secagg_workflow(num_clients, setting))
-    cpu, wall = time.process_time(), time.perf_counter()
-    workflow(grid, context)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return _row(f"SecAgg+ {setting}", grid, wall, cpu, secagg_sum(context, num_clients), counts.sum(axis=0))
+    workflow = DefaultWorkflow(fit_workflow=secagg_workflow(num_clients))
+    with PeakRss() as rss:
+        cpu, wall = time.process_time(), time.perf_counter()
+        workflow(grid, context)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return _row("SecAgg+", grid, wall, cpu, secagg_sum(context, num_clients), counts.sum(axis=0), rss)
 
 
 def drive_one_secagg_client(num_clients: int, counts_by_classes: dict[int, np.ndarray]) -> list[Row]:
-    """SecAgg+ 'full' for ONE client with ``num_clients - 1`` real neighbours; see the module docstring."""
-    me, others = 10_000, [10_001 + i for i in range(num_clients - 1)]
-    shares, threshold = secagg_shares(num_clients, "full")
+    """SecAgg+ for ONE client with its ``k`` real neighbours in a roster of E; see the module docstring."""
+    shares, threshold = secagg_shares(num_clients)
+    me, others = 10_000, [10_001 + i for i in range(shares - 1)]
     current: dict[str, np.ndarray] = {}
     grid = MeasuredGrid(secagg_client_app(lambda context: current["counts"]), [me])
     neighbour_keys = {}
@@ -319,11 +364,11 @@ def drive_one_secagg_client(num_clients: int, counts_by_classes: dict[int, np.nd
     keys = {str(node): [pk1, pk2] for node, (pk1, pk2, _) in neighbour_keys.items()}
     keys[str(me)] = [my_pk1, my_pk2]
     share_keys = send(ConfigRecord({**keys, Key.STAGE: Stage.SHARE_KEYS}))
-    assert len(share_keys[Key.CIPHERTEXT_LIST]) == num_clients - 1
+    assert len(share_keys[Key.CIPHERTEXT_LIST]) == shares - 1
     cpu_keys, bytes_keys, server_keys = grid.client_cpu[me], grid.client_bytes[me], grid.server_bytes
     after_keys = grid._contexts[me]  # pylint: disable=protected-access
 
-    # The 499 encrypted shares addressed to this client, as its neighbours' mods would make them.
+    # The k encrypted shares addressed to this client, as its neighbours' mods would make them.
     seed_share_len = len(create_shares(os.urandom(32), threshold, 2)[0])
     key_share_len = len(create_shares(private_key_to_bytes(generate_key_pairs()[0]), threshold, 2)[0])
     ciphertexts = []
@@ -358,7 +403,7 @@ def drive_one_secagg_client(num_clients: int, counts_by_classes: dict[int, np.nd
         unmask = send(
             ConfigRecord({Key.STAGE: Stage.UNMASK, Key.ACTIVE_NODE_ID_LIST: [me, *others], Key.DEAD_NODE_ID_LIST: []})
         )
-        assert len(unmask[Key.SHARE_LIST]) == num_clients
+        assert len(unmask[Key.SHARE_LIST]) == shares
         started = time.process_time()
         pseudo_rand_gen(os.urandom(32), MODULUS_RANGE, [(1,), (num_classes,)])
         prg_s = time.process_time() - started
@@ -366,7 +411,7 @@ def drive_one_secagg_client(num_clients: int, counts_by_classes: dict[int, np.nd
         server_cpu = num_clients * (combine_s + prg_s)
         rows.append(
             Row(
-                protocol="SecAgg+ full",
+                protocol="SecAgg+",
                 num_clients=num_clients,
                 num_classes=num_classes,
                 how=f"1 client driven x {num_clients}",
@@ -378,6 +423,9 @@ def drive_one_secagg_client(num_clients: int, counts_by_classes: dict[int, np.nd
                 server_bytes=float(num_clients * grid.server_bytes),
                 max_error=math.nan,
                 exact=True,
+                load=os.getloadavg()[0],
+                degree=shares - 1,
+                threshold=threshold,
             )
         )
     return rows
@@ -427,14 +475,12 @@ def simulate(protocol: str, counts: np.ndarray) -> dict[str, float]:
         def _pass(grid: Grid, context: Context) -> None:
             nodes = wait_for_nodes(grid)
             phase = MarketPhase(MarketConfig(budget=1.0, num_classes=num_classes, timeout=600.0))
-            for _ in range(2):
-                started = time.perf_counter()
-                result = phase.run_pass(grid, nodes)
-                rounds.append(time.perf_counter() - started)
+            started = time.perf_counter()  # once: a PASS v2 client takes part in one session per run
+            result = phase.run_pass(grid, nodes)
+            rounds.append(time.perf_counter() - started)
             out["exact"] = float(np.array_equal(result.global_counts, counts.sum(axis=0)))
 
     else:
-        setting = protocol.split()[-1]
         client = secagg_client_app(counts_of)
 
         class TimedWorkflow(SecAggPlusWorkflow):
@@ -447,7 +493,7 @@ def simulate(protocol: str, counts: np.ndarray) -> dict[str, float]:
         def _secagg(grid: Grid, context: Context) -> None:
             wait_for_nodes(grid)
             legacy = legacy_context(context, num_clients, num_rounds=2)
-            base = secagg_workflow(num_clients, setting, timeout=600.0)
+            base = secagg_workflow(num_clients, timeout=600.0)
             workflow = TimedWorkflow(
                 num_shares=base.num_shares,
                 reconstruction_threshold=base.reconstruction_threshold,
@@ -469,7 +515,7 @@ def simulate(protocol: str, counts: np.ndarray) -> dict[str, float]:
         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
     )
     out["run_simulation_s"] = time.perf_counter() - started
-    out["cold_s"], out["warm_s"] = rounds[0], rounds[-1]
+    out["cold_s"], out["warm_s"] = rounds[0], (rounds[1] if len(rounds) > 1 else math.nan)
     return out
 
 
@@ -485,44 +531,89 @@ def _seconds(value: float) -> str:
     return f"{value * 1e3:.3g} ms" if value < 1 else f"{value:.3g} s"
 
 
+def _mib(value: float) -> str:
+    return "—" if math.isnan(value) else f"{value:.1f} MiB"
+
+
 def print_table(rows: list[Row]) -> None:
     print(
-        f"| E | C | protocol | how | wall | client CPU mean (max) | server CPU | bytes sent per client "
-        f"| bytes sent by server | max abs error (exact after rounding) |"
+        "| E | C | k | t | protocol | how | wall | client CPU mean (max) | server CPU | bytes sent per client "
+        "| bytes sent by server | peak RSS (rise during the run) | clients' stored contexts after the run "
+        "| exact | load |"
     )
-    print("|---:|---:|---|---|---:|---:|---:|---:|---:|---|")
+    print("|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for r in rows:
-        if math.isnan(r.max_error):
-            error = "n/a (not run whole)"
-        else:
-            error = f"{r.max_error:.3g} ({'yes' if r.exact else 'NO'})"
+        exact = "n/a (not run whole)" if math.isnan(r.max_error) else ("yes" if r.exact else "NO")
+        rss = "—" if math.isnan(r.peak_rss_mib) else f"{r.peak_rss_mib:.0f} MiB ({r.rss_rise_mib:+.0f} MiB)"
         print(
-            f"| {r.num_clients} | {r.num_classes:,} | {r.protocol} | {r.how} | {_seconds(r.wall_s)} "
-            f"| {_seconds(r.client_cpu_mean_s)} ({_seconds(r.client_cpu_max_s)}) | {_seconds(r.server_cpu_s)} "
-            f"| {_bytes(r.client_bytes_mean)} | {_bytes(r.server_bytes)} | {error} |"
+            f"| {r.num_clients:,} | {r.num_classes:,} | {r.degree} | {r.threshold} | {r.protocol} | {r.how} "
+            f"| {_seconds(r.wall_s)} | {_seconds(r.client_cpu_mean_s)} ({_seconds(r.client_cpu_max_s)}) "
+            f"| {_seconds(r.server_cpu_s)} | {_bytes(r.client_bytes_mean)} | {_bytes(r.server_bytes)} | {rss} "
+            f"| {_mib(r.client_state_mib)} | {exact} | {r.load:.1f} |"
         )
 
 
 def print_ratios(rows: list[Row]) -> None:
-    print("\nRatios SecAgg+ / PASS (higher: PASS cheaper)\n")
-    print("| E | C | SecAgg+ | client CPU | bytes per client | server bytes | server CPU | wall |")
-    print("|---:|---:|---|---:|---:|---:|---:|---:|")
-    passes = {(r.num_clients, r.num_classes): r for r in rows if r.protocol == "PASS"}
+    print("\nRatios SecAgg+ / PASS v2 at the same k and t (higher: PASS v2 cheaper)\n")
+    print("| E | C | SecAgg+ how | client CPU | bytes per client | server bytes | server CPU |")
+    print("|---:|---:|---|---:|---:|---:|---:|")
+    passes = {(r.num_clients, r.num_classes): r for r in rows if r.protocol == "PASS v2"}
     for r in rows:
         base = passes.get((r.num_clients, r.num_classes))
-        if r.protocol == "PASS" or base is None or "check" in r.how:
+        if r.protocol == "PASS v2" or base is None:
             continue
         print(
-            f"| {r.num_clients} | {r.num_classes:,} | {r.protocol.split()[-1]} "
+            f"| {r.num_clients:,} | {r.num_classes:,} | {r.how} "
             f"| {r.client_cpu_mean_s / base.client_cpu_mean_s:.1f}x "
             f"| {r.client_bytes_mean / base.client_bytes_mean:.1f}x | {r.server_bytes / base.server_bytes:.1f}x "
-            f"| {r.server_cpu_s / base.server_cpu_s:.1f}x | {r.wall_s / base.wall_s:.1f}x |"
+            f"| {r.server_cpu_s / base.server_cpu_s:.1f}x |"
         )
+
+
+def print_quantisation(sizes: Iterable[int]) -> None:
+    print(
+        "\nSecAgg+ quantisation error on the summed counts, by clipping_range "
+        "(Flower's quantize/dequantize, C = 1,000):\n"
+    )
+    print("| E | Q | clipping 1024 (used) | clipping 1000 | clipping 8.0 (Flower's default) |")
+    print("|---:|---:|---|---|---|")
+    for num_clients in sizes:
+        counts = np.random.default_rng(num_clients).integers(0, MAX_COUNT, size=(num_clients, 1_000))
+        cells = []
+        for clip in (1024.0, 1000.0, 8.0):
+            error, exact = quantisation_error(counts, clip)
+            cells.append(f"{error:.3g} ({'exact' if exact else 'wrong'} after rounding)")
+        exponent = int(math.log2(quantization_range(num_clients)))
+        print(f"| {num_clients:,} | 2**{exponent} | " + " | ".join(cells) + " |")
+
+
+def print_simulation(class_counts: Iterable[int]) -> None:
+    print(
+        "\nFlower simulation (run_simulation, Ray, 2 actors x 1 CPU): SecAgg+ aggregates twice in one run (the "
+        "first pays for Ray starting the actors); PASS v2 once (one session per run)\n"
+    )
+    print("| E | C | protocol | first aggregation (cold) | second (warm) | whole run_simulation | exact |")
+    print("|---:|---:|---|---:|---:|---:|---|")
+    for num_clients in SIMULATION_SIZES:
+        for num_classes in class_counts:
+            counts = make_counts(num_clients, num_classes)
+            for protocol in ("PASS", "SecAgg+"):
+                timing = simulate(protocol, counts)
+                warm = "—" if math.isnan(timing["warm_s"]) else _seconds(timing["warm_s"])
+                print(
+                    f"| {num_clients} | {num_classes:,} | {protocol} | {_seconds(timing['cold_s'])} "
+                    f"| {warm} | {_seconds(timing['run_simulation_s'])} "
+                    f"| {'yes' if timing.get('exact') else 'NO'} |",
+                    flush=True,
+                )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="E = 10 and 100 only")
+    parser.add_argument("--quick", action="store_true", help="E = 100 only")
+    parser.add_argument("--sizes", type=int, nargs="*", help="numbers of clients E (default 100 1000 10000)")
+    parser.add_argument("--classes", type=int, nargs="*", default=list(CLASS_COUNTS), help="numbers of classes C")
+    parser.add_argument("--secagg-whole-max", type=int, default=100, help="largest E at which SecAgg+ runs whole")
     parser.add_argument("--simulation", action="store_true", help="also run both through Flower's Ray simulation")
     parser.add_argument("--simulation-only", action="store_true", help="only the Ray simulation part")
     parser.add_argument("--json", help="also write every row to this JSON file")
@@ -532,74 +623,46 @@ def main() -> None:
         f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"numpy {np.__version__}; load average at start {os.getloadavg()[0]:.2f}\n"
     )
-    sizes = QUICK_SIZES if args.quick else SIZES
-    class_counts = (10, 10_000)
+    sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
     rows: list[Row] = []
     for num_clients in () if args.simulation_only else sizes:
-        data = {c: make_counts(num_clients, c) for c in class_counts}
-        for num_classes in class_counts:
-            counts = data[num_classes]
-            rows.append(run_pass(counts))
-            rows.append(run_secagg(counts, "sparse"))
-            if num_clients <= 100:
-                rows.append(run_secagg(counts, "full"))
-            print(f"  ... E={num_clients} C={num_classes} done", flush=True)
-        if num_clients > 100:
-            rows.extend(drive_one_secagg_client(num_clients, {c: data[c][0] for c in class_counts}))
-    if not args.quick and not args.simulation_only:  # the driver against the whole run at E = 100
-        check = drive_one_secagg_client(100, {10: np.zeros(10, dtype=np.int64)})[0]
-        check.how = "1 client driven x 100 (check of the driver)"
-        rows.append(check)
-    rows.sort(key=lambda r: (r.num_clients, r.num_classes, r.protocol != "PASS", r.protocol, r.how))
+        data = {c: make_counts(num_clients, c) for c in args.classes}
+        for num_classes in args.classes:
+            rows.append(run_pass(data[num_classes]))
+            if num_clients <= args.secagg_whole_max:
+                rows.append(run_secagg(data[num_classes]))
+            print(f"  ... E={num_clients} C={num_classes} whole runs done, load {os.getloadavg()[0]:.1f}", flush=True)
+        driven = drive_one_secagg_client(num_clients, {c: data[c][0] for c in args.classes})
+        if num_clients <= args.secagg_whole_max:
+            for row in driven:
+                row.how += " (check of the driver)"
+        rows.extend(driven)
+        data.clear()
+    rows.sort(key=lambda r: (r.num_clients, r.num_classes, r.protocol != "PASS v2", r.how))
     if rows:
         print()
         print_table(rows)
         print_ratios(rows)
-    print(f"\nSecAgg+ settings: clipping_range {CLIPPING_RANGE:g}, modulus_range 2**32, quantization_range per E: "
-          + ", ".join(f"E={e}: 2**{int(math.log2(quantization_range(e)))}" for e in sizes)
-          + "; shares/threshold: "
-          + ", ".join(f"E={e} full {secagg_shares(e, 'full')}, sparse {secagg_shares(e, 'sparse')}" for e in sizes))
-    at500 = [r for r in rows if r.num_clients == 500]
-    if at500:
-        print("\nTarget: PASS at least 10x cheaper per client at E = 500 (client CPU):")
-        for r in at500:
-            if r.protocol != "PASS":
-                base = next(p for p in at500 if p.protocol == "PASS" and p.num_classes == r.num_classes)
+        print("\nTarget: PASS v2 at least 10x less client CPU than SecAgg+ at every E:")
+        for r in rows:
+            if r.protocol == "SecAgg+" and "check" not in r.how:
+                base = next(p for p in rows if p.protocol == "PASS v2" and (p.num_clients, p.num_classes)
+                            == (r.num_clients, r.num_classes))
                 ratio = r.client_cpu_mean_s / base.client_cpu_mean_s
-                print(f"  C={r.num_classes:,}: {r.protocol}: {ratio:.1f}x {'(met)' if ratio >= 10 else '(NOT met)'}")
-    if not args.simulation_only:
+                verdict = "(met)" if ratio >= 10 else "(NOT met)"
+                print(f"  E={r.num_clients:,} C={r.num_classes:,}: {ratio:.1f}x {verdict}")
         print(
-            "\nSecAgg+ quantisation error on the summed counts, by clipping_range "
-            "(Flower's quantize/dequantize, C = 10,000):\n"
+            f"\nSecAgg+ settings: clipping_range {CLIPPING_RANGE:g}, modulus_range 2**32; per E: "
+            + ", ".join(
+                f"E={e}: quantization_range 2**{int(math.log2(quantization_range(e)))}, "
+                f"(num_shares, threshold) = {secagg_shares(e)}"
+                for e in sizes
+            )
         )
-        print("| E | Q | clipping 1024 (used) | clipping 1000 | clipping 8.0 (Flower's default) |")
-        print("|---:|---:|---|---|---|")
-        for num_clients in sizes:
-            counts = np.random.default_rng(num_clients).integers(0, MAX_COUNT, size=(num_clients, 10_000))
-            cells = []
-            for clip in (1024.0, 1000.0, 8.0):
-                error, exact = quantisation_error(counts, clip)
-                cells.append(f"{error:.3g} ({'exact' if exact else 'wrong'} after rounding)")
-            exponent = int(math.log2(quantization_range(num_clients)))
-            print(f"| {num_clients} | 2**{exponent} | " + " | ".join(cells) + " |")
+        print_quantisation(s for s in sizes if s <= 1_000)
     if args.simulation or args.simulation_only:
-        print(
-            "\nFlower simulation (run_simulation, Ray, 2 actors x 1 CPU): each aggregation twice in one run; "
-            "the first pays for Ray starting the actors\n"
-        )
-        print("| E | C | protocol | first aggregation (cold) | second (warm) | whole run_simulation | exact |")
-        print("|---:|---:|---|---:|---:|---:|---|")
-        for num_clients in SIMULATION_SIZES:
-            for num_classes in class_counts:
-                counts = make_counts(num_clients, num_classes)
-                for protocol in ("PASS", "SecAgg+ sparse", "SecAgg+ full"):
-                    timing = simulate(protocol, counts)
-                    print(
-                        f"| {num_clients} | {num_classes:,} | {protocol} | {_seconds(timing['cold_s'])} "
-                        f"| {_seconds(timing['warm_s'])} | {_seconds(timing['run_simulation_s'])} "
-                        f"| {'yes' if timing.get('exact') else 'NO'} |",
-                        flush=True,
-                    )
+        print_simulation(args.classes)
+    print(f"\nload average at the end {os.getloadavg()[0]:.2f}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as file:
             json.dump([asdict(r) for r in rows], file, indent=2)

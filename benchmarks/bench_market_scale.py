@@ -1,0 +1,198 @@
+"""The whole market phase at scale, in one process: PASS v2, scores and bids, auction, awards, step by step.
+
+Run: ``.venv/bin/python -m benchmarks.bench_market_scale --sizes 1000 3000 10000`` (default E = 10,000
+alone: about 4.5 min of CPU on this machine, 8 min of wall time under load 6 to 8, most of it the
+10,000 ClientApps run one after the other).
+
+``E`` real ClientApps with the market handlers (:func:`flmarket_flwr.market.testing.market_client_app`,
+``C`` label counts each, drawn in ``[0, 200)``, bids from :class:`~flmarket_flwr.market.CostBasedBid`)
+behind an in-process grid, and ``MarketPhase(...).run(grid)`` over them, with the product's defaults
+(``neighbours = "auto"``: PASS v2 on the Harary graph of degree ``neighbourhood_size(E)``, the winners'
+audit on). Every message crosses Flower's wire format and every node's ``Context`` is kept as serialised
+protobuf between messages (as :class:`~flmarket_flwr.market.testing.InProcessGrid` does; unlike that test
+grid, the one here keeps no copy of a message once delivered, as a server does not).
+
+Figures:
+
+* per step: the wall seconds ``MarketOutcome.timings`` gives (every client and the server one after
+  another in this process: in a deployment the clients run in parallel), and per message type the
+  clients' CPU (``time.process_time`` around each ClientApp call, context load and save included), their
+  mean per client and the bytes of the serialised messages each way;
+* server CPU: the process CPU of the whole phase minus all clients' CPU (transport included);
+* peak RSS: the process's high-water mark (``VmHWM``, reset through ``/proc/self/clear_refs`` just
+  before the phase) and its rise over the RSS before it. Server, the ``E`` clients' stored contexts
+  and the transport share the process: an upper bound for the server;
+* the load average (``os.getloadavg``) at the start and at the end of each size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import platform
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from uuid import uuid4
+
+import numpy as np
+from flwr.app import Message
+
+from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase
+from flmarket_flwr.market.testing import InProcessGrid, market_client_app, wire_roundtrip
+from flmarket_flwr.pass_protocol import neighbourhood_size
+
+MAX_COUNT = 200
+STEPS = ("wait_for_nodes", "pass", "bid", "auction", "award", "total")
+
+
+def _status_mib(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise KeyError(field)
+
+
+def _reset_peak_rss() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+class ScaleGrid(InProcessGrid):
+    """In-process grid that keeps no copies and counts client CPU and bytes per message type."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.cpu: dict[str, float] = defaultdict(float)
+        self.messages: dict[str, int] = defaultdict(int)
+        self.bytes_in: dict[str, int] = defaultdict(int)
+        self.bytes_out: dict[str, int] = defaultdict(int)
+
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        ids = []
+        for message in messages:
+            if message.metadata.dst_node_id not in self._contexts:
+                raise ValueError(f"unknown destination node {message.metadata.dst_node_id}")
+            message.metadata.__dict__["_message_id"] = str(uuid4())
+            copy, raw = wire_roundtrip(message)
+            self.bytes_in[message.metadata.message_type] += len(raw)
+            self._pending[message.metadata.message_id] = copy
+            ids.append(message.metadata.message_id)
+        return ids
+
+    def _deliver(self, message: Message) -> Message | None:
+        kind = message.metadata.message_type
+        started = time.process_time()
+        reply = super()._deliver(message)
+        self.cpu[kind] += time.process_time() - started
+        self.messages[kind] += 1
+        return reply
+
+    def _receive(self, reply: Message) -> Message:
+        received, raw = wire_roundtrip(reply)
+        self.bytes_out[reply.metadata.message_type] += len(raw)
+        return received
+
+
+def one_size(num_clients: int, num_classes: int) -> dict:
+    """Set up ``num_clients`` ClientApps, run the market phase once, return its figures."""
+    rng = np.random.default_rng(num_clients)
+    nodes = [10_000 + i for i in range(num_clients)]
+    counts = {node: rng.integers(0, MAX_COUNT, size=num_classes) for node in nodes}
+    grid = ScaleGrid(market_client_app(counts, CostBasedBid(0.05)), nodes, shuffle_seed=None)
+    config = MarketConfig(
+        budget=10.0 * num_clients,
+        num_classes=num_classes,
+        timeout=3600.0,
+        expected_nodes=num_clients,
+        poll_interval=0.001,
+    )
+    load_start = os.getloadavg()[0]
+    rss_before = _status_mib("VmRSS")
+    reset = _reset_peak_rss()
+    cpu = time.process_time()
+    outcome = MarketPhase(config).run(grid)
+    cpu = time.process_time() - cpu
+    peak = _status_mib("VmHWM") if reset else math.nan
+    truth = np.sum(list(counts.values()), axis=0)
+    assert list(outcome.global_counts) == truth.tolist(), "N_s is not the sum of the counts"
+    assert len(outcome.pass_participants) == num_clients and not outcome.excluded, outcome.excluded
+    return {
+        "clients": num_clients,
+        "classes": num_classes,
+        "degree": neighbourhood_size(num_clients),
+        "winners": len(outcome.winners),
+        "timings": dict(outcome.timings),
+        "client_cpu_by_type": dict(grid.cpu),
+        "messages_by_type": dict(grid.messages),
+        "bytes_to_clients_by_type": dict(grid.bytes_in),
+        "bytes_from_clients_by_type": dict(grid.bytes_out),
+        "process_cpu_s": cpu,
+        "server_cpu_s": cpu - sum(grid.cpu.values()),
+        "rss_before_mib": rss_before,
+        "peak_rss_mib": peak,
+        "client_contexts_mib": sum(len(raw) for raw in grid._contexts.values()) / 2**20,  # pylint: disable=W0212
+        "load_start": load_start,
+        "load_end": os.getloadavg()[0],
+    }
+
+
+def report(rows: list[dict]) -> None:
+    print("Market phase by step, wall seconds (MarketOutcome.timings; all clients and the server in one process)\n")
+    print("| E | C | k | winners | wait for nodes | PASS | scores and bids | auction | awards | total "
+          "| process CPU | server CPU | peak RSS (rise) | load start / end |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        t = r["timings"]
+        cells = " | ".join(f"{t.get(step, math.nan):.2f}" for step in STEPS)
+        print(
+            f"| {r['clients']:,} | {r['classes']} | {r['degree']} | {r['winners']:,} | {cells} "
+            f"| {r['process_cpu_s']:.1f} s | {r['server_cpu_s']:.1f} s "
+            f"| {r['peak_rss_mib']:.0f} MiB ({r['peak_rss_mib'] - r['rss_before_mib']:+.0f} MiB) "
+            f"| {r['load_start']:.1f} / {r['load_end']:.1f} |"
+        )
+    print("\nPer message type: clients' CPU and bytes\n")
+    print("| E | message | messages | client CPU, all | per client | bytes to clients, per message "
+          "| bytes from clients, per message |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        for kind, n in r["messages_by_type"].items():
+            cpu = r["client_cpu_by_type"][kind]
+            print(
+                f"| {r['clients']:,} | {kind} | {n:,} | {cpu:.1f} s | {cpu / n * 1e3:.2f} ms "
+                f"| {r['bytes_to_clients_by_type'].get(kind, 0) / n:,.0f} B "
+                f"| {r['bytes_from_clients_by_type'].get(kind, 0) / n:,.0f} B |"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000], help="numbers of clients E")
+    parser.add_argument("--classes", type=int, default=10, help="number of classes C")
+    parser.add_argument("--json", help="also write the raw figures to this JSON file")
+    args = parser.parse_args()
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"numpy {np.__version__}; load average at start {os.getloadavg()[0]:.2f}\n",
+        flush=True,
+    )
+    rows = []
+    for num_clients in args.sizes:
+        rows.append(one_size(num_clients, args.classes))
+        print(f"  ... E={num_clients:,} done: {json.dumps(rows[-1]['timings'])}", flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=2), encoding="utf-8")
+    print()
+    report(rows)
+
+
+if __name__ == "__main__":
+    main()
