@@ -16,8 +16,8 @@ Every term of ``phi`` with ``t >= alpha`` is ``-ln(1) = 0``, so ``phi`` saturate
 
     \\phi(x) = \\sum_{t=1}^{m} (\\ln \\alpha - \\ln t) = m \\ln \\alpha - \\ln \\Gamma(m + 1).
 
-This module evaluates that closed form with ``math.lgamma`` over the distinct counts: no loop over samples or
-clients, so counts in the millions and ``(100_000, 100)`` count matrices cost one vectorised pass.
+This module evaluates that closed form with a vectorised ``ln(m!)`` (a table, then Stirling's series): no
+loop over samples or clients, so counts in the millions and ``(100_000, 100)`` count matrices cost one vectorised pass.
 """
 
 from __future__ import annotations
@@ -120,26 +120,30 @@ def alpha(global_counts: ArrayLike, num_clients: int) -> float:
     return float(counts.sum() / (_check_num_clients(num_clients) * counts.size))
 
 
+_TABLE_SIZE = 4096
+_LOG_FACTORIAL_TABLE = np.array([math.lgamma(m + 1.0) for m in range(_TABLE_SIZE)])
+"""``ln(m!)`` for ``m < 4096``, exact to the last bit of ``math.lgamma``."""
+
+
 def _log_factorial(values: NDArray[np.int64]) -> NDArray[np.float64]:
-    """``ln(m!) = lgamma(m + 1)`` of non-negative integers.
+    """``ln(m!) = lgamma(m + 1)`` of non-negative integers, vectorised.
 
-    Saturated counts are small integers repeated many times, so when the largest is no bigger than
-    the array, ``lgamma`` is evaluated once per distinct integer and gathered: the same values
-    as calling it element-wise, at a fraction of the cost on ``(100_000, 100)`` inputs.
+    Below 4096 from a table of ``math.lgamma``; above, Stirling's series to the ``m^-5`` term, whose
+    truncation error is below ``1 / (1680 m^7)`` (under 1e-28 there): the float64 rounding of the
+    leading terms dominates, as it does in any lgamma.
     """
-    largest = int(values.max())
-    if largest < values.size:
-        table = _lgamma(np.arange(largest + 1, dtype=np.float64) + 1.0)
-        return table[values]
-    distinct, position = np.unique(values, return_inverse=True)
-    return _lgamma(distinct.astype(np.float64) + 1.0)[position].reshape(values.shape)
-
-
-def _lgamma(values: NDArray[np.float64]) -> NDArray[np.float64]:
-    """``math.lgamma`` of each value (called once per element: use it on tables of distinct values)."""
-    return np.fromiter((math.lgamma(v) for v in values.ravel()), dtype=np.float64, count=values.size).reshape(
-        values.shape
-    )
+    largest = int(values.max()) if values.size else 0
+    if largest < _TABLE_SIZE:
+        return _LOG_FACTORIAL_TABLE[values]
+    if largest + 1 < values.size:  # saturated counts repeat: evaluate each integer once, then gather
+        return _log_factorial(np.arange(largest + 1, dtype=np.int64))[values]
+    small = values < _TABLE_SIZE
+    m = np.maximum(values, 1).astype(np.float64)
+    inverse = 1.0 / m
+    inverse_squared = inverse * inverse
+    series = inverse * (1.0 / 12.0 - inverse_squared * (1.0 / 360.0 - inverse_squared / 1260.0))
+    stirling = m * np.log(m) - m + 0.5 * np.log(2.0 * math.pi * m) + series
+    return np.where(small, _LOG_FACTORIAL_TABLE[np.minimum(values, _TABLE_SIZE - 1)], stirling)
 
 
 def phi(counts: ArrayLike, alpha_value: float) -> NDArray[np.float64] | float:
