@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tomllib
@@ -19,7 +20,14 @@ def _probe(python: str | Path) -> str:
         "from flmarket_flwr.market import FLMarket, MarketPhase, register_market_handlers\n"
         f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     )
-    return subprocess.run([str(python), "-c", code], check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        [str(python), "-I", "-c", code], check=True, capture_output=True, text=True, env=_clean_env()
+    ).stdout.strip()
+
+
+def _clean_env() -> dict[str, str]:
+    """This process's environment without what would let another interpreter see this venv's packages."""
+    return {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
 
 
 def test_the_core_requirements_are_flower_numpy_and_cryptography_with_ranges() -> None:
@@ -42,10 +50,11 @@ def test_the_core_alone_installs_in_a_fresh_venv_and_imports_without_torch(tmp_p
         capture_output=True,
         text=True,
         cwd=tmp_path,
+        env=_clean_env(),
     )
     missing = subprocess.run(
-        [str(python), "-c", "import importlib.util as u; print([m for m in ('torch', 'hydra') if u.find_spec(m)])"],
-        check=True, capture_output=True, text=True, cwd=tmp_path,
+        [str(python), "-I", "-c", "import importlib.util as u; print([m for m in ('torch', 'hydra') if u.find_spec(m)])"],
+        check=True, capture_output=True, text=True, cwd=tmp_path, env=_clean_env(),
     ).stdout.strip()
     assert missing == "[]"
     assert _probe(python) == "[]"
