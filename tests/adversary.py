@@ -15,7 +15,10 @@ from flmarket_flwr.market.testing import InProcessGrid, market_client_app
 from flmarket_flwr.pass_protocol import PassServer
 
 NUM_CLASSES = 10
-SECRET_KEYS = ("cipher_private_key", "mask_private_key", "self_seed", "held_shares", "nonce", "counts")
+SECRET_KEYS = (
+    "cipher_private_key", "mask_private_key", "self_seed", "inbound_channel_keys", "pair_seeds", "held_shares", "nonce",
+    "counts",
+)
 
 
 def make_counts(num_nodes: int, seed: int = 0, high: int = 200) -> dict[int, np.ndarray]:

@@ -541,7 +541,7 @@ def test_private_keys_are_wiped_after_masking():
     session = Session(counts, degree=2)
     session.mask(session.share(session.advertise()))
     for state in session.states.values():
-        assert not {"cipher_private_key", "mask_private_key", "self_seed"} & set(state)
+        assert not {"cipher_private_key", "mask_private_key", "self_seed", "inbound_channel_keys", "pair_seeds"} & set(state)
 
 
 def test_share_request_record_round_trip_and_type_checks():

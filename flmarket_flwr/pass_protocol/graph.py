@@ -119,35 +119,20 @@ def check_degree(k: int, num_clients: int) -> None:
 
 
 def _shuffled(seed: bytes, indices: Sequence[int]) -> list[int]:
-    """Fisher-Yates shuffle of the sorted indices driven by the ChaCha20 keystream under ``seed``.
+    """The sorted indices in a random order drawn from the ChaCha20 keystream under ``seed``.
 
-    Step ``i = E-1, ..., 1`` swaps position ``i`` with ``j = w mod (i + 1)``, ``w`` the next little-endian 64-bit
-    keystream word; a word ``>= floor(2^64 / (i + 1)) * (i + 1)`` is skipped (rejection keeps ``j`` exactly
-    uniform). The draws are vectorised; only the swaps run in Python.
+    Each index gets the next little-endian 64-bit keystream word as its sort key; the order is the stable
+    sort of those keys (a tie, probability below ``E^2 / 2^65``, keeps the sorted order). Vectorised: one
+    keystream read and one argsort, no per-index Python work.
     """
     if not isinstance(seed, bytes) or len(seed) != GRAPH_SEED_LENGTH:
         raise ValueError(f"graph seed must be {GRAPH_SEED_LENGTH} bytes")
-    order = sorted(int(i) for i in indices)
-    if len(set(order)) != len(order):
+    order = np.sort(np.asarray(list(indices), dtype=np.int64))
+    if order.size > 1 and bool((order[1:] == order[:-1]).any()):
         raise ValueError("graph indices must be distinct")
-    bounds = np.arange(len(order), 1, -1, dtype=np.uint64)  # i + 1 for i = E-1 .. 1
-    remainder = (np.uint64(2**64 - 1) % bounds + np.uint64(1)) % bounds  # 2^64 mod (i + 1)
     stream = Cipher(algorithms.ChaCha20(seed, _NONCE), mode=None).encryptor()
-    words = np.frombuffer(stream.update(bytes(8 * (bounds.size + 8))), dtype="<u8")
-    draws = np.empty(bounds.size, dtype=np.uint64)
-    done, offset = 0, 0
-    while done < bounds.size:
-        if offset + bounds.size - done > words.size:  # astronomically rare: more rejections than spare words
-            words = np.concatenate([words, np.frombuffer(stream.update(bytes(8 * 1024)), dtype="<u8")])
-        window = words[offset : offset + bounds.size - done]
-        accepted = (remainder[done:] == 0) | (window < np.uint64(0) - remainder[done:])
-        rejected = np.flatnonzero(~accepted)
-        stop = int(rejected[0]) if rejected.size else window.size
-        draws[done : done + stop] = window[:stop]
-        done, offset = done + stop, offset + stop + (1 if rejected.size else 0)
-    for i, j in zip(range(len(order) - 1, 0, -1), (draws % bounds).tolist(), strict=True):
-        order[i], order[j] = order[j], order[i]
-    return order
+    keys = np.frombuffer(stream.update(bytes(8 * order.size)), dtype="<u8")
+    return order[np.argsort(keys, kind="stable")].tolist()
 
 
 def mask_graph(seed: bytes, indices: Sequence[int], k: int) -> dict[int, tuple[int, ...]]:

@@ -154,9 +154,11 @@ def _canonical_key(key: bytes) -> int:
     return (int.from_bytes(key, "little") & ((1 << 255) - 1)) % (2**255 - 19)
 
 
-def _channel_key(private_key: X25519PrivateKey, peer_key: bytes, session: bytes, sender: int, receiver: int) -> bytes:
-    """AEAD key for the directed channel ``sender -> receiver`` (the direction is bound in the HKDF info)."""
-    secret = exchange_shared_secret(private_key, parse_public_key(peer_key, receiver), receiver)
+def _channel_key(secret: bytes, session: bytes, sender: int, receiver: int) -> bytes:
+    """AEAD key for the directed channel ``sender -> receiver`` from the pair's cipher-key X25519 secret.
+
+    The direction is bound in the HKDF info, so the keys of ``e -> v`` and ``v -> e`` differ.
+    """
     info = _LABEL + b"/channel" + struct.pack(">Q", len(session)) + session + struct.pack(">QQ", sender, receiver)
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
 
@@ -170,7 +172,12 @@ def _pair_mask(
 ) -> npt.NDArray[np.uint64]:
     """``eps_{own,peer} * PRG(s_{own,peer})`` in ``Z_2^64`` (eps = +1 if own < peer else -1)."""
     secret = exchange_shared_secret(private_key, parse_public_key(peer_key, peer), peer)
-    mask = expand_seed(derive_pair_seed(secret, session, own, peer), length)
+    return _signed_mask(derive_pair_seed(secret, session, own, peer), own, peer, length)
+
+
+def _signed_mask(pair_seed: bytes, own: int, peer: int, length: int) -> npt.NDArray[np.uint64]:
+    """``eps_{own,peer} * PRG(pair_seed)``: the pair's mask as ``own`` adds it."""
+    mask = expand_seed(pair_seed, length)
     return mask if own < peer else (np.uint64(0) - mask)
 
 
@@ -399,7 +406,7 @@ class PassClient:
             num_classes=request.num_classes,
             count_bound=request.count_bound,
             graph_commitment=request.graph_commitment,
-            counts=[int(c) for c in values],
+            counts=values.astype("<u8").tobytes(),
             cipher_private_key=cipher_key.private_bytes_raw(),
             mask_private_key=mask_key.private_bytes_raw(),
             cipher_public_key=cipher_public,
@@ -448,7 +455,7 @@ class PassClient:
         columns = (request.neighbour_node_ids, request.cipher_public_keys, request.mask_public_keys, request.signatures)
         if request.neighbours != neighbours or any(len(column) != k for column in columns):
             raise PassError("the neighbours sent are not this client's neighbourhood in the committed graph")
-        channel_keys = self._check_neighbour_keys(request, directory)
+        channel_keys, inbound_keys, pair_seeds = self._check_neighbour_keys(request, directory)
         threshold = share_threshold(k)
         self_seed = os.urandom(SECRET_LENGTH)
         shares = split_secrets([state["mask_private_key"], self_seed], neighbours, threshold)
@@ -462,21 +469,25 @@ class PassClient:
             degree=k,
             participants=request.participants,
             neighbours=neighbours,
-            neighbour_cipher_keys=list(request.cipher_public_keys),
-            neighbour_mask_keys=list(request.mask_public_keys),
+            inbound_channel_keys=inbound_keys,
+            pair_seeds=pair_seeds,
         )
         return ShareKeysReply(receivers=neighbours, ciphertexts=ciphertexts)
 
-    def _check_neighbour_keys(self, request: ShareKeysRequest, directory: IdentityDirectory | None) -> list[bytes]:
+    def _check_neighbour_keys(
+        self, request: ShareKeysRequest, directory: IdentityDirectory | None
+    ) -> tuple[list[bytes], list[bytes], list[bytes]]:
         """Keys valid and pairwise distinct (own keys included); signatures valid when a directory is given.
 
-        Each key is validated by the exchange this client needs anyway (a low-order point gives the all-zero
-        secret, which the exchange refuses): returns the channel keys ``this client -> neighbour``.
+        Each key is validated by the one exchange this client makes with it (a low-order point gives the
+        all-zero secret, which the exchange refuses). Returns, per neighbour, the channel keys
+        ``this client -> neighbour`` and ``neighbour -> this client`` and the pairwise mask seed.
         """
         state = self._state
         cipher_key = X25519PrivateKey.from_private_bytes(state["cipher_private_key"])
         mask_key = X25519PrivateKey.from_private_bytes(state["mask_private_key"])
-        channel_keys = []
+        channel_keys, inbound_keys, pair_seeds = [], [], []
+        session, index = state["session"], state["index"]
         seen = {_canonical_key(state["cipher_public_key"]), _canonical_key(state["mask_public_key"])}
         for v, node_id, cipher_public, mask_public, signature in zip(
             request.neighbours,
@@ -489,8 +500,11 @@ class PassClient:
             try:
                 validate_public_key_bytes(cipher_public, v)
                 validate_public_key_bytes(mask_public, v)
-                exchange_shared_secret(mask_key, parse_public_key(mask_public, v), v)
-                channel_keys.append(_channel_key(cipher_key, cipher_public, state["session"], state["index"], v))
+                mask_secret = exchange_shared_secret(mask_key, parse_public_key(mask_public, v), v)
+                cipher_secret = exchange_shared_secret(cipher_key, parse_public_key(cipher_public, v), v)
+                pair_seeds.append(derive_pair_seed(mask_secret, session, index, v))
+                channel_keys.append(_channel_key(cipher_secret, session, index, v))
+                inbound_keys.append(_channel_key(cipher_secret, session, v, index))
                 if directory is not None:
                     if node_id == state["node_id"]:
                         raise ValueError(f"neighbour {v} claims this client's node id {node_id}")
@@ -505,7 +519,7 @@ class PassClient:
             seen |= keys
         if directory is not None and len(set(request.neighbour_node_ids)) != len(request.neighbour_node_ids):
             raise PassError("two neighbours claim one node id")
-        return channel_keys
+        return channel_keys, inbound_keys, pair_seeds
 
     # Round 3 -----------------------------------------------------------------
     def mask_input(self, request: MaskRequest | Mapping[str, Any]) -> MaskedInput:
@@ -527,12 +541,10 @@ class PassClient:
             raise PassError("the senders must be distinct neighbours of this client, one ciphertext each")
         if len(senders) < threshold:
             raise PassError(f"only {len(senders)} neighbours completed key sharing, the threshold is {threshold}")
-        cipher_key = X25519PrivateKey.from_private_bytes(state["cipher_private_key"])
-        mask_key = X25519PrivateKey.from_private_bytes(state["mask_private_key"])
         position = {v: i for i, v in enumerate(neighbours)}
         held = []
         for v, ciphertext in zip(senders, request.ciphertexts, strict=True):
-            key = _channel_key(cipher_key, state["neighbour_cipher_keys"][position[v]], session, v, index)
+            key = state["inbound_channel_keys"][position[v]]
             try:
                 plaintext = ChaCha20Poly1305(key).decrypt(_ZERO_NONCE, ciphertext, _channel_aad(session, v, index))
             except InvalidTag as error:
@@ -543,17 +555,18 @@ class PassClient:
             share_from_bytes(plaintext[len(header) :], 2, SECRET_LENGTH)
             held.append(plaintext[len(header) :])
         num_classes = state["num_classes"]
-        masked = np.asarray(state["counts"], dtype=np.uint64) + expand_seed(state["self_seed"], num_classes)
+        counts = np.frombuffer(state["counts"], dtype="<u8").astype(np.uint64)
+        masked = counts + expand_seed(state["self_seed"], num_classes)
         for v in senders:
-            masked += _pair_mask(mask_key, state["neighbour_mask_keys"][position[v]], session, index, v, num_classes)
+            masked += _signed_mask(state["pair_seeds"][position[v]], index, v, num_classes)
         nonce = os.urandom(32)
-        commitment = counts_commitment(session, index, state["counts"], nonce)
+        commitment = counts_commitment(session, index, counts, nonce)
         for secret in (
             "cipher_private_key",
             "mask_private_key",
             "self_seed",
-            "neighbour_cipher_keys",
-            "neighbour_mask_keys",
+            "inbound_channel_keys",
+            "pair_seeds",
         ):
             del state[secret]
         state.update(stage=_STAGE_MASKED, nonce=nonce, commitment=commitment, held_from=list(senders), held_shares=held)
