@@ -83,7 +83,7 @@ class ScaleGrid(InProcessGrid):
             message.metadata.__dict__["_message_id"] = str(uuid4())
             copy, raw = wire_roundtrip(message)
             self.bytes_in[message.metadata.message_type] += len(raw)
-            self._pending[message.metadata.message_id] = copy
+            self._accept(message.metadata.message_id, copy)
             ids.append(message.metadata.message_id)
         return ids
 

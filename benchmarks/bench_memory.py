@@ -86,7 +86,8 @@ def one_run(num_clients: int, trace: bool) -> dict:
             ids = []
             for message in messages:
                 message.metadata.__dict__["_message_id"] = str(uuid4())
-                self._pending[message.metadata.message_id], raw = wire_roundtrip(message)
+                delivered, raw = wire_roundtrip(message)
+                self._accept(message.metadata.message_id, delivered)
                 kind = message.metadata.message_type
                 self.batch_bytes[kind] = self.batch_bytes.get(kind, 0) + len(raw)
                 ids.append(message.metadata.message_id)

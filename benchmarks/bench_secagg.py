@@ -156,7 +156,7 @@ class MeasuredGrid(InProcessGrid):
             copy, raw = wire_roundtrip(message)
             self.server_bytes += len(raw)
             self.server_bytes_to[node] += len(raw)
-            self._pending[message.metadata.message_id] = copy
+            self._accept(message.metadata.message_id, copy)
             ids.append(message.metadata.message_id)
         return ids
 

@@ -146,7 +146,6 @@ class InProcessGrid(Grid):
             )
             context = Context(run_id, node, config, RecordDict(), dict(run_config or {}))
             self._contexts[node] = context_to_proto(context).SerializeToString()
-        self._pending: dict[str, Message] = {}
         self._replies: dict[str, Message] = {}
         self.sent: list[Message] = []
         self.received: list[Message] = []
@@ -195,22 +194,23 @@ class InProcessGrid(Grid):
             message.metadata.__dict__["_message_id"] = str(uuid4())
             self.sent.append(message)
             delivered, _ = wire_roundtrip(message)
-            reply = self._deliver(delivered)
-            if reply is not None:
-                self._replies[message.metadata.message_id] = reply
+            self._accept(message.metadata.message_id, delivered)
             ids.append(message.metadata.message_id)
         return ids
 
+    def _accept(self, message_id: str, delivered: Message) -> None:
+        """Run the node's ``ClientApp`` on a message as it arrives and keep its reply for the next pull."""
+        reply = self._deliver(delivered)
+        if reply is not None:
+            self._replies[message_id] = reply
+
     def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
-        """Return the replies among ``message_ids`` not pulled yet (delivering any message still pending)."""
+        """Return the replies among ``message_ids`` not pulled yet."""
         replies = []
         for message_id in message_ids:
-            if message_id in self._pending:  # queued by a subclass's push_messages
-                reply = self._deliver(self._pending.pop(message_id))
-                if reply is not None:
-                    self._replies[message_id] = reply
-            if message_id in self._replies:
-                replies.append(self._receive(self._replies.pop(message_id)))
+            reply = self._replies.pop(message_id, None)
+            if reply is not None:
+                replies.append(self._receive(reply))
         if self._rng is not None:
             self._rng.shuffle(replies)
         return replies
