@@ -98,7 +98,6 @@ class PassRounds:
     """
 
     def __init__(self, config: MarketConfig, messenger: Messenger, session: bytes) -> None:
-        self._config = config
         self._messenger = messenger
         self._server = PassServer(
             session,
