@@ -77,6 +77,10 @@ _STAGE_BID = "bid"
 _STAGE_AUDITED = "audited"
 _STAGE_CLOSED = "closed"
 _SESSION = "session"
+_KEPT_AFTER_CLOSE = ("session", "stage")
+"""What a closed PASS state keeps: enough to refuse a second session in the same run."""
+_CLOSED_PASS_STAGE = 99
+"""A PASS stage no protocol step accepts: the session is over for this client."""
 
 
 class _RequestError(ValueError):
@@ -404,18 +408,11 @@ def _store_pass_state(state: ConfigRecord, record: Mapping[str, Any]) -> None:
         state[_PASS_PREFIX + key] = value
 
 
-_KEPT_AFTER_CLOSE = ("session", "stage")
-
-
 def _close_pass_state(state: ConfigRecord) -> None:
     """Wipe every secret of the PASS session; keep only what makes the client refuse a second one."""
     kept = {key: value for key, value in _pass_state(state).items() if key in _KEPT_AFTER_CLOSE}
     kept["stage"] = _CLOSED_PASS_STAGE
     _store_pass_state(state, kept)
-
-
-_CLOSED_PASS_STAGE = 99
-"""A PASS stage no protocol step accepts: the session is over for this client."""
 
 
 # --- Replies -------------------------------------------------------------------------------------
