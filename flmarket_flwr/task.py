@@ -13,8 +13,8 @@ and to train or evaluate a model lives here, free of any Flower message handling
   The raw data set, the splits and the partition are computed once per process and
   cached (a Ray actor, a SuperExec-spawned ClientApp process or the ServerApp
   process each keep their own copy).
-* :func:`data_embedding` is the small, fixed summary of a client's inputs that the
-  DDS baseline selector asks for (see its docstring).
+* :func:`data_embedding` is the small summary of a client's inputs, through a fixed
+  feature extractor, that the DDS baseline selector asks for (see :func:`embed_inputs`).
 * :func:`build_task_model` builds the configured model for the configured data set.
 * :func:`train` / :func:`evaluate` run plain mini-batch SGD and evaluation on
   in-memory tensors: no ``DataLoader``, no worker processes, which is the fastest
@@ -68,6 +68,7 @@ __all__ = [
     "build_task_model",
     "configure_torch_threads",
     "data_embedding",
+    "embed_inputs",
     "evaluate",
     "input_shape",
     "load_partition",
@@ -86,6 +87,9 @@ SUPPORTED_DATASETS = DATASET_NAMES
 
 EMBEDDING_DIM = 16
 """Length of the DDS data embedding (:func:`data_embedding`)."""
+
+EMBEDDING_FEATURES = 512
+"""Width of the fixed random-feature extractor behind the DDS embedding (:func:`embed_inputs`)."""
 
 _DIGITS_INPUT_SHAPE = (1, 8, 8)
 
@@ -371,22 +375,43 @@ def load_validation_set(config: DataConfig) -> TensorPair:
 
 
 @lru_cache(maxsize=8)
-def _projection(input_size: int, dim: int, seed: int) -> np.ndarray:
-    """The fixed random projection of :func:`data_embedding`, ``(input_size, dim)``."""
+def _feature_extractor(input_size: int, dim: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The fixed weights of :func:`embed_inputs`: ``(input_size, EMBEDDING_FEATURES)`` and ``(.., dim)``."""
     rng = np.random.default_rng([seed, 0xDD5])
-    return rng.standard_normal((input_size, dim)) / np.sqrt(dim)
+    features = rng.standard_normal((input_size, EMBEDDING_FEATURES)) / np.sqrt(input_size)
+    projection = rng.standard_normal((EMBEDDING_FEATURES, dim)) / np.sqrt(dim)
+    return features, projection
+
+
+def embed_inputs(images: np.ndarray, dim: int = EMBEDDING_DIM, seed: int = 0) -> np.ndarray:
+    """DDS's content embedding of a set of inputs, through a fixed (data-independent) feature extractor.
+
+    ``z = mean_i relu(x_i W) P``: every flattened input goes through ``EMBEDDING_FEATURES`` random ReLU
+    features (``W`` Gaussian, ``N(0, 1/d)``: the random-feature map of the degree-1 arc-cosine kernel,
+    Cho and Saul, 2009), the features are averaged over the inputs (a kernel mean embedding: the
+    distance between two clients' means estimates the MMD between their input distributions, not just
+    the distance between their mean images) and projected to ``dim`` numbers by a fixed Gaussian ``P``
+    (``N(0, 1/dim)``; Johnson-Lindenstrauss). ``W`` and ``P`` are drawn from ``seed``, the same for all.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(dim,)`` float64; zeros for an empty set.
+    """
+    size = int(np.prod(images.shape[1:]))
+    if images.shape[0] == 0:
+        return np.zeros(dim)
+    features, projection = _feature_extractor(size, dim, seed)
+    flat = images.reshape(images.shape[0], size).astype(np.float64)
+    return np.maximum(flat @ features, 0.0).mean(axis=0) @ projection
 
 
 def data_embedding(partition_id: int, config: DataConfig, dim: int = EMBEDDING_DIM, seed: int = 0) -> np.ndarray:
     """A small summary of one client's inputs, for the DDS baseline's content diversity.
 
-    ``z_e = mean_i(x_i) @ P``: the mean of the client's (flattened, standardised)
-    inputs, projected to ``dim`` numbers by a fixed Gaussian random matrix ``P``
-    (entries ``N(0, 1/dim)``, drawn from ``seed`` so that every client uses the same
-    one). By the Johnson-Lindenstrauss lemma distances between clients' mean inputs
-    are roughly preserved, while a client sends ``dim`` numbers instead of its mean
-    image. It is a summary of the client's raw data: the DDS baseline has none of
-    FLMarket's privacy (see :mod:`flmarket_flwr.server_app`).
+    :func:`embed_inputs` of the client's (standardised where the data set has constants) inputs: a client
+    sends ``dim`` numbers instead of its data. It is still a summary of the client's raw data: the DDS
+    baseline has none of FLMarket's privacy (see :mod:`flmarket_flwr.server_app`).
 
     Returns
     -------
@@ -394,12 +419,7 @@ def data_embedding(partition_id: int, config: DataConfig, dim: int = EMBEDDING_D
         ``(dim,)`` float64; zeros for a client without data.
     """
     rows = _partition_rows(partition_id, config)
-    images = _dataset(config).train_images
-    flat_size = int(np.prod(images.shape[1:]))
-    if rows.size == 0:
-        return np.zeros(dim)
-    mean = images[rows].reshape(rows.size, flat_size).astype(np.float64).mean(axis=0)
-    return mean @ _projection(flat_size, dim, seed)
+    return embed_inputs(_dataset(config).train_images[rows], dim, seed)
 
 
 # ---------------------------------------------------------------------------

@@ -34,8 +34,10 @@ import json
 import math
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import lru_cache
+from multiprocessing import get_context
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +46,7 @@ import numpy as np
 from flmarket_flwr.data import load_dataset, make_partition, train_test_split_balanced
 from flmarket_flwr.market import simulated_cost_per_sample
 from flmarket_flwr.pricing import run_auction, score, select_clients, select_flmarket
+from flmarket_flwr.pricing.selectors import DDS_DIVERSITY_WEIGHT, DICE_VOLUME_WEIGHT
 
 if TYPE_CHECKING:
     import torch
@@ -60,7 +63,6 @@ __all__ = [
     "run_engine",
     "run_job_inprocess",
     "select",
-    "train_steps",
 ]
 
 BID_POLICIES = ("volume", "constant", "random")
@@ -82,11 +84,15 @@ class EngineConfig:  # pylint: disable=too-many-instance-attributes
     selector, num_selected, budget
         Selector name; cohort size (``0``: FLMarket's budget-driven auction); auction budget ``R``
         (``0``: the sum of the bids, which never binds in fixed-count mode).
+    dice_volume_weight, dds_diversity_weight
+        The weights of our DICE and DDS reconstructions (their sensitivity is part of the comparison).
     bid_policy, cost_per_sample, cost_low, cost_high, bid_markup
         How clients bid (see :data:`BID_POLICIES`).
-    rounds, local_steps, local_epochs, batch_size, learning_rate, momentum, clip_norm
-        FedAvg rounds; local SGD steps per round (``0``: ``local_epochs`` whole epochs); batch size,
-        learning rate, momentum; gradient-norm clipping (``0``: none).
+    rounds, min_rounds, local_steps, local_epochs, batch_size, learning_rate, momentum, clip_norm
+        FedAvg rounds (at most, when ``min_rounds`` > 0: the run stops at the first round from
+        ``min_rounds`` on where the plateau criterion holds); local SGD steps per round (``0``:
+        ``local_epochs`` whole epochs); batch size, learning rate, momentum; gradient-norm clipping
+        (``0``: none).
     final_window, plateau_tolerance, collapse_drop
         Final accuracy window, plateau criterion and collapse threshold (see the module docstring).
     device, torch_threads
@@ -106,12 +112,15 @@ class EngineConfig:  # pylint: disable=too-many-instance-attributes
     selector: str = "flmarket"
     num_selected: int = 10
     budget: float = 0.0
+    dice_volume_weight: float = DICE_VOLUME_WEIGHT
+    dds_diversity_weight: float = DDS_DIVERSITY_WEIGHT
     bid_policy: str = "volume"
     cost_per_sample: float = 1.0
     cost_low: float = 0.5
     cost_high: float = 1.5
     bid_markup: float = 0.2
     rounds: int = 60
+    min_rounds: int = 0
     local_steps: int = 20
     local_epochs: int = 1
     batch_size: int = 32
@@ -134,6 +143,8 @@ class EngineConfig:  # pylint: disable=too-many-instance-attributes
             raise ValueError(f"{self.selector} needs num_selected >= 1, got {self.num_selected}")
         if self.rounds < 1 or self.final_window < 1:
             raise ValueError("rounds and final_window must be >= 1")
+        if self.min_rounds and not 2 * self.final_window <= self.min_rounds <= self.rounds:
+            raise ValueError("min_rounds must be 0 or lie in [2 * final_window, rounds]")
 
 
 @dataclass(frozen=True, eq=False)
@@ -242,23 +253,19 @@ def bids_for(cfg: EngineConfig, label_counts: np.ndarray) -> np.ndarray:
 
 
 def _embeddings(federation: Federation, seed: int) -> np.ndarray:
-    """DDS's client embeddings: mean input through the app's fixed projection (``task.data_embedding``)."""
-    from flmarket_flwr.task import EMBEDDING_DIM, _projection  # pylint: disable=import-outside-toplevel
+    """DDS's client embeddings: the app's fixed feature extractor on each client's inputs (``task.embed_inputs``)."""
+    from flmarket_flwr.task import embed_inputs  # pylint: disable=import-outside-toplevel
 
-    size = int(np.prod(federation.input_shape))
-    projection = _projection(size, EMBEDDING_DIM, seed)
-    rows = []
-    for images, _ in federation.client_data:
-        flat = images.numpy().reshape(len(images), size).astype(np.float64)
-        rows.append(flat.mean(axis=0) @ projection if len(flat) else np.zeros(EMBEDDING_DIM))
-    return np.stack(rows)
+    return np.stack([embed_inputs(images.numpy(), seed=seed) for images, _ in federation.client_data])
 
 
 def select(cfg: EngineConfig, federation: Federation) -> tuple[list[int], dict[str, Any]]:
     """Run the selector: the selected partition ids (selection order) and what it saw and decided."""
     counts = federation.label_counts
     if cfg.selector != "flmarket":
-        extra = {"embeddings": _embeddings(federation, cfg.seed)} if cfg.selector == "dds" else {}
+        extra: dict[str, Any] = {"volume_weight": cfg.dice_volume_weight}
+        if cfg.selector == "dds":
+            extra = {"embeddings": _embeddings(federation, cfg.seed), "diversity_weight": cfg.dds_diversity_weight}
         positions = select_clients(cfg.selector, counts, cfg.num_selected, seed=cfg.seed, **extra)
         return [int(p) for p in positions], {}
     bids = bids_for(cfg, counts)
@@ -375,6 +382,8 @@ def _fedavg_rounds(cfg: EngineConfig, federation: Federation, selected: Sequence
         training.rounds.append(
             _round_record(server_round, accuracy, loss, train_loss, trained - started, time.perf_counter() - trained)
         )
+        if cfg.min_rounds and server_round >= cfg.min_rounds and _plateau_reached(cfg, training.rounds[1:]):
+            break
     training.final_state = global_state
     return training
 
@@ -392,22 +401,34 @@ def _round_record(
     }
 
 
+def _plateau_delta(accuracies: np.ndarray, window: int) -> float:
+    """Mean of the last ``window`` accuracies minus the mean of the ``window`` before (NaN when too short)."""
+    if accuracies.size < 2 * window:
+        return math.nan
+    return float(accuracies[-window:].mean() - accuracies[-2 * window : -window].mean())
+
+
+def _plateau_reached(cfg: EngineConfig, rounds: Sequence[Mapping[str, Any]]) -> bool:
+    accuracies = np.array([r["accuracy"] for r in rounds], dtype=np.float64)
+    return bool(abs(_plateau_delta(accuracies, cfg.final_window)) <= cfg.plateau_tolerance)
+
+
 def _protocol(cfg: EngineConfig, training: _Training) -> dict[str, Any]:
     """Final accuracy, plateau and divergence flags (see the module docstring)."""
     accuracies = np.array([r["accuracy"] for r in training.rounds[1:]], dtype=np.float64)
     window = cfg.final_window
     diverged = training.diverged_at is not None
     final = math.nan if diverged or accuracies.size < window else float(accuracies[-window:].mean())
-    previous = float(accuracies[-2 * window : -window].mean()) if accuracies.size >= 2 * window else math.nan
     moving = np.convolve(accuracies, np.ones(window) / window, mode="valid") if accuracies.size >= window else None
     best_window = float(np.max(moving)) if moving is not None and not diverged else math.nan
     return {
         "final_accuracy": final,
         "final_window": window,
         "last_accuracy": float(accuracies[-1]) if accuracies.size else math.nan,
-        "plateau_delta": final - previous,
+        "plateau_delta": math.nan if diverged else _plateau_delta(accuracies, window),
         "plateau_tolerance": cfg.plateau_tolerance,
-        "plateau_reached": bool(abs(final - previous) <= cfg.plateau_tolerance),
+        "plateau_reached": bool(not diverged and abs(_plateau_delta(accuracies, window)) <= cfg.plateau_tolerance),
+        "rounds_run": int(accuracies.size),
         "diverged": diverged,
         "diverged_at_round": training.diverged_at,
         "collapsed": bool(not diverged and best_window - final > cfg.collapse_drop),
@@ -479,6 +500,9 @@ _ENGINE_KEYS = (
     "final_window",
     "plateau_tolerance",
     "collapse_drop",
+    "min_rounds",
+    "dice_volume_weight",
+    "dds_diversity_weight",
 )
 
 
@@ -531,6 +555,31 @@ def _job_name(cfg: EngineConfig, varied: Sequence[str]) -> str:
     return "_".join(f"{key}={getattr(cfg, key)}" for key in varied)
 
 
+def _run_and_write(cfg: EngineConfig, job: Path) -> dict[str, Any]:
+    """Run one job and write ``<job>/result.json`` (atomically: a stopped sweep leaves no half file)."""
+    result = run_engine(cfg)
+    job.mkdir(parents=True, exist_ok=True)
+    partial = job / "result.json.partial"
+    partial.write_text(json.dumps(result), encoding="utf-8")
+    partial.replace(job / "result.json")
+    return result
+
+
+_GRID_KEYS = (
+    "seed",
+    "distribution",
+    "num_clients",
+    "schedule",
+    "bid_policy",
+    "dice_volume_weight",
+    "dds_diversity_weight",
+    "num_selected",
+    "selector",
+)
+"""Grid order: seed outermost (a partial sweep covers every setting with fewer seeds), selector innermost
+(every (setting, seed) is finished for all selectors before the next begins: whole paired sets)."""
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run a resumable grid of engine jobs: ``<out>/<job>/result.json``; finished jobs are skipped.
 
@@ -538,40 +587,43 @@ def main(argv: list[str] | None = None) -> None:
 
         python -m simulations.engine --out results/digits_xl/raw/pilot --distribution d4 d5 d6 \\
             --selector flmarket rs qbs dice dds --num-selected 10 --seed 0 1 2
+
+    ``--workers N`` runs N jobs at once in separate processes (one torch thread each by default).
     """
     parser = argparse.ArgumentParser(description="Resumable grid of in-process FLMarket jobs.")
     parser.add_argument("--out", type=Path, required=True)
-    # Product order: settings outermost, then seed, selector innermost, so that a partial grid holds whole
-    # paired sets (every selector of a setting and seed) as it goes.
-    grid_keys = ("distribution", "num_clients", "schedule", "bid_policy", "num_selected", "seed", "selector")
-    types = {"num_selected": int, "seed": int, "num_clients": int}
-    for key in grid_keys:
+    parser.add_argument("--workers", type=int, default=1, help="jobs run at once, each in its own process")
+    types = {"num_selected": int, "seed": int, "num_clients": int, "dice_volume_weight": float}
+    types["dds_diversity_weight"] = float
+    for key in _GRID_KEYS:
         parser.add_argument(f"--{key.replace('_', '-')}", nargs="+", type=types.get(key, str), default=None)
     for item in fields(EngineConfig):
-        if item.name not in grid_keys:
+        if item.name not in _GRID_KEYS:
             parser.add_argument(f"--{item.name.replace('_', '-')}", type=type(item.default), default=item.default)
     args = vars(parser.parse_args(argv))
     out: Path = args.pop("out")
-    grids = {key: args.pop(key) or [getattr(EngineConfig, key)] for key in grid_keys}
-    varied = [key for key in grid_keys if len(grids[key]) > 1 or key in ("distribution", "selector", "seed")]
-    combos = list(itertools.product(*(grids[key] for key in grid_keys)))
+    workers: int = args.pop("workers")
+    grids = {key: args.pop(key) or [getattr(EngineConfig, key)] for key in _GRID_KEYS}
+    always_named = ("distribution", "num_selected", "selector", "seed")
+    varied = [key for key in _GRID_KEYS if len(grids[key]) > 1 or key in always_named]
+    products = itertools.product(*grids.values())
+    combos = [EngineConfig(**args, **dict(zip(_GRID_KEYS, combo, strict=True))) for combo in products]
+    jobs = [(cfg, out / _job_name(cfg, varied)) for cfg in combos]
+    todo = [(cfg, job) for cfg, job in jobs if not (job / "result.json").is_file()]
     out.mkdir(parents=True, exist_ok=True)
-    sweep_started = time.perf_counter()
-    for index, combo in enumerate(combos, start=1):
-        cfg = EngineConfig(**args, **dict(zip(grid_keys, combo)))
-        job = out / _job_name(cfg, varied)
-        if (job / "result.json").is_file():
-            continue
-        result = run_engine(cfg)
-        job.mkdir(parents=True, exist_ok=True)
-        (job / "result.json").write_text(json.dumps(result), encoding="utf-8")
-        elapsed = time.perf_counter() - sweep_started
-        print(
-            f"[{index:4d}/{len(combos)}] {job.name} | final {result['final_accuracy']:.4f} "
-            f"plateau {result['engine']['plateau_delta']:+.4f} diverged {result['engine']['diverged']} "
-            f"| {result['timings']['job_wall_s']:.1f} s (elapsed {elapsed:.0f} s)",
-            flush=True,
-        )
+    print(f"{len(jobs)} jobs, {len(jobs) - len(todo)} finished before, {len(todo)} to run on {workers} worker(s)")
+    started = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(_run_and_write, cfg, job): job for cfg, job in todo}
+        for done, future in enumerate(as_completed(futures), start=1):
+            result, job = future.result(), futures[future]
+            engine = result["engine"]
+            print(
+                f"[{done:4d}/{len(todo)}] {job.name} | final {result['final_accuracy']:.4f} "
+                f"rounds {engine['rounds_run']} plateau {engine['plateau_delta']:+.4f} diverged {engine['diverged']} "
+                f"| {result['timings']['job_wall_s']:.1f} s (elapsed {time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
