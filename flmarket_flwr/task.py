@@ -392,6 +392,8 @@ def embed_inputs(images: np.ndarray, dim: int = EMBEDDING_DIM, seed: int = 0) ->
     distance between two clients' means estimates the MMD between their input distributions, not just
     the distance between their mean images) and projected to ``dim`` numbers by a fixed Gaussian ``P``
     (``N(0, 1/dim)``; Johnson-Lindenstrauss). ``W`` and ``P`` are drawn from ``seed``, the same for all.
+    Limit: without offsets the features are positively homogeneous, so sets that differ only by how
+    brightness is spread along one image direction (``{0, x}`` against ``{x/2, x/2}``) still embed alike.
 
     Returns
     -------

@@ -15,6 +15,9 @@ Writes to ``--out``:
 - ``accuracy_vs_round_*.png`` and ``loss_vs_round_*.png``: mean curves per selector, one panel per
   distribution, one figure per cohort size.
 
+A folder of in-process engine runs (``simulations/digits_xl_sweep.sh``) gets the statistics report of
+:mod:`simulations.sweep_report` instead: paired tests, win shares with intervals, sensitivity, budget mode.
+
 Runs are compared only within one *setting*: same dataset, number of clients, cohort size,
 distribution and server-side validation split (``val-per-class``, which changes the training pool).
 """
@@ -32,6 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from simulations.stats import records_from_dirs
+from simulations.sweep_report import build_sweep_report, is_engine_sweep
 
 PRE_TRAINING_SELECTORS = ("flmarket", "rs", "qbs", "dice", "dds")
 SELECTOR_LABELS = {"flmarket": "FLMarket", "rs": "RS", "qbs": "QBS", "dice": "DICE", "dds": "DDS", "sfedavg": "S-FedAvg"}
@@ -327,7 +333,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("results/report"), help="where to write REPORT.md, CSV and plots")
     parser.add_argument("--command", default=None, help="the command that regenerates the sweep, quoted in REPORT.md")
     args = parser.parse_args(argv)
-    report = build_report(load_results(args.sweeps), args.out, args.command)
+    engine_records = records_from_dirs(args.sweeps)
+    if is_engine_sweep(engine_records):  # an in-process engine sweep: the statistics report
+        report = build_sweep_report(engine_records, args.out, args.command)
+    else:
+        report = build_report(load_results(args.sweeps), args.out, args.command)
     print(f"report written to {report}")
 
 

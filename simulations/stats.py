@@ -36,6 +36,7 @@ __all__ = [
     "paired_tests",
     "records_from_dirs",
     "setting_of",
+    "wilcoxon_p",
     "win_counts",
 ]
 
@@ -157,6 +158,11 @@ def _wilcoxon(differences: np.ndarray) -> tuple[float, float]:
     return float(outcome.statistic), float(outcome.pvalue)
 
 
+def wilcoxon_p(differences: Sequence[float]) -> float:
+    """Two-sided Wilcoxon signed-rank p-value of paired differences (1.0 when all are zero or none exist)."""
+    return _wilcoxon(np.asarray(differences, dtype=np.float64))[1]
+
+
 def paired_tests(
     records: Iterable[Mapping[str, Any]], reference: str = "flmarket", tie_tolerance: float = 1e-9
 ) -> list[PairedTest]:
@@ -208,7 +214,7 @@ def paired_tests(
             p_value=p_value,
             p_holm=float(p_holm),
         )
-        for (baseline, array, excluded, statistic, p_value), p_holm in zip(partial, adjusted)
+        for (baseline, array, excluded, statistic, p_value), p_holm in zip(partial, adjusted, strict=True)
     ]
 
 

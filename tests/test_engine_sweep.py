@@ -1,0 +1,178 @@
+"""The sweep side of the in-process engine: plateau stopping, sensitivity weights, the resumable parallel grid,
+DDS's feature extractor, and the sweep report (``simulations.sweep_report``)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from flmarket_flwr.pricing import select_clients
+from flmarket_flwr.task import embed_inputs
+from simulations import engine as engine_module
+from simulations.engine import EngineConfig, _plateau_delta, load_federation, run_engine, select
+from simulations.sweep_report import build_sweep_report, split_primary
+
+SMALL = EngineConfig(dataset="digits", test_per_class=30, distribution="d4", seed=0, num_selected=4, local_steps=3)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+# --- plateau stopping ----------------------------------------------------------------------------------------------
+def test_run_stops_at_the_first_round_where_the_plateau_criterion_holds() -> None:
+    cfg = replace(SMALL, rounds=40, min_rounds=6, final_window=3, plateau_tolerance=0.02)
+    result = run_engine(cfg)
+    accuracies = np.array([r["accuracy"] for r in result["rounds"][1:]])
+    stopped = accuracies.size
+    assert result["engine"]["rounds_run"] == stopped
+    if stopped < cfg.rounds:  # stopped early: the criterion holds there and at no earlier round from min_rounds
+        assert result["engine"]["plateau_reached"]
+        assert abs(_plateau_delta(accuracies, 3)) <= 0.02
+    for earlier in range(cfg.min_rounds, stopped):
+        assert abs(_plateau_delta(accuracies[:earlier], 3)) > 0.02
+    assert result["final_accuracy"] == pytest.approx(accuracies[-3:].mean())
+
+
+def test_without_min_rounds_every_round_runs() -> None:
+    result = run_engine(replace(SMALL, rounds=5, final_window=2))
+    assert result["engine"]["rounds_run"] == 5 and len(result["rounds"]) == 6
+
+
+@pytest.mark.parametrize("min_rounds", [3, 11])
+def test_min_rounds_must_leave_two_windows_within_the_rounds(min_rounds: int) -> None:
+    with pytest.raises(ValueError, match="min_rounds"):
+        EngineConfig(rounds=10, min_rounds=min_rounds, final_window=2)
+
+
+def test_plateau_delta_needs_two_windows() -> None:
+    assert math.isnan(_plateau_delta(np.array([0.5, 0.6, 0.7]), 2))
+    assert _plateau_delta(np.array([0.5, 0.6, 0.7, 0.9]), 2) == pytest.approx(0.25)
+
+
+# --- sensitivity weights -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("weight", [0.0, 0.25, 1.0])
+def test_dice_weight_reaches_the_selector(weight: float) -> None:
+    cfg = replace(SMALL, selector="dice", dice_volume_weight=weight, distribution="d6", num_clients=12)
+    counts = load_federation(cfg).label_counts
+    expected = select_clients("dice", counts, cfg.num_selected, seed=cfg.seed, volume_weight=weight)
+    assert select(cfg, load_federation(cfg))[0] == [int(p) for p in expected]
+
+
+def test_dds_lambda_changes_the_selection_somewhere() -> None:
+    picks = {
+        weight: tuple(select(replace(SMALL, selector="dds", dds_diversity_weight=weight, seed=s), load_federation(
+            replace(SMALL, seed=s)))[0] for s in range(4))
+        for weight in (0.0, 5.0)
+    }
+    assert picks[0.0] != picks[5.0]
+
+
+# --- DDS's feature extractor ---------------------------------------------------------------------------------------
+def test_embedding_tells_apart_clients_with_the_same_mean_image() -> None:
+    """Two clients whose mean image is identical but whose images differ (a checkerboard and its inverse against
+    two grey images): the old mean-image embedding could not tell them apart; the mean of fixed nonlinear features
+    does (ReLU is convex, so the mean of the features exceeds the features of the mean wherever signs differ)."""
+    checker = (np.indices((8, 8)).sum(axis=0) % 2).astype(np.float64).reshape(1, 1, 8, 8)
+    patterns = np.concatenate([checker, 1.0 - checker])
+    grey = np.full((2, 1, 8, 8), 0.5)
+    np.testing.assert_allclose(patterns.mean(axis=0), grey.mean(axis=0))
+    assert np.linalg.norm(embed_inputs(patterns) - embed_inputs(grey)) > 0.1
+
+
+def test_embedding_is_fixed_order_free_and_empty_safe() -> None:
+    images = np.random.default_rng(0).random((7, 1, 8, 8))
+    np.testing.assert_array_equal(embed_inputs(images, seed=3), embed_inputs(images, seed=3))
+    np.testing.assert_allclose(embed_inputs(images[::-1], seed=3), embed_inputs(images, seed=3))
+    assert not np.allclose(embed_inputs(images, seed=3), embed_inputs(images, seed=4))
+    np.testing.assert_array_equal(embed_inputs(images[:0]), np.zeros(16))
+
+
+# --- the resumable grid --------------------------------------------------------------------------------------------
+GRID = ["--dataset", "digits", "--test-per-class", "30", "--distribution", "d4", "--num-clients", "8",
+        "--num-selected", "3", "--selector", "rs", "qbs", "--seed", "0", "1", "--rounds", "2",
+        "--local-steps", "2", "--final-window", "1"]
+
+
+def test_grid_runs_on_workers_writes_every_job_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    engine_module.main(["--out", str(tmp_path), "--workers", "2", *GRID])
+    jobs = sorted(p.parent.name for p in tmp_path.rglob("result.json"))
+    assert jobs == sorted(
+        f"seed={s}_distribution=d4_num_selected=3_selector={sel}" for s in (0, 1) for sel in ("rs", "qbs")
+    )
+    assert not list(tmp_path.rglob("*.partial"))
+    first = json.loads((tmp_path / jobs[0] / "result.json").read_text())
+    assert first["engine"]["rounds_run"] == 2
+    capsys.readouterr()
+    engine_module.main(["--out", str(tmp_path), "--workers", "2", *GRID])
+    assert "4 jobs, 4 finished before, 0 to run" in capsys.readouterr().out
+
+
+def test_grid_reruns_only_the_missing_job(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    engine_module.main(["--out", str(tmp_path), *GRID])
+    victim = next(tmp_path.rglob("result.json"))
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("result.json") if p != victim}
+    victim.unlink()
+    capsys.readouterr()
+    engine_module.main(["--out", str(tmp_path), *GRID])
+    assert "1 to run" in capsys.readouterr().out and victim.is_file()
+    assert all(p.stat().st_mtime_ns == mtime for p, mtime in before.items())
+
+
+# --- the sweep report ----------------------------------------------------------------------------------------------
+SELECTORS = ("flmarket", "rs", "qbs", "dice", "dds")
+
+
+def _record(selector: str, distribution: str, seed: int, accuracy: float, **engine: object) -> dict:
+    config = {
+        "bid_policy": "volume", "dice_volume_weight": 0.5, "dds_diversity_weight": 1.0, "local_steps": 20,
+        "batch_size": 32, "learning_rate": 0.05, "momentum": 0.9, "clip_norm": 5.0, "min_rounds": 30, "rounds": 100,
+        "final_window": 10, "plateau_tolerance": 0.01, "schedule": "geometric",
+    }
+    config.update({k: v for k, v in engine.items() if k in config})
+    diverged = bool(engine.get("diverged", False))
+    return {
+        "selector": selector, "dataset": "digits_xl", "distribution": distribution, "num_clients": 20,
+        "num_selected": 10, "seed": seed, "final_accuracy": math.nan if diverged else accuracy,
+        "rounds": [{"accuracy": 0.1}] + [{"accuracy": accuracy}] * 30,
+        "pool_class_totals": [100] * 10, "selected_class_totals": [50] * 10,
+        "timings": {"job_wall_s": 10.0},
+        "engine": {"config": config, "rounds_run": 30, "plateau_reached": True, "diverged": diverged,
+                   "collapsed": False},
+    }
+
+
+def _records() -> list[dict]:
+    records = []
+    for seed in range(6):
+        for distribution in ("d4", "d6"):
+            for rank, selector in enumerate(SELECTORS):
+                records.append(_record(selector, distribution, seed, 0.9 - 0.01 * rank + 0.001 * seed))
+    records.append(_record("dice", "d4", 0, 0.5, dice_volume_weight=0.25))
+    records.append(_record("flmarket", "d4", 0, 0.7, bid_policy="constant"))
+    records[1] = _record("rs", "d4", 0, 0.0, diverged=True)
+    return records
+
+
+def test_split_primary_separates_the_sensitivity_runs() -> None:
+    primary, variants = split_primary(_records())
+    assert len(primary) == 60 and set(variants) == {"dice, weight 0.25", "flmarket, constant bids"}
+
+
+def test_sweep_report_counts_divergence_and_tests_the_pairs(tmp_path: Path) -> None:
+    report = build_sweep_report(_records(), tmp_path).read_text()
+    assert "**1 diverged**" in report
+    # FLMarket is best in every setting and every seed: 2 of 2 settings, and the pooled tests see 12 (or 11) pairs.
+    assert "FLMarket best in **2 of 2** settings" in report
+    assert "| all settings | RS | 11 |" in report and "| all settings | QBS | 12 |" in report
+    assert "| dice, weight 0.25 | 1 | 1 |" in report and "| flmarket, constant bids | 1 | 1 |" in report
+    rows = (tmp_path / "comparison.csv").read_text().splitlines()
+    assert len(rows) == 1 + 2 * 5
+    assert (tmp_path / "win_share.png").is_file() and (tmp_path / "accuracy_vs_round_c20_k10.png").is_file()
