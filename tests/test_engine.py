@@ -191,7 +191,8 @@ def test_run_job_inprocess_takes_a_hydra_job_config() -> None:
     from simulations.engine import run_job_inprocess
 
     overrides = ["engine=inprocess", "selector=dice", "num_selected=4", "num_server_rounds=2",
-                 "sim.engine.local_steps=2", "sim.engine.final_window=1", "sim.engine.bid_policy=constant"]
+                 "sim.engine.local_steps=2", "sim.engine.final_window=1", "sim.engine.bid_policy=constant",
+                 "sim.engine.min_rounds=0"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     result = run_job_inprocess(cfg)
