@@ -419,15 +419,16 @@ def _protocol(cfg: EngineConfig, training: _Training) -> dict[str, Any]:
     window = cfg.final_window
     diverged = training.diverged_at is not None
     final = math.nan if diverged or accuracies.size < window else float(accuracies[-window:].mean())
+    delta = math.nan if diverged else _plateau_delta(accuracies, window)
     moving = np.convolve(accuracies, np.ones(window) / window, mode="valid") if accuracies.size >= window else None
     best_window = float(np.max(moving)) if moving is not None and not diverged else math.nan
     return {
         "final_accuracy": final,
         "final_window": window,
         "last_accuracy": float(accuracies[-1]) if accuracies.size else math.nan,
-        "plateau_delta": math.nan if diverged else _plateau_delta(accuracies, window),
+        "plateau_delta": delta,
         "plateau_tolerance": cfg.plateau_tolerance,
-        "plateau_reached": bool(not diverged and abs(_plateau_delta(accuracies, window)) <= cfg.plateau_tolerance),
+        "plateau_reached": bool(abs(delta) <= cfg.plateau_tolerance),
         "rounds_run": int(accuracies.size),
         "diverged": diverged,
         "diverged_at_round": training.diverged_at,
@@ -593,8 +594,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Resumable grid of in-process FLMarket jobs.")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--workers", type=int, default=1, help="jobs run at once, each in its own process")
-    types = {"num_selected": int, "seed": int, "num_clients": int, "dice_volume_weight": float}
-    types["dds_diversity_weight"] = float
+    types = {"num_selected": int, "seed": int, "num_clients": int, "dice_volume_weight": float,
+             "dds_diversity_weight": float}
     for key in _GRID_KEYS:
         parser.add_argument(f"--{key.replace('_', '-')}", nargs="+", type=types.get(key, str), default=None)
     for item in fields(EngineConfig):
@@ -603,6 +604,8 @@ def main(argv: list[str] | None = None) -> None:
     args = vars(parser.parse_args(argv))
     out: Path = args.pop("out")
     workers: int = args.pop("workers")
+    if workers < 1:
+        parser.error(f"--workers must be >= 1, got {workers}")
     grids = {key: args.pop(key) or [getattr(EngineConfig, key)] for key in _GRID_KEYS}
     always_named = ("distribution", "num_selected", "selector", "seed")
     varied = [key for key in _GRID_KEYS if len(grids[key]) > 1 or key in always_named]

@@ -36,9 +36,6 @@ from typing import Any
 
 import numpy as np
 
-from simulations.stats import records_from_dirs
-from simulations.sweep_report import build_sweep_report, is_engine_sweep
-
 PRE_TRAINING_SELECTORS = ("flmarket", "rs", "qbs", "dice", "dds")
 SELECTOR_LABELS = {"flmarket": "FLMarket", "rs": "RS", "qbs": "QBS", "dice": "DICE", "dds": "DDS", "sfedavg": "S-FedAvg"}
 IMBALANCED = ("d4", "d5", "d6")
@@ -333,11 +330,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("results/report"), help="where to write REPORT.md, CSV and plots")
     parser.add_argument("--command", default=None, help="the command that regenerates the sweep, quoted in REPORT.md")
     args = parser.parse_args(argv)
-    engine_records = records_from_dirs(args.sweeps)
-    if is_engine_sweep(engine_records):  # an in-process engine sweep: the statistics report
-        report = build_sweep_report(engine_records, args.out, args.command)
+    from simulations.sweep_report import build_sweep_report, is_engine_sweep  # pylint: disable=import-outside-toplevel
+
+    results = load_results(args.sweeps)
+    if is_engine_sweep(results):  # an in-process engine sweep: the statistics report
+        report = build_sweep_report(results, args.out, args.command)
     else:
-        report = build_report(load_results(args.sweeps), args.out, args.command)
+        report = build_report(results, args.out, args.command)
     print(f"report written to {report}")
 
 

@@ -25,12 +25,12 @@ import numpy as np
 
 from flmarket_flwr.pricing.selectors import DDS_DIVERSITY_WEIGHT, DICE_VOLUME_WEIGHT
 from simulations import stats
+from simulations.report import IMBALANCED
+from simulations.report import PRE_TRAINING_SELECTORS as SELECTORS
+from simulations.report import SELECTOR_LABELS as LABELS
 
 __all__ = ["build_sweep_report", "budget_mode_cohorts", "is_engine_sweep", "split_primary"]
 
-SELECTORS = ("flmarket", "rs", "qbs", "dice", "dds")
-LABELS = {"flmarket": "FLMarket", "rs": "RS", "qbs": "QBS", "dice": "DICE", "dds": "DDS"}
-IMBALANCED = ("d4", "d5", "d6")
 BUDGET_FRACTIONS = (0.25, 0.5)
 """Budgets of the budget-mode auctions, as fractions of the sum of all bids."""
 
@@ -307,8 +307,9 @@ def plot_curves(primary: Sequence[Record], out: Path) -> list[Path]:
                 if not curves:
                     continue
                 length = max(len(c) for c in curves)
+                window = int(_config(primary[0])["final_window"])
                 # A run that stopped at its plateau holds its final-window mean from then on.
-                padded = np.array([c + [float(np.mean(c[-10:]))] * (length - len(c)) for c in curves])
+                padded = np.array([c + [float(np.mean(c[-window:]))] * (length - len(c)) for c in curves])
                 axis.plot(np.arange(1, length + 1), padded.mean(axis=0), label=LABELS[selector], linewidth=1)
             axis.set_title(f"{key[2]}", fontsize=9)
             axis.set_xlabel("round", fontsize=8)

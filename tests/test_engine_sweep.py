@@ -176,3 +176,10 @@ def test_sweep_report_counts_divergence_and_tests_the_pairs(tmp_path: Path) -> N
     rows = (tmp_path / "comparison.csv").read_text().splitlines()
     assert len(rows) == 1 + 2 * 5
     assert (tmp_path / "win_share.png").is_file() and (tmp_path / "accuracy_vs_round_c20_k10.png").is_file()
+
+
+def test_grid_rejects_a_worker_count_below_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        engine_module.main(["--out", str(tmp_path), "--workers", "0", *GRID])
+    assert "--workers must be >= 1, got 0" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("result.json"))
