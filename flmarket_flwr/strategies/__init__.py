@@ -1,10 +1,12 @@
 """Flower Message-API strategies used as baselines by the FLMarket experiments.
 
 * :class:`SFedAvg` -- S-FedAvg (Nagalapatti & Narayanam, AAAI 2021), the paper's in-training
-  baseline: Shapley-value-weighted client sampling every round.
+  baseline: Shapley-value-weighted client sampling every round; :class:`RelevanceSampler` is its
+  Flower-free relevance state (sampling, valuation, update), which the sweeps' engine uses too.
 """
 
 from flmarket_flwr.strategies.sfedavg import (
+    RelevanceSampler,
     SFedAvg,
     SFedAvgRound,
     ShapleyEstimate,
@@ -14,6 +16,7 @@ from flmarket_flwr.strategies.sfedavg import (
 )
 
 __all__ = [
+    "RelevanceSampler",
     "SFedAvg",
     "SFedAvgRound",
     "ShapleyEstimate",

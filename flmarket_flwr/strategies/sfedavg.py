@@ -74,6 +74,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from flwr.supercore import log
 
 __all__ = [
+    "RelevanceSampler",
     "SFedAvg",
     "SFedAvgRound",
     "ShapleyEstimate",
@@ -268,6 +269,103 @@ def estimate_shapley(
     return ShapleyEstimate(values, exact, len(orders), len(cache), truncated)
 
 
+class RelevanceSampler:
+    """S-FedAvg's per-client relevance: sampling by it, valuing a round's updates, updating it.
+
+    Steps 1, 3 and 4 of the algorithm (module docstring) without Flower, over any integer ids
+    (:class:`SFedAvg` uses node ids; the sweeps' in-process engine uses partition ids).
+
+    Parameters
+    ----------
+    num_permutations : int (default: 10)
+        Monte-Carlo permutations per valuation (see :func:`estimate_shapley`).
+    alpha_decay : float (default: 0.75)
+        Weight of the past relevance.
+    beta : float, optional
+        Weight of the round's Shapley value; ``1 - alpha_decay`` if ``None``.
+    temperature : float (default: 1.0)
+        Softmax temperature of the sampling distribution.
+    truncation_tolerance : float (default: 0.0)
+        TMC truncation tolerance (0: none).
+    initial_relevance : float, optional
+        Relevance of an id seen for the first time; ``1 / K`` if ``None``, ``K`` the number of
+        ids in the first call that registers any.
+    sampling_seed, shapley_seed : numpy.random.SeedSequence or int, optional
+        Seeds of the sampling and the permutation generators (unseeded if ``None``).
+    """
+
+    # pylint: disable=too-many-arguments
+    def __init__(
+        self,
+        *,
+        num_permutations: int = 10,
+        alpha_decay: float = 0.75,
+        beta: float | None = None,
+        temperature: float = 1.0,
+        truncation_tolerance: float = 0.0,
+        initial_relevance: float | None = None,
+        sampling_seed: np.random.SeedSequence | int | None = None,
+        shapley_seed: np.random.SeedSequence | int | None = None,
+    ) -> None:
+        self.num_permutations = int(num_permutations)
+        self.alpha_decay = float(alpha_decay)
+        self.beta = 1.0 - self.alpha_decay if beta is None else float(beta)
+        self.temperature = float(temperature)
+        self.truncation_tolerance = float(truncation_tolerance)
+        self.initial_relevance = initial_relevance
+        self._sampling_rng = np.random.default_rng(sampling_seed)
+        self._shapley_rng = np.random.default_rng(shapley_seed)
+        self._relevance: dict[int, float] = {}
+        self._initial_value: float | None = None
+
+    @property
+    def relevance(self) -> dict[int, float]:
+        """Current relevance of every known id (a copy)."""
+        return dict(self._relevance)
+
+    def register(self, ids: Sequence[int]) -> None:
+        """Give ids seen for the first time the initial relevance (fixed at the first call)."""
+        new = [int(i) for i in ids if int(i) not in self._relevance]
+        if not new:
+            return
+        if self._initial_value is None:
+            initial = self.initial_relevance
+            self._initial_value = float(initial) if initial is not None else 1.0 / len(ids)
+        for i in new:
+            self._relevance[i] = self._initial_value
+
+    def probabilities(self, ids: Iterable[int]) -> dict[int, float]:
+        """Return ``softmax(phi / temperature)`` over ``ids`` (sorted; unknown ids registered first)."""
+        ordered = sorted({int(i) for i in ids})
+        self.register(ordered)
+        if not ordered:
+            return {}
+        probs = softmax(np.array([self._relevance[i] for i in ordered]), self.temperature)
+        return dict(zip(ordered, (float(p) for p in probs), strict=True))
+
+    def sample(self, probabilities: Mapping[int, float], size: int) -> list[int]:
+        """Draw ``min(size, len(probabilities))`` distinct ids of ``probabilities``, in drawing order."""
+        ids = list(probabilities)
+        weights = np.array([probabilities[i] for i in ids])
+        return [ids[index] for index in sample_without_replacement(weights, min(size, len(ids)), self._sampling_rng)]
+
+    def estimate(self, players: Sequence[int], value_fn: Callable[[frozenset[int]], float]) -> ShapleyEstimate:
+        """Estimate the players' Shapley values in the game ``value_fn`` (:func:`estimate_shapley`)."""
+        self.register(players)
+        return estimate_shapley(
+            players,
+            value_fn,
+            num_permutations=self.num_permutations,
+            rng=self._shapley_rng,
+            truncation_tolerance=self.truncation_tolerance,
+        )
+
+    def update(self, shapley: Mapping[int, float]) -> None:
+        """``phi_e <- alpha * phi_e + beta * sv_e`` for the valued ids."""
+        for i, value in shapley.items():
+            self._relevance[i] = self.alpha_decay * self._relevance[i] + self.beta * value
+
+
 # --- Flower strategy -----------------------------------------------------------------------------
 @dataclass
 class SFedAvgRound:  # pylint: disable=too-many-instance-attributes
@@ -418,21 +516,21 @@ class SFedAvg(FedAvg):
         )
         self.validation_fn = validation_fn
         self.num_train_nodes = int(num_train_nodes)
-        self.num_permutations = int(num_permutations)
-        self.alpha_decay = float(alpha_decay)
-        self.beta = 1.0 - self.alpha_decay if beta is None else float(beta)
-        self.temperature = float(temperature)
-        self.truncation_tolerance = float(truncation_tolerance)
         self.empty_coalition_value = empty_coalition_value
-        self.initial_relevance = initial_relevance
         self.wait_for_nodes_timeout = float(wait_for_nodes_timeout)
         self.seed = seed
         sampling_seed, shapley_seed, evaluate_seed = np.random.SeedSequence(seed).spawn(3)
-        self._sampling_rng = np.random.default_rng(sampling_seed)
-        self._shapley_rng = np.random.default_rng(shapley_seed)
+        self.sampler = RelevanceSampler(
+            num_permutations=num_permutations,
+            alpha_decay=alpha_decay,
+            beta=beta,
+            temperature=temperature,
+            truncation_tolerance=truncation_tolerance,
+            initial_relevance=initial_relevance,
+            sampling_seed=sampling_seed,
+            shapley_seed=shapley_seed,
+        )
         self._evaluate_rng = np.random.default_rng(evaluate_seed)
-        self._relevance: dict[int, float] = {}
-        self._initial_value: float | None = None
         self._round_arrays: ArrayRecord | None = None
         self.rounds: list[SFedAvgRound] = []
         self.relevance_history: dict[int, dict[int, float]] = {}
@@ -442,7 +540,32 @@ class SFedAvg(FedAvg):
     @property
     def relevance(self) -> dict[int, float]:
         """Current relevance of every known node (a copy)."""
-        return dict(self._relevance)
+        return self.sampler.relevance
+
+    @property
+    def num_permutations(self) -> int:
+        """Monte-Carlo permutations per round."""
+        return self.sampler.num_permutations
+
+    @property
+    def alpha_decay(self) -> float:
+        """Weight of the past relevance."""
+        return self.sampler.alpha_decay
+
+    @property
+    def beta(self) -> float:
+        """Weight of the round's Shapley value."""
+        return self.sampler.beta
+
+    @property
+    def temperature(self) -> float:
+        """Softmax temperature of the sampling distribution."""
+        return self.sampler.temperature
+
+    @property
+    def truncation_tolerance(self) -> float:
+        """TMC truncation tolerance."""
+        return self.sampler.truncation_tolerance
 
     def history(self) -> dict[str, Any]:
         """Return the strategy's settings and per-round records as JSON-ready data."""
@@ -487,24 +610,7 @@ class SFedAvg(FedAvg):
     # --- Sampling ------------------------------------------------------------------------------
     def sampling_probabilities(self, node_ids: Iterable[int]) -> dict[int, float]:
         """Return ``softmax(phi / temperature)`` over ``node_ids`` (unknown nodes get the initial value)."""
-        nodes = sorted({int(node) for node in node_ids})
-        self._register(nodes)
-        if not nodes:
-            return {}
-        probs = softmax(np.array([self._relevance[node] for node in nodes]), self.temperature)
-        return dict(zip(nodes, (float(p) for p in probs), strict=True))
-
-    def _register(self, nodes: Sequence[int]) -> None:
-        """Give nodes seen for the first time the initial relevance (fixed at the first call)."""
-        new = [node for node in nodes if node not in self._relevance]
-        if not new:
-            return
-        if self._initial_value is None:
-            self._initial_value = (
-                float(self.initial_relevance) if self.initial_relevance is not None else 1.0 / len(nodes)
-            )
-        for node in new:
-            self._relevance[node] = self._initial_value
+        return self.sampler.probabilities(node_ids)
 
     def _wait_for_nodes(self, grid: Grid) -> list[int]:
         """Wait, at most ``wait_for_nodes_timeout`` s, for ``min_available_nodes`` nodes."""
@@ -539,12 +645,10 @@ class SFedAvg(FedAvg):
         """Sample nodes by relevance and configure the next round of training."""
         nodes = self._wait_for_nodes(grid)
         if not self.relevance_history:
-            self._register(nodes)
-            self.relevance_history[0] = dict(self._relevance)
+            self.sampler.register(nodes)
+            self.relevance_history[0] = self.sampler.relevance
         probabilities = self.sampling_probabilities(nodes)
-        size = min(self.num_train_nodes, len(nodes))
-        drawn = sample_without_replacement(np.array([probabilities[node] for node in nodes]), size, self._sampling_rng)
-        sampled = [nodes[index] for index in drawn]
+        sampled = self.sampler.sample(probabilities, self.num_train_nodes)
         log(
             INFO,
             "configure_train: S-FedAvg sampled %s nodes (out of %s): %s",
@@ -594,7 +698,7 @@ class SFedAvg(FedAvg):
             started = time.perf_counter()
             estimate, evaluations = self._estimate(contents, arrays)
             record.valuation_time_s = time.perf_counter() - started
-            self._update_relevance(estimate.values)
+            self.sampler.update(estimate.values)
             record.replied = sorted(contents)
             record.shapley = dict(estimate.values)
             record.exact = estimate.exact
@@ -608,8 +712,8 @@ class SFedAvg(FedAvg):
                 record.valuation_time_s,
                 {node: round(value, 4) for node, value in sorted(estimate.values.items())},
             )
-        record.relevance = dict(self._relevance)
-        self.relevance_history[server_round] = dict(self._relevance)
+        record.relevance = self.sampler.relevance
+        self.relevance_history[server_round] = self.sampler.relevance
         return arrays, metrics
 
     def _round_record(self, server_round: int) -> SFedAvgRound:
@@ -641,20 +745,7 @@ class SFedAvg(FedAvg):
             calls += 1
             return float(self.validation_fn(model))
 
-        self._register(players)
-        estimate = estimate_shapley(
-            players,
-            value,
-            num_permutations=self.num_permutations,
-            rng=self._shapley_rng,
-            truncation_tolerance=self.truncation_tolerance,
-        )
-        return estimate, calls
-
-    def _update_relevance(self, shapley: Mapping[int, float]) -> None:
-        """``phi_e <- alpha * phi_e + beta * sv_e`` for the valued nodes."""
-        for node, value in shapley.items():
-            self._relevance[node] = self.alpha_decay * self._relevance[node] + self.beta * value
+        return self.sampler.estimate(players, value), calls
 
 
 # --- Helpers -------------------------------------------------------------------------------------
