@@ -6,6 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from numpy.typing import NDArray
 
 from flmarket_flwr.data import load_dataset, load_digits_arrays, make_partition
@@ -14,6 +18,7 @@ from flmarket_flwr.data.digits_xl import (
     DigitsXL,
     deform,
     load_digits_xl,
+    upsample_to_rgb,
 )
 from flmarket_flwr.pricing import alpha
 
@@ -108,3 +113,41 @@ def test_deform_is_a_function_of_the_generator_state() -> None:
     assert first.shape == images.shape and np.array_equal(first, second)
     still = deform(images, DEFAULT_STRENGTH.scaled(0.0), np.random.default_rng(3))
     np.testing.assert_allclose(still, images, atol=1e-6)
+
+
+# --- digits_xl_rgb32: the images at ResNet-56's input shape ------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(
+    count=st.integers(1, 4),
+    height=st.integers(1, 9),
+    width=st.integers(1, 9),
+    size=st.integers(1, 40),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_upsample_is_torchs_bilinear_resize_repeated_over_channels(
+    count: int, height: int, width: int, size: int, seed: int
+) -> None:
+    images = np.random.default_rng(seed).random((count, 1, height, width), dtype=np.float32)
+    ours = upsample_to_rgb(images, size=size)
+    reference = F.interpolate(torch.from_numpy(images), size=(size, size), mode="bilinear", align_corners=False)
+    assert ours.shape == (count, 3, size, size) and ours.dtype == np.float32
+    np.testing.assert_allclose(ours, reference.repeat(1, 3, 1, 1).numpy(), atol=1e-6, rtol=0)
+    # Convex weights: the range stays inside the input's.
+    assert images.min() - 1e-6 <= ours.min() and ours.max() <= images.max() + 1e-6
+
+
+def test_upsample_rejects_what_it_cannot_resize() -> None:
+    with pytest.raises(ValueError, match=r"\(N, 1, H, W\)"):
+        upsample_to_rgb(np.zeros((2, 3, 8, 8), np.float32))
+    with pytest.raises(ValueError, match="size"):
+        upsample_to_rgb(np.zeros((2, 1, 8, 8), np.float32), size=0)
+
+
+def test_rgb32_registry_entry_is_digits_xl_at_32x32() -> None:
+    small, large = load_dataset("digits_xl"), load_dataset("digits-xl-rgb32")
+    assert large.name == "digits_xl_rgb32" and large.input_shape == (3, 32, 32)
+    assert large.train_images.shape == (len(small.train_images), 3, 32, 32)
+    assert np.array_equal(large.train_labels, small.train_labels)
+    assert np.array_equal(large.test_groups, small.test_groups)
+    assert np.array_equal(large.test_images, upsample_to_rgb(small.test_images))
+    assert np.array_equal(large.train_images[:100], upsample_to_rgb(small.train_images[:100]))

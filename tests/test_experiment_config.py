@@ -94,7 +94,7 @@ def test_every_group_option_composes(group: str) -> None:
 
 def test_expected_group_options() -> None:
     """The groups offer what the experiments need."""
-    assert options("dataset") == ["cifar10", "cinic10", "deap", "digits", "digits_xl"]
+    assert options("dataset") == ["cifar10", "cinic10", "deap", "digits", "digits_xl", "digits_xl_rgb32"]
     assert options("model") == ["deap_cnn", "digits_cnn", "resnet56"]
     assert options("distribution") == [f"d{i}" for i in range(1, 8)]
     assert sorted(options("selector")) == sorted(("flmarket", *experiment_strategies()))
@@ -107,6 +107,7 @@ def test_dataset_options_pick_their_model() -> None:
     assert compose_config("dataset=cifar10", "dataset.root=/x").model.name == "resnet56"
     assert compose_config("dataset=cinic10", "dataset.root=/x").model.name == "resnet56"
     assert compose_config("dataset=deap", "dataset.root=/x").model.name == "deap_cnn"
+    assert compose_config("dataset=digits_xl_rgb32").model.name == "resnet56"
     assert compose_config("dataset=cifar10", "dataset.root=/x", "model=digits_cnn").model.name == "digits_cnn"
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "DigitsXL",
     "deform",
     "load_digits_xl",
+    "upsample_to_rgb",
 ]
 
 CACHE_ENV: Final[str] = "FLMARKET_CACHE_DIR"
@@ -244,6 +245,57 @@ def load_digits_xl(
     data = _generate(params, strength)
     _save_atomically(path, data)
     return data
+
+
+def _bilinear_matrix(source: int, target: int) -> NDArray[np.float64]:
+    """``(target, source)`` weights of 1-D linear interpolation with half-pixel centres.
+
+    Output pixel ``i`` samples the input at ``(i + 0.5) * source / target - 0.5``, clamped to the
+    border: the convention of ``torch.nn.functional.interpolate(mode="bilinear", align_corners=False)``.
+    """
+    position = np.clip((np.arange(target) + 0.5) * source / target - 0.5, 0.0, source - 1)
+    low = np.floor(position).astype(np.int64)
+    high = np.minimum(low + 1, source - 1)
+    frac = position - low
+    weights = np.zeros((target, source))
+    np.add.at(weights, (np.arange(target), low), 1.0 - frac)
+    np.add.at(weights, (np.arange(target), high), frac)
+    return weights
+
+
+def upsample_to_rgb(images: NDArray[np.float32], size: int = 32, channels: int = 3) -> NDArray[np.float32]:
+    """Resize ``(N, 1, H, W)`` images bilinearly to ``size x size`` and repeat them over ``channels``.
+
+    Gives the digits the input shape of the paper's CIFAR models (``3 x 32 x 32`` for ResNet-56):
+    ``dataset=digits_xl_rgb32``. Values stay in the input's range (convex weights).
+
+    Parameters
+    ----------
+    images : numpy.ndarray
+        Single-channel images, ``(N, 1, H, W)``.
+    size : int, default 32
+        Output height and width.
+    channels : int, default 3
+        Output channels (copies of the one input channel).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``float32`` images of shape ``(N, channels, size, size)``.
+
+    Raises
+    ------
+    ValueError
+        If ``images`` is not ``(N, 1, H, W)`` or ``size`` / ``channels`` is not positive.
+    """
+    _check_positive_int("size", size)
+    _check_positive_int("channels", channels)
+    if images.ndim != 4 or images.shape[1] != 1:
+        raise ValueError(f"images must have shape (N, 1, H, W), got {images.shape}")
+    rows = _bilinear_matrix(images.shape[2], size)
+    cols = _bilinear_matrix(images.shape[3], size)
+    resized = np.einsum("ih,nhw,jw->nij", rows, images[:, 0].astype(np.float64), cols).astype(np.float32)
+    return np.repeat(resized[:, None], channels, axis=1)
 
 
 def _cache_folder(cache_dir: str | os.PathLike[str] | None) -> Path | None:

@@ -8,6 +8,9 @@ digits     scikit-learn's bundled    balanced held-out set, ``test_per_class``  
 digits_xl  digits plus deformed      held-out real originals, ``test_per_class``  optional: the cache
            copies (derived, see      (default 50) per class, drawn by             folder of the generated
            :mod:`.digits_xl`)        ``generation_seed`` (not ``seed``)           arrays
+digits_xl  digits_xl upsampled to    as ``digits_xl``                             as ``digits_xl``
+_rgb32     3x32x32 (ResNet-56's
+           input shape)
 cifar10    CIFAR-10, 10 classes      the official ``test_batch`` (10,000)         ``cifar-10-batches-py``
                                                                                   or its parent
 cinic10    CINIC-10, 10 classes      official ``test/`` (``split="test"``) or     CINIC-10 folder or its
@@ -22,6 +25,8 @@ Options (keyword arguments after ``seed``):
 * ``digits_xl``: ``test_per_class``, ``variants_per_image``, ``generation_seed``, ``strength``, ``cache_dir``
   (see :func:`~flmarket_flwr.data.digits_xl.load_digits_xl`); ``train_groups`` / ``test_groups`` hold
   each image's source original, for leakage checks.
+* ``digits_xl_rgb32``: as ``digits_xl``; each image bilinearly resized to 32x32 and repeated over 3 channels
+  (:func:`~flmarket_flwr.data.digits_xl.upsample_to_rgb`).
 * ``cifar10``: none.
 * ``cinic10``: ``cache``, ``cache_dir``, ``num_workers`` (see :func:`~flmarket_flwr.data.cinic10.load_cinic10`)
   and ``include_valid`` (default ``False``; ``True`` trains on ``train/`` + ``valid/``, 180,000 images,
@@ -38,7 +43,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import numpy as np
@@ -50,12 +55,13 @@ from flmarket_flwr.data.digits import NUM_CLASSES as DIGITS_NUM_CLASSES
 
 __all__ = ["DATASET_NAMES", "DATASET_OPTIONS", "LoadedDataset", "canonical_dataset_name", "load_dataset"]
 
-DATASET_NAMES: Final[tuple[str, ...]] = ("digits", "digits_xl", "cifar10", "cinic10", "deap")
+DATASET_NAMES: Final[tuple[str, ...]] = ("digits", "digits_xl", "digits_xl_rgb32", "cifar10", "cinic10", "deap")
 """Names accepted by :func:`load_dataset` (case, ``-`` and ``_`` are ignored: ``"CIFAR-10"`` works)."""
 
 DATASET_OPTIONS: Final[Mapping[str, tuple[str, ...]]] = {
     "digits": ("test_per_class",),
     "digits_xl": ("test_per_class", "variants_per_image", "generation_seed", "strength", "cache_dir"),
+    "digits_xl_rgb32": ("test_per_class", "variants_per_image", "generation_seed", "strength", "cache_dir"),
     "cifar10": (),
     "cinic10": ("cache", "cache_dir", "num_workers", "include_valid"),
     "deap": ("label", "num_classes", "window_seconds", "subjects", "standardize", "test_fraction"),
@@ -204,6 +210,20 @@ def _load_digits_xl(
     )
 
 
+def _load_digits_xl_rgb32(
+    root: str | os.PathLike[str] | None, split: str, seed: int, options: dict[str, Any]
+) -> LoadedDataset:
+    """``digits_xl`` upsampled to ``3 x 32 x 32`` (:func:`~flmarket_flwr.data.digits_xl.upsample_to_rgb`)."""
+    data = _load_digits_xl(root, split, seed, options)
+    return replace(
+        data,
+        name="digits_xl_rgb32",
+        train_images=digits_xl.upsample_to_rgb(data.train_images),
+        test_images=digits_xl.upsample_to_rgb(data.test_images),
+        input_shape=(3, 32, 32),
+    )
+
+
 def _load_cifar10(root: str | os.PathLike[str] | None, split: str, seed: int, options: dict[str, Any]) -> LoadedDataset:
     """Official CIFAR-10 training and test batches."""
     folder = _require_root("cifar10", root)
@@ -291,6 +311,7 @@ def _assemble(
 _LOADERS: Final[dict[str, Callable[[Any, str, int, dict[str, Any]], LoadedDataset]]] = {
     "digits": _load_digits,
     "digits_xl": _load_digits_xl,
+    "digits_xl_rgb32": _load_digits_xl_rgb32,
     "cifar10": _load_cifar10,
     "cinic10": _load_cinic10,
     "deap": _load_deap,
