@@ -6,11 +6,18 @@ One job = partition, selection, then FedAvg rounds on the selected clients, all 
   and the auction in fixed-count mode; ``num_selected=0``: the budget-driven auction), where PASS's
   output is replaced by the plain sum of the clients' label counts (PASS returns exactly that sum,
   mod 2^64, see ``tests/test_pass_protocol.py``); RS, QBS, DICE and DDS are ``select_clients``.
+  ``market="protocol"`` runs FLMarket's real market phase instead (:class:`~flmarket_flwr.market.MarketPhase`:
+  PASS, the clients' own scores and bids, the auction) over an in-process Grid of market clients, and its
+  time counts as selection time: the run time to compare with S-FedAvg.
 * **Training** is FedAvg: each selected client trains a copy of the global model, the server averages
   the weights by sample count the way ``flwr.serverapp.strategy.FedAvg`` does (float32 arrays, weights
-  ``n_e / sum n``). Local training is ``flmarket_flwr.task.train``: whole epochs (``local_steps=0``, the
-  Flower app's protocol, bit-for-bit its train handler) or a fixed number of steps with gradient-norm
-  clipping (its ``steps`` and ``clip_norm``).
+  ``n_e / sum n``). **S-FedAvg** (``selector="sfedavg"``, the in-training baseline) instead samples
+  ``num_selected`` of all clients every round with the strategy's own
+  :class:`~flmarket_flwr.strategies.RelevanceSampler` (seeded as :class:`~flmarket_flwr.strategies.SFedAvg`
+  with ``seed``), values the round's updates on the server's validation split (``val_per_class``) and
+  updates their relevance, exactly as the Flower strategy does. Local training is
+  ``flmarket_flwr.task.train``: whole epochs (``local_steps=0``, the Flower app's protocol, bit-for-bit its
+  train handler) or a fixed number of steps with gradient-norm clipping (its ``steps`` and ``clip_norm``).
 * **Protocol**: accuracy on the held-out test set after every round; final accuracy = mean of the last
   ``final_window`` rounds; plateau criterion: that mean minus the mean of the ``final_window`` rounds
   before it, within ``plateau_tolerance``; a run whose weights or loss turn non-finite is stopped and
@@ -33,7 +40,7 @@ import itertools
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import lru_cache
@@ -54,19 +61,28 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BID_POLICIES",
+    "MARKET_MODES",
     "EngineConfig",
     "Federation",
+    "ShapleyCohort",
     "bids_for",
     "fedavg",
     "load_federation",
     "main",
     "run_engine",
     "run_job_inprocess",
+    "run_market_protocol",
     "select",
 ]
 
 BID_POLICIES = ("volume", "constant", "random")
 """Bid policies: shared per-sample cost (primary), constant bids, per-client random costs."""
+
+MARKET_MODES = ("direct", "protocol")
+"""FLMarket's selection: the pricing functions directly, or the real market phase over an in-process Grid."""
+
+MARKET_NODE_BASE = 1_000
+"""Node id of partition 0 in the in-process market (node ids must be non-zero)."""
 
 TensorPair = tuple["torch.Tensor", "torch.Tensor"]
 
@@ -82,8 +98,11 @@ class EngineConfig:  # pylint: disable=too-many-instance-attributes
     num_clients, distribution, schedule, alpha, seed
         Federation: ``E``, global distribution ``d1..d7``, pruning schedule, Dirichlet concentration, seed.
     selector, num_selected, budget
-        Selector name; cohort size (``0``: FLMarket's budget-driven auction); auction budget ``R``
-        (``0``: the sum of the bids, which never binds in fixed-count mode).
+        Selector name; cohort size (``0``: FLMarket's budget-driven auction; S-FedAvg: clients sampled
+        per round); auction budget ``R`` (``0``: the sum of the bids, which never binds in fixed-count mode).
+    market
+        FLMarket's selection: ``"direct"`` (the pricing functions on the plain sum of the counts) or
+        ``"protocol"`` (the real market phase over an in-process Grid, timed; see the module docstring).
     dice_volume_weight, dds_diversity_weight
         The weights of our DICE and DDS reconstructions (their sensitivity is part of the comparison).
     bid_policy, cost_per_sample, cost_low, cost_high, bid_markup
@@ -112,6 +131,7 @@ class EngineConfig:  # pylint: disable=too-many-instance-attributes
     selector: str = "flmarket"
     num_selected: int = 10
     budget: float = 0.0
+    market: str = "direct"
     dice_volume_weight: float = DICE_VOLUME_WEIGHT
     dds_diversity_weight: float = DDS_DIVERSITY_WEIGHT
     bid_policy: str = "volume"
@@ -137,8 +157,12 @@ class EngineConfig:  # pylint: disable=too-many-instance-attributes
         """Reject settings the engine cannot run."""
         if self.bid_policy not in BID_POLICIES:
             raise ValueError(f"bid_policy must be one of {BID_POLICIES}, got {self.bid_policy!r}")
-        if self.selector == "sfedavg":
-            raise ValueError("S-FedAvg samples clients during training: run it through the Flower path")
+        if self.selector == "sfedavg" and self.val_per_class < 1:
+            raise ValueError("S-FedAvg values clients on a validation split: set val_per_class >= 1")
+        if self.market not in MARKET_MODES:
+            raise ValueError(f"market must be one of {MARKET_MODES}, got {self.market!r}")
+        if self.market == "protocol" and self.bid_policy == "random":
+            raise ValueError("market='protocol' runs the clients' bid policies: use bid_policy volume or constant")
         if self.num_selected < 0 or (self.num_selected == 0 and self.selector != "flmarket"):
             raise ValueError(f"{self.selector} needs num_selected >= 1, got {self.num_selected}")
         if self.rounds < 1 or self.final_window < 1:
@@ -159,6 +183,9 @@ class Federation:
         ``(E, C)`` per-class counts.
     test_data : TensorPair
         The held-out test set.
+    validation_data : TensorPair or None
+        The server's validation split (``val_per_class`` per class, taken from the training pool before
+        the partition; S-FedAvg values updates on it), ``None`` when ``val_per_class`` is 0.
     num_classes : int
         Number of classes.
     input_shape : tuple of int
@@ -170,6 +197,7 @@ class Federation:
     test_data: TensorPair
     num_classes: int
     input_shape: tuple[int, ...]
+    validation_data: TensorPair | None = None
 
 
 # --- Data ----------------------------------------------------------------------------------------------------------
@@ -196,8 +224,9 @@ def _federation(key: tuple[Any, ...]) -> Federation:
     data = _dataset(name, root, test_per_class, seed if name == "digits" else 0)
     labels = data.train_labels
     pool = np.arange(labels.size, dtype=np.int64)
+    validation = None
     if val_per_class > 0:
-        pool, _ = train_test_split_balanced(labels, test_per_class=val_per_class, seed=seed)
+        pool, validation = train_test_split_balanced(labels, test_per_class=val_per_class, seed=seed)
     partition = make_partition(
         labels[pool], num_clients, distribution, alpha=alpha, seed=seed, num_classes=data.num_classes, schedule=schedule
     )
@@ -212,6 +241,7 @@ def _federation(key: tuple[Any, ...]) -> Federation:
         test_data=tensors(data.test_images, data.test_labels),
         num_classes=int(data.num_classes),
         input_shape=tuple(data.input_shape),
+        validation_data=None if validation is None else tensors(data.train_images[validation], labels[validation]),
     )
 
 
@@ -260,8 +290,16 @@ def _embeddings(federation: Federation, seed: int) -> np.ndarray:
 
 
 def select(cfg: EngineConfig, federation: Federation) -> tuple[list[int], dict[str, Any]]:
-    """Run the selector: the selected partition ids (selection order) and what it saw and decided."""
+    """Run the pre-training selector: the selected partition ids (selection order) and what it saw and decided.
+
+    Raises
+    ------
+    ValueError
+        For ``sfedavg``, which samples clients during training (:class:`ShapleyCohort`), not before.
+    """
     counts = federation.label_counts
+    if cfg.selector == "sfedavg":
+        raise ValueError("S-FedAvg samples its clients during training, not before: see ShapleyCohort")
     if cfg.selector != "flmarket":
         extra: dict[str, Any] = {"volume_weight": cfg.dice_volume_weight}
         if cfg.selector == "dds":
@@ -276,6 +314,11 @@ def select(cfg: EngineConfig, federation: Federation) -> tuple[list[int], dict[s
         positions = select_flmarket(counts, cfg.num_selected, seed=cfg.seed, bids=bids, budget=budget)
     else:
         positions = auction.winners
+    protocol: dict[str, Any] = {}
+    if cfg.market == "protocol":
+        direct = [int(p) for p in positions]
+        positions, protocol = run_market_protocol(cfg, counts, budget)
+        protocol["same_winners_as_direct"] = sorted(positions) == sorted(direct)
     market = {
         "total_payment": float(auction.total_payment),
         "budget": budget,
@@ -284,8 +327,42 @@ def select(cfg: EngineConfig, federation: Federation) -> tuple[list[int], dict[s
         "scores": scores.tolist(),
         "bids": bids.tolist(),
         "bid_policy": cfg.bid_policy,
+        **protocol,
     }
     return [int(p) for p in positions], market
+
+
+def run_market_protocol(cfg: EngineConfig, label_counts: np.ndarray, budget: float) -> tuple[list[int], dict[str, Any]]:
+    """FLMarket's real market phase over an in-process Grid: the winners' partition ids and what it cost.
+
+    Every partition is a node (id ``MARKET_NODE_BASE + partition id``) running the market handlers of
+    :func:`~flmarket_flwr.market.register_market_handlers` on its own label counts, with the bid policy
+    of ``cfg`` (``volume``: :class:`~flmarket_flwr.market.CostBasedBid` at ``cost_per_sample``;
+    ``constant``: 1). :class:`~flmarket_flwr.market.MarketPhase` runs PASS (X25519, Shamir-shared
+    masks, the neighbourhood graph), collects the clients' bids and runs the auction, exactly as in a
+    Flower run; messages cross Flower's wire format, synchronously (no network latency).
+    """
+    # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase
+    from flmarket_flwr.market.testing import InProcessGrid, market_client_app
+
+    def constant_bid(counts: np.ndarray, score: float, context: Any) -> float:
+        return 1.0
+
+    policy = CostBasedBid(cfg.cost_per_sample, cfg.bid_markup) if cfg.bid_policy == "volume" else constant_bid
+    nodes = [MARKET_NODE_BASE + e for e in range(label_counts.shape[0])]
+    app = market_client_app({node: label_counts[e] for e, node in enumerate(nodes)}, policy)
+    config = MarketConfig(
+        budget=budget,
+        num_classes=label_counts.shape[1],
+        num_winners=cfg.num_selected or None,
+        expected_nodes=len(nodes),
+    )
+    started = time.perf_counter()
+    outcome = MarketPhase(config).run(InProcessGrid(app, nodes))
+    elapsed = time.perf_counter() - started
+    winners = [node - MARKET_NODE_BASE for node in outcome.winners]
+    return winners, {"market_phase_s": elapsed, "market_timings": dict(outcome.timings), "pass_attempts": 1}
 
 
 # --- Training ------------------------------------------------------------------------------------------------------
@@ -346,10 +423,84 @@ class _Training:
     rounds: list[dict[str, Any]] = field(default_factory=list)
     diverged_at: int | None = None
     final_state: dict[str, np.ndarray] | None = None
+    cohorts: dict[int, list[int]] = field(default_factory=dict)
 
 
-def _fedavg_rounds(cfg: EngineConfig, federation: Federation, selected: Sequence[int]) -> _Training:
-    """FedAvg over ``selected`` for ``cfg.rounds`` rounds, evaluating the global model after each."""
+class ShapleyCohort:
+    """S-FedAvg's cohort: sampled every round by relevance, its updates valued on the validation split.
+
+    The relevance, the sampling and the Shapley estimate are :class:`~flmarket_flwr.strategies.RelevanceSampler`,
+    seeded as :class:`~flmarket_flwr.strategies.SFedAvg` is with ``seed`` (its first two streams) and with its
+    defaults (10 permutations, ``phi <- 0.75 phi + 0.25 sv``, temperature 1, initial relevance ``1 / E``).
+    The value of a coalition is the validation accuracy of the FedAvg of its members' models (sample-weighted,
+    renormalised); the empty coalition's is the round's incoming global model's.
+
+    Parameters
+    ----------
+    num_clients : int
+        Candidates (partition ids ``0 .. num_clients - 1``).
+    num_sampled : int
+        Clients sampled per round.
+    seed : int
+        The run's seed.
+    """
+
+    def __init__(self, num_clients: int, num_sampled: int, seed: int) -> None:
+        # pylint: disable=import-outside-toplevel
+        from flmarket_flwr.strategies import RelevanceSampler
+
+        sampling_seed, shapley_seed, _ = np.random.SeedSequence(seed).spawn(3)
+        self.candidates = list(range(num_clients))
+        self.num_sampled = num_sampled
+        self.sampler = RelevanceSampler(sampling_seed=sampling_seed, shapley_seed=shapley_seed)
+        self.sampler.register(self.candidates)
+        self.rounds: list[dict[str, Any]] = []
+
+    def clients(self, server_round: int) -> list[int]:
+        """Sample this round's clients (drawing order)."""
+        probabilities = self.sampler.probabilities(self.candidates)
+        sampled = self.sampler.sample(probabilities, self.num_sampled)
+        self.rounds.append({"server_round": server_round, "sampled": sampled})
+        return sampled
+
+    def value(
+        self,
+        updates: Mapping[int, tuple[Mapping[str, np.ndarray], float]],
+        incoming: Mapping[str, np.ndarray],
+        validation_accuracy: Callable[[Mapping[str, np.ndarray]], float],
+    ) -> None:
+        """Value the round's updates (partition id -> (state, sample count)) and update the relevance."""
+        started = time.perf_counter()
+
+        def coalition_value(coalition: frozenset[int]) -> float:
+            if not coalition:
+                return validation_accuracy(incoming)
+            members = sorted(coalition)
+            return validation_accuracy(fedavg([updates[e][0] for e in members], [updates[e][1] for e in members]))
+
+        estimate = self.sampler.estimate(sorted(updates), coalition_value)
+        self.sampler.update(estimate.values)
+        self.rounds[-1].update(
+            shapley={str(e): v for e, v in estimate.values.items()},
+            exact=estimate.exact,
+            coalition_evaluations=estimate.num_evaluations,
+            valuation_time_s=time.perf_counter() - started,
+        )
+
+    def history(self) -> dict[str, Any]:
+        """Per-round samples, Shapley values and valuation cost, and the final relevance (JSON-ready)."""
+        return {
+            "rounds": self.rounds,
+            "relevance": {str(e): v for e, v in self.sampler.relevance.items()},
+            "valuation_s": float(sum(r.get("valuation_time_s", 0.0) for r in self.rounds)),
+        }
+
+
+def _fedavg_rounds(cfg: EngineConfig, federation: Federation, cohort: Sequence[int] | ShapleyCohort) -> _Training:
+    """FedAvg for ``cfg.rounds`` rounds, evaluating the global model after each.
+
+    ``cohort``: the selected partition ids (every round the same), or S-FedAvg's :class:`ShapleyCohort`.
+    """
     import torch  # pylint: disable=import-outside-toplevel
 
     from flmarket_flwr.task import evaluate, resolve_device  # pylint: disable=import-outside-toplevel
@@ -361,16 +512,28 @@ def _fedavg_rounds(cfg: EngineConfig, federation: Federation, selected: Sequence
     training = _Training()
     loss, accuracy = evaluate(worker, federation.test_data, device)
     training.rounds.append(_round_record(0, accuracy, loss, None, 0.0, 0.0))
+
+    def validation_accuracy(state: Mapping[str, np.ndarray]) -> float:
+        assert federation.validation_data is not None
+        _load(worker, state)
+        return float(evaluate(worker, federation.validation_data, device)[1])
+
     for server_round in range(1, cfg.rounds + 1):
         started = time.perf_counter()
+        clients = cohort.clients(server_round) if isinstance(cohort, ShapleyCohort) else list(cohort)
+        training.cohorts[server_round] = clients
         states, weights, losses = [], [], []
-        for partition_id in selected:
+        for partition_id in clients:
             _load(worker, global_state)
             seed = cfg.seed * 1_000_003 + partition_id * 1_009 + server_round  # the app's train handler's seed
             losses.append(_local_update(cfg, worker, federation.client_data[partition_id], seed, device))
             states.append(_state(worker))
             weights.append(float(len(federation.client_data[partition_id][1])))
-        global_state = fedavg(states, weights)
+        incoming, global_state = global_state, fedavg(states, weights)
+        if isinstance(cohort, ShapleyCohort) and np.all(np.isfinite(losses)):
+            cohort.value(
+                dict(zip(clients, zip(states, weights, strict=True), strict=True)), incoming, validation_accuracy
+            )
         trained = time.perf_counter()
         if not all(np.all(np.isfinite(v)) for v in global_state.values()) or not np.all(np.isfinite(losses)):
             training.diverged_at = server_round
@@ -450,9 +613,11 @@ def run_engine(cfg: EngineConfig, run_config: Mapping[str, Any] | None = None) -
         torch.set_num_threads(cfg.torch_threads)
     federation = load_federation(cfg)
     loaded = time.perf_counter()
-    selected, market = select(cfg, federation)
+    sfedavg = ShapleyCohort(cfg.num_clients, cfg.num_selected, cfg.seed) if cfg.selector == "sfedavg" else None
+    # S-FedAvg: every client is a candidate (as the app's selection record says); it samples per round.
+    selected, market = (list(range(cfg.num_clients)), {}) if sfedavg else select(cfg, federation)
     selected_at = time.perf_counter()
-    training = _fedavg_rounds(cfg, federation, selected)
+    training = _fedavg_rounds(cfg, federation, sfedavg or selected)
     finished = time.perf_counter()
     protocol = _protocol(cfg, training)
     counts = federation.label_counts
@@ -475,7 +640,7 @@ def run_engine(cfg: EngineConfig, run_config: Mapping[str, Any] | None = None) -
         "selected_class_totals": counts[selected].sum(axis=0).astype(int).tolist() if selected else None,
         "pool_class_totals": counts.sum(axis=0).astype(int).tolist(),
         "all_label_counts": counts.tolist(),
-        "trained_partitions_per_round": {str(r["round"]): sorted(selected) for r in training.rounds[1:]},
+        "trained_partitions_per_round": {str(r): sorted(clients) for r, clients in training.cohorts.items()},
         "timings": {
             "job_wall_s": finished - started,
             "selection_s": selected_at - loaded,
@@ -488,6 +653,9 @@ def run_engine(cfg: EngineConfig, run_config: Mapping[str, Any] | None = None) -
     }
     if market:
         result["market"] = market
+    if sfedavg:
+        result["sfedavg"] = sfedavg.history()
+        result["timings"]["valuation_s"] = result["sfedavg"]["valuation_s"]
     return result
 
 
@@ -594,8 +762,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Resumable grid of in-process FLMarket jobs.")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--workers", type=int, default=1, help="jobs run at once, each in its own process")
-    types = {"num_selected": int, "seed": int, "num_clients": int, "dice_volume_weight": float,
-             "dds_diversity_weight": float}
+    types = {
+        "num_selected": int,
+        "seed": int,
+        "num_clients": int,
+        "dice_volume_weight": float,
+        "dds_diversity_weight": float,
+    }
     for key in _GRID_KEYS:
         parser.add_argument(f"--{key.replace('_', '-')}", nargs="+", type=types.get(key, str), default=None)
     for item in fields(EngineConfig):

@@ -199,3 +199,89 @@ def test_run_job_inprocess_takes_a_hydra_job_config() -> None:
     assert result["selector"] == "dice" and len(result["selected_partitions"]) == 4
     assert result["run_config"]["num-selected"] == 4 and result["engine"]["config"]["bid_policy"] == "constant"
     assert result["final_accuracy"] == result["rounds"][-1]["accuracy"]
+
+
+# --- S-FedAvg and the market protocol in the engine ----------------------------------------------------------------
+SFEDAVG = replace(
+    SETTINGS[0], selector="sfedavg", num_selected=4, val_per_class=10, local_steps=0, local_epochs=1, rounds=3,
+    batch_size=16, learning_rate=0.1, min_rounds=0, final_window=1,
+)
+
+
+def test_sfedavg_samples_and_values_as_flowers_sfedavg_strategy() -> None:
+    """Engine S-FedAvg against the Flower strategy on the app's ClientApp: same samples, same Shapley values."""
+    from flwr.app import ArrayRecord, ConfigRecord
+
+    from flmarket_flwr.models import build_model
+    from flmarket_flwr.strategies import SFedAvg
+    from flmarket_flwr.task import load_validation_set
+    from simulations.apps import make_validation_fn
+
+    cfg = SFEDAVG
+    engine = run_engine(cfg)["sfedavg"]["rounds"]
+
+    data_config = DataConfig.from_run_config(_flower_config(cfg))
+    validation = load_validation_set(data_config)
+    federation = load_federation(cfg)
+    assert federation.validation_data is not None
+    assert torch.equal(federation.validation_data[0], validation[0])
+    assert torch.equal(federation.validation_data[1], validation[1])
+    torch.manual_seed(cfg.seed)
+    model = build_model("digits_cnn", num_classes=10)
+    strategy = SFedAvg(
+        make_validation_fn(build_model("digits_cnn", num_classes=10), validation),
+        num_train_nodes=cfg.num_selected, seed=cfg.seed, min_available_nodes=cfg.num_clients, fraction_evaluate=0.0,
+    )
+    strategy.start(
+        grid=_grid(cfg),
+        initial_arrays=ArrayRecord(model.state_dict()),
+        num_rounds=cfg.rounds,
+        train_config=ConfigRecord({"local-epochs": cfg.local_epochs, "batch-size": cfg.batch_size,
+                                   "learning-rate": cfg.learning_rate, "momentum": cfg.momentum}),
+    )
+    assert len(strategy.rounds) == len(engine) == cfg.rounds
+    for flower_round, engine_round in zip(strategy.rounds, engine, strict=True):
+        assert [node - NODE_BASE for node in flower_round.sampled] == engine_round["sampled"]
+        flower_shapley = {str(node - NODE_BASE): value for node, value in flower_round.shapley.items()}
+        assert flower_shapley.keys() == engine_round["shapley"].keys()
+        for key, value in flower_shapley.items():
+            assert abs(engine_round["shapley"][key] - value) <= 0.02  # accuracies on 100 images, float32 sums
+        assert engine_round["coalition_evaluations"] == flower_round.coalition_evaluations
+
+
+def test_sfedavg_result_records_the_per_round_cohorts_and_valuation() -> None:
+    result = run_engine(SFEDAVG)
+    rounds = result["sfedavg"]["rounds"]
+    assert result["selected_partitions"] == list(range(SFEDAVG.num_clients))  # every client is a candidate
+    assert {str(r["server_round"]): sorted(r["sampled"]) for r in rounds} == result["trained_partitions_per_round"]
+    assert all(len(r["sampled"]) == SFEDAVG.num_selected for r in rounds)
+    relevance = result["sfedavg"]["relevance"]
+    valued = {int(e) for r in rounds for e in r["shapley"]}
+    untouched = set(range(SFEDAVG.num_clients)) - valued
+    assert untouched and all(relevance[str(e)] == pytest.approx(1 / SFEDAVG.num_clients) for e in untouched)
+    assert result["timings"]["valuation_s"] == pytest.approx(sum(r["valuation_time_s"] for r in rounds))
+    assert result["timings"]["valuation_s"] > 0
+
+
+def test_sfedavg_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="val_per_class"):
+        EngineConfig(selector="sfedavg", num_selected=5)
+    with pytest.raises(ValueError, match="during training"):
+        select(SFEDAVG, load_federation(SFEDAVG))
+
+
+@pytest.mark.parametrize("bid_policy", ["volume", "constant"])
+def test_market_protocol_selects_what_the_pricing_functions_select(bid_policy: str) -> None:
+    cfg = replace(SETTINGS[1], bid_policy=bid_policy, market="protocol")
+    federation = load_federation(cfg)
+    selected, market = select(cfg, federation)
+    direct, _ = select(replace(cfg, market="direct"), federation)
+    assert selected == direct and market["same_winners_as_direct"]
+    assert market["market_phase_s"] > 0 and market["pass_attempts"] == 1
+
+
+def test_market_protocol_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="market must be one of"):
+        EngineConfig(market="oracle")
+    with pytest.raises(ValueError, match="bid policies"):
+        EngineConfig(market="protocol", bid_policy="random")
