@@ -3,7 +3,9 @@
 :func:`build_sweep_report` reads every ``result.json`` under the sweep folder and writes ``REPORT.md``,
 ``comparison.csv`` and the plots to ``--out``. The *primary* comparison is the runs at the default bid policy
 (``volume``) and the default weights of our DICE and DDS reconstructions; the other runs are sensitivity
-analyses, compared seed by seed with the primary runs of the same setting. Statistics come from
+analyses, compared seed by seed with the primary runs of the same setting. Runs of the in-training comparison
+(S-FedAvg, and the FLMarket runs beside it: a validation split taken out, the real market phase timed, or another
+model) form their own section (:func:`in_training_lines`). Statistics come from
 :mod:`simulations.stats` (paired Wilcoxon, Holm, win shares with a bootstrap interval). Diverged runs are
 counted and left out of every mean and every pair, never averaged in.
 
@@ -29,7 +31,7 @@ from simulations.report import IMBALANCED
 from simulations.report import PRE_TRAINING_SELECTORS as SELECTORS
 from simulations.report import SELECTOR_LABELS as LABELS
 
-__all__ = ["build_sweep_report", "budget_mode_cohorts", "is_engine_sweep", "split_primary"]
+__all__ = ["build_sweep_report", "budget_mode_cohorts", "in_training_lines", "is_engine_sweep", "split_primary"]
 
 BUDGET_FRACTIONS = (0.25, 0.5)
 """Budgets of the budget-mode auctions, as fractions of the sum of all bids."""
@@ -58,11 +60,24 @@ def _variant(record: Record) -> str | None:
     return None
 
 
+def _in_training_comparison(record: Record) -> bool:
+    """Whether a run belongs to the comparison with S-FedAvg rather than with the pre-training selectors."""
+    config = _config(record)
+    return (
+        record["selector"] == "sfedavg"
+        or int(config.get("val_per_class", 0)) > 0
+        or config.get("market", "direct") != "direct"
+        or record.get("model", "digits_cnn") != "digits_cnn"
+    )
+
+
 def split_primary(records: Sequence[Record]) -> tuple[list[Record], dict[str, list[Record]]]:
-    """The primary runs, and the sensitivity runs by variant name."""
+    """The primary runs, and the sensitivity runs by variant name (runs of the S-FedAvg comparison left out)."""
     primary: list[Record] = []
     variants: dict[str, list[Record]] = defaultdict(list)
     for record in records:
+        if _in_training_comparison(record):
+            continue
         name = _variant(record)
         if name is None:
             primary.append(record)
@@ -101,8 +116,8 @@ def protocol_lines(records: Sequence[Record]) -> list[str]:
     config = _config(records[0])
     wall = defaultdict(list)
     for record in records:
-        wall[int(record["num_selected"])].append(float(record["timings"]["job_wall_s"]))
-    times = ", ".join(f"{k} selected {np.mean(v):.1f} s" for k, v in sorted(wall.items()))
+        wall[(int(record["num_clients"]), int(record["num_selected"]))].append(float(record["timings"]["job_wall_s"]))
+    times = ", ".join(f"{k} of {e} {np.mean(v):.1f} s" for (e, k), v in sorted(wall.items()))
     return [
         f"- Protocol: {config['local_steps']} local SGD steps per round (batch {config['batch_size']}, "
         f"lr {config['learning_rate']}, momentum {config['momentum']}, "
@@ -164,13 +179,22 @@ def accuracy_lines(primary: Sequence[Record]) -> tuple[list[str], list[list[Any]
     return lines, rows
 
 
+def pooled_groups(primary: Sequence[Record]) -> dict[str, list[Record]]:
+    """All settings, d1-d3 and d4-d6, per federation size (and over both sizes when there are several)."""
+    sizes = sorted({int(r["num_clients"]) for r in primary})
+    groups: dict[str, list[Record]] = {}
+    for size in [*sizes, None] if len(sizes) > 1 else sizes:
+        members = [r for r in primary if size is None or int(r["num_clients"]) == size]
+        prefix = "both sizes" if size is None else f"{size} clients"
+        groups[f"{prefix}, all settings"] = members
+        groups[f"{prefix}, d1-d3"] = [r for r in members if r["distribution"] not in IMBALANCED]
+        groups[f"{prefix}, d4-d6"] = [r for r in members if r["distribution"] in IMBALANCED]
+    return groups
+
+
 def pooled_lines(primary: Sequence[Record]) -> list[str]:
-    """Pooled paired tests and win shares for all settings, d1-d3 and d4-d6."""
-    groups = {
-        "all settings": list(primary),
-        "d1-d3": [r for r in primary if r["distribution"] not in IMBALANCED],
-        "d4-d6": [r for r in primary if r["distribution"] in IMBALANCED],
-    }
+    """Pooled paired tests and win shares for all settings, d1-d3 and d4-d6 (:func:`pooled_groups`)."""
+    groups = pooled_groups(primary)
     lines = [
         "| settings | baseline | pairs | mean diff | median diff | W/T/L | p | p (Holm) |",
         "|---|---|---|---|---|---|---|---|",
@@ -230,6 +254,86 @@ def sensitivity_lines(primary: Sequence[Record], variants: Mapping[str, Sequence
     return lines + [""]
 
 
+def _run_time(record: Record) -> float:
+    """The whole ServerApp's time: selection (FLMarket's market phase) and training (S-FedAvg's valuation in it)."""
+    return float(record["timings"]["server_app_s"])
+
+
+def _clients_trained(record: Record) -> int:
+    return len({e for clients in record["trained_partitions_per_round"].values() for e in clients})
+
+
+def in_training_lines(records: Sequence[Record]) -> list[str]:
+    """FLMarket (real market phase, then FedAvg on its winners) against S-FedAvg, setting by setting and pooled.
+
+    Accuracy: mean ± std over seeds and the paired difference (S-FedAvg minus FLMarket) with its Wilcoxon p.
+    Time: the ServerApp's whole time per run (:func:`_run_time`), its parts, the time per round, and the ratio
+    S-FedAvg / FLMarket over the paired seeds.
+    """
+    runs = [r for r in records if _in_training_comparison(r) and r["selector"] in ("flmarket", "sfedavg")]
+    table: dict[tuple[str, str, int, int, str], dict[str, dict[int, Record]]] = defaultdict(lambda: defaultdict(dict))
+    for record in runs:
+        key = (
+            str(record["dataset"]),
+            str(record["model"]),
+            int(record["num_clients"]),
+            int(record["num_selected"]),
+            str(record["distribution"]),
+        )
+        table[key][str(record["selector"])][int(record["seed"])] = record
+    lines = [
+        "| data, model | setting | seeds | FLMarket % | S-FedAvg % | S-FedAvg minus FLMarket (p) | rounds F / S | "
+        "FLMarket s (market + training) | S-FedAvg s (of it valuation) | time S / F | per round S / F | "
+        "clients trained F / S |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    pooled: dict[str, list[tuple[Record, Record]]] = defaultdict(list)
+    for key in sorted(table):
+        cells = table[key]
+        seeds = sorted(set(cells.get("flmarket", {})) & set(cells.get("sfedavg", {})))
+        pairs = [(cells["flmarket"][s], cells["sfedavg"][s]) for s in seeds]
+        pairs = [(f, g) for f, g in pairs if _finite(f) and _finite(g)]
+        if not pairs:
+            continue
+        pooled[f"{key[0]}, {key[1]}"].extend(pairs)
+        flm = np.array([float(f["final_accuracy"]) for f, _ in pairs])
+        sfa = np.array([float(g["final_accuracy"]) for _, g in pairs])
+        flm_time = np.array([_run_time(f) for f, _ in pairs])
+        sfa_time = np.array([_run_time(g) for _, g in pairs])
+        market = np.mean([float(f["timings"]["selection_s"]) for f, _ in pairs])
+        valuation = np.mean([float(g["timings"].get("valuation_s", 0.0)) for _, g in pairs])
+        rounds_f = np.mean([f["engine"]["rounds_run"] for f, _ in pairs])
+        rounds_s = np.mean([g["engine"]["rounds_run"] for _, g in pairs])
+        per_round = np.mean(
+            [
+                (float(g["timings"]["training_s"]) / g["engine"]["rounds_run"])
+                / (float(f["timings"]["training_s"]) / f["engine"]["rounds_run"])
+                for f, g in pairs
+            ]
+        )
+        p_value = stats.wilcoxon_p(sfa - flm) if len(pairs) > 1 else math.nan
+        lines.append(
+            f"| {key[0]}, {key[1]} | {key[4]}, {key[3]} of {key[2]} | {len(pairs)} | "
+            f"{100 * flm.mean():.1f} ± {100 * flm.std():.1f} | {100 * sfa.mean():.1f} ± {100 * sfa.std():.1f} | "
+            f"{100 * (sfa - flm).mean():+.1f} (p {p_value:.2g}) | {rounds_f:.0f} / {rounds_s:.0f} | "
+            f"{flm_time.mean():.1f} ({market:.2f} + {flm_time.mean() - market:.1f}) | "
+            f"{sfa_time.mean():.1f} ({valuation:.1f}) | {np.mean(sfa_time / flm_time):.2f}x | {per_round:.2f}x | "
+            f"{np.mean([_clients_trained(f) for f, _ in pairs]):.0f} / "
+            f"{np.mean([_clients_trained(g) for _, g in pairs]):.0f} |"
+        )
+    lines.append("")
+    for name, pairs in pooled.items():
+        difference = np.array([float(g["final_accuracy"]) - float(f["final_accuracy"]) for f, g in pairs])
+        ratio = np.array([_run_time(g) / _run_time(f) for f, g in pairs])
+        p_text = f", Wilcoxon p {stats.wilcoxon_p(difference):.2g}" if difference.size > 1 else ""
+        lines.append(
+            f"- {name}, {len(pairs)} pairs: S-FedAvg minus FLMarket {100 * difference.mean():+.2f} points "
+            f"(S-FedAvg ahead in {int((difference > 0).sum())}, behind in {int((difference < 0).sum())}{p_text}); "
+            f"S-FedAvg's run takes {ratio.mean():.2f}x FLMarket's (median {np.median(ratio):.2f}x)."
+        )
+    return lines + [""]
+
+
 def budget_mode_cohorts(
     num_clients: int, distributions: Sequence[str], seeds: Sequence[int], **engine_options: Any
 ) -> list[tuple[str, float, float, int, int, float]]:
@@ -279,13 +383,16 @@ def table2_lines(primary: Sequence[Record], num_selected: int = 10, distribution
             continue
         totals = np.mean([r["selected_class_totals"] for r in runs.values()], axis=0)
         lines.append(
-            f"| {LABELS[selector]} | " + " | ".join(f"{v:.0f}" for v in totals)
+            f"| {LABELS[selector]} | "
+            + " | ".join(f"{v:.0f}" for v in totals)
             + f" | {totals.sum():.0f} | {totals.min() / max(totals.max(), 1):.2f} |"
         )
     return lines + [""]
 
 
-def plot_curves(primary: Sequence[Record], out: Path) -> list[Path]:
+def plot_curves(
+    primary: Sequence[Record], out: Path, selectors: Sequence[str] = SELECTORS, prefix: str = "accuracy_vs_round"
+) -> list[Path]:
     """Mean test accuracy per round and selector, one panel per distribution, one figure per cohort size."""
     import matplotlib  # pylint: disable=import-outside-toplevel
 
@@ -298,7 +405,7 @@ def plot_curves(primary: Sequence[Record], out: Path) -> list[Path]:
         keys = sorted(key for key in table if key[:2] == (num_clients, num_selected))
         figure, axes = plt.subplots(1, len(keys), figsize=(3.0 * len(keys), 3.0), squeeze=False, sharey=True)
         for axis, key in zip(axes[0], keys, strict=True):
-            for selector in SELECTORS:
+            for selector in selectors:
                 curves = [
                     [step["accuracy"] for step in r["rounds"][1:]]
                     for r in table[key].get(selector, {}).values()
@@ -318,7 +425,7 @@ def plot_curves(primary: Sequence[Record], out: Path) -> list[Path]:
         axes[0][-1].legend(fontsize=7, loc="lower right")
         figure.suptitle(f"{num_selected} of {num_clients} clients: mean over seeds", fontsize=9)
         figure.tight_layout()
-        path = out / f"accuracy_vs_round_c{num_clients}_k{num_selected}.png"
+        path = out / f"{prefix}_c{num_clients}_k{num_selected}.png"
         figure.savefig(path, dpi=110)
         plt.close(figure)
         paths.append(path)
@@ -362,13 +469,51 @@ def plot_wins(primary: Sequence[Record], out: Path) -> Path:
     return path
 
 
+def _protocol_summary(records: Sequence[Record]) -> list[str]:
+    """One phrase per model: its local steps and how its runs ended."""
+    phrases = []
+    for model in sorted({str(r["model"]) for r in records}):
+        runs = [r for r in records if str(r["model"]) == model]
+        config = _config(runs[0])
+        stop = (
+            f"plateau stop from round {config['min_rounds']}, at most {config['rounds']}"
+            if config["min_rounds"]
+            else f"{config['rounds']} rounds"
+        )
+        phrases.append(
+            f"{model}: {config['local_steps']} local steps per round, {stop}, final accuracy the mean of the last "
+            f"{config['final_window']} rounds ({len(runs)} runs, "
+            f"{sum(bool(r['engine']['diverged']) for r in runs)} diverged)"
+        )
+    return phrases
+
+
+def _in_training_curves(records: Sequence[Record], out: Path) -> list[Path]:
+    """Accuracy curves of FLMarket and S-FedAvg, one figure per (model, cohort size)."""
+    paths = []
+    for model in sorted({str(r["model"]) for r in records}):
+        runs = [r for r in records if str(r["model"]) == model]
+        paths += plot_curves(runs, out, selectors=("flmarket", "sfedavg"), prefix=f"sfedavg_{model}")
+    return paths
+
+
 def write_csv(rows: Sequence[Sequence[Any]], path: Path) -> None:
     """One row per (setting, selector): mean, std, seeds, FLMarket minus it, Holm p, pairs."""
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(
-            ["num_clients", "num_selected", "distribution", "selector", "mean_accuracy", "std_accuracy", "seeds",
-             "flmarket_minus", "p_holm", "pairs"]
+            [
+                "num_clients",
+                "num_selected",
+                "distribution",
+                "selector",
+                "mean_accuracy",
+                "std_accuracy",
+                "seeds",
+                "flmarket_minus",
+                "p_holm",
+                "pairs",
+            ]
         )
         for row in rows:
             writer.writerow([f"{v:.4f}" if isinstance(v, float) and math.isfinite(v) else v for v in row])
@@ -378,12 +523,18 @@ def build_sweep_report(records: Sequence[Record], out: Path, command: str | None
     """Write ``REPORT.md``, ``comparison.csv`` and the plots of an engine sweep to ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     primary, variants = split_primary(records)
+    in_training = [r for r in records if _in_training_comparison(r)]
+    records = [r for r in records if not _in_training_comparison(r)]
     dataset = primary[0]["dataset"] if primary else records[0]["dataset"]
     lines = [f"# {dataset}: FLMarket against the pre-training selectors (in-process engine)", ""]
     if command:
         lines += ["Regenerate with:", "", "```bash", command, "```", ""]
     seeds = sorted({int(r["seed"]) for r in primary})
-    lines += [f"{len(records)} runs ({len(primary)} primary, seeds {seeds[0]}-{seeds[-1]}).", ""]
+    lines += [
+        f"{len(records)} runs ({len(primary)} primary, seeds {seeds[0]}-{seeds[-1]}); "
+        f"{len(in_training)} more in the comparison with S-FedAvg.",
+        "",
+    ]
     lines += protocol_lines(records) + [""]
     lines += ["## Final accuracy by setting", ""]
     table, rows = accuracy_lines(primary)
@@ -427,6 +578,20 @@ def build_sweep_report(records: Sequence[Record], out: Path, command: str | None
     for clients in num_clients:
         for distribution, fraction, mean, low, high, paid in budget_mode_cohorts(clients, distributions, seeds):
             lines.append(f"| {clients} | {distribution} | {fraction:.2f} | {mean:.1f} ({low}-{high}) | {paid:.2f} |")
+    if in_training:
+        lines += [
+            "",
+            "## FLMarket against S-FedAvg (in-training selection)",
+            "",
+            "Both sides take the same validation split (10 per class) out of the training pool, so both train on the "
+            "same client data. FLMarket runs its real market phase (PASS, the clients' scores and bids, the auction, "
+            "over an in-process Grid: no network latency), then FedAvg on its winners; S-FedAvg samples its clients "
+            "every round and values their updates on the validation split (10 Monte-Carlo permutations). Time is the "
+            "ServerApp's whole time per run, measured in the engine (no Flower message layer on either side); "
+            "protocol: " + "; ".join(_protocol_summary(in_training)) + ".",
+            "",
+        ] + in_training_lines(in_training)
+        lines += [f"![{p.stem}]({p.name})" for p in _in_training_curves(in_training, out)]
     lines += ["", "## Premise: the learning curve flattens at a few hundred per class", ""]
     lines += ["![premise](premise.png)", "", "## Accuracy curves", ""]
     lines += [f"![{path.stem}]({path.name})" for path in plot_curves(primary, out)]

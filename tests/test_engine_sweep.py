@@ -16,7 +16,7 @@ from flmarket_flwr.pricing import select_clients
 from flmarket_flwr.task import embed_inputs
 from simulations import engine as engine_module
 from simulations.engine import EngineConfig, _plateau_delta, load_federation, run_engine, select
-from simulations.sweep_report import build_sweep_report, split_primary
+from simulations.sweep_report import build_sweep_report, in_training_lines, split_primary
 
 SMALL = EngineConfig(dataset="digits", test_per_class=30, distribution="d4", seed=0, num_selected=4, local_steps=3)
 
@@ -171,11 +171,42 @@ def test_sweep_report_counts_divergence_and_tests_the_pairs(tmp_path: Path) -> N
     assert "**1 diverged**" in report
     # FLMarket is best in every setting and every seed: 2 of 2 settings, and the pooled tests see 12 (or 11) pairs.
     assert "FLMarket best in **2 of 2** settings" in report
-    assert "| all settings | RS | 11 |" in report and "| all settings | QBS | 12 |" in report
+    assert "| 20 clients, all settings | RS | 11 |" in report and "| 20 clients, all settings | QBS | 12 |" in report
     assert "| dice, weight 0.25 | 1 | 1 |" in report and "| flmarket, constant bids | 1 | 1 |" in report
     rows = (tmp_path / "comparison.csv").read_text().splitlines()
     assert len(rows) == 1 + 2 * 5
     assert (tmp_path / "win_share.png").is_file() and (tmp_path / "accuracy_vs_round_c20_k10.png").is_file()
+
+
+def _in_training_record(selector: str, distribution: str, seed: int, accuracy: float, server_s: float) -> dict:
+    record = _record(selector, distribution, seed, accuracy, local_steps=20)
+    record["engine"]["config"].update(val_per_class=10, market="protocol")
+    record["model"], record["num_selected"] = "digits_cnn", 5
+    market_s = 1.0 if selector == "flmarket" else 0.0
+    record["timings"] = {"job_wall_s": server_s, "server_app_s": server_s, "selection_s": market_s,
+                         "training_s": server_s - market_s, "valuation_s": 2.0 if selector == "sfedavg" else 0.0}
+    clients = [0, 1, 2, 3, 4] if selector == "flmarket" else list(range(20))
+    record["trained_partitions_per_round"] = {"1": clients[:5], "2": clients[5:10] or clients[:5]}
+    return record
+
+
+def test_sfedavg_runs_get_their_own_section_and_stay_out_of_the_primary(tmp_path: Path) -> None:
+    comparison = [
+        _in_training_record(selector, "d4", seed, accuracy + 0.001 * seed, server_s)
+        for seed in range(4)
+        for selector, accuracy, server_s in (("flmarket", 0.90, 10.0), ("sfedavg", 0.92, 30.0))
+    ]
+    primary, variants = split_primary(_records() + comparison)
+    assert len(primary) == 60 and set(variants) == {"dice, weight 0.25", "flmarket, constant bids"}
+    section = in_training_lines(comparison)
+    row = next(line for line in section if line.startswith("| digits_xl, digits_cnn | d4, 5 of 20 | 4 |"))
+    assert "| 90.2 ± 0.1 | 92.2 ± 0.1 | +2.0 (p 0.12) |" in row  # 4 pairs: the smallest Wilcoxon p is 0.125
+    assert "| 10.0 (1.00 + 9.0) | 30.0 (2.0) | 3.00x |" in row and row.endswith("| 5 / 10 |")
+    assert any("4 pairs: S-FedAvg minus FLMarket +2.00 points (S-FedAvg ahead in 4, behind in 0" in line
+               for line in section)
+    report = build_sweep_report(_records() + comparison, tmp_path).read_text()
+    assert "## FLMarket against S-FedAvg" in report and "8 more in the comparison with S-FedAvg" in report
+    assert "FLMarket best in **2 of 2** settings" in report  # the primary comparison is unchanged
 
 
 def test_grid_rejects_a_worker_count_below_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
