@@ -661,6 +661,7 @@ def run_engine(cfg: EngineConfig, run_config: Mapping[str, Any] | None = None) -
 
 # --- Hydra and command line ----------------------------------------------------------------------------------------
 _ENGINE_KEYS = (
+    "market",
     "schedule",
     "bid_policy",
     "cost_per_sample",
