@@ -7,7 +7,7 @@
 # One job of 50 of 100 costs about 80 s on one core (20 clients: 17 s for 10 of 20), so the whole grid is about
 # 10 CPU hours. The phases complete whole (setting, 5 seeds) cells in order of value, so a partial sweep still
 # answers per setting:
-#   1. 25 of 100, d1-d6;  2. 50 of 100, d4-d6;  3. 75 of 100, d4-d6;  4. 50 and 75 of 100, d1-d3.
+#   1. 25 of 100, d1-d6;  2. 50 of 100, d4-d6;  3. 75 of 100, d4-d6;  4. 50 of 100, d1-d3;  5. 75 of 100, d1-d3.
 set -euo pipefail
 workers="${1:-2}"
 raw="${2:-results/digits_xl/raw}"
@@ -19,4 +19,5 @@ engine() { python -m simulations.engine --out "$raw/c100" "${protocol[@]}" "$@" 
 engine --num-selected 25 --distribution d1 d2 d3 d4 d5 d6
 engine --num-selected 50 --distribution d4 d5 d6
 engine --num-selected 75 --distribution d4 d5 d6
-engine --num-selected 50 75 --distribution d1 d2 d3
+engine --num-selected 50 --distribution d1 d2 d3
+engine --num-selected 75 --distribution d1 d2 d3
