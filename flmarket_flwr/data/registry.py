@@ -58,10 +58,18 @@ __all__ = ["DATASET_NAMES", "DATASET_OPTIONS", "LoadedDataset", "canonical_datas
 DATASET_NAMES: Final[tuple[str, ...]] = ("digits", "digits_xl", "digits_xl_rgb32", "cifar10", "cinic10", "deap")
 """Names accepted by :func:`load_dataset` (case, ``-`` and ``_`` are ignored: ``"CIFAR-10"`` works)."""
 
+_DIGITS_XL_OPTIONS: Final[tuple[str, ...]] = (
+    "test_per_class",
+    "variants_per_image",
+    "generation_seed",
+    "strength",
+    "cache_dir",
+)
+
 DATASET_OPTIONS: Final[Mapping[str, tuple[str, ...]]] = {
     "digits": ("test_per_class",),
-    "digits_xl": ("test_per_class", "variants_per_image", "generation_seed", "strength", "cache_dir"),
-    "digits_xl_rgb32": ("test_per_class", "variants_per_image", "generation_seed", "strength", "cache_dir"),
+    "digits_xl": _DIGITS_XL_OPTIONS,
+    "digits_xl_rgb32": _DIGITS_XL_OPTIONS,
     "cifar10": (),
     "cinic10": ("cache", "cache_dir", "num_workers", "include_valid"),
     "deap": ("label", "num_classes", "window_seconds", "subjects", "standardize", "test_fraction"),
@@ -136,7 +144,8 @@ def load_dataset(
     Parameters
     ----------
     name : str
-        ``"digits"``, ``"digits_xl"``, ``"cifar10"``, ``"cinic10"`` or ``"deap"`` (see the module table).
+        ``"digits"``, ``"digits_xl"``, ``"digits_xl_rgb32"``, ``"cifar10"``, ``"cinic10"`` or ``"deap"`` (see the
+        module table).
     root : str or path-like, optional
         Local data folder; required except for ``digits`` (an empty string counts as
         not given). Nothing is ever downloaded.
@@ -215,12 +224,13 @@ def _load_digits_xl_rgb32(
 ) -> LoadedDataset:
     """``digits_xl`` upsampled to ``3 x 32 x 32`` (:func:`~flmarket_flwr.data.digits_xl.upsample_to_rgb`)."""
     data = _load_digits_xl(root, split, seed, options)
+    train_images = digits_xl.upsample_to_rgb(data.train_images)
     return replace(
         data,
         name="digits_xl_rgb32",
-        train_images=digits_xl.upsample_to_rgb(data.train_images),
+        train_images=train_images,
         test_images=digits_xl.upsample_to_rgb(data.test_images),
-        input_shape=(3, 32, 32),
+        input_shape=tuple(int(size) for size in train_images.shape[1:]),
     )
 
 
