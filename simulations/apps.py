@@ -106,21 +106,32 @@ class PreTrainingSelection(Strategy):
         started = time.perf_counter()
         selected = self.select(grid)
         self.record["time_s"] = time.perf_counter() - started
-        log(INFO, "Selector %r: %d of %d selected: %s", self.settings.selector, len(selected),
-            len(self.record["candidates"]), selected)
+        log(
+            INFO,
+            "Selector %r: %d of %d selected: %s",
+            self.settings.selector,
+            len(selected),
+            len(self.record["candidates"]),
+            selected,
+        )
         view = WinnersGrid(grid, selected, seed=self.settings.seed)
         return start_on_nodes(self.strategy, view, initial_arrays=initial_arrays, **start_args)
 
     def select(self, grid: Grid) -> list[int]:
         """Ask every node for its statistics and run the selector; record what it saw."""
         settings = self.settings
-        waiting = MarketConfig(budget=1.0, num_classes=1, wait_for_nodes_timeout=settings.wait_for_nodes_timeout,
-                               poll_interval=0.2)
+        waiting = MarketConfig(
+            budget=1.0, num_classes=1, wait_for_nodes_timeout=settings.wait_for_nodes_timeout, poll_interval=0.2
+        )
         nodes = MarketPhase(waiting).wait_for_nodes(grid)
         want_embedding = settings.selector == "dds"
         counts, embeddings, excluded = collect_selector_stats(
-            grid, nodes, num_classes=self.num_classes, embedding_dim=EMBEDDING_DIM if want_embedding else None,
-            projection_seed=settings.seed, timeout=settings.market_timeout,
+            grid,
+            nodes,
+            num_classes=self.num_classes,
+            embedding_dim=EMBEDDING_DIM if want_embedding else None,
+            projection_seed=settings.seed,
+            timeout=settings.market_timeout,
         )
         if len(counts) < settings.num_selected:
             raise RuntimeError(
@@ -157,19 +168,19 @@ class PreTrainingSelection(Strategy):
         """Delegate to the wrapped strategy."""
         self.strategy.summary()
 
-    def configure_train(self, *args: Any) -> Any:  # type: ignore[override]
+    def configure_train(self, *args: Any) -> Any:
         """Delegate to the wrapped strategy."""
         return self.strategy.configure_train(*args)
 
-    def aggregate_train(self, *args: Any) -> Any:  # type: ignore[override]
+    def aggregate_train(self, *args: Any) -> Any:
         """Delegate to the wrapped strategy."""
         return self.strategy.aggregate_train(*args)
 
-    def configure_evaluate(self, *args: Any) -> Any:  # type: ignore[override]
+    def configure_evaluate(self, *args: Any) -> Any:
         """Delegate to the wrapped strategy."""
         return self.strategy.configure_evaluate(*args)
 
-    def aggregate_evaluate(self, *args: Any) -> Any:  # type: ignore[override]
+    def aggregate_evaluate(self, *args: Any) -> Any:
         """Delegate to the wrapped strategy."""
         return self.strategy.aggregate_evaluate(*args)
 
@@ -253,5 +264,3 @@ def make_validation_fn(
         return float(accuracy)
 
     return validation_fn
-
-

@@ -100,9 +100,7 @@ def to_run_config(cfg: DictConfig | Mapping[str, Any]) -> dict[str, bool | int |
         If the config lacks an app key or has a top-level key the app does not know.
     """
     container = (
-        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-        if isinstance(cfg, DictConfig)
-        else dict(cfg)
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True) if isinstance(cfg, DictConfig) else dict(cfg)
     )
     assert isinstance(container, dict)
     known = app_config_defaults()

@@ -317,8 +317,9 @@ def select(cfg: EngineConfig, federation: Federation) -> tuple[list[int], dict[s
     protocol: dict[str, Any] = {}
     if cfg.market == "protocol":
         direct = [int(p) for p in positions]
-        positions, protocol = run_market_protocol(cfg, counts, budget)
-        protocol["same_winners_as_direct"] = sorted(positions) == sorted(direct)
+        protocol_winners, protocol = run_market_protocol(cfg, counts, budget)
+        positions = np.asarray(protocol_winners, dtype=np.int64)
+        protocol["same_winners_as_direct"] = sorted(protocol_winners) == sorted(direct)
     market = {
         "total_payment": float(auction.total_payment),
         "budget": budget,
@@ -343,13 +344,15 @@ def run_market_protocol(cfg: EngineConfig, label_counts: np.ndarray, budget: flo
     Flower run; messages cross Flower's wire format, synchronously (no network latency).
     """
     # pylint: disable=import-outside-toplevel
-    from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase
+    from flmarket_flwr.market import BidPolicy, CostBasedBid, MarketConfig, MarketPhase
     from flmarket_flwr.market.testing import InProcessGrid, market_client_app
 
-    def constant_bid(counts: np.ndarray, score: float, context: Any) -> float:
+    def constant_bid(label_counts: np.ndarray, score: float, context: Any) -> float:
         return 1.0
 
-    policy = CostBasedBid(cfg.cost_per_sample, cfg.bid_markup) if cfg.bid_policy == "volume" else constant_bid
+    policy: BidPolicy = (
+        CostBasedBid(cfg.cost_per_sample, cfg.bid_markup) if cfg.bid_policy == "volume" else constant_bid
+    )
     nodes = [MARKET_NODE_BASE + e for e in range(label_counts.shape[0])]
     app = market_client_app({node: label_counts[e] for e, node in enumerate(nodes)}, policy)
     config = MarketConfig(

@@ -132,8 +132,11 @@ def main(argv: list[str] | None = None) -> None:
             for seed in args.seeds:
                 point = learning_curve_point(factor, size, seed, args.steps, args.lr, args.anneal_steps)
                 rows.append({"factor": factor, "per_class": size, "seed": seed, **point})
-                print(f"factor {factor:g} per_class {size:5d} seed {seed}: acc {point['test_accuracy']:.4f} "
-                      f"({point['train_s']:.1f} s)", flush=True)
+                print(
+                    f"factor {factor:g} per_class {size:5d} seed {seed}: acc {point['test_accuracy']:.4f} "
+                    f"({point['train_s']:.1f} s)",
+                    flush=True,
+                )
     with (args.out / "premise.csv").open("w", newline="", encoding="utf-8") as file:
         writer = csv.DictWriter(file, fieldnames=list(rows[0]))
         writer.writeheader()

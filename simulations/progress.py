@@ -57,8 +57,10 @@ def format_line(  # pylint: disable=too-many-arguments
     done = max(index, 1)
     eta = elapsed_s / done * max(total - index, 0)
     width = len(str(total))
-    result = f"FAILED ({failed})" if failed else (
-        "acc n/a" if accuracy is None or not math.isfinite(accuracy) else f"acc {accuracy:.4f}"
+    result = (
+        f"FAILED ({failed})"
+        if failed
+        else ("acc n/a" if accuracy is None or not math.isfinite(accuracy) else f"acc {accuracy:.4f}")
     )
     return (
         f"[{index:>{width}}/{total}] {_duration(elapsed_s)} elapsed, ETA {_duration(eta)} | "
@@ -111,9 +113,7 @@ class SweepProgress(Callback):
         else:
             error = job_return._return_value  # pylint: disable=protected-access
             failed = f"{type(error).__name__}: {error}"[:200]
-        overrides = " ".join(
-            o for o in (job_return.overrides or []) if not o.startswith("hydra.")
-        )
+        overrides = " ".join(o for o in (job_return.overrides or []) if not o.startswith("hydra."))
         self._print(
             format_line(
                 index=self.finished,

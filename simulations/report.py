@@ -37,7 +37,14 @@ from typing import Any
 import numpy as np
 
 PRE_TRAINING_SELECTORS = ("flmarket", "rs", "qbs", "dice", "dds")
-SELECTOR_LABELS = {"flmarket": "FLMarket", "rs": "RS", "qbs": "QBS", "dice": "DICE", "dds": "DDS", "sfedavg": "S-FedAvg"}
+SELECTOR_LABELS = {
+    "flmarket": "FLMarket",
+    "rs": "RS",
+    "qbs": "QBS",
+    "dice": "DICE",
+    "dds": "DDS",
+    "sfedavg": "S-FedAvg",
+}
 IMBALANCED = ("d4", "d5", "d6")
 
 Grouped = dict["Setting", dict[str, list[dict[str, Any]]]]
@@ -83,7 +90,13 @@ def load_results(folders: Iterable[Path]) -> list[dict[str, Any]]:
 
 def _setting(record: dict[str, Any]) -> Setting:
     val_per_class = int(record.get("run_config", {}).get("val-per-class", 0))
-    return Setting(record["dataset"], int(record["num_clients"]), int(record["num_selected"]), val_per_class, record["distribution"])
+    return Setting(
+        record["dataset"],
+        int(record["num_clients"]),
+        int(record["num_selected"]),
+        val_per_class,
+        record["distribution"],
+    )
 
 
 def group_by_setting(results: Sequence[dict[str, Any]]) -> Grouped:
@@ -160,8 +173,13 @@ def accuracy_table(grouped: Grouped) -> list[str]:
     for (dataset, num_clients, num_selected, _), settings in _blocks(grouped).items():
         if not any(_complete(grouped[s]) for s in settings):
             continue
-        lines += [f"**{dataset}, {num_selected} of {num_clients} clients** (final accuracy %, mean ± std over seeds)", ""]
-        lines.append("| distribution | " + " | ".join(SELECTOR_LABELS[s] for s in PRE_TRAINING_SELECTORS) + " | seeds |")
+        lines += [
+            f"**{dataset}, {num_selected} of {num_clients} clients** (final accuracy %, mean ± std over seeds)",
+            "",
+        ]
+        lines.append(
+            "| distribution | " + " | ".join(SELECTOR_LABELS[s] for s in PRE_TRAINING_SELECTORS) + " | seeds |"
+        )
         lines.append("|---" * (len(PRE_TRAINING_SELECTORS) + 2) + "|")
         for setting in settings:
             cells = grouped[setting]
@@ -189,7 +207,9 @@ def class_distribution_table(grouped: Grouped, selectors: Sequence[str] = ("flma
         first = {s: min(cells[s], key=lambda r: r["seed"]) for s in selectors}
         pool = first[selectors[0]]["pool_class_totals"]
         num_classes = len(pool)
-        lines += [f"**{setting.dataset}, {setting.distribution}, {setting.num_selected} of {setting.num_clients}, seed {first[selectors[0]]['seed']}**", ""]
+        cohort = f"{setting.num_selected} of {setting.num_clients}"
+        seed = first[selectors[0]]["seed"]
+        lines += [f"**{setting.dataset}, {setting.distribution}, {cohort}, seed {seed}**", ""]
         lines.append("| | " + " | ".join(f"c{c}" for c in range(num_classes)) + " | total | classes covered |")
         lines.append("|---" * (num_classes + 3) + "|")
         lines.append("| pool | " + " | ".join(str(v) for v in pool) + f" | {sum(pool)} | {sum(v > 0 for v in pool)} |")
@@ -213,21 +233,37 @@ def sfedavg_table(grouped: Grouped) -> list[str]:
         if "sfedavg" not in cells or "flmarket" not in cells:
             continue
         times = {s: _mean_std([r["timings"]["server_app_s"] for r in cells[s]]) for s in ("flmarket", "sfedavg")}
-        rows.append((setting, final_accuracy(cells["flmarket"]), final_accuracy(cells["sfedavg"]), times["flmarket"], times["sfedavg"]))
+        rows.append(
+            (
+                setting,
+                final_accuracy(cells["flmarket"]),
+                final_accuracy(cells["sfedavg"]),
+                times["flmarket"],
+                times["sfedavg"],
+            )
+        )
     if not rows:
         return []
-    lines = ["| setting | FLMarket acc % | S-FedAvg acc % | FLMarket time (s) | S-FedAvg time (s) | time ratio |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| setting | FLMarket acc % | S-FedAvg acc % | FLMarket time (s) | S-FedAvg time (s) | time ratio |",
+        "|---|---|---|---|---|---|",
+    ]
     for setting, flm_acc, sf_acc, flm_time, sf_time in rows:
         ratio = sf_time[0] / flm_time[0] if flm_time[0] > 0 else math.nan
         lines.append(
             f"| {setting.distribution}, {setting.num_selected} of {setting.num_clients} | {_fmt(*flm_acc[:2])} | "
-            f"{_fmt(*sf_acc[:2])} | {flm_time[0]:.1f} ± {flm_time[1]:.1f} | {sf_time[0]:.1f} ± {sf_time[1]:.1f} | {ratio:.2f}x |"
+            f"{_fmt(*sf_acc[:2])} | {flm_time[0]:.1f} ± {flm_time[1]:.1f} | "
+            f"{sf_time[0]:.1f} ± {sf_time[1]:.1f} | {ratio:.2f}x |"
         )
     mean_flm = float(np.mean([r[1][0] for r in rows]))
     mean_sf = float(np.mean([r[2][0] for r in rows]))
     mean_ratio = float(np.mean([r[4][0] for r in rows]) / np.mean([r[3][0] for r in rows]))
-    lines += ["", f"Over these settings: FLMarket {100 * mean_flm:.1f}% vs S-FedAvg {100 * mean_sf:.1f}% mean final accuracy; "
-              f"S-FedAvg takes {mean_ratio:.2f}x FLMarket's time (the paper: comparable accuracy at about 3x less time).", ""]
+    lines += [
+        "",
+        f"Over these settings: FLMarket {100 * mean_flm:.1f}% vs S-FedAvg {100 * mean_sf:.1f}% mean final accuracy; "
+        f"S-FedAvg takes {mean_ratio:.2f}x FLMarket's time (the paper: comparable accuracy at about 3x less time).",
+        "",
+    ]
     return lines
 
 
@@ -235,11 +271,35 @@ def write_csv(grouped: Grouped, path: Path) -> None:
     """One row per (setting, selector) with the mean and std final accuracy."""
     with path.open("w", newline="", encoding="utf-8") as file:
         writer = csv.writer(file)
-        writer.writerow(["dataset", "num_clients", "num_selected", "val_per_class", "distribution", "selector", "mean_accuracy", "std_accuracy", "seeds"])
+        writer.writerow(
+            [
+                "dataset",
+                "num_clients",
+                "num_selected",
+                "val_per_class",
+                "distribution",
+                "selector",
+                "mean_accuracy",
+                "std_accuracy",
+                "seeds",
+            ]
+        )
         for setting in sorted(grouped):
             for selector, records in sorted(grouped[setting].items()):
                 mean, std, seeds = final_accuracy(records)
-                writer.writerow([setting.dataset, setting.num_clients, setting.num_selected, setting.val_per_class, setting.distribution, selector, f"{mean:.4f}", f"{std:.4f}", seeds])
+                writer.writerow(
+                    [
+                        setting.dataset,
+                        setting.num_clients,
+                        setting.num_selected,
+                        setting.val_per_class,
+                        setting.distribution,
+                        selector,
+                        f"{mean:.4f}",
+                        f"{std:.4f}",
+                        seeds,
+                    ]
+                )
 
 
 def plot_curves(grouped: Grouped, out: Path) -> list[Path]:
@@ -252,9 +312,13 @@ def plot_curves(grouped: Grouped, out: Path) -> list[Path]:
     written: list[Path] = []
     for (dataset, num_clients, num_selected, val_per_class), settings in _blocks(grouped).items():
         for metric in ("accuracy", "loss"):
-            figure, axes = plt.subplots(1, len(settings), figsize=(3.2 * len(settings), 3.0), squeeze=False, sharey=True)
-            for axis, setting in zip(axes[0], settings):
-                for selector, records in sorted(grouped[setting].items(), key=lambda item: list(SELECTOR_LABELS).index(item[0])):
+            figure, axes = plt.subplots(
+                1, len(settings), figsize=(3.2 * len(settings), 3.0), squeeze=False, sharey=True
+            )
+            for axis, setting in zip(axes[0], settings, strict=True):
+                for selector, records in sorted(
+                    grouped[setting].items(), key=lambda item: list(SELECTOR_LABELS).index(item[0])
+                ):
                     length = min(len(r["rounds"]) for r in records)
                     curves = np.array([[round_[metric] for round_ in r["rounds"][:length]] for r in records])
                     axis.plot(range(length), curves.mean(axis=0), label=SELECTOR_LABELS.get(selector, selector))
@@ -264,7 +328,7 @@ def plot_curves(grouped: Grouped, out: Path) -> list[Path]:
             axes[0][0].set_ylabel(metric)
             labelled: dict[str, Any] = {}
             for axis in axes[0]:
-                for handle, label in zip(*axis.get_legend_handles_labels()):
+                for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
                     labelled.setdefault(label, handle)
             figure.legend(labelled.values(), labelled.keys(), loc="center right", fontsize=8)
             figure.suptitle(f"{dataset}: {metric} vs round, {num_selected} of {num_clients} selected (mean over seeds)")
@@ -314,8 +378,12 @@ def build_report(results: Sequence[dict[str, Any]], out: Path, command: str | No
         lines += ["## Class distribution of the selected clients (Table 2 analogue)", ""] + table2
     sfedavg = sfedavg_table(grouped)
     if sfedavg:
-        lines += ["## FLMarket vs S-FedAvg (in-training selection)", "",
-                  "Time is the whole ServerApp: selection (the market, or Shapley valuation every round) and training.", ""] + sfedavg
+        lines += [
+            "## FLMarket vs S-FedAvg (in-training selection)",
+            "",
+            "Time is the whole ServerApp: selection (the market, or Shapley valuation every round) and training.",
+            "",
+        ] + sfedavg
     plots = plot_curves(grouped, out)
     lines += ["## Curves", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     write_csv(grouped, out / "final_accuracy.csv")
@@ -327,7 +395,9 @@ def build_report(results: Sequence[dict[str, Any]], out: Path, command: str | No
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweeps", nargs="+", type=Path, help="simulations.run output folders (multirun or single)")
-    parser.add_argument("--out", type=Path, default=Path("results/report"), help="where to write REPORT.md, CSV and plots")
+    parser.add_argument(
+        "--out", type=Path, default=Path("results/report"), help="where to write REPORT.md, CSV and plots"
+    )
     parser.add_argument("--command", default=None, help="the command that regenerates the sweep, quoted in REPORT.md")
     args = parser.parse_args(argv)
     from simulations.sweep_report import build_sweep_report, is_engine_sweep  # pylint: disable=import-outside-toplevel

@@ -43,7 +43,7 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 # Before Flower and Ray are imported: no telemetry or usage-stats calls (no network here).
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
@@ -112,8 +112,7 @@ def _flower_logging(job_dir: Path, verbose: bool) -> Iterator[None]:
     file_handler.setLevel(logging.DEBUG if verbose else logging.INFO)
     file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     consoles = [
-        h for h in logger.handlers
-        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+        h for h in logger.handlers if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
     ]
     saved = [(h, h.level) for h in consoles]
     noise = _DropRepeatedNotices()
@@ -230,7 +229,8 @@ def _job_info(cfg: DictConfig) -> dict[str, Any]:
     except ValueError:
         return {}
     return {
-        "num": OmegaConf.select(hydra_cfg, "job.num"),
+        # HydraConfig.get() is typed as the HydraConf dataclass but is a DictConfig at run time.
+        "num": OmegaConf.select(cast(DictConfig, hydra_cfg), "job.num"),
         "overrides": list(hydra_cfg.overrides.task),
         "output_dir": hydra_cfg.runtime.output_dir,
     }
@@ -280,9 +280,7 @@ def summarize(job_dir: Path, run_config: dict[str, Any], wall_s: float, num_clie
     selector = history["selector"]
     selected_nodes = [int(n) for n in (history["winners"] if selector == "sfedavg" else selection["selected"])]
     selected_partitions = [partition_of.get(node) for node in selected_nodes]
-    selected_counts = [
-        counts[p].tolist() if p is not None else None for p in selected_partitions
-    ]
+    selected_counts = [counts[p].tolist() if p is not None else None for p in selected_partitions]
     known = [c for c in selected_counts if c is not None]
     rounds = history["rounds"]
     accuracies = [float(r["accuracy"]) for r in rounds]
@@ -315,9 +313,7 @@ def summarize(job_dir: Path, run_config: dict[str, Any], wall_s: float, num_clie
         "selected_class_totals": np.sum(known, axis=0).astype(int).tolist() if known else None,
         "pool_class_totals": counts.sum(axis=0).astype(int).tolist(),
         "all_label_counts": counts.tolist(),
-        "trained_partitions_per_round": {
-            str(r): sorted(p) for r, p in sorted(trained_per_round.items())
-        },
+        "trained_partitions_per_round": {str(r): sorted(p) for r, p in sorted(trained_per_round.items())},
         "timings": {
             "job_wall_s": wall_s,
             "selection_s": float(timings.get("selection_s", math.nan)),
@@ -329,9 +325,7 @@ def summarize(job_dir: Path, run_config: dict[str, Any], wall_s: float, num_clie
     }
     if selector == "flmarket" and (job_dir / "market.json").is_file():
         market = json.loads((job_dir / "market.json").read_text(encoding="utf-8"))
-        result["market"] = {
-            key: market[key] for key in ("total_payment", "budget", "within_budget")
-        }
+        result["market"] = {key: market[key] for key in ("total_payment", "budget", "within_budget")}
     return result
 
 
@@ -346,8 +340,12 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         result = run_job_inprocess(cfg)
         result["job"] = _job_info(cfg)
         (job_dir / "result.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
-        return {"final_accuracy": result["final_accuracy"], "best_accuracy": result["best_accuracy"],
-                "wall_s": result["timings"]["job_wall_s"], "result": str(job_dir / "result.json")}
+        return {
+            "final_accuracy": result["final_accuracy"],
+            "best_accuracy": result["best_accuracy"],
+            "wall_s": result["timings"]["job_wall_s"],
+            "result": str(job_dir / "result.json"),
+        }
     return run_experiment(cfg, job_dir)
 
 

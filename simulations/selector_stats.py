@@ -28,6 +28,14 @@ KEY_LABEL_COUNTS = "label-counts"
 KEY_EMBEDDING = "embedding"
 
 
+def _int_field(record: ConfigRecord, key: str, default: int) -> int:
+    """``record[key]`` as an int (``default`` when absent); a clear error when it is not an integer."""
+    value = record.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{key!r} must be an int, got {type(value).__name__}")
+    return value
+
+
 def answer_selector_stats(msg: Message, context: Context) -> Message:
     """Client side: reply with this client's label counts in clear (and, if asked, its embedding).
 
@@ -43,8 +51,8 @@ def answer_selector_stats(msg: Message, context: Context) -> Message:
         embedding = data_embedding(
             partition_id_of(context),
             data_config_of(context),
-            dim=int(request.get(KEY_EMBEDDING_DIM, EMBEDDING_DIM)),
-            seed=int(request.get(KEY_PROJECTION_SEED, 0)),
+            dim=_int_field(request, KEY_EMBEDDING_DIM, EMBEDDING_DIM),
+            seed=_int_field(request, KEY_PROJECTION_SEED, 0),
         )
         reply[KEY_EMBEDDING] = [float(v) for v in embedding]
     return Message(content=RecordDict({STATS_RECORD_KEY: reply}), reply_to=msg)
@@ -131,9 +139,7 @@ def _read_stats(reply: Message, num_classes: int, embedding_dim: int | None) -> 
     if record is None or KEY_LABEL_COUNTS not in record:
         raise ValueError("reply carries no label counts")
     values = list(record[KEY_LABEL_COUNTS])  # type: ignore[arg-type]
-    if len(values) != num_classes or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values
-    ):
+    if len(values) != num_classes or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
         raise ValueError(f"label counts must be {num_classes} non-negative ints")
     embedding = None
     if embedding_dim is not None:

@@ -218,9 +218,7 @@ def paired_tests(
     ]
 
 
-def _setting_matrices(
-    records: Iterable[Mapping[str, Any]], selectors: Sequence[str]
-) -> list[np.ndarray]:
+def _setting_matrices(records: Iterable[Mapping[str, Any]], selectors: Sequence[str]) -> list[np.ndarray]:
     """Per setting, the ``(seeds, selectors)`` accuracies of the seeds complete for every selector."""
     matrices = []
     for seeds in _table(records).values():

@@ -325,7 +325,7 @@ def in_training_lines(records: Sequence[Record]) -> list[str]:
     for name, pairs in pooled.items():
         difference = np.array([float(g["final_accuracy"]) - float(f["final_accuracy"]) for f, g in pairs])
         ratio = np.array([_run_time(g) / _run_time(f) for f, g in pairs])
-        p_text = f", Wilcoxon p {stats.wilcoxon_p(difference):.2g}" if difference.size > 1 else ""
+        p_text = f", Wilcoxon p {stats.wilcoxon_p(difference.tolist()):.2g}" if difference.size > 1 else ""
         lines.append(
             f"- {name}, {len(pairs)} pairs: S-FedAvg minus FLMarket {100 * difference.mean():+.2f} points "
             f"(S-FedAvg ahead in {int((difference > 0).sum())}, behind in {int((difference < 0).sum())}{p_text}); "
