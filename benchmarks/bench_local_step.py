@@ -36,12 +36,14 @@ CLIP_NORM = 5.0
 
 @contextlib.contextmanager
 def _onednn(enabled: bool) -> Iterator[None]:
-    previous = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = enabled
+    # torch annotates ``mkldnn.enabled`` as its ``ContextProp`` descriptor; the module's class turns it into a
+    # bool property at run time, so reads give a bool and assigning a bool is right.
+    previous = bool(torch.backends.mkldnn.enabled)
+    torch.backends.mkldnn.enabled = enabled  # type: ignore[assignment]  # torch's stub: the descriptor, not the bool
     try:
         yield
     finally:
-        torch.backends.mkldnn.enabled = previous
+        torch.backends.mkldnn.enabled = previous  # type: ignore[assignment]  # as above
 
 
 def _step_fn(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, bf16: bool) -> Callable[[], None]:

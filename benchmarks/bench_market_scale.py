@@ -37,6 +37,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 from uuid import uuid4
 
 import numpy as np
@@ -68,7 +69,7 @@ def _reset_peak_rss() -> bool:
 class ScaleGrid(InProcessGrid):
     """In-process grid that keeps no copies and counts client CPU and bytes per message type."""
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.cpu: dict[str, float] = defaultdict(float)
         self.messages: dict[str, int] = defaultdict(int)
@@ -146,8 +147,10 @@ def one_size(num_clients: int, num_classes: int) -> dict:
 
 def report(rows: list[dict]) -> None:
     print("Market phase by step, wall seconds (MarketOutcome.timings; all clients and the server in one process)\n")
-    print("| E | C | k | winners | wait for nodes | PASS | scores and bids | auction | awards | total "
-          "| process CPU | server CPU | peak RSS (rise) | load start / end |")
+    print(
+        "| E | C | k | winners | wait for nodes | PASS | scores and bids | auction | awards | total "
+        "| process CPU | server CPU | peak RSS (rise) | load start / end |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         t = r["timings"]
@@ -159,8 +162,10 @@ def report(rows: list[dict]) -> None:
             f"| {r['load_start']:.1f} / {r['load_end']:.1f} |"
         )
     print("\nPer message type: clients' CPU and bytes\n")
-    print("| E | message | messages | client CPU, all | per client | bytes to clients, per message "
-          "| bytes from clients, per message |")
+    print(
+        "| E | message | messages | client CPU, all | per client | bytes to clients, per message "
+        "| bytes from clients, per message |"
+    )
     print("|---:|---|---:|---:|---:|---:|---:|")
     for r in rows:
         for kind, n in r["messages_by_type"].items():

@@ -43,8 +43,12 @@ import tempfile
 import time
 import tomllib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # imported where used at run time: the flmarket_flwr imports load Flower
+    from flmarket_flwr.market import MarketConfig
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -68,7 +72,7 @@ def app_config(num_clients: int, results: Path, rounds: int) -> dict:
     return config
 
 
-def market_config(config: dict, num_clients: int) -> "MarketConfig":  # noqa: F821
+def market_config(config: dict, num_clients: int) -> MarketConfig:
     """The market settings the app derives from ``config`` (budget, classes, cohort) for ``num_clients`` nodes."""
     from flmarket_flwr.market import MarketConfig  # pylint: disable=import-outside-toplevel
     from flmarket_flwr.task import DataConfig, num_classes  # pylint: disable=import-outside-toplevel
@@ -212,8 +216,10 @@ def measure(num_clients: int, rounds: int, workers: int, results: Path) -> dict:
 
 def report(rows: list[dict], workers: int) -> None:
     steps = ("pass", "bid", "auction", "award")
-    print("Market phase, seconds: in Flower's simulation (cold, first contact) / in process, cold / in process, "
-          "warm (no Ray)\n")
+    print(
+        "Market phase, seconds: in Flower's simulation (cold, first contact) / in process, cold / in process, "
+        "warm (no Ray)\n"
+    )
     print("| clients | PASS | scores and bids | auction | awards | market phase |")
     print("|---:|---:|---:|---:|---:|---:|")
     for r in rows:

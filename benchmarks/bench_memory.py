@@ -40,6 +40,7 @@ import time
 import tracemalloc
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 from uuid import uuid4
 
 import numpy as np
@@ -78,7 +79,7 @@ def one_run(num_clients: int, trace: bool) -> dict:
     class LeanGrid(InProcessGrid):
         """The in-process grid without its test bookkeeping (copies of every message); counts request bytes."""
 
-        def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.batch_bytes: dict[str, int] = {}
 
@@ -124,7 +125,7 @@ def one_run(num_clients: int, trace: bool) -> dict:
         "winners": len(outcome.winners),
         "context_bytes_per_client": float(np.mean([len(raw) for raw in grid._contexts.values()])),  # noqa: SLF001
         "largest_batch_bytes": max(grid.batch_bytes.values()),
-        "largest_batch_step": max(grid.batch_bytes, key=grid.batch_bytes.get),
+        "largest_batch_step": max(grid.batch_bytes, key=lambda kind: grid.batch_bytes[kind]),
         "masked_vectors_bytes": num_clients * NUM_CLASSES * 8,
     }
     if trace:
@@ -159,8 +160,10 @@ def main() -> None:
         traced = {"python_heap_peak_mib": runs[True]["python_heap_peak_mib"], "traced_seconds": runs[True]["seconds"]}
         rows.append({**runs[False], **traced})
         print(f"  ... {num_clients} clients done", flush=True)
-    print("\n| clients | market phase | RSS before | peak RSS during the phase | rise | Python heap peak (tracemalloc) "
-          "| largest request batch (step) | per-client Context after the phase |")
+    print(
+        "\n| clients | market phase | RSS before | peak RSS during the phase | rise | Python heap peak (tracemalloc) "
+        "| largest request batch (step) | per-client Context after the phase |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(

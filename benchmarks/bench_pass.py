@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
 from flmarket_flwr.pass_protocol import PassClient, PassServer
+
+_Result = TypeVar("_Result")
 
 
 def run_session(num_clients: int, num_classes: int, seed: int = 0) -> tuple[int, float, float]:
@@ -31,7 +34,7 @@ def run_session(num_clients: int, num_classes: int, seed: int = 0) -> tuple[int,
     server_time += time.perf_counter() - started
     states = {index: PassClient().to_record() for index in requests}
 
-    def answer(requests: dict, method: str) -> dict:  # type: ignore[type-arg]
+    def answer(requests: Mapping[int, Any], method: str) -> dict[int, dict[str, Any]]:
         nonlocal client_time
         replies = {}
         for index, request in requests.items():
@@ -43,7 +46,7 @@ def run_session(num_clients: int, num_classes: int, seed: int = 0) -> tuple[int,
             client_time += time.perf_counter() - started
         return replies
 
-    def serve(step, replies):  # type: ignore[no-untyped-def]
+    def serve(step: Callable[[Any], _Result], replies: Mapping[int, dict[str, Any]] | None) -> _Result:
         nonlocal server_time
         started = time.perf_counter()
         result = step(replies)
@@ -68,7 +71,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     for num_clients in sizes:
         for num_classes in (10, 10_000):
             degree, client_time, server_time = run_session(num_clients, num_classes)
-            print(f"{num_clients:>5} {num_classes:>7} {degree:>4} {client_time:>25.4f} {server_time:>21.4f}", flush=True)
+            print(
+                f"{num_clients:>5} {num_classes:>7} {degree:>4} {client_time:>25.4f} {server_time:>21.4f}", flush=True
+            )
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.client import NumPyClient
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
-from flwr.common import FitIns, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import FitIns, NDArrays, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.secure_aggregation.crypto.shamir import combine_shares, create_shares
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import encrypt, generate_shared_key
 from flwr.common.secure_aggregation.quantization import dequantize, quantize
@@ -243,7 +243,7 @@ def node_ids(num_clients: int) -> list[int]:
 def run_pass(counts: np.ndarray) -> Row:
     num_clients, num_classes = counts.shape
     nodes = node_ids(num_clients)
-    grid = MeasuredGrid(market_client_app(dict(zip(nodes, counts))), nodes)
+    grid = MeasuredGrid(market_client_app(dict(zip(nodes, counts, strict=True))), nodes)
     phase = MarketPhase(MarketConfig(budget=1.0, num_classes=num_classes, timeout=3600.0, poll_interval=0.001))
     with PeakRss() as rss:
         cpu, wall = time.process_time(), time.perf_counter()
@@ -260,7 +260,7 @@ class CountsClient(NumPyClient):
     def __init__(self, counts: np.ndarray) -> None:
         self.counts = counts
 
-    def fit(self, parameters, config):  # type: ignore[no-untyped-def]
+    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         return [self.counts.astype(np.float64)], 1, {}
 
 
@@ -313,7 +313,7 @@ def secagg_sum(context: LegacyContext, num_clients: int) -> np.ndarray:
 def run_secagg(counts: np.ndarray) -> Row:
     num_clients, _ = counts.shape
     nodes = node_ids(num_clients)
-    by_node = dict(zip(nodes, counts))
+    by_node = dict(zip(nodes, counts, strict=True))
     grid = MeasuredGrid(secagg_client_app(lambda context: by_node[context.node_id]), nodes)
     server_context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
     context = legacy_context(server_context, num_clients)
@@ -333,7 +333,7 @@ def drive_one_secagg_client(num_clients: int, counts_by_classes: dict[int, np.nd
     grid = MeasuredGrid(secagg_client_app(lambda context: current["counts"]), [me])
     neighbour_keys = {}
     for node in others:
-        sk1, pk1 = generate_key_pairs()
+        _, pk1 = generate_key_pairs()
         sk2, pk2 = generate_key_pairs()
         neighbour_keys[node] = (public_key_to_bytes(pk1), public_key_to_bytes(pk2), private_key_to_bytes(sk2))
 
@@ -361,10 +361,12 @@ def drive_one_secagg_client(num_clients: int, counts_by_classes: dict[int, np.nd
         )
     )
     my_pk1, my_pk2 = setup[Key.PUBLIC_KEY_1], setup[Key.PUBLIC_KEY_2]
+    assert isinstance(my_pk1, bytes) and isinstance(my_pk2, bytes), "secaggplus_mod's setup reply has no public keys"
     keys = {str(node): [pk1, pk2] for node, (pk1, pk2, _) in neighbour_keys.items()}
     keys[str(me)] = [my_pk1, my_pk2]
     share_keys = send(ConfigRecord({**keys, Key.STAGE: Stage.SHARE_KEYS}))
-    assert len(share_keys[Key.CIPHERTEXT_LIST]) == shares - 1
+    share_ciphertexts = share_keys[Key.CIPHERTEXT_LIST]
+    assert isinstance(share_ciphertexts, list) and len(share_ciphertexts) == shares - 1
     cpu_keys, bytes_keys, server_keys = grid.client_cpu[me], grid.client_bytes[me], grid.server_bytes
     after_keys = grid._contexts[me]  # pylint: disable=protected-access
 
@@ -372,8 +374,8 @@ def drive_one_secagg_client(num_clients: int, counts_by_classes: dict[int, np.nd
     seed_share_len = len(create_shares(os.urandom(32), threshold, 2)[0])
     key_share_len = len(create_shares(private_key_to_bytes(generate_key_pairs()[0]), threshold, 2)[0])
     ciphertexts = []
-    for node, (_, _, sk2) in neighbour_keys.items():
-        shared = generate_shared_key(bytes_to_private_key(sk2), bytes_to_public_key(my_pk2))
+    for node, (_, _, neighbour_sk2) in neighbour_keys.items():
+        shared = generate_shared_key(bytes_to_private_key(neighbour_sk2), bytes_to_public_key(my_pk2))
         plaintext = share_keys_plaintext_concat(node, me, os.urandom(seed_share_len), os.urandom(key_share_len))
         ciphertexts.append(encrypt(shared, plaintext))
 
@@ -399,11 +401,13 @@ def drive_one_secagg_client(num_clients: int, counts_by_classes: dict[int, np.nd
             ),
             fit_content,
         )
-        assert len(masked[Key.MASKED_PARAMETERS]) == 2  # the weight factor, then the vector
+        masked_parameters = masked[Key.MASKED_PARAMETERS]
+        assert isinstance(masked_parameters, list) and len(masked_parameters) == 2  # the weight factor, the vector
         unmask = send(
             ConfigRecord({Key.STAGE: Stage.UNMASK, Key.ACTIVE_NODE_ID_LIST: [me, *others], Key.DEAD_NODE_ID_LIST: []})
         )
-        assert len(unmask[Key.SHARE_LIST]) == shares
+        share_list = unmask[Key.SHARE_LIST]
+        assert isinstance(share_list, list) and len(share_list) == shares
         started = time.process_time()
         pseudo_rand_gen(os.urandom(32), MODULUS_RANGE, [(1,), (num_classes,)])
         prg_s = time.process_time() - started
@@ -441,9 +445,11 @@ def quantisation_error(counts: np.ndarray, clipping_range: float, seed: int = 0)
     num_clients = counts.shape[0]
     target = quantization_range(num_clients)
     np.random.seed(seed)  # Flower's stochastic rounding draws from numpy's global generator
-    quantised = sum(quantize([row.astype(np.float64)], clipping_range, target)[0].astype(np.int64) for row in counts)
+    quantised = np.zeros(counts.shape[1], dtype=np.int64)
+    for row in counts:  # in row order: the stochastic rounding's draws are as before
+        quantised += quantize([row.astype(np.float64)], clipping_range, target)[0].astype(np.int64)
     (mean,) = dequantize([quantised], clipping_range, target)
-    total = (mean - (num_clients - 1) * clipping_range)  # the workflow's offset; weights 1: the sum itself
+    total = mean - (num_clients - 1) * clipping_range  # the workflow's offset; weights 1: the sum itself
     truth = counts.sum(axis=0)
     return float(np.max(np.abs(total - truth))), bool(np.array_equal(np.rint(total).astype(np.int64), truth))
 
@@ -646,8 +652,11 @@ def main() -> None:
         print("\nTarget: PASS v2 at least 10x less client CPU than SecAgg+ at every E:")
         for r in rows:
             if r.protocol == "SecAgg+" and "check" not in r.how:
-                base = next(p for p in rows if p.protocol == "PASS v2" and (p.num_clients, p.num_classes)
-                            == (r.num_clients, r.num_classes))
+                base = next(
+                    p
+                    for p in rows
+                    if p.protocol == "PASS v2" and (p.num_clients, p.num_classes) == (r.num_clients, r.num_classes)
+                )
                 ratio = r.client_cpu_mean_s / base.client_cpu_mean_s
                 verdict = "(met)" if ratio >= 10 else "(NOT met)"
                 print(f"  E={r.num_clients:,} C={r.num_classes:,}: {ratio:.1f}x {verdict}")
