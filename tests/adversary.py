@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-
 from flwr.app import ConfigRecord, Message
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase
@@ -16,7 +15,13 @@ from flmarket_flwr.pass_protocol import PassServer
 
 NUM_CLASSES = 10
 SECRET_KEYS = (
-    "cipher_private_key", "mask_private_key", "self_seed", "inbound_channel_keys", "pair_seeds", "held_shares", "nonce",
+    "cipher_private_key",
+    "mask_private_key",
+    "self_seed",
+    "inbound_channel_keys",
+    "pair_seeds",
+    "held_shares",
+    "nonce",
     "counts",
 )
 
@@ -41,8 +46,12 @@ def market_config(**overrides: Any) -> MarketConfig:
 def send(grid: InProcessGrid, action: str, requests: Mapping[int, Mapping[str, Any]]) -> dict[int, Message]:
     """Send ``{node: fields}`` as ``query.<action>`` messages; return ``{node: reply}``."""
     messages = [
-        Message(make_content(ConfigRecord(dict(fields))), dst_node_id=node, message_type=message_type(action),
-                group_id="attack")
+        Message(
+            make_content(ConfigRecord(dict(fields))),
+            dst_node_id=node,
+            message_type=message_type(action),
+            group_id="attack",
+        )
         for node, fields in requests.items()
     ]
     replies = grid.send_and_receive(messages)
@@ -61,7 +70,7 @@ def run_pass_rounds(grid: InProcessGrid, nodes: list[int], server: PassServer, *
     requests: Any = server.advertise_requests(nodes)
     actions = ("market_advertise", "market_share", "market_mask", "market_unmask")
     steps = (server.receive_advertisements, server.receive_shares, server.receive_masked, server.receive_unmask)
-    for action, step in list(zip(actions, steps))[:upto]:
+    for action, step in list(zip(actions, steps, strict=True))[:upto]:
         replies = send(grid, action, {server.node_of[i]: request.to_record() for i, request in requests.items()})
         requests = step({server.index_of[node]: record_of(reply) for node, reply in replies.items()})
     return requests

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
+from adversary import NUM_CLASSES, client_secrets, honest_grid, make_counts, market_config
 from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import CostBasedBid, MarketError, MarketPhase, register_market_handlers
 from flmarket_flwr.market.messages import RECORD_KEY
 from flmarket_flwr.market.testing import InProcessGrid
 from flmarket_flwr.pricing import run_auction, score
-from adversary import NUM_CLASSES, client_secrets, honest_grid, make_counts, market_config
 
 POLICY = CostBasedBid(0.01)
 
@@ -25,8 +24,11 @@ def altering(node: int, action: str, change):
     """A reply hook that lets ``change(record)`` edit ``node``'s reply to ``query.<action>``."""
 
     def hook(instruction, reply):
-        if (instruction.metadata.dst_node_id == node and instruction.metadata.message_type == f"query.{action}"
-                and not reply.has_error()):
+        if (
+            instruction.metadata.dst_node_id == node
+            and instruction.metadata.message_type == f"query.{action}"
+            and not reply.has_error()
+        ):
             change(reply.content.config_records[RECORD_KEY])
         return reply
 
@@ -37,7 +39,7 @@ def honest_auction(counts: dict[int, np.ndarray], nodes: list[int], budget: floa
     """Winners and payments of the auction over ``nodes`` with their true scores and bids."""
     total = np.sum(list(counts.values()), axis=0)
     scores = [score(counts[n], total, len(counts)) for n in nodes]
-    bids = [POLICY(counts[n], s, None) for n, s in zip(nodes, scores)]
+    bids = [POLICY(counts[n], s, None) for n, s in zip(nodes, scores, strict=True)]
     result = run_auction(scores, bids, budget, num_winners=num_winners)
     return [nodes[i] for i in result.winners], {n: float(result.payments[i]) for i, n in enumerate(nodes)}
 

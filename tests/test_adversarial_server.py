@@ -9,8 +9,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from adversary import (
+    NUM_CLASSES,
+    client_secrets,
+    honest_grid,
+    make_counts,
+    market_config,
+    record_of,
+    run_market,
+    run_pass_rounds,
+    send,
+)
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-
 from flwr.clientapp import ClientApp
 
 from flmarket_flwr import pass_protocol
@@ -31,24 +41,17 @@ from flmarket_flwr.pass_protocol import (
 )
 from flmarket_flwr.pass_protocol.primitives import exchange_shared_secret
 from flmarket_flwr.pricing import score
-from adversary import (
-    NUM_CLASSES,
-    client_secrets,
-    honest_grid,
-    make_counts,
-    market_config,
-    record_of,
-    run_market,
-    run_pass_rounds,
-    send,
-)
 
 GENERIC = "flmarket: market_bid: request refused"
 
 
 def bid_request(session: bytes, total: np.ndarray, num_clients: int, transcript: bytes) -> dict[str, object]:
-    return {"session": session, "global-counts": [int(c) for c in total], "num-clients": num_clients,
-            "transcript": transcript}
+    return {
+        "session": session,
+        "global-counts": [int(c) for c in total],
+        "num-clients": num_clients,
+        "transcript": transcript,
+    }
 
 
 def completed_session(num_nodes: int = 5, seed: int = 0):
@@ -113,8 +116,10 @@ def _mask_round(counts: dict[int, np.ndarray], seed: int):
     requests = run_pass_rounds(grid, sorted(counts), server, upto=3)
     masked = {
         server.index_of[reply.metadata.src_node_id]: np.frombuffer(
-            reply.content.config_records[RECORD_KEY]["masked_counts"], dtype="<u8").astype(np.uint64)
-        for reply in grid.received if reply.metadata.message_type == "query.market_mask"
+            reply.content.config_records[RECORD_KEY]["masked_counts"], dtype="<u8"
+        ).astype(np.uint64)
+        for reply in grid.received
+        if reply.metadata.message_type == "query.market_mask"
     }
     return grid, server, requests, masked
 
@@ -125,8 +130,9 @@ def _strip_pairwise_masks(server: PassServer, victim: int, mask_key: bytes, mask
     out = masked.copy()
     for v in server.graph[victim]:
         peer = load_public_key(server.adverts[v].mask_public_key, v)
-        mask = expand_seed(derive_pair_seed(exchange_shared_secret(key, peer, v), server.session, victim, v),
-                           NUM_CLASSES)
+        mask = expand_seed(
+            derive_pair_seed(exchange_shared_secret(key, peer, v), server.session, victim, v), NUM_CLASSES
+        )
         out = out - mask if victim < v else out + mask
     return out
 
@@ -139,10 +145,12 @@ def test_claiming_a_survivor_dropped_strips_only_its_pairwise_masks(seed: int) -
     survivors = [u for u in server.survivors if u != victim]
     lie = UnmaskRequest.of(survivors, sorted([*server.dropped, victim])).to_record()
     replies = send(grid, "market_unmask", {server.node_of[u]: lie for u in survivors})
-    key_shares = [(server.index_of[node], record_of(reply)) for node, reply in replies.items()
-                  if not reply.has_error()]
-    shares = [(x, r["dropped_shares"][r["dropped_indices"].index(victim)]) for x, r in key_shares
-              if victim in r["dropped_indices"]]
+    key_shares = [(server.index_of[node], record_of(reply)) for node, reply in replies.items() if not reply.has_error()]
+    shares = [
+        (x, r["dropped_shares"][r["dropped_indices"].index(victim)])
+        for x, r in key_shares
+        if victim in r["dropped_indices"]
+    ]
     assert len(shares) >= share_threshold(server.degree)  # the lie works: the victim's mask key comes out...
     rows = np.stack([share_from_bytes(s, 1, 32) for _, s in shares])
     mask_key = reconstruct_secrets([x for x, _ in shares], rows, 32)[0]
@@ -165,8 +173,9 @@ def test_telling_half_the_neighbours_survived_and_half_dropped_yields_neither_se
     others = [u for u in server.survivors if u != victim]
     as_dropped = UnmaskRequest.of(others, sorted([*server.dropped, victim])).to_record()
     requests = {server.node_of[v]: (as_survivor if i < half else as_dropped) for i, v in enumerate(neighbours)}
-    replies = {node: record_of(reply) for node, reply in send(grid, "market_unmask", requests).items()
-               if not reply.has_error()}
+    replies = {
+        node: record_of(reply) for node, reply in send(grid, "market_unmask", requests).items() if not reply.has_error()
+    }
     b_shares = sum(victim in r["survivor_indices"] for r in replies.values())
     s_shares = sum(victim in r["dropped_indices"] for r in replies.values())
     t = share_threshold(server.degree)
@@ -200,9 +209,13 @@ def test_with_a_directory_substituted_or_sybil_keys_are_refused() -> None:
     identities = {node: generate_identity() for node in counts}
     directory = IdentityDirectory({node: public for node, (_, public) in identities.items()})
     app = ClientApp()
-    register_market_handlers(app, lambda context: counts[context.node_id], CostBasedBid(0.01),
-                             identity_key=lambda context: identities[context.node_id][0],
-                             directory=lambda context: directory)
+    register_market_handlers(
+        app,
+        lambda context: counts[context.node_id],
+        CostBasedBid(0.01),
+        identity_key=lambda context: identities[context.node_id][0],
+        directory=lambda context: directory,
+    )
     grid = InProcessGrid(app, list(counts))
     server = PassServer(b"attack/mitm-signed", NUM_CLASSES, 10**9, directory=directory)
     requests = run_pass_rounds(grid, sorted(counts), server, upto=1)
@@ -246,10 +259,14 @@ def test_no_client_keeps_key_material_after_the_market_even_if_excluded(drop_at:
 def _encodings(counts: np.ndarray) -> list[bytes]:
     values = [int(c) for c in counts]
     return [
-        np.asarray(values, dtype="<u8").tobytes(), np.asarray(values, dtype=">u8").tobytes(),
-        np.asarray(values, dtype="<u4").tobytes(), np.asarray(values, dtype="<i8").tobytes(),
-        np.asarray(values, dtype="<f8").tobytes(), np.asarray(values, dtype="<f4").tobytes(),
-        repr(values).encode(), ",".join(map(str, values)).encode(),
+        np.asarray(values, dtype="<u8").tobytes(),
+        np.asarray(values, dtype=">u8").tobytes(),
+        np.asarray(values, dtype="<u4").tobytes(),
+        np.asarray(values, dtype="<i8").tobytes(),
+        np.asarray(values, dtype="<f8").tobytes(),
+        np.asarray(values, dtype="<f4").tobytes(),
+        repr(values).encode(),
+        ",".join(map(str, values)).encode(),
     ]
 
 
@@ -274,7 +291,7 @@ def test_the_full_transcript_reveals_no_losers_counts_and_no_single_masked_vecto
     for reply in grid.received:
         if reply.metadata.message_type == "query.market_unmask" and not reply.has_error():
             record = reply.content.config_records[RECORD_KEY]
-            for owner, share in zip(record["survivor_indices"], record["survivor_shares"]):
+            for owner, share in zip(record["survivor_indices"], record["survivor_shares"], strict=True):
                 b_shares.setdefault(owner, []).append((index_of[reply.metadata.src_node_id], share))
     for node, vector in masked.items():
         shares = b_shares[index_of[node]]

@@ -31,15 +31,23 @@ def run_once(results: Path, name: str) -> tuple[dict, dict]:
     with (PROJECT / "pyproject.toml").open("rb") as file:
         run_config = tomllib.load(file)["tool"]["flwr"]["app"]["config"]
     run_config.update(
-        {"distribution": "d2", "num-selected": 5, "num-server-rounds": 3, "local-epochs": 1,
-         "results-dir": str(results), "run-name": name}
+        {
+            "distribution": "d2",
+            "num-selected": 5,
+            "num-server-rounds": 3,
+            "local-epochs": 1,
+            "results-dir": str(results),
+            "run-name": name,
+        }
     )
     run_simulation(  # Polling for replies every ms: they are collected in arrival order.
         server_app=_with_pull_interval(build_server_app(run_config), 0.001),
         client_app=build_client_app(run_config),
         num_supernodes=6,
-        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                        "init_args": {"num_cpus": 2, "log_to_driver": False, "logging_level": "WARNING"}},
+        backend_config={
+            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+            "init_args": {"num_cpus": 2, "log_to_driver": False, "logging_level": "WARNING"},
+        },
     )
     folder = results / name
     return json.loads((folder / "market.json").read_text()), json.loads((folder / "history.json").read_text())
@@ -52,12 +60,15 @@ def test_same_config_same_winners_payments_and_accuracy(tmp_path: Path) -> None:
     def by_score(market: dict) -> list[tuple[float, float, float, bool]]:
         """Node ids differ between runs: compare each bidder's (score, bid, payment, won)."""
         winners = {str(node) for node in market["winners"]}
-        return sorted((market["scores"][n], market["bids"][n], market["payments"][n], n in winners)
-                      for n in market["scores"])
+        return sorted(
+            (market["scores"][n], market["bids"][n], market["payments"][n], n in winners) for n in market["scores"]
+        )
 
     assert market_a["winners"] and by_score(market_a) == by_score(market_b)
     assert market_a["total_payment"] == market_b["total_payment"]
     assert market_a["global_counts"] == market_b["global_counts"]
-    rounds = [[(row["round"], row["accuracy"], row["loss"]) for row in history["rounds"]]
-              for history in (history_a, history_b)]
+    rounds = [
+        [(row["round"], row["accuracy"], row["loss"]) for row in history["rounds"]]
+        for history in (history_a, history_b)
+    ]
     assert len(rounds[0]) == 4 and rounds[0] == rounds[1]

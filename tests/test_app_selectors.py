@@ -156,8 +156,11 @@ def test_run_config_override_mod() -> None:
 def test_build_server_app_overlays_the_run_config(tmp_path: Path) -> None:
     """build_server_app(run_config) runs main with the overlay (run_simulation passes none)."""
     run_config = app_config(
-        selector="qbs", num_selected=2, num_server_rounds=1,
-        results_dir=str(tmp_path / "results"), run_name="overlay",
+        selector="qbs",
+        num_selected=2,
+        num_server_rounds=1,
+        results_dir=str(tmp_path / "results"),
+        run_name="overlay",
     )
     grid = InProcessGrid(apps.build_client_app(), NODE_IDS, run_config=run_config, run_id=9)
     app = apps.build_server_app(run_config)

@@ -143,7 +143,12 @@ class LocalFlower:
         """Run ``flwr run <app> --stream <args>``."""
         return subprocess.run(
             [FLWR, "run", str(app), "--stream", *args],
-            cwd=self.root, env=self.env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False,
+            cwd=self.root,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+            check=False,
         )
 
     def run(self, name: str, run_config: str, supernodes: int = NUM_SUPERNODES) -> tuple[Path, str]:
@@ -158,8 +163,15 @@ class LocalFlower:
 
     def last_run_status(self) -> str:
         """``flwr ls``'s status of the latest run (e.g. ``finished:failed``)."""
-        completed = subprocess.run([FLWR, "ls", "--format", "json"], cwd=self.root, env=self.env,
-                                   capture_output=True, text=True, timeout=60, check=False)
+        completed = subprocess.run(
+            [FLWR, "ls", "--format", "json"],
+            cwd=self.root,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         runs = json.loads(completed.stdout)["runs"]
         return str(max(runs, key=lambda run: run["pending-at"])["status"])
 
@@ -258,7 +270,7 @@ def test_too_few_supernodes_fails_fast(flower: LocalFlower) -> None:
     elapsed = time.monotonic() - started
     output = completed.stdout + completed.stderr
     assert "FLMarket run FAILED: only 2 SuperNode(s) connected" in output, _explain(output)
-    assert 'num-supernodes=N' in output
+    assert "num-supernodes=N" in output
     assert elapsed < WAIT_FOR_NODES_S, elapsed  # stopped at once, not after waiting for nodes that never come
     # Flower 1.41: `flwr run` exits 0 whatever the ServerApp did; `flwr ls` records the failure.
     assert completed.returncode == 0
@@ -269,8 +281,9 @@ def test_too_few_supernodes_fails_fast(flower: LocalFlower) -> None:
 def test_bad_config_fails_once_on_the_server(flower: LocalFlower) -> None:
     """distribution='d9': one error on the server, naming the key, before any client is asked anything."""
     started = time.monotonic()
-    completed = flower.flwr("--federation-config", f"num-supernodes={NUM_SUPERNODES}",
-                            "--run-config", "distribution='d9'")
+    completed = flower.flwr(
+        "--federation-config", f"num-supernodes={NUM_SUPERNODES}", "--run-config", "distribution='d9'"
+    )
     elapsed = time.monotonic() - started
     output = completed.stdout + completed.stderr
     assert "FLMarket run FAILED: run-config key distribution='d9'" in output, _explain(output)

@@ -13,9 +13,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from fixtures_datasets import (
     CLASS_NAMES,
     deap_subject_content,
@@ -25,6 +22,9 @@ from fixtures_datasets import (
     write_cinic10,
     write_deap_subject,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from flmarket_flwr.data import (
     CIFAR10_MEAN,
     CIFAR10_STD,
@@ -269,9 +269,7 @@ def test_cinic10_threaded_and_serial_decoding_agree(tmp_path: Path) -> None:
     np.testing.assert_array_equal(serial[1], threaded[1])
 
 
-def test_cinic10_cache_is_written_reused_and_invalidated(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_cinic10_cache_is_written_reused_and_invalidated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from PIL import Image
 
     write_cinic10(tmp_path, per_class=2, splits=("train",))
@@ -516,8 +514,8 @@ def test_deap_split_holds_out_whole_trials_per_subject(deap_root: tuple[Path, di
     train_idx, test_idx = deap_train_test_split(windows.subjects, windows.trials, test_fraction=0.2, seed=0)
     assert np.intersect1d(train_idx, test_idx).size == 0
     np.testing.assert_array_equal(np.sort(np.concatenate([train_idx, test_idx])), np.arange(90))
-    train_trials = set(zip(windows.subjects[train_idx].tolist(), windows.trials[train_idx].tolist()))
-    test_trials = set(zip(windows.subjects[test_idx].tolist(), windows.trials[test_idx].tolist()))
+    train_trials = set(zip(windows.subjects[train_idx].tolist(), windows.trials[train_idx].tolist(), strict=True))
+    test_trials = set(zip(windows.subjects[test_idx].tolist(), windows.trials[test_idx].tolist(), strict=True))
     assert not train_trials & test_trials  # no trial on both sides
     assert sorted(subject for subject, _ in test_trials) == [1, 2]  # round(0.2 * 3) -> at least 1 per subject
     again = deap_train_test_split(windows.subjects, windows.trials, test_fraction=0.2, seed=0)

@@ -86,7 +86,9 @@ def test_no_training_image_equals_or_nearly_equals_a_test_image(data: DigitsXL) 
 def test_variants_differ_from_their_original(data: DigitsXL) -> None:
     originals = data.train_is_original
     assert originals.sum() == 1_297
-    source_image = {int(s): img for s, img in zip(data.train_sources[originals], data.train_images[originals])}
+    source_image = {
+        int(s): img for s, img in zip(data.train_sources[originals], data.train_images[originals], strict=True)
+    }
     variants = np.flatnonzero(~originals)[:2_000]
     reference = np.stack([source_image[int(s)] for s in data.train_sources[variants]])
     gaps = np.sqrt(((_flat(data.train_images[variants]) - _flat(reference)) ** 2).sum(1))

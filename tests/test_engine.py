@@ -59,12 +59,23 @@ def _flower_config(cfg: EngineConfig) -> dict:
     run_config = app_config_defaults()
     run_config.update(
         {
-            "dataset": cfg.dataset, "num-clients": cfg.num_clients, "distribution": cfg.distribution,
-            "seed": cfg.seed, "test-per-class": cfg.test_per_class, "val-per-class": cfg.val_per_class,
-            "selector": cfg.selector, "num-selected": cfg.num_selected, "device": "cpu", "torch-threads": 1,
-            "cost-low": cfg.cost_low, "cost-high": cfg.cost_high, "bid-markup": cfg.bid_markup,
-            "local-epochs": cfg.local_epochs, "batch-size": cfg.batch_size,
-            "learning-rate": cfg.learning_rate, "momentum": cfg.momentum,
+            "dataset": cfg.dataset,
+            "num-clients": cfg.num_clients,
+            "distribution": cfg.distribution,
+            "seed": cfg.seed,
+            "test-per-class": cfg.test_per_class,
+            "val-per-class": cfg.val_per_class,
+            "selector": cfg.selector,
+            "num-selected": cfg.num_selected,
+            "device": "cpu",
+            "torch-threads": 1,
+            "cost-low": cfg.cost_low,
+            "cost-high": cfg.cost_high,
+            "bid-markup": cfg.bid_markup,
+            "local-epochs": cfg.local_epochs,
+            "batch-size": cfg.batch_size,
+            "learning-rate": cfg.learning_rate,
+            "momentum": cfg.momentum,
         }
     )
     return run_config
@@ -124,14 +135,21 @@ def test_one_round_matches_flowers_fedavg_through_the_train_handler() -> None:
 
     torch.manual_seed(cfg.seed)
     model = build_model("digits_cnn", num_classes=10)
-    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=1, min_evaluate_nodes=0,
-                      min_available_nodes=1)
+    strategy = FedAvg(
+        fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=1, min_evaluate_nodes=0, min_available_nodes=1
+    )
     result = strategy.start(
         grid=WinnersGrid(_grid(cfg), [NODE_BASE + p for p in selected], seed=cfg.seed),
         initial_arrays=ArrayRecord(model.state_dict()),
         num_rounds=1,
-        train_config=ConfigRecord({"local-epochs": cfg.local_epochs, "batch-size": cfg.batch_size,
-                                   "learning-rate": cfg.learning_rate, "momentum": cfg.momentum}),
+        train_config=ConfigRecord(
+            {
+                "local-epochs": cfg.local_epochs,
+                "batch-size": cfg.batch_size,
+                "learning-rate": cfg.learning_rate,
+                "momentum": cfg.momentum,
+            }
+        ),
     )
     flower_state = result.arrays.to_torch_state_dict()
     assert engine.final_state is not None
@@ -152,8 +170,18 @@ def test_train_with_steps_runs_exactly_the_steps_and_clips() -> None:
     model = torch.nn.Linear(4, 3)
     x, y = torch.randn(10, 4) * 100, torch.randint(0, 3, (10,))
     before = model.weight.detach().clone()
-    loss = train(model, (x, y), 0, lr=1.0, device=torch.device("cpu"), batch_size=4, momentum=0.0, seed=1,
-                 steps=7, clip_norm=1e-3)
+    loss = train(
+        model,
+        (x, y),
+        0,
+        lr=1.0,
+        device=torch.device("cpu"),
+        batch_size=4,
+        momentum=0.0,
+        seed=1,
+        steps=7,
+        clip_norm=1e-3,
+    )
     assert math.isfinite(loss)
     assert (model.weight.detach() - before).norm() <= 7 * 1e-3 + 1e-6
 
@@ -173,10 +201,27 @@ def test_run_engine_result_has_run_py_shape() -> None:
     cfg = replace(SETTINGS[0], rounds=3, local_steps=2, final_window=2)
     result = run_engine(cfg)
     expected = {
-        "selector", "dataset", "model", "distribution", "num_clients", "num_selected", "seed", "final_accuracy",
-        "best_accuracy", "final_loss", "rounds", "selected_nodes", "selected_partitions", "selected_label_counts",
-        "selected_class_totals", "pool_class_totals", "all_label_counts", "trained_partitions_per_round", "timings",
-        "run_config", "market",
+        "selector",
+        "dataset",
+        "model",
+        "distribution",
+        "num_clients",
+        "num_selected",
+        "seed",
+        "final_accuracy",
+        "best_accuracy",
+        "final_loss",
+        "rounds",
+        "selected_nodes",
+        "selected_partitions",
+        "selected_label_counts",
+        "selected_class_totals",
+        "pool_class_totals",
+        "all_label_counts",
+        "trained_partitions_per_round",
+        "timings",
+        "run_config",
+        "market",
     }
     assert expected <= set(result) and len(result["rounds"]) == 4
     assert set(result["timings"]) == {"job_wall_s", "selection_s", "training_s", "server_app_s", "overhead_s"}
@@ -190,9 +235,16 @@ def test_run_job_inprocess_takes_a_hydra_job_config() -> None:
     from simulations.config import CONF_DIR
     from simulations.engine import run_job_inprocess
 
-    overrides = ["engine=inprocess", "selector=dice", "num_selected=4", "num_server_rounds=2",
-                 "sim.engine.local_steps=2", "sim.engine.final_window=1", "sim.engine.bid_policy=constant",
-                 "sim.engine.min_rounds=0"]
+    overrides = [
+        "engine=inprocess",
+        "selector=dice",
+        "num_selected=4",
+        "num_server_rounds=2",
+        "sim.engine.local_steps=2",
+        "sim.engine.final_window=1",
+        "sim.engine.bid_policy=constant",
+        "sim.engine.min_rounds=0",
+    ]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     result = run_job_inprocess(cfg)
@@ -203,8 +255,17 @@ def test_run_job_inprocess_takes_a_hydra_job_config() -> None:
 
 # --- S-FedAvg and the market protocol in the engine ----------------------------------------------------------------
 SFEDAVG = replace(
-    SETTINGS[0], selector="sfedavg", num_selected=4, val_per_class=10, local_steps=0, local_epochs=1, rounds=3,
-    batch_size=16, learning_rate=0.1, min_rounds=0, final_window=1,
+    SETTINGS[0],
+    selector="sfedavg",
+    num_selected=4,
+    val_per_class=10,
+    local_steps=0,
+    local_epochs=1,
+    rounds=3,
+    batch_size=16,
+    learning_rate=0.1,
+    min_rounds=0,
+    final_window=1,
 )
 
 
@@ -230,14 +291,23 @@ def test_sfedavg_samples_and_values_as_flowers_sfedavg_strategy() -> None:
     model = build_model("digits_cnn", num_classes=10)
     strategy = SFedAvg(
         make_validation_fn(build_model("digits_cnn", num_classes=10), validation),
-        num_train_nodes=cfg.num_selected, seed=cfg.seed, min_available_nodes=cfg.num_clients, fraction_evaluate=0.0,
+        num_train_nodes=cfg.num_selected,
+        seed=cfg.seed,
+        min_available_nodes=cfg.num_clients,
+        fraction_evaluate=0.0,
     )
     strategy.start(
         grid=_grid(cfg),
         initial_arrays=ArrayRecord(model.state_dict()),
         num_rounds=cfg.rounds,
-        train_config=ConfigRecord({"local-epochs": cfg.local_epochs, "batch-size": cfg.batch_size,
-                                   "learning-rate": cfg.learning_rate, "momentum": cfg.momentum}),
+        train_config=ConfigRecord(
+            {
+                "local-epochs": cfg.local_epochs,
+                "batch-size": cfg.batch_size,
+                "learning-rate": cfg.learning_rate,
+                "momentum": cfg.momentum,
+            }
+        ),
     )
     assert len(strategy.rounds) == len(engine) == cfg.rounds
     for flower_round, engine_round in zip(strategy.rounds, engine, strict=True):

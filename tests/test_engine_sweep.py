@@ -68,8 +68,13 @@ def test_dice_weight_reaches_the_selector(weight: float) -> None:
 
 def test_dds_lambda_changes_the_selection_somewhere() -> None:
     picks = {
-        weight: tuple(select(replace(SMALL, selector="dds", dds_diversity_weight=weight, seed=s), load_federation(
-            replace(SMALL, seed=s)))[0] for s in range(4))
+        weight: tuple(
+            select(
+                replace(SMALL, selector="dds", dds_diversity_weight=weight, seed=s),
+                load_federation(replace(SMALL, seed=s)),
+            )[0]
+            for s in range(4)
+        )
         for weight in (0.0, 5.0)
     }
     assert picks[0.0] != picks[5.0]
@@ -96,9 +101,30 @@ def test_embedding_is_fixed_order_free_and_empty_safe() -> None:
 
 
 # --- the resumable grid --------------------------------------------------------------------------------------------
-GRID = ["--dataset", "digits", "--test-per-class", "30", "--distribution", "d4", "--num-clients", "8",
-        "--num-selected", "3", "--selector", "rs", "qbs", "--seed", "0", "1", "--rounds", "2",
-        "--local-steps", "2", "--final-window", "1"]
+GRID = [
+    "--dataset",
+    "digits",
+    "--test-per-class",
+    "30",
+    "--distribution",
+    "d4",
+    "--num-clients",
+    "8",
+    "--num-selected",
+    "3",
+    "--selector",
+    "rs",
+    "qbs",
+    "--seed",
+    "0",
+    "1",
+    "--rounds",
+    "2",
+    "--local-steps",
+    "2",
+    "--final-window",
+    "1",
+]
 
 
 def test_grid_runs_on_workers_writes_every_job_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -132,20 +158,41 @@ SELECTORS = ("flmarket", "rs", "qbs", "dice", "dds")
 
 def _record(selector: str, distribution: str, seed: int, accuracy: float, **engine: object) -> dict:
     config = {
-        "bid_policy": "volume", "dice_volume_weight": 0.5, "dds_diversity_weight": 1.0, "local_steps": 20,
-        "batch_size": 32, "learning_rate": 0.05, "momentum": 0.9, "clip_norm": 5.0, "min_rounds": 30, "rounds": 100,
-        "final_window": 10, "plateau_tolerance": 0.01, "schedule": "geometric",
+        "bid_policy": "volume",
+        "dice_volume_weight": 0.5,
+        "dds_diversity_weight": 1.0,
+        "local_steps": 20,
+        "batch_size": 32,
+        "learning_rate": 0.05,
+        "momentum": 0.9,
+        "clip_norm": 5.0,
+        "min_rounds": 30,
+        "rounds": 100,
+        "final_window": 10,
+        "plateau_tolerance": 0.01,
+        "schedule": "geometric",
     }
     config.update({k: v for k, v in engine.items() if k in config})
     diverged = bool(engine.get("diverged", False))
     return {
-        "selector": selector, "dataset": "digits_xl", "distribution": distribution, "num_clients": 20,
-        "num_selected": 10, "seed": seed, "final_accuracy": math.nan if diverged else accuracy,
+        "selector": selector,
+        "dataset": "digits_xl",
+        "distribution": distribution,
+        "num_clients": 20,
+        "num_selected": 10,
+        "seed": seed,
+        "final_accuracy": math.nan if diverged else accuracy,
         "rounds": [{"accuracy": 0.1}] + [{"accuracy": accuracy}] * 30,
-        "pool_class_totals": [100] * 10, "selected_class_totals": [50] * 10,
+        "pool_class_totals": [100] * 10,
+        "selected_class_totals": [50] * 10,
         "timings": {"job_wall_s": 10.0},
-        "engine": {"config": config, "rounds_run": 30, "plateau_reached": True, "diverged": diverged,
-                   "collapsed": False},
+        "engine": {
+            "config": config,
+            "rounds_run": 30,
+            "plateau_reached": True,
+            "diverged": diverged,
+            "collapsed": False,
+        },
     }
 
 
@@ -183,8 +230,13 @@ def _in_training_record(selector: str, distribution: str, seed: int, accuracy: f
     record["engine"]["config"].update(val_per_class=10, market="protocol")
     record["model"], record["num_selected"] = "digits_cnn", 5
     market_s = 1.0 if selector == "flmarket" else 0.0
-    record["timings"] = {"job_wall_s": server_s, "server_app_s": server_s, "selection_s": market_s,
-                         "training_s": server_s - market_s, "valuation_s": 2.0 if selector == "sfedavg" else 0.0}
+    record["timings"] = {
+        "job_wall_s": server_s,
+        "server_app_s": server_s,
+        "selection_s": market_s,
+        "training_s": server_s - market_s,
+        "valuation_s": 2.0 if selector == "sfedavg" else 0.0,
+    }
     clients = [0, 1, 2, 3, 4] if selector == "flmarket" else list(range(20))
     record["trained_partitions_per_round"] = {"1": clients[:5], "2": clients[5:10] or clients[:5]}
     return record
@@ -202,8 +254,9 @@ def test_sfedavg_runs_get_their_own_section_and_stay_out_of_the_primary(tmp_path
     row = next(line for line in section if line.startswith("| digits_xl, digits_cnn | d4, 5 of 20 | 4 |"))
     assert "| 90.2 ± 0.1 | 92.2 ± 0.1 | +2.0 (p 0.12) |" in row  # 4 pairs: the smallest Wilcoxon p is 0.125
     assert "| 10.0 (1.00 + 9.0) | 30.0 (2.0) | 3.00x |" in row and row.endswith("| 5 / 10 |")
-    assert any("4 pairs: S-FedAvg minus FLMarket +2.00 points (S-FedAvg ahead in 4, behind in 0" in line
-               for line in section)
+    assert any(
+        "4 pairs: S-FedAvg minus FLMarket +2.00 points (S-FedAvg ahead in 4, behind in 0" in line for line in section
+    )
     report = build_sweep_report(_records() + comparison, tmp_path).read_text()
     assert "## FLMarket against S-FedAvg" in report and "8 more in the comparison with S-FedAvg" in report
     assert "FLMarket best in **2 of 2** settings" in report  # the primary comparison is unchanged

@@ -15,8 +15,8 @@ from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
 
 from flmarket_flwr.server_app import ServerSettings
-from simulations.apps import experiment_strategies
 from flmarket_flwr.task import DataConfig
+from simulations.apps import experiment_strategies
 from simulations.config import CONF_DIR, GROUP_KEYS, app_config_defaults, to_run_config
 from simulations.progress import count_jobs, format_line
 
@@ -129,9 +129,7 @@ def test_digits_sweep_training_preset() -> None:
     base = to_run_config(compose_config())
     sweep = to_run_config(compose_config("training=digits_sweep"))
     changed = {key for key in base if base[key] != sweep[key]}
-    assert changed and changed <= {
-        "num-server-rounds", "local-epochs", "batch-size", "learning-rate", "momentum"
-    }
+    assert changed and changed <= {"num-server-rounds", "local-epochs", "batch-size", "learning-rate", "momentum"}
 
 
 def test_command_line_values_take_the_app_types() -> None:
@@ -150,8 +148,17 @@ def test_unknown_top_level_key_is_rejected() -> None:
 def test_progress_counts_and_formats() -> None:
     """The progress display counts the jobs of a sweep like Hydra's basic sweeper."""
     assert count_jobs(["a=1,2", "b=x,y,z", "c=5"]) == 6
-    assert count_jobs(["distribution=d1,d2,d3,d4,d5,d6", "selector=flmarket,rs,qbs,dice,dds",
-                       "num_selected=5,10,15", "seed=0,1,2"]) == 270
+    assert (
+        count_jobs(
+            [
+                "distribution=d1,d2,d3,d4,d5,d6",
+                "selector=flmarket,rs,qbs,dice,dds",
+                "num_selected=5,10,15",
+                "seed=0,1,2",
+            ]
+        )
+        == 270
+    )
     line = format_line(index=3, total=10, elapsed_s=30.0, overrides="a=1", accuracy=0.91234, job_s=9.5)
     assert line.startswith("[ 3/10] 0:00:30 elapsed, ETA 0:01:10 | a=1 | acc 0.9123 | 9.5 s")
     failed = format_line(index=1, total=1, elapsed_s=1, overrides="", accuracy=None, job_s=1, failed="boom")

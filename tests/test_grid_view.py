@@ -6,7 +6,6 @@ import random
 
 import numpy as np
 import pytest
-
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAdagrad, FedAvg, FedProx
@@ -34,9 +33,7 @@ def training_app(counts: dict[int, np.ndarray]):
         content = RecordDict(
             {
                 "arrays": ArrayRecord({"w": Array(weights + num_examples)}),
-                "metrics": MetricRecord(
-                    {"num-examples": num_examples, "won": float(award is not None and award.won)}
-                ),
+                "metrics": MetricRecord({"num-examples": num_examples, "won": float(award is not None and award.won)}),
             }
         )
         return Message(content, reply_to=message)

@@ -10,7 +10,6 @@ from uuid import uuid4
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import SUPERLINK_NODE_ID
@@ -284,8 +283,9 @@ def test_malformed_advertise_requests_are_refused(change: dict[str, object]) -> 
 
 def test_a_request_without_the_market_record_is_refused() -> None:
     node = Node([1, 2, 3, 4, 5])
-    message = Message(RecordDict({"other": ConfigRecord({"x": 1})}), dst_node_id=7,
-                      message_type=message_type(ACTION_ADVERTISE))
+    message = Message(
+        RecordDict({"other": ConfigRecord({"x": 1})}), dst_node_id=7, message_type=message_type(ACTION_ADVERTISE)
+    )
     message.metadata.__dict__["_message_id"] = str(uuid4())
     refused(node.app(message, node.context), ACTION_ADVERTISE)
 
@@ -523,7 +523,7 @@ def find_leaks(grid: InProcessGrid, counts: dict[int, np.ndarray], secrets: list
     audited_ids = {m.metadata.message_id for m in grid.sent if m.metadata.message_type == audit}
     replies = [
         (reply, raw)
-        for reply, raw in zip(grid.received, grid.received_wire)
+        for reply, raw in zip(grid.received, grid.received_wire, strict=True)
         if reply.metadata.reply_to_message_id not in audited_ids
     ]
     received = b"".join(raw for _, raw in replies)
@@ -596,9 +596,7 @@ def run_recorded_market(app_factory):  # type: ignore[no-untyped-def]
 
 
 def test_no_message_reveals_label_counts_or_private_keys_but_a_winners_audit() -> None:
-    grid, counts, secrets, outcome = run_recorded_market(
-        lambda counts: market_client_app(counts, CostBasedBid(0.01))
-    )
+    grid, counts, secrets, outcome = run_recorded_market(lambda counts: market_client_app(counts, CostBasedBid(0.01)))
     assert len(grid.received) == len(grid.received_wire) >= 5 * len(counts) + 2  # 7 steps, one dropout
     assert find_leaks(grid, counts, secrets) == []
     opened = opened_counts(grid)

@@ -14,12 +14,10 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-
 from flwr.app import ConfigRecord, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketError, MarketOutcome, MarketPhase
-from flmarket_flwr.pass_protocol import bitmap_to_indices
 from flmarket_flwr.market.messages import (
     ACTION_ADVERTISE,
     ACTION_AUDIT,
@@ -34,6 +32,7 @@ from flmarket_flwr.market.messages import (
     message_type,
 )
 from flmarket_flwr.market.testing import InProcessGrid, market_client_app
+from flmarket_flwr.pass_protocol import bitmap_to_indices
 from flmarket_flwr.pricing import run_auction, score
 
 NUM_CLASSES = 6
@@ -124,7 +123,9 @@ class Faults:
         return [m for m in self.instructions if m.metadata.message_type == message_type(action)]
 
 
-def run_market(counts: dict[int, np.ndarray], faults: Faults, **overrides: object) -> tuple[MarketOutcome, InProcessGrid]:
+def run_market(
+    counts: dict[int, np.ndarray], faults: Faults, **overrides: object
+) -> tuple[MarketOutcome, InProcessGrid]:
     grid = InProcessGrid(market_client_app(counts, CostBasedBid(COST, markup=MARKUP)), list(counts), reply_hook=faults)
     return MarketPhase(config(**overrides)).run(grid), grid
 
@@ -139,7 +140,9 @@ def expected_auction(counts: dict[int, np.ndarray], pass_nodes: list[int], bidde
     scores = [score(counts[n], total, len(pass_nodes)) for n in bidders]
     bids = [COST * float(counts[n].sum()) * (1 + MARKUP) for n in bidders]
     result = run_auction(scores, bids, budget)
-    return [bidders[i] for i in result.winners], {n: min(float(result.payments[i]), budget) for i, n in enumerate(bidders)}
+    return [bidders[i] for i in result.winners], {
+        n: min(float(result.payments[i]), budget) for i, n in enumerate(bidders)
+    }
 
 
 def assert_excluded(outcome: MarketOutcome, node: int, caplog, steps: tuple[str, ...]) -> None:
@@ -269,8 +272,10 @@ MALFORMED = {
     "advertise/str-key": (ACTION_ADVERTISE, with_field("mask_public_key", "not bytes")),
     "advertise/missing-key": (ACTION_ADVERTISE, with_field("mask_public_key", None)),
     "advertise/low-order-key": (ACTION_ADVERTISE, with_field("cipher_public_key", bytes(32))),
-    "advertise/same-keys": (ACTION_ADVERTISE, lambda i, r: with_field(
-        "mask_public_key", r.content.config_records[RECORD_KEY]["cipher_public_key"])(i, r)),
+    "advertise/same-keys": (
+        ACTION_ADVERTISE,
+        lambda i, r: with_field("mask_public_key", r.content.config_records[RECORD_KEY]["cipher_public_key"])(i, r),
+    ),
     "advertise/list-signature": (ACTION_ADVERTISE, with_field("signature", [1, 2])),
     # share
     "share/missing-ciphertexts": (ACTION_SHARE, with_field("ciphertexts", None)),

@@ -53,7 +53,7 @@ def expected_auction(counts: dict[int, np.ndarray], policy, grid: InProcessGrid,
     nodes = sorted(counts)
     total = np.sum([counts[n] for n in nodes], axis=0)
     scores = [score(counts[n], total, len(nodes)) for n in nodes]
-    bids = [policy(counts[n], s, grid.context(n)) for n, s in zip(nodes, scores)]
+    bids = [policy(counts[n], s, grid.context(n)) for n, s in zip(nodes, scores, strict=True)]
     payments = {n: 0.0 for n in nodes}
     bidders = [i for i, b in enumerate(bids) if b <= cfg.budget]
     winners: list[int] = []
@@ -79,8 +79,8 @@ def test_outcome_equals_auction_on_true_scores_and_bids(num_nodes: int, budget: 
     assert outcome.global_counts == [int(c) for c in total]
     assert outcome.participants == sorted(counts)
     assert outcome.pass_participants == sorted(counts)
-    assert outcome.scores == dict(zip(sorted(counts), scores))
-    assert outcome.bids == dict(zip(sorted(counts), bids))
+    assert outcome.scores == dict(zip(sorted(counts), scores, strict=True))
+    assert outcome.bids == dict(zip(sorted(counts), bids, strict=True))
     assert outcome.winners == winners
     assert outcome.payments == payments
     assert outcome.total_payment == pytest.approx(sum(payments.values()))
@@ -364,9 +364,7 @@ def test_handlers_keep_no_state_outside_context_state() -> None:
         return app
 
     outcome = MarketPhase(config()).run(InProcessGrid(fresh_app, list(counts)))
-    reference = MarketPhase(config()).run(
-        InProcessGrid(market_client_app(counts, CostBasedBid(0.05)), list(counts))
-    )
+    reference = MarketPhase(config()).run(InProcessGrid(market_client_app(counts, CostBasedBid(0.05)), list(counts)))
 
     # Four PASS rounds, the bid and the award for every node, and the audit of each winner.
     assert len({id(app) for app in loaded}) == len(loaded) == 6 * len(counts) + len(outcome.winners)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
@@ -49,7 +48,9 @@ def test_market_then_fedavg_in_a_ray_simulation() -> None:
         award = read_award(context)
         weights = message.content["arrays"]["w"].numpy()
         metrics = MetricRecord({"num-examples": 10, "won": float(award is not None and award.won)})
-        return Message(RecordDict({"arrays": ArrayRecord({"w": Array(weights + 1)}), "metrics": metrics}), reply_to=message)
+        return Message(
+            RecordDict({"arrays": ArrayRecord({"w": Array(weights + 1)}), "metrics": metrics}), reply_to=message
+        )
 
     @client.evaluate()
     def evaluate(message: Message, context: Context) -> Message:

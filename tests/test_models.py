@@ -203,7 +203,7 @@ def test_fedavg_average_of_batchnorm_models_loads_back(name: str) -> None:
         models.append(model)
     replies = [
         RecordDict({"arrays": get_arrays(m), "metrics": MetricRecord({"num-examples": n})})
-        for m, n in zip(models, (1, 3))
+        for m, n in zip(models, (1, 3), strict=True)
     ]
     averaged = aggregate_arrayrecords(replies, "num-examples")
     target = build_model(name, **options)

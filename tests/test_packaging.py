@@ -45,7 +45,17 @@ def test_the_core_alone_installs_in_a_fresh_venv_and_imports_without_torch(tmp_p
     venv.create(tmp_path / "venv", with_pip=True)
     python = tmp_path / "venv" / "bin" / "python"
     subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--no-cache-dir", "-c", str(ROOT / "constraints.txt"), str(ROOT)],
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-cache-dir",
+            "-c",
+            str(ROOT / "constraints.txt"),
+            str(ROOT),
+        ],
         check=True,
         capture_output=True,
         text=True,
@@ -53,8 +63,17 @@ def test_the_core_alone_installs_in_a_fresh_venv_and_imports_without_torch(tmp_p
         env=_clean_env(),
     )
     missing = subprocess.run(
-        [str(python), "-I", "-c", "import importlib.util as u; print([m for m in ('torch', 'hydra') if u.find_spec(m)])"],
-        check=True, capture_output=True, text=True, cwd=tmp_path, env=_clean_env(),
+        [
+            str(python),
+            "-I",
+            "-c",
+            "import importlib.util as u; print([m for m in ('torch', 'hydra') if u.find_spec(m)])",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_clean_env(),
     ).stdout.strip()
     assert missing == "[]"
     assert _probe(python) == "[]"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -79,7 +80,7 @@ def test_distribution_names_and_table() -> None:
     assert tuple(MIN_KEEP_RATIO) == DISTRIBUTIONS
     ratios = [MIN_KEEP_RATIO[name] for name in DISTRIBUTIONS]
     assert ratios[0] == 1.0
-    assert all(later < earlier for earlier, later in zip(ratios, ratios[1:]))
+    assert all(later < earlier for earlier, later in pairwise(ratios))
     assert all(0.0 < ratio <= 1.0 for ratio in ratios)
 
 
@@ -114,9 +115,9 @@ def test_imbalance_grows_strictly_from_d1_to_d7(labels: NDArray[np.int64]) -> No
         sizes.append(counts.sum())
     assert ratios[0] == 1.0
     assert entropies[0] == pytest.approx(1.0)
-    assert all(later > earlier for earlier, later in zip(ratios, ratios[1:]))
-    assert all(later < earlier for earlier, later in zip(entropies, entropies[1:]))
-    assert all(later < earlier for earlier, later in zip(sizes, sizes[1:]))
+    assert all(later > earlier for earlier, later in pairwise(ratios))
+    assert all(later < earlier for earlier, later in pairwise(entropies))
+    assert all(later < earlier for earlier, later in pairwise(sizes))
 
 
 def test_cifar_sized_ratios_match_the_table(cifar_labels: NDArray[np.int64]) -> None:
@@ -190,9 +191,7 @@ def test_distribution_name_is_case_insensitive(digits_labels: NDArray[np.int64])
 # --- step 2 and the whole partition: invariants ----------------------------------------
 
 
-def assert_partition_invariants(
-    labels: NDArray[np.int64], partition: Partition, kept: NDArray[np.int64]
-) -> None:
+def assert_partition_invariants(labels: NDArray[np.int64], partition: Partition, kept: NDArray[np.int64]) -> None:
     """Totals preserved, clients disjoint, counts consistent."""
     clients = partition.client_indices
     assert len(clients) == partition.num_clients
@@ -201,13 +200,11 @@ def assert_partition_invariants(
     np.testing.assert_array_equal(np.sort(merged), kept)
     assert partition.label_counts.dtype == np.int64
     assert partition.label_counts.shape == (len(clients), partition.num_classes)
-    for row, client in zip(partition.label_counts, clients):
+    for row, client in zip(partition.label_counts, clients, strict=True):
         assert client.dtype == np.int64
         assert np.all(np.diff(client) > 0)
         np.testing.assert_array_equal(row, np.bincount(labels[client], minlength=partition.num_classes))
-    np.testing.assert_array_equal(
-        partition.global_counts, np.bincount(labels[kept], minlength=partition.num_classes)
-    )
+    np.testing.assert_array_equal(partition.global_counts, np.bincount(labels[kept], minlength=partition.num_classes))
     np.testing.assert_array_equal(partition.client_sizes, [len(client) for client in clients])
 
 
@@ -412,9 +409,7 @@ def test_too_few_samples_for_the_minimum_is_refused_at_once() -> None:
 def test_unmet_minimum_after_all_attempts_raises() -> None:
     labels = np.repeat(np.arange(NUM_CLASSES), 10)
     with pytest.raises(ValueError, match=r"in 3 attempts; lower min_samples_per_client"):
-        dirichlet_split(
-            labels, np.arange(100), 10, alpha=0.01, seed=0, min_samples_per_client=10, max_attempts=3
-        )
+        dirichlet_split(labels, np.arange(100), 10, alpha=0.01, seed=0, min_samples_per_client=10, max_attempts=3)
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ def test_signature_verifies_only_for_exactly_what_was_signed():
     private, public = generate_identity()
     signature = sign_advertisement(private, b"run-1", 4, 77, CIPHER, MASK)
     verify_advertisement(public, signature, b"run-1", 4, 77, CIPHER, MASK)
-    for args, what in [
+    for args, _what in [
         ((b"run-2", 4, 77, CIPHER, MASK), "replayed from another session"),
         ((b"run-1", 5, 77, CIPHER, MASK), "another index"),
         ((b"run-1", 4, 78, CIPHER, MASK), "another node id"),

@@ -79,8 +79,10 @@ def run_session(
     unmasks = server.receive_masked(masked)
     server.receive_unmask(answer(unmasks, "unmask"))
     total = server.finish()
-    vectors = [np.frombuffer(MaskedInput.from_record(masked[index]).masked_counts, dtype="<u8").astype(np.uint64)
-               for index in sorted(masked, key=lambda i: row_of[i])]
+    vectors = [
+        np.frombuffer(MaskedInput.from_record(masked[index]).masked_counts, dtype="<u8").astype(np.uint64)
+        for index in sorted(masked, key=lambda i: row_of[i])
+    ]
     return total, vectors
 
 
@@ -187,7 +189,7 @@ def test_session_gives_fresh_masks_and_exact_sums() -> None:
     first_total, first = run_session(counts, session=b"run-a")
     second_total, second = run_session(counts, session=b"run-b")
     again_total, again = run_session(counts, session=b"run-a")  # fresh keys and self-masks even so
-    for y_first, y_second, y_again in zip(first, second, again):
+    for y_first, y_second, y_again in zip(first, second, again, strict=True):
         assert not np.array_equal(y_first, y_second)
         assert not np.array_equal(y_first, y_again)
     for total in (first_total, second_total, again_total):
@@ -214,6 +216,7 @@ def test_pair_info_is_symmetric_and_length_prefixed() -> None:
     info = pair_info(b"run", 2, 5)
     assert info == pair_info(b"run", 5, 2)
     assert info.startswith(PROTOCOL_LABEL)
+
     def be64(value: int) -> bytes:
         return value.to_bytes(8, "big")
 

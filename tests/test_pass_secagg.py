@@ -35,8 +35,18 @@ STAGES = ("advertise", "share", "mask", "unmask")
 class Session:
     """Drive a PassServer and E PassClients, round-tripping every message and state through records."""
 
-    def __init__(self, counts, *, degree=None, bound=None, directory=None, identities=None, session=b"run-1",
-                 client_directory=None, floor=FLOOR):
+    def __init__(
+        self,
+        counts,
+        *,
+        degree=None,
+        bound=None,
+        directory=None,
+        identities=None,
+        session=b"run-1",
+        client_directory=None,
+        floor=FLOOR,
+    ):
         self.counts = np.asarray(counts)
         size, classes = self.counts.shape
         self.bound = int(self.counts.max()) + 1 if bound is None else bound
@@ -61,13 +71,17 @@ class Session:
         for i, request in self.requests.items():
             if i not in drop:
                 key = self.identities.get(1000 + i - 1)
-                replies[i] = self._call(i, "advertise", request.to_record(), self.counts[i - 1],
-                                        identity_key=key, **self.floor)
+                replies[i] = self._call(
+                    i, "advertise", request.to_record(), self.counts[i - 1], identity_key=key, **self.floor
+                )
         return self.server.receive_advertisements(replies)
 
     def share(self, requests, drop=()):
-        replies = {i: self._call(i, "share_keys", r.to_record(), self.client_directory)
-                   for i, r in requests.items() if i not in drop}
+        replies = {
+            i: self._call(i, "share_keys", r.to_record(), self.client_directory)
+            for i, r in requests.items()
+            if i not in drop
+        }
         return self.server.receive_shares(replies)
 
     def mask(self, requests, drop=(), tamper=None):
@@ -120,8 +134,9 @@ def _recoverable(server, responders):
     alive, t = set(server.survivors), server.threshold
     if len(alive) < 3:
         return False
-    return all(sum(v in alive and v in responders for v in server.graph[u]) >= t
-               for u in server.survivors + server.dropped)
+    return all(
+        sum(v in alive and v in responders for v in server.graph[u]) >= t for u in server.survivors + server.dropped
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -133,8 +148,9 @@ def scenarios(draw):
     classes = draw(st.integers(1, 6))
     even = list(range(2, size - 1, 2))
     degree = draw(st.sampled_from(even + [size - 1]))
-    drops = {stage: set(draw(st.lists(st.integers(1, size), max_size=max(1, size // 8), unique=True)))
-             for stage in STAGES}
+    drops = {
+        stage: set(draw(st.lists(st.integers(1, size), max_size=max(1, size // 8), unique=True))) for stage in STAGES
+    }
     return size, classes, degree, drops, draw(st.integers(0, 2**32))
 
 
@@ -175,8 +191,7 @@ def test_no_dropout_sum_transcript_and_commitments():
         assert client.transcript == session.server.transcript == survivor_transcript(b"run-1", range(1, 26))
         assert client.survivor_count == 25
         assert session.server.commitments[i] == counts_commitment(b"run-1", i, counts[i - 1], client.counts_nonce)
-        assert session.server.commitments[i] != counts_commitment(b"run-1", i, counts[i - 1] + 1,
-                                                                   client.counts_nonce)
+        assert session.server.commitments[i] != counts_commitment(b"run-1", i, counts[i - 1] + 1, client.counts_nonce)
 
 
 def test_complete_graph_default_degree_at_small_e():
@@ -193,7 +208,7 @@ def test_worst_allowed_exactly_t_shares_for_one_survivor():
     t = session.server.threshold
     victim = 10
     neighbours = list(session.server.graph[victim])
-    after_mask, during_unmask = set(neighbours[:2]), set(neighbours[2:8 - t])  # k - t = 3 lost in all
+    after_mask, during_unmask = set(neighbours[:2]), set(neighbours[2 : 8 - t])  # k - t = 3 lost in all
     requests = session.mask(requests, after_mask)
     replies = {i: session._call(i, "unmask", r.to_record()) for i, r in requests.items() if i not in during_unmask}
     session.server.receive_unmask(replies)
@@ -347,7 +362,7 @@ def test_fake_dropout_gives_the_mask_key_but_never_the_counts(seed):
     for v in u3:  # the server claims x dropped, to everyone
         reply = session._call(v, "unmask", UnmaskRequest.of(u3, [x]).to_record())
         assert x not in reply["survivor_indices"]
-        shares += [(v, s) for d, s in zip(reply["dropped_indices"], reply["dropped_shares"]) if d == x]
+        shares += [(v, s) for d, s in zip(reply["dropped_indices"], reply["dropped_shares"], strict=True) if d == x]
     raw = reconstruct_secrets([v for v, _ in shares], np.stack([share_from_bytes(s, 1, 32) for _, s in shares]), 32)
     mask_key = X25519PrivateKey.from_private_bytes(raw[0])
     assert mask_key.public_key().public_bytes_raw() == session.server.adverts[x].mask_public_key
@@ -434,8 +449,14 @@ def _share_request_tampered(session, index, **changes):
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        ({"cipher_public_keys": lambda r: [X25519PrivateKey.generate().public_key().public_bytes_raw()]
-          + r.cipher_public_keys[1:]}, "does not verify"),
+        (
+            {
+                "cipher_public_keys": lambda r: (
+                    [X25519PrivateKey.generate().public_key().public_bytes_raw()] + r.cipher_public_keys[1:]
+                )
+            },
+            "does not verify",
+        ),
         ({"neighbour_node_ids": lambda r: r.neighbour_node_ids[::-1]}, "does not verify"),
         ({"neighbour_node_ids": lambda r: [1000 + 99] + r.neighbour_node_ids[1:]}, "not in the identity"),
         ({"signatures": lambda r: [b""] + r.signatures[1:]}, "not signed"),
@@ -477,8 +498,10 @@ def test_advert_replayed_from_another_session_is_refused():
         ({"server_seed": lambda r: bytes(32)}, "commitment"),
         ({"participants": lambda r: indices_to_bitmap(bitmap_to_indices(r.participants)[:-1])}, "neighbourhood"),
         ({"participants": lambda r: r.participants + b"\0"}, "zero byte"),
-        ({"participants": lambda r: indices_to_bitmap([u for u in bitmap_to_indices(r.participants) if u != 2])},
-         "include this"),
+        (
+            {"participants": lambda r: indices_to_bitmap([u for u in bitmap_to_indices(r.participants) if u != 2])},
+            "include this",
+        ),
         ({"neighbours": lambda r: r.neighbours[::-1]}, "neighbourhood"),
         ({"degree": lambda r: 2}, "neighbourhood|floor"),
         ({"degree": lambda r: 3}, "degree"),
@@ -513,8 +536,9 @@ def test_client_floor_refuses_a_sparser_graph_than_its_config():
 def test_server_excludes_duplicate_keys_and_garbage_replies():
     counts = _counts(np.random.default_rng(19), 10, 2)
     session = Session(counts, degree=4)
-    replies = {i: session._call(i, "advertise", r.to_record(), counts[i - 1], **FLOOR)
-               for i, r in session.requests.items()}
+    replies = {
+        i: session._call(i, "advertise", r.to_record(), counts[i - 1], **FLOOR) for i, r in session.requests.items()
+    }
     replies[2] = dict(replies[2], mask_public_key=replies[1]["mask_public_key"])
     replies[3] = {"cipher_public_key": 5}
     replies[4] = Advertisement(b"x", b"y", b"")
@@ -541,7 +565,9 @@ def test_private_keys_are_wiped_after_masking():
     session = Session(counts, degree=2)
     session.mask(session.share(session.advertise()))
     for state in session.states.values():
-        assert not {"cipher_private_key", "mask_private_key", "self_seed", "inbound_channel_keys", "pair_seeds"} & set(state)
+        assert not {"cipher_private_key", "mask_private_key", "self_seed", "inbound_channel_keys", "pair_seeds"} & set(
+            state
+        )
 
 
 def test_share_request_record_round_trip_and_type_checks():

@@ -95,8 +95,13 @@ def test_share_bytes_round_trip():
 
 @pytest.mark.parametrize(
     ("xs", "threshold", "match"),
-    [([1, 1, 2], 2, "distinct"), ([0, 1, 2], 2, "x = 0"), ([1, FIELD_PRIME], 1, "x"), ([1, 2], 3, "threshold"),
-     ([1, 2], 0, "threshold")],
+    [
+        ([1, 1, 2], 2, "distinct"),
+        ([0, 1, 2], 2, "x = 0"),
+        ([1, FIELD_PRIME], 1, "x"),
+        ([1, 2], 3, "threshold"),
+        ([1, 2], 0, "threshold"),
+    ],
 )
 def test_split_refuses_bad_input(xs, threshold, match):
     with pytest.raises(ValueError, match=match):

@@ -24,7 +24,6 @@ from collections.abc import Iterable
 
 import numpy as np
 import pytest
-
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
@@ -36,7 +35,7 @@ from flmarket_flwr.market import (
     NoWinnerConnectedError,
     WinnersGrid,
 )
-from flmarket_flwr.market.messages import ACTIONS, ACTION_AUDIT, ACTION_BID, ACTION_UNMASK
+from flmarket_flwr.market.messages import ACTION_AUDIT, ACTION_BID, ACTION_UNMASK, ACTIONS
 from flmarket_flwr.market.testing import InProcessGrid, market_client_app
 from flmarket_flwr.pricing import run_auction, score
 
@@ -396,4 +395,3 @@ def test_winners_view_rejects_a_negative_absent_timeout() -> None:
     grid = InProcessGrid(market_client_app(counts), list(counts))
     with pytest.raises(ValueError, match="absent_timeout"):
         WinnersGrid(grid, list(counts), absent_timeout=-1.0)
-

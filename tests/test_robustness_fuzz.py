@@ -37,10 +37,9 @@ from uuid import uuid4
 
 import numpy as np
 import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-
-from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase
 from flmarket_flwr.market.messages import (
@@ -102,7 +101,7 @@ class FuzzGrid(InProcessGrid):
     def push_messages(self, messages: Iterable[Message]) -> list[str]:
         messages = list(messages)
         ids = super().push_messages(messages)
-        self.by_id.update(zip(ids, messages))
+        self.by_id.update(zip(ids, messages, strict=True))
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
@@ -224,8 +223,12 @@ def change_field(key: str, change: Callable[[object], object]) -> Rewrite:
 OTHER_STEPS_CONTENT = {  # a well-formed reply of the next step, for each step
     ACTION_ADVERTISE: {"receivers": [1, 2], "ciphertexts": [b"x" * 140, b"y" * 140]},
     ACTION_SHARE: {"masked_counts": bytes(8 * NUM_CLASSES), "counts_commitment": bytes(32)},
-    ACTION_MASK: {"survivor_indices": [1], "survivor_shares": [bytes(44)], "dropped_indices": [2],
-                  "dropped_shares": [bytes(44)]},
+    ACTION_MASK: {
+        "survivor_indices": [1],
+        "survivor_shares": [bytes(44)],
+        "dropped_indices": [2],
+        "dropped_shares": [bytes(44)],
+    },
     ACTION_UNMASK: {KEY_SCORE: 1.0, KEY_BID: 1.0},
     ACTION_BID: {KEY_COUNTS: [1] * NUM_CLASSES, KEY_NONCE: bytes(32)},
     ACTION_AUDIT: {KEY_ACCEPTED: True},
@@ -257,9 +260,15 @@ NOT_INT_LISTS = [v for v in WRONG_TYPES if not (isinstance(v, list) and v and al
 NOT_BYTES_LISTS = [v for v in WRONG_TYPES if not (isinstance(v, list) and v and all(type(x) is bytes for x in v))]
 WRONG_BYTES = [b"", b"\x00", b"\x01" * 31, b"\x01" * 33, b"\x00" * (8 * NUM_CLASSES - 1), b"\xff" * 1_000_000]
 MALFORMED_KEYS = NOT_BYTES + WRONG_BYTES + LOW_ORDER_POINTS
-MALFORMED_MASKS = NOT_BYTES + [b for b in WRONG_BYTES if len(b) != 8 * NUM_CLASSES] + [
-    b"\x00" * (8 * NUM_CLASSES + 8), b"\x00" * (8 * NUM_CLASSES - 8), b"\x00" * 4,
-]
+MALFORMED_MASKS = (
+    NOT_BYTES
+    + [b for b in WRONG_BYTES if len(b) != 8 * NUM_CLASSES]
+    + [
+        b"\x00" * (8 * NUM_CLASSES + 8),
+        b"\x00" * (8 * NUM_CLASSES - 8),
+        b"\x00" * 4,
+    ]
+)
 MALFORMED_COMMITMENTS = NOT_BYTES + [b for b in WRONG_BYTES if len(b) != 32]
 BAD_SCORES = [
     -1.0, -5e-324, -(2**63), -1e308, 1e308, 1e30, 2**63 - 1, 2**64 - 1, math.nan, math.inf, -math.inf,
@@ -269,8 +278,14 @@ BAD_BIDS = [0, 0.0, -0.0, -1.0, -5e-324, -1e308, -(2**63), math.nan, math.inf, -
 EXTREME_VALID_BIDS = [5e-324, 1e-300, 1e308, 2**63 - 1, 2**64 - 1, 1, BUDGET, BUDGET * (1 + 1e-15)]  # > 0, finite
 EXTREME_VALID_SCORES = [0, 0.0, 5e-324, 1e-300]  # below the highest possible score: accepted
 VALID_SIGNATURES = [b"", b"x", bytes(64), b"\xff" * 1000]  # no directory: a signature is not checked
-BAD_AUDIT_COUNTS = [*NOT_INT_LISTS, [0] * NUM_CLASSES, [1] * (NUM_CLASSES - 1), [10**9 + 1] * NUM_CLASSES,
-                    [-1] * NUM_CLASSES, [1] * (NUM_CLASSES + 1)]
+BAD_AUDIT_COUNTS = [
+    *NOT_INT_LISTS,
+    [0] * NUM_CLASSES,
+    [1] * (NUM_CLASSES - 1),
+    [10**9 + 1] * NUM_CLASSES,
+    [-1] * NUM_CLASSES,
+    [1] * (NUM_CLASSES + 1),
+]
 BAD_NONCES = [*NOT_BYTES, b"", bytes(32), b"\x01" * 31]
 
 
@@ -338,8 +353,16 @@ def _corpus() -> dict[str, Case]:
     values(ACTION_ADVERTISE, "signature", NOT_BYTES)
     for i, value in enumerate(VALID_SIGNATURES):
         add(f"{ACTION_ADVERTISE}/signature-valid-{i}", Case(ACTION_ADVERTISE, set_field("signature", value), False))
-    add(f"{ACTION_ADVERTISE}/same-key-twice", Case(ACTION_ADVERTISE, lambda g, i, r: set_field(
-        "mask_public_key", r.content.config_records[RECORD_KEY]["cipher_public_key"])(g, i, r), True))
+    add(
+        f"{ACTION_ADVERTISE}/same-key-twice",
+        Case(
+            ACTION_ADVERTISE,
+            lambda g, i, r: set_field("mask_public_key", r.content.config_records[RECORD_KEY]["cipher_public_key"])(
+                g, i, r
+            ),
+            True,
+        ),
+    )
     values(ACTION_SHARE, "receivers", NOT_INT_LISTS)
     values(ACTION_SHARE, "ciphertexts", NOT_BYTES_LISTS)
     share_changes = {
@@ -373,14 +396,21 @@ def _corpus() -> dict[str, Case]:
     values(ACTION_BID, KEY_SCORE, BAD_SCORES)
     values(ACTION_BID, KEY_BID, BAD_BIDS)
     for i, value in enumerate(EXTREME_VALID_BIDS):
-        add(f"{ACTION_BID}/extreme-valid-bid-{i}", Case(ACTION_BID, set_field(KEY_BID, value), False,
-                                                      claimed=(None, float(value))))
+        add(
+            f"{ACTION_BID}/extreme-valid-bid-{i}",
+            Case(ACTION_BID, set_field(KEY_BID, value), False, claimed=(None, float(value))),
+        )
     for i, value in enumerate(EXTREME_VALID_SCORES):
-        add(f"{ACTION_BID}/extreme-valid-score-{i}", Case(ACTION_BID, set_field(KEY_SCORE, value), False,
-                                                        claimed=(float(value), None)))
+        add(
+            f"{ACTION_BID}/extreme-valid-score-{i}",
+            Case(ACTION_BID, set_field(KEY_SCORE, value), False, claimed=(float(value), None)),
+        )
     values(ACTION_AUDIT, KEY_COUNTS, BAD_AUDIT_COUNTS)
     values(ACTION_AUDIT, KEY_NONCE, BAD_NONCES)
-    add(f"{ACTION_AUDIT}/counts-plus-one", Case(ACTION_AUDIT, change_field(KEY_COUNTS, lambda v: [x + 1 for x in v]), True))
+    add(
+        f"{ACTION_AUDIT}/counts-plus-one",
+        Case(ACTION_AUDIT, change_field(KEY_COUNTS, lambda v: [x + 1 for x in v]), True),
+    )
     for i, value in enumerate([False, 0, "no", b"", [], math.nan]):  # any record counts as an acknowledgement
         add(f"{ACTION_AWARD}/accepted-{i}", Case(ACTION_AWARD, set_field(KEY_ACCEPTED, value), False))
     return cases
@@ -395,7 +425,9 @@ def true_score_and_bid(node: int, pass_nodes: list[int]) -> tuple[float, float]:
     return score(COUNTS[node], total, len(pass_nodes)), COST * float(COUNTS[node].sum()) * (1 + MARKUP)
 
 
-def expected(pass_nodes: list[int], bidders: list[int], claimed: dict[int, tuple[float | None, float | None]] | None = None):
+def expected(
+    pass_nodes: list[int], bidders: list[int], claimed: dict[int, tuple[float | None, float | None]] | None = None
+):
     """``(N_s, winners, payments, bidders left)`` of the audited auction, as the server runs it.
 
     Bids above the budget stay (paid 0) but are left out of the auction; payments are capped at the
@@ -405,7 +437,10 @@ def expected(pass_nodes: list[int], bidders: list[int], claimed: dict[int, tuple
     true = {n: true_score_and_bid(n, pass_nodes) for n in bidders}
     claims = dict(true)
     for node, (new_score, new_bid) in (claimed or {}).items():
-        claims[node] = (true[node][0] if new_score is None else new_score, true[node][1] if new_bid is None else new_bid)
+        claims[node] = (
+            true[node][0] if new_score is None else new_score,
+            true[node][1] if new_bid is None else new_bid,
+        )
     left = list(bidders)
     while True:
         payments = {n: 0.0 for n in left}
@@ -486,7 +521,9 @@ VALUES = st.one_of(
     st.lists(st.text(max_size=8), max_size=4),
     st.lists(st.booleans(), max_size=4),
 )
-RECORD_KEYS = st.one_of(st.sampled_from(sorted({k for keys in FIELDS.values() for k in keys})), st.text(min_size=1, max_size=10))
+RECORD_KEYS = st.one_of(
+    st.sampled_from(sorted({k for keys in FIELDS.values() for k in keys})), st.text(min_size=1, max_size=10)
+)
 
 
 MISSING_FIELD = object()
@@ -538,7 +575,8 @@ def test_random_records_never_break_the_market(
     outcome, _ = run_case(Case(step, rewrite, excluded=False), caplog)
 
     changed = [
-        key for key in FIELDS[step]
+        key
+        for key in FIELDS[step]
         if (record[key] if key in record else genuine_fields[key] if keep_genuine_fields else MISSING_FIELD)
         != genuine_fields[key]
     ]

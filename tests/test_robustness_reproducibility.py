@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from flwr.app import Context, RecordDict
 
 from flmarket_flwr import client_app, server_app
@@ -56,9 +55,7 @@ def run_app(tmp_path: Path, name: str, **overrides: object) -> dict:
         "rounds": [(row["round"], row["accuracy"], row["loss"]) for row in history["rounds"]],
         "model": torch.load(run_dir / "final_model.pt", weights_only=True),
         "sessions": {
-            m.content["flmarket"]["session"]
-            for m in grid.sent
-            if m.metadata.message_type.endswith("market_keys")
+            m.content["flmarket"]["session"] for m in grid.sent if m.metadata.message_type.endswith("market_keys")
         },
     }
 

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from flwr.app import Context
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from flwr.app import Context
 
 from flmarket_flwr.market import MarketConfig, MarketPhase, read_award
 from flmarket_flwr.market.testing import InProcessGrid, market_client_app

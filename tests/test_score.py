@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -36,7 +37,9 @@ def test_phi_closed_form_equals_direct_sum(x: int, alpha_value: float) -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(
-    counts=hnp.arrays(np.int64, hnp.array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=8), elements=st.integers(0, 60)),
+    counts=hnp.arrays(
+        np.int64, hnp.array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=8), elements=st.integers(0, 60)
+    ),
     extra_clients=st.integers(0, 5),
 )
 def test_score_equals_direct_formula(counts: np.ndarray, extra_clients: int) -> None:
@@ -46,7 +49,7 @@ def test_score_equals_direct_formula(counts: np.ndarray, extra_clients: int) -> 
     num_clients = counts.shape[0] + extra_clients
     vectorised = score(counts, global_counts, num_clients)
     assert vectorised.shape == (counts.shape[0],)
-    for row, value in zip(counts, vectorised):
+    for row, value in zip(counts, vectorised, strict=True):
         expected = direct_score(row, global_counts, num_clients)
         assert value == pytest.approx(expected, rel=1e-9, abs=1e-9)
         assert score(row, global_counts, num_clients) == pytest.approx(value, rel=1e-12, abs=1e-12)
@@ -68,7 +71,7 @@ def test_theta_and_alpha_follow_the_paper() -> None:
 def test_phi_saturates_at_alpha_and_never_decreases() -> None:
     alpha_value = 7.5
     values = [phi(x, alpha_value) for x in range(30)]
-    assert all(b >= a for a, b in zip(values, values[1:]))
+    assert all(b >= a for a, b in pairwise(values))
     assert values[7] > values[6]
     assert all(v == values[7] for v in values[7:])
     assert phi(0, alpha_value) == 0.0
@@ -88,9 +91,11 @@ def test_counts_in_the_millions_match_lgamma() -> None:
     alpha_value = global_counts.sum() / (500 * 10)
     got = score(counts, global_counts, 500)
     weights = 1 - global_counts / global_counts.sum()
-    for row, value in zip(counts[:20], got[:20]):
+    for row, value in zip(counts[:20], got[:20], strict=True):
         saturated = [min(int(x), math.floor(alpha_value)) for x in row]
-        expected = sum(w * (m * math.log(alpha_value) - math.lgamma(m + 1)) for w, m in zip(weights, saturated))
+        expected = sum(
+            w * (m * math.log(alpha_value) - math.lgamma(m + 1)) for w, m in zip(weights, saturated, strict=True)
+        )
         assert value == pytest.approx(expected, rel=1e-12)
 
 

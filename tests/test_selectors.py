@@ -67,7 +67,9 @@ def test_every_selector_returns_distinct_valid_positions_deterministically(
 
 @settings(max_examples=100, deadline=None)
 @given(market=markets(), name=st.sampled_from(["flmarket", "qbs", "dice", "dds"]))
-def test_deterministic_selectors_ignore_the_seed_and_nest(market: tuple[np.ndarray, np.ndarray, int, int], name: str) -> None:
+def test_deterministic_selectors_ignore_the_seed_and_nest(
+    market: tuple[np.ndarray, np.ndarray, int, int], name: str
+) -> None:
     # Priority order: the cohort of size n is the first n of the full ranking.
     counts, bids, num_selected, seed = market
     full = select_clients(name, counts, counts.shape[0], seed=0, bids=bids)
@@ -329,7 +331,9 @@ def test_num_selected_must_be_an_int(name: str) -> None:
 
 
 def test_unknown_selector_lists_the_known_ones() -> None:
-    with pytest.raises(ValueError, match=r"unknown selector 'oort'; known selectors: \['dds', 'dice', 'flmarket', 'qbs', 'rs'\]"):
+    with pytest.raises(
+        ValueError, match=r"unknown selector 'oort'; known selectors: \['dds', 'dice', 'flmarket', 'qbs', 'rs'\]"
+    ):
         select_clients("oort", GOOD, 1)
 
 

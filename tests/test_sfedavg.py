@@ -201,9 +201,7 @@ def test_monte_carlo_is_efficient_and_cached(k: int, num_permutations: int, seed
         calls.append(coalition)
         return float(np.tanh(sum(weights[p] for p in coalition)))
 
-    estimate = estimate_shapley(
-        players, v, num_permutations=num_permutations, rng=np.random.default_rng(seed)
-    )
+    estimate = estimate_shapley(players, v, num_permutations=num_permutations, rng=np.random.default_rng(seed))
     assert sum(estimate.values.values()) == pytest.approx(v(frozenset(players)) - v(frozenset()))
     calls = calls[:-2]  # the two calls above
     assert len(calls) == len(set(calls)) == estimate.num_evaluations
@@ -214,6 +212,7 @@ def test_monte_carlo_is_efficient_and_cached(k: int, num_permutations: int, seed
 
 def test_null_and_symmetric_players() -> None:
     """A player that never changes the value gets 0; symmetric players get equal values."""
+
     def v(coalition: frozenset[int]) -> float:
         return float(len(coalition & {1, 2}) ** 2)  # player 3 is null, 1 and 2 symmetric
 
@@ -381,7 +380,7 @@ def test_coalition_cache_in_monte_carlo_rounds() -> None:
         per_round.append([])
         messages = list(strategy.configure_train(server_round, zeros(5), ConfigRecord(), grid))
         strategy.aggregate_train(server_round, grid.send_and_receive(messages))
-    for calls, record in zip(per_round, strategy.rounds):
+    for calls, record in zip(per_round, strategy.rounds, strict=True):
         assert not record.exact and record.num_permutations == 10
         assert len(calls) == len(set(calls)) == record.coalition_evaluations
         assert record.coalition_evaluations <= 10 * (5 - 1) + 2
@@ -389,6 +388,7 @@ def test_coalition_cache_in_monte_carlo_rounds() -> None:
 
 def test_sampling_is_reproducible_with_a_seed() -> None:
     """Same seed, same selections and relevance; another seed, other selections."""
+
     def histories(seed: int):  # type: ignore[no-untyped-def]
         strategy = SFedAvg(closeness, num_train_nodes=4, seed=seed, fraction_evaluate=0.0)
         run(strategy, noisy_vs_relevant_app(NOISY), NODES, rounds=8)

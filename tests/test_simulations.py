@@ -19,9 +19,7 @@ import pytest
 PROJECT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 300
 
-pytestmark = pytest.mark.skipif(
-    not Path("/proc").is_dir(), reason="the Ray simulation runtime is tested on Linux"
-)
+pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="the Ray simulation runtime is tested on Linux")
 
 
 def run_harness(*args: str) -> subprocess.CompletedProcess[str]:
@@ -52,9 +50,7 @@ TINY = [
 def test_tiny_sweep_end_to_end(tmp_path: Path) -> None:
     """Two jobs (FLMarket and QBS, 2 of 4 clients): results, progress, selected-only training."""
     sweep_dir = tmp_path / "sweep"
-    completed = run_harness(
-        "-m", *TINY, "selector=flmarket,qbs", "num_selected=2", f"hydra.sweep.dir={sweep_dir}"
-    )
+    completed = run_harness("-m", *TINY, "selector=flmarket,qbs", "num_selected=2", f"hydra.sweep.dir={sweep_dir}")
     progress = [line for line in completed.stderr.splitlines() if line.startswith("[")]
     assert any(line.startswith("[1/2]") for line in progress), completed.stderr[-3000:]
     assert any(line.startswith("[2/2]") for line in progress), completed.stderr[-3000:]
@@ -75,7 +71,7 @@ def test_tiny_sweep_end_to_end(tmp_path: Path) -> None:
         assert None not in result["selected_partitions"]
         assert len(result["selected_label_counts"]) == 2
         assert result["selected_class_totals"] == [
-            sum(column) for column in zip(*result["selected_label_counts"])
+            sum(column) for column in zip(*result["selected_label_counts"], strict=True)
         ]
         # Only the selected clients trained, in every round.
         for partitions in result["trained_partitions_per_round"].values():
@@ -83,7 +79,9 @@ def test_tiny_sweep_end_to_end(tmp_path: Path) -> None:
         assert result["timings"]["job_wall_s"] > result["timings"]["training_s"] > 0
         assert result["run_config"]["results-dir"] == str(job_dir.parent)
     assert set(results) == {"flmarket", "qbs"}
-    assert 0 < results["flmarket"]["market"]["total_payment"] <= 2 * results["flmarket"]["market"]["budget"]  # 2 winners, each paid at most R
+    assert (
+        0 < results["flmarket"]["market"]["total_payment"] <= 2 * results["flmarket"]["market"]["budget"]
+    )  # 2 winners, each paid at most R
     # QBS picks the two largest clients, as its label counts say.
     sizes = sorted((sum(row) for row in results["qbs"]["all_label_counts"]), reverse=True)
     assert sorted(map(sum, results["qbs"]["selected_label_counts"]), reverse=True) == sizes[:2]

@@ -27,7 +27,13 @@ def receivers(grid: InProcessGrid, message_type: str) -> list[int]:
 def wrapped(inner, **market: object) -> FLMarket:
     """``FLMarket(inner)`` with a quick market (no waiting between node polls; a budget every bid fits in)."""
     config = MarketConfig(
-        **{"budget": 1000.0, "num_classes": NUM_CLASSES, "poll_interval": 0.001, "wait_for_nodes_timeout": 0.0, **market}
+        **{
+            "budget": 1000.0,
+            "num_classes": NUM_CLASSES,
+            "poll_interval": 0.001,
+            "wait_for_nodes_timeout": 0.0,
+            **market,
+        }
     )
     return FLMarket(inner, market_config=config, seed=0)
 

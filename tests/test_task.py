@@ -60,9 +60,7 @@ def test_partitions_are_disjoint_and_match_label_counts() -> None:
         expected = partition_label_counts(partition_id, CONFIG)
         np.testing.assert_array_equal(np.bincount(labels.numpy(), minlength=10), expected)
         np.testing.assert_array_equal(expected, counts[partition_id])
-        rows = {
-            image.numpy().tobytes() + bytes([int(label)]) for image, label in zip(images, labels)
-        }
+        rows = {image.numpy().tobytes() + bytes([int(label)]) for image, label in zip(images, labels, strict=True)}
         assert not rows & seen
         seen |= rows
 
