@@ -60,6 +60,7 @@ from flmarket_flwr.market.messages import (
     read_float,
 )
 from flmarket_flwr.market.pass_rounds import PassResult, PassRounds
+from flmarket_flwr.nodes import wait_for_nodes
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, counts_commitment
 from flmarket_flwr.pricing import run_auction
 from flmarket_flwr.pricing import score as compute_score
@@ -340,20 +341,14 @@ class MarketPhase:
             If fewer than ``min_clients`` nodes are connected when the wait ends.
         """
         cfg = self.config
-        target = cfg.expected_nodes if cfg.expected_nodes is not None else cfg.min_clients
-        deadline = time.monotonic() + cfg.wait_for_nodes_timeout
-        nodes = sorted(set(grid.get_node_ids()))
-        while True:
-            enough = len(nodes) >= target
-            if (enough and cfg.expected_nodes is not None) or time.monotonic() >= deadline:
-                break
-            if not enough:
-                log(INFO, "Market: waiting for nodes (%d connected, %d wanted)", len(nodes), target)
-            time.sleep(cfg.poll_interval)
-            latest = sorted(set(grid.get_node_ids()))
-            if enough and latest == nodes:
-                break  # No target count: go once the set of nodes has settled for one poll.
-            nodes = latest
+        nodes = wait_for_nodes(
+            grid,
+            cfg.expected_nodes if cfg.expected_nodes is not None else cfg.min_clients,
+            cfg.wait_for_nodes_timeout,
+            poll_interval=cfg.poll_interval,
+            settle=cfg.expected_nodes is None,
+            who="Market",
+        )
         if len(nodes) < cfg.min_clients:
             raise MarketError(
                 f"only {len(nodes)} node(s) connected after {cfg.wait_for_nodes_timeout:g} s; "

@@ -73,6 +73,8 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from flwr.supercore import log
 
+from flmarket_flwr.nodes import wait_for_nodes
+
 __all__ = [
     "RelevanceSampler",
     "SFedAvg",
@@ -614,20 +616,9 @@ class SFedAvg(FedAvg):
 
     def _wait_for_nodes(self, grid: Grid) -> list[int]:
         """Wait, at most ``wait_for_nodes_timeout`` s, for ``min_available_nodes`` nodes."""
-        deadline = time.monotonic() + self.wait_for_nodes_timeout
-        while True:
-            nodes = sorted({int(node) for node in grid.get_node_ids()})
-            if len(nodes) >= self.min_available_nodes:
-                return nodes
-            if time.monotonic() >= deadline:
-                break
-            log(
-                INFO,
-                "S-FedAvg: waiting for nodes: %d connected (minimum required: %d).",
-                len(nodes),
-                self.min_available_nodes,
-            )
-            time.sleep(min(1.0, max(deadline - time.monotonic(), 0.0)))
+        nodes = wait_for_nodes(grid, self.min_available_nodes, self.wait_for_nodes_timeout, who="S-FedAvg")
+        if len(nodes) >= self.min_available_nodes:
+            return nodes
         if not nodes:
             raise RuntimeError(f"S-FedAvg: no node connected after {self.wait_for_nodes_timeout:g} s")
         log(
