@@ -13,7 +13,12 @@ from logging import INFO
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-__all__ = ["wait_for_nodes"]
+__all__ = ["connected_nodes", "wait_for_nodes"]
+
+
+def connected_nodes(grid: Grid) -> list[int]:
+    """Return the ids of the nodes ``grid`` sees now, as Python ints, ascending, without duplicates."""
+    return sorted({int(node) for node in grid.get_node_ids()})
 
 
 def wait_for_nodes(
@@ -50,7 +55,7 @@ def wait_for_nodes(
         deadline passed first.
     """
     deadline = time.monotonic() + timeout
-    nodes = sorted({int(node) for node in grid.get_node_ids()})
+    nodes = connected_nodes(grid)
     while True:
         enough = len(nodes) >= target
         if (enough and not settle) or time.monotonic() >= deadline:
@@ -58,7 +63,7 @@ def wait_for_nodes(
         if not enough:
             log(INFO, "%s: waiting for nodes (%d connected, %d wanted)", who, len(nodes), target)
         time.sleep(min(poll_interval, max(deadline - time.monotonic(), 0.0)))
-        latest = sorted({int(node) for node in grid.get_node_ids()})
+        latest = connected_nodes(grid)
         if enough and latest == nodes:
             return nodes
         nodes = latest
