@@ -21,6 +21,7 @@ from flmarket_flwr.market.bidding import (
 from flmarket_flwr.market.client import MarketAward, read_award, register_market_handlers
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.grid_view import NoWinnerConnectedError, WinnersGrid
+from flmarket_flwr.market.labels import label_counts
 from flmarket_flwr.market.server import MarketConfig, MarketOutcome, MarketPhase
 from flmarket_flwr.market.strategy import FLMarket
 
@@ -38,6 +39,7 @@ __all__ = [
     "NoWinnerConnectedError",
     "SimulatedCostBid",
     "WinnersGrid",
+    "label_counts",
     "read_award",
     "register_market_handlers",
     "simulated_cost_per_sample",
