@@ -47,6 +47,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -185,6 +186,15 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
                 f"dataset {self.dataset!r} is read from a local folder: set data-root "
                 f"(nothing is downloaded; only 'digits' is bundled)."
             )
+        # A data-root that names no folder is an error for every data set, digits included (which reads none);
+        # digits_xl's is a cache folder, made on first use.
+        if self.data_root and not name.startswith("digits_xl") and not Path(self.data_root).expanduser().is_dir():
+            fix = (
+                "digits is bundled: leave data-root empty (data-root='')"
+                if name == "digits"
+                else f"set data-root to the folder that holds the {name} files"
+            )
+            raise ValueError(f"data-root {self.data_root!r} is not a folder; {fix}")
         if self.num_clients < 1:
             raise ValueError(f"num-clients must be >= 1, got {self.num_clients}")
         if self.test_per_class < 1:
