@@ -55,7 +55,7 @@ class TransformedColumns:
 
 
 def test_array_list_and_tensor() -> None:
-    for labels in (LABELS, LABELS.tolist(), torch.tensor(LABELS), LABELS.astype(np.float64)):
+    for labels in (LABELS, LABELS.tolist(), torch.tensor(LABELS), LABELS.astype(np.float64), LABELS[:, None]):
         counts = label_counts(labels, C)
         assert counts.tolist() == EXPECTED.tolist()
         assert counts.dtype == np.int64
@@ -128,6 +128,7 @@ def test_real_hugging_face_dataset_when_installed() -> None:
         ([0.5, 1.0], 4, "non-integer values"),
         (["a", "b"], 4, "integer class indices"),
         ([[0, 1]], 4, "1-D"),
+        ([[0, 1], [1, 0]], 4, "1-D"),
         ([0, 1], 0, "num_classes must be a positive int"),
     ],
 )

@@ -33,7 +33,7 @@ def label_counts(data: Any, num_classes: int, *, label: str = "label") -> NDArra
         * a PyTorch ``Dataset``: ``TensorDataset`` (its last tensor), ``Subset``, a dataset with
           ``targets`` (torchvision's), or any map-style dataset whose items are ``(x, y)`` tuples or
           dicts with the key ``label``;
-        * an array, tensor or sequence of integer labels.
+        * an array, tensor or sequence of integer labels (shape ``(N,)`` or ``(N, 1)``).
     num_classes : int
         The number of classes ``C`` (the server's ``num_classes``); labels must lie in ``[0, C)``.
     label : str (default: "label")
@@ -154,6 +154,8 @@ def _as_array(values: Any) -> NDArray[Any]:
 def _count(labels: NDArray[Any], num_classes: int) -> NDArray[np.int64]:
     """``bincount`` of checked integer labels."""
     labels = np.asarray(labels)
+    if labels.ndim == 2 and labels.shape[1] == 1:  # a column of labels, as Keras' CIFAR-10 stores them
+        labels = labels[:, 0]
     if labels.ndim != 1:
         raise ValueError(f"labels must form a 1-D sequence of class indices, got shape {labels.shape}")
     if labels.size == 0:
