@@ -186,15 +186,6 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
                 f"dataset {self.dataset!r} is read from a local folder: set data-root "
                 f"(nothing is downloaded; only 'digits' is bundled)."
             )
-        # A data-root that names no folder is an error for every data set, digits included (which reads none);
-        # digits_xl's is a cache folder, made on first use.
-        if self.data_root and not name.startswith("digits_xl") and not Path(self.data_root).expanduser().is_dir():
-            fix = (
-                "digits is bundled: leave data-root empty (data-root='')"
-                if name == "digits"
-                else f"set data-root to the folder that holds the {name} files"
-            )
-            raise ValueError(f"data-root {self.data_root!r} is not a folder; {fix}")
         if self.num_clients < 1:
             raise ValueError(f"num-clients must be >= 1, got {self.num_clients}")
         if self.test_per_class < 1:
@@ -213,12 +204,35 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
 # ---------------------------------------------------------------------------
 
 
+def _check_data_root(config: DataConfig) -> None:
+    """Before loading: a ``data-root`` that names no folder is an error naming the key, for every data set.
+
+    Digits reads no folder (a root that names none there can only be a typo); digits_xl's root is a cache
+    folder, made on first use. (Checked at load time, not in :meth:`DataConfig.validate`, which also checks configs
+    composed on a machine without the data.)
+    """
+    name = config.dataset_name
+    if config.data_root and not name.startswith("digits_xl") and not Path(config.data_root).expanduser().is_dir():
+        fix = (
+            "digits is bundled: leave data-root empty (data-root='')"
+            if name == "digits"
+            else f"set data-root to the folder that holds the {name} files"
+        )
+        raise ValueError(f"data-root {config.data_root!r} is not a folder; {fix}")
+
+
 def _dataset_key(config: DataConfig) -> tuple[str, str, int, int]:
     """Cache key of the raw data set: only the fields that change what is loaded.
 
     ``test-per-class`` only matters for digits, and the seed only where the test set
     is drawn (digits, DEAP): CIFAR-10 is not re-read for another seed.
+
+    Raises
+    ------
+    ValueError
+        If ``data-root`` names no folder (:func:`_check_data_root`).
     """
+    _check_data_root(config)
     name = config.dataset_name
     return (
         name,
