@@ -99,6 +99,13 @@ class Session:
         return self.server.receive_masked(replies)
 
     def unmask(self, requests, drop=()):
+        if self.server.directory is not None:  # the consistency round: survivors sign the set they were shown
+            signatures = {
+                i: self._call(i, "sign_survivors", r.to_record(), self.identities.get(1000 + i - 1))
+                for i, r in requests.items()
+                if i not in drop
+            }
+            requests = self.server.receive_signatures(signatures)
         replies = {i: self._call(i, "unmask", r.to_record()) for i, r in requests.items() if i not in drop}
         for reply in replies.values():
             assert not set(reply["survivor_indices"]) & set(reply["dropped_indices"])

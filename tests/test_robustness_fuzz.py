@@ -49,6 +49,7 @@ from flmarket_flwr.market.messages import (
     ACTION_BID,
     ACTION_MASK,
     ACTION_SHARE,
+    ACTION_SURVIVORS,
     ACTION_UNMASK,
     ACTIONS,
     KEY_ACCEPTED,
@@ -73,7 +74,7 @@ COUNTS = {4000 + 13 * i: _RNG.integers(1, 45, size=NUM_CLASSES) * (i + 1) for i 
 NODES = sorted(COUNTS)
 OFFENDER = NODES[2]  # a winner of the honest auction (checked below), so that its audit is fuzzed
 BYSTANDER = NODES[1]  # another winner, named by spoofed and cross-wired replies
-STEPS = ACTIONS
+STEPS = tuple(action for action in ACTIONS if action != ACTION_SURVIVORS)  # the consistency round needs identity keys
 PASS_STEPS = (ACTION_ADVERTISE, ACTION_SHARE, ACTION_MASK, ACTION_UNMASK)
 FIELDS = {
     ACTION_ADVERTISE: ("cipher_public_key", "mask_public_key", "signature"),
