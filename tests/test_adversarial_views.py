@@ -94,7 +94,9 @@ def _split_views_attack(counts: dict[int, np.ndarray], signed: bool) -> SplitVie
     peers = sorted(server.graph[victim])[:t]
     inbox = requests[victim]
     kept = [i for i, sender in enumerate(inbox.senders) if sender in peers]
-    requests[victim] = MaskRequest([inbox.senders[i] for i in kept], [inbox.ciphertexts[i] for i in kept])
+    requests[victim] = MaskRequest(
+        [inbox.senders[i] for i in kept], [inbox.ciphertexts[i] for i in kept], [inbox.share_digests[i] for i in kept]
+    )
     replies = send(grid, "market_mask", {server.node_of[i]: r.to_record() for i, r in requests.items()})
     masked = {
         server.index_of[node]: np.frombuffer(record_of(reply)["masked_counts"], dtype="<u8").astype(np.uint64)

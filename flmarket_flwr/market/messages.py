@@ -7,11 +7,11 @@ step is a Flower ``query`` message (message type ``query.<action>``):
 Action                Server -> client                            Client -> server (reply)
 ====================  ==========================================  ==========================================
 ``market_advertise``  session, PASS index, ``C``, count bound,    cipher and mask public keys (32 bytes
-                      graph-seed commitment, candidate count      each), Ed25519 signature (or empty)
-``market_share``      participants, graph seed, the neighbours'   one encrypted share pair per neighbour
-                      keys (and signatures, node ids)
-``market_mask``       the share ciphertexts addressed to it       masked counts ``Y_e`` (``C`` little-endian
-                                                                  uint64 words), counts commitment
+                      graph-seed commitment, roster fingerprint   each), Ed25519 signature (or empty)
+``market_share``      participants, graph seed, the neighbours'   one encrypted share pair per neighbour,
+                      keys (and signatures, node ids)             and a digest of each pair
+``market_mask``       the share ciphertexts addressed to it,      masked counts ``Y_e`` (``C`` little-endian
+                      and their digests                           uint64 words), counts commitment
 ``market_survivors``  survivors, dropped (only with an identity    Ed25519 signature on that set
                       directory: the consistency round)
 ``market_unmask``     survivors, dropped (and the neighbours'     self-mask shares of survivors, key

@@ -13,7 +13,9 @@ Rounds (:class:`PassClient` / :class:`PassServer`; every message and the client 
    one, bound to its own run id, the session and the roster, :mod:`.identity`);
 2. share keys: the server opens the graph seed; each client checks its neighbourhood in the graph
    (:mod:`.graph`), Shamir-shares (:mod:`.shamir`) its mask private key ``s_e`` and a fresh self-mask
-   seed ``b_e`` among its ``k`` neighbours (threshold ``t = k // 2 + 1``), encrypted to each;
+   seed ``b_e`` among its ``k`` neighbours (threshold ``t = k // 2 + 1``), encrypted to each, with a
+   digest of each share (:func:`share_digest`) that the receiver checks and the server keeps, so that a
+   corrupted unmask share names the client that returned it;
 3. masked input: ``Y_e = N_e + PRG(b_e) + sum_v eps_{e,v} PRG(s_{e,v})`` over its neighbours that
    shared, and a commitment to ``N_e``; the private keys are then wiped;
 4. consistency (only with identity keys): each survivor signs the survivor set it is shown, once;
@@ -36,7 +38,9 @@ cannot substitute or replay keys across runs or rosters, and the consistency rou
 split-views attack (complete and sparse graphs); on the complete graph any split, on sparse graphs
 consistency is only local to each neighbourhood. It can always exclude clients or abort. A session needs
 at least 3 clients (with 2, each learns the other's counts); ``E - 1`` colluders learn the last client's
-counts from ``N_s``; a client can commit to false counts, which nothing here detects.
+counts from ``N_s``; a client can commit to false counts, which nothing here detects. A client that returns
+a corrupted unmask share is excluded by name and the session finishes while each secret keeps ``t``
+shares; one that sends garbage share ciphertexts makes its receivers refuse, unnamed (open).
 """
 
 from flmarket_flwr.pass_protocol.graph import (
@@ -92,6 +96,7 @@ from flmarket_flwr.pass_protocol.secagg import (
     counts_commitment,
     indices_to_bitmap,
     roster_fingerprint,
+    share_digest,
     survivor_transcript,
 )
 from flmarket_flwr.pass_protocol.shamir import (
@@ -143,6 +148,7 @@ __all__ = [
     "roster_digest",
     "roster_fingerprint",
     "reconstruct_secrets",
+    "share_digest",
     "share_from_bytes",
     "share_threshold",
     "share_to_bytes",

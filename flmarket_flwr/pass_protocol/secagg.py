@@ -126,6 +126,23 @@ def counts_commitment(session: bytes, index: int, counts: npt.ArrayLike, nonce: 
     ).digest()
 
 
+def share_digest(session: bytes, dealer: int, holder: int, kind: bytes, share: bytes) -> bytes:
+    """``SHA-256(label || session || dealer || holder || kind || share)``: the dealer's word on one share.
+
+    ``kind`` is ``b"s"`` (a share of the mask key) or ``b"b"`` (of the self-mask seed). A share is uniform on
+    its own, so its digest hides it.
+    """
+    header = struct.pack(">Q", len(session)) + session + struct.pack(">QQ", dealer, holder)
+    return hashlib.sha256(_LABEL + b"/share-digest" + header + kind + share).digest()
+
+
+def _pair_digest(session: bytes, dealer: int, holder: int, both: bytes) -> bytes:
+    """The 64-byte digest of one neighbour's share pair (mask-key share, then self-mask-seed share)."""
+    return share_digest(session, dealer, holder, b"s", both[:_SHARE_BYTES]) + share_digest(
+        session, dealer, holder, b"b", both[_SHARE_BYTES:]
+    )
+
+
 def survivor_transcript(session: bytes, survivors: Iterable[int]) -> bytes:
     """``SHA-256(label || session || sorted U3)``: what the sum covers, recorded by clients for the bid step."""
     ordered = np.sort(np.asarray(list(survivors), dtype=np.uint64))
@@ -287,18 +304,25 @@ class ShareKeysRequest(_Record):
 
 @dataclass(frozen=True)
 class ShareKeysReply(_Record):
-    """Round 2, client -> server: one encrypted share pair per neighbour."""
+    """Round 2, client -> server: one encrypted share pair per neighbour, and a digest of each pair.
+
+    ``share_digests[i]`` is :func:`share_digest` of the mask-key share then of the self-mask-seed share sent
+    to ``receivers[i]`` (64 bytes): the receiver checks its shares against it, and the server checks the one
+    share the receiver returns at unmask, so a corrupted unmask share names its sender.
+    """
 
     receivers: list[int]
     ciphertexts: list[bytes]
+    share_digests: list[bytes]
 
 
 @dataclass(frozen=True)
 class MaskRequest(_Record):
-    """Round 3, server -> client: the ciphertexts addressed to it by the neighbours in U2."""
+    """Round 3, server -> client: the ciphertexts addressed to it by the neighbours in U2, and their digests."""
 
     senders: list[int]
     ciphertexts: list[bytes]
+    share_digests: list[bytes] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -528,10 +552,12 @@ class PassClient:
         threshold = share_threshold(k)
         self_seed = os.urandom(SECRET_LENGTH)
         shares = split_secrets([state["mask_private_key"], self_seed], neighbours, threshold)
-        ciphertexts = []
+        ciphertexts, digests = [], []
         for v, key, share in zip(neighbours, channel_keys, shares, strict=True):
-            plaintext = _LABEL + struct.pack(">QQ", index, v) + share_to_bytes(share)
+            both = share_to_bytes(share)
+            plaintext = _LABEL + struct.pack(">QQ", index, v) + both
             ciphertexts.append(ChaCha20Poly1305(key).encrypt(_ZERO_NONCE, plaintext, _channel_aad(session, index, v)))
+            digests.append(_pair_digest(session, index, v, both))
         state.update(
             stage=_STAGE_SHARED,
             self_seed=self_seed,
@@ -543,7 +569,7 @@ class PassClient:
         )
         if directory is not None:  # the neighbours' identity keys, for the consistency round
             state["identity_keys"] = [directory.key_of(node) for node in request.neighbour_node_ids]
-        return ShareKeysReply(receivers=neighbours, ciphertexts=ciphertexts)
+        return ShareKeysReply(receivers=neighbours, ciphertexts=ciphertexts, share_digests=digests)
 
     def _check_neighbour_keys(
         self, request: ShareKeysRequest, directory: IdentityDirectory | None
@@ -616,11 +642,13 @@ class PassClient:
             not _strictly_increasing(senders)
             or not set(senders) <= set(neighbours)
             or len(senders) != len(request.ciphertexts)
+            or len(senders) != len(request.share_digests)
         ):
-            raise PassError("the senders must be distinct neighbours of this client, one ciphertext each")
+            raise PassError("the senders must be distinct neighbours of this client, one ciphertext and digest each")
         if len(senders) < threshold:
             raise PassError(f"only {len(senders)} neighbours completed key sharing, the threshold is {threshold}")
         position = {v: i for i, v in enumerate(neighbours)}
+        position_in = {v: i for i, v in enumerate(senders)}
         held = []
         for v, ciphertext in zip(senders, request.ciphertexts, strict=True):
             key = state["inbound_channel_keys"][position[v]]
@@ -632,6 +660,8 @@ class PassClient:
             if len(plaintext) != _PLAINTEXT_BYTES or not plaintext.startswith(header):
                 raise PassError(f"the shares from neighbour {v} are malformed or misaddressed")
             share_from_bytes(plaintext[len(header) :], 2, SECRET_LENGTH)
+            if _pair_digest(session, v, index, plaintext[len(header) :]) != request.share_digests[position_in[v]]:
+                raise PassError(f"the shares from neighbour {v} do not match the digests it sent the server")
             held.append(plaintext[len(header) :])
         num_classes = state["num_classes"]
         counts = np.frombuffer(state["counts"], dtype="<u8").astype(np.uint64)
@@ -861,6 +891,7 @@ class PassServer:
         self._masked_sum = np.zeros(num_classes, dtype=np.uint64)
         self._b_shares: dict[int, list[tuple[int, bytes]]] = {}
         self._s_shares: dict[int, list[tuple[int, bytes]]] = {}
+        self._digests: dict[tuple[int, int], bytes] = {}  # (dealer, holder) -> the dealer's share-pair digest
         self._step = 0
 
     def _advance(self, step: int, name: str) -> None:
@@ -979,9 +1010,11 @@ class PassServer:
             if (
                 reply.receivers != list(self.graph[u])
                 or len(reply.ciphertexts) != len(reply.receivers)
+                or len(reply.share_digests) != len(reply.receivers)
                 or any(len(c) != _CIPHERTEXT_BYTES for c in reply.ciphertexts)
+                or any(len(d) != 64 for d in reply.share_digests)
             ):
-                self._exclude(u, "share-keys reply does not hold one ciphertext per neighbour")
+                self._exclude(u, "share-keys reply does not hold one ciphertext and one digest per neighbour")
                 continue
             sent[u] = reply
         for u in self.graph:
@@ -990,13 +1023,17 @@ class PassServer:
         self.u2 = sorted(sent)
         if len(self.u2) < MIN_PARTICIPANTS:
             raise PassError(f"only {len(self.u2)} clients shared their keys, PASS needs {MIN_PARTICIPANTS}")
-        inbox: dict[int, tuple[list[int], list[bytes]]] = {u: ([], []) for u in self.u2}
+        inbox: dict[int, MaskRequest] = {u: MaskRequest([], [], []) for u in self.u2}
         for u in self.u2:  # senders in increasing order, so each inbox is sorted
-            for v, ciphertext in zip(sent[u].receivers, sent[u].ciphertexts, strict=True):
+            for v, ciphertext, digest in zip(
+                sent[u].receivers, sent[u].ciphertexts, sent[u].share_digests, strict=True
+            ):
                 if v in inbox:
-                    inbox[v][0].append(u)
-                    inbox[v][1].append(ciphertext)
-        return {v: MaskRequest(senders, ciphertexts) for v, (senders, ciphertexts) in inbox.items()}
+                    inbox[v].senders.append(u)
+                    inbox[v].ciphertexts.append(ciphertext)
+                    inbox[v].share_digests.append(digest)
+                    self._digests[u, v] = digest
+        return inbox
 
     # Round 3 -----------------------------------------------------------------
     def receive_masked(
@@ -1127,10 +1164,34 @@ class PassServer:
             ):
                 self._exclude(v, "unmask reply names peers or shares it should not")
                 continue
+            forged = self._forged_share(v, reply)
+            if forged is not None:
+                self._exclude(v, forged)
+                continue
             for u, share in zip(reply.survivor_indices, reply.survivor_shares, strict=True):
                 self._b_shares.setdefault(u, []).append((v, share))
             for d, share in zip(reply.dropped_indices, reply.dropped_shares, strict=True):
                 self._s_shares.setdefault(d, []).append((v, share))
+
+    def _forged_share(self, holder: int, reply: UnmaskReply) -> str | None:
+        """Evidence that ``holder`` returned a share other than the one its dealer sent it, or ``None``.
+
+        The holder checked its shares against the dealer's digest when it masked, so a mismatch now is the
+        holder's own doing; the server keeps none of its shares.
+        """
+        returned = (
+            (reply.survivor_indices, reply.survivor_shares, b"b", slice(32, 64), "self-mask seed"),
+            (reply.dropped_indices, reply.dropped_shares, b"s", slice(0, 32), "mask key"),
+        )
+        for dealers, shares, kind, part, what in returned:
+            for dealer, share in zip(dealers, shares, strict=True):
+                expected = self._digests.get((dealer, holder), b"")[part]
+                if share_digest(self.session, dealer, holder, kind, share) != expected:
+                    return (
+                        f"its unmask share of the {what} of client {dealer} does not match the digest that "
+                        f"client {dealer} sent with it (and that client {holder} accepted): corrupted share"
+                    )
+        return None
 
     def _rebuild(self, owner: int, shares: list[tuple[int, bytes]], what: str) -> bytes:
         if len(shares) < self.threshold:
