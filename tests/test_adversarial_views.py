@@ -311,3 +311,28 @@ def test_two_markets_differenced_give_a_victims_counts_not_prevented() -> None:
     _, without = run_market({node: c for node, c in counts.items() if node != victim})
     difference = np.asarray(with_victim.global_counts) - np.asarray(without.global_counts)
     assert np.array_equal(difference, counts[victim])
+
+
+@pytest.mark.parametrize(
+    "signature",
+    [b"", bytes(64), b"\x01" * 63, "a string", 5, [b"x" * 64], None],
+    ids=["empty", "zeros", "short", "str", "int", "list", "missing"],
+)
+def test_a_malformed_survivor_set_signature_excludes_only_its_sender(signature: object) -> None:
+    counts = make_counts(8, seed=12)
+    app, directory = signed_app(counts)
+    liar = sorted(counts)[4]
+
+    def tamper(instruction, reply):
+        if instruction.metadata.dst_node_id == liar and instruction.metadata.message_type == "query.market_survivors":
+            record = reply.content.config_records["flmarket"]
+            if signature is None:
+                del record["signature"]
+            else:
+                record["signature"] = signature
+        return reply
+
+    outcome = MarketPhase(market_config(directory=directory)).run(InProcessGrid(app, list(counts), reply_hook=tamper))
+    assert set(outcome.excluded) == {liar}
+    assert outcome.excluded[liar].startswith("PASS: survivor-set signature refused")
+    assert outcome.global_counts == [int(c) for c in np.sum(list(counts.values()), axis=0)]
