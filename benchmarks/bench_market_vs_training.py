@@ -129,7 +129,7 @@ def market_in_process(config: dict, num_clients: int) -> tuple[dict[str, float],
     """
     from flmarket_flwr.client_app import build_client_app  # pylint: disable=import-outside-toplevel
     from flmarket_flwr.market import MarketPhase  # pylint: disable=import-outside-toplevel
-    from flmarket_flwr.market.testing import InProcessGrid  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.market.inprocess import InProcessGrid  # pylint: disable=import-outside-toplevel
 
     market = market_config(config, num_clients)
     runs = []

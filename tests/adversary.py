@@ -9,8 +9,8 @@ import numpy as np
 from flwr.app import ConfigRecord, Message
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase
+from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 from flmarket_flwr.market.messages import RECORD_KEY, make_content, message_type
-from flmarket_flwr.market.testing import InProcessGrid, market_client_app
 from flmarket_flwr.pass_protocol import PassServer
 
 NUM_CLASSES = 10

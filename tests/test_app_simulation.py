@@ -33,7 +33,7 @@ from flwr.app import Context, RecordDict
 from processes import pids_with_cmdline, process_tree, stop_pids
 
 from flmarket_flwr import client_app, server_app
-from flmarket_flwr.market.testing import InProcessGrid
+from flmarket_flwr.market.inprocess import InProcessGrid
 
 PROJECT = Path(__file__).resolve().parents[1]
 BIN_DIR = Path(sys.executable).parent
@@ -269,8 +269,8 @@ def test_too_few_supernodes_fails_fast(flower: LocalFlower) -> None:
     completed = flower.flwr("--run-config", f"results-dir='{flower.root / 'results'}' run-name='two'")
     elapsed = time.monotonic() - started
     output = completed.stdout + completed.stderr
-    assert "FLMarket run FAILED: only 2 SuperNode(s) connected" in output, _explain(output)
-    assert "num-supernodes=N" in output
+    assert "FLMarket run FAILED: only 2 node(s) connected" in output, _explain(output)
+    assert "num-supernodes=N" in output, _explain(output)
     assert elapsed < WAIT_FOR_NODES_S, elapsed  # stopped at once, not after waiting for nodes that never come
     # Flower 1.41: `flwr run` exits 0 whatever the ServerApp did; `flwr ls` records the failure.
     assert completed.returncode == 0

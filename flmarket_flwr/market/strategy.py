@@ -6,22 +6,28 @@ Usage, in a ``ServerApp``'s main::
     result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=3)
     strategy.market_outcome  # winners, payments, scores, bids
 
-A strategy that wraps a strategy, like Flower's ``DifferentialPrivacyServerSideFixedClipping``.
+A strategy that wraps a strategy, like Flower's ``DifferentialPrivacyServerSideFixedClipping``, and
+composes with those wrappers in either order: outermost, its ``start`` runs the market first; wrapped
+(``DifferentialPrivacyServerSideFixedClipping(FLMarket(FedAvg()), ...)``, whose inherited ``start``
+calls the per-round hooks), its first ``configure_train``/``configure_evaluate`` runs the market on
+the grid it is given. Either way the market runs once and only winners are ever sent a message.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from logging import ERROR, INFO, WARNING
+from logging import ERROR, INFO
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from flmarket_flwr.market.config import MarketConfig, MarketOutcome
+from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.grid_view import WinnersGrid
-from flmarket_flwr.market.server import MarketConfig, MarketError, MarketOutcome, MarketPhase
+from flmarket_flwr.market.server import MarketPhase
 
 __all__ = ["FLMarket", "log_market_outcome", "start_on_nodes"]
 
@@ -31,11 +37,16 @@ _MIN_NODE_SETTINGS = ("min_available_nodes", "min_train_nodes", "min_evaluate_no
 class FLMarket(Strategy):
     """Run the FLMarket market phase, then the wrapped strategy on the market's winners only.
 
-    :meth:`start` runs PASS (the server learns the sum of the clients' label counts, never one
+    The market phase runs PASS (the server learns the sum of the clients' label counts, never one
     client's), collects each client's score and bid, runs the truthful budget-feasible reverse
-    auction and sends the awards; it keeps the outcome in :attr:`market_outcome`, then starts the
-    wrapped strategy on a :class:`~flmarket_flwr.market.WinnersGrid`: no other node ever receives a
-    train or evaluate message. Every other method delegates to the wrapped strategy.
+    auction and sends the awards; the outcome is kept in :attr:`market_outcome`. Then the wrapped
+    strategy sees only a :class:`~flmarket_flwr.market.WinnersGrid`: no other node ever receives a
+    train or evaluate message.
+
+    The market runs in :meth:`start` when ``FLMarket`` is the outermost strategy, and in the first
+    :meth:`configure_train` or :meth:`configure_evaluate` when another wrapper (Flower's
+    differential-privacy strategies, say) sits outside it and drives the rounds with the inherited
+    ``Strategy.start``: the guarantee holds in any nesting order, and the market runs once.
 
     Parameters
     ----------
@@ -67,8 +78,8 @@ class FLMarket(Strategy):
     Notes
     -----
     A :class:`~flmarket_flwr.market.MarketError` (too few clients connected, PASS failed, no valid
-    bid) is logged in one plain line and re-raised: there is nothing to train. When nobody wins,
-    :meth:`start` logs it and returns an empty ``Result`` without training.
+    bid, or nobody won the auction) is logged in one plain line and re-raised: there is nothing to
+    train, and a run that trained nobody must not end as a success with an untrained model.
     """
 
     # pylint: disable=too-many-arguments
@@ -110,6 +121,7 @@ class FLMarket(Strategy):
         self.seed = seed
         self.absent_timeout = absent_timeout
         self.market_outcome: MarketOutcome | None = None
+        self._winners_grid: WinnersGrid | None = None
 
     # pylint: disable=too-many-positional-arguments
     def start(
@@ -129,28 +141,19 @@ class FLMarket(Strategy):
         Returns
         -------
         Result
-            The wrapped strategy's result; an empty ``Result`` when nobody won.
+            The wrapped strategy's result.
 
         Raises
         ------
         MarketError
-            If the market phase cannot run (logged first).
+            If the market phase cannot run, or nobody won the auction (logged first).
         """
         log(INFO, "Starting FLMarket: market phase, then %s on the winners", type(self.strategy).__name__)
         self.market_outcome = None
-        try:
-            outcome = MarketPhase(self.market_config).run(grid)
-        except MarketError as err:
-            log(ERROR, "FLMarket: the market phase failed: %s", err)
-            raise
-        self.market_outcome = outcome
-        log_market_outcome(outcome)
-        if not outcome.winners:
-            log(WARNING, "FLMarket: no client won the auction (budget %.4g); nothing to train", outcome.budget)
-            return Result()
+        self._winners_grid = None
         return start_on_nodes(
             self.strategy,
-            WinnersGrid(grid, outcome.winners, seed=self.seed, absent_timeout=self.absent_timeout),
+            self.winners_grid(grid),
             initial_arrays=initial_arrays,
             num_rounds=num_rounds,
             timeout=timeout,
@@ -158,6 +161,31 @@ class FLMarket(Strategy):
             evaluate_config=evaluate_config,
             evaluate_fn=evaluate_fn,
         )
+
+    def winners_grid(self, grid: Grid) -> WinnersGrid:
+        """The view of ``grid`` that holds the market's winners only; runs the market phase the first time.
+
+        Raises
+        ------
+        MarketError
+            If the market phase cannot run, or nobody won the auction (logged first).
+        """
+        if self._winners_grid is not None:
+            return self._winners_grid
+        try:
+            outcome = MarketPhase(self.market_config).run(grid)
+            self.market_outcome = outcome
+            log_market_outcome(outcome)
+            if not outcome.winners:
+                raise MarketError(
+                    f"no client won the auction ({len(outcome.participants)} bidders, budget "
+                    f"{outcome.budget:.4g}): nothing to train. Raise the budget, or look at the bids in the market log"
+                )
+        except MarketError as err:
+            log(ERROR, "FLMarket: the market phase failed: %s", err)
+            raise
+        self._winners_grid = WinnersGrid(grid, outcome.winners, seed=self.seed, absent_timeout=self.absent_timeout)
+        return self._winners_grid
 
     def summary(self) -> None:
         """Log the market settings and the wrapped strategy's summary."""
@@ -167,8 +195,10 @@ class FLMarket(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Delegate to the wrapped strategy."""
-        return self.strategy.configure_train(server_round, arrays, config, grid)
+        """The wrapped strategy's train messages, addressed to winners only (the market runs first, once)."""
+        view = self._view_of(grid)
+        with _capped_min_nodes(self.strategy, len(view.node_ids)):
+            return self.strategy.configure_train(server_round, arrays, config, view)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -179,8 +209,16 @@ class FLMarket(Strategy):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Delegate to the wrapped strategy."""
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+        """The wrapped strategy's evaluate messages, addressed to winners only (the market runs first, once)."""
+        view = self._view_of(grid)
+        with _capped_min_nodes(self.strategy, len(view.node_ids)):
+            return self.strategy.configure_evaluate(server_round, arrays, config, view)
+
+    def _view_of(self, grid: Grid) -> WinnersGrid:
+        """The winners' view for a round hook: ``grid`` itself when it already is one (``start`` made it)."""
+        if isinstance(grid, WinnersGrid) and grid is self._winners_grid:
+            return grid
+        return self.winners_grid(grid)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Delegate to the wrapped strategy."""
