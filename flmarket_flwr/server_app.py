@@ -28,6 +28,7 @@ from flwr.serverapp.strategy import FedAvg, Strategy
 from flmarket_flwr.app_results import CentralEvaluation, make_run_dir, save_results
 from flmarket_flwr.data.partition import DISTRIBUTIONS
 from flmarket_flwr.market import FLMarket, MarketConfig, MarketError, MarketPhase
+from flmarket_flwr.nodes import connected_nodes
 from flmarket_flwr.pass_protocol import IdentityDirectory
 from flmarket_flwr.task import (
     DataConfig,
@@ -42,7 +43,7 @@ __all__ = ["ServerSettings", "StrategyFactory", "app", "build_server_app", "data
 
 CLIENT_KEYS = {"cost-low": 0.5, "cost-high": 1.5, "bid-markup": 0.2, "torch-threads": 1, "train-log-dir": ""}
 """Run-config keys only the ClientApp reads (checked here too, so that a bad value fails once)."""
-DATA_KEYS = ("dataset", "data-root", "distribution", "alpha", "test-per-class", "val-per-class")
+DATA_KEYS = ("dataset", "data-root", "distribution", "schedule", "alpha", "test-per-class", "val-per-class")
 NODE_PROBE_S = 2.0
 """Seconds to find out how many SuperNodes the federation has before failing fast on too few."""
 
@@ -268,14 +269,9 @@ def _count_nodes(grid: Grid, settings: ServerSettings) -> int:
     try:
         return len(MarketPhase(probe).wait_for_nodes(grid))
     except MarketError:
-        connected = len(list(grid.get_node_ids()))
-        if connected == 0:
+        if not connected_nodes(grid):
             return 0
-        raise MarketError(
-            f"only {connected} SuperNode(s) connected; the market's secure sum (PASS) needs at least "
-            f'{settings.min_market_clients}. In simulation pass --federation-config "num-supernodes=N" '
-            f"(N >= {settings.min_market_clients}); in a deployment start more SuperNodes"
-        ) from None
+        raise
 
 
 def _market_config(settings: ServerSettings, data_config: DataConfig, num_nodes: int, run_id: int) -> MarketConfig:

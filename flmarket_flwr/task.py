@@ -53,8 +53,14 @@ import numpy as np
 
 from flmarket_flwr.data.digits import NUM_CLASSES as DIGITS_NUM_CLASSES
 from flmarket_flwr.data.digits import train_test_split_balanced
-from flmarket_flwr.data.partition import Partition, make_partition
-from flmarket_flwr.data.registry import DATASET_NAMES, LoadedDataset, canonical_dataset_name, load_dataset
+from flmarket_flwr.data.partition import SCHEDULES, Partition, make_partition
+from flmarket_flwr.data.registry import (
+    DATASET_NAMES,
+    DATASET_OPTIONS,
+    LoadedDataset,
+    canonical_dataset_name,
+    load_dataset,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -84,6 +90,10 @@ TensorPair = tuple["torch.Tensor", "torch.Tensor"]
 """Inputs (``(N, 1, 8, 8)`` for digits) float32 and labels ``(N,)`` int64."""
 
 SUPPORTED_DATASETS = DATASET_NAMES
+
+DATASETS_WITHOUT_FOLDER = ("digits", "digits_xl", "digits_xl_rgb32")
+"""Data sets that need no ``data-root``: bundled (digits) or made from the bundled one (``data-root`` is
+then an optional cache folder)."""
 
 EMBEDDING_DIM = 16
 """Length of the DDS data embedding (:func:`data_embedding`)."""
@@ -118,6 +128,9 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
     val_per_class : int
         Samples per class taken from the training set for the server's validation
         split (``0``: none). S-FedAvg needs one.
+    schedule : str
+        Pruning schedule of the global distributions: ``"geometric"`` (default) or ``"linear"``
+        (the paper's Table 2; see :mod:`flmarket_flwr.data.partition`).
     """
 
     dataset: str = "digits"
@@ -128,6 +141,7 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
     test_per_class: int = 30
     data_root: str = ""
     val_per_class: int = 0
+    schedule: str = "geometric"
 
     @classmethod
     def from_run_config(
@@ -142,7 +156,7 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
         run_config : Mapping[str, Any]
             The run config (``context.run_config``); keys ``dataset``, ``data-root``,
             ``num-clients``, ``distribution``, ``alpha``, ``seed``,
-            ``test-per-class`` and ``val-per-class`` are read when present.
+            ``test-per-class``, ``val-per-class`` and ``schedule`` are read when present.
         node_config : Mapping[str, Any], optional
             The node config (``context.node_config``) of a ClientApp. When it
             carries ``num-partitions`` (always the case in simulation, and in a
@@ -168,6 +182,7 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
             test_per_class=int(run_config.get("test-per-class", defaults.test_per_class)),
             data_root=str(run_config.get("data-root", defaults.data_root)),
             val_per_class=int(run_config.get("val-per-class", defaults.val_per_class)),
+            schedule=str(run_config.get("schedule", defaults.schedule)),
         )
         config.validate()
         return config
@@ -180,7 +195,7 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
             raise ValueError(
                 f"Unsupported dataset {self.dataset!r}: the Flower app supports {', '.join(SUPPORTED_DATASETS)}."
             ) from None
-        if name != "digits" and not self.data_root:
+        if name not in DATASETS_WITHOUT_FOLDER and not self.data_root:
             raise ValueError(
                 f"dataset {self.dataset!r} is read from a local folder: set data-root "
                 f"(nothing is downloaded; only 'digits' is bundled)."
@@ -191,6 +206,8 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
             raise ValueError(f"test-per-class must be >= 1, got {self.test_per_class}")
         if self.val_per_class < 0:
             raise ValueError(f"val-per-class must be >= 0, got {self.val_per_class}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
 
     @property
     def dataset_name(self) -> str:
@@ -206,14 +223,14 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
 def _dataset_key(config: DataConfig) -> tuple[str, str, int, int]:
     """Cache key of the raw data set: only the fields that change what is loaded.
 
-    ``test-per-class`` only matters for digits, and the seed only where the test set
-    is drawn (digits, DEAP): CIFAR-10 is not re-read for another seed.
+    ``test-per-class`` only matters for the data sets that take it (digits, digits_xl), and the
+    seed only where the test set is drawn (digits, DEAP): CIFAR-10 is not re-read for another seed.
     """
     name = config.dataset_name
     return (
         name,
         "" if name == "digits" else config.data_root,
-        config.test_per_class if name == "digits" else 0,
+        config.test_per_class if "test_per_class" in DATASET_OPTIONS[name] else 0,
         config.seed if name in ("digits", "deap") else 0,
     )
 
@@ -222,7 +239,7 @@ def _dataset_key(config: DataConfig) -> tuple[str, str, int, int]:
 def _load(key: tuple[str, str, int, int]) -> LoadedDataset:
     """Load (once per process) a data set, its images standardised when it has constants."""
     name, root, test_per_class, seed = key
-    options: dict[str, Any] = {"test_per_class": test_per_class} if name == "digits" else {}
+    options: dict[str, Any] = {"test_per_class": test_per_class} if "test_per_class" in DATASET_OPTIONS[name] else {}
     loaded = load_dataset(name, root or None, seed=seed, **options)
     if loaded.mean is None or loaded.std is None:
         return loaded
@@ -266,6 +283,7 @@ def _partition(config: DataConfig) -> Partition:
         alpha=config.alpha,
         seed=config.seed,
         num_classes=num_classes(config),
+        schedule=config.schedule,
     )
 
 

@@ -2,8 +2,9 @@
 
 One job = partition, selection, then FedAvg rounds on the selected clients, all in this process:
 
-* **Selection** calls :mod:`flmarket_flwr.pricing` directly: FLMarket is ``select_flmarket`` (the score
-  and the auction in fixed-count mode; ``num_selected=0``: the budget-driven auction), where PASS's
+* **Selection** calls :mod:`flmarket_flwr.pricing` directly: FLMarket is the product's one rule,
+  :func:`~flmarket_flwr.pricing.run_auction` on :func:`~flmarket_flwr.pricing.flmarket_scores` (``num_selected``
+  a cohort cap, ``0`` for the budget alone; the budget from :func:`auction_budget`), where PASS's
   output is replaced by the plain sum of the clients' label counts (PASS returns exactly that sum,
   mod 2^64, see ``tests/test_pass_protocol.py``); RS, QBS, DICE and DDS are ``select_clients``.
   ``market="protocol"`` runs FLMarket's real market phase instead (:class:`~flmarket_flwr.market.MarketPhase`:
@@ -42,7 +43,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from multiprocessing import get_context
 from pathlib import Path
@@ -50,10 +51,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flmarket_flwr.data import load_dataset, make_partition, train_test_split_balanced
+from flmarket_flwr import task
 from flmarket_flwr.market import simulated_cost_per_sample
-from flmarket_flwr.pricing import run_auction, score, select_clients, select_flmarket
+from flmarket_flwr.pricing import cohort_budget, flmarket_scores, run_auction, select_clients
 from flmarket_flwr.pricing.selectors import DDS_DIVERSITY_WEIGHT, DICE_VOLUME_WEIGHT
+from flmarket_flwr.task import DataConfig
 
 if TYPE_CHECKING:
     import torch
@@ -65,7 +67,9 @@ __all__ = [
     "EngineConfig",
     "Federation",
     "ShapleyCohort",
+    "auction_budget",
     "bids_for",
+    "data_config",
     "fedavg",
     "load_federation",
     "main",
@@ -99,7 +103,7 @@ class EngineConfig:  # pylint: disable=too-many-instance-attributes
         Federation: ``E``, global distribution ``d1..d7``, pruning schedule, Dirichlet concentration, seed.
     selector, num_selected, budget
         Selector name; cohort size (``0``: FLMarket's budget-driven auction; S-FedAvg: clients sampled
-        per round); auction budget ``R`` (``0``: the sum of the bids, which never binds in fixed-count mode).
+        per round); auction budget ``R`` (``0``: the least budget that buys the cohort, see :func:`auction_budget`).
     market
         FLMarket's selection: ``"direct"`` (the pricing functions on the plain sum of the counts) or
         ``"protocol"`` (the real market phase over an in-process Grid, timed; see the module docstring).
@@ -201,68 +205,43 @@ class Federation:
 
 
 # --- Data ----------------------------------------------------------------------------------------------------------
-@lru_cache(maxsize=2)
-def _dataset(name: str, root: str, test_per_class: int, seed: int) -> Any:
-    """The registry's data set, standardised where it has constants (as ``flmarket_flwr.task`` does)."""
-    options: dict[str, Any] = {"test_per_class": test_per_class} if name.replace("-", "_").startswith("digits") else {}
-    loaded = load_dataset(name, root or None, seed=seed, **options)
-    if loaded.mean is None or loaded.std is None:
-        return loaded
-    shape = (1, -1) + (1,) * (loaded.train_images.ndim - 2)
-    mean = np.asarray(loaded.mean, dtype=np.float32).reshape(shape)
-    std = np.asarray(loaded.std, dtype=np.float32).reshape(shape)
-    train_images, test_images = (loaded.train_images - mean) / std, (loaded.test_images - mean) / std
-    return replace(loaded, train_images=train_images, test_images=test_images)
+def data_config(cfg: EngineConfig) -> DataConfig:
+    """The Flower app's data config for ``cfg``: the engine reads its data through the app's own loader."""
+    config = DataConfig(
+        dataset=cfg.dataset,
+        num_clients=cfg.num_clients,
+        distribution=cfg.distribution,
+        alpha=float(cfg.alpha),
+        seed=cfg.seed,
+        test_per_class=cfg.test_per_class,
+        data_root=cfg.data_root,
+        val_per_class=cfg.val_per_class,
+        schedule=cfg.schedule,
+    )
+    config.validate()
+    return config
 
 
 @lru_cache(maxsize=16)
-def _federation(key: tuple[Any, ...]) -> Federation:
-    import torch  # pylint: disable=import-outside-toplevel
-
-    name, root, test_per_class, val_per_class, num_clients, distribution, schedule, alpha, seed = key
-    # Only digits draws its test set from the seed (as in flmarket_flwr.task); the others have a fixed one.
-    data = _dataset(name, root, test_per_class, seed if name == "digits" else 0)
-    labels = data.train_labels
-    pool = np.arange(labels.size, dtype=np.int64)
-    validation = None
-    if val_per_class > 0:
-        pool, validation = train_test_split_balanced(labels, test_per_class=val_per_class, seed=seed)
-    partition = make_partition(
-        labels[pool], num_clients, distribution, alpha=alpha, seed=seed, num_classes=data.num_classes, schedule=schedule
-    )
-
-    def tensors(images: np.ndarray, targets: np.ndarray) -> TensorPair:
-        return torch.from_numpy(np.ascontiguousarray(images, np.float32)), torch.from_numpy(targets.astype(np.int64))
-
-    clients = [tensors(data.train_images[pool[rows]], labels[pool[rows]]) for rows in partition.client_indices]
+def _federation(config: DataConfig) -> Federation:
+    clients = [task.load_partition(partition_id, config) for partition_id in range(config.num_clients)]
     return Federation(
         client_data=clients,
-        label_counts=partition.label_counts,
-        test_data=tensors(data.test_images, data.test_labels),
-        num_classes=int(data.num_classes),
-        input_shape=tuple(data.input_shape),
-        validation_data=None if validation is None else tensors(data.train_images[validation], labels[validation]),
+        label_counts=task.all_label_counts(config),
+        test_data=task.load_test_set(config),
+        num_classes=task.num_classes(config),
+        input_shape=task.input_shape(config),
+        validation_data=task.load_validation_set(config) if config.val_per_class > 0 else None,
     )
 
 
 def load_federation(cfg: EngineConfig) -> Federation:
     """The clients' tensors and label counts and the test set for ``cfg`` (cached per process).
 
-    Same order of splits as ``flmarket_flwr.task``: the data set's test set, then ``val_per_class``
-    per class for a validation split, then the partition of the rest.
+    Everything comes from :mod:`flmarket_flwr.task`, the loader the Flower app's ClientApps and ServerApp use:
+    the data set's test set, then ``val_per_class`` per class for a validation split, then the partition of the rest.
     """
-    key = (
-        cfg.dataset,
-        cfg.data_root,
-        cfg.test_per_class,
-        cfg.val_per_class,
-        cfg.num_clients,
-        cfg.distribution,
-        cfg.schedule,
-        float(cfg.alpha),
-        cfg.seed,
-    )
-    return _federation(key)
+    return _federation(data_config(cfg))
 
 
 # --- Selection -----------------------------------------------------------------------------------------------------
@@ -304,22 +283,18 @@ def select(cfg: EngineConfig, federation: Federation) -> tuple[list[int], dict[s
         extra: dict[str, Any] = {"volume_weight": cfg.dice_volume_weight}
         if cfg.selector == "dds":
             extra = {"embeddings": _embeddings(federation, cfg.seed), "diversity_weight": cfg.dds_diversity_weight}
-        positions = select_clients(cfg.selector, counts, cfg.num_selected, seed=cfg.seed, **extra)
-        return [int(p) for p in positions], {}
+        chosen = select_clients(cfg.selector, counts, cfg.num_selected, seed=cfg.seed, **extra)
+        return [int(p) for p in chosen], {}
     bids = bids_for(cfg, counts)
-    scores = np.atleast_1d(score(counts, counts.sum(axis=0), counts.shape[0]))
-    budget = cfg.budget if cfg.budget > 0 else float(bids.sum())
-    auction = run_auction(scores, bids, budget=budget, num_winners=cfg.num_selected or None)
-    if cfg.num_selected:
-        positions = select_flmarket(counts, cfg.num_selected, seed=cfg.seed, bids=bids, budget=budget)
-    else:
-        positions = auction.winners
+    scores = flmarket_scores(counts)
+    budget = auction_budget(cfg, scores, bids)
+    auction = run_auction(scores, bids, budget, num_winners=cfg.num_selected or None)
+    positions = [int(p) for p in auction.winners]
     protocol: dict[str, Any] = {}
     if cfg.market == "protocol":
-        direct = [int(p) for p in positions]
         protocol_winners, protocol = run_market_protocol(cfg, counts, budget)
-        positions = np.asarray(protocol_winners, dtype=np.int64)
-        protocol["same_winners_as_direct"] = sorted(protocol_winners) == sorted(direct)
+        protocol["same_winners_as_direct"] = protocol_winners == positions
+        positions = protocol_winners
     market = {
         "total_payment": float(auction.total_payment),
         "budget": budget,
@@ -330,7 +305,27 @@ def select(cfg: EngineConfig, federation: Federation) -> tuple[list[int], dict[s
         "bid_policy": cfg.bid_policy,
         **protocol,
     }
-    return [int(p) for p in positions], market
+    return positions, market
+
+
+def auction_budget(cfg: EngineConfig, scores: np.ndarray, bids: np.ndarray) -> float:
+    """The budget ``R`` of FLMarket's auction: ``cfg.budget``, or with ``0`` the least budget that buys the cohort.
+
+    ``budget = 0`` is for comparisons at equal cohort size (``num_selected > 0``): the budget is then
+    :func:`~flmarket_flwr.pricing.cohort_budget` of the ``num_selected`` first positive-score clients (fewer if
+    fewer score above zero), so FLMarket buys a full cohort when one exists and still pays within the budget.
+
+    Raises
+    ------
+    ValueError
+        ``budget = 0`` in budget mode (``num_selected = 0``), where the budget is what decides.
+    """
+    if cfg.budget > 0:
+        return float(cfg.budget)
+    if not cfg.num_selected:
+        raise ValueError("FLMarket's budget mode (num_selected=0) needs a budget > 0")
+    buyable = min(cfg.num_selected, int(np.count_nonzero(scores > 0)))
+    return cohort_budget(scores, bids, buyable) if buyable else 1.0
 
 
 def run_market_protocol(cfg: EngineConfig, label_counts: np.ndarray, budget: float) -> tuple[list[int], dict[str, Any]]:
@@ -345,7 +340,7 @@ def run_market_protocol(cfg: EngineConfig, label_counts: np.ndarray, budget: flo
     """
     # pylint: disable=import-outside-toplevel
     from flmarket_flwr.market import BidPolicy, CostBasedBid, MarketConfig, MarketPhase
-    from flmarket_flwr.market.testing import InProcessGrid, market_client_app
+    from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 
     def constant_bid(label_counts: np.ndarray, score: float, context: Any) -> float:
         return 1.0
@@ -665,7 +660,6 @@ def run_engine(cfg: EngineConfig, run_config: Mapping[str, Any] | None = None) -
 # --- Hydra and command line ----------------------------------------------------------------------------------------
 _ENGINE_KEYS = (
     "market",
-    "schedule",
     "bid_policy",
     "cost_per_sample",
     "local_steps",
@@ -694,6 +688,7 @@ def config_from_hydra(cfg: Any) -> EngineConfig:
         "model": container["model"]["name"],
         "num_clients": container["federation"]["num_clients"],
         "distribution": container["distribution"]["name"],
+        "schedule": container["schedule"],
         "selector": container["selector"]["name"],
         "alpha": container["alpha"],
         "seed": container["seed"],
