@@ -54,9 +54,10 @@ class ServerSettings:
     """The ServerApp's keys of the run config (``[tool.flwr.app.config]``; ``-`` there for ``_`` here).
 
     ``selector`` (``"flmarket"``); ``model``; the market's ``budget``, ``num_selected`` (0: the budget
-    decides; n > 0: a fixed cohort of n), ``market_timeout``, ``wait_for_nodes_timeout``,
+    decides; n > 0: at most n winners, within the budget), ``market_timeout``, ``wait_for_nodes_timeout``,
     ``min_market_clients``, ``neighbours`` (PASS graph: ``"auto"``, ``"all"`` or a degree k), ``audit_winners``,
-    ``identity_directory`` (path of the buyer's directory of client identity keys; "" for none);
+    ``identity_directory`` (path of the buyer's directory of client identity keys; "" for none),
+    ``settle_on_delivery`` (pay each winner pro rata to the rounds it delivered, not in full at selection);
     FedAvg's ``num_server_rounds``, ``fraction_train``,
     ``fraction_evaluate``, ``round_timeout`` and the clients' ``local_epochs``, ``batch_size``,
     ``learning_rate``, ``momentum``; ``seed`` (initial model, sampling); ``device`` of the server-side
@@ -84,6 +85,7 @@ class ServerSettings:
     neighbours: str = "auto"
     audit_winners: bool = True
     identity_directory: str = ""
+    settle_on_delivery: bool = False
     round_timeout: float = 600.0
 
     @classmethod
@@ -223,7 +225,9 @@ def _run(grid: Grid, context: Context, strategies: dict[str, StrategyFactory]) -
     num_nodes = _count_nodes(grid, settings)
     if settings.selector == "flmarket":
         market = _market_config(settings, data_config, num_nodes, context.run_id)
-        strategy: Strategy = FLMarket(fedavg(settings), market_config=market, seed=settings.seed)
+        strategy: Strategy = FLMarket(
+            fedavg(settings), market_config=market, seed=settings.seed, settle_on_delivery=settings.settle_on_delivery
+        )
     else:
         strategy = strategies[settings.selector](settings, data_config, num_nodes)
     result = strategy.start(

@@ -99,6 +99,10 @@ def test_flmarket_keeps_counts_private(tmp_path: Path) -> None:
     assert selection["selected"] == market["winners"] and len(market["winners"]) == 3
     assert selection["label_counts"] is None
     assert receivers(grid, "train") == set(market["winners"])
+    # Who delivered what: every winner trained both rounds and is owed its award (paid at selection).
+    delivery = market["delivery"]
+    assert sorted(map(int, delivery["winners"])) == sorted(market["winners"]) == sorted(selection["delivered"])
+    assert all(r["asked"] == r["delivered"] == 2 and r["settled"] == r["award"] for r in delivery["winners"].values())
     # No reply on the wire carries a client's label counts in clear.
     for raw in grid.received_wire:
         assert b"label-counts" not in raw

@@ -20,6 +20,7 @@ from flmarket_flwr.market.bidding import (
 )
 from flmarket_flwr.market.client import MarketAward, read_award, register_market_handlers
 from flmarket_flwr.market.config import MarketConfig, MarketOutcome
+from flmarket_flwr.market.delivery import DeliveryLedger, DeliveryRecord
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.grid_view import NoWinnerConnectedError, WinnersGrid
 from flmarket_flwr.market.server import MarketPhase
@@ -29,6 +30,8 @@ __all__ = [
     "DEFAULT_COST_PER_SAMPLE",
     "BidPolicy",
     "CostBasedBid",
+    "DeliveryLedger",
+    "DeliveryRecord",
     "FLMarket",
     "MarketAward",
     "MarketConfig",

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from logging import ERROR, INFO
+from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
@@ -25,6 +26,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from flmarket_flwr.market.config import MarketConfig, MarketOutcome
+from flmarket_flwr.market.delivery import DeliveryLedger
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.grid_view import WinnersGrid
 from flmarket_flwr.market.server import MarketPhase
@@ -74,6 +76,11 @@ class FLMarket(Strategy):
         Seeds the wrapped strategy's node sampling among the winners (see ``WinnersGrid``).
     absent_timeout : float or None (default: 600.0)
         Seconds training may find no winner connected before it stops (see ``WinnersGrid``).
+    settle_on_delivery : bool (default: False)
+        Pay on delivery: each winner's award is settled pro rata to the train rounds it returned an
+        update for, out of those it was asked to train (:class:`~flmarket_flwr.market.DeliveryLedger`).
+        ``False``: the award is paid at selection, in full. Either way :meth:`delivery_report` records
+        who delivered what.
 
     Notes
     -----
@@ -96,6 +103,7 @@ class FLMarket(Strategy):
         wait_for_nodes_timeout: float | None = None,
         seed: int | None = 0,
         absent_timeout: float | None = 600.0,
+        settle_on_delivery: bool = False,
     ) -> None:
         super().__init__()
         if not isinstance(strategy, Strategy):
@@ -120,8 +128,13 @@ class FLMarket(Strategy):
         self.market_config = market_config
         self.seed = seed
         self.absent_timeout = absent_timeout
+        if not isinstance(settle_on_delivery, bool):
+            raise TypeError(f"settle_on_delivery must be a bool, got {type(settle_on_delivery).__name__}")
+        self.settle_on_delivery = settle_on_delivery
         self.market_outcome: MarketOutcome | None = None
+        self.delivery: DeliveryLedger | None = None
         self._winners_grid: WinnersGrid | None = None
+        self._train_messages: dict[int, list[Message]] = {}
 
     # pylint: disable=too-many-positional-arguments
     def start(
@@ -151,9 +164,10 @@ class FLMarket(Strategy):
         log(INFO, "Starting FLMarket: market phase, then %s on the winners", type(self.strategy).__name__)
         self.market_outcome = None
         self._winners_grid = None
+        view = self.winners_grid(grid)
         return start_on_nodes(
             self.strategy,
-            self.winners_grid(grid),
+            view,
             initial_arrays=initial_arrays,
             num_rounds=num_rounds,
             timeout=timeout,
@@ -184,8 +198,23 @@ class FLMarket(Strategy):
         except MarketError as err:
             log(ERROR, "FLMarket: the market phase failed: %s", err)
             raise
-        self._winners_grid = WinnersGrid(grid, outcome.winners, seed=self.seed, absent_timeout=self.absent_timeout)
+        self.delivery = DeliveryLedger(outcome.winners)
+        self._winners_grid = WinnersGrid(
+            grid, outcome.winners, seed=self.seed, absent_timeout=self.absent_timeout, on_exchange=self.delivery.record
+        )
         return self._winners_grid
+
+    def delivery_report(self) -> dict[str, Any]:
+        """Per winner: train messages sent, updates returned, why not, its award and what it is owed.
+
+        Raises
+        ------
+        RuntimeError
+            If the market has not run yet.
+        """
+        if self.market_outcome is None or self.delivery is None:
+            raise RuntimeError("the market has not run yet")
+        return self.delivery.to_dict(self.market_outcome.payments, on_delivery=self.settle_on_delivery)
 
     def summary(self) -> None:
         """Log the market settings and the wrapped strategy's summary."""
@@ -198,12 +227,18 @@ class FLMarket(Strategy):
         """The wrapped strategy's train messages, addressed to winners only (the market runs first, once)."""
         view = self._view_of(grid)
         with _capped_min_nodes(self.strategy, len(view.node_ids)):
-            return self.strategy.configure_train(server_round, arrays, config, view)
+            messages = list(self.strategy.configure_train(server_round, arrays, config, view))
+        self._train_messages[server_round] = messages  # FLMarket is wrapped: its aggregate_train sees the replies
+        return messages
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Delegate to the wrapped strategy."""
+        """Record the winners' deliveries of this round (when wrapped), then delegate to the wrapped strategy."""
+        replies = list(replies)
+        sent = self._train_messages.pop(server_round, None)
+        if sent is not None and self.delivery is not None:
+            self.delivery.record(sent, replies)
         return self.strategy.aggregate_train(server_round, replies)
 
     def configure_evaluate(
