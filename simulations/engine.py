@@ -40,12 +40,11 @@ import argparse
 import itertools
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
-from multiprocessing import get_context
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +75,7 @@ __all__ = [
     "run_engine",
     "run_job_inprocess",
     "run_market_protocol",
+    "run_on_ray",
     "select",
 ]
 
@@ -723,14 +723,50 @@ def _job_name(cfg: EngineConfig, varied: Sequence[str]) -> str:
     return "_".join(f"{key}={getattr(cfg, key)}" for key in varied)
 
 
-def _run_and_write(cfg: EngineConfig, job: Path) -> dict[str, Any]:
-    """Run one job and write ``<job>/result.json`` (atomically: a stopped sweep leaves no half file)."""
-    result = run_engine(cfg)
+def write_result(job: Path, result: Mapping[str, Any]) -> None:
+    """Write ``<job>/result.json`` atomically: a stopped sweep leaves no half file."""
     job.mkdir(parents=True, exist_ok=True)
     partial = job / "result.json.partial"
     partial.write_text(json.dumps(result), encoding="utf-8")
     partial.replace(job / "result.json")
-    return result
+
+
+def run_on_ray(
+    jobs: Sequence[tuple[EngineConfig, Path]], workers: int, done: Callable[[Path, dict[str, Any]], None]
+) -> None:
+    """Run engine jobs as Ray tasks, at most ``workers`` at once, and hand each result to ``done`` as it arrives.
+
+    Ray is Flower's simulation backend, so it is installed with the app. With ``RAY_ADDRESS`` set the tasks
+    go to that existing cluster (every node needs this project importable at the same path, or installed);
+    otherwise a local Ray with ``workers`` CPUs starts for the sweep and stops after it. Each task returns
+    its result to this process, which writes it: a cluster needs no shared file system.
+    """
+    import ray  # pylint: disable=import-outside-toplevel
+
+    address = os.environ.get("RAY_ADDRESS") or None
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(
+            address=address,
+            num_cpus=None if address else workers,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}},
+        )
+    task = ray.remote(num_cpus=1)(run_engine)
+    try:
+        queue = list(jobs)
+        running: dict[Any, Path] = {}
+        while queue or running:
+            while queue and len(running) < workers:
+                cfg, job = queue.pop(0)
+                running[task.remote(cfg)] = job
+            finished, _ = ray.wait(list(running), num_returns=1)
+            job = running.pop(finished[0])
+            done(job, ray.get(finished[0]))
+    finally:
+        if started_here:
+            ray.shutdown()
 
 
 _GRID_KEYS = (
@@ -756,11 +792,14 @@ def main(argv: list[str] | None = None) -> None:
         python -m simulations.engine --out results/digits_xl/raw/pilot --distribution d4 d5 d6 \\
             --selector flmarket rs qbs dice dds --num-selected 10 --seed 0 1 2
 
-    ``--workers N`` runs N jobs at once in separate processes (one torch thread each by default).
+    ``--workers N`` runs N jobs at once as Ray tasks (one torch thread each by default): on a local Ray, or on
+    the existing cluster at ``RAY_ADDRESS`` when that is set (:func:`run_on_ray`).
     """
     parser = argparse.ArgumentParser(description="Resumable grid of in-process FLMarket jobs.")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--workers", type=int, default=1, help="jobs run at once, each in its own process")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="jobs run at once, as Ray tasks (RAY_ADDRESS: a cluster)"
+    )
     types = {
         "num_selected": int,
         "seed": int,
@@ -788,17 +827,23 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     print(f"{len(jobs)} jobs, {len(jobs) - len(todo)} finished before, {len(todo)} to run on {workers} worker(s)")
     started = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(_run_and_write, cfg, job): job for cfg, job in todo}
-        for done, future in enumerate(as_completed(futures), start=1):
-            result, job = future.result(), futures[future]
-            engine = result["engine"]
-            print(
-                f"[{done:4d}/{len(todo)}] {job.name} | final {result['final_accuracy']:.4f} "
-                f"rounds {engine['rounds_run']} plateau {engine['plateau_delta']:+.4f} diverged {engine['diverged']} "
-                f"| {result['timings']['job_wall_s']:.1f} s (elapsed {time.perf_counter() - started:.0f} s)",
-                flush=True,
-            )
+    finished = 0
+
+    def report(job: Path, result: dict[str, Any]) -> None:
+        nonlocal finished
+        write_result(job, result)
+        finished += 1
+        engine = result["engine"]
+        print(
+            f"[{finished:4d}/{len(todo)}] {job.name} | final {result['final_accuracy']:.4f} "
+            f"rounds {engine['rounds_run']} plateau {engine['plateau_delta']:+.4f} diverged {engine['diverged']} "
+            f"| {result['timings']['job_wall_s']:.1f} s (elapsed {time.perf_counter() - started:.0f} s)",
+            flush=True,
+        )
+
+    if todo:
+        run_on_ray(todo, workers, report)
+    print(f"results in {out.resolve()}", flush=True)
 
 
 if __name__ == "__main__":

@@ -128,7 +128,9 @@ GRID = [
 
 
 def test_grid_runs_on_workers_writes_every_job_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Four jobs as Ray tasks on a local Ray of two CPUs; the sweep says where its results went."""
     engine_module.main(["--out", str(tmp_path), "--workers", "2", *GRID])
+    assert f"results in {tmp_path.resolve()}" in capsys.readouterr().out
     jobs = sorted(p.parent.name for p in tmp_path.rglob("result.json"))
     assert jobs == sorted(
         f"seed={s}_distribution=d4_num_selected=3_selector={sel}" for s in (0, 1) for sel in ("rs", "qbs")
