@@ -480,6 +480,15 @@ def configure_torch_threads(num_threads: int) -> None:
 
 
 # pylint: disable=too-many-arguments,too-many-locals
+def training_seed(seed: int, partition_id: int, server_round: int) -> int:
+    """The seed of one client's local training in one round: its mini-batch order and torch's global draws.
+
+    A function of the run's ``seed``, the client's partition and the round alone, so the Flower app's
+    ClientApps and the experiments' in-process engine train a given client identically.
+    """
+    return seed * 1_000_003 + partition_id * 1_009 + server_round
+
+
 def train(
     model: nn.Module,
     data: TensorPair,

@@ -523,7 +523,7 @@ def _fedavg_rounds(cfg: EngineConfig, federation: Federation, cohort: Sequence[i
         states, weights, losses = [], [], []
         for partition_id in clients:
             _load(worker, global_state)
-            seed = cfg.seed * 1_000_003 + partition_id * 1_009 + server_round  # the app's train handler's seed
+            seed = task.training_seed(cfg.seed, partition_id, server_round)  # the app's train handler's seed
             losses.append(_local_update(cfg, worker, federation.client_data[partition_id], seed, device))
             states.append(_state(worker))
             weights.append(float(len(federation.client_data[partition_id][1])))
