@@ -103,7 +103,10 @@ class EngineConfig:  # pylint: disable=too-many-instance-attributes
         Federation: ``E``, global distribution ``d1..d7``, pruning schedule, Dirichlet concentration, seed.
     selector, num_selected, budget
         Selector name; cohort size (``0``: FLMarket's budget-driven auction; S-FedAvg: clients sampled
-        per round); auction budget ``R`` (``0``: the least budget that buys the cohort, see :func:`auction_budget`).
+        per round); auction budget ``R`` (``> 0``, the app's ``budget``).
+    cohort_budget
+        With a cohort (``num_selected > 0``), run FLMarket's auction at the least budget that buys it instead of
+        ``budget`` (:func:`auction_budget`): comparisons at equal cohort size. ``False``: at ``budget``.
     market
         FLMarket's selection: ``"direct"`` (the pricing functions on the plain sum of the counts) or
         ``"protocol"`` (the real market phase over an in-process Grid, timed; see the module docstring).
@@ -134,7 +137,8 @@ class EngineConfig:  # pylint: disable=too-many-instance-attributes
     seed: int = 0
     selector: str = "flmarket"
     num_selected: int = 10
-    budget: float = 0.0
+    budget: float = 600.0
+    cohort_budget: bool = True
     market: str = "direct"
     dice_volume_weight: float = DICE_VOLUME_WEIGHT
     dds_diversity_weight: float = DDS_DIVERSITY_WEIGHT
@@ -169,6 +173,8 @@ class EngineConfig:  # pylint: disable=too-many-instance-attributes
             raise ValueError("market='protocol' runs the clients' bid policies: use bid_policy volume or constant")
         if self.num_selected < 0 or (self.num_selected == 0 and self.selector != "flmarket"):
             raise ValueError(f"{self.selector} needs num_selected >= 1, got {self.num_selected}")
+        if not self.budget > 0:
+            raise ValueError(f"budget must be > 0, got {self.budget}")
         if self.rounds < 1 or self.final_window < 1:
             raise ValueError("rounds and final_window must be >= 1")
         if self.min_rounds and not 2 * self.final_window <= self.min_rounds <= self.rounds:
@@ -309,23 +315,16 @@ def select(cfg: EngineConfig, federation: Federation) -> tuple[list[int], dict[s
 
 
 def auction_budget(cfg: EngineConfig, scores: np.ndarray, bids: np.ndarray) -> float:
-    """The budget ``R`` of FLMarket's auction: ``cfg.budget``, or with ``0`` the least budget that buys the cohort.
+    """The budget ``R`` of FLMarket's auction: ``cfg.budget``, or the least budget that buys the cohort.
 
-    ``budget = 0`` is for comparisons at equal cohort size (``num_selected > 0``): the budget is then
+    With ``cohort_budget`` and a cohort (``num_selected > 0``) the budget is
     :func:`~flmarket_flwr.pricing.cohort_budget` of the ``num_selected`` first positive-score clients (fewer if
     fewer score above zero), so FLMarket buys a full cohort when one exists and still pays within the budget.
-
-    Raises
-    ------
-    ValueError
-        ``budget = 0`` in budget mode (``num_selected = 0``), where the budget is what decides.
     """
-    if cfg.budget > 0:
+    if not (cfg.cohort_budget and cfg.num_selected):
         return float(cfg.budget)
-    if not cfg.num_selected:
-        raise ValueError("FLMarket's budget mode (num_selected=0) needs a budget > 0")
     buyable = min(cfg.num_selected, int(np.count_nonzero(scores > 0)))
-    return cohort_budget(scores, bids, buyable) if buyable else 1.0
+    return cohort_budget(scores, bids, buyable) if buyable else float(cfg.budget)
 
 
 def run_market_protocol(cfg: EngineConfig, label_counts: np.ndarray, budget: float) -> tuple[list[int], dict[str, Any]]:
@@ -660,6 +659,7 @@ def run_engine(cfg: EngineConfig, run_config: Mapping[str, Any] | None = None) -
 # --- Hydra and command line ----------------------------------------------------------------------------------------
 _ENGINE_KEYS = (
     "market",
+    "cohort_budget",
     "bid_policy",
     "cost_per_sample",
     "local_steps",
@@ -784,6 +784,13 @@ _GRID_KEYS = (
 (every (setting, seed) is finished for all selectors before the next begins: whole paired sets)."""
 
 
+def _parse_bool(text: str) -> bool:
+    """``true``/``false`` (any case) for a boolean option; anything else is an error naming the value."""
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() == "true"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run a resumable grid of engine jobs: ``<out>/<job>/result.json``; finished jobs are skipped.
 
@@ -811,7 +818,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument(f"--{key.replace('_', '-')}", nargs="+", type=types.get(key, str), default=None)
     for item in fields(EngineConfig):
         if item.name not in _GRID_KEYS:
-            parser.add_argument(f"--{item.name.replace('_', '-')}", type=type(item.default), default=item.default)
+            kind = _parse_bool if isinstance(item.default, bool) else type(item.default)
+            parser.add_argument(f"--{item.name.replace('_', '-')}", type=kind, default=item.default)
     args = vars(parser.parse_args(argv))
     out: Path = args.pop("out")
     workers: int = args.pop("workers")

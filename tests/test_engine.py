@@ -105,7 +105,7 @@ PARITY = {
     "cap, d6": EngineConfig(dataset="digits", test_per_class=30, distribution="d6", seed=2, num_selected=10),
     "budget alone": EngineConfig(dataset="digits", test_per_class=30, seed=1, num_selected=0, budget=40.0),
     "binding budget under a cap": EngineConfig(
-        dataset="digits", test_per_class=30, distribution="d2", num_selected=10, budget=25.0
+        dataset="digits", test_per_class=30, distribution="d2", num_selected=10, budget=25.0, cohort_budget=False
     ),
     "every score zero": EngineConfig(
         dataset="digits", test_per_class=30, distribution="d6", num_clients=60, num_selected=5

@@ -269,3 +269,11 @@ def test_grid_rejects_a_worker_count_below_one(tmp_path: Path, capsys: pytest.Ca
         engine_module.main(["--out", str(tmp_path), "--workers", "0", *GRID])
     assert "--workers must be >= 1, got 0" in capsys.readouterr().err
     assert not list(tmp_path.rglob("result.json"))
+
+
+def test_boolean_options_take_true_or_false(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A boolean engine option is parsed, not cast: "false" is False, and a typo is an error naming it."""
+    with pytest.raises(SystemExit):
+        engine_module.main(["--out", str(tmp_path), "--cohort-budget", "maybe", *GRID])
+    assert "expected true or false, got 'maybe'" in capsys.readouterr().err
+    assert engine_module._parse_bool("False") is False and engine_module._parse_bool("TRUE") is True
