@@ -130,7 +130,7 @@ class MarketOutcome:
     pass_participants : list[int]
         Node ids whose counts are in ``global_counts`` (``E`` = their number), ascending.
     num_winners : int or None
-        The fixed cohort size, or ``None`` in budget mode.
+        The cohort cap, or ``None`` when the budget alone decides.
     award_acknowledged : list[int]
         Bidders that acknowledged their award message.
     audited : list[int]

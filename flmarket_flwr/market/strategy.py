@@ -61,8 +61,8 @@ class FLMarket(Strategy):
     num_classes : int, optional
         Number of classes ``C``. Required unless ``market_config`` is given.
     num_winners : int, optional
-        Fixed-cohort mode: the first ``num_winners`` clients of the auction's ranking win.
-        ``None`` (default): the budget decides.
+        Cohort cap: at most ``num_winners`` winners, within the budget (fewer when it binds).
+        ``None`` (default): the budget alone decides.
     market_config : MarketConfig, optional
         Every market setting at once; then ``budget``, ``num_classes``, ``num_winners``,
         ``min_clients``, ``market_timeout`` and ``wait_for_nodes_timeout`` must be left unset.
