@@ -515,6 +515,9 @@ def _fedavg_rounds(cfg: EngineConfig, federation: Federation, cohort: Sequence[i
         _load(worker, state)
         return float(evaluate(worker, federation.validation_data, device)[1])
 
+    if not isinstance(cohort, ShapleyCohort) and not cohort:
+        training.final_state = global_state  # FLMarket bought nobody: nothing to train, as the app fails such a run
+        return training
     for server_round in range(1, cfg.rounds + 1):
         started = time.perf_counter()
         clients = cohort.clients(server_round) if isinstance(cohort, ShapleyCohort) else list(cohort)
@@ -646,7 +649,7 @@ def run_engine(cfg: EngineConfig, run_config: Mapping[str, Any] | None = None) -
             "overhead_s": loaded - started,
         },
         "run_config": dict(run_config) if run_config is not None else asdict(cfg),
-        "engine": {"name": "inprocess", "config": asdict(cfg), **protocol},
+        "engine": {"name": "inprocess", "config": asdict(cfg), "bought_nobody": not selected, **protocol},
     }
     if market:
         result["market"] = market

@@ -397,3 +397,12 @@ def test_market_protocol_settings_are_checked() -> None:
         EngineConfig(market="oracle")
     with pytest.raises(ValueError, match="bid policies"):
         EngineConfig(market="protocol", bid_policy="random")
+
+
+def test_a_market_that_buys_nobody_trains_nothing_and_says_so() -> None:
+    """Every score zero (60 clients at d6): FLMarket buys nobody; the job records it, final accuracy NaN."""
+    cfg = replace(PARITY["every score zero"], rounds=3, final_window=1, local_steps=1)
+    result = run_engine(cfg)
+    assert result["selected_partitions"] == [] and result["engine"]["bought_nobody"] is True
+    assert math.isnan(result["final_accuracy"]) and result["engine"]["rounds_run"] == 0
+    assert [r["round"] for r in result["rounds"]] == [0]
