@@ -81,6 +81,7 @@ def learning_curve_point(  # pylint: disable=too-many-arguments,too-many-positio
     lr: float,
     anneal_steps: int,
     dataset: str = "digits_xl",
+    clip_norm: float = 0.0,
 ) -> dict[str, float]:
     """Train the data set's CNN on ``per_class`` images per class; return its test accuracy and loss.
 
@@ -101,6 +102,8 @@ def learning_curve_point(  # pylint: disable=too-many-arguments,too-many-positio
         Further steps at ``lr / 10`` (rounded up to whole epochs).
     dataset : str, default "digits_xl"
         A key of :data:`PREMISE_MODELS`.
+    clip_norm : float, default 0.0
+        Clip every step's gradient norm at this value (0: none; the sweeps' engine clips at 5).
     """
     import torch  # pylint: disable=import-outside-toplevel
 
@@ -117,9 +120,19 @@ def learning_curve_point(  # pylint: disable=too-many-arguments,too-many-positio
     anneal_epochs = math.ceil(anneal_steps * 32 / len(rows))
     device = torch.device("cpu")
     started = time.perf_counter()
-    train(model, (x, y), epochs=epochs, lr=lr, device=device, batch_size=32, momentum=0.9, seed=seed)
-    # A short phase at a tenth of the rate: the last iterate of plain SGD is too noisy to read a curve from.
-    train(model, (x, y), epochs=anneal_epochs, lr=lr / 10, device=device, batch_size=32, momentum=0.9, seed=seed + 1)
+    for phase_epochs, phase_lr, phase_seed in ((epochs, lr, seed), (anneal_epochs, lr / 10, seed + 1)):
+        # The second phase, at a tenth of the rate: the last iterate of plain SGD is too noisy to read a curve from.
+        train(
+            model,
+            (x, y),
+            epochs=phase_epochs,
+            lr=phase_lr,
+            device=device,
+            batch_size=32,
+            momentum=0.9,
+            seed=phase_seed,
+            clip_norm=clip_norm,
+        )
     test = (torch.from_numpy(test_images), torch.from_numpy(test_labels))
     loss, accuracy = evaluate(model, test, device)
     return {"train_s": time.perf_counter() - started, "epochs": epochs, "test_loss": loss, "test_accuracy": accuracy}
@@ -164,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--anneal-steps", type=int, default=300)
+    parser.add_argument("--clip-norm", type=float, default=0.0, help="gradient-norm clipping (0: none)")
     parser.add_argument("--out", type=Path, help="default: results/<dataset>")
     args = parser.parse_args(argv)
     if args.dataset != "digits_xl" and args.factors:
@@ -178,7 +192,9 @@ def main(argv: list[str] | None = None) -> None:
     for factor in factors:
         for size in args.sizes or DEFAULT_SIZES[args.dataset]:
             for seed in args.seeds:
-                point = learning_curve_point(factor, size, seed, args.steps, args.lr, args.anneal_steps, args.dataset)
+                point = learning_curve_point(
+                    factor, size, seed, args.steps, args.lr, args.anneal_steps, args.dataset, args.clip_norm
+                )
                 strength = {} if factor is None else {"factor": factor}
                 rows.append({**strength, "per_class": size, "seed": seed, **point})
                 print(
