@@ -20,6 +20,7 @@ Files already decompressed (the same names without ``.gz``) are read as well.
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import zlib
 from pathlib import Path
@@ -120,7 +121,7 @@ def read_idx(path: str | os.PathLike[str]) -> NDArray[np.generic]:
         raise ValueError(f"{file}: truncated IDX header ({len(content)} bytes, {header} needed for {ndim} dimensions)")
     shape = tuple(int(size) for size in np.frombuffer(content, dtype=">u4", count=ndim, offset=4))
     dtype = IDX_TYPES[code]
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    expected = math.prod(shape) * dtype.itemsize  # exact: a forged header cannot overflow it
     if len(content) - header != expected:
         raise ValueError(
             f"{file}: {len(content) - header} bytes of data, but the header's shape {shape} of "
