@@ -21,8 +21,9 @@ and to train or evaluate a model lives here, free of any Flower message handling
   option for data sets of this size on a CPU.
 
 Data sets come from :func:`flmarket_flwr.data.registry.load_dataset`: ``digits``
-(bundled, offline, the default), ``cifar10``, ``cinic10`` and ``deap`` (read from the
-local folder ``data-root``; nothing is downloaded). Images of CIFAR-10 and CINIC-10
+(bundled, offline, the default), ``fashion_mnist`` (Debian's ``dataset-fashion-mnist``
+folder unless ``data-root`` names another), ``cifar10``, ``cinic10`` and ``deap`` (read
+from the local folder ``data-root``; nothing is downloaded). Images of CIFAR-10 and CINIC-10
 are standardised per channel with the registry's constants, once, at load time.
 
 Splits, in this order, all seeded by ``seed``:
@@ -91,9 +92,10 @@ TensorPair = tuple["torch.Tensor", "torch.Tensor"]
 
 SUPPORTED_DATASETS = DATASET_NAMES
 
-DATASETS_WITHOUT_FOLDER = ("digits", "digits_xl", "digits_xl_rgb32")
-"""Data sets that need no ``data-root``: bundled (digits) or made from the bundled one (``data-root`` is
-then an optional cache folder)."""
+DATASETS_WITHOUT_FOLDER = ("digits", "digits_xl", "digits_xl_rgb32", "fashion_mnist")
+"""Data sets that need no ``data-root``: bundled (digits), made from the bundled one (``data-root`` is
+then an optional cache folder), or read from an installed package's folder (Fashion-MNIST, Debian's
+``dataset-fashion-mnist``; ``data-root`` overrides it)."""
 
 EMBEDDING_DIM = 16
 """Length of the DDS data embedding (:func:`data_embedding`)."""
@@ -111,7 +113,7 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
     Attributes
     ----------
     dataset : str
-        Data set name: ``"digits"`` (bundled), ``"cifar10"``, ``"cinic10"`` or ``"deap"``.
+        Data set name: ``"digits"`` (bundled), ``"fashion_mnist"``, ``"cifar10"``, ``"cinic10"`` or ``"deap"``.
     num_clients : int
         Number of partitions ``E`` of the training pool.
     distribution : str
@@ -124,7 +126,8 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
         Digits only: samples per class held out for the server's balanced test set
         (the other data sets have an official or subject-wise test split).
     data_root : str
-        Local folder of the data set (``""`` for digits, which is bundled).
+        Local folder of the data set (``""`` for digits, which is bundled, and for Fashion-MNIST from
+        Debian's package folder).
     val_per_class : int
         Samples per class taken from the training set for the server's validation
         split (``0``: none). S-FedAvg needs one.
@@ -197,8 +200,8 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
             ) from None
         if name not in DATASETS_WITHOUT_FOLDER and not self.data_root:
             raise ValueError(
-                f"dataset {self.dataset!r} is read from a local folder: set data-root "
-                f"(nothing is downloaded; only 'digits' is bundled)."
+                f"dataset {self.dataset!r} is read from a local folder: set data-root (nothing is "
+                f"downloaded; 'digits' is bundled, 'fashion_mnist' defaults to Debian's package folder)."
             )
         if self.num_clients < 1:
             raise ValueError(f"num-clients must be >= 1, got {self.num_clients}")
