@@ -23,7 +23,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg, Strategy
+from flwr.serverapp.strategy import FedAvg, Result, Strategy
 
 from flmarket_flwr.app_results import CentralEvaluation, make_run_dir, save_results
 from flmarket_flwr.data.partition import DISTRIBUTIONS
@@ -230,7 +230,28 @@ def _run(grid: Grid, context: Context, strategies: dict[str, StrategyFactory]) -
         )
     else:
         strategy = strategies[settings.selector](settings, data_config, num_nodes)
-    result = strategy.start(
+    try:
+        result = _start(strategy, grid, settings, model, evaluation)
+    except MarketError:
+        if isinstance(strategy, FLMarket) and strategy.market_outcome is not None:
+            strategy.market_outcome.save_json(run_dir / "market.json")  # what the market saw: why nobody won
+        raise
+    save_results(
+        run_dir,
+        strategy=strategy,
+        result=result,
+        evaluation=evaluation,
+        config={"settings": asdict(settings), "data": asdict(data_config)},
+        total_s=time.perf_counter() - started,
+    )
+    return run_dir
+
+
+def _start(
+    strategy: Strategy, grid: Grid, settings: ServerSettings, model: torch.nn.Module, evaluation: CentralEvaluation
+) -> Result:
+    """Start the strategy with the run's initial model, rounds, train config and server-side evaluation."""
+    return strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord(model.state_dict()),
         num_rounds=settings.num_server_rounds,
@@ -246,15 +267,6 @@ def _run(grid: Grid, context: Context, strategies: dict[str, StrategyFactory]) -
         evaluate_config=ConfigRecord(),
         evaluate_fn=evaluation,
     )
-    save_results(
-        run_dir,
-        strategy=strategy,
-        result=result,
-        evaluation=evaluation,
-        config={"settings": asdict(settings), "data": asdict(data_config)},
-        total_s=time.perf_counter() - started,
-    )
-    return run_dir
 
 
 def _count_nodes(grid: Grid, settings: ServerSettings) -> int:

@@ -858,4 +858,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Run as the importable module, so that Ray's workers find every name the jobs refer to.
+    from simulations import engine
+
+    engine.main()
