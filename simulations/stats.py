@@ -33,14 +33,18 @@ from scipy import stats as scipy_stats
 __all__ = [
     "PairedComparison",
     "WinShare",
+    "accuracy",
+    "arms_by_policy",
     "bid_policy_of",
     "holm",
     "holm_family",
     "paired_comparison",
     "records_from_dirs",
     "report",
+    "setting_matrices",
     "setting_of",
     "t_interval",
+    "top_shares",
     "unit_comparison",
     "unit_of",
     "unit_means",
@@ -73,7 +77,8 @@ class PairedComparison:
     pairs : int
         Complete (setting, seed) pairs behind them: both runs finished with a finite final accuracy.
     excluded_diverged : int
-        Pairs left out because one of the two runs diverged.
+        Pairs left out because one of the two runs has no finite final accuracy (it diverged, or its market
+        bought nobody).
     mean_difference, ci_low, ci_high : float
         Mean over units of the per-unit mean difference, as fractions, and its Student-t interval
         (unadjusted; NaN with fewer than two units).
@@ -158,7 +163,7 @@ def bid_policy_of(record: Record) -> str:
 
 
 def accuracy(record: Record) -> float:
-    """Final accuracy, NaN for a diverged run."""
+    """Final accuracy, NaN for a diverged run (or one without a final accuracy: a market that bought nobody)."""
     if (record.get("engine") or {}).get("diverged"):
         return math.nan
     value = record.get("final_accuracy")

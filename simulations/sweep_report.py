@@ -142,7 +142,7 @@ def _flmarket(policy: str) -> str:
 
 
 def _finite(record: Record) -> bool:
-    return not (record.get("engine") or {}).get("diverged") and math.isfinite(float(record["final_accuracy"]))
+    return math.isfinite(stats.accuracy(record))
 
 
 def _by_setting(records: Sequence[Record]) -> dict[tuple[int, int, str], dict[str, dict[int, Record]]]:
@@ -161,6 +161,7 @@ def protocol_lines(records: Sequence[Record]) -> list[str]:
     plateau = sum(bool(e["plateau_reached"]) for e in engines)
     diverged = sum(bool(e["diverged"]) for e in engines)
     collapsed = sum(bool(e["collapsed"]) for e in engines)
+    nobody = sum(bool(e.get("bought_nobody")) for e in engines)
     config = _config(records[0])
     wall = defaultdict(list)
     for record in records:
@@ -175,8 +176,9 @@ def protocol_lines(records: Sequence[Record]) -> list[str]:
         f"before (at most {config['rounds']} rounds); "
         f"final accuracy = mean of the last {config['final_window']} rounds.",
         f"- Rounds run: median {np.median(rounds):.0f} (min {rounds.min()}, max {rounds.max()}); plateau reached in "
-        f"{plateau} of {len(records)} runs; **{diverged} diverged**, {collapsed} collapsed "
-        "(counted, never averaged in).",
+        f"{plateau} of {len(records)} runs; **{diverged} diverged**, {collapsed} collapsed"
+        + (f", **{nobody} bought nobody** (no final accuracy)" if nobody else "")
+        + " (counted, never averaged in).",
         f"- Engine time per run (one torch thread, two runs at once on 2 cores): {times}; "
         f"{sum(sum(v) for v in wall.values()) / 3600:.2f} CPU hours in all.",
     ]

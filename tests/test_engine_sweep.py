@@ -223,8 +223,10 @@ def test_split_primary_keeps_both_bid_policies_and_separates_the_sensitivity_run
 
 
 def test_sweep_report_counts_divergence_and_tests_the_pairs(tmp_path: Path) -> None:
-    report = build_sweep_report(_records(), tmp_path).read_text()
-    assert "**1 diverged**" in report
+    nobody = _record("flmarket", "d6", 9, 0.0)
+    nobody["final_accuracy"], nobody["engine"]["bought_nobody"] = None, True
+    report = build_sweep_report([*_records(), nobody], tmp_path).read_text()
+    assert "**1 diverged**" in report and "**1 bought nobody**" in report
     # FLMarket (volume bids) is best in every setting and every seed; 12 units of one cohort size each (11 for RS).
     assert "20 clients, d4-d6, volume bids: FLMarket best in **2 of 2** settings" in report
     assert (
