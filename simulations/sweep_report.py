@@ -91,7 +91,6 @@ def _in_training_comparison(record: Record) -> bool:
         record["selector"] == "sfedavg"
         or int(config.get("val_per_class", 0)) > 0
         or config.get("market", "direct") != "direct"
-        or record.get("model", "digits_cnn") != "digits_cnn"
     )
 
 
