@@ -10,8 +10,8 @@ from flwr.app import ConfigRecord, Message
 from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase, register_market_handlers
+from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 from flmarket_flwr.market.messages import RECORD_KEY, make_content, message_type
-from flmarket_flwr.market.testing import InProcessGrid, market_client_app
 from flmarket_flwr.pass_protocol import IdentityDirectory, PassServer, generate_identity
 
 NUM_CLASSES = 10

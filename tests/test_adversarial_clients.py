@@ -13,8 +13,8 @@ from adversary import NUM_CLASSES, client_secrets, honest_grid, make_counts, mar
 from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import CostBasedBid, MarketError, MarketPhase, register_market_handlers
+from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.messages import RECORD_KEY
-from flmarket_flwr.market.testing import InProcessGrid
 from flmarket_flwr.pricing import run_auction, score
 
 POLICY = CostBasedBid(0.01)

@@ -25,8 +25,8 @@ from flwr.clientapp import ClientApp
 
 from flmarket_flwr import pass_protocol
 from flmarket_flwr.market import CostBasedBid, MarketPhase, register_market_handlers
+from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.messages import RECORD_KEY
-from flmarket_flwr.market.testing import InProcessGrid
 from flmarket_flwr.pass_protocol import (
     IdentityDirectory,
     PassServer,

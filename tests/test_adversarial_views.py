@@ -29,7 +29,7 @@ from adversary import (
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from flmarket_flwr.market import MarketPhase
-from flmarket_flwr.market.testing import InProcessGrid
+from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.pass_protocol import (
     ConsistencyRequest,
     MaskRequest,

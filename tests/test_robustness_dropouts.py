@@ -35,8 +35,8 @@ from flmarket_flwr.market import (
     NoWinnerConnectedError,
     WinnersGrid,
 )
+from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 from flmarket_flwr.market.messages import ACTION_AUDIT, ACTION_BID, ACTION_SURVIVORS, ACTION_UNMASK, ACTIONS
-from flmarket_flwr.market.testing import InProcessGrid, market_client_app
 from flmarket_flwr.pricing import run_auction, score
 
 NUM_CLASSES = 5

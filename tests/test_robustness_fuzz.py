@@ -43,6 +43,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase
+from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app, wire_roundtrip
 from flmarket_flwr.market.messages import (
     ACTION_ADVERTISE,
     ACTION_AUDIT,
@@ -60,7 +61,6 @@ from flmarket_flwr.market.messages import (
     KEY_SCORE,
     RECORD_KEY,
 )
-from flmarket_flwr.market.testing import InProcessGrid, market_client_app, wire_roundtrip
 from flmarket_flwr.pass_protocol import load_public_key
 from flmarket_flwr.pricing import run_auction, score
 

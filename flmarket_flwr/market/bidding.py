@@ -37,6 +37,7 @@ __all__ = [
     "CostBasedBid",
     "NoBidError",
     "SimulatedCostBid",
+    "cost_based_bid",
     "simulated_cost_per_sample",
 ]
 
@@ -90,8 +91,14 @@ def _check_markup(markup: float) -> float:
     return number
 
 
-def _cost_based_bid(label_counts: NDArray[np.int64], cost_per_sample: float, markup: float) -> float:
-    """``cost_per_sample * N_e * (1 + markup)``; :class:`NoBidError` if ``N_e == 0``."""
+def cost_based_bid(label_counts: NDArray[np.int64], cost_per_sample: float, markup: float) -> float:
+    """The cost-based bid ``cost_per_sample * N_e * (1 + markup)`` of a client with counts ``label_counts``.
+
+    Raises
+    ------
+    NoBidError
+        If ``N_e == 0``: a client without data cannot bid.
+    """
     num_samples = int(np.sum(np.asarray(label_counts, dtype=np.int64)))
     if num_samples <= 0:
         raise NoBidError("the client holds no data (N_e = 0) and cannot bid")
@@ -125,7 +132,7 @@ class CostBasedBid:
 
     def __call__(self, label_counts: NDArray[np.int64], score: float, context: Context) -> float:
         """Return ``cost_per_sample * N_e * (1 + markup)``."""
-        return _cost_based_bid(label_counts, self.cost_per_sample, self.markup)
+        return cost_based_bid(label_counts, self.cost_per_sample, self.markup)
 
 
 def bucket_ceiling(num_samples: int, ratio: float) -> int:
@@ -252,4 +259,4 @@ class SimulatedCostBid:
 
     def __call__(self, label_counts: NDArray[np.int64], score: float, context: Context) -> float:
         """Return ``cost_per_sample(context) * N_e * (1 + markup)``."""
-        return _cost_based_bid(label_counts, self.cost_per_sample(context), self.markup)
+        return cost_based_bid(label_counts, self.cost_per_sample(context), self.markup)

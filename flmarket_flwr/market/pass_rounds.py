@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from flwr.app import ConfigRecord, Message
 from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
+from flmarket_flwr.market.config import MarketConfig
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.messages import (
     ACTION_ADVERTISE,
@@ -30,9 +31,6 @@ from flmarket_flwr.market.messages import (
     read_config,
 )
 from flmarket_flwr.pass_protocol import PassError, PassServer
-
-if TYPE_CHECKING:
-    from flmarket_flwr.market.server import MarketConfig
 
 __all__ = ["PassResult", "PassRounds"]
 
