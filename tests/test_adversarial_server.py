@@ -217,7 +217,7 @@ def test_with_a_directory_substituted_or_sybil_keys_are_refused() -> None:
         directory=lambda context: directory,
     )
     grid = InProcessGrid(app, list(counts))
-    server = PassServer(b"attack/mitm-signed", NUM_CLASSES, 10**9, directory=directory)
+    server = PassServer(b"attack/mitm-signed", NUM_CLASSES, 10**9, directory=directory, run_id=grid.run.run_id)
     requests = run_pass_rounds(grid, sorted(counts), server, upto=1)
     victim = sorted(requests)[0]
     reply = send(grid, "market_share", {server.node_of[victim]: _substitute_neighbour_keys(requests, victim)})

@@ -13,6 +13,7 @@ Client::
 from flmarket_flwr.market.bidding import (
     DEFAULT_COST_PER_SAMPLE,
     BidPolicy,
+    BucketedCostBid,
     CostBasedBid,
     NoBidError,
     SimulatedCostBid,
@@ -29,6 +30,7 @@ from flmarket_flwr.market.strategy import FLMarket
 __all__ = [
     "DEFAULT_COST_PER_SAMPLE",
     "BidPolicy",
+    "BucketedCostBid",
     "CostBasedBid",
     "DeliveryLedger",
     "DeliveryRecord",
