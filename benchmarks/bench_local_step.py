@@ -10,6 +10,8 @@ as :func:`flmarket_flwr.task.train` does it) sets the sweep's wall time. Side by
 * the same model in ``channels_last`` memory format;
 * the same under ``torch.autocast("cpu", bfloat16)`` (AMX/AVX-512-BF16 where the processor has them);
 * the same with oneDNN switched off (PyTorch's own convolution kernels);
+* ``fmnist_cnn`` on 1x28x28 inputs (``dataset=fashion_mnist``), and beside it the same layers with
+  conv + 2x2 max-pooling in place of its strided convolutions (the layout it was chosen over);
 * ResNet-56 on 3x32x32 inputs (``dataset=digits_xl_rgb32``), float32 and bfloat16 autocast, and its
   forward pass on 100 images (one S-FedAvg coalition evaluation on a 10-per-class validation split).
 
@@ -63,6 +65,22 @@ def _step_fn(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, bf16:
     return step
 
 
+def _pooled_fashion_cnn() -> nn.Module:
+    """``fmnist_cnn``'s maps (16x14x14, 32x7x7) and head, down-sampled by max-pooling instead of strides."""
+    return nn.Sequential(
+        nn.Conv2d(1, 16, kernel_size=5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, kernel_size=3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 7 * 7, 64),
+        nn.ReLU(),
+        nn.Linear(64, 10),
+    )
+
+
 def _time(fn: Callable[[], None], calls: int, repeats: int) -> float:
     """Median seconds per call over ``repeats`` blocks of ``calls`` calls, after one untimed block."""
     for _ in range(calls):
@@ -111,6 +129,21 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(
             ("digits_cnn, oneDNN off", _time(_step_fn(digits_cnn(), digits, labels, False), args.steps, args.repeats))
         )
+    fashion = torch.rand(BATCH, 1, 28, 28, generator=generator)
+    torch.manual_seed(0)
+    rows.append(
+        (
+            "fmnist_cnn (1x28x28), float32",
+            _time(_step_fn(build_model("fmnist_cnn"), fashion, labels, False), args.steps, args.repeats),
+        )
+    )
+    torch.manual_seed(0)
+    rows.append(
+        (
+            "fmnist_cnn layers with max-pooling instead of strides",
+            _time(_step_fn(_pooled_fashion_cnn(), fashion, labels, False), args.steps, args.repeats),
+        )
+    )
     if args.resnet_steps > 0:
         torch.manual_seed(0)
         resnet = build_model("resnet56", num_classes=10)

@@ -4,12 +4,12 @@ Run: ``.venv/bin/python -m benchmarks.bench_market_scale --sizes 1000 3000 10000
 alone: about 4.5 min of CPU on this machine, 8 min of wall time under load 6 to 8, most of it the
 10,000 ClientApps run one after the other).
 
-``E`` real ClientApps with the market handlers (:func:`flmarket_flwr.market.testing.market_client_app`,
+``E`` real ClientApps with the market handlers (:func:`flmarket_flwr.market.inprocess.market_client_app`,
 ``C`` label counts each, drawn in ``[0, 200)``, bids from :class:`~flmarket_flwr.market.CostBasedBid`)
 behind an in-process grid, and ``MarketPhase(...).run(grid)`` over them, with the product's defaults
 (``neighbours = "auto"``: PASS v2 on the Harary graph of degree ``neighbourhood_size(E)``, the winners'
 audit on). Every message crosses Flower's wire format and every node's ``Context`` is kept as serialised
-protobuf between messages (as :class:`~flmarket_flwr.market.testing.InProcessGrid` does; unlike that test
+protobuf between messages (as :class:`~flmarket_flwr.market.inprocess.InProcessGrid` does; unlike that test
 grid, the one here keeps no copy of a message once delivered, as a server does not).
 
 Figures:
@@ -44,7 +44,7 @@ import numpy as np
 from flwr.app import Message
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase
-from flmarket_flwr.market.testing import InProcessGrid, market_client_app, wire_roundtrip
+from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app, wire_roundtrip
 from flmarket_flwr.pass_protocol import neighbourhood_size
 
 MAX_COUNT = 200

@@ -7,7 +7,8 @@ For 20 and 100 clients, the app's own ``ServerApp`` (``server_app.main``) and ``
 (``build_client_app``) run through ``flwr.simulation.run_simulation`` (Ray, one actor per CPU,
 ``torch-threads = 1``, Flower's defaults otherwise, including its 0.1 s reply-polling interval)
 for 3 FedAvg rounds. The app's defaults hold (digits, Dirichlet 0.5, ``digits_cnn``, 3 local
-epochs, batch 8) except: a fixed cohort of half the clients (both sizes train the same share),
+epochs, batch 8) except: a cohort of half the clients at a budget that does not bind (both sizes
+train the same share),
 and distribution d1 (on d4, the ~600 images left give ``alpha = N_s / (E C) <= 1`` at 100
 clients: every score is 0 and the market selects nobody).
 
@@ -60,6 +61,7 @@ def app_config(num_clients: int, results: Path, rounds: int) -> dict:
         {
             "distribution": "d1",
             "num-selected": num_clients // 2,
+            "budget": 1e6,  # large enough that the cohort cap, not the budget, decides: half the clients train
             "num-server-rounds": rounds,
             "fraction-evaluate": 0.0,
             "results-dir": str(results),
@@ -129,7 +131,7 @@ def market_in_process(config: dict, num_clients: int) -> tuple[dict[str, float],
     """
     from flmarket_flwr.client_app import build_client_app  # pylint: disable=import-outside-toplevel
     from flmarket_flwr.market import MarketPhase  # pylint: disable=import-outside-toplevel
-    from flmarket_flwr.market.testing import InProcessGrid  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.market.inprocess import InProcessGrid  # pylint: disable=import-outside-toplevel
 
     market = market_config(config, num_clients)
     runs = []

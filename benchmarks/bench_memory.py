@@ -4,10 +4,10 @@ Run: ``.venv/bin/python -m benchmarks.bench_memory`` (about 6 min on 2 cores; ``
 for one size only).
 
 Every measurement runs in a fresh Python process: ``E`` real ClientApps (the market handlers,
-:func:`flmarket_flwr.market.testing.market_client_app`, ``C`` = 10 classes) behind an in-process
+:func:`flmarket_flwr.market.inprocess.market_client_app`, ``C`` = 10 classes) behind an in-process
 grid, and the whole market phase (``MarketPhase.run``: PASS, scores and bids, auction, awards)
 over it. Every message crosses Flower's wire format and every node's ``Context`` is kept as
-serialised protobuf between messages, as :class:`~flmarket_flwr.market.testing.InProcessGrid`
+serialised protobuf between messages, as :class:`~flmarket_flwr.market.inprocess.InProcessGrid`
 does; unlike that test grid, the one here keeps no copy of the messages once delivered
 (a server does not either).
 
@@ -70,7 +70,7 @@ def one_run(num_clients: int, trace: bool) -> dict:
     from flwr.app import Message  # pylint: disable=import-outside-toplevel
 
     from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase  # pylint: disable=import-outside-toplevel
-    from flmarket_flwr.market.testing import (  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.market.inprocess import (  # pylint: disable=import-outside-toplevel
         InProcessGrid,
         market_client_app,
         wire_roundtrip,

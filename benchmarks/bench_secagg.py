@@ -13,7 +13,7 @@ must return their sum. Both use the same masking graph size: ``k = neighbourhood
 ``t = k // 2 + 1`` (16, 17, 18).
 
 * **PASS v2**: the market's own four message rounds, ``MarketPhase.run_pass``, against real
-  ClientApps with the market handlers (:func:`flmarket_flwr.market.testing.market_client_app`):
+  ClientApps with the market handlers (:func:`flmarket_flwr.market.inprocess.market_client_app`):
   X25519 + ChaCha20 pairwise masks on the Harary graph of degree ``k``, double masking, Shamir
   shares of both secrets to the ``k`` neighbours at threshold ``t``.
 * **SecAgg+**: Flower's legacy ``DefaultWorkflow(fit_workflow=SecAggPlusWorkflow(...))`` in a
@@ -31,7 +31,7 @@ must return their sum. Both use the same masking graph size: ``k = neighbourhood
 How it is measured
 ------------------
 Both protocols run through the same in-process grid (:class:`MeasuredGrid`, built on
-:class:`~flmarket_flwr.market.testing.InProcessGrid`): every message crosses Flower's own wire
+:class:`~flmarket_flwr.market.inprocess.InProcessGrid`): every message crosses Flower's own wire
 format and every node's ``Context`` is rebuilt from protobuf for every message, as in a deployment.
 
 * *client CPU*: ``time.process_time`` around each ClientApp call (context load and save included;
@@ -99,7 +99,7 @@ from flwr.supercore.primitives.asymmetric import (
 )
 
 from flmarket_flwr.market import MarketConfig, MarketPhase, register_market_handlers
-from flmarket_flwr.market.testing import InProcessGrid, market_client_app, wire_roundtrip
+from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app, wire_roundtrip
 from flmarket_flwr.pass_protocol import neighbourhood_size, share_threshold
 
 SIZES = (100, 1_000, 10_000)

@@ -121,7 +121,9 @@ def selection_of(strategy: Strategy) -> tuple[dict[str, Any], dict[str, Any]]:
         "time_s": float(outcome.timings.get("total", 0.0)),
         "timings": dict(outcome.timings),
     }
-    return selection, {"market.json": outcome.to_dict()}
+    delivery = strategy.delivery_report()
+    selection["delivered"] = [int(node) for node, record in delivery["winners"].items() if record["delivered"] > 0]
+    return selection, {"market.json": {**outcome.to_dict(), "delivery": delivery}}
 
 
 # pylint: disable=too-many-arguments

@@ -56,6 +56,7 @@ from flmarket_flwr.task import (
     load_partition,
     partition_label_counts,
     resolve_device,
+    training_seed,
 )
 from flmarket_flwr.task import train as train_model
 
@@ -160,7 +161,7 @@ def train(msg: Message, context: Context) -> Message:
     set_arrays(model, msg.content.array_records["arrays"])
     data = load_partition(partition_id, data_config)
     device = resolve_device(str(context.run_config.get("device", "auto")))
-    seed = data_config.seed * 1_000_003 + partition_id * 1_009 + server_round
+    seed = training_seed(data_config.seed, partition_id, server_round)
     torch.manual_seed(seed)  # Dropout and any other draw from torch's global generator: same run, same model.
     started = time.perf_counter()
     train_loss = train_model(

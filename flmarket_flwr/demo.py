@@ -10,7 +10,8 @@ the way a non-Flower integration would:
    Shamir-shared), and the server unmasks the exact global counts, never a client's own;
 3. each client scores itself from its own counts, the global counts and ``E``, and bids its cost
    (a per-sample cost drawn per client, times its data volume, plus a markup);
-4. the reverse auction selects winners within the budget and pays each its critical value.
+4. the reverse auction (:func:`~flmarket_flwr.pricing.run_auction`, the rule the market phase applies)
+   selects winners within the budget and pays each its critical value.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from flmarket_flwr.data import DISTRIBUTIONS, load_digits_arrays, make_partition, train_test_split_balanced
-from flmarket_flwr.market.bidding import simulated_cost_per_sample
+from flmarket_flwr.market.bidding import cost_based_bid, simulated_cost_per_sample
 from flmarket_flwr.pass_protocol import PassClient, PassServer
 from flmarket_flwr.pricing import AuctionResult, run_auction, score
 
@@ -83,8 +84,13 @@ def run_demo(
     partition = make_partition(labels[train_indices], num_clients, distribution=distribution, seed=seed)
     global_counts = secure_global_counts(partition.label_counts, session=f"demo-{seed}".encode())
     scores = np.array([score(counts, global_counts, num_clients) for counts in partition.label_counts])
-    costs = np.array([simulated_cost_per_sample(client, seed=seed) for client in range(num_clients)])
-    bids = costs * partition.label_counts.sum(axis=1) * (1.0 + markup)
+    bids = np.array(
+        [
+            cost_based_bid(counts, simulated_cost_per_sample(client, seed=seed), markup)
+            for client, counts in enumerate(partition.label_counts)
+        ]
+    )
+    # The product's one selection rule, as the market phase applies it.
     return partition.label_counts, global_counts, scores, bids, run_auction(scores, bids, budget)
 
 

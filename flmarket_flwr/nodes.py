@@ -28,6 +28,7 @@ def wait_for_nodes(
     *,
     poll_interval: float = 1.0,
     settle: bool = False,
+    stall_timeout: float | None = None,
     who: str = "Server",
 ) -> list[int]:
     """Poll ``grid`` until ``target`` nodes are connected or ``timeout`` seconds have passed.
@@ -45,8 +46,12 @@ def wait_for_nodes(
     settle : bool (default: False)
         Once ``target`` nodes are connected, go on polling until the set of nodes is the same at two
         polls in a row (or the deadline), so that nodes still joining are not left out.
+    stall_timeout : float, optional
+        Give up early when some nodes but fewer than ``target`` are connected and their set has not
+        changed for this many seconds (a simulated federation connects at once: waiting longer for a
+        node that does not exist only delays the error). ``None``: wait until ``timeout``.
     who : str (default: "Server")
-        Name to log the wait under.
+        Name to log the wait under (one line when the wait starts and one each time the count changes).
 
     Returns
     -------
@@ -56,14 +61,21 @@ def wait_for_nodes(
     """
     deadline = time.monotonic() + timeout
     nodes = connected_nodes(grid)
+    changed_at = time.monotonic()
+    logged: int | None = None
     while True:
         enough = len(nodes) >= target
-        if (enough and not settle) or time.monotonic() >= deadline:
+        now = time.monotonic()
+        stalled = stall_timeout is not None and 0 < len(nodes) < target and now - changed_at >= stall_timeout
+        if (enough and not settle) or now >= deadline or stalled:
             return nodes
-        if not enough:
+        if not enough and logged != len(nodes):
             log(INFO, "%s: waiting for nodes (%d connected, %d wanted)", who, len(nodes), target)
+            logged = len(nodes)
         time.sleep(min(poll_interval, max(deadline - time.monotonic(), 0.0)))
         latest = connected_nodes(grid)
         if enough and latest == nodes:
             return nodes
+        if latest != nodes:
+            changed_at = time.monotonic()
         nodes = latest

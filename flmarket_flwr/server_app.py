@@ -23,11 +23,12 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg, Strategy
+from flwr.serverapp.strategy import FedAvg, Result, Strategy
 
 from flmarket_flwr.app_results import CentralEvaluation, make_run_dir, save_results
 from flmarket_flwr.data.partition import DISTRIBUTIONS
 from flmarket_flwr.market import FLMarket, MarketConfig, MarketError, MarketPhase
+from flmarket_flwr.nodes import connected_nodes
 from flmarket_flwr.pass_protocol import IdentityDirectory
 from flmarket_flwr.task import (
     DataConfig,
@@ -42,7 +43,7 @@ __all__ = ["ServerSettings", "StrategyFactory", "app", "build_server_app", "data
 
 CLIENT_KEYS = {"cost-low": 0.5, "cost-high": 1.5, "bid-markup": 0.2, "torch-threads": 1, "train-log-dir": ""}
 """Run-config keys only the ClientApp reads (checked here too, so that a bad value fails once)."""
-DATA_KEYS = ("dataset", "data-root", "distribution", "alpha", "test-per-class", "val-per-class")
+DATA_KEYS = ("dataset", "data-root", "distribution", "schedule", "alpha", "test-per-class", "val-per-class")
 NODE_PROBE_S = 2.0
 """Seconds to find out how many SuperNodes the federation has before failing fast on too few."""
 
@@ -53,9 +54,10 @@ class ServerSettings:
     """The ServerApp's keys of the run config (``[tool.flwr.app.config]``; ``-`` there for ``_`` here).
 
     ``selector`` (``"flmarket"``); ``model``; the market's ``budget``, ``num_selected`` (0: the budget
-    decides; n > 0: a fixed cohort of n), ``market_timeout``, ``wait_for_nodes_timeout``,
+    decides; n > 0: at most n winners, within the budget), ``market_timeout``, ``wait_for_nodes_timeout``,
     ``min_market_clients``, ``neighbours`` (PASS graph: ``"auto"``, ``"all"`` or a degree k), ``audit_winners``,
-    ``identity_directory`` (path of the buyer's directory of client identity keys; "" for none);
+    ``identity_directory`` (path of the buyer's directory of client identity keys; "" for none),
+    ``settle_on_delivery`` (pay each winner pro rata to the rounds it delivered, not in full at selection);
     FedAvg's ``num_server_rounds``, ``fraction_train``,
     ``fraction_evaluate``, ``round_timeout`` and the clients' ``local_epochs``, ``batch_size``,
     ``learning_rate``, ``momentum``; ``seed`` (initial model, sampling); ``device`` of the server-side
@@ -83,6 +85,7 @@ class ServerSettings:
     neighbours: str = "auto"
     audit_winners: bool = True
     identity_directory: str = ""
+    settle_on_delivery: bool = False
     round_timeout: float = 600.0
 
     @classmethod
@@ -222,10 +225,33 @@ def _run(grid: Grid, context: Context, strategies: dict[str, StrategyFactory]) -
     num_nodes = _count_nodes(grid, settings)
     if settings.selector == "flmarket":
         market = _market_config(settings, data_config, num_nodes, context.run_id)
-        strategy: Strategy = FLMarket(fedavg(settings), market_config=market, seed=settings.seed)
+        strategy: Strategy = FLMarket(
+            fedavg(settings), market_config=market, seed=settings.seed, settle_on_delivery=settings.settle_on_delivery
+        )
     else:
         strategy = strategies[settings.selector](settings, data_config, num_nodes)
-    result = strategy.start(
+    try:
+        result = _start(strategy, grid, settings, model, evaluation)
+    except MarketError:
+        if isinstance(strategy, FLMarket) and strategy.market_outcome is not None:
+            strategy.market_outcome.save_json(run_dir / "market.json")  # what the market saw: why nobody won
+        raise
+    save_results(
+        run_dir,
+        strategy=strategy,
+        result=result,
+        evaluation=evaluation,
+        config={"settings": asdict(settings), "data": asdict(data_config)},
+        total_s=time.perf_counter() - started,
+    )
+    return run_dir
+
+
+def _start(
+    strategy: Strategy, grid: Grid, settings: ServerSettings, model: torch.nn.Module, evaluation: CentralEvaluation
+) -> Result:
+    """Start the strategy with the run's initial model, rounds, train config and server-side evaluation."""
+    return strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord(model.state_dict()),
         num_rounds=settings.num_server_rounds,
@@ -241,15 +267,6 @@ def _run(grid: Grid, context: Context, strategies: dict[str, StrategyFactory]) -
         evaluate_config=ConfigRecord(),
         evaluate_fn=evaluation,
     )
-    save_results(
-        run_dir,
-        strategy=strategy,
-        result=result,
-        evaluation=evaluation,
-        config={"settings": asdict(settings), "data": asdict(data_config)},
-        total_s=time.perf_counter() - started,
-    )
-    return run_dir
 
 
 def _count_nodes(grid: Grid, settings: ServerSettings) -> int:
@@ -268,14 +285,9 @@ def _count_nodes(grid: Grid, settings: ServerSettings) -> int:
     try:
         return len(MarketPhase(probe).wait_for_nodes(grid))
     except MarketError:
-        connected = len(list(grid.get_node_ids()))
-        if connected == 0:
+        if not connected_nodes(grid):
             return 0
-        raise MarketError(
-            f"only {connected} SuperNode(s) connected; the market's secure sum (PASS) needs at least "
-            f'{settings.min_market_clients}. In simulation pass --federation-config "num-supernodes=N" '
-            f"(N >= {settings.min_market_clients}); in a deployment start more SuperNodes"
-        ) from None
+        raise
 
 
 def _market_config(settings: ServerSettings, data_config: DataConfig, num_nodes: int, run_id: int) -> MarketConfig:

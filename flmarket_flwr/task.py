@@ -21,8 +21,9 @@ and to train or evaluate a model lives here, free of any Flower message handling
   option for data sets of this size on a CPU.
 
 Data sets come from :func:`flmarket_flwr.data.registry.load_dataset`: ``digits``
-(bundled, offline, the default), ``cifar10``, ``cinic10`` and ``deap`` (read from the
-local folder ``data-root``; nothing is downloaded). Images of CIFAR-10 and CINIC-10
+(bundled, offline, the default), ``fashion_mnist`` (Debian's ``dataset-fashion-mnist``
+folder unless ``data-root`` names another), ``cifar10``, ``cinic10`` and ``deap`` (read
+from the local folder ``data-root``; nothing is downloaded). Images of CIFAR-10 and CINIC-10
 are standardised per channel with the registry's constants, once, at load time.
 
 Splits, in this order, all seeded by ``seed``:
@@ -54,8 +55,14 @@ import numpy as np
 
 from flmarket_flwr.data.digits import NUM_CLASSES as DIGITS_NUM_CLASSES
 from flmarket_flwr.data.digits import train_test_split_balanced
-from flmarket_flwr.data.partition import Partition, make_partition
-from flmarket_flwr.data.registry import DATASET_NAMES, LoadedDataset, canonical_dataset_name, load_dataset
+from flmarket_flwr.data.partition import SCHEDULES, Partition, make_partition
+from flmarket_flwr.data.registry import (
+    DATASET_NAMES,
+    DATASET_OPTIONS,
+    LoadedDataset,
+    canonical_dataset_name,
+    load_dataset,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -86,6 +93,11 @@ TensorPair = tuple["torch.Tensor", "torch.Tensor"]
 
 SUPPORTED_DATASETS = DATASET_NAMES
 
+DATASETS_WITHOUT_FOLDER = ("digits", "digits_xl", "digits_xl_rgb32", "fashion_mnist")
+"""Data sets that need no ``data-root``: bundled (digits), made from the bundled one (``data-root`` is
+then an optional cache folder), or read from an installed package's folder (Fashion-MNIST, Debian's
+``dataset-fashion-mnist``; ``data-root`` overrides it)."""
+
 EMBEDDING_DIM = 16
 """Length of the DDS data embedding (:func:`data_embedding`)."""
 
@@ -102,7 +114,7 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
     Attributes
     ----------
     dataset : str
-        Data set name: ``"digits"`` (bundled), ``"cifar10"``, ``"cinic10"`` or ``"deap"``.
+        Data set name: ``"digits"`` (bundled), ``"fashion_mnist"``, ``"cifar10"``, ``"cinic10"`` or ``"deap"``.
     num_clients : int
         Number of partitions ``E`` of the training pool.
     distribution : str
@@ -115,10 +127,14 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
         Digits only: samples per class held out for the server's balanced test set
         (the other data sets have an official or subject-wise test split).
     data_root : str
-        Local folder of the data set (``""`` for digits, which is bundled).
+        Local folder of the data set (``""`` for digits, which is bundled, and for Fashion-MNIST from
+        Debian's package folder).
     val_per_class : int
         Samples per class taken from the training set for the server's validation
         split (``0``: none). S-FedAvg needs one.
+    schedule : str
+        Pruning schedule of the global distributions: ``"geometric"`` (default) or ``"linear"``
+        (the paper's Table 2; see :mod:`flmarket_flwr.data.partition`).
     """
 
     dataset: str = "digits"
@@ -129,6 +145,7 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
     test_per_class: int = 30
     data_root: str = ""
     val_per_class: int = 0
+    schedule: str = "geometric"
 
     @classmethod
     def from_run_config(
@@ -143,7 +160,7 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
         run_config : Mapping[str, Any]
             The run config (``context.run_config``); keys ``dataset``, ``data-root``,
             ``num-clients``, ``distribution``, ``alpha``, ``seed``,
-            ``test-per-class`` and ``val-per-class`` are read when present.
+            ``test-per-class``, ``val-per-class`` and ``schedule`` are read when present.
         node_config : Mapping[str, Any], optional
             The node config (``context.node_config``) of a ClientApp. When it
             carries ``num-partitions`` (always the case in simulation, and in a
@@ -169,6 +186,7 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
             test_per_class=int(run_config.get("test-per-class", defaults.test_per_class)),
             data_root=str(run_config.get("data-root", defaults.data_root)),
             val_per_class=int(run_config.get("val-per-class", defaults.val_per_class)),
+            schedule=str(run_config.get("schedule", defaults.schedule)),
         )
         config.validate()
         return config
@@ -181,10 +199,10 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
             raise ValueError(
                 f"Unsupported dataset {self.dataset!r}: the Flower app supports {', '.join(SUPPORTED_DATASETS)}."
             ) from None
-        if name != "digits" and not self.data_root:
+        if name not in DATASETS_WITHOUT_FOLDER and not self.data_root:
             raise ValueError(
-                f"dataset {self.dataset!r} is read from a local folder: set data-root "
-                f"(nothing is downloaded; only 'digits' is bundled)."
+                f"dataset {self.dataset!r} is read from a local folder: set data-root (nothing is "
+                f"downloaded; 'digits' is bundled, 'fashion_mnist' defaults to Debian's package folder)."
             )
         if self.num_clients < 1:
             raise ValueError(f"num-clients must be >= 1, got {self.num_clients}")
@@ -192,6 +210,8 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
             raise ValueError(f"test-per-class must be >= 1, got {self.test_per_class}")
         if self.val_per_class < 0:
             raise ValueError(f"val-per-class must be >= 0, got {self.val_per_class}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
 
     @property
     def dataset_name(self) -> str:
@@ -224,8 +244,8 @@ def _check_data_root(config: DataConfig) -> None:
 def _dataset_key(config: DataConfig) -> tuple[str, str, int, int]:
     """Cache key of the raw data set: only the fields that change what is loaded.
 
-    ``test-per-class`` only matters for digits, and the seed only where the test set
-    is drawn (digits, DEAP): CIFAR-10 is not re-read for another seed.
+    ``test-per-class`` only matters for the data sets that take it (digits, digits_xl), and the
+    seed only where the test set is drawn (digits, DEAP): CIFAR-10 is not re-read for another seed.
 
     Raises
     ------
@@ -237,7 +257,7 @@ def _dataset_key(config: DataConfig) -> tuple[str, str, int, int]:
     return (
         name,
         "" if name == "digits" else config.data_root,
-        config.test_per_class if name == "digits" else 0,
+        config.test_per_class if "test_per_class" in DATASET_OPTIONS[name] else 0,
         config.seed if name in ("digits", "deap") else 0,
     )
 
@@ -246,7 +266,7 @@ def _dataset_key(config: DataConfig) -> tuple[str, str, int, int]:
 def _load(key: tuple[str, str, int, int]) -> LoadedDataset:
     """Load (once per process) a data set, its images standardised when it has constants."""
     name, root, test_per_class, seed = key
-    options: dict[str, Any] = {"test_per_class": test_per_class} if name == "digits" else {}
+    options: dict[str, Any] = {"test_per_class": test_per_class} if "test_per_class" in DATASET_OPTIONS[name] else {}
     loaded = load_dataset(name, root or None, seed=seed, **options)
     if loaded.mean is None or loaded.std is None:
         return loaded
@@ -290,6 +310,7 @@ def _partition(config: DataConfig) -> Partition:
         alpha=config.alpha,
         seed=config.seed,
         num_classes=num_classes(config),
+        schedule=config.schedule,
     )
 
 
@@ -486,6 +507,15 @@ def configure_torch_threads(num_threads: int) -> None:
 
 
 # pylint: disable=too-many-arguments,too-many-locals
+def training_seed(seed: int, partition_id: int, server_round: int) -> int:
+    """The seed of one client's local training in one round: its mini-batch order and torch's global draws.
+
+    A function of the run's ``seed``, the client's partition and the round alone, so the Flower app's
+    ClientApps and the experiments' in-process engine train a given client identically.
+    """
+    return seed * 1_000_003 + partition_id * 1_009 + server_round
+
+
 def train(
     model: nn.Module,
     data: TensorPair,

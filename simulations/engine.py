@@ -2,8 +2,9 @@
 
 One job = partition, selection, then FedAvg rounds on the selected clients, all in this process:
 
-* **Selection** calls :mod:`flmarket_flwr.pricing` directly: FLMarket is ``select_flmarket`` (the score
-  and the auction in fixed-count mode; ``num_selected=0``: the budget-driven auction), where PASS's
+* **Selection** calls :mod:`flmarket_flwr.pricing` directly: FLMarket is the product's one rule,
+  :func:`~flmarket_flwr.pricing.run_auction` on :func:`~flmarket_flwr.pricing.flmarket_scores` (``num_selected``
+  a cohort cap, ``0`` for the budget alone; the budget from :func:`auction_budget`), where PASS's
   output is replaced by the plain sum of the clients' label counts (PASS returns exactly that sum,
   mod 2^64, see ``tests/test_pass_protocol.py``); RS, QBS, DICE and DDS are ``select_clients``.
   ``market="protocol"`` runs FLMarket's real market phase instead (:class:`~flmarket_flwr.market.MarketPhase`:
@@ -39,21 +40,21 @@ import argparse
 import itertools
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
-from multiprocessing import get_context
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flmarket_flwr.data import load_dataset, make_partition, train_test_split_balanced
+from flmarket_flwr import task
 from flmarket_flwr.market import simulated_cost_per_sample
-from flmarket_flwr.pricing import run_auction, score, select_clients, select_flmarket
+from flmarket_flwr.pricing import cohort_budget, flmarket_scores, run_auction, select_clients
 from flmarket_flwr.pricing.selectors import DDS_DIVERSITY_WEIGHT, DICE_VOLUME_WEIGHT
+from flmarket_flwr.task import DataConfig
 
 if TYPE_CHECKING:
     import torch
@@ -65,13 +66,16 @@ __all__ = [
     "EngineConfig",
     "Federation",
     "ShapleyCohort",
+    "auction_budget",
     "bids_for",
+    "data_config",
     "fedavg",
     "load_federation",
     "main",
     "run_engine",
     "run_job_inprocess",
     "run_market_protocol",
+    "run_on_ray",
     "select",
 ]
 
@@ -99,7 +103,10 @@ class EngineConfig:  # pylint: disable=too-many-instance-attributes
         Federation: ``E``, global distribution ``d1..d7``, pruning schedule, Dirichlet concentration, seed.
     selector, num_selected, budget
         Selector name; cohort size (``0``: FLMarket's budget-driven auction; S-FedAvg: clients sampled
-        per round); auction budget ``R`` (``0``: the sum of the bids, which never binds in fixed-count mode).
+        per round); auction budget ``R`` (``> 0``, the app's ``budget``).
+    cohort_budget
+        With a cohort (``num_selected > 0``), run FLMarket's auction at the least budget that buys it instead of
+        ``budget`` (:func:`auction_budget`): comparisons at equal cohort size. ``False``: at ``budget``.
     market
         FLMarket's selection: ``"direct"`` (the pricing functions on the plain sum of the counts) or
         ``"protocol"`` (the real market phase over an in-process Grid, timed; see the module docstring).
@@ -130,7 +137,8 @@ class EngineConfig:  # pylint: disable=too-many-instance-attributes
     seed: int = 0
     selector: str = "flmarket"
     num_selected: int = 10
-    budget: float = 0.0
+    budget: float = 600.0
+    cohort_budget: bool = True
     market: str = "direct"
     dice_volume_weight: float = DICE_VOLUME_WEIGHT
     dds_diversity_weight: float = DDS_DIVERSITY_WEIGHT
@@ -165,6 +173,8 @@ class EngineConfig:  # pylint: disable=too-many-instance-attributes
             raise ValueError("market='protocol' runs the clients' bid policies: use bid_policy volume or constant")
         if self.num_selected < 0 or (self.num_selected == 0 and self.selector != "flmarket"):
             raise ValueError(f"{self.selector} needs num_selected >= 1, got {self.num_selected}")
+        if not self.budget > 0:
+            raise ValueError(f"budget must be > 0, got {self.budget}")
         if self.rounds < 1 or self.final_window < 1:
             raise ValueError("rounds and final_window must be >= 1")
         if self.min_rounds and not 2 * self.final_window <= self.min_rounds <= self.rounds:
@@ -201,68 +211,43 @@ class Federation:
 
 
 # --- Data ----------------------------------------------------------------------------------------------------------
-@lru_cache(maxsize=2)
-def _dataset(name: str, root: str, test_per_class: int, seed: int) -> Any:
-    """The registry's data set, standardised where it has constants (as ``flmarket_flwr.task`` does)."""
-    options: dict[str, Any] = {"test_per_class": test_per_class} if name.replace("-", "_").startswith("digits") else {}
-    loaded = load_dataset(name, root or None, seed=seed, **options)
-    if loaded.mean is None or loaded.std is None:
-        return loaded
-    shape = (1, -1) + (1,) * (loaded.train_images.ndim - 2)
-    mean = np.asarray(loaded.mean, dtype=np.float32).reshape(shape)
-    std = np.asarray(loaded.std, dtype=np.float32).reshape(shape)
-    train_images, test_images = (loaded.train_images - mean) / std, (loaded.test_images - mean) / std
-    return replace(loaded, train_images=train_images, test_images=test_images)
+def data_config(cfg: EngineConfig) -> DataConfig:
+    """The Flower app's data config for ``cfg``: the engine reads its data through the app's own loader."""
+    config = DataConfig(
+        dataset=cfg.dataset,
+        num_clients=cfg.num_clients,
+        distribution=cfg.distribution,
+        alpha=float(cfg.alpha),
+        seed=cfg.seed,
+        test_per_class=cfg.test_per_class,
+        data_root=cfg.data_root,
+        val_per_class=cfg.val_per_class,
+        schedule=cfg.schedule,
+    )
+    config.validate()
+    return config
 
 
 @lru_cache(maxsize=16)
-def _federation(key: tuple[Any, ...]) -> Federation:
-    import torch  # pylint: disable=import-outside-toplevel
-
-    name, root, test_per_class, val_per_class, num_clients, distribution, schedule, alpha, seed = key
-    # Only digits draws its test set from the seed (as in flmarket_flwr.task); the others have a fixed one.
-    data = _dataset(name, root, test_per_class, seed if name == "digits" else 0)
-    labels = data.train_labels
-    pool = np.arange(labels.size, dtype=np.int64)
-    validation = None
-    if val_per_class > 0:
-        pool, validation = train_test_split_balanced(labels, test_per_class=val_per_class, seed=seed)
-    partition = make_partition(
-        labels[pool], num_clients, distribution, alpha=alpha, seed=seed, num_classes=data.num_classes, schedule=schedule
-    )
-
-    def tensors(images: np.ndarray, targets: np.ndarray) -> TensorPair:
-        return torch.from_numpy(np.ascontiguousarray(images, np.float32)), torch.from_numpy(targets.astype(np.int64))
-
-    clients = [tensors(data.train_images[pool[rows]], labels[pool[rows]]) for rows in partition.client_indices]
+def _federation(config: DataConfig) -> Federation:
+    clients = [task.load_partition(partition_id, config) for partition_id in range(config.num_clients)]
     return Federation(
         client_data=clients,
-        label_counts=partition.label_counts,
-        test_data=tensors(data.test_images, data.test_labels),
-        num_classes=int(data.num_classes),
-        input_shape=tuple(data.input_shape),
-        validation_data=None if validation is None else tensors(data.train_images[validation], labels[validation]),
+        label_counts=task.all_label_counts(config),
+        test_data=task.load_test_set(config),
+        num_classes=task.num_classes(config),
+        input_shape=task.input_shape(config),
+        validation_data=task.load_validation_set(config) if config.val_per_class > 0 else None,
     )
 
 
 def load_federation(cfg: EngineConfig) -> Federation:
     """The clients' tensors and label counts and the test set for ``cfg`` (cached per process).
 
-    Same order of splits as ``flmarket_flwr.task``: the data set's test set, then ``val_per_class``
-    per class for a validation split, then the partition of the rest.
+    Everything comes from :mod:`flmarket_flwr.task`, the loader the Flower app's ClientApps and ServerApp use:
+    the data set's test set, then ``val_per_class`` per class for a validation split, then the partition of the rest.
     """
-    key = (
-        cfg.dataset,
-        cfg.data_root,
-        cfg.test_per_class,
-        cfg.val_per_class,
-        cfg.num_clients,
-        cfg.distribution,
-        cfg.schedule,
-        float(cfg.alpha),
-        cfg.seed,
-    )
-    return _federation(key)
+    return _federation(data_config(cfg))
 
 
 # --- Selection -----------------------------------------------------------------------------------------------------
@@ -304,22 +289,18 @@ def select(cfg: EngineConfig, federation: Federation) -> tuple[list[int], dict[s
         extra: dict[str, Any] = {"volume_weight": cfg.dice_volume_weight}
         if cfg.selector == "dds":
             extra = {"embeddings": _embeddings(federation, cfg.seed), "diversity_weight": cfg.dds_diversity_weight}
-        positions = select_clients(cfg.selector, counts, cfg.num_selected, seed=cfg.seed, **extra)
-        return [int(p) for p in positions], {}
+        chosen = select_clients(cfg.selector, counts, cfg.num_selected, seed=cfg.seed, **extra)
+        return [int(p) for p in chosen], {}
     bids = bids_for(cfg, counts)
-    scores = np.atleast_1d(score(counts, counts.sum(axis=0), counts.shape[0]))
-    budget = cfg.budget if cfg.budget > 0 else float(bids.sum())
-    auction = run_auction(scores, bids, budget=budget, num_winners=cfg.num_selected or None)
-    if cfg.num_selected:
-        positions = select_flmarket(counts, cfg.num_selected, seed=cfg.seed, bids=bids, budget=budget)
-    else:
-        positions = auction.winners
+    scores = flmarket_scores(counts)
+    budget = auction_budget(cfg, scores, bids)
+    auction = run_auction(scores, bids, budget, num_winners=cfg.num_selected or None)
+    positions = [int(p) for p in auction.winners]
     protocol: dict[str, Any] = {}
     if cfg.market == "protocol":
-        direct = [int(p) for p in positions]
         protocol_winners, protocol = run_market_protocol(cfg, counts, budget)
-        positions = np.asarray(protocol_winners, dtype=np.int64)
-        protocol["same_winners_as_direct"] = sorted(protocol_winners) == sorted(direct)
+        protocol["same_winners_as_direct"] = protocol_winners == positions
+        positions = protocol_winners
     market = {
         "total_payment": float(auction.total_payment),
         "budget": budget,
@@ -330,7 +311,20 @@ def select(cfg: EngineConfig, federation: Federation) -> tuple[list[int], dict[s
         "bid_policy": cfg.bid_policy,
         **protocol,
     }
-    return [int(p) for p in positions], market
+    return positions, market
+
+
+def auction_budget(cfg: EngineConfig, scores: np.ndarray, bids: np.ndarray) -> float:
+    """The budget ``R`` of FLMarket's auction: ``cfg.budget``, or the least budget that buys the cohort.
+
+    With ``cohort_budget`` and a cohort (``num_selected > 0``) the budget is
+    :func:`~flmarket_flwr.pricing.cohort_budget` of the ``num_selected`` first positive-score clients (fewer if
+    fewer score above zero), so FLMarket buys a full cohort when one exists and still pays within the budget.
+    """
+    if not (cfg.cohort_budget and cfg.num_selected):
+        return float(cfg.budget)
+    buyable = min(cfg.num_selected, int(np.count_nonzero(scores > 0)))
+    return cohort_budget(scores, bids, buyable) if buyable else float(cfg.budget)
 
 
 def run_market_protocol(cfg: EngineConfig, label_counts: np.ndarray, budget: float) -> tuple[list[int], dict[str, Any]]:
@@ -345,7 +339,7 @@ def run_market_protocol(cfg: EngineConfig, label_counts: np.ndarray, budget: flo
     """
     # pylint: disable=import-outside-toplevel
     from flmarket_flwr.market import BidPolicy, CostBasedBid, MarketConfig, MarketPhase
-    from flmarket_flwr.market.testing import InProcessGrid, market_client_app
+    from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 
     def constant_bid(label_counts: np.ndarray, score: float, context: Any) -> float:
         return 1.0
@@ -521,6 +515,9 @@ def _fedavg_rounds(cfg: EngineConfig, federation: Federation, cohort: Sequence[i
         _load(worker, state)
         return float(evaluate(worker, federation.validation_data, device)[1])
 
+    if not isinstance(cohort, ShapleyCohort) and not cohort:
+        training.final_state = global_state  # FLMarket bought nobody: nothing to train, as the app fails such a run
+        return training
     for server_round in range(1, cfg.rounds + 1):
         started = time.perf_counter()
         clients = cohort.clients(server_round) if isinstance(cohort, ShapleyCohort) else list(cohort)
@@ -528,7 +525,7 @@ def _fedavg_rounds(cfg: EngineConfig, federation: Federation, cohort: Sequence[i
         states, weights, losses = [], [], []
         for partition_id in clients:
             _load(worker, global_state)
-            seed = cfg.seed * 1_000_003 + partition_id * 1_009 + server_round  # the app's train handler's seed
+            seed = task.training_seed(cfg.seed, partition_id, server_round)  # the app's train handler's seed
             losses.append(_local_update(cfg, worker, federation.client_data[partition_id], seed, device))
             states.append(_state(worker))
             weights.append(float(len(federation.client_data[partition_id][1])))
@@ -652,7 +649,7 @@ def run_engine(cfg: EngineConfig, run_config: Mapping[str, Any] | None = None) -
             "overhead_s": loaded - started,
         },
         "run_config": dict(run_config) if run_config is not None else asdict(cfg),
-        "engine": {"name": "inprocess", "config": asdict(cfg), **protocol},
+        "engine": {"name": "inprocess", "config": asdict(cfg), "bought_nobody": not selected, **protocol},
     }
     if market:
         result["market"] = market
@@ -665,7 +662,7 @@ def run_engine(cfg: EngineConfig, run_config: Mapping[str, Any] | None = None) -
 # --- Hydra and command line ----------------------------------------------------------------------------------------
 _ENGINE_KEYS = (
     "market",
-    "schedule",
+    "cohort_budget",
     "bid_policy",
     "cost_per_sample",
     "local_steps",
@@ -694,6 +691,7 @@ def config_from_hydra(cfg: Any) -> EngineConfig:
         "model": container["model"]["name"],
         "num_clients": container["federation"]["num_clients"],
         "distribution": container["distribution"]["name"],
+        "schedule": container["schedule"],
         "selector": container["selector"]["name"],
         "alpha": container["alpha"],
         "seed": container["seed"],
@@ -728,14 +726,50 @@ def _job_name(cfg: EngineConfig, varied: Sequence[str]) -> str:
     return "_".join(f"{key}={getattr(cfg, key)}" for key in varied)
 
 
-def _run_and_write(cfg: EngineConfig, job: Path) -> dict[str, Any]:
-    """Run one job and write ``<job>/result.json`` (atomically: a stopped sweep leaves no half file)."""
-    result = run_engine(cfg)
+def write_result(job: Path, result: Mapping[str, Any]) -> None:
+    """Write ``<job>/result.json`` atomically: a stopped sweep leaves no half file."""
     job.mkdir(parents=True, exist_ok=True)
     partial = job / "result.json.partial"
     partial.write_text(json.dumps(result), encoding="utf-8")
     partial.replace(job / "result.json")
-    return result
+
+
+def run_on_ray(
+    jobs: Sequence[tuple[EngineConfig, Path]], workers: int, done: Callable[[Path, dict[str, Any]], None]
+) -> None:
+    """Run engine jobs as Ray tasks, at most ``workers`` at once, and hand each result to ``done`` as it arrives.
+
+    Ray is Flower's simulation backend, so it is installed with the app. With ``RAY_ADDRESS`` set the tasks
+    go to that existing cluster (every node needs this project importable at the same path, or installed);
+    otherwise a local Ray with ``workers`` CPUs starts for the sweep and stops after it. Each task returns
+    its result to this process, which writes it: a cluster needs no shared file system.
+    """
+    import ray  # pylint: disable=import-outside-toplevel
+
+    address = os.environ.get("RAY_ADDRESS") or None
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(
+            address=address,
+            num_cpus=None if address else workers,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}},
+        )
+    task = ray.remote(num_cpus=1)(run_engine)
+    try:
+        queue = list(jobs)
+        running: dict[Any, Path] = {}
+        while queue or running:
+            while queue and len(running) < workers:
+                cfg, job = queue.pop(0)
+                running[task.remote(cfg)] = job
+            finished, _ = ray.wait(list(running), num_returns=1)
+            job = running.pop(finished[0])
+            done(job, ray.get(finished[0]))
+    finally:
+        if started_here:
+            ray.shutdown()
 
 
 _GRID_KEYS = (
@@ -753,6 +787,13 @@ _GRID_KEYS = (
 (every (setting, seed) is finished for all selectors before the next begins: whole paired sets)."""
 
 
+def _parse_bool(text: str) -> bool:
+    """``true``/``false`` (any case) for a boolean option; anything else is an error naming the value."""
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() == "true"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run a resumable grid of engine jobs: ``<out>/<job>/result.json``; finished jobs are skipped.
 
@@ -761,11 +802,14 @@ def main(argv: list[str] | None = None) -> None:
         python -m simulations.engine --out results/digits_xl/raw/pilot --distribution d4 d5 d6 \\
             --selector flmarket rs qbs dice dds --num-selected 10 --seed 0 1 2
 
-    ``--workers N`` runs N jobs at once in separate processes (one torch thread each by default).
+    ``--workers N`` runs N jobs at once as Ray tasks (one torch thread each by default): on a local Ray, or on
+    the existing cluster at ``RAY_ADDRESS`` when that is set (:func:`run_on_ray`).
     """
     parser = argparse.ArgumentParser(description="Resumable grid of in-process FLMarket jobs.")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--workers", type=int, default=1, help="jobs run at once, each in its own process")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="jobs run at once, as Ray tasks (RAY_ADDRESS: a cluster)"
+    )
     types = {
         "num_selected": int,
         "seed": int,
@@ -777,7 +821,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument(f"--{key.replace('_', '-')}", nargs="+", type=types.get(key, str), default=None)
     for item in fields(EngineConfig):
         if item.name not in _GRID_KEYS:
-            parser.add_argument(f"--{item.name.replace('_', '-')}", type=type(item.default), default=item.default)
+            kind = _parse_bool if isinstance(item.default, bool) else type(item.default)
+            parser.add_argument(f"--{item.name.replace('_', '-')}", type=kind, default=item.default)
     args = vars(parser.parse_args(argv))
     out: Path = args.pop("out")
     workers: int = args.pop("workers")
@@ -793,18 +838,27 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     print(f"{len(jobs)} jobs, {len(jobs) - len(todo)} finished before, {len(todo)} to run on {workers} worker(s)")
     started = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(_run_and_write, cfg, job): job for cfg, job in todo}
-        for done, future in enumerate(as_completed(futures), start=1):
-            result, job = future.result(), futures[future]
-            engine = result["engine"]
-            print(
-                f"[{done:4d}/{len(todo)}] {job.name} | final {result['final_accuracy']:.4f} "
-                f"rounds {engine['rounds_run']} plateau {engine['plateau_delta']:+.4f} diverged {engine['diverged']} "
-                f"| {result['timings']['job_wall_s']:.1f} s (elapsed {time.perf_counter() - started:.0f} s)",
-                flush=True,
-            )
+    finished = 0
+
+    def report(job: Path, result: dict[str, Any]) -> None:
+        nonlocal finished
+        write_result(job, result)
+        finished += 1
+        engine = result["engine"]
+        print(
+            f"[{finished:4d}/{len(todo)}] {job.name} | final {result['final_accuracy']:.4f} "
+            f"rounds {engine['rounds_run']} plateau {engine['plateau_delta']:+.4f} diverged {engine['diverged']} "
+            f"| {result['timings']['job_wall_s']:.1f} s (elapsed {time.perf_counter() - started:.0f} s)",
+            flush=True,
+        )
+
+    if todo:
+        run_on_ray(todo, workers, report)
+    print(f"results in {out.resolve()}", flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    # Run as the importable module, so that Ray's workers find every name the jobs refer to.
+    from simulations import engine
+
+    engine.main()

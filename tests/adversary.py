@@ -7,11 +7,12 @@ from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Message
+from flwr.clientapp import ClientApp
 
-from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase
+from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase, register_market_handlers
+from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 from flmarket_flwr.market.messages import RECORD_KEY, make_content, message_type
-from flmarket_flwr.market.testing import InProcessGrid, market_client_app
-from flmarket_flwr.pass_protocol import PassServer
+from flmarket_flwr.pass_protocol import IdentityDirectory, PassServer, generate_identity
 
 NUM_CLASSES = 10
 SECRET_KEYS = (
@@ -35,6 +36,21 @@ def make_counts(num_nodes: int, seed: int = 0, high: int = 200) -> dict[int, np.
 def honest_grid(counts: Mapping[int, np.ndarray], **grid_options: Any) -> InProcessGrid:
     """An in-process grid whose nodes run the real market handlers with a cost-based bid."""
     return InProcessGrid(market_client_app(counts, CostBasedBid(0.01)), list(counts), **grid_options)
+
+
+def signed_app(counts: Mapping[int, np.ndarray]) -> tuple[ClientApp, IdentityDirectory]:
+    """A ``ClientApp`` whose nodes hold Ed25519 identity keys and the directory of all of them (secure set-up)."""
+    identities = {node: generate_identity() for node in counts}
+    directory = IdentityDirectory({node: public for node, (_, public) in identities.items()})
+    app = ClientApp()
+    register_market_handlers(
+        app,
+        lambda context: counts[context.node_id],
+        CostBasedBid(0.01),
+        identity_key=lambda context: identities[context.node_id][0],
+        directory=lambda context: directory,
+    )
+    return app, directory
 
 
 def market_config(**overrides: Any) -> MarketConfig:

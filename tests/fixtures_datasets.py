@@ -1,4 +1,4 @@
-"""Writers of small fixtures in the official on-disk formats of CIFAR-10, CINIC-10 and DEAP.
+"""Writers of small fixtures in the official on-disk formats of CIFAR-10, CINIC-10, DEAP and Fashion-MNIST.
 
 The CIFAR-10 batches and DEAP's ``sNN.dat`` are Python 2 ``cPickle`` files. Python 3
 cannot write those byte for byte (it pickles ``bytes`` through ``_codecs.encode`` and
@@ -7,10 +7,14 @@ opcodes directly: ``str`` as ``SHORT_BINSTRING``/``BINSTRING``, numpy arrays thr
 ``numpy.core.multiarray._reconstruct`` with the raw buffer as a Python 2 string, as
 Python 2's numpy did. :func:`write_cifar10` can also write Python 3 pickles with
 ``bytes`` keys (``pickle.dump(..., protocol=2)``) for the loader's other accepted form.
+Fashion-MNIST's files are gzipped IDX: :func:`idx_bytes` packs the header with ``struct``
+(two zero bytes, the type code, the number of dimensions, each dimension as a big-endian
+``uint32``) and the values big-endian, independently of the loader's parser.
 """
 
 from __future__ import annotations
 
+import gzip
 import pickle
 import struct
 from pathlib import Path
@@ -232,3 +236,49 @@ def write_deap_subject(path: Path, content: dict[str, Any]) -> None:
     """Write a DEAP subject file as the official Python 2 pickle."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(py2_pickle_dumps(content))
+
+
+# --------------------------------------------------------------------------- Fashion-MNIST
+
+IDX_TYPE_CODES = {"u1": 0x08, "i1": 0x09, "i2": 0x0B, "i4": 0x0C, "f4": 0x0D, "f8": 0x0E}
+"""IDX type code of each numpy kind-and-size (``dtype.str[1:]``)."""
+
+FASHION_FILES = {
+    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+}
+
+
+def idx_bytes(array: NDArray[Any], code: int | None = None, shape: tuple[int, ...] | None = None) -> bytes:
+    """The IDX encoding of ``array``: header (``code`` and ``shape`` overridable, to forge bad files), then values."""
+    values = np.ascontiguousarray(array)
+    type_code = IDX_TYPE_CODES[values.dtype.str[1:]] if code is None else code
+    dims = values.shape if shape is None else shape
+    header = struct.pack(">BBBB", 0, 0, type_code, len(dims)) + struct.pack(f">{len(dims)}I", *dims)
+    return header + values.astype(values.dtype.newbyteorder(">")).tobytes()
+
+
+def write_idx_gz(path: Path, content: bytes) -> Path:
+    """Write ``content`` gzipped to ``path`` (as the official ``*.gz`` files)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(content))
+    return path
+
+
+def write_fashion_mnist(
+    folder: Path, train_size: int = 30, test_size: int = 20, seed: int = 0
+) -> dict[str, tuple[NDArray[np.uint8], NDArray[np.uint8]]]:
+    """Write the four gzipped IDX files of a small Fashion-MNIST into ``folder``.
+
+    Returns, per split, the written ``(N, 28, 28)`` ``uint8`` images and ``(N,)`` labels (every class present).
+    """
+    rng = np.random.default_rng(seed)
+    written = {}
+    for split, size in (("train", train_size), ("test", test_size)):
+        images = rng.integers(0, 256, size=(size, 28, 28), dtype=np.uint8)
+        labels = rng.permutation(np.arange(size) % 10).astype(np.uint8)
+        images_name, labels_name = FASHION_FILES[split]
+        write_idx_gz(folder / images_name, idx_bytes(images))
+        write_idx_gz(folder / labels_name, idx_bytes(labels))
+        written[split] = (images, labels)
+    return written

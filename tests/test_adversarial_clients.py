@@ -13,8 +13,8 @@ from adversary import NUM_CLASSES, client_secrets, honest_grid, make_counts, mar
 from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import CostBasedBid, MarketError, MarketPhase, register_market_handlers
+from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.messages import RECORD_KEY
-from flmarket_flwr.market.testing import InProcessGrid
 from flmarket_flwr.pricing import run_auction, score
 
 POLICY = CostBasedBid(0.01)
@@ -179,3 +179,44 @@ def test_a_client_with_counts_above_the_declared_bound_does_not_take_part() -> N
     assert big in outcome.excluded and big not in outcome.pass_participants
     assert outcome.global_counts == [int(c) for c in np.sum([counts[n] for n in counts if n != big], axis=0)]
     assert NUM_CLASSES == len(outcome.global_counts)
+
+
+# --- Issue 21, item 3: one bad client should cost itself, not everyone -------------------------------
+def _chained(*hooks):
+    def hook(instruction, reply):
+        for each in hooks:
+            reply = each(instruction, reply)
+        return reply
+
+    return hook
+
+
+def _flip_first_byte(record) -> None:
+    record["survivor_shares"] = [bytes([share[0] ^ 1]) + share[1:] for share in record["survivor_shares"]]
+
+
+@pytest.mark.parametrize("num_liars", [1, 2])
+def test_corrupted_unmask_shares_exclude_their_senders_by_name_and_the_market_finishes(num_liars: int) -> None:
+    counts = make_counts(10, seed=7)  # the complete graph: k = 9, t = 5, so 7 honest holders are left per secret
+    liars = sorted(counts)[2 : 2 + num_liars]
+    grid = honest_grid(counts, reply_hook=_chained(*(altering(n, "market_unmask", _flip_first_byte) for n in liars)))
+    outcome = MarketPhase(market_config()).run(grid)
+    assert set(outcome.excluded) == set(liars)
+    for liar in liars:
+        assert "corrupted share" in outcome.excluded[liar]
+        assert liar not in outcome.participants
+    # The liars sent their masked inputs: they are in N_s, which is exact.
+    assert outcome.global_counts == [int(c) for c in np.sum(list(counts.values()), axis=0)]
+
+
+def test_garbage_share_ciphertexts_still_end_the_market_without_naming_the_sender() -> None:
+    """Open (issue 21, item 3): the receivers of well-formed garbage cannot prove it, so they refuse and drop."""
+    counts = make_counts(8)
+    attacker = sorted(counts)[2]
+
+    def garbage(record) -> None:
+        record["ciphertexts"] = [bytes(len(c)) for c in record["ciphertexts"]]
+
+    grid = honest_grid(counts, reply_hook=altering(attacker, "market_share", garbage))
+    with pytest.raises(MarketError, match="only 1 clients sent masked input"):  # the attacker is the one left
+        MarketPhase(market_config()).run(grid)

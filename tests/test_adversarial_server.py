@@ -25,8 +25,8 @@ from flwr.clientapp import ClientApp
 
 from flmarket_flwr import pass_protocol
 from flmarket_flwr.market import CostBasedBid, MarketPhase, register_market_handlers
+from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.messages import RECORD_KEY
-from flmarket_flwr.market.testing import InProcessGrid
 from flmarket_flwr.pass_protocol import (
     IdentityDirectory,
     PassServer,
@@ -217,7 +217,7 @@ def test_with_a_directory_substituted_or_sybil_keys_are_refused() -> None:
         directory=lambda context: directory,
     )
     grid = InProcessGrid(app, list(counts))
-    server = PassServer(b"attack/mitm-signed", NUM_CLASSES, 10**9, directory=directory)
+    server = PassServer(b"attack/mitm-signed", NUM_CLASSES, 10**9, directory=directory, run_id=grid.run.run_id)
     requests = run_pass_rounds(grid, sorted(counts), server, upto=1)
     victim = sorted(requests)[0]
     reply = send(grid, "market_share", {server.node_of[victim]: _substitute_neighbour_keys(requests, victim)})

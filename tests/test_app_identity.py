@@ -8,8 +8,8 @@ import numpy as np
 
 from flmarket_flwr.client_app import build_client_app
 from flmarket_flwr.market import MarketConfig, MarketPhase
+from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.messages import RECORD_KEY
-from flmarket_flwr.market.testing import InProcessGrid
 from flmarket_flwr.pass_protocol import IdentityDirectory, generate_identity, load_identity_key, save_identity_key
 
 NODES = [101, 202, 303, 404, 505]

@@ -18,7 +18,7 @@ import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from flmarket_flwr import client_app, server_app
-from flmarket_flwr.market.testing import InProcessGrid
+from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.pricing import select_clients
 from flmarket_flwr.task import EMBEDDING_DIM, DataConfig, all_label_counts, data_embedding
 from simulations import apps
@@ -91,7 +91,7 @@ def test_baseline_trains_only_its_selection(tmp_path: Path, selector: str) -> No
 
 def test_flmarket_keeps_counts_private(tmp_path: Path) -> None:
     """FLMarket selects through PASS and the auction: no raw-count query, no counts recorded."""
-    grid, run_dir = run_app(tmp_path, "flmarket", num_selected=3)
+    grid, run_dir = run_app(tmp_path, "flmarket", num_selected=3, budget=1e6)  # a budget that buys the cohort
     assert not receivers(grid, "query.selector_stats")
     assert receivers(grid, "query.market_advertise") == set(NODE_IDS)
     selection = json.loads((run_dir / "selection.json").read_text())
@@ -99,6 +99,10 @@ def test_flmarket_keeps_counts_private(tmp_path: Path) -> None:
     assert selection["selected"] == market["winners"] and len(market["winners"]) == 3
     assert selection["label_counts"] is None
     assert receivers(grid, "train") == set(market["winners"])
+    # Who delivered what: every winner trained both rounds and is owed its award (paid at selection).
+    delivery = market["delivery"]
+    assert sorted(map(int, delivery["winners"])) == sorted(market["winners"]) == sorted(selection["delivered"])
+    assert all(r["asked"] == r["delivered"] == 2 and r["settled"] == r["award"] for r in delivery["winners"].values())
     # No reply on the wire carries a client's label counts in clear.
     for raw in grid.received_wire:
         assert b"label-counts" not in raw

@@ -33,7 +33,8 @@ from flwr.app import Context, RecordDict
 from processes import pids_with_cmdline, process_tree, stop_pids
 
 from flmarket_flwr import client_app, server_app
-from flmarket_flwr.market.testing import InProcessGrid
+from flmarket_flwr.market import MarketError
+from flmarket_flwr.market.inprocess import InProcessGrid
 
 PROJECT = Path(__file__).resolve().parents[1]
 BIN_DIR = Path(sys.executable).parent
@@ -92,17 +93,18 @@ def test_app_in_process(tmp_path: Path) -> None:
     assert (run_dir / "history.csv").is_file() and (run_dir / "final_model.pt").is_file()
 
 
-def test_app_with_no_winner_succeeds_without_training(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """A budget nobody can meet: the run ends cleanly, says so, and no node trains."""
+def test_app_with_no_winner_fails_with_the_reason(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A budget nobody can meet: the run fails saying why, keeps the market's record, and no node trains."""
     run_config = app_run_config(budget=1e-6, num_server_rounds=2, results_dir=str(tmp_path), run_name="none")
     grid = InProcessGrid(client_app.app, [11, 22, 33, 44], run_config=run_config)
-    server_app.main(grid, Context(3, 0, {}, RecordDict(), run_config))
+    with pytest.raises(MarketError, match="no client won the auction"):
+        server_app.main(grid, Context(3, 0, {}, RecordDict(), run_config))
     assert not [m for m in grid.sent if m.metadata.message_type in ("train", "evaluate")]
     market = json.loads((tmp_path / "none" / "market.json").read_text())
     assert market["winners"] == [] and len(market["participants"]) == 4
-    assert json.loads((tmp_path / "none" / "history.json").read_text())["rounds"] == []
+    assert not (tmp_path / "none" / "history.json").exists()
     assert not (tmp_path / "none" / "final_model.pt").exists()
-    assert f"FLMarket run succeeded: results in {tmp_path / 'none'}" in caplog.text
+    assert "FLMarket run FAILED: no client won the auction" in caplog.text
 
 
 # --- Process and port helpers ----------------------------------------------------------------
@@ -269,8 +271,8 @@ def test_too_few_supernodes_fails_fast(flower: LocalFlower) -> None:
     completed = flower.flwr("--run-config", f"results-dir='{flower.root / 'results'}' run-name='two'")
     elapsed = time.monotonic() - started
     output = completed.stdout + completed.stderr
-    assert "FLMarket run FAILED: only 2 SuperNode(s) connected" in output, _explain(output)
-    assert "num-supernodes=N" in output
+    assert "FLMarket run FAILED: only 2 node(s) connected" in output, _explain(output)
+    assert "num-supernodes=N" in output, _explain(output)
     assert elapsed < WAIT_FOR_NODES_S, elapsed  # stopped at once, not after waiting for nodes that never come
     # Flower 1.41: `flwr run` exits 0 whatever the ServerApp did; `flwr ls` records the failure.
     assert completed.returncode == 0

@@ -1,4 +1,5 @@
-"""The reverse auction: Algorithm 1 exactly, and its guarantees on thousands of random instances."""
+"""The reverse auction: Algorithm 1 exactly (with the product's eligibility and cohort cap), and its
+guarantees, with and without a cap, on thousands of random instances."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from auction_reference import reference_auction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flmarket_flwr.pricing import auction_order, run_auction
+from flmarket_flwr.pricing import auction_order, cohort_budget, run_auction
 
 # Values drawn from a small set make ties in score per bid common; the rest are free floats.
 score_values = st.one_of(st.sampled_from([0.0, 1.0, 2.0, 3.0, 5.0, 10.0]), st.floats(1e-3, 100.0))
@@ -19,12 +20,14 @@ bid_values = st.one_of(st.sampled_from([1.0, 2.0, 3.0, 5.0, 10.0]), st.floats(0.
 
 
 @st.composite
-def instances(draw: st.DrawFn, max_clients: int = 12) -> tuple[np.ndarray, np.ndarray, float]:
+def instances(draw: st.DrawFn, max_clients: int = 12) -> tuple[np.ndarray, np.ndarray, float, int | None]:
+    """Scores, bids, a budget and a cohort cap (``None``: budget mode alone)."""
     size = draw(st.integers(1, max_clients))
     scores = np.array(draw(st.lists(score_values, min_size=size, max_size=size)))
     bids = np.array(draw(st.lists(bid_values, min_size=size, max_size=size)))
     budget = draw(st.floats(0.1, 2000.0))
-    return scores, bids, budget
+    cap = draw(st.one_of(st.none(), st.integers(1, size)))
+    return scores, bids, budget, cap
 
 
 def wins(scores: np.ndarray, bids: np.ndarray, budget: float, client: int, bid: float, **kwargs) -> bool:
@@ -36,8 +39,7 @@ def wins(scores: np.ndarray, bids: np.ndarray, budget: float, client: int, bid: 
 def critical_bid_by_bisection(scores: np.ndarray, bids: np.ndarray, budget: float, client: int, **kwargs) -> float:
     """The largest bid at which `client` still wins, found without the payment rule (to ~1e-10)."""
     low = bids[client]  # a winner wins at its own bid
-    # In budget mode no winner can bid above R/2 (b_e <= R/2 * u_e / U with U >= u_e).
-    high = budget * 0.5000001 if "num_winners" not in kwargs else max(budget, low) * 4.0
+    high = budget * 0.5000001  # no winner can bid above R/2 (b_e <= R/2 * u_e / U with U >= u_e)
     while wins(scores, bids, budget, client, high, **kwargs):
         high *= 4.0
         if high > 1e12:
@@ -69,9 +71,9 @@ def test_paper_walk_through_recomputed() -> None:
 @settings(max_examples=3000, deadline=None)
 @given(instances())
 def test_matches_direct_transcription_of_algorithm_1(instance) -> None:
-    scores, bids, budget = instance
-    result = run_auction(scores, bids, budget)
-    winners, payments = reference_auction(scores.tolist(), bids.tolist(), budget)
+    scores, bids, budget, cap = instance
+    result = run_auction(scores, bids, budget, num_winners=cap)
+    winners, payments = reference_auction(scores.tolist(), bids.tolist(), budget, num_winners=cap)
     assert result.winners.tolist() == winners
     # The fast path clamps p_e >= b_e against rounding; the transcription does not.
     np.testing.assert_allclose(result.payments, np.maximum(payments, np.where(result.payments > 0, bids, 0)), rtol=1e-9)
@@ -80,40 +82,43 @@ def test_matches_direct_transcription_of_algorithm_1(instance) -> None:
 @settings(max_examples=3000, deadline=None)
 @given(instances())
 def test_individually_rational_and_budget_feasible(instance) -> None:
-    scores, bids, budget = instance
-    result = run_auction(scores, bids, budget)
+    scores, bids, budget, cap = instance
+    result = run_auction(scores, bids, budget, num_winners=cap)
     winner_mask = np.zeros(scores.size, dtype=bool)
     winner_mask[result.winners] = True
     assert np.all(result.payments[winner_mask] >= bids[winner_mask])
     assert np.all(result.payments[~winner_mask] == 0.0)
     assert result.total_payment <= budget * (1 + 1e-9)
+    assert result.within_budget
+    assert np.all(result.payments <= budget)
     assert np.all(scores[result.winners] > 0)
+    assert cap is None or result.winners.size <= cap
 
 
 @settings(max_examples=1500, deadline=None)
 @given(instances(), st.data())
 def test_selection_is_monotone_in_the_bid(instance, data) -> None:
-    scores, bids, budget = instance
-    result = run_auction(scores, bids, budget)
+    scores, bids, budget, cap = instance
+    result = run_auction(scores, bids, budget, num_winners=cap)
     client = data.draw(st.integers(0, scores.size - 1))
     factor = data.draw(st.floats(0.01, 1.0))
     if client in result.winners:
-        assert wins(scores, bids, budget, client, bids[client] * factor)
+        assert wins(scores, bids, budget, client, bids[client] * factor, num_winners=cap)
     else:
-        assert not wins(scores, bids, budget, client, bids[client] / factor)
+        assert not wins(scores, bids, budget, client, bids[client] / factor, num_winners=cap)
 
 
 @settings(max_examples=1000, deadline=None)
 @given(instances(max_clients=9))
 def test_payment_is_the_critical_bid(instance) -> None:
-    scores, bids, budget = instance
-    result = run_auction(scores, bids, budget)
+    scores, bids, budget, cap = instance
+    result = run_auction(scores, bids, budget, num_winners=cap)
     for client in result.winners:
         payment = result.payments[client]
-        critical = critical_bid_by_bisection(scores, bids, budget, client)
+        critical = critical_bid_by_bisection(scores, bids, budget, client, num_winners=cap)
         assert payment == pytest.approx(critical, rel=1e-7)
-        assert wins(scores, bids, budget, client, payment * (1 - 1e-6))
-        assert not wins(scores, bids, budget, client, payment * (1 + 1e-6))
+        assert wins(scores, bids, budget, client, payment * (1 - 1e-6), num_winners=cap)
+        assert not wins(scores, bids, budget, client, payment * (1 + 1e-6), num_winners=cap)
 
 
 def test_after_everyone_position_pays_the_budget_term() -> None:
@@ -154,22 +159,49 @@ def test_scale_agrees_with_transcription_on_two_thousand_bidders() -> None:
     np.testing.assert_allclose(result.payments, payments, rtol=1e-9)
 
 
-@settings(max_examples=500, deadline=None)
-@given(instances(max_clients=9), st.integers(1, 10))
-def test_fixed_count_mode_takes_the_ranking_head_at_critical_prices(instance, cohort) -> None:
-    scores, bids, budget = instance
-    result = run_auction(scores, bids, budget, num_winners=cohort)
+@settings(max_examples=1000, deadline=None)
+@given(instances())
+def test_a_cohort_cap_takes_the_head_of_the_budget_walk(instance) -> None:
+    scores, bids, budget, cap = instance
+    uncapped = run_auction(scores, bids, budget)
+    capped = run_auction(scores, bids, budget, num_winners=cap or scores.size)
+    assert capped.winners.tolist() == uncapped.winners[: cap or scores.size].tolist()
+    # No capped winner is paid more than without the cap: why the capped total stays within R.
+    assert np.all(capped.payments <= uncapped.payments * (1 + 1e-12))
+
+
+@settings(max_examples=1000, deadline=None)
+@given(instances(), st.data())
+def test_cohort_budget_is_the_least_budget_that_buys_the_cohort(instance, data) -> None:
+    scores, bids, _, _ = instance
+    positive = int(np.count_nonzero(scores > 0))
+    if positive == 0:
+        with pytest.raises(ValueError, match="positive score"):
+            cohort_budget(scores, bids, 1)
+        return
+    cohort = data.draw(st.integers(1, positive))
+    budget = cohort_budget(scores, bids, cohort)
     ranked_positive = [int(i) for i in auction_order(scores, bids) if scores[i] > 0]
-    assert result.winners.tolist() == ranked_positive[:cohort]
-    assert result.num_winners == cohort
-    for client in result.winners:
-        assert result.payments[client] >= bids[client]
-        has_competitor = len(ranked_positive) > cohort
-        if has_competitor:
-            critical = critical_bid_by_bisection(scores, bids, budget, client, num_winners=cohort)
-            assert result.payments[client] == pytest.approx(critical, rel=1e-7)
-        else:
-            assert result.payments[client] == bids[client]
+    bought = run_auction(scores, bids, budget, num_winners=cohort)
+    assert bought.winners.tolist() == ranked_positive[:cohort]
+    assert bought.total_payment <= budget * (1 + 1e-9)
+    assert run_auction(scores, bids, budget * (1 - 1e-6), num_winners=cohort).winners.size < cohort
+
+
+def test_a_cap_keeps_a_shill_from_breaking_the_budget() -> None:
+    # A cheap shill and four honest clients: every payment and the total stay within R = 100.
+    scores = np.array([10.0, 9.0, 8.0, 7.0, 6.0])
+    bids = np.array([0.001, 30.0, 30.0, 30.0, 30.0])
+    result = run_auction(scores, bids, 100.0, num_winners=5)
+    assert result.total_payment <= 100.0
+    assert np.all(result.payments[result.winners] >= bids[result.winners])
+
+
+def test_bids_above_the_budget_neither_win_nor_stop_the_walk() -> None:
+    # Client 0 ranks first but bids above R: Algorithm 1 would stop at it; the product skips it.
+    result = run_auction([10.0, 2.0, 2.0], [150.0, 1.0, 1.0], 100.0)
+    assert result.winners.tolist() == [1, 2]
+    assert result.payments[0] == 0.0
 
 
 @pytest.mark.parametrize(
@@ -188,6 +220,7 @@ def test_fixed_count_mode_takes_the_ranking_head_at_critical_prices(instance, co
         ([1.0], [1.0], "10", {}, TypeError, "budget must be a number"),
         ([[1.0]], [[1.0]], 10.0, {}, ValueError, "1-D"),
         ([1.0], [1.0], 10.0, {"num_winners": 0}, ValueError, "num_winners"),
+        ([1.0, 2.0], [1.0, 1.0], 10.0, {"num_winners": 3}, ValueError, "num_winners=3 exceeds the 2 candidate"),
     ],
 )
 def test_bad_input_names_the_problem(scores, bids, budget, kwargs, error, message) -> None:

@@ -18,7 +18,7 @@ import torch
 
 from flmarket_flwr.client_app import build_client_app
 from flmarket_flwr.market import MarketConfig, MarketPhase, WinnersGrid
-from flmarket_flwr.market.testing import InProcessGrid
+from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.pricing import select_clients
 from flmarket_flwr.task import (
     DataConfig,
@@ -97,15 +97,57 @@ def test_engine_data_is_the_apps_data(cfg: EngineConfig) -> None:
         assert torch.equal(federation.client_data[partition_id][1], labels)
 
 
-@pytest.mark.parametrize("cfg", SETTINGS)
+# Selection parity: the engine's FLMarket is the product's rule, so it must pick what the real market phase picks
+# (PASS, the app's ClientApps' own scores and bids) in every mode the bugs of issue 20 hid in: a cohort cap at the
+# least budget that buys it, the budget alone, a budget that binds below the cap, and clients that score zero.
+PARITY = {
+    "cap, cohort budget": EngineConfig(dataset="digits", test_per_class=30, distribution="d4", num_selected=5),
+    "cap, d6": EngineConfig(dataset="digits", test_per_class=30, distribution="d6", seed=2, num_selected=10),
+    "budget alone": EngineConfig(dataset="digits", test_per_class=30, seed=1, num_selected=0, budget=40.0),
+    "binding budget under a cap": EngineConfig(
+        dataset="digits", test_per_class=30, distribution="d2", num_selected=10, budget=25.0, cohort_budget=False
+    ),
+    "every score zero": EngineConfig(
+        dataset="digits", test_per_class=30, distribution="d6", num_clients=60, num_selected=5
+    ),
+    "digits_xl": EngineConfig(dataset="digits_xl", test_per_class=20, distribution="d5", num_selected=5),
+}
+
+
+def _market_phase_winners(cfg: EngineConfig, budget: float) -> list[int]:
+    market = MarketConfig(
+        budget=budget, num_classes=10, num_winners=cfg.num_selected or None, expected_nodes=cfg.num_clients
+    )
+    return [node - NODE_BASE for node in MarketPhase(market).run(_grid(cfg)).winners]
+
+
+@pytest.mark.parametrize("cfg", list(PARITY.values()), ids=list(PARITY))
 def test_flmarket_selects_what_the_market_phase_selects(cfg: EngineConfig) -> None:
     engine_cfg = replace(cfg, bid_policy="random")  # the app's bids: per-client simulated costs
-    selected, market = select(engine_cfg, load_federation(engine_cfg))
-    outcome = MarketPhase(
-        MarketConfig(budget=1e9, num_classes=10, num_winners=cfg.num_selected, expected_nodes=cfg.num_clients)
-    ).run(_grid(cfg))
-    assert [node - NODE_BASE for node in outcome.winners] == selected
-    assert market["bids"] == pytest.approx(bids_for(engine_cfg, load_federation(engine_cfg).label_counts).tolist())
+    federation = load_federation(engine_cfg)
+    selected, market = select(engine_cfg, federation)
+    assert _market_phase_winners(cfg, market["budget"]) == selected
+    assert market["bids"] == pytest.approx(bids_for(engine_cfg, federation.label_counts).tolist())
+    assert market["total_payment"] <= market["budget"] and market["within_budget"]
+    scores = np.asarray(market["scores"])
+    assert all(scores[e] > 0 for e in selected)
+    if cfg.num_selected:
+        assert len(selected) <= cfg.num_selected
+
+
+def test_the_parity_settings_cover_what_they_claim() -> None:
+    """Each parity setting is in the regime its name says, so the parity test cannot pass vacuously."""
+    outcomes = {}
+    for name, cfg in PARITY.items():
+        engine_cfg = replace(cfg, bid_policy="random")
+        outcomes[name] = select(engine_cfg, load_federation(engine_cfg))
+    assert len(outcomes["cap, cohort budget"][0]) == 5
+    assert len(outcomes["cap, d6"][0]) == 10
+    assert 0 < len(outcomes["budget alone"][0]) < 20
+    assert 0 < len(outcomes["binding budget under a cap"][0]) < 10
+    assert outcomes["every score zero"][0] == []
+    assert not any(outcomes["every score zero"][1]["scores"])
+    assert len(outcomes["digits_xl"][0]) == 5
 
 
 @pytest.mark.parametrize("selector", ["rs", "qbs", "dice", "dds"])
@@ -355,3 +397,12 @@ def test_market_protocol_settings_are_checked() -> None:
         EngineConfig(market="oracle")
     with pytest.raises(ValueError, match="bid policies"):
         EngineConfig(market="protocol", bid_policy="random")
+
+
+def test_a_market_that_buys_nobody_trains_nothing_and_says_so() -> None:
+    """Every score zero (60 clients at d6): FLMarket buys nobody; the job records it, final accuracy NaN."""
+    cfg = replace(PARITY["every score zero"], rounds=3, final_window=1, local_steps=1)
+    result = run_engine(cfg)
+    assert result["selected_partitions"] == [] and result["engine"]["bought_nobody"] is True
+    assert math.isnan(result["final_accuracy"]) and result["engine"]["rounds_run"] == 0
+    assert [r["round"] for r in result["rounds"]] == [0]

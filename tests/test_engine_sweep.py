@@ -128,7 +128,9 @@ GRID = [
 
 
 def test_grid_runs_on_workers_writes_every_job_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Four jobs as Ray tasks on a local Ray of two CPUs; the sweep says where its results went."""
     engine_module.main(["--out", str(tmp_path), "--workers", "2", *GRID])
+    assert f"results in {tmp_path.resolve()}" in capsys.readouterr().out
     jobs = sorted(p.parent.name for p in tmp_path.rglob("result.json"))
     assert jobs == sorted(
         f"seed={s}_distribution=d4_num_selected=3_selector={sel}" for s in (0, 1) for sel in ("rs", "qbs")
@@ -203,26 +205,71 @@ def _records() -> list[dict]:
             for rank, selector in enumerate(SELECTORS):
                 records.append(_record(selector, distribution, seed, 0.9 - 0.01 * rank + 0.001 * seed))
     records.append(_record("dice", "d4", 0, 0.5, dice_volume_weight=0.25))
-    records.append(_record("flmarket", "d4", 0, 0.7, bid_policy="constant"))
+    records.append(_record("flmarket", "d4", 0, 0.7, bid_policy="random"))
+    records.append(_record("flmarket", "d4", 1, 0.95, bid_policy="constant"))
     records[1] = _record("rs", "d4", 0, 0.0, diverged=True)
     return records
 
 
-def test_split_primary_separates_the_sensitivity_runs() -> None:
-    primary, variants = split_primary(_records())
-    assert len(primary) == 60 and set(variants) == {"dice, weight 0.25", "flmarket, constant bids"}
+def test_split_primary_keeps_both_bid_policies_and_separates_the_sensitivity_runs() -> None:
+    records = _records()
+    records.append(_record("rs", "d6", 1, 0.3, bid_policy="constant"))
+    primary, variants = split_primary(records)
+    assert len(primary) == 61 and set(variants) == {"dice, weight 0.25", "flmarket, random bids"}
+    assert sum(r["selector"] == "flmarket" and r["engine"]["config"]["bid_policy"] == "constant" for r in primary) == 1
+    # the baseline run repeated under another bid policy is the same run: the volume copy is kept
+    (rs,) = [r for r in primary if r["selector"] == "rs" and r["distribution"] == "d6" and r["seed"] == 1]
+    assert rs["final_accuracy"] == pytest.approx(0.9 - 0.01 + 0.001)
 
 
 def test_sweep_report_counts_divergence_and_tests_the_pairs(tmp_path: Path) -> None:
-    report = build_sweep_report(_records(), tmp_path).read_text()
-    assert "**1 diverged**" in report
-    # FLMarket is best in every setting and every seed: 2 of 2 settings, and the pooled tests see 12 (or 11) pairs.
-    assert "FLMarket best in **2 of 2** settings" in report
-    assert "| 20 clients, all settings | RS | 11 |" in report and "| 20 clients, all settings | QBS | 12 |" in report
-    assert "| dice, weight 0.25 | 1 | 1 |" in report and "| flmarket, constant bids | 1 | 1 |" in report
+    nobody = _record("flmarket", "d6", 9, 0.0)
+    nobody["final_accuracy"], nobody["engine"]["bought_nobody"] = None, True
+    report = build_sweep_report([*_records(), nobody], tmp_path).read_text()
+    assert "**1 diverged**" in report and "**1 bought nobody**" in report
+    # FLMarket (volume bids) is best in every setting and every seed; 12 units of one cohort size each (11 for RS).
+    assert "20 clients, d4-d6, volume bids: FLMarket best in **2 of 2** settings" in report
+    assert (
+        "| 20 clients, d4-d6 | volume | RS | 11 | 11 |" in report
+        and "| 20 clients, d4-d6 | volume | QBS | 12 | 12 |" in report
+    )
+    assert "all settings" not in report  # no d1-d3 runs: "all settings" would repeat d4-d6
+    # equal bids side by side: their own row in the setting table, their own comparisons and win share
+    assert "| d4 | constant | **95.0 ± 0.0** |" in report
+    assert "| 20 clients, d4-d6 | constant | FLMarket (volume bids) | 1 | 1 |" in report
+    assert "20 clients, d4-d6, constant bids: FLMarket best in **1 of 1** settings" in report
+    assert "The paper never states its bids" in report
+    assert "| dice, weight 0.25 | 1 | 1 |" in report and "| flmarket, random bids | 1 | 1 |" in report
     rows = (tmp_path / "comparison.csv").read_text().splitlines()
-    assert len(rows) == 1 + 2 * 5
+    assert rows[0] == (
+        "num_clients,num_selected,distribution,bid_policy,selector,seeds,mean_accuracy,std_accuracy,flmarket_minus,"
+        "ci_low,ci_high"
+    )
+    assert len(rows) == 1 + 2 * 5 + 5  # volume at d4 and d6, constant at d4
+    assert "20,10,d6,volume,rs,6," in "\n".join(rows) and "20,10,d4,constant,rs,1," in "\n".join(rows)
     assert (tmp_path / "win_share.png").is_file() and (tmp_path / "accuracy_vs_round_c20_k10.png").is_file()
+
+
+def test_sweep_report_pairs_by_partition_and_holds_one_holm_family(tmp_path: Path) -> None:
+    records = []
+    for seed in range(6):
+        for distribution in ("d1", "d4"):
+            for k in (5, 10, 15):
+                for rank, selector in enumerate(SELECTORS):
+                    record = _record(selector, distribution, seed, 0.9 - 0.01 * rank + 0.001 * seed + 0.002 * k)
+                    record["num_selected"] = k
+                    if selector == "flmarket":
+                        record["selected_class_totals"] = [25] * 9 + [5]  # 230 samples against DICE's 500
+                    records.append(record)
+    report = build_sweep_report(records, tmp_path).read_text()
+    # the three cohort sizes of a (distribution, seed) share a partition: 12 units behind 36 pairs
+    assert "| 20 clients, all settings | volume | RS | 12 | 36 | +1.00 [+1.00, +1.00] |" in report
+    assert "| 20 clients, d1-d3 | volume | RS | 6 | 18 |" in report
+    pooled = [line for line in report.splitlines() if line.startswith("| 20 clients, ")]
+    assert len(pooled) == 12 and "(12 tests: the pooled comparisons" in report  # 3 groups x 4 baselines, one family
+    # Table 2 analogue: volume bought relative to DICE's and the smallest class's share
+    assert "- 20 clients, volume bids (36 pairs): FLMarket bought **0.46** of DICE's volume (0.46-0.46)" in report
+    assert "smallest class share 0.022 (DICE 0.100)" in report
 
 
 def _in_training_record(selector: str, distribution: str, seed: int, accuracy: float, server_s: float) -> dict:
@@ -249,17 +296,19 @@ def test_sfedavg_runs_get_their_own_section_and_stay_out_of_the_primary(tmp_path
         for selector, accuracy, server_s in (("flmarket", 0.90, 10.0), ("sfedavg", 0.92, 30.0))
     ]
     primary, variants = split_primary(_records() + comparison)
-    assert len(primary) == 60 and set(variants) == {"dice, weight 0.25", "flmarket, constant bids"}
+    assert len(primary) == 61 and set(variants) == {"dice, weight 0.25", "flmarket, random bids"}
     section = in_training_lines(comparison)
     row = next(line for line in section if line.startswith("| digits_xl, digits_cnn | d4, 5 of 20 | 4 |"))
-    assert "| 90.2 ± 0.1 | 92.2 ± 0.1 | +2.0 (p 0.12) |" in row  # 4 pairs: the smallest Wilcoxon p is 0.125
+    assert "| 90.2 ± 0.1 | 92.2 ± 0.1 | +2.0 [+2.0, +2.0] |" in row
     assert "| 10.0 (1.00 + 9.0) | 30.0 (2.0) | 3.00x |" in row and row.endswith("| 5 / 10 |")
     assert any(
-        "4 pairs: S-FedAvg minus FLMarket +2.00 points (S-FedAvg ahead in 4, behind in 0" in line for line in section
+        "4 pairs: S-FedAvg minus FLMarket +2.00 points (S-FedAvg ahead in 4, behind in 0, 4 units, Wilcoxon p 0.12, "
+        "Holm 0.125)" in line  # 4 units: the smallest Wilcoxon p is 0.125
+        for line in section
     )
     report = build_sweep_report(_records() + comparison, tmp_path).read_text()
     assert "## FLMarket against S-FedAvg" in report and "8 more in the comparison with S-FedAvg" in report
-    assert "FLMarket best in **2 of 2** settings" in report  # the primary comparison is unchanged
+    assert "20 clients, d4-d6, volume bids: FLMarket best in **2 of 2** settings" in report  # primary unchanged
 
 
 def test_grid_rejects_a_worker_count_below_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -267,3 +316,11 @@ def test_grid_rejects_a_worker_count_below_one(tmp_path: Path, capsys: pytest.Ca
         engine_module.main(["--out", str(tmp_path), "--workers", "0", *GRID])
     assert "--workers must be >= 1, got 0" in capsys.readouterr().err
     assert not list(tmp_path.rglob("result.json"))
+
+
+def test_boolean_options_take_true_or_false(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A boolean engine option is parsed, not cast: "false" is False, and a typo is an error naming it."""
+    with pytest.raises(SystemExit):
+        engine_module.main(["--out", str(tmp_path), "--cohort-budget", "maybe", *GRID])
+    assert "expected true or false, got 'maybe'" in capsys.readouterr().err
+    assert engine_module._parse_bool("False") is False and engine_module._parse_bool("TRUE") is True

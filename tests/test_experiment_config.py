@@ -94,8 +94,16 @@ def test_every_group_option_composes(group: str) -> None:
 
 def test_expected_group_options() -> None:
     """The groups offer what the experiments need."""
-    assert options("dataset") == ["cifar10", "cinic10", "deap", "digits", "digits_xl", "digits_xl_rgb32"]
-    assert options("model") == ["deap_cnn", "digits_cnn", "resnet56"]
+    assert options("dataset") == [
+        "cifar10",
+        "cinic10",
+        "deap",
+        "digits",
+        "digits_xl",
+        "digits_xl_rgb32",
+        "fashion_mnist",
+    ]
+    assert options("model") == ["deap_cnn", "digits_cnn", "fmnist_cnn", "resnet56"]
     assert options("distribution") == [f"d{i}" for i in range(1, 8)]
     assert sorted(options("selector")) == sorted(("flmarket", *experiment_strategies()))
     assert options("federation") == ["c100", "c20"]
@@ -103,11 +111,13 @@ def test_expected_group_options() -> None:
 
 
 def test_dataset_options_pick_their_model() -> None:
-    """CIFAR-10 and CINIC-10 train ResNet-56, DEAP its 1-D CNN; the command line still wins."""
+    """CIFAR-10 and CINIC-10 train ResNet-56, DEAP its 1-D CNN, Fashion-MNIST its CNN; the command line wins."""
     assert compose_config("dataset=cifar10", "dataset.root=/x").model.name == "resnet56"
     assert compose_config("dataset=cinic10", "dataset.root=/x").model.name == "resnet56"
     assert compose_config("dataset=deap", "dataset.root=/x").model.name == "deap_cnn"
     assert compose_config("dataset=digits_xl_rgb32").model.name == "resnet56"
+    fashion = to_run_config(compose_config("dataset=fashion_mnist"))  # no root needed: Debian's folder
+    assert (fashion["dataset"], fashion["data-root"], fashion["model"]) == ("fashion_mnist", "", "fmnist_cnn")
     assert compose_config("dataset=cifar10", "dataset.root=/x", "model=digits_cnn").model.name == "digits_cnn"
 
 

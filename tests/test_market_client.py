@@ -26,6 +26,7 @@ from flmarket_flwr.market import (
     simulated_cost_per_sample,
 )
 from flmarket_flwr.market.client import ERROR_PREFIX
+from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 from flmarket_flwr.market.messages import (
     ACTION_ADVERTISE,
     ACTION_AUDIT,
@@ -49,7 +50,6 @@ from flmarket_flwr.market.messages import (
     RECORD_KEY,
     message_type,
 )
-from flmarket_flwr.market.testing import InProcessGrid, market_client_app
 from flmarket_flwr.pass_protocol import MaskedInput, PassServer, counts_commitment
 from flmarket_flwr.pricing import score
 

@@ -18,6 +18,7 @@ from flwr.app import ConfigRecord, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketError, MarketOutcome, MarketPhase
+from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 from flmarket_flwr.market.messages import (
     ACTION_ADVERTISE,
     ACTION_AUDIT,
@@ -31,7 +32,6 @@ from flmarket_flwr.market.messages import (
     RECORD_KEY,
     message_type,
 )
-from flmarket_flwr.market.testing import InProcessGrid, market_client_app
 from flmarket_flwr.pass_protocol import bitmap_to_indices
 from flmarket_flwr.pricing import run_auction, score
 

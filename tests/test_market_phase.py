@@ -23,9 +23,9 @@ from flmarket_flwr.market import (
     read_award,
     simulated_cost_per_sample,
 )
+from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 from flmarket_flwr.market.messages import RECORD_KEY
-from flmarket_flwr.market.testing import InProcessGrid, market_client_app
-from flmarket_flwr.pricing import run_auction, score
+from flmarket_flwr.pricing import cohort_budget, run_auction, score
 
 NUM_CLASSES = 10
 
@@ -44,25 +44,22 @@ def config(**overrides: object) -> MarketConfig:
     return MarketConfig(**values)  # type: ignore[arg-type]
 
 
-def expected_auction(counts: dict[int, np.ndarray], policy, grid: InProcessGrid, cfg: MarketConfig):
-    """Winners and payments from the clients' true scores and bids, computed here directly.
-
-    Bids above the budget stay (losing, paid 0) but are left out of the auction; every payment is
-    capped at the budget.
-    """
+def true_scores_and_bids(counts: dict[int, np.ndarray], policy, grid: InProcessGrid):
+    """Every client's true score and bid, computed here from its counts (node ids ascending)."""
     nodes = sorted(counts)
     total = np.sum([counts[n] for n in nodes], axis=0)
     scores = [score(counts[n], total, len(nodes)) for n in nodes]
     bids = [policy(counts[n], s, grid.context(n)) for n, s in zip(nodes, scores, strict=True)]
-    payments = {n: 0.0 for n in nodes}
-    bidders = [i for i, b in enumerate(bids) if b <= cfg.budget]
-    winners: list[int] = []
-    if bidders:
-        result = run_auction(
-            [scores[i] for i in bidders], [bids[i] for i in bidders], cfg.budget, num_winners=cfg.num_winners
-        )
-        winners = [nodes[bidders[i]] for i in result.winners]
-        payments.update({nodes[b]: min(float(result.payments[i]), cfg.budget) for i, b in enumerate(bidders)})
+    return total, scores, bids
+
+
+def expected_auction(counts: dict[int, np.ndarray], policy, grid: InProcessGrid, cfg: MarketConfig):
+    """Winners and payments of the product's one rule on the clients' true scores and bids."""
+    nodes = sorted(counts)
+    total, scores, bids = true_scores_and_bids(counts, policy, grid)
+    result = run_auction(scores, bids, cfg.budget, num_winners=cfg.num_winners)
+    winners = [nodes[i] for i in result.winners]
+    payments = {node: float(result.payments[i]) for i, node in enumerate(nodes)}
     return total, scores, bids, winners, payments
 
 
@@ -94,11 +91,12 @@ def test_outcome_equals_auction_on_true_scores_and_bids(num_nodes: int, budget: 
     assert set(outcome.timings) == {"wait_for_nodes", "pass", "bid", "auction", "award", "total"}
 
 
-def test_fixed_cohort_mode_selects_num_winners() -> None:
+def test_a_cohort_cap_selects_num_winners_when_the_budget_buys_them() -> None:
     counts = make_counts(10, seed=3)
     policy = CostBasedBid(0.1)
     grid = InProcessGrid(market_client_app(counts, policy), list(counts))
-    cfg = config(budget=50.0, num_winners=4)  # every bid (about 30-40) within the budget
+    _, scores, bids = true_scores_and_bids(counts, policy, grid)
+    cfg = config(budget=cohort_budget(scores, bids, 4), num_winners=4)
 
     outcome = MarketPhase(cfg).run(grid)
 
@@ -107,32 +105,34 @@ def test_fixed_cohort_mode_selects_num_winners() -> None:
     assert outcome.winners == winners
     assert outcome.payments == payments
     assert outcome.num_winners == 4
-    assert all(payment <= cfg.budget for payment in outcome.payments.values())
+    assert outcome.total_payment <= cfg.budget and outcome.within_budget
 
 
-def test_fixed_cohort_payments_are_capped_at_the_budget() -> None:
-    """A cohort's critical values can exceed the budget; no single payment may."""
-    counts = make_counts(6, seed=3)
-    nodes = sorted(counts)
-    total = np.sum(list(counts.values()), axis=0)
-    pricey = min(nodes, key=lambda n: score(counts[n], total, len(nodes)))
-    budget = 30.0
-
-    def policy(label_counts, client_score, context):  # type: ignore[no-untyped-def]
-        return budget if context.node_id == pricey else 0.01 * float(label_counts.sum())
-
-    grid = InProcessGrid(market_client_app(counts, policy), nodes)
-    cfg = config(budget=budget, num_winners=len(nodes) - 1)  # everyone but the pricey node
+def test_a_cohort_cap_keeps_the_total_payment_within_a_binding_budget() -> None:
+    """Issue 20: a cohort of every node at a budget below the bids' sum once paid 657 of 600; now the total binds."""
+    counts = make_counts(5, seed=3)
+    policy = CostBasedBid(0.1)
+    grid = InProcessGrid(market_client_app(counts, policy), list(counts))
+    _, _, bids = true_scores_and_bids(counts, policy, grid)
+    budget = 0.9 * sum(bids)
+    cfg = config(budget=budget, num_winners=5)
 
     outcome = MarketPhase(cfg).run(grid)
 
-    uncapped = run_auction(list(outcome.scores.values()), list(outcome.bids.values()), budget, num_winners=5)
-    assert max(uncapped.payments) > budget, "the instance must have a critical value above the budget"
-    assert sorted(outcome.winners) == [n for n in nodes if n != pricey]
-    assert max(outcome.payments.values()) == budget
-    assert all(budget >= outcome.payments[w] >= outcome.bids[w] for w in outcome.winners)
+    assert 0 < len(outcome.winners) < 5
+    assert outcome.total_payment <= budget
+    assert outcome.within_budget
+    assert all(outcome.payments[w] >= outcome.bids[w] for w in outcome.winners)
     _, _, _, winners, payments = expected_auction(counts, policy, grid, cfg)
     assert outcome.winners == winners and outcome.payments == payments
+
+
+def test_a_cohort_larger_than_the_connected_nodes_is_an_error_naming_the_key() -> None:
+    counts = make_counts(5, seed=3)
+    grid = InProcessGrid(market_client_app(counts), list(counts))
+    with pytest.raises(MarketError, match="num-selected"):
+        MarketPhase(config(num_winners=50)).run(grid)
+    assert not [m for m in grid.sent if m.metadata.message_type.endswith("market_advertise")], "stopped before PASS"
 
 
 def test_bids_above_the_budget_lose_and_move_no_payment() -> None:

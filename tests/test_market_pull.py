@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from flmarket_flwr.market import server
+from flmarket_flwr.market import transport
 
 
 class CutOffGrid:
@@ -50,7 +50,7 @@ def _reply(message_id: str, error: bool) -> SimpleNamespace:
 
 @pytest.fixture(autouse=True)
 def quick_stuck_detection(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server, "_STUCK_PULL_S", 0.5)
+    monkeypatch.setattr(transport, "STUCK_PULL_S", 0.5)
 
 
 def test_a_cut_off_reply_does_not_swallow_the_replies_after_it() -> None:
@@ -58,7 +58,7 @@ def test_a_cut_off_reply_does_not_swallow_the_replies_after_it() -> None:
     grid = CutOffGrid({"m0": 0.0, **{i: 0.3 for i in ids[1:]}}, cut_off="m0")
     try:
         started = time.monotonic()
-        replies = server._send_and_receive_within(grid, ids, timeout=5.0)  # pylint: disable=protected-access
+        replies = transport.send_and_receive_within(grid, ids, timeout=5.0)
         elapsed = time.monotonic() - started
     finally:
         grid.release.set()
@@ -72,7 +72,7 @@ def test_a_cut_off_reply_does_not_swallow_the_replies_after_it() -> None:
 def test_replies_pulled_together_with_the_cut_off_one_are_reported_lost() -> None:
     grid = CutOffGrid({"m0": 0.0, "m1": 0.0}, cut_off="m0")
     try:
-        replies = server._send_and_receive_within(grid, ["m0", "m1"], timeout=5.0)  # pylint: disable=protected-access
+        replies = transport.send_and_receive_within(grid, ["m0", "m1"], timeout=5.0)
     finally:
         grid.release.set()
     # m1 came in the same pull as m0 and is gone with it: both get the transport's error reply, at once.
@@ -83,7 +83,7 @@ def test_a_pull_stuck_until_the_deadline_is_abandoned() -> None:
     grid = CutOffGrid({"m0": 0.0}, cut_off="m0")
     try:
         started = time.monotonic()
-        replies = server._send_and_receive_within(grid, ["m0"], timeout=1.5)  # pylint: disable=protected-access
+        replies = transport.send_and_receive_within(grid, ["m0"], timeout=1.5)
         elapsed = time.monotonic() - started
     finally:
         grid.release.set()
@@ -102,6 +102,6 @@ def test_healthy_replies_come_in_one_pull_each_round() -> None:
         return pull(message_ids)
 
     grid.pull_messages = counting_pull  # type: ignore[method-assign]
-    replies = server._send_and_receive_within(grid, ids, timeout=5.0)  # pylint: disable=protected-access
+    replies = transport.send_and_receive_within(grid, ids, timeout=5.0)
     assert {r.metadata.reply_to_message_id for r in replies} == set(ids)
     assert all(len(call) == len(ids) for call in calls), "no one-by-one pulls without a stuck pull"

@@ -1,4 +1,4 @@
-"""Tests of the models (digits CNN, ResNet-56, DEAP CNN), the registry and the ArrayRecord helpers."""
+"""Tests of the models (digits, Fashion-MNIST and DEAP CNNs, ResNet-56), the registry and the ArrayRecord helpers."""
 
 import pytest
 import torch
@@ -10,6 +10,7 @@ from flmarket_flwr.models import (
     MODEL_NAMES,
     DeapCNN,
     DigitsCNN,
+    FashionCNN,
     ResNet56,
     build_model,
     count_parameters,
@@ -119,6 +120,27 @@ def test_deap_cnn_layer_sizes() -> None:
     assert count_parameters(DeapCNN(num_classes=4)) == 37_796
 
 
+def test_fashion_cnn_layout_and_parameter_count() -> None:
+    """Two stride-2 convolutions take 28x28 to 32 maps of 7x7; 106,122 parameters at the defaults."""
+    model = FashionCNN()
+    assert count_parameters(model) == (16 * 25 + 16) + (32 * 16 * 9 + 32) + (1568 * 64 + 64) + (64 * 10 + 10)
+    assert count_parameters(model) == 106_122
+    assert model.features(torch.rand(3, 1, 28, 28)).shape == (3, 32, 7, 7)
+    assert model(torch.rand(3, 1, 28, 28)).shape == (3, 10)
+    wide = FashionCNN(num_classes=5, width=8, hidden=32)
+    assert count_parameters(wide) == (8 * 25 + 8) + (16 * 8 * 9 + 16) + (784 * 32 + 32) + (32 * 5 + 5)
+
+
+def test_fashion_cnn_maps_inputs_to_minus_one_one() -> None:
+    """The fixed first step is ``2 x - 1``: the first convolution sees ``[-1, 1]`` inputs."""
+    torch.manual_seed(0)
+    model = FashionCNN()
+    x = torch.rand(2, 1, 28, 28)
+    expected = model.classifier(model.features(2.0 * x - 1.0))
+    torch.testing.assert_close(model(x), expected)
+    assert not torch.allclose(model(x), model.classifier(model.features(x)))
+
+
 def test_deap_cnn_rejects_other_depths() -> None:
     """The DEAP model has exactly three blocks."""
     with pytest.raises(ValueError, match="three"):
@@ -128,8 +150,9 @@ def test_deap_cnn_rejects_other_depths() -> None:
 # --- Registry ------------------------------------------------------------------------------------
 def test_build_model_names() -> None:
     """Every registered name builds its class; the default is the digits CNN."""
-    assert MODEL_NAMES == ("digits_cnn", "resnet56", "deap_cnn")
+    assert MODEL_NAMES == ("digits_cnn", "resnet56", "deap_cnn", "fmnist_cnn")
     assert isinstance(build_model("digits_cnn"), DigitsCNN)
+    assert isinstance(build_model("fmnist_cnn"), FashionCNN)
     assert isinstance(build_model("resnet56"), ResNet56)
     assert isinstance(build_model("deap_cnn", num_classes=2), DeapCNN)
     assert isinstance(build_model(num_classes=10), DigitsCNN)
@@ -140,6 +163,7 @@ def test_build_model_accepts_old_and_cased_spellings() -> None:
     assert isinstance(build_model("digits-cnn"), DigitsCNN)
     assert isinstance(build_model("ResNet56"), ResNet56)
     assert isinstance(build_model("DEAP-CNN", num_classes=4), DeapCNN)
+    assert isinstance(build_model("FMNIST-CNN"), FashionCNN)
 
 
 def test_build_model_passes_num_classes_and_options() -> None:
@@ -153,7 +177,7 @@ def test_build_model_passes_num_classes_and_options() -> None:
 
 def test_build_model_error_lists_known_names() -> None:
     """The error for an unknown name lists the known ones."""
-    with pytest.raises(ValueError, match="Unknown model 'vgg16'.*'digits_cnn', 'resnet56', 'deap_cnn'"):
+    with pytest.raises(ValueError, match="Unknown model 'vgg16'.*'digits_cnn', 'resnet56', 'deap_cnn', 'fmnist_cnn'"):
         build_model("vgg16")
     with pytest.raises(ValueError, match="num_classes"):
         build_model("resnet56", num_classes=0)
@@ -164,6 +188,7 @@ CASES = {
     "digits_cnn": (dict(num_classes=10), (1, 8, 8), 10),
     "resnet56": (dict(num_classes=10), (3, 32, 32), 10),
     "deap_cnn": (dict(num_classes=4), (8, 256), 4),
+    "fmnist_cnn": (dict(num_classes=10), (1, 28, 28), 10),
 }
 
 

@@ -99,6 +99,13 @@ class Session:
         return self.server.receive_masked(replies)
 
     def unmask(self, requests, drop=()):
+        if self.server.directory is not None:  # the consistency round: survivors sign the set they were shown
+            signatures = {
+                i: self._call(i, "sign_survivors", r.to_record(), self.identities.get(1000 + i - 1))
+                for i, r in requests.items()
+                if i not in drop
+            }
+            requests = self.server.receive_signatures(signatures)
         replies = {i: self._call(i, "unmask", r.to_record()) for i, r in requests.items() if i not in drop}
         for reply in replies.values():
             assert not set(reply["survivor_indices"]) & set(reply["dropped_indices"])
@@ -592,13 +599,40 @@ def test_roster_bitmaps_round_trip():
         bitmap_to_indices(b"\xff" * (2**17 + 1))
 
 
-def test_corrupted_shares_fail_closed_never_a_wrong_sum():
+def test_corrupted_shares_name_their_sender_and_fail_closed_when_too_few_are_left():
     counts = _counts(np.random.default_rng(23), 12, 3)
     session = Session(counts, degree=4)
     requests = session.mask(session.share(session.advertise()), drop={6})
     replies = {i: session._call(i, "unmask", r.to_record()) for i, r in requests.items()}
-    liar = min(replies)  # answers first, so its shares are among the t used
+    liar = min(replies)
     replies[liar] = dict(replies[liar], survivor_shares=[bytes(44)] * len(replies[liar]["survivor_shares"]))
     session.server.receive_unmask(replies)
-    with pytest.raises(PassError, match="inconsistent"):
+    assert "corrupted share" in session.server.excluded[liar]
+    with pytest.raises(PassError, match="threshold"):  # k = 4, t = 3: a dropout and a liar leave 2 shares
         session.server.finish()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    liars=st.sets(st.integers(1, 11), min_size=1, max_size=2),
+    kind=st.sampled_from(["survivor_shares", "dropped_shares"]),
+    flip=st.integers(0, 43),
+    seed=st.integers(0, 2**16),
+)
+def test_one_or_two_corrupted_unmask_replies_are_named_and_the_sum_stays_exact(liars, kind, flip, seed):
+    """Property: with ``k - t`` spare holders, liars who alter any returned share are excluded by name and
+    ``N_s`` is exact over the survivors (the shares left are the ones their dealers vouched for)."""
+    counts = _counts(np.random.default_rng(seed), 12, 3)
+    session = Session(counts, degree=8)  # t = 5: a dropout and two liars leave each secret 5 holders
+    requests = session.mask(session.share(session.advertise()), drop={12})
+    replies = {i: session._call(i, "unmask", r.to_record()) for i, r in requests.items()}
+    named = set()
+    for liar in liars:
+        shares = replies[liar][kind]
+        if shares:
+            named.add(liar)
+            first = shares[0][:flip] + bytes([shares[0][flip] ^ 1]) + shares[0][flip + 1 :]
+            replies[liar] = dict(replies[liar], **{kind: [first, *shares[1:]]})
+    session.server.receive_unmask(replies)
+    assert (session.server.finish() == session.expected()).all()
+    assert {i for i, why in session.server.excluded.items() if "corrupted share" in why} == named

@@ -20,8 +20,9 @@ negative numbers, missing fields, error replies, duplicated, spoofed, stale and 
 replies, at each of the seven steps) and a Hypothesis search over arbitrary ``ConfigRecord``
 contents (:func:`test_random_records_never_break_the_market`, derandomised for CI).
 
-Out of scope by design: a *well-formed* lie inside PASS (another valid 32-byte key, a masked vector
-or a share of the right length but the wrong value) cannot be told from the truth by the server.
+Out of scope here: a *well-formed* lie inside PASS (another valid 32-byte key, a masked vector of the
+right length but the wrong value) cannot be told from the truth by the server; a returned unmask share
+of the wrong value can, and names its sender (``test_adversarial_clients.py``).
 Such a lie either makes the liar's own next step fail, or poisons the sum, which is then refused
 when it leaves its declared bounds (``test_market_faults.py::test_a_poisoned_masked_vector_is_refused_never_used``);
 a false counts commitment is caught at the audit.
@@ -42,6 +43,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase
+from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app, wire_roundtrip
 from flmarket_flwr.market.messages import (
     ACTION_ADVERTISE,
     ACTION_AUDIT,
@@ -49,6 +51,7 @@ from flmarket_flwr.market.messages import (
     ACTION_BID,
     ACTION_MASK,
     ACTION_SHARE,
+    ACTION_SURVIVORS,
     ACTION_UNMASK,
     ACTIONS,
     KEY_ACCEPTED,
@@ -58,7 +61,6 @@ from flmarket_flwr.market.messages import (
     KEY_SCORE,
     RECORD_KEY,
 )
-from flmarket_flwr.market.testing import InProcessGrid, market_client_app, wire_roundtrip
 from flmarket_flwr.pass_protocol import load_public_key
 from flmarket_flwr.pricing import run_auction, score
 
@@ -73,7 +75,7 @@ COUNTS = {4000 + 13 * i: _RNG.integers(1, 45, size=NUM_CLASSES) * (i + 1) for i 
 NODES = sorted(COUNTS)
 OFFENDER = NODES[2]  # a winner of the honest auction (checked below), so that its audit is fuzzed
 BYSTANDER = NODES[1]  # another winner, named by spoofed and cross-wired replies
-STEPS = ACTIONS
+STEPS = tuple(action for action in ACTIONS if action != ACTION_SURVIVORS)  # the consistency round needs identity keys
 PASS_STEPS = (ACTION_ADVERTISE, ACTION_SHARE, ACTION_MASK, ACTION_UNMASK)
 FIELDS = {
     ACTION_ADVERTISE: ("cipher_public_key", "mask_public_key", "signature"),

@@ -10,8 +10,10 @@ from scipy.stats import chisquare
 
 from flmarket_flwr.pricing import (
     SELECTORS,
+    cohort_budget,
     dds_homogeneity,
     dice_quality,
+    flmarket_scores,
     run_auction,
     score,
     select_clients,
@@ -58,10 +60,12 @@ def test_every_selector_returns_distinct_valid_positions_deterministically(
     counts, bids, num_selected, seed = market
     first = select_clients(name, counts, num_selected, seed=seed, bids=bids)
     again = select_clients(name, counts.copy(), num_selected, seed=seed, bids=bids.copy())
-    assert first.shape == (num_selected,)
+    # FLMarket buys only clients with a positive score (the product's rule); the others fill every seat.
+    expected = min(num_selected, positive_scores(counts)) if name == "flmarket" else num_selected
+    assert first.shape == (expected,)
     assert np.issubdtype(first.dtype, np.integer)
-    assert len(set(first.tolist())) == num_selected
-    assert first.min() >= 0 and first.max() < counts.shape[0]
+    assert len(set(first.tolist())) == expected
+    assert np.all((first >= 0) & (first < counts.shape[0]))
     np.testing.assert_array_equal(first, again)
 
 
@@ -74,7 +78,8 @@ def test_deterministic_selectors_ignore_the_seed_and_nest(
     counts, bids, num_selected, seed = market
     full = select_clients(name, counts, counts.shape[0], seed=0, bids=bids)
     np.testing.assert_array_equal(select_clients(name, counts, num_selected, seed=seed, bids=bids), full[:num_selected])
-    assert sorted(full.tolist()) == list(range(counts.shape[0]))
+    ranked = [e for e in range(counts.shape[0]) if name != "flmarket" or flmarket_scores(counts)[e] > 0]
+    assert sorted(full.tolist()) == ranked
 
 
 def test_select_clients_dispatches_case_insensitively() -> None:
@@ -253,16 +258,25 @@ def test_dds_ranks_empty_clients_last() -> None:
 # ----------------------------------------------------------------------------- FLMarket
 
 
-@settings(max_examples=150, deadline=None)
-@given(market=markets())
-def test_flmarket_is_the_head_of_the_fixed_count_auction(market: tuple[np.ndarray, np.ndarray, int, int]) -> None:
+def positive_scores(counts: np.ndarray) -> int:
+    return int(np.count_nonzero(flmarket_scores(counts) > 0))
+
+
+@settings(max_examples=300, deadline=None)
+@given(market=markets(), budget=st.one_of(st.none(), st.floats(0.01, 1e4)))
+def test_flmarket_is_the_products_auction(market: tuple[np.ndarray, np.ndarray, int, int], budget) -> None:
     counts, bids, num_selected, _ = market
-    scores = np.atleast_1d(score(counts, counts.sum(axis=0), counts.shape[0]))
-    result = run_auction(scores, bids, budget=float(bids.sum()), num_winners=num_selected)
-    picked = select_flmarket(counts, num_selected, bids=bids)
-    # The auction's winners first, in its order; then the rest of its order (zero scores).
-    np.testing.assert_array_equal(picked[: result.winners.size], result.winners)
-    np.testing.assert_array_equal(picked, result.order[:num_selected])
+    scores = flmarket_scores(counts)
+    np.testing.assert_allclose(scores, score(counts, counts.sum(axis=0), counts.shape[0]))
+    picked = select_flmarket(counts, num_selected, bids=bids, budget=budget)
+    buyable = min(num_selected, positive_scores(counts))
+    if budget is None:  # the least budget that buys the cohort: the head of the ranking's positive scores
+        if buyable:
+            budget = cohort_budget(scores, bids, buyable)
+        ranked = [int(e) for e in run_auction(scores, bids, 1.0).order if scores[e] > 0]
+        np.testing.assert_array_equal(picked, ranked[:buyable])
+    if budget is not None:
+        np.testing.assert_array_equal(picked, run_auction(scores, bids, budget, num_winners=num_selected).winners)
 
 
 def test_flmarket_prefers_the_scarce_class_at_equal_bids() -> None:
@@ -274,22 +288,23 @@ def test_flmarket_prefers_the_scarce_class_at_equal_bids() -> None:
     assert select_qbs(counts, 1)[0] == 0  # volume alone disagrees
 
 
-def test_flmarket_fills_the_cohort_with_zero_score_clients() -> None:
-    # alpha = 4 / (4 * 2) = 0.5 <= 1: every phi, hence every score, is zero; no auction winner.
+def test_flmarket_never_buys_zero_score_clients() -> None:
+    # alpha = 4 / (4 * 2) = 0.5 <= 1: every phi, hence every score, is zero; the market buys nobody.
     counts = np.array([[1, 0], [0, 1], [1, 0], [0, 1]])
     bids = np.array([3.0, 1.0, 2.0, 4.0])
-    scores = score(counts, counts.sum(axis=0), 4)
-    assert np.all(scores == 0)
-    assert run_auction(scores, bids, 10.0, num_winners=3).winners.size == 0
-    np.testing.assert_array_equal(select_flmarket(counts, 3, bids=bids), [0, 1, 2])
+    assert np.all(flmarket_scores(counts) == 0)
+    assert select_flmarket(counts, 3, bids=bids).size == 0
+    assert select_flmarket(counts, 3, bids=bids, budget=1e9).size == 0
 
 
-def test_flmarket_budget_does_not_change_the_cohort() -> None:
+def test_a_binding_budget_buys_a_smaller_cohort_within_it() -> None:
     counts = np.array([[30, 5], [10, 10], [0, 12], [8, 1]])
     bids = np.array([4.0, 2.0, 3.0, 1.0])
-    np.testing.assert_array_equal(
-        select_flmarket(counts, 3, bids=bids, budget=0.01), select_flmarket(counts, 3, bids=bids)
-    )
+    full = select_flmarket(counts, 3, bids=bids)
+    assert full.size == 3
+    tight = select_flmarket(counts, 3, bids=bids, budget=2.5)
+    assert 0 < tight.size < 3
+    np.testing.assert_array_equal(tight, full[: tight.size])
 
 
 # ----------------------------------------------------------------------------- errors
@@ -356,7 +371,7 @@ def test_flmarket_bids_length_mismatch(bids: np.ndarray) -> None:
 def test_flmarket_invalid_bids_and_empty_market() -> None:
     with pytest.raises(ValueError, match="bids must be > 0"):
         select_flmarket(GOOD, 2, bids=np.array([1.0, 0.0, 1.0]))
-    with pytest.raises(ValueError, match="global_counts are all zero"):
+    with pytest.raises(ValueError, match="all zero"):
         select_flmarket(np.zeros((3, 2), dtype=int), 2, bids=np.ones(3))
 
 

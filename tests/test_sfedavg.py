@@ -1,6 +1,6 @@
 """Tests of S-FedAvg: the Shapley estimator, relevance-weighted sampling and the Flower strategy.
 
-The strategy runs over :class:`~flmarket_flwr.market.testing.InProcessGrid` (a real
+The strategy runs over :class:`~flmarket_flwr.market.inprocess.InProcessGrid` (a real
 ``ClientApp`` per node, messages through Flower's wire format) with toy clients whose
 "models" are plain numpy vectors: relevant clients move the model towards a target vector,
 noisy clients add large random noise; the validation score rewards closeness to the target.
@@ -24,7 +24,7 @@ from flwr.serverapp.strategy import Result
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flmarket_flwr.market.testing import InProcessGrid
+from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.models import DigitsCNN, get_arrays
 from flmarket_flwr.strategies import (
     SFedAvg,

@@ -43,6 +43,7 @@ TINY = [
     "num_server_rounds=2",
     "local_epochs=1",
     "distribution=d2",
+    "budget=100000.0",  # FLMarket's budget must not bind: the cohort cap, 2 of 4, decides
     "sim.ray_num_cpus=2",
 ]
 

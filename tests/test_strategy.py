@@ -5,11 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType
-from flwr.serverapp.strategy import FedAdam, FedAvg, FedProx, Result
+from flwr.serverapp.strategy import (
+    DifferentialPrivacyClientSideFixedClipping,
+    DifferentialPrivacyServerSideFixedClipping,
+    FedAdam,
+    FedAvg,
+    FedProx,
+)
 from test_grid_view import NUM_CLASSES, make_counts, training_app
 
 from flmarket_flwr.market import FLMarket, MarketConfig, MarketError
-from flmarket_flwr.market.testing import InProcessGrid
+from flmarket_flwr.market.inprocess import InProcessGrid
 
 INITIAL = ArrayRecord({"w": Array(np.zeros(3))})
 
@@ -88,9 +94,9 @@ def test_all_winners() -> None:
 def test_zero_winners_returns_an_empty_result(caplog: pytest.LogCaptureFixture) -> None:
     grid = market_grid()
     strategy = wrapped(FedAvg(), budget=1e-9)
-    result = strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=3)
+    with pytest.raises(MarketError, match="no client won the auction"):
+        strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=3)
     assert strategy.market_outcome is not None and strategy.market_outcome.winners == []
-    assert isinstance(result, Result) and not result.train_metrics_clientapp
     assert not receivers(grid, MessageType.TRAIN)
 
 
@@ -131,3 +137,50 @@ def test_replies_are_aggregated_in_the_winners_order() -> None:
         result = strategy.start(grid=grid, initial_arrays=ArrayRecord({"w": Array(np.full(3, 0.1))}), num_rounds=2)
         arrays.append(result.arrays["w"].numpy().tobytes())
     assert arrays[0] == arrays[1] == arrays[2]
+
+
+# --- Composition with Flower's own wrapper strategies ------------------------------------------------------------
+def dp_server_side(inner, winners: int):
+    return DifferentialPrivacyServerSideFixedClipping(
+        inner, noise_multiplier=0.1, clipping_norm=10.0, num_sampled_clients=winners
+    )
+
+
+def dp_client_side(inner, winners: int):
+    return DifferentialPrivacyClientSideFixedClipping(
+        inner, noise_multiplier=0.1, clipping_norm=10.0, num_sampled_clients=winners
+    )
+
+
+@pytest.mark.parametrize("dp_wrapper", [dp_server_side, dp_client_side], ids=["server-side", "client-side"])
+@pytest.mark.parametrize("market_inside", [True, False], ids=["DP(FLMarket(FedAvg))", "FLMarket(DP(FedAvg))"])
+def test_the_market_runs_once_and_only_winners_train_in_any_nesting_order(dp_wrapper, market_inside: bool) -> None:
+    """Issue 20: a DP wrapper outside FLMarket once skipped the market and trained every node."""
+    grid = market_grid(num_nodes=6)
+    inner = FedAvg(fraction_train=1.0, fraction_evaluate=1.0)
+    if market_inside:
+        market = wrapped(inner, num_winners=3)
+        strategy = dp_wrapper(market, winners=3)
+    else:
+        market = wrapped(dp_wrapper(inner, winners=3), num_winners=3)
+        strategy = market
+
+    result = strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=2)
+
+    outcome = market.market_outcome
+    assert outcome is not None and len(outcome.winners) == 3
+    advertised = receivers(grid, "query.market_advertise")
+    assert sorted(advertised) == sorted(grid.node_ids), "the market (PASS) ran exactly once"
+    assert len(receivers(grid, "query.market_award")) == len(grid.node_ids)
+    trained, evaluated = receivers(grid, MessageType.TRAIN), receivers(grid, MessageType.EVALUATE)
+    assert set(trained) == set(outcome.winners) and len(trained) == 2 * 3
+    assert set(evaluated) == set(outcome.winners)
+    assert len(result.train_metrics_clientapp) == 2
+
+
+def test_a_wrapped_market_with_no_winner_fails_before_any_training() -> None:
+    grid = market_grid()
+    strategy = dp_server_side(wrapped(FedAvg(), budget=1e-9), winners=3)
+    with pytest.raises(MarketError, match="no client won the auction"):
+        strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=2)
+    assert not receivers(grid, MessageType.TRAIN)

@@ -8,6 +8,8 @@
 * :mod:`flmarket_flwr.data.cifar10`, :mod:`flmarket_flwr.data.cinic10`,
   :mod:`flmarket_flwr.data.deap` — the paper's data sets, read from local folders in
   their official formats (nothing is downloaded).
+* :mod:`flmarket_flwr.data.fashion_mnist` — Fashion-MNIST from its gzipped IDX files (Debian's
+  ``dataset-fashion-mnist`` by default): a real data set in the paper's score regime that installs offline.
 * :mod:`flmarket_flwr.data.registry` — :func:`load_dataset`, one entry point for all.
 """
 
@@ -64,6 +66,7 @@ from flmarket_flwr.data.deap import (
     load_deap_windows,
 )
 from flmarket_flwr.data.digits_xl import DigitsXL, load_digits_xl
+from flmarket_flwr.data.fashion_mnist import FASHION_MNIST_CLASS_NAMES, load_fashion_mnist
 from flmarket_flwr.data.registry import DATASET_NAMES, LoadedDataset, load_dataset
 
 __all__ += [
@@ -74,6 +77,7 @@ __all__ += [
     "CINIC10_MEAN",
     "CINIC10_STD",
     "DATASET_NAMES",
+    "FASHION_MNIST_CLASS_NAMES",
     "PERIPHERAL_CHANNEL_NAMES",
     "QUADRANT_NAMES",
     "DeapWindows",
@@ -86,5 +90,6 @@ __all__ += [
     "load_deap",
     "load_deap_windows",
     "load_digits_xl",
+    "load_fashion_mnist",
     "normalize_images",
 ]

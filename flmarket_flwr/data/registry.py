@@ -17,6 +17,9 @@ cinic10    CINIC-10, 10 classes      official ``test/`` (``split="test"``) or   
                                      ``valid/`` (``split="valid"``), 90,000       parent
 deap       DEAP peripheral signals,  whole trials held out per subject,           ``data_preprocessed_python``
            2 or 4 classes            ``test_fraction`` (default 0.2) by ``seed``  or its parent
+fashion    Fashion-MNIST, 28x28      the official ``t10k`` files (10,000)         optional: the IDX folder
+_mnist     grey-scale, 10 classes                                                 (default: Debian's
+                                                                                  ``dataset-fashion-mnist``)
 ========== ========================= ============================================ =======================
 
 Options (keyword arguments after ``seed``):
@@ -27,7 +30,7 @@ Options (keyword arguments after ``seed``):
   each image's source original, for leakage checks.
 * ``digits_xl_rgb32``: as ``digits_xl``; each image bilinearly resized to 32x32 and repeated over 3 channels
   (:func:`~flmarket_flwr.data.digits_xl.upsample_to_rgb`).
-* ``cifar10``: none.
+* ``cifar10``, ``fashion_mnist``: none.
 * ``cinic10``: ``cache``, ``cache_dir``, ``num_workers`` (see :func:`~flmarket_flwr.data.cinic10.load_cinic10`)
   and ``include_valid`` (default ``False``; ``True`` trains on ``train/`` + ``valid/``, 180,000 images,
   and needs ``split="test"``).
@@ -49,13 +52,21 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
-from flmarket_flwr.data import cifar10, cinic10, deap, digits_xl
+from flmarket_flwr.data import cifar10, cinic10, deap, digits_xl, fashion_mnist
 from flmarket_flwr.data.digits import DEFAULT_TEST_PER_CLASS, load_digits_arrays, train_test_split_balanced
 from flmarket_flwr.data.digits import NUM_CLASSES as DIGITS_NUM_CLASSES
 
 __all__ = ["DATASET_NAMES", "DATASET_OPTIONS", "LoadedDataset", "canonical_dataset_name", "load_dataset"]
 
-DATASET_NAMES: Final[tuple[str, ...]] = ("digits", "digits_xl", "digits_xl_rgb32", "cifar10", "cinic10", "deap")
+DATASET_NAMES: Final[tuple[str, ...]] = (
+    "digits",
+    "digits_xl",
+    "digits_xl_rgb32",
+    "cifar10",
+    "cinic10",
+    "deap",
+    "fashion_mnist",
+)
 """Names accepted by :func:`load_dataset` (case, ``-`` and ``_`` are ignored: ``"CIFAR-10"`` works)."""
 
 _DIGITS_XL_OPTIONS: Final[tuple[str, ...]] = (
@@ -73,6 +84,7 @@ DATASET_OPTIONS: Final[Mapping[str, tuple[str, ...]]] = {
     "cifar10": (),
     "cinic10": ("cache", "cache_dir", "num_workers", "include_valid"),
     "deap": ("label", "num_classes", "window_seconds", "subjects", "standardize", "test_fraction"),
+    "fashion_mnist": (),
 }
 """Keyword options each data set accepts."""
 
@@ -144,11 +156,11 @@ def load_dataset(
     Parameters
     ----------
     name : str
-        ``"digits"``, ``"digits_xl"``, ``"digits_xl_rgb32"``, ``"cifar10"``, ``"cinic10"`` or ``"deap"`` (see the
-        module table).
+        ``"digits"``, ``"digits_xl"``, ``"digits_xl_rgb32"``, ``"cifar10"``, ``"cinic10"``, ``"deap"`` or
+        ``"fashion_mnist"`` (see the module table).
     root : str or path-like, optional
-        Local data folder; required except for ``digits`` (an empty string counts as
-        not given). Nothing is ever downloaded.
+        Local data folder; required for ``cifar10``, ``cinic10`` and ``deap`` (an empty string counts as
+        not given; ``fashion_mnist`` then reads Debian's folder). Nothing is ever downloaded.
     split : str, default "test"
         The held-out set returned as ``test_*``: ``"test"``; CINIC-10 also accepts
         ``"valid"``.
@@ -318,6 +330,19 @@ def _assemble(
     )
 
 
+def _load_fashion_mnist(
+    root: str | os.PathLike[str] | None, split: str, seed: int, options: dict[str, Any]
+) -> LoadedDataset:
+    """Official Fashion-MNIST training and test files, from ``root`` or Debian's folder."""
+    return _assemble(
+        "fashion_mnist",
+        fashion_mnist.load_fashion_mnist(root, "train"),
+        fashion_mnist.load_fashion_mnist(root, "test"),
+        fashion_mnist.FASHION_MNIST_NUM_CLASSES,
+        fashion_mnist.FASHION_MNIST_CLASS_NAMES,
+    )
+
+
 _LOADERS: Final[dict[str, Callable[[Any, str, int, dict[str, Any]], LoadedDataset]]] = {
     "digits": _load_digits,
     "digits_xl": _load_digits_xl,
@@ -325,4 +350,5 @@ _LOADERS: Final[dict[str, Callable[[Any, str, int, dict[str, Any]], LoadedDatase
     "cifar10": _load_cifar10,
     "cinic10": _load_cinic10,
     "deap": _load_deap,
+    "fashion_mnist": _load_fashion_mnist,
 }

@@ -13,22 +13,28 @@ Client::
 from flmarket_flwr.market.bidding import (
     DEFAULT_COST_PER_SAMPLE,
     BidPolicy,
+    BucketedCostBid,
     CostBasedBid,
     NoBidError,
     SimulatedCostBid,
     simulated_cost_per_sample,
 )
 from flmarket_flwr.market.client import MarketAward, read_award, register_market_handlers
+from flmarket_flwr.market.config import MarketConfig, MarketOutcome
+from flmarket_flwr.market.delivery import DeliveryLedger, DeliveryRecord
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.grid_view import NoWinnerConnectedError, WinnersGrid
 from flmarket_flwr.market.labels import label_counts
-from flmarket_flwr.market.server import MarketConfig, MarketOutcome, MarketPhase
+from flmarket_flwr.market.server import MarketPhase
 from flmarket_flwr.market.strategy import FLMarket
 
 __all__ = [
     "DEFAULT_COST_PER_SAMPLE",
     "BidPolicy",
+    "BucketedCostBid",
     "CostBasedBid",
+    "DeliveryLedger",
+    "DeliveryRecord",
     "FLMarket",
     "MarketAward",
     "MarketConfig",

@@ -11,6 +11,12 @@ strategy. A positive markup models clients that ask for a margin anyway.
 A client without data has nothing to sell: :class:`CostBasedBid` raises
 :class:`NoBidError` for it, the client handler turns that into an error reply,
 and the server leaves the client out of the auction with that reason.
+
+What a bid reveals to the buyer: :class:`CostBasedBid` and :class:`SimulatedCostBid`
+bid ``cost x N_e x (1 + markup)``, so anyone who knows the cost learns the data volume
+``N_e`` exactly (the simulated cost is a public hash of partition id and seed);
+:class:`BucketedCostBid` prices ``N_e`` rounded up to a geometric bucket, so the bid
+reveals only the bucket (``N_e`` within a factor ``ratio``).
 """
 
 from __future__ import annotations
@@ -27,9 +33,11 @@ from numpy.typing import NDArray
 __all__ = [
     "DEFAULT_COST_PER_SAMPLE",
     "BidPolicy",
+    "BucketedCostBid",
     "CostBasedBid",
     "NoBidError",
     "SimulatedCostBid",
+    "cost_based_bid",
     "simulated_cost_per_sample",
 ]
 
@@ -83,8 +91,14 @@ def _check_markup(markup: float) -> float:
     return number
 
 
-def _cost_based_bid(label_counts: NDArray[np.int64], cost_per_sample: float, markup: float) -> float:
-    """``cost_per_sample * N_e * (1 + markup)``; :class:`NoBidError` if ``N_e == 0``."""
+def cost_based_bid(label_counts: NDArray[np.int64], cost_per_sample: float, markup: float) -> float:
+    """The cost-based bid ``cost_per_sample * N_e * (1 + markup)`` of a client with counts ``label_counts``.
+
+    Raises
+    ------
+    NoBidError
+        If ``N_e == 0``: a client without data cannot bid.
+    """
     num_samples = int(np.sum(np.asarray(label_counts, dtype=np.int64)))
     if num_samples <= 0:
         raise NoBidError("the client holds no data (N_e = 0) and cannot bid")
@@ -118,7 +132,58 @@ class CostBasedBid:
 
     def __call__(self, label_counts: NDArray[np.int64], score: float, context: Context) -> float:
         """Return ``cost_per_sample * N_e * (1 + markup)``."""
-        return _cost_based_bid(label_counts, self.cost_per_sample, self.markup)
+        return cost_based_bid(label_counts, self.cost_per_sample, self.markup)
+
+
+def bucket_ceiling(num_samples: int, ratio: float) -> int:
+    """The smallest ``ceil(ratio**j)`` (``j >= 0``) that is at least ``num_samples``: ``N_e``'s bucket.
+
+    Every ``N_e`` in ``(ceil(ratio**(j-1)), ceil(ratio**j)]`` maps to the same value, so a price of the
+    bucket does not tell which of them a client holds.
+    """
+    if num_samples < 1:
+        raise NoBidError("the client holds no data (N_e = 0) and cannot bid")
+    exponent = max(0, math.floor(math.log(num_samples) / math.log(ratio)) - 1)
+    while math.ceil(ratio**exponent) < num_samples:
+        exponent += 1
+    return math.ceil(ratio**exponent)
+
+
+@dataclass(frozen=True)
+class BucketedCostBid:
+    """Bid the cost of ``N_e`` rounded up to a geometric bucket: ``cost * bucket_ceiling(N_e) * (1 + markup)``.
+
+    The bid reveals which bucket ``N_e`` lies in (within a factor ``ratio``), not ``N_e`` itself, even to a
+    buyer who knows the cost; it never bids below :class:`CostBasedBid` with the same cost and markup, and
+    at most ``ratio`` times (plus one sample) above it. The auction stays truthful for the rounded cost.
+
+    Parameters
+    ----------
+    cost_per_sample : float
+        Cost of one sample, ``> 0``.
+    markup : float (default: 0.2)
+        Relative margin, ``>= 0``.
+    ratio : float (default: 1.25)
+        Bucket growth factor, ``> 1``.
+    """
+
+    cost_per_sample: float
+    markup: float = 0.2
+    ratio: float = 1.25
+
+    def __post_init__(self) -> None:
+        """Validate the parameters."""
+        object.__setattr__(self, "cost_per_sample", _check_positive("cost_per_sample", self.cost_per_sample))
+        object.__setattr__(self, "markup", _check_markup(self.markup))
+        ratio = _check_positive("ratio", self.ratio)
+        if ratio <= 1.0:
+            raise ValueError(f"ratio must be > 1, got {self.ratio}")
+        object.__setattr__(self, "ratio", ratio)
+
+    def __call__(self, label_counts: NDArray[np.int64], score: float, context: Context) -> float:
+        """Return ``cost_per_sample * bucket_ceiling(N_e, ratio) * (1 + markup)``."""
+        num_samples = int(np.sum(np.asarray(label_counts, dtype=np.int64)))
+        return self.cost_per_sample * bucket_ceiling(num_samples, self.ratio) * (1.0 + self.markup)
 
 
 def simulated_cost_per_sample(partition_id: int, seed: int = 0, low: float = 0.5, high: float = 1.5) -> float:
@@ -194,4 +259,4 @@ class SimulatedCostBid:
 
     def __call__(self, label_counts: NDArray[np.int64], score: float, context: Context) -> float:
         """Return ``cost_per_sample(context) * N_e * (1 + markup)``."""
-        return _cost_based_bid(label_counts, self.cost_per_sample(context), self.markup)
+        return cost_based_bid(label_counts, self.cost_per_sample(context), self.markup)

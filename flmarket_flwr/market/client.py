@@ -7,12 +7,19 @@ Usage::
 
 The client enforces its own disclosure rules, whatever the server asks:
 
-* its label counts ``N_e`` never leave it during PASS (the server gets public keys, encrypted
+* its label-count vector ``N_e`` is never sent during PASS (the server gets public keys, encrypted
   shares of other clients' secrets, and ``Y_e``, which is uniform on its own); as a *winner* it
   opens its counts commitment to the buyer once, for the audit of its score, and only when offered
-  a payment at least its bid (``audit=False`` makes it refuse, and then it cannot be paid);
-* one PASS session per run: a second session is refused, so the server never gets two sums to
-  difference; each step is answered once, in order;
+  a payment at least its bid (``audit=False`` makes it refuse, and then it cannot be paid). Its
+  score and bid are functions of its counts and are sent: ``CostBasedBid`` reveals ``N_e`` to anyone
+  who knows its cost (README "Threat model");
+* one PASS session per run: a second session in the same run is refused, so the server never gets
+  two sums of one run to difference (two runs are two sums: not prevented); each step is answered
+  once, in order;
+* with an identity key and a ``directory`` (the secure set-up) its advert is signed under the run,
+  the session and the roster, its neighbours' adverts are checked the same way, and it unmasks only
+  for the survivor set it signed, with ``t`` of its neighbours' signatures on it (the consistency
+  round); without them the server is trusted to relay keys and sets (semi-honest server only);
 * it bids once, for the session whose sum it took part in, with that session's ``E`` and
   transcript hash; a global count below its own is refused;
 * private key material lives only in ``context.state`` and is deleted once it has masked, on
@@ -46,6 +53,7 @@ from flmarket_flwr.market.messages import (
     ACTION_BID,
     ACTION_MASK,
     ACTION_SHARE,
+    ACTION_SURVIVORS,
     ACTION_UNMASK,
     KEY_ACCEPTED,
     KEY_BID,
@@ -156,8 +164,8 @@ def register_market_handlers(
 ) -> None:
     """Add the market's ``query`` handlers to an existing ``ClientApp``.
 
-    Registers ``query.market_advertise``, ``market_share``, ``market_mask``, ``market_unmask``
-    (PASS), ``market_bid``, ``market_audit`` and ``market_award``.
+    Registers ``query.market_advertise``, ``market_share``, ``market_mask``, ``market_survivors``,
+    ``market_unmask`` (PASS), ``market_bid``, ``market_audit`` and ``market_award``.
 
     Parameters
     ----------
@@ -176,8 +184,11 @@ def register_market_handlers(
     identity_key : Callable[[Context], Ed25519PrivateKey | None], optional
         The client's long-term identity key, to sign its PASS key advertisement.
     directory : Callable[[Context], IdentityDirectory | None], optional
-        The buyer's directory of identity keys; with it the client verifies every neighbour's
-        signed advertisement before masking, so the server cannot substitute keys.
+        The directory of identity keys; with it the client verifies every neighbour's signed
+        advertisement (bound to this run, the session and the roster) before masking, so the server
+        cannot substitute or replay keys, and it unmasks only for a survivor set that it signed and
+        that at least ``t`` of its neighbours signed too (the consistency round). Recommended: without
+        it PASS is secure against a semi-honest server only.
     min_participants : int (default: 3)
         The smallest PASS roster this client accepts. A malicious server could show a client a roster
         of its own sybils only; set this to most of the federation you expect (it is the client's own
@@ -199,6 +210,7 @@ def register_market_handlers(
     app.query(ACTION_ADVERTISE)(handlers.advertise)
     app.query(ACTION_SHARE)(handlers.share)
     app.query(ACTION_MASK)(handlers.mask)
+    app.query(ACTION_SURVIVORS)(handlers.survivors)
     app.query(ACTION_UNMASK)(handlers.unmask)
     app.query(ACTION_BID)(handlers.bid)
     app.query(ACTION_AUDIT)(handlers.audit)
@@ -231,7 +243,11 @@ class _MarketHandlers:
         def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
             counts = self._label_counts(context)
             advert = client.advertise(
-                request, counts, identity_key=self._identity_key(context), min_participants=self._min_participants
+                request,
+                counts,
+                identity_key=self._identity_key(context),
+                min_participants=self._min_participants,
+                run_id=int(context.run_id),
             )
             return advert.to_record()
 
@@ -252,6 +268,14 @@ class _MarketHandlers:
             return client.mask_input(request).to_record()
 
         return self._pass_step(message, context, ACTION_MASK, step)
+
+    def survivors(self, message: Message, context: Context) -> Message:
+        """Consistency round (with identity keys): sign the survivor set shown, once."""
+
+        def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
+            return client.sign_survivors(request, self._identity_key(context)).to_record()
+
+        return self._pass_step(message, context, ACTION_SURVIVORS, step)
 
     def unmask(self, message: Message, context: Context) -> Message:
         """PASS round 4: shares for the survivors' self-masks and the dropped clients' keys, once."""

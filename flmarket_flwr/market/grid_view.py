@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -72,6 +72,9 @@ class WinnersGrid(Grid):
         Seconds that ``get_node_ids()`` may go on finding no winner connected before it raises
         :class:`NoWinnerConnectedError` (a strategy would otherwise wait forever for nodes);
         ``None``: never raise.
+    on_exchange : Callable[[list[Message], list[Message]], None], optional
+        Called after every ``send_and_receive`` with the messages sent and the replies received
+        (FLMarket records the winners' deliveries with it).
 
     Raises
     ------
@@ -88,6 +91,7 @@ class WinnersGrid(Grid):
         *,
         seed: int | None = None,
         absent_timeout: float | None = 600.0,
+        on_exchange: Callable[[list[Message], list[Message]], None] | None = None,
     ) -> None:
         winners = _unique_node_ids(node_ids)
         if not winners:
@@ -104,6 +108,7 @@ class WinnersGrid(Grid):
             raise ValueError(f"absent_timeout must be a number >= 0 or None, got {absent_timeout!r}")
         self._absent_timeout = absent_timeout
         self._absent_since: float | None = None
+        self._on_exchange = on_exchange
 
     # --- The view ------------------------------------------------------------------------------
     @property
@@ -198,6 +203,8 @@ class WinnersGrid(Grid):
         """
         batch = self._checked(messages)
         replies = list(self._grid.send_and_receive(batch, timeout=timeout))
+        if self._on_exchange is not None:
+            self._on_exchange(batch, replies)
         position = {node: index for index, node in enumerate(self._node_ids)}
         return sorted(replies, key=lambda reply: position.get(reply.metadata.src_node_id, len(position)))
 

@@ -7,13 +7,15 @@ step is a Flower ``query`` message (message type ``query.<action>``):
 Action                Server -> client                            Client -> server (reply)
 ====================  ==========================================  ==========================================
 ``market_advertise``  session, PASS index, ``C``, count bound,    cipher and mask public keys (32 bytes
-                      graph-seed commitment, candidate count      each), Ed25519 signature (or empty)
-``market_share``      participants, graph seed, the neighbours'   one encrypted share pair per neighbour
-                      keys (and signatures, node ids)
-``market_mask``       the share ciphertexts addressed to it       masked counts ``Y_e`` (``C`` little-endian
-                                                                  uint64 words), counts commitment
-``market_unmask``     survivors, dropped                          self-mask shares of survivors, key
-                                                                  shares of the dropped
+                      graph-seed commitment, roster fingerprint   each), Ed25519 signature (or empty)
+``market_share``      participants, graph seed, the neighbours'   one encrypted share pair per neighbour,
+                      keys (and signatures, node ids)             and a digest of each pair
+``market_mask``       the share ciphertexts addressed to it,      masked counts ``Y_e`` (``C`` little-endian
+                      and their digests                           uint64 words), counts commitment
+``market_survivors``  survivors, dropped (only with an identity    Ed25519 signature on that set
+                      directory: the consistency round)
+``market_unmask``     survivors, dropped (and the neighbours'     self-mask shares of survivors, key
+                      signatures on them)                         shares of the dropped
 ``market_bid``        session, ``N_s``, ``E``, transcript hash    score, bid
 ``market_audit``      session, offered payment                    the counts and the commitment nonce
 ``market_award``      session, won, payment                       accepted
@@ -38,6 +40,7 @@ __all__ = [
     "ACTION_BID",
     "ACTION_MASK",
     "ACTION_SHARE",
+    "ACTION_SURVIVORS",
     "ACTION_UNMASK",
     "KEY_ACCEPTED",
     "KEY_BID",
@@ -62,6 +65,7 @@ __all__ = [
 ACTION_ADVERTISE: Final = "market_advertise"
 ACTION_SHARE: Final = "market_share"
 ACTION_MASK: Final = "market_mask"
+ACTION_SURVIVORS: Final = "market_survivors"
 ACTION_UNMASK: Final = "market_unmask"
 ACTION_BID: Final = "market_bid"
 ACTION_AUDIT: Final = "market_audit"
@@ -70,6 +74,7 @@ ACTIONS: Final = (
     ACTION_ADVERTISE,
     ACTION_SHARE,
     ACTION_MASK,
+    ACTION_SURVIVORS,
     ACTION_UNMASK,
     ACTION_BID,
     ACTION_AUDIT,

@@ -1,7 +1,8 @@
-"""PASS over Flower messages: the server's four rounds of :class:`~flmarket_flwr.pass_protocol.PassServer`.
+"""PASS over Flower messages: the server's rounds of :class:`~flmarket_flwr.pass_protocol.PassServer`.
 
 Each round sends one ``query`` message per client (``market_advertise``, ``market_share``,
-``market_mask``, ``market_unmask``) whose ``ConfigRecord`` is the protocol message's own record, and
+``market_mask``, with an identity directory the consistency round ``market_survivors``, and
+``market_unmask``) whose ``ConfigRecord`` is the protocol message's own record, and
 feeds the valid replies back to the pure protocol object, which builds the next round. A node whose
 reply is missing, an error or malformed leaves PASS at that round with a logged reason; PASS runs
 once per market (the dropped clients' masks are recovered from Shamir shares, never by a second sum),
@@ -12,25 +13,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from flwr.app import ConfigRecord, Message
 from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
+from flmarket_flwr.market.config import MarketConfig
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.messages import (
     ACTION_ADVERTISE,
     ACTION_MASK,
     ACTION_SHARE,
+    ACTION_SURVIVORS,
     ACTION_UNMASK,
     read_config,
 )
 from flmarket_flwr.pass_protocol import PassError, PassServer
-
-if TYPE_CHECKING:
-    from flmarket_flwr.market.server import MarketConfig
 
 __all__ = ["PassResult", "PassRounds"]
 
@@ -99,28 +99,38 @@ class PassRounds:
 
     def __init__(self, config: MarketConfig, messenger: Messenger, session: bytes) -> None:
         self._messenger = messenger
-        self._server = PassServer(
-            session,
+        self._config = config
+        self._session = session
+        self._server = self._protocol(run_id=0)
+
+    def _protocol(self, run_id: int) -> PassServer:
+        """The protocol object for this session, bound to the run id."""
+        config = self._config
+        return PassServer(
+            self._session,
             config.num_classes,
             config.count_bound,
             degree=_degree(config.neighbours),
             directory=config.directory,
+            run_id=run_id,
         )
 
     def run(self, grid: Grid, nodes: Sequence[int]) -> PassResult:
-        """Run the four rounds over ``nodes`` and return the result.
+        """Run the rounds over ``nodes`` and return the result.
 
         Raises
         ------
         MarketError
             Too few clients at some round, a secret without enough shares, or ``N_s`` out of its bounds.
         """
-        server = self._server
+        server = self._server = self._protocol(run_id=int(grid.run.run_id))
         try:
             requests: Mapping[int, Any] = server.advertise_requests(list(nodes))
             requests = server.receive_advertisements(self._round(grid, ACTION_ADVERTISE, requests))
             requests = server.receive_shares(self._round(grid, ACTION_SHARE, requests))
             requests = server.receive_masked(self._round(grid, ACTION_MASK, requests))
+            if server.directory is not None:
+                requests = server.receive_signatures(self._round(grid, ACTION_SURVIVORS, requests))
             server.receive_unmask(self._round(grid, ACTION_UNMASK, requests))
             total = server.finish()
         except PassError as err:

@@ -6,22 +6,30 @@ Usage, in a ``ServerApp``'s main::
     result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=3)
     strategy.market_outcome  # winners, payments, scores, bids
 
-A strategy that wraps a strategy, like Flower's ``DifferentialPrivacyServerSideFixedClipping``.
+A strategy that wraps a strategy, like Flower's ``DifferentialPrivacyServerSideFixedClipping``, and
+composes with those wrappers in either order: outermost, its ``start`` runs the market first; wrapped
+(``DifferentialPrivacyServerSideFixedClipping(FLMarket(FedAvg()), ...)``, whose inherited ``start``
+calls the per-round hooks), its first ``configure_train``/``configure_evaluate`` runs the market on
+the grid it is given. Either way the market runs once and only winners are ever sent a message.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from logging import ERROR, INFO, WARNING
+from logging import ERROR, INFO
+from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from flmarket_flwr.market.config import MarketConfig, MarketOutcome
+from flmarket_flwr.market.delivery import DeliveryLedger
+from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.grid_view import WinnersGrid
-from flmarket_flwr.market.server import MarketConfig, MarketError, MarketOutcome, MarketPhase
+from flmarket_flwr.market.server import MarketPhase
 
 __all__ = ["FLMarket", "log_market_outcome", "start_on_nodes"]
 
@@ -31,11 +39,16 @@ _MIN_NODE_SETTINGS = ("min_available_nodes", "min_train_nodes", "min_evaluate_no
 class FLMarket(Strategy):
     """Run the FLMarket market phase, then the wrapped strategy on the market's winners only.
 
-    :meth:`start` runs PASS (the server learns the sum of the clients' label counts, never one
+    The market phase runs PASS (the server learns the sum of the clients' label counts, never one
     client's), collects each client's score and bid, runs the truthful budget-feasible reverse
-    auction and sends the awards; it keeps the outcome in :attr:`market_outcome`, then starts the
-    wrapped strategy on a :class:`~flmarket_flwr.market.WinnersGrid`: no other node ever receives a
-    train or evaluate message. Every other method delegates to the wrapped strategy.
+    auction and sends the awards; the outcome is kept in :attr:`market_outcome`. Then the wrapped
+    strategy sees only a :class:`~flmarket_flwr.market.WinnersGrid`: no other node ever receives a
+    train or evaluate message.
+
+    The market runs in :meth:`start` when ``FLMarket`` is the outermost strategy, and in the first
+    :meth:`configure_train` or :meth:`configure_evaluate` when another wrapper (Flower's
+    differential-privacy strategies, say) sits outside it and drives the rounds with the inherited
+    ``Strategy.start``: the guarantee holds in any nesting order, and the market runs once.
 
     Parameters
     ----------
@@ -48,8 +61,8 @@ class FLMarket(Strategy):
     num_classes : int, optional
         Number of classes ``C``. Required unless ``market_config`` is given.
     num_winners : int, optional
-        Fixed-cohort mode: the first ``num_winners`` clients of the auction's ranking win.
-        ``None`` (default): the budget decides.
+        Cohort cap: at most ``num_winners`` winners, within the budget (fewer when it binds).
+        ``None`` (default): the budget alone decides.
     market_config : MarketConfig, optional
         Every market setting at once; then ``budget``, ``num_classes``, ``num_winners``,
         ``min_clients``, ``market_timeout`` and ``wait_for_nodes_timeout`` must be left unset.
@@ -63,12 +76,17 @@ class FLMarket(Strategy):
         Seeds the wrapped strategy's node sampling among the winners (see ``WinnersGrid``).
     absent_timeout : float or None (default: 600.0)
         Seconds training may find no winner connected before it stops (see ``WinnersGrid``).
+    settle_on_delivery : bool (default: False)
+        Pay on delivery: each winner's award is settled pro rata to the train rounds it returned an
+        update for, out of those it was asked to train (:class:`~flmarket_flwr.market.DeliveryLedger`).
+        ``False``: the award is paid at selection, in full. Either way :meth:`delivery_report` records
+        who delivered what.
 
     Notes
     -----
     A :class:`~flmarket_flwr.market.MarketError` (too few clients connected, PASS failed, no valid
-    bid) is logged in one plain line and re-raised: there is nothing to train. When nobody wins,
-    :meth:`start` logs it and returns an empty ``Result`` without training.
+    bid, or nobody won the auction) is logged in one plain line and re-raised: there is nothing to
+    train, and a run that trained nobody must not end as a success with an untrained model.
     """
 
     # pylint: disable=too-many-arguments
@@ -85,6 +103,7 @@ class FLMarket(Strategy):
         wait_for_nodes_timeout: float | None = None,
         seed: int | None = 0,
         absent_timeout: float | None = 600.0,
+        settle_on_delivery: bool = False,
     ) -> None:
         super().__init__()
         if not isinstance(strategy, Strategy):
@@ -109,7 +128,13 @@ class FLMarket(Strategy):
         self.market_config = market_config
         self.seed = seed
         self.absent_timeout = absent_timeout
+        if not isinstance(settle_on_delivery, bool):
+            raise TypeError(f"settle_on_delivery must be a bool, got {type(settle_on_delivery).__name__}")
+        self.settle_on_delivery = settle_on_delivery
         self.market_outcome: MarketOutcome | None = None
+        self.delivery: DeliveryLedger | None = None
+        self._winners_grid: WinnersGrid | None = None
+        self._train_messages: dict[int, list[Message]] = {}
 
     # pylint: disable=too-many-positional-arguments
     def start(
@@ -129,28 +154,20 @@ class FLMarket(Strategy):
         Returns
         -------
         Result
-            The wrapped strategy's result; an empty ``Result`` when nobody won.
+            The wrapped strategy's result.
 
         Raises
         ------
         MarketError
-            If the market phase cannot run (logged first).
+            If the market phase cannot run, or nobody won the auction (logged first).
         """
         log(INFO, "Starting FLMarket: market phase, then %s on the winners", type(self.strategy).__name__)
         self.market_outcome = None
-        try:
-            outcome = MarketPhase(self.market_config).run(grid)
-        except MarketError as err:
-            log(ERROR, "FLMarket: the market phase failed: %s", err)
-            raise
-        self.market_outcome = outcome
-        log_market_outcome(outcome)
-        if not outcome.winners:
-            log(WARNING, "FLMarket: no client won the auction (budget %.4g); nothing to train", outcome.budget)
-            return Result()
+        self._winners_grid = None
+        view = self.winners_grid(grid)
         return start_on_nodes(
             self.strategy,
-            WinnersGrid(grid, outcome.winners, seed=self.seed, absent_timeout=self.absent_timeout),
+            view,
             initial_arrays=initial_arrays,
             num_rounds=num_rounds,
             timeout=timeout,
@@ -158,6 +175,46 @@ class FLMarket(Strategy):
             evaluate_config=evaluate_config,
             evaluate_fn=evaluate_fn,
         )
+
+    def winners_grid(self, grid: Grid) -> WinnersGrid:
+        """The view of ``grid`` that holds the market's winners only; runs the market phase the first time.
+
+        Raises
+        ------
+        MarketError
+            If the market phase cannot run, or nobody won the auction (logged first).
+        """
+        if self._winners_grid is not None:
+            return self._winners_grid
+        try:
+            outcome = MarketPhase(self.market_config).run(grid)
+            self.market_outcome = outcome
+            log_market_outcome(outcome)
+            if not outcome.winners:
+                raise MarketError(
+                    f"no client won the auction ({len(outcome.participants)} bidders, budget "
+                    f"{outcome.budget:.4g}): nothing to train. Raise the budget, or look at the bids in the market log"
+                )
+        except MarketError as err:
+            log(ERROR, "FLMarket: the market phase failed: %s", err)
+            raise
+        self.delivery = DeliveryLedger(outcome.winners)
+        self._winners_grid = WinnersGrid(
+            grid, outcome.winners, seed=self.seed, absent_timeout=self.absent_timeout, on_exchange=self.delivery.record
+        )
+        return self._winners_grid
+
+    def delivery_report(self) -> dict[str, Any]:
+        """Per winner: train messages sent, updates returned, why not, its award and what it is owed.
+
+        Raises
+        ------
+        RuntimeError
+            If the market has not run yet.
+        """
+        if self.market_outcome is None or self.delivery is None:
+            raise RuntimeError("the market has not run yet")
+        return self.delivery.to_dict(self.market_outcome.payments, on_delivery=self.settle_on_delivery)
 
     def summary(self) -> None:
         """Log the market settings and the wrapped strategy's summary."""
@@ -167,20 +224,36 @@ class FLMarket(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Delegate to the wrapped strategy."""
-        return self.strategy.configure_train(server_round, arrays, config, grid)
+        """The wrapped strategy's train messages, addressed to winners only (the market runs first, once)."""
+        view = self._view_of(grid)
+        with _capped_min_nodes(self.strategy, len(view.node_ids)):
+            messages = list(self.strategy.configure_train(server_round, arrays, config, view))
+        self._train_messages[server_round] = messages  # FLMarket is wrapped: its aggregate_train sees the replies
+        return messages
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Delegate to the wrapped strategy."""
+        """Record the winners' deliveries of this round (when wrapped), then delegate to the wrapped strategy."""
+        replies = list(replies)
+        sent = self._train_messages.pop(server_round, None)
+        if sent is not None and self.delivery is not None:
+            self.delivery.record(sent, replies)
         return self.strategy.aggregate_train(server_round, replies)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Delegate to the wrapped strategy."""
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+        """The wrapped strategy's evaluate messages, addressed to winners only (the market runs first, once)."""
+        view = self._view_of(grid)
+        with _capped_min_nodes(self.strategy, len(view.node_ids)):
+            return self.strategy.configure_evaluate(server_round, arrays, config, view)
+
+    def _view_of(self, grid: Grid) -> WinnersGrid:
+        """The winners' view for a round hook: ``grid`` itself when it already is one (``start`` made it)."""
+        if isinstance(grid, WinnersGrid) and grid is self._winners_grid:
+            return grid
+        return self.winners_grid(grid)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Delegate to the wrapped strategy."""

@@ -7,30 +7,40 @@ aggregation with double masking (Bonawitz et al. 2017) on a sparse masking graph
 Rounds (:class:`PassClient` / :class:`PassServer`; every message and the client state are
 ``ConfigRecord``-compatible records):
 
-1. advertise: the server assigns each client an index, a session id, ``C``, a declared count bound
-   and its commitment to the graph seed; each client makes an X25519 cipher key pair and mask key pair
-   and returns the public keys (signed with its Ed25519 identity key if it has one, :mod:`.identity`);
+1. advertise: the server assigns each client an index, a session id, ``C``, a declared count bound,
+   its commitment to the graph seed and a roster fingerprint; each client makes an X25519 cipher key
+   pair and mask key pair and returns the public keys (signed with its Ed25519 identity key if it has
+   one, bound to its own run id, the session and the roster, :mod:`.identity`);
 2. share keys: the server opens the graph seed; each client checks its neighbourhood in the graph
    (:mod:`.graph`), Shamir-shares (:mod:`.shamir`) its mask private key ``s_e`` and a fresh self-mask
-   seed ``b_e`` among its ``k`` neighbours (threshold ``t = k // 2 + 1``), encrypted to each;
+   seed ``b_e`` among its ``k`` neighbours (threshold ``t = k // 2 + 1``), encrypted to each, with a
+   digest of each share (:func:`share_digest`) that the receiver checks and the server keeps, so that a
+   corrupted unmask share names the client that returned it;
 3. masked input: ``Y_e = N_e + PRG(b_e) + sum_v eps_{e,v} PRG(s_{e,v})`` over its neighbours that
    shared, and a commitment to ``N_e``; the private keys are then wiped;
-4. unmask: each survivor sends shares of ``b`` for surviving neighbours and of ``s`` for dropped ones,
-   never both for one peer; the server removes every mask and obtains ``N_s`` over the survivors.
+4. consistency (only with identity keys): each survivor signs the survivor set it is shown, once;
+5. unmask: each survivor sends shares of ``b`` for surviving neighbours and of ``s`` for dropped ones,
+   never both for one peer (with identity keys: only for the set it signed, on ``t`` valid signatures of
+   its neighbours on that set); the server removes every mask and obtains ``N_s`` over the survivors.
 
 Arithmetic is in the ring ``Z_2^64`` (numpy ``uint64``, wrapping), where a mask that is uniform (given
 the PRG) hides a count completely and the sum is exact; counts are integers in ``[0, count_bound]``
 with ``count_bound * E < 2^63`` (:mod:`.primitives`: X25519, HKDF-SHA256 seeds bound to the session and
 the pair, ChaCha20 PRG).
 
-Threat model, in short (details in :mod:`.secagg`): against a semi-honest server, only ``N_s`` over the
-survivors is released, once per session, whatever the dropouts, as long as every needed secret keeps
-``t`` shares (otherwise the session stops with :class:`PassError`, never a partial sum). A malicious
-server cannot obtain both secrets of one client from honest neighbours and cannot choose the graph; it
-can exclude clients or claim false dropouts (within the threshold), and without an identity directory
-it can substitute keys. A session needs at least 3 clients (with 2, each learns the other's counts);
-``E - 1`` colluders always learn the last client's counts from ``N_s``; a client can commit to false
-counts, which nothing here detects.
+Threat model, in short (details and the test behind each claim: README "Threat model"). Semi-honest
+server: within one session only ``N_s`` over the survivors is released, whatever the dropouts, as long as
+every needed secret keeps ``t`` shares (otherwise :class:`PassError`, never a partial sum); two sessions
+(two runs) with and without a client difference to its counts, which nothing here prevents. Without
+identity keys PASS is secure against a semi-honest server only: a malicious server can substitute keys,
+and by showing clients different survivor sets it recovers a client's counts. With identity keys it
+cannot substitute or replay keys across runs or rosters, and the consistency round defeats the tested
+split-views attack (complete and sparse graphs); on the complete graph any split, on sparse graphs
+consistency is only local to each neighbourhood. It can always exclude clients or abort. A session needs
+at least 3 clients (with 2, each learns the other's counts); ``E - 1`` colluders learn the last client's
+counts from ``N_s``; a client can commit to false counts, which nothing here detects. A client that returns
+a corrupted unmask share is excluded by name and the session finishes while each secret keeps ``t``
+shares; one that sends garbage share ciphertexts makes its receivers refuse, unnamed (open).
 """
 
 from flmarket_flwr.pass_protocol.graph import (
@@ -49,7 +59,10 @@ from flmarket_flwr.pass_protocol.identity import (
     load_identity_key,
     save_identity_key,
     sign_advertisement,
+    sign_survivor_set,
+    survivor_set_message,
     verify_advertisement,
+    verify_survivor_set,
 )
 from flmarket_flwr.pass_protocol.primitives import (
     COUNT_LIMIT,
@@ -68,6 +81,8 @@ from flmarket_flwr.pass_protocol.primitives import (
 from flmarket_flwr.pass_protocol.secagg import (
     Advertisement,
     AdvertiseRequest,
+    ConsistencyReply,
+    ConsistencyRequest,
     MaskedInput,
     MaskRequest,
     PassClient,
@@ -80,6 +95,8 @@ from flmarket_flwr.pass_protocol.secagg import (
     bitmap_to_indices,
     counts_commitment,
     indices_to_bitmap,
+    roster_fingerprint,
+    share_digest,
     survivor_transcript,
 )
 from flmarket_flwr.pass_protocol.shamir import (
@@ -104,6 +121,8 @@ __all__ = [
     "validate_counts",
     "Advertisement",
     "AdvertiseRequest",
+    "ConsistencyReply",
+    "ConsistencyRequest",
     "IdentityDirectory",
     "MaskedInput",
     "MaskRequest",
@@ -127,12 +146,17 @@ __all__ = [
     "neighbourhood_size",
     "neighbours_of",
     "roster_digest",
+    "roster_fingerprint",
     "reconstruct_secrets",
+    "share_digest",
     "share_from_bytes",
     "share_threshold",
     "share_to_bytes",
     "sign_advertisement",
+    "sign_survivor_set",
     "split_secrets",
+    "survivor_set_message",
     "survivor_transcript",
     "verify_advertisement",
+    "verify_survivor_set",
 ]

@@ -1,11 +1,17 @@
-"""Signed key advertisements for PASS v2 (Ed25519), so that clients need not trust the server to relay keys.
+"""Ed25519 signatures of PASS v2: key advertisements and survivor sets, checked against an identity directory.
 
 Each client holds a long-term Ed25519 identity key; the public halves are distributed out of band in an
-:class:`IdentityDirectory` (node id -> public key). A client signs its two per-session X25519 public keys
-together with the session, its PASS index and its node id; its neighbours verify the signature before using
-the keys. Without a directory (semi-honest server) signatures are optional and the server is trusted to relay
-keys faithfully; with one, a malicious server can no longer substitute keys (man in the middle) or replay
-keys from another session or another node.
+:class:`IdentityDirectory` (node id -> public key). A client signs:
+
+* its two per-session X25519 public keys, bound to the Flower run id, the session, the roster fingerprint
+  the server announced, its PASS index and its node id (:func:`sign_advertisement`); its neighbours verify
+  the signature against their own run id and roster before using the keys, so an advert replayed from
+  another run or shown under another roster is refused;
+* the survivor set it was shown before unmasking (:func:`sign_survivor_set`, the consistency round of
+  Bonawitz et al. 2017), bound to the same run, session and roster.
+
+Without a directory the server is trusted to relay keys and survivor sets faithfully (semi-honest server
+only); with one, it can no longer substitute keys, replay them, or show two clients different sets unnoticed.
 """
 
 from __future__ import annotations
@@ -29,7 +35,10 @@ from cryptography.hazmat.primitives.serialization import (
 
 IDENTITY_KEY_LENGTH: Final[int] = 32
 SIGNATURE_LENGTH: Final[int] = 64
-_ADVERT_LABEL: Final[bytes] = b"flmarket-pass/v2/advertisement"
+_ADVERT_LABEL: Final[bytes] = b"flmarket-pass/v2/advertisement/run-roster"
+_SURVIVORS_LABEL: Final[bytes] = b"flmarket-pass/v2/survivor-set"
+ROSTER_LENGTH: Final[int] = 32
+"""Bytes of a roster fingerprint (SHA-256)."""
 _DIRECTORY_VERSION: Final[int] = 1
 
 
@@ -38,12 +47,28 @@ def _field(data: bytes) -> bytes:
     return struct.pack(">Q", len(data)) + data
 
 
-def advertisement_message(
-    session: bytes, index: int, node_id: int, cipher_public_key: bytes, mask_public_key: bytes
-) -> bytes:
-    """The bytes a client signs: domain label and length-prefixed session, index, node id and both keys."""
+def _context(run_id: int, session: bytes, roster: bytes) -> bytes:
+    """Run id, session and roster fingerprint as one injective byte string (checked)."""
+    if isinstance(run_id, bool) or not isinstance(run_id, int) or not 0 <= run_id < 2**64:
+        raise ValueError(f"run_id must be an int in [0, 2**64), got {run_id!r}")
     if not isinstance(session, bytes) or not session:
         raise ValueError("session must be non-empty bytes")
+    if not isinstance(roster, bytes) or len(roster) != ROSTER_LENGTH:
+        raise ValueError(f"roster fingerprint must be {ROSTER_LENGTH} bytes")
+    return struct.pack(">Q", run_id) + _field(session) + roster
+
+
+def advertisement_message(
+    session: bytes,
+    index: int,
+    node_id: int,
+    cipher_public_key: bytes,
+    mask_public_key: bytes,
+    *,
+    run_id: int,
+    roster: bytes,
+) -> bytes:
+    """The bytes a client signs: domain label, run id, session, roster, index, node id and both keys."""
     if not 0 <= index < 2**64 or not 0 <= node_id < 2**64:
         raise ValueError(f"index and node_id must be in [0, 2**64), got {index} and {node_id}")
     for name, key in (("cipher", cipher_public_key), ("mask", mask_public_key)):
@@ -52,7 +77,7 @@ def advertisement_message(
     return b"".join(
         (
             _field(_ADVERT_LABEL),
-            _field(session),
+            _context(run_id, session, roster),
             struct.pack(">QQ", index, node_id),
             _field(cipher_public_key),
             _field(mask_public_key),
@@ -67,9 +92,15 @@ def sign_advertisement(
     node_id: int,
     cipher_public_key: bytes,
     mask_public_key: bytes,
+    *,
+    run_id: int,
+    roster: bytes,
 ) -> bytes:
     """Ed25519 signature (64 bytes) over :func:`advertisement_message`."""
-    return identity_private_key.sign(advertisement_message(session, index, node_id, cipher_public_key, mask_public_key))
+    message = advertisement_message(
+        session, index, node_id, cipher_public_key, mask_public_key, run_id=run_id, roster=roster
+    )
+    return identity_private_key.sign(message)
 
 
 def verify_advertisement(
@@ -80,6 +111,9 @@ def verify_advertisement(
     node_id: int,
     cipher_public_key: bytes,
     mask_public_key: bytes,
+    *,
+    run_id: int,
+    roster: bytes,
 ) -> None:
     """Check an advertisement's signature.
 
@@ -87,23 +121,84 @@ def verify_advertisement(
     ------
     ValueError
         If the signature is missing or malformed, the identity key is malformed, or the signature does not
-        verify for exactly this session, index, node id and pair of keys.
+        verify for exactly this run, session, roster, index, node id and pair of keys.
     """
+    message = advertisement_message(
+        session, index, node_id, cipher_public_key, mask_public_key, run_id=run_id, roster=roster
+    )
+    _verify(identity_public_key, signature, message, f"advertisement of node {node_id} (index {index})")
+
+
+def survivor_set_message(
+    survivors: bytes, dropped: bytes, *, run_id: int, session: bytes, roster: bytes, participants: bytes
+) -> bytes:
+    """The bytes a client signs in the consistency round: its run, session, roster, ``U1`` and the set it was shown.
+
+    ``participants``, ``survivors`` and ``dropped`` are roster bitmaps (``secagg.indices_to_bitmap``).
+    """
+    for name, value in (("participants", participants), ("survivors", survivors), ("dropped", dropped)):
+        if not isinstance(value, bytes):
+            raise ValueError(f"{name} must be a bitmap (bytes)")
+    return b"".join(
+        (
+            _field(_SURVIVORS_LABEL),
+            _context(run_id, session, roster),
+            _field(participants),
+            _field(survivors),
+            _field(dropped),
+        )
+    )
+
+
+def sign_survivor_set(
+    identity_private_key: Ed25519PrivateKey,
+    survivors: bytes,
+    dropped: bytes,
+    *,
+    run_id: int,
+    session: bytes,
+    roster: bytes,
+    participants: bytes,
+) -> bytes:
+    """Ed25519 signature (64 bytes) over :func:`survivor_set_message`."""
+    message = survivor_set_message(
+        survivors, dropped, run_id=run_id, session=session, roster=roster, participants=participants
+    )
+    return identity_private_key.sign(message)
+
+
+def verify_survivor_set(
+    identity_public_key: bytes,
+    signature: bytes,
+    survivors: bytes,
+    dropped: bytes,
+    *,
+    run_id: int,
+    session: bytes,
+    roster: bytes,
+    participants: bytes,
+) -> None:
+    """Check a survivor-set signature; ``ValueError`` unless it verifies for exactly this set and context."""
+    message = survivor_set_message(
+        survivors, dropped, run_id=run_id, session=session, roster=roster, participants=participants
+    )
+    _verify(identity_public_key, signature, message, "survivor-set signature")
+
+
+def _verify(identity_public_key: bytes, signature: bytes, message: bytes, what: str) -> None:
+    """Verify one Ed25519 signature; ``ValueError`` naming ``what`` if it is missing, malformed or wrong."""
     if not signature:
-        raise ValueError(f"advertisement of node {node_id} (index {index}) is not signed")
+        raise ValueError(f"{what} is not signed")
     if not isinstance(signature, bytes) or len(signature) != SIGNATURE_LENGTH:
-        raise ValueError(f"signature of node {node_id} must be {SIGNATURE_LENGTH} bytes")
+        raise ValueError(f"{what}: a signature must be {SIGNATURE_LENGTH} bytes")
     try:
         public_key = Ed25519PublicKey.from_public_bytes(identity_public_key)
     except ValueError as error:
-        raise ValueError(f"identity key of node {node_id} is not a valid Ed25519 key: {error}") from error
-    message = advertisement_message(session, index, node_id, cipher_public_key, mask_public_key)
+        raise ValueError(f"{what}: the identity key is not a valid Ed25519 key: {error}") from error
     try:
         public_key.verify(signature, message)
     except InvalidSignature as error:
-        raise ValueError(
-            f"signature of node {node_id} (index {index}) does not verify for this session, index and keys"
-        ) from error
+        raise ValueError(f"{what} does not verify for this run, session, roster and content") from error
 
 
 def generate_identity() -> tuple[Ed25519PrivateKey, bytes]:

@@ -3,22 +3,29 @@
 Each client masks its counts twice: a self-mask ``PRG(b_e)`` and pairwise masks with its ``k`` graph neighbours
 only. Both secrets (``b_e`` and the mask private key ``s_e``) are Shamir-shared among the neighbours with
 threshold ``t = k // 2 + 1``, so the server removes a dropped client's pairwise masks from ``s_d`` and a
-survivor's self-mask from ``b_u``, and only ONE sum is ever released per session. Rounds: advertise, share keys,
-masked input, unmask (:class:`PassClient` and :class:`PassServer`; every message is a dataclass with
-``to_record()`` / ``from_record()`` over ``ConfigRecord`` types, and the client state is such a record too).
+survivor's self-mask from ``b_u``, and only ONE sum is ever released per session. Rounds: advertise, share
+keys, masked input, (with identity keys) consistency, unmask (:class:`PassClient` and :class:`PassServer`;
+every message is a dataclass with ``to_record()`` / ``from_record()`` over ``ConfigRecord`` types, and the
+client state is such a record too).
 
-Threat model. Semi-honest server: it learns ``N_s`` over the survivors and nothing else, for any dropout
-pattern that leaves each needed secret ``t`` shares. Malicious server: it cannot get both secrets of one client
-from honest neighbours (each answers once, one kind per peer, and ``2t > k``), cannot substitute keys when the
-clients hold an :class:`~flmarket_flwr.pass_protocol.identity.IdentityDirectory`, and cannot choose the graph
-(it committed to its seed before the keys existed). It can still exclude honest clients, lie about dropouts
-within the threshold, or (without a directory) run a man-in-the-middle on keys. Without a cross-client
-consistency round it can also show one client a roster of colluders only: the client's ``min_participants``
-floor (from its own config) bounds that. ``c`` colluding neighbours of a client are tolerated while
-``t > (k + c) / 2``. The graph seed binds the server seed and the participant indices, not the keys: a client
-sees only its neighbours' keys and could not check a digest over all of them; the price is that the server may
-retry graphs by excluding advertised clients, each retry succeeding with probability below
-``2^-security_bits``. The server refuses (fails closed) a sum above ``count_bound * |U3|`` in any class.
+Threat model (README "Threat model" names the test behind each sentence). Semi-honest server: it learns ``N_s``
+over the survivors of the session and nothing else from it, for any dropout pattern that leaves each needed
+secret ``t`` shares; a second session in another run is a second sum, and the two difference to the counts of
+a client in one and not the other (not prevented here). Malicious server: it cannot get both secrets of one
+client from honest neighbours (each answers once, one kind per peer, and ``2t > k``), but that alone is beside
+the point, since the split-views attack needs only ONE secret per peer: the victim's self-mask seed from
+neighbours told it survived, and each of its peers' mask keys from the peers' neighbours told that peer
+dropped. Without identity keys nothing stops that attack, nor a man in the middle on keys: PASS is then secure
+against a semi-honest server only. With an :class:`~flmarket_flwr.pass_protocol.identity.IdentityDirectory`
+the adverts are signed under the run id, session and roster fingerprint (no substitution, no replay from
+another run, no second roster for a victim), and the consistency round (:meth:`PassClient.sign_survivors`)
+makes every releasing client hold ``t`` neighbour signatures on the one set it signed: on the complete graph
+two released sets would need ``2t + 2 > E`` signers, so no split works; on sparse graphs the agreement is
+local to each neighbourhood, and a server that gives whole regions different sets is not ruled out by proof.
+The graph is committed before the keys exist (the server may retry graphs by excluding advertised clients,
+each retry succeeding with probability below ``2^-security_bits``), the client's ``min_participants`` floor
+bounds a roster of colluders, and ``c`` colluding neighbours of a client are tolerated while
+``t > (k + c) / 2``. The server refuses (fails closed) a sum above ``count_bound * |U3|`` in any class.
 """
 
 from __future__ import annotations
@@ -54,7 +61,14 @@ from flmarket_flwr.pass_protocol.graph import (
     roster_digest,
     share_threshold,
 )
-from flmarket_flwr.pass_protocol.identity import IdentityDirectory, sign_advertisement, verify_advertisement
+from flmarket_flwr.pass_protocol.identity import (
+    ROSTER_LENGTH,
+    IdentityDirectory,
+    sign_advertisement,
+    sign_survivor_set,
+    verify_advertisement,
+    verify_survivor_set,
+)
 from flmarket_flwr.pass_protocol.primitives import (
     COUNT_LIMIT,
     MIN_PARTICIPANTS,
@@ -112,11 +126,39 @@ def counts_commitment(session: bytes, index: int, counts: npt.ArrayLike, nonce: 
     ).digest()
 
 
+def share_digest(session: bytes, dealer: int, holder: int, kind: bytes, share: bytes) -> bytes:
+    """``SHA-256(label || session || dealer || holder || kind || share)``: the dealer's word on one share.
+
+    ``kind`` is ``b"s"`` (a share of the mask key) or ``b"b"`` (of the self-mask seed). A share is uniform on
+    its own, so its digest hides it.
+    """
+    header = struct.pack(">Q", len(session)) + session + struct.pack(">QQ", dealer, holder)
+    return hashlib.sha256(_LABEL + b"/share-digest" + header + kind + share).digest()
+
+
+def _pair_digest(session: bytes, dealer: int, holder: int, both: bytes) -> bytes:
+    """The 64-byte digest of one neighbour's share pair (mask-key share, then self-mask-seed share)."""
+    return share_digest(session, dealer, holder, b"s", both[:_SHARE_BYTES]) + share_digest(
+        session, dealer, holder, b"b", both[_SHARE_BYTES:]
+    )
+
+
 def survivor_transcript(session: bytes, survivors: Iterable[int]) -> bytes:
     """``SHA-256(label || session || sorted U3)``: what the sum covers, recorded by clients for the bid step."""
     ordered = np.sort(np.asarray(list(survivors), dtype=np.uint64))
     body = struct.pack(">Q", len(session)) + session + struct.pack(">Q", ordered.size)
     return hashlib.sha256(_LABEL + b"/transcript" + body + ordered.astype(">u8").tobytes()).digest()
+
+
+def roster_fingerprint(run_id: int, session: bytes, node_ids: Sequence[int]) -> bytes:
+    """``SHA-256(label || run id || session || node ids in PASS-index order)``: the roster every advert binds.
+
+    The server announces it with each advertise request; a client signs it with its keys, and its neighbours
+    check their signatures under their own copy, so all honest neighbours of a client were shown one roster.
+    """
+    ids = np.asarray([int(node) for node in node_ids], dtype=np.uint64)
+    body = struct.pack(">QQ", run_id, len(session)) + session + struct.pack(">Q", ids.size)
+    return hashlib.sha256(_LABEL + b"/roster" + body + ids.astype(">u8").tobytes()).digest()
 
 
 def indices_to_bitmap(indices: Iterable[int]) -> bytes:
@@ -234,6 +276,7 @@ class AdvertiseRequest(_Record):
     num_classes: int
     count_bound: int
     graph_commitment: bytes
+    roster: bytes
 
 
 @dataclass(frozen=True)
@@ -261,18 +304,25 @@ class ShareKeysRequest(_Record):
 
 @dataclass(frozen=True)
 class ShareKeysReply(_Record):
-    """Round 2, client -> server: one encrypted share pair per neighbour."""
+    """Round 2, client -> server: one encrypted share pair per neighbour, and a digest of each pair.
+
+    ``share_digests[i]`` is :func:`share_digest` of the mask-key share then of the self-mask-seed share sent
+    to ``receivers[i]`` (64 bytes): the receiver checks its shares against it, and the server checks the one
+    share the receiver returns at unmask, so a corrupted unmask share names its sender.
+    """
 
     receivers: list[int]
     ciphertexts: list[bytes]
+    share_digests: list[bytes]
 
 
 @dataclass(frozen=True)
 class MaskRequest(_Record):
-    """Round 3, server -> client: the ciphertexts addressed to it by the neighbours in U2."""
+    """Round 3, server -> client: the ciphertexts addressed to it by the neighbours in U2, and their digests."""
 
     senders: list[int]
     ciphertexts: list[bytes]
+    share_digests: list[bytes] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -284,16 +334,43 @@ class MaskedInput(_Record):
 
 
 @dataclass(frozen=True)
-class UnmaskRequest(_Record):
-    """Round 4, server -> client: survivors U3 (sent Y) and dropped D = U2 \\ U3, as roster bitmaps."""
+class ConsistencyRequest(_Record):
+    """Consistency round (with identity keys), server -> survivor: the survivor set U3 and dropped D, as bitmaps."""
 
     survivors: bytes
     dropped: bytes
 
+
+@dataclass(frozen=True)
+class ConsistencyReply(_Record):
+    """Consistency round, survivor -> server: its Ed25519 signature on the set it was shown."""
+
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class UnmaskRequest(_Record):
+    """Round 4, server -> client: survivors U3 (sent Y) and dropped D = U2 \\ U3, as roster bitmaps.
+
+    After a consistency round it also carries the signatures of the client's neighbours on that same set
+    (``signers`` ascending, one signature each); without one both lists are empty.
+    """
+
+    survivors: bytes
+    dropped: bytes
+    signers: list[int] = dataclasses.field(default_factory=list)
+    signatures: list[bytes] = dataclasses.field(default_factory=list)
+
     @classmethod
-    def of(cls, survivors: Iterable[int], dropped: Iterable[int]) -> UnmaskRequest:
-        """The request for these index sets."""
-        return cls(indices_to_bitmap(survivors), indices_to_bitmap(dropped))
+    def of(
+        cls,
+        survivors: Iterable[int],
+        dropped: Iterable[int],
+        signers: Iterable[int] = (),
+        signatures: Iterable[bytes] = (),
+    ) -> UnmaskRequest:
+        """The request for these index sets (and the neighbours' signatures on them, if any)."""
+        return cls(indices_to_bitmap(survivors), indices_to_bitmap(dropped), list(signers), list(signatures))
 
 
 @dataclass(frozen=True)
@@ -365,13 +442,16 @@ class PassClient:
         security_bits: int = DEFAULT_SECURITY_BITS,
         bad_fraction: float = DEFAULT_BAD_FRACTION,
         min_participants: int = MIN_PARTICIPANTS,
+        run_id: int = 0,
     ) -> Advertisement:
         """Make the session's cipher and mask key pairs and return the public keys (signed if ``identity_key``).
 
         ``security_bits`` / ``bad_fraction`` are this client's own floor on the graph degree, and
         ``min_participants`` its floor on ``|U1|`` (from its config, not from the server): it later refuses a
         sparser graph than :func:`neighbourhood_size` gives, or a roster smaller than that floor (a malicious
-        server could otherwise show a victim a roster of colluders only).
+        server could otherwise show a victim a roster of colluders only). ``run_id`` is the run this client
+        is in, from its own runtime (Flower's ``context.run_id``), never from the server: the signature binds
+        it with the session and the announced roster fingerprint.
         """
         request = AdvertiseRequest.coerce(request)
         if self._state["stage"] != _STAGE_NEW:
@@ -385,6 +465,8 @@ class PassClient:
             raise PassError(
                 f"advertise request needs a 32-byte graph commitment and an index in [1, {MAX_PARTICIPANTS}]"
             )
+        if len(request.roster) != ROSTER_LENGTH or not 0 <= run_id < 2**63:
+            raise PassError(f"advertise request needs a {ROSTER_LENGTH}-byte roster fingerprint (and a valid run id)")
         values = validate_counts(counts)
         if values.shape != (request.num_classes,):
             raise PassError(f"counts have {values.size} classes, the session has {request.num_classes}")
@@ -396,7 +478,14 @@ class PassClient:
         signature = b""
         if identity_key is not None:
             signature = sign_advertisement(
-                identity_key, request.session, request.index, request.node_id, cipher_public, mask_public
+                identity_key,
+                request.session,
+                request.index,
+                request.node_id,
+                cipher_public,
+                mask_public,
+                run_id=run_id,
+                roster=request.roster,
             )
         self._state.update(
             stage=_STAGE_ADVERTISED,
@@ -406,6 +495,8 @@ class PassClient:
             num_classes=request.num_classes,
             count_bound=request.count_bound,
             graph_commitment=request.graph_commitment,
+            run_id=int(run_id),
+            roster=request.roster,
             counts=values.astype("<u8").tobytes(),
             cipher_private_key=cipher_key.private_bytes_raw(),
             mask_private_key=mask_key.private_bytes_raw(),
@@ -423,7 +514,9 @@ class PassClient:
     ) -> ShareKeysReply:
         """Check the graph and the neighbours' keys, then send each neighbour its encrypted shares of ``s_e, b_e``.
 
-        With ``directory`` every neighbour's advertisement must carry a valid signature for its node id.
+        With ``directory`` every neighbour's advertisement must carry a valid signature for its node id, this
+        run, this session and the roster this client was shown; the client then also requires the consistency
+        round before it unmasks (:meth:`sign_survivors`, :meth:`unmask`).
         """
         request = ShareKeysRequest.coerce(request)
         self._require(_STAGE_ADVERTISED, "share_keys")
@@ -459,10 +552,12 @@ class PassClient:
         threshold = share_threshold(k)
         self_seed = os.urandom(SECRET_LENGTH)
         shares = split_secrets([state["mask_private_key"], self_seed], neighbours, threshold)
-        ciphertexts = []
+        ciphertexts, digests = [], []
         for v, key, share in zip(neighbours, channel_keys, shares, strict=True):
-            plaintext = _LABEL + struct.pack(">QQ", index, v) + share_to_bytes(share)
+            both = share_to_bytes(share)
+            plaintext = _LABEL + struct.pack(">QQ", index, v) + both
             ciphertexts.append(ChaCha20Poly1305(key).encrypt(_ZERO_NONCE, plaintext, _channel_aad(session, index, v)))
+            digests.append(_pair_digest(session, index, v, both))
         state.update(
             stage=_STAGE_SHARED,
             self_seed=self_seed,
@@ -472,7 +567,9 @@ class PassClient:
             inbound_channel_keys=inbound_keys,
             pair_seeds=pair_seeds,
         )
-        return ShareKeysReply(receivers=neighbours, ciphertexts=ciphertexts)
+        if directory is not None:  # the neighbours' identity keys, for the consistency round
+            state["identity_keys"] = [directory.key_of(node) for node in request.neighbour_node_ids]
+        return ShareKeysReply(receivers=neighbours, ciphertexts=ciphertexts, share_digests=digests)
 
     def _check_neighbour_keys(
         self, request: ShareKeysRequest, directory: IdentityDirectory | None
@@ -509,7 +606,15 @@ class PassClient:
                     if node_id == state["node_id"]:
                         raise ValueError(f"neighbour {v} claims this client's node id {node_id}")
                     verify_advertisement(
-                        directory.key_of(node_id), signature, state["session"], v, node_id, cipher_public, mask_public
+                        directory.key_of(node_id),
+                        signature,
+                        session,
+                        v,
+                        node_id,
+                        cipher_public,
+                        mask_public,
+                        run_id=state["run_id"],
+                        roster=state["roster"],
                     )
             except (TypeError, ValueError) as error:
                 raise PassError(f"neighbour {v} refused: {error}") from error
@@ -537,11 +642,13 @@ class PassClient:
             not _strictly_increasing(senders)
             or not set(senders) <= set(neighbours)
             or len(senders) != len(request.ciphertexts)
+            or len(senders) != len(request.share_digests)
         ):
-            raise PassError("the senders must be distinct neighbours of this client, one ciphertext each")
+            raise PassError("the senders must be distinct neighbours of this client, one ciphertext and digest each")
         if len(senders) < threshold:
             raise PassError(f"only {len(senders)} neighbours completed key sharing, the threshold is {threshold}")
         position = {v: i for i, v in enumerate(neighbours)}
+        position_in = {v: i for i, v in enumerate(senders)}
         held = []
         for v, ciphertext in zip(senders, request.ciphertexts, strict=True):
             key = state["inbound_channel_keys"][position[v]]
@@ -553,6 +660,8 @@ class PassClient:
             if len(plaintext) != _PLAINTEXT_BYTES or not plaintext.startswith(header):
                 raise PassError(f"the shares from neighbour {v} are malformed or misaddressed")
             share_from_bytes(plaintext[len(header) :], 2, SECRET_LENGTH)
+            if _pair_digest(session, v, index, plaintext[len(header) :]) != request.share_digests[position_in[v]]:
+                raise PassError(f"the shares from neighbour {v} do not match the digests it sent the server")
             held.append(plaintext[len(header) :])
         num_classes = state["num_classes"]
         counts = np.frombuffer(state["counts"], dtype="<u8").astype(np.uint64)
@@ -572,19 +681,40 @@ class PassClient:
         state.update(stage=_STAGE_MASKED, nonce=nonce, commitment=commitment, held_from=list(senders), held_shares=held)
         return MaskedInput(masked.astype("<u8").tobytes(), commitment)
 
-    # Round 4 -----------------------------------------------------------------
-    def unmask(self, request: UnmaskRequest | Mapping[str, Any]) -> UnmaskReply:
-        """Answer the server's survivor/dropout split once: ``b`` shares of survivors, ``s`` shares of dropped.
+    # Consistency round (with identity keys) ------------------------------------
+    def sign_survivors(
+        self, request: ConsistencyRequest | Mapping[str, Any], identity_key: Ed25519PrivateKey | None
+    ) -> ConsistencyReply:
+        """Sign the survivor set the server shows, once, after the same checks as :meth:`unmask`.
 
-        Any request after the first (answered or refused) is refused.
+        The signature binds the run, the session, the roster fingerprint, ``U1`` and the set; the client
+        keeps the set and later unmasks only for exactly that set (Bonawitz et al. 2017's consistency check).
         """
-        request = UnmaskRequest.coerce(request)
-        if self._state["stage"] == _STAGE_UNMASKED or self._state.get("unmask_requested"):
-            raise PassError("this client already received an unmask request in this session")
-        self._require(_STAGE_MASKED, "unmask")
+        request = ConsistencyRequest.coerce(request)
+        self._require(_STAGE_MASKED, "sign_survivors")
         state = self._state
-        state["unmask_requested"] = True
-        survivors, dropped = bitmap_to_indices(request.survivors), bitmap_to_indices(request.dropped)
+        if state.get("view_requested") or state.get("unmask_requested"):
+            raise PassError("this client already signed a survivor set in this session")
+        state["view_requested"] = True
+        if identity_key is None:
+            raise PassError("this client has no identity key to sign a survivor set with")
+        self._check_view(request.survivors, request.dropped)
+        signature = sign_survivor_set(
+            identity_key,
+            request.survivors,
+            request.dropped,
+            run_id=state["run_id"],
+            session=state["session"],
+            roster=state["roster"],
+            participants=state["participants"],
+        )
+        state.update(signed_survivors=request.survivors, signed_dropped=request.dropped)
+        return ConsistencyReply(signature)
+
+    def _check_view(self, survivors_bitmap: bytes, dropped_bitmap: bytes) -> tuple[list[int], list[int]]:
+        """``PassError`` unless the survivor/dropped split is one this client can answer; return the two sets."""
+        state = self._state
+        survivors, dropped = bitmap_to_indices(survivors_bitmap), bitmap_to_indices(dropped_bitmap)
         participants = set(bitmap_to_indices(state["participants"]))
         for name, group in (("survivors", survivors), ("dropped", dropped)):
             if not set(group) <= participants:
@@ -596,16 +726,68 @@ class PassClient:
         if len(survivors) < MIN_PARTICIPANTS:
             raise PassError(f"only {len(survivors)} survivors, PASS needs {MIN_PARTICIPANTS}")
         neighbours = set(state["neighbours"])
-        held_from = state["held_from"]
-        if neighbours & (set(survivors) | set(dropped)) != set(held_from):
+        if neighbours & (set(survivors) | set(dropped)) != set(state["held_from"]):
             raise PassError("survivors and dropped do not match the neighbours that completed key sharing")
-        alive = sorted(neighbours & set(survivors))
+        alive = len(neighbours & set(survivors))
         threshold = share_threshold(state["degree"])
-        if len(alive) < threshold:
-            raise PassError(f"only {len(alive)} neighbours survived, the threshold is {threshold}")
+        if alive < threshold:
+            raise PassError(f"only {alive} neighbours survived, the threshold is {threshold}")
+        return survivors, dropped
+
+    def _check_consistency(self, request: UnmaskRequest, survivors: list[int]) -> None:
+        """With identity keys: the set is the one this client signed, and ``t`` neighbours signed it too."""
+        state = self._state
+        if state.get("signed_survivors") is None:
+            raise PassError("this client unmasks only after signing the survivor set (consistency round)")
+        if (request.survivors, request.dropped) != (state["signed_survivors"], state["signed_dropped"]):
+            raise PassError("the survivor set differs from the one this client signed: two views, refused")
+        neighbours = state["neighbours"]
+        position = {v: i for i, v in enumerate(neighbours)}
+        signers = request.signers
+        if (
+            not _strictly_increasing(signers)
+            or not set(signers) <= set(neighbours) & set(survivors)
+            or len(signers) != len(request.signatures)
+        ):
+            raise PassError("the signers must be distinct surviving neighbours, one signature each")
+        threshold = share_threshold(state["degree"])
+        if len(signers) < threshold:
+            raise PassError(f"only {len(signers)} neighbours signed this survivor set, the threshold is {threshold}")
+        for v, signature in zip(signers, request.signatures, strict=True):
+            try:
+                verify_survivor_set(
+                    state["identity_keys"][position[v]],
+                    signature,
+                    request.survivors,
+                    request.dropped,
+                    run_id=state["run_id"],
+                    session=state["session"],
+                    roster=state["roster"],
+                    participants=state["participants"],
+                )
+            except ValueError as error:
+                raise PassError(f"neighbour {v} did not sign this survivor set: {error}") from error
+
+    # Round 4 -----------------------------------------------------------------
+    def unmask(self, request: UnmaskRequest | Mapping[str, Any]) -> UnmaskReply:
+        """Answer the server's survivor/dropout split once: ``b`` shares of survivors, ``s`` shares of dropped.
+
+        Any request after the first (answered or refused) is refused. With identity keys (a directory at
+        :meth:`share_keys`) the split must be the one this client signed in the consistency round, and carry
+        valid signatures on it from at least ``t`` of its neighbours.
+        """
+        request = UnmaskRequest.coerce(request)
+        if self._state["stage"] == _STAGE_UNMASKED or self._state.get("unmask_requested"):
+            raise PassError("this client already received an unmask request in this session")
+        self._require(_STAGE_MASKED, "unmask")
+        state = self._state
+        state["unmask_requested"] = True
+        survivors, _ = self._check_view(request.survivors, request.dropped)
+        if "identity_keys" in state:
+            self._check_consistency(request, survivors)
         survivor_set = set(survivors)
         reply = UnmaskReply([], [], [], [])
-        for v, both in zip(held_from, state["held_shares"], strict=True):
+        for v, both in zip(state["held_from"], state["held_shares"], strict=True):
             if v in survivor_set:
                 reply.survivor_indices.append(v)
                 reply.survivor_shares.append(both[_SHARE_BYTES:])  # share of b_v
@@ -640,6 +822,11 @@ class PassServer:
         requests = server.receive_shares(replies)                # -> client.mask_input(request)
         requests = server.receive_masked(replies)                # -> client.unmask(request)
         server.receive_unmask(replies)
+
+    With a ``directory`` the server runs the consistency round between the last two steps::
+
+        requests = server.receive_masked(replies)                # -> client.sign_survivors(request, key)
+        requests = server.receive_signatures(replies)            # -> client.unmask(request)
         label_counts = server.finish()
 
     Parameters
@@ -655,9 +842,12 @@ class PassServer:
     security_bits, bad_fraction
         Parameters of :func:`neighbourhood_size` (the clients must use the same or weaker ones).
     directory : IdentityDirectory, optional
-        Verify advertisement signatures (clients with a directory check them again themselves).
+        Verify advertisement signatures (clients with a directory check them again themselves), and run the
+        consistency round: survivors sign the set they were shown, and each gets its neighbours' signatures.
     server_seed : bytes, optional
         32-byte graph seed (random by default; only for tests).
+    run_id : int (default: 0)
+        The Flower run id, bound into every signature (the clients use their own).
     """
 
     def __init__(
@@ -671,6 +861,7 @@ class PassServer:
         bad_fraction: float = DEFAULT_BAD_FRACTION,
         directory: IdentityDirectory | None = None,
         server_seed: bytes | None = None,
+        run_id: int = 0,
     ) -> None:
         if not isinstance(session, bytes) or not session:
             raise ValueError("session must be non-empty bytes")
@@ -679,6 +870,10 @@ class PassServer:
         self.session, self.num_classes, self.count_bound = session, num_classes, count_bound
         self._degree_override, self._security_bits, self._bad_fraction = degree, security_bits, bad_fraction
         self.directory = directory
+        self.run_id = int(run_id)
+        self.roster = b""
+        self._participants_bitmap = b""
+        self._awaiting_signatures = False
         self._server_seed = server_seed if server_seed is not None else os.urandom(GRAPH_SEED_LENGTH)
         self.graph_commitment = commit_graph_seed(self._server_seed)
         self.node_of: dict[int, int] = {}
@@ -696,6 +891,7 @@ class PassServer:
         self._masked_sum = np.zeros(num_classes, dtype=np.uint64)
         self._b_shares: dict[int, list[tuple[int, bytes]]] = {}
         self._s_shares: dict[int, list[tuple[int, bytes]]] = {}
+        self._digests: dict[tuple[int, int], bytes] = {}  # (dealer, holder) -> the dealer's share-pair digest
         self._step = 0
 
     def _advance(self, step: int, name: str) -> None:
@@ -718,9 +914,10 @@ class PassServer:
             raise ValueError(f"count_bound * E must be < 2**63, got {self.count_bound} * {len(node_ids)}")
         self.node_of = {i + 1: int(node) for i, node in enumerate(node_ids)}
         self.index_of = {node: index for index, node in self.node_of.items()}
+        self.roster = roster_fingerprint(self.run_id, self.session, list(node_ids))
         return {
             index: AdvertiseRequest(
-                self.session, index, node, self.num_classes, self.count_bound, self.graph_commitment
+                self.session, index, node, self.num_classes, self.count_bound, self.graph_commitment, self.roster
             )
             for index, node in self.node_of.items()
         }
@@ -746,6 +943,8 @@ class PassServer:
                     node,
                     advert.cipher_public_key,
                     advert.mask_public_key,
+                    run_id=self.run_id,
+                    roster=self.roster,
                 )
         except (TypeError, ValueError) as error:
             self._exclude(index, f"advertisement refused: {error}")
@@ -780,6 +979,7 @@ class PassServer:
         seed = derive_graph_seed(self._server_seed, roster_digest(self.session, participants))
         self.graph = mask_graph(seed, participants, self.degree)
         requests, roster = {}, indices_to_bitmap(participants)
+        self._participants_bitmap = roster
         for u in participants:
             neighbours = list(self.graph[u])
             requests[u] = ShareKeysRequest(
@@ -810,9 +1010,11 @@ class PassServer:
             if (
                 reply.receivers != list(self.graph[u])
                 or len(reply.ciphertexts) != len(reply.receivers)
+                or len(reply.share_digests) != len(reply.receivers)
                 or any(len(c) != _CIPHERTEXT_BYTES for c in reply.ciphertexts)
+                or any(len(d) != 64 for d in reply.share_digests)
             ):
-                self._exclude(u, "share-keys reply does not hold one ciphertext per neighbour")
+                self._exclude(u, "share-keys reply does not hold one ciphertext and one digest per neighbour")
                 continue
             sent[u] = reply
         for u in self.graph:
@@ -821,17 +1023,27 @@ class PassServer:
         self.u2 = sorted(sent)
         if len(self.u2) < MIN_PARTICIPANTS:
             raise PassError(f"only {len(self.u2)} clients shared their keys, PASS needs {MIN_PARTICIPANTS}")
-        inbox: dict[int, tuple[list[int], list[bytes]]] = {u: ([], []) for u in self.u2}
+        inbox: dict[int, MaskRequest] = {u: MaskRequest([], [], []) for u in self.u2}
         for u in self.u2:  # senders in increasing order, so each inbox is sorted
-            for v, ciphertext in zip(sent[u].receivers, sent[u].ciphertexts, strict=True):
+            for v, ciphertext, digest in zip(
+                sent[u].receivers, sent[u].ciphertexts, sent[u].share_digests, strict=True
+            ):
                 if v in inbox:
-                    inbox[v][0].append(u)
-                    inbox[v][1].append(ciphertext)
-        return {v: MaskRequest(senders, ciphertexts) for v, (senders, ciphertexts) in inbox.items()}
+                    inbox[v].senders.append(u)
+                    inbox[v].ciphertexts.append(ciphertext)
+                    inbox[v].share_digests.append(digest)
+                    self._digests[u, v] = digest
+        return inbox
 
     # Round 3 -----------------------------------------------------------------
-    def receive_masked(self, replies: Mapping[int, MaskedInput | Mapping[str, Any]]) -> dict[int, UnmaskRequest]:
-        """Add the masked inputs (U3), and ask for shares only if every needed secret can be rebuilt."""
+    def receive_masked(
+        self, replies: Mapping[int, MaskedInput | Mapping[str, Any]]
+    ) -> dict[int, UnmaskRequest] | dict[int, ConsistencyRequest]:
+        """Add the masked inputs (U3); go on only if every needed secret can be rebuilt.
+
+        Returns the unmask requests, or with a directory the consistency-round requests (the survivor set
+        to sign, for :meth:`receive_signatures`).
+        """
         self._advance(3, "receive_masked")
         u2 = set(self.u2)
         masked = {}
@@ -857,7 +1069,58 @@ class PassServer:
         self.commitments = {u: masked[u].counts_commitment for u in self.survivors}
         self.transcript = survivor_transcript(self.session, self.survivors)
         request = UnmaskRequest.of(self.survivors, self.dropped)
+        if self.directory is not None:
+            self._awaiting_signatures = True
+            view = ConsistencyRequest(request.survivors, request.dropped)
+            return {u: view for u in self.survivors}
         return {u: request for u in self.survivors}
+
+    # Consistency round -------------------------------------------------------
+    def receive_signatures(
+        self, replies: Mapping[int, ConsistencyReply | Mapping[str, Any]]
+    ) -> dict[int, UnmaskRequest]:
+        """Check each survivor's signature on the set; send each signer the valid signatures of its neighbours.
+
+        A survivor whose signature is missing or does not verify under its directory key is excluded (it
+        is not asked to unmask; its masked input stays in the sum). A signer with fewer than ``t`` signing
+        neighbours will refuse to unmask; :meth:`finish` then tells whether enough shares came back.
+        """
+        if self._step != 4 or not self._awaiting_signatures:
+            raise PassError("receive_signatures called out of order (it follows receive_masked with a directory)")
+        self._awaiting_signatures = False
+        directory = self.directory
+        if directory is None:
+            raise PassError("the consistency round needs the identity directory")
+        view = UnmaskRequest.of(self.survivors, self.dropped)
+        signed: dict[int, bytes] = {}
+        for u in self.survivors:
+            reply = replies.get(u)
+            if reply is None:
+                self._exclude(u, "no signature on the survivor set")
+                continue
+            try:
+                signature = ConsistencyReply.coerce(reply).signature
+                verify_survivor_set(
+                    directory.key_of(self.node_of[u]),
+                    signature,
+                    view.survivors,
+                    view.dropped,
+                    run_id=self.run_id,
+                    session=self.session,
+                    roster=self.roster,
+                    participants=self._participants_bitmap,
+                )
+            except ValueError as error:  # PassError is a ValueError
+                self._exclude(u, f"survivor-set signature refused: {error}")
+                continue
+            signed[u] = signature
+        if len(signed) < MIN_PARTICIPANTS:
+            raise PassError(f"only {len(signed)} survivors signed the survivor set, PASS needs {MIN_PARTICIPANTS}")
+        requests = {}
+        for u in sorted(signed):
+            signers = [v for v in self.graph[u] if v in signed]
+            requests[u] = dataclasses.replace(view, signers=signers, signatures=[signed[v] for v in signers])
+        return requests
 
     def _check_recoverable(self) -> None:
         """``PassError`` unless ``|U3| >= 3`` and each survivor and dropped client keeps ``t`` surviving neighbours."""
@@ -875,6 +1138,8 @@ class PassServer:
     # Round 4 -----------------------------------------------------------------
     def receive_unmask(self, replies: Mapping[int, UnmaskReply | Mapping[str, Any]]) -> None:
         """Store the well-formed unmask replies (shares of ``b`` for survivors, of ``s`` for dropped clients)."""
+        if self._awaiting_signatures:
+            raise PassError("receive_unmask called before receive_signatures (the consistency round)")
         self._advance(4, "receive_unmask")
         alive, gone = set(self.survivors), set(self.dropped)
         for v, reply in replies.items():
@@ -899,10 +1164,34 @@ class PassServer:
             ):
                 self._exclude(v, "unmask reply names peers or shares it should not")
                 continue
+            forged = self._forged_share(v, reply)
+            if forged is not None:
+                self._exclude(v, forged)
+                continue
             for u, share in zip(reply.survivor_indices, reply.survivor_shares, strict=True):
                 self._b_shares.setdefault(u, []).append((v, share))
             for d, share in zip(reply.dropped_indices, reply.dropped_shares, strict=True):
                 self._s_shares.setdefault(d, []).append((v, share))
+
+    def _forged_share(self, holder: int, reply: UnmaskReply) -> str | None:
+        """Evidence that ``holder`` returned a share other than the one its dealer sent it, or ``None``.
+
+        The holder checked its shares against the dealer's digest when it masked, so a mismatch now is the
+        holder's own doing; the server keeps none of its shares.
+        """
+        returned = (
+            (reply.survivor_indices, reply.survivor_shares, b"b", slice(32, 64), "self-mask seed"),
+            (reply.dropped_indices, reply.dropped_shares, b"s", slice(0, 32), "mask key"),
+        )
+        for dealers, shares, kind, part, what in returned:
+            for dealer, share in zip(dealers, shares, strict=True):
+                expected = self._digests.get((dealer, holder), b"")[part]
+                if share_digest(self.session, dealer, holder, kind, share) != expected:
+                    return (
+                        f"its unmask share of the {what} of client {dealer} does not match the digest that "
+                        f"client {dealer} sent with it (and that client {holder} accepted): corrupted share"
+                    )
+        return None
 
     def _rebuild(self, owner: int, shares: list[tuple[int, bytes]], what: str) -> bytes:
         if len(shares) < self.threshold:

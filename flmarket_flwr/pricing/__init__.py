@@ -4,7 +4,7 @@ pre-training client selectors (FLMarket and the RS, QBS, DICE, DDS baselines).
 Pure numpy: nothing here imports Flower, so the mathematics can be read and tested alone.
 """
 
-from flmarket_flwr.pricing.auction import AuctionResult, auction_order, run_auction
+from flmarket_flwr.pricing.auction import AuctionResult, auction_order, cohort_budget, run_auction
 from flmarket_flwr.pricing.score import alpha, phi, score, theta
 from flmarket_flwr.pricing.selectors import (
     DDS_DIVERSITY_WEIGHT,
@@ -12,6 +12,7 @@ from flmarket_flwr.pricing.selectors import (
     SELECTORS,
     dds_homogeneity,
     dice_quality,
+    flmarket_scores,
     select_clients,
     select_dds,
     select_dice,
@@ -24,6 +25,7 @@ __all__ = [
     "AuctionResult",
     "alpha",
     "auction_order",
+    "cohort_budget",
     "phi",
     "run_auction",
     "score",
@@ -34,6 +36,7 @@ __all__ = [
     "SELECTORS",
     "dds_homogeneity",
     "dice_quality",
+    "flmarket_scores",
     "select_clients",
     "select_dds",
     "select_dice",

@@ -31,13 +31,25 @@ Guarantees (the paper's Theorems, checked by property-based tests): monotone sel
 equal to the critical bid (truthful), ``p_e >= b_e`` (individually rational), ``sum p_e <= R``
 (budget-feasible).
 
-Fixed-count mode (``num_winners=n``)
-    For experiments that compare selectors at equal cohort size, the winners are the first ``n``
-    clients of the same ranking that have a positive score (fewer if fewer have one); the budget
-    rule is not applied. Each winner is paid its critical value for staying in the top ``n``,
-    ``u_e * b_x / u_x`` with ``x`` the first client ranked below the cohort; when no positive-score
-    client is left to compete, nothing bounds that value and the winner is paid its bid. The budget
-    does not bind in this mode (``AuctionResult.within_budget`` tells).
+Eligibility
+    A bid above the budget can never be paid, so such a client is left out of the ranking: it
+    neither wins nor stops the walk nor moves anyone's critical value (Algorithm 1 would let it
+    stop the walk). Whether a client is eligible depends on its own bid only, so truthfulness holds.
+
+Cohort cap (``num_winners=n``)
+    The same walk, stopped after ``n`` winners: a client joins while it passes the budget rule
+    *and* fewer than ``n`` clients joined before it. Selection stays monotone (a lower bid moves a
+    client up the ranking, past fewer and a subset of the clients it followed, so it still passes
+    and still finds fewer than ``n`` ahead). Its critical value is the same maximum of
+    ``min(lambda_j, beta_j)``, taken only over the positions ``j <= n - 1`` (``e`` must find fewer
+    than ``n`` others ahead of it).
+
+    Budget-feasible in total. Each capped winner is an uncapped winner (the capped winners are a
+    prefix of the uncapped ones), and its capped payment is a maximum over a subset of the
+    positions of its uncapped payment, so it is at most that payment. Hence
+    ``sum_capped p_e <= sum_uncapped p_e <= R`` (the uncapped mechanism is budget-feasible,
+    Theorem 3 of the paper). The price of the guarantee: with a budget that binds, fewer than
+    ``n`` clients win. :func:`cohort_budget` gives the least budget that buys a full cohort.
 """
 
 from __future__ import annotations
@@ -50,7 +62,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["AuctionResult", "auction_order", "run_auction"]
+__all__ = ["AuctionResult", "auction_order", "cohort_budget", "run_auction"]
 
 
 @dataclass(frozen=True)
@@ -68,7 +80,7 @@ class AuctionResult:
     budget : float
         The budget ``R``.
     num_winners : int or None
-        The cohort size in fixed-count mode, ``None`` in budget mode.
+        The cohort cap, ``None`` for none.
     """
 
     winners: NDArray[np.intp]
@@ -84,7 +96,7 @@ class AuctionResult:
 
     @property
     def within_budget(self) -> bool:
-        """Whether the total payment is within the budget (always true in budget mode)."""
+        """Whether the total payment is within the budget (always true: kept for the records)."""
         return self.total_payment <= self.budget * (1.0 + 1e-12)
 
     def to_dict(self) -> dict[str, Any]:
@@ -187,8 +199,9 @@ def _budget_payments(
     half_budget: float,
     prefix: NDArray[np.float64],
     num_winners: int,
+    cohort_cap: int,
 ) -> NDArray[np.float64]:
-    """Critical-value payments of the first ``num_winners`` ranked clients (budget mode)."""
+    """Critical-value payments of the first ``num_winners`` ranked clients, with at most ``cohort_cap`` winners."""
     size = sorted_scores.size
     winner_position = np.arange(num_winners, dtype=np.intp)
     winner_score = sorted_scores[:num_winners]
@@ -205,7 +218,8 @@ def _budget_payments(
     first_failing = _first_true(start, np.full(num_winners, size, dtype=np.intp), fails_without_winner)
     # Candidate positions j' of V^-e run from 0 to last_candidate (inclusive); V^-e[j'] is ranked
     # client j' before e's own position and j' + 1 after it; j' = size - 1 is "after everyone".
-    last_candidate = first_failing - 1
+    # With a cohort cap, e must also find fewer than cohort_cap others ahead of it: j' <= cohort_cap - 1.
+    last_candidate = np.minimum(first_failing - 1, cohort_cap - 1)
 
     def lam_beta(j: NDArray[np.intp], rows: NDArray[np.intp]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         own_position = winner_position[rows]
@@ -236,19 +250,59 @@ def _budget_payments(
     return payments
 
 
-def _fixed_count_payments(
-    sorted_scores: NDArray[np.float64], sorted_bids: NDArray[np.float64], num_winners: int
-) -> NDArray[np.float64]:
-    """Critical values for staying among the first ``num_winners`` ranked clients."""
-    winner_score = sorted_scores[:num_winners]
-    competitor = num_winners
-    if competitor < sorted_scores.size and sorted_scores[competitor] > 0:
-        return winner_score * sorted_bids[competitor] / sorted_scores[competitor]
-    return sorted_bids[:num_winners].copy()
+def cohort_budget(scores: ArrayLike, bids: ArrayLike, num_winners: int) -> float:
+    """The least budget at which :func:`run_auction` with ``num_winners`` selects a full cohort.
+
+    With budget ``R`` the first ``n`` positive-score clients of the ranking all pass the rule iff
+    ``R >= 2 * b_k * U_k / u_k`` for each of them (``U_k`` the scores summed up to ``k``), and then
+    every one of them is eligible (``b_k <= R / 2``). For experiments that compare selectors at
+    equal cohort size: the budget is then as small as the cohort allows, and still binds in total.
+
+    Parameters
+    ----------
+    scores, bids : ArrayLike
+        As for :func:`run_auction`.
+    num_winners : int
+        The cohort size ``n >= 1``, at most the number of positive-score clients.
+
+    Returns
+    -------
+    float
+        The budget (a hair above the bound, so rounding cannot drop the last client).
+
+    Raises
+    ------
+    ValueError
+        Invalid scores or bids, or fewer than ``num_winners`` clients with a positive score.
+    """
+    score_array, bid_array, _ = _validate(scores, bids, 1.0)
+    count = _cohort_size(num_winners, score_array.size)
+    order = auction_order(score_array, bid_array)
+    positive = order[score_array[order] > 0][:count]
+    if positive.size < count:
+        raise ValueError(
+            f"num_winners={count} but only {positive.size} clients have a positive score: no budget buys that cohort"
+        )
+    head_scores = score_array[positive]
+    bound = float(np.max(2.0 * bid_array[positive] * np.cumsum(head_scores) / head_scores))
+    return bound * (1.0 + 1e-9)
+
+
+def _cohort_size(num_winners: object, num_clients: int) -> int:
+    """Validate a cohort cap against the number of candidate clients."""
+    if isinstance(num_winners, bool) or not isinstance(num_winners, (int, np.integer)) or num_winners < 1:
+        raise ValueError(f"num_winners must be a positive int or None, got {num_winners!r}")
+    if num_winners > num_clients:
+        raise ValueError(f"num_winners={int(num_winners)} exceeds the {num_clients} candidate clients")
+    return int(num_winners)
 
 
 def run_auction(scores: ArrayLike, bids: ArrayLike, budget: float, *, num_winners: int | None = None) -> AuctionResult:
-    """Select winners and pay each its critical value (FLMarket, Algorithm 1).
+    """Select winners and pay each its critical value: FLMarket's selection rule, the one the product applies.
+
+    Algorithm 1 over the eligible clients (bid at most the budget), optionally capped at
+    ``num_winners`` winners (see the module docstring). Zero-score clients never win; the total
+    payment is at most ``budget`` in every mode, and so is every payment.
 
     Parameters
     ----------
@@ -259,8 +313,7 @@ def run_auction(scores: ArrayLike, bids: ArrayLike, budget: float, *, num_winner
     budget : float
         Budget ``R > 0``.
     num_winners : int, optional
-        Fixed-count mode: take the first ``num_winners`` positive-score clients of the auction's
-        ranking, ignoring the budget rule (see the module docstring).
+        Cohort cap ``1 <= n <= E``: at most ``n`` winners, the head of the same walk.
 
     Returns
     -------
@@ -271,31 +324,29 @@ def run_auction(scores: ArrayLike, bids: ArrayLike, budget: float, *, num_winner
     ------
     ValueError
         Non-finite or non-positive bids, negative or non-finite scores, ``budget <= 0``,
-        mismatched lengths, or ``num_winners < 1``.
+        mismatched lengths, or ``num_winners`` not in ``[1, E]``.
     """
     score_array, bid_array, budget_value = _validate(scores, bids, budget)
-    if num_winners is not None:
-        if isinstance(num_winners, bool) or not isinstance(num_winners, (int, np.integer)) or num_winners < 1:
-            raise ValueError(f"num_winners must be a positive int or None, got {num_winners!r}")
-        num_winners = int(num_winners)
+    cap = score_array.size if num_winners is None else _cohort_size(num_winners, score_array.size)
 
     order = auction_order(score_array, bid_array)
-    sorted_scores = score_array[order]
-    sorted_bids = bid_array[order]
+    eligible = order[bid_array[order] <= budget_value]
+    sorted_scores = score_array[eligible]
+    sorted_bids = bid_array[eligible]
     payments = np.zeros(score_array.size)
 
-    if num_winners is None:
-        prefix = np.cumsum(sorted_scores)
-        count = _budget_winner_count(sorted_scores, sorted_bids, budget_value / 2.0, prefix)
-        if count:
-            sorted_payments = _budget_payments(sorted_scores, sorted_bids, budget_value / 2.0, prefix, count)
-    else:
-        count = min(num_winners, int(np.count_nonzero(sorted_scores > 0)))
-        if count:
-            sorted_payments = _fixed_count_payments(sorted_scores, sorted_bids, count)
-
-    winners = order[:count]
+    prefix = np.cumsum(sorted_scores)
+    count = min(_budget_winner_count(sorted_scores, sorted_bids, budget_value / 2.0, prefix), cap)
+    winners = eligible[:count]
     if count:
-        # p_e >= b_e holds exactly in theory; the clamp only absorbs floating-point rounding.
-        payments[winners] = np.maximum(sorted_payments, sorted_bids[:count])
-    return AuctionResult(winners=winners, payments=payments, order=order, budget=budget_value, num_winners=num_winners)
+        sorted_payments = _budget_payments(sorted_scores, sorted_bids, budget_value / 2.0, prefix, count, cap)
+        # p_e >= b_e holds exactly in theory; the clamp only absorbs floating-point rounding, and
+        # the cap at R only guards the total's rounding (every payment is at most R/2 in theory).
+        payments[winners] = np.minimum(np.maximum(sorted_payments, sorted_bids[:count]), budget_value)
+    return AuctionResult(
+        winners=winners,
+        payments=payments,
+        order=order,
+        budget=budget_value,
+        num_winners=None if num_winners is None else cap,
+    )

@@ -8,15 +8,17 @@ the same signature::
 
 where ``label_counts`` is an ``(E, C)`` integer array (``n_e^c``: samples of class ``c`` held by
 client ``e``) and the result holds ``num_selected`` distinct row positions in selection
-(priority) order. Selectors are deterministic given their inputs and ``seed``; only RS uses
-the seed. Keywords meant for another selector (``bids``, ``embeddings``, ...) are accepted and
-ignored, so one set of keywords can drive every selector; an unknown keyword is an error.
+(priority) order (FLMarket: at most ``num_selected``, see below). Selectors are deterministic
+given their inputs and ``seed``; only RS uses the seed. Keywords meant for another selector
+(``bids``, ``embeddings``, ...) are accepted and ignored, so one set of keywords can drive every
+selector; an unknown keyword is an error.
 
 Selectors (``SELECTORS`` maps the names to the functions)
 
 ``flmarket``
-    Data value score ``u_e`` (:func:`~flmarket_flwr.pricing.score.score`) and the reverse
-    auction in fixed-count mode: clients ranked by ``u_e / b_e``.
+    Data value score ``u_e`` (:func:`~flmarket_flwr.pricing.score.score`) and the product's
+    reverse auction with a cohort cap: clients ranked by ``u_e / b_e``. The one selector that may
+    return fewer than ``num_selected`` positions: zero-score clients never win.
 ``rs``
     Random selection: a uniformly random subset.
 ``qbs``
@@ -41,7 +43,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flmarket_flwr.pricing.auction import run_auction
+from flmarket_flwr.pricing.auction import cohort_budget, run_auction
 from flmarket_flwr.pricing.score import score
 
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
     "SELECTORS",
     "dds_homogeneity",
     "dice_quality",
+    "flmarket_scores",
     "select_clients",
     "select_dds",
     "select_dice",
@@ -146,6 +149,30 @@ def _rank_descending(values: NDArray[np.float64], has_data: NDArray[np.bool_]) -
 # ----------------------------------------------------------------------------- FLMarket
 
 
+def flmarket_scores(label_counts: ArrayLike) -> NDArray[np.float64]:
+    """Every client's data value score against the pool's global counts, as PASS would aggregate them.
+
+    .. math:: u_e = \\mathrm{score}(n_e, n_s, E), \\qquad n_s^c = \\sum_{e=1}^{E} n_e^c.
+
+    Parameters
+    ----------
+    label_counts : ArrayLike
+        Per-class counts, shape ``(E, C)``.
+
+    Returns
+    -------
+    NDArray[np.float64]
+        ``(E,)`` scores.
+
+    Raises
+    ------
+    ValueError
+        All-zero label counts: no global distribution to score against (the market phase stops there too).
+    """
+    counts = _label_counts(label_counts)
+    return np.atleast_1d(score(counts, counts.sum(axis=0), counts.shape[0])).astype(np.float64)
+
+
 def select_flmarket(
     label_counts: ArrayLike,
     num_selected: int,
@@ -155,47 +182,37 @@ def select_flmarket(
     budget: float | None = None,
     **extra: Any,
 ) -> NDArray[np.intp]:
-    """FLMarket: data value score and reverse auction in fixed-count mode.
+    """FLMarket: data value scores (:func:`flmarket_scores`) and the product's auction with a cohort cap.
 
-    The scores use the global distribution of the candidate pool, as PASS would aggregate it:
-
-    .. math::
-
-        u_e = \\mathrm{score}(n_e, n_s, E), \\qquad n_s^c = \\sum_{e=1}^{E} n_e^c,
-
-    and the auction ranks the clients by ``u_e / b_e`` (highest first, ties to the lower
-    position); :func:`~flmarket_flwr.pricing.auction.run_auction` with ``num_winners`` takes the
-    first ``num_selected`` positive-score clients of that ranking.
-
-    Fewer positive-score clients than ``num_selected``: for comparisons at equal cohort size the
-    cohort is filled with the rest of the auction order, i.e. the zero-score clients by lower
-    position (their ``u_e / b_e`` is 0). The result is therefore always the first
-    ``num_selected`` entries of ``AuctionResult.order``; the auction's own winners come first.
+    The winners are exactly those of :func:`~flmarket_flwr.pricing.auction.run_auction` with
+    ``num_winners=num_selected``, the rule the market phase applies: clients ranked by ``u_e / b_e``,
+    the budget rule, at most ``num_selected`` winners. Zero-score clients never win, so with fewer
+    positive-score clients than ``num_selected`` (or a budget that binds) the cohort is smaller:
+    the comparison records what the market would really buy, never a filled-up cohort.
 
     Parameters
     ----------
     label_counts : ArrayLike
         Per-class counts, shape ``(E, C)``.
     num_selected : int
-        Cohort size ``1 <= n <= E``.
+        Cohort cap ``1 <= n <= E``.
     seed : int
         Unused (the auction is deterministic); accepted for the common interface.
     bids : ArrayLike
         Required: one bid ``b_e > 0`` per client.
     budget : float, optional
-        Budget ``R`` handed to the auction; it does not bind in fixed-count mode. Default: the
-        sum of the bids.
+        Budget ``R``. Default: :func:`~flmarket_flwr.pricing.auction.cohort_budget`, the least budget
+        that buys the cohort (of the positive-score clients, if fewer than ``num_selected``).
 
     Returns
     -------
     NDArray[np.intp]
-        ``num_selected`` positions in auction order.
+        At most ``num_selected`` positions, in selection order.
 
     Raises
     ------
     ValueError
-        No bids, or a number of bids different from ``E``; invalid bids (see ``run_auction``);
-        all-zero label counts (no global distribution to score against).
+        No bids, or a number of bids different from ``E``; invalid bids or budget (see ``run_auction``).
     """
     counts, count = _prepare(label_counts, num_selected, seed, extra)
     num_clients = counts.shape[0]
@@ -204,11 +221,13 @@ def select_flmarket(
     bid_array = np.asarray(bids, dtype=np.float64)
     if bid_array.ndim != 1 or bid_array.size != num_clients:
         raise ValueError(f"bids must have shape ({num_clients},), one per client, got shape {bid_array.shape}")
-    scores = np.atleast_1d(score(counts, counts.sum(axis=0), num_clients))
-    budget_value = float(bid_array.sum()) if budget is None else budget
-    result = run_auction(scores, bid_array, budget=budget_value, num_winners=count)
-    rest = result.order[~np.isin(result.order, result.winners)]
-    return np.concatenate([result.winners, rest])[:count].astype(np.intp)
+    scores = flmarket_scores(counts)
+    if budget is None:
+        buyable = min(count, int(np.count_nonzero(scores > 0)))
+        if buyable == 0:
+            return np.zeros(0, dtype=np.intp)
+        budget = cohort_budget(scores, bid_array, buyable)
+    return run_auction(scores, bid_array, budget=budget, num_winners=count).winners.astype(np.intp)
 
 
 # ----------------------------------------------------------------------------- RS and QBS
@@ -540,7 +559,7 @@ def select_clients(
     Returns
     -------
     NDArray[np.intp]
-        ``num_selected`` distinct positions in selection order.
+        ``num_selected`` distinct positions in selection order (FLMarket: at most that many).
 
     Raises
     ------

@@ -1,4 +1,7 @@
-"""An in-process ``Grid`` that runs a real ``ClientApp`` per node, for tests without Ray or a SuperLink.
+"""An in-process ``Grid`` that runs a real ``ClientApp`` per node: no Ray, no SuperLink.
+
+Production code runs on it (the experiments engine's ``market="protocol"``, the benchmarks) as well as
+the tests.
 
 :class:`InProcessGrid` delivers every message the way Flower's runtimes do, only synchronously
 and in one process:
@@ -33,7 +36,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.common.serde import context_from_proto, context_to_proto
 from flwr.proto.message_pb2 import Context as ProtoContext  # pylint: disable=E0611
 from flwr.serverapp import Grid
-from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, no_object_id_recompute
 from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
@@ -84,10 +87,12 @@ def wire_roundtrip(message: Message) -> tuple[Message, bytes]:
         The deserialised copy (same ``message_id``) and the serialised bytes of the
         message and all its records.
     """
-    objects = get_all_nested_objects(message)
-    contents = {object_id: obj.deflate() for object_id, obj in objects.items()}
-    raw = b"".join(contents.values())
-    copy = cast(Message, inflate_object_from_contents(message.object_id, dict(contents)))
+    # As Flower's own grids and runtimes do: each object id is computed once, not again on every access.
+    with no_object_id_recompute():
+        objects = get_all_nested_objects(message)
+        contents = {object_id: obj.deflate() for object_id, obj in objects.items()}
+        raw = b"".join(contents.values())
+        copy = cast(Message, inflate_object_from_contents(message.object_id, dict(contents)))
     copy.metadata.__dict__["_message_id"] = message.metadata.message_id
     return copy, raw
 

@@ -1,0 +1,202 @@
+"""The market phase's settings (:class:`MarketConfig`) and its result (:class:`MarketOutcome`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory
+
+__all__ = ["DEFAULT_COUNT_BOUND", "MarketConfig", "MarketOutcome"]
+
+DEFAULT_COUNT_BOUND = 10**9
+"""Default declared maximum of one client's count of one class."""
+
+
+@dataclass(frozen=True)
+class MarketConfig:
+    """Configuration of the market phase.
+
+    Parameters
+    ----------
+    budget : float
+        Budget ``R > 0`` of the reverse auction. The payments sum to at most ``R``, in every mode.
+    num_classes : int
+        Number of classes ``C`` (length of every label-count vector).
+    num_winners : int, optional
+        Cohort cap: at most ``num_winners`` winners, the head of the budget-feasible walk (see
+        :func:`flmarket_flwr.pricing.run_auction`); fewer win when the budget binds. ``None``
+        (default): the budget alone decides. More than the connected nodes is an error.
+    min_clients : int (default: 3)
+        Fewest PASS survivors accepted; at least 3 (with 2, each learns the other's counts).
+    timeout : float (default: 60.0)
+        Seconds one message round may take, whatever the transport does underneath.
+    wait_for_nodes_timeout : float (default: 60.0)
+        Longest wait for nodes to connect before the market starts.
+    stall_timeout : float (default: 5.0)
+        The wait ends early, with an error that names the fix, when some nodes but fewer than
+        ``min_clients`` are connected and none has joined for this many seconds (a simulation's
+        federation connects at once). Raise it for a deployment whose SuperNodes start slowly.
+    expected_nodes : int, optional
+        Wait until this many nodes are connected (bounded by ``wait_for_nodes_timeout``).
+        ``None``: wait until ``min_clients`` are connected and their number has not changed
+        for one ``poll_interval``.
+    session_label : str (default: "flmarket")
+        Label prefixed to the PASS session id (binds the masks to this application).
+    poll_interval : float (default: 1.0)
+        Seconds between two node-count polls while waiting for nodes.
+    count_bound : int (default: 10**9)
+        Declared maximum of any one client's count of any one class, announced before masking.
+        A client with a larger count refuses to take part; an unmasked sum with a class above
+        ``count_bound * E`` is rejected (:class:`MarketError`), never used.
+    neighbours : int or str (default: "auto")
+        PASS masking graph: ``"all"`` masks with every other client (the paper's PASS), an int
+        ``k`` with ``k`` neighbours of a random graph, ``"auto"`` picks ``k`` from the number of
+        clients (:func:`flmarket_flwr.pass_protocol.neighbourhood_size`; the complete graph for small E).
+    directory : IdentityDirectory, optional
+        The buyer's directory of client identity keys (node id -> Ed25519 public key). With it the
+        server drops any unsigned or wrongly signed key advertisement; the clients check their
+        neighbours' signatures themselves against their own copy.
+    audit_winners : bool (default: True)
+        Whether each winner must open its PASS counts commitment to the buyer, so that a false
+        score is caught before anyone is paid. Winners then disclose their counts to the buyer
+        (losers never do); with ``False`` every score is the client's word (see the threat model).
+    """
+
+    budget: float
+    num_classes: int
+    num_winners: int | None = None
+    min_clients: int = MIN_PARTICIPANTS
+    timeout: float = 60.0
+    wait_for_nodes_timeout: float = 60.0
+    stall_timeout: float = 5.0
+    expected_nodes: int | None = None
+    session_label: str = "flmarket"
+    poll_interval: float = 1.0
+    count_bound: int = DEFAULT_COUNT_BOUND
+    neighbours: int | str = "auto"
+    directory: IdentityDirectory | None = None
+    audit_winners: bool = True
+
+    def __post_init__(self) -> None:
+        """Validate every field."""
+        check_positive_number("budget", self.budget)
+        check_int("num_classes", self.num_classes, minimum=1)
+        if self.num_winners is not None:
+            check_int("num_winners", self.num_winners, minimum=1)
+        check_int("min_clients", self.min_clients, minimum=MIN_PARTICIPANTS)
+        check_positive_number("timeout", self.timeout)
+        check_positive_number("wait_for_nodes_timeout", self.wait_for_nodes_timeout, allow_zero=True)
+        check_positive_number("stall_timeout", self.stall_timeout)
+        if self.expected_nodes is not None:
+            check_int("expected_nodes", self.expected_nodes, minimum=self.min_clients)
+        if not isinstance(self.session_label, str) or not self.session_label:
+            raise ValueError(f"session_label must be a non-empty str, got {self.session_label!r}")
+        check_positive_number("poll_interval", self.poll_interval)
+        check_int("count_bound", self.count_bound, minimum=1)
+        if self.neighbours not in ("auto", "all"):
+            check_int("neighbours", self.neighbours, minimum=2)
+        if not isinstance(self.audit_winners, bool):
+            raise TypeError(f"audit_winners must be a bool, got {type(self.audit_winners).__name__}")
+
+
+@dataclass
+class MarketOutcome:
+    """Result of the market phase.
+
+    Attributes
+    ----------
+    winners : list[int]
+        Node ids of the winners, in the auction's selection order.
+    participants : list[int]
+        Node ids of the auction's bidders (valid score and bid, not caught lying), ascending.
+    scores, bids, payments : dict[int, float]
+        Per bidder (payments are ``0.0`` for losers, each at most ``budget``).
+    total_payment : float
+        Sum of the payments.
+    budget : float
+        The budget ``R``.
+    global_counts : list[int]
+        ``N_s``, the per-class label counts summed over the PASS survivors.
+    excluded : dict[int, str]
+        Node id -> reason, for every node left out at some step.
+    timings : dict[str, float]
+        Seconds per step (``wait_for_nodes``, ``pass``, ``bid``, ``auction``, ``award``) and ``total``.
+    pass_participants : list[int]
+        Node ids whose counts are in ``global_counts`` (``E`` = their number), ascending.
+    num_winners : int or None
+        The cohort cap, or ``None`` when the budget alone decides.
+    award_acknowledged : list[int]
+        Bidders that acknowledged their award message.
+    audited : list[int]
+        Winners whose opened counts matched their commitment and their claimed score.
+    """
+
+    winners: list[int]
+    participants: list[int]
+    scores: dict[int, float]
+    bids: dict[int, float]
+    payments: dict[int, float]
+    total_payment: float
+    budget: float
+    global_counts: list[int]
+    excluded: dict[int, str]
+    timings: dict[str, float]
+    pass_participants: list[int] = field(default_factory=list)
+    num_winners: int | None = None
+    award_acknowledged: list[int] = field(default_factory=list)
+    audited: list[int] = field(default_factory=list)
+
+    @property
+    def within_budget(self) -> bool:
+        """Whether the total payment is within the budget (always in budget mode)."""
+        return self.total_payment <= self.budget * (1.0 + 1e-12)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-Python form (int node-id keys; :meth:`save_json` writes them as strings)."""
+        return {
+            "winners": list(self.winners),
+            "participants": list(self.participants),
+            "pass_participants": list(self.pass_participants),
+            "scores": dict(self.scores),
+            "bids": dict(self.bids),
+            "payments": dict(self.payments),
+            "total_payment": self.total_payment,
+            "budget": self.budget,
+            "within_budget": self.within_budget,
+            "num_winners": self.num_winners,
+            "global_counts": list(self.global_counts),
+            "excluded": dict(self.excluded),
+            "audited": list(self.audited),
+            "award_acknowledged": list(self.award_acknowledged),
+            "timings": dict(self.timings),
+        }
+
+    def save_json(self, path: str | Path) -> Path:
+        """Write :meth:`to_dict` as JSON to ``path`` (parents created) and return the path."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n", encoding="utf-8")
+        return target
+
+
+def check_int(name: str, value: object, minimum: int) -> None:
+    """Raise ``TypeError`` unless ``value`` is an int, ``ValueError`` unless it is at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def check_positive_number(name: str, value: object, allow_zero: bool = False) -> None:
+    """Raise ``TypeError`` unless ``value`` is a real number, ``ValueError`` unless it is finite and > 0 (or >= 0)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be finite and {bound}, got {value}")

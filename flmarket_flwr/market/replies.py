@@ -1,0 +1,85 @@
+"""The market phase's checks of the clients' replies: score and bid bounds, and the winners' audit."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from flwr.app import Message
+
+from flmarket_flwr.market.config import MarketConfig
+from flmarket_flwr.market.errors import MarketError
+from flmarket_flwr.market.messages import KEY_BID, KEY_COUNTS, KEY_NONCE, KEY_SCORE, ReplyError, read_config, read_float
+from flmarket_flwr.market.pass_rounds import PassResult
+from flmarket_flwr.pass_protocol import counts_commitment
+from flmarket_flwr.pricing import score as compute_score
+
+__all__ = ["check_opening", "highest_possible_score", "read_score_and_bid"]
+
+
+def highest_possible_score(pass_result: PassResult) -> float:
+    """The largest score any PASS participant can have: that of counts equal to ``N_s``.
+
+    ``phi`` never decreases and every client's count of a class is at most ``n_s^c``, so
+    ``score(N_s, N_s, E)`` bounds every honest score.
+
+    Raises
+    ------
+    MarketError
+        If ``N_s`` is all zero: no client holds data, nothing can be scored.
+    """
+    counts = pass_result.global_counts
+    try:
+        bound = float(compute_score(counts, counts, len(pass_result.participants)))
+    except ValueError as err:
+        raise MarketError(f"the global counts cannot be scored ({err}): no client holds data") from err
+    return bound * (1.0 + 1e-9) + 1e-9
+
+
+def read_score_and_bid(reply: Message, highest_score: float) -> tuple[float, float]:
+    """``(score, bid)`` of a ``market_bid`` reply: score in ``[0, highest_score]``, bid finite and ``> 0``."""
+    record = read_config(reply)
+    score = read_float(record, KEY_SCORE)
+    bid = read_float(record, KEY_BID)
+    if score < 0:
+        raise ReplyError(f"'{KEY_SCORE}' must be >= 0, got {score}")
+    if score > highest_score:
+        raise ReplyError(
+            f"'{KEY_SCORE}' {score} exceeds {highest_score:.6g}, the score of all the global counts: "
+            "no client can score that much"
+        )
+    if bid <= 0:
+        raise ReplyError(f"'{KEY_BID}' must be > 0, got {bid}")
+    return score, bid
+
+
+def check_opening(
+    reply: Message, node: int, pass_result: PassResult, config: MarketConfig, claimed_score: float
+) -> None:
+    """Check a winner's opened counts against its PASS commitment, the bounds and its claimed score.
+
+    Raises
+    ------
+    ReplyError
+        With the reason the winner is excluded.
+    """
+    record = read_config(reply)
+    counts = record.get(KEY_COUNTS)
+    nonce = record.get(KEY_NONCE)
+    if not isinstance(counts, list) or len(counts) != config.num_classes:
+        raise ReplyError(f"audit: '{KEY_COUNTS}' must be a list of {config.num_classes} ints")
+    if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 or c > config.count_bound for c in counts):
+        raise ReplyError(f"audit: '{KEY_COUNTS}' must hold ints in [0, {config.count_bound}]")
+    if not isinstance(nonce, bytes):
+        raise ReplyError(f"audit: '{KEY_NONCE}' must be bytes")
+    opened = np.asarray(counts, dtype=np.int64)
+    index = pass_result.indices[node]
+    if counts_commitment(pass_result.session, index, opened, nonce) != pass_result.commitments[node]:
+        raise ReplyError("audit: the opened counts do not match the client's PASS commitment")
+    if np.any(opened > pass_result.global_counts):
+        raise ReplyError("audit: the opened counts exceed the global counts")
+    true_score = float(compute_score(opened, pass_result.global_counts, len(pass_result.participants)))
+    if not math.isclose(true_score, claimed_score, rel_tol=1e-9, abs_tol=1e-12):
+        raise ReplyError(
+            f"audit: the claimed score {claimed_score:.6g} is not the score {true_score:.6g} of the committed counts"
+        )

@@ -1,0 +1,167 @@
+"""How the market phase talks to the nodes: one request per node, replies matched and bounded in time.
+
+:func:`exchange` pushes the requests of one step, pulls the replies until all have arrived or the
+step's timeout has passed, and matches them to their nodes. A pull that blocks inside the
+transport cannot hold the market past its deadline.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from logging import WARNING
+
+from flwr.app import ConfigRecord, Message
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from flmarket_flwr.market.messages import make_content, message_type
+
+__all__ = ["exchange", "send_and_receive_within"]
+
+FIRST_PULL_DELAY_S = 0.001
+"""Seconds between a step's push and its second pull; the wait doubles while no reply arrives."""
+MAX_PULL_DELAY_S = 0.1
+"""Longest wait between two pulls of replies."""
+STUCK_PULL_S = 5.0
+"""Seconds after which a pull of replies that has not returned counts as stuck in the transport."""
+LAST_PULL_S = 1.0
+"""Seconds the last pull of a step may take, even when the step's deadline has passed."""
+
+
+def exchange(grid: Grid, action: str, requests: Mapping[int, ConfigRecord], timeout: float) -> dict[int, Message]:
+    """Send one request per node and return ``{node: reply}`` received within ``timeout`` seconds.
+
+    Replies are matched by ``reply_to_message_id``. An error reply that the transport made for a
+    node (Flower's own, e.g. an upload that never completed) is kept as that node's reply, so its
+    real reason is logged; other replies from an unexpected sender, and second replies, are ignored.
+
+    Parameters
+    ----------
+    grid : Grid
+        The ``Grid`` of the ``ServerApp``.
+    action : str
+        The ``query`` action of the step (the message type is ``query.<action>``).
+    requests : Mapping[int, ConfigRecord]
+        Node id -> the request's content.
+    timeout : float
+        Seconds the step may take from the end of the push.
+
+    Returns
+    -------
+    dict[int, Message]
+        Node id -> its reply, for the replies that arrived in time.
+    """
+    messages = [
+        Message(make_content(record), dst_node_id=node, message_type=message_type(action), group_id=action)
+        for node, record in requests.items()
+    ]
+    replies = send_and_receive_within(grid, messages, timeout)
+    node_of = {msg.metadata.message_id: msg.metadata.dst_node_id for msg in messages}
+    matched: dict[int, Message] = {}
+    for reply in replies:
+        node = node_of.get(reply.metadata.reply_to_message_id)
+        if node is None:
+            log(WARNING, "Market: %s: ignoring a reply to an unknown message", action)
+            continue
+        if reply.metadata.src_node_id != node and not reply.has_error():
+            log(
+                WARNING,
+                "Market: %s: ignoring a reply to node %d sent by node %d",
+                action,
+                node,
+                reply.metadata.src_node_id,
+            )
+            continue
+        if node in matched:
+            log(WARNING, "Market: %s: ignoring a second reply for node %d", action, node)
+            continue
+        matched[node] = reply
+    return matched
+
+
+def send_and_receive_within(grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
+    """Push ``messages`` and pull their replies until all arrived or ``timeout`` seconds passed.
+
+    The deadline counts from the end of the push (a grid that computes the replies inside the push,
+    as :class:`~flmarket_flwr.market.inprocess.InProcessGrid` does, is not charged for that work).
+    The first pull follows the push at once; while replies are missing the wait between pulls
+    doubles from ``FIRST_PULL_DELAY_S`` to ``MAX_PULL_DELAY_S`` and starts again after every pull that
+    brought a reply, so a fast step costs milliseconds and a slow one a pull every 0.1 s.
+
+    Unlike ``Grid.send_and_receive``, a pull that blocks inside the transport cannot hold the market
+    past its deadline: each pull runs in a daemon thread that is abandoned when the deadline passes.
+    One last pull is always made (bounded by ``LAST_PULL_S``). A pull stuck in the transport (a node
+    cut off while uploading its reply: Flower retries that reply's objects until the SuperLink's
+    upload session expires, minutes later) would also hold every reply that arrives after it, so once
+    a pull is stuck the others are pulled one message id at a time.
+    """
+    pending = set(grid.push_messages(messages))
+    deadline = time.monotonic() + timeout
+    received: list[Message] = []
+    pulls: list[_Pull] = []
+    one_by_one = False
+    delay = FIRST_PULL_DELAY_S
+    while pending:
+        last = time.monotonic() >= deadline
+        busy = {message_id for pull in pulls if len(pull.ids) == 1 or not pull.stuck for message_id in pull.ids}
+        idle = sorted(pending - busy)
+        if idle and one_by_one:
+            pulls.extend(_Pull(grid, [message_id]) for message_id in idle)
+        elif idle:
+            pulls.append(_Pull(grid, idle))
+        _wait_for(pulls, LAST_PULL_S if last else min(MAX_PULL_DELAY_S, max(0.0, deadline - time.monotonic())))
+        arrived = 0
+        for pull in [pull for pull in pulls if pull.done]:
+            pulls.remove(pull)
+            received.extend(pull.replies)
+            arrived += len(pull.replies)
+            pending.difference_update(reply.metadata.reply_to_message_id for reply in pull.replies)
+        if last:
+            break
+        if not one_by_one and any(pull.stuck for pull in pulls):
+            one_by_one = True
+            log(WARNING, "Market: a pull of replies is stuck in the transport; pulling the others one by one")
+        if pending:
+            delay = FIRST_PULL_DELAY_S if arrived else min(2.0 * delay, MAX_PULL_DELAY_S)
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+    if pending and pulls:
+        log(WARNING, "Market: pulling replies did not return within the step's timeout; going on without them")
+    return received
+
+
+class _Pull:
+    """One ``grid.pull_messages(ids)`` call in a daemon thread, abandoned if it never returns."""
+
+    def __init__(self, grid: Grid, ids: list[str]) -> None:
+        self.ids = ids
+        self.replies: list[Message] = []
+        self._started = time.monotonic()
+        self._thread = threading.Thread(target=self._pull, args=(grid,), name="flmarket-pull", daemon=True)
+        self._thread.start()
+
+    def _pull(self, grid: Grid) -> None:
+        self.replies = list(grid.pull_messages(self.ids))
+
+    @property
+    def done(self) -> bool:
+        """Whether the call returned (or failed)."""
+        return not self._thread.is_alive()
+
+    def wait(self, seconds: float) -> None:
+        """Wait at most ``seconds`` for the call to return."""
+        self._thread.join(max(seconds, 0.0))
+
+    @property
+    def stuck(self) -> bool:
+        """Whether the call has been running longer than a pull of replies takes unless the transport is stuck."""
+        return not self.done and time.monotonic() - self._started > STUCK_PULL_S
+
+
+def _wait_for(pulls: list[_Pull], seconds: float) -> None:
+    """Wait at most ``seconds`` in all for the pulls that are not stuck to return."""
+    end = time.monotonic() + seconds
+    for pull in pulls:
+        if not pull.stuck:
+            pull.wait(end - time.monotonic())
