@@ -48,6 +48,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -223,12 +224,35 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
 # ---------------------------------------------------------------------------
 
 
+def _check_data_root(config: DataConfig) -> None:
+    """Before loading: a ``data-root`` that names no folder is an error naming the key, for every data set.
+
+    Digits reads no folder (a root that names none there can only be a typo); digits_xl's root is a cache
+    folder, made on first use. (Checked at load time, not in :meth:`DataConfig.validate`, which also checks configs
+    composed on a machine without the data.)
+    """
+    name = config.dataset_name
+    if config.data_root and not name.startswith("digits_xl") and not Path(config.data_root).expanduser().is_dir():
+        fix = (
+            "digits is bundled: leave data-root empty (data-root='')"
+            if name == "digits"
+            else f"set data-root to the folder that holds the {name} files"
+        )
+        raise ValueError(f"data-root {config.data_root!r} is not a folder; {fix}")
+
+
 def _dataset_key(config: DataConfig) -> tuple[str, str, int, int]:
     """Cache key of the raw data set: only the fields that change what is loaded.
 
     ``test-per-class`` only matters for the data sets that take it (digits, digits_xl), and the
     seed only where the test set is drawn (digits, DEAP): CIFAR-10 is not re-read for another seed.
+
+    Raises
+    ------
+    ValueError
+        If ``data-root`` names no folder (:func:`_check_data_root`).
     """
+    _check_data_root(config)
     name = config.dataset_name
     return (
         name,

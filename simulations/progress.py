@@ -17,6 +17,7 @@ import math
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -68,6 +69,12 @@ def format_line(  # pylint: disable=too-many-arguments
     )
 
 
+def _sweep_dir(config: DictConfig) -> str:
+    """The sweep's output folder (``hydra.sweep.dir``), absolute."""
+    folder = OmegaConf.select(config, "hydra.sweep.dir")
+    return str(Path(str(folder)).resolve()) if folder else "?"
+
+
 class SweepProgress(Callback):
     """Print one line per finished job: index/total, elapsed, ETA, final accuracy."""
 
@@ -77,6 +84,7 @@ class SweepProgress(Callback):
         self.started = time.perf_counter()
         self.finished = 0
         self._job_started = self.started
+        self.sweep_dir = "?"
 
     def _print(self, line: str) -> None:
         print(line, file=self.stream or sys.stderr, flush=True)
@@ -89,7 +97,14 @@ class SweepProgress(Callback):
             self.total = count_jobs(list(OmegaConf.select(config, "hydra.overrides.task") or []))
         except Exception:  # pylint: disable=broad-exception-caught
             self.total = 0
-        self._print(f"Sweep of {self.total} job(s); one line per finished job.")
+        self.sweep_dir = _sweep_dir(config)
+        self._print(f"Sweep of {self.total} job(s) into {self.sweep_dir}; one line per finished job.")
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """Say where the results went, and how to report them."""
+        folder = _sweep_dir(config)
+        self._print(f"Sweep finished: {self.finished} job(s), results in {folder}")
+        self._print(f"Report: python -m simulations.report {folder} --out {folder}/report")
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         """A single run: start the clock."""

@@ -167,31 +167,47 @@ def _blocks(grouped: Grouped) -> dict[tuple[str, int, int, int], list[Setting]]:
     return blocks
 
 
+def cohort(num_selected: int, num_clients: int, records: Iterable[dict[str, Any]]) -> str:
+    """``"5 of 20"``, or in budget mode (``num_selected == 0``) the sizes the budget selected: ``"6-10 of 20"``."""
+    if num_selected > 0:
+        return f"{num_selected} of {num_clients}"
+    sizes = sorted({len(r["selected_nodes"]) for r in records if r.get("selected_nodes") is not None})
+    if not sizes:
+        return f"budget-selected of {num_clients}"
+    size = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
+    return f"{size} of {num_clients} (by budget)"
+
+
+def _block_records(grouped: Grouped, settings: Sequence[Setting]) -> list[dict[str, Any]]:
+    return [r for s in settings for records in grouped[s].values() for r in records]
+
+
 def accuracy_table(grouped: Grouped) -> list[str]:
-    """Markdown blocks, one per (dataset, clients, cohort size); best mean per row in bold."""
+    """Markdown blocks, one per (dataset, clients, cohort size); best mean per row in bold.
+
+    The columns are the pre-training selectors the block has runs of: a sweep of two selectors gets a
+    two-column table (win counts and gains still need all five).
+    """
     lines: list[str] = []
     for (dataset, num_clients, num_selected, _), settings in _blocks(grouped).items():
-        if not any(_complete(grouped[s]) for s in settings):
+        selectors = [s for s in PRE_TRAINING_SELECTORS if any(s in grouped[setting] for setting in settings)]
+        if not selectors:
             continue
-        lines += [
-            f"**{dataset}, {num_selected} of {num_clients} clients** (final accuracy %, mean ± std over seeds)",
-            "",
-        ]
-        lines.append(
-            "| distribution | " + " | ".join(SELECTOR_LABELS[s] for s in PRE_TRAINING_SELECTORS) + " | seeds |"
-        )
-        lines.append("|---" * (len(PRE_TRAINING_SELECTORS) + 2) + "|")
+        size = cohort(num_selected, num_clients, _block_records(grouped, settings))
+        lines += [f"**{dataset}, {size} clients** (final accuracy %, mean ± std over seeds)", ""]
+        lines.append("| distribution | " + " | ".join(SELECTOR_LABELS[s] for s in selectors) + " | seeds |")
+        lines.append("|---" * (len(selectors) + 2) + "|")
         for setting in settings:
             cells = grouped[setting]
-            best = best_selector(cells, PRE_TRAINING_SELECTORS)
+            best = best_selector(cells, selectors) if len(selectors) > 1 else None
             row = []
-            for selector in PRE_TRAINING_SELECTORS:
+            for selector in selectors:
                 if selector not in cells:
                     row.append("—")
                     continue
                 text = _fmt(*final_accuracy(cells[selector])[:2])
                 row.append(f"**{text}**" if selector == best else text)
-            seeds = sorted({len(cells[s]) for s in PRE_TRAINING_SELECTORS if s in cells})
+            seeds = sorted({len(cells[s]) for s in selectors if s in cells})
             lines.append(f"| {setting.distribution} | " + " | ".join(row) + f" | {'/'.join(map(str, seeds))} |")
         lines.append("")
     return lines
@@ -207,9 +223,9 @@ def class_distribution_table(grouped: Grouped, selectors: Sequence[str] = ("flma
         first = {s: min(cells[s], key=lambda r: r["seed"]) for s in selectors}
         pool = first[selectors[0]]["pool_class_totals"]
         num_classes = len(pool)
-        cohort = f"{setting.num_selected} of {setting.num_clients}"
+        size = cohort(setting.num_selected, setting.num_clients, _block_records(grouped, [setting]))
         seed = first[selectors[0]]["seed"]
-        lines += [f"**{setting.dataset}, {setting.distribution}, {cohort}, seed {seed}**", ""]
+        lines += [f"**{setting.dataset}, {setting.distribution}, {size}, seed {seed}**", ""]
         lines.append("| | " + " | ".join(f"c{c}" for c in range(num_classes)) + " | total | classes covered |")
         lines.append("|---" * (num_classes + 3) + "|")
         lines.append("| pool | " + " | ".join(str(v) for v in pool) + f" | {sum(pool)} | {sum(v > 0 for v in pool)} |")
@@ -248,10 +264,12 @@ def sfedavg_table(grouped: Grouped) -> list[str]:
         "| setting | FLMarket acc % | S-FedAvg acc % | FLMarket time (s) | S-FedAvg time (s) | time ratio |",
         "|---|---|---|---|---|---|",
     ]
+
     for setting, flm_acc, sf_acc, flm_time, sf_time in rows:
         ratio = sf_time[0] / flm_time[0] if flm_time[0] > 0 else math.nan
+        size = cohort(setting.num_selected, setting.num_clients, _block_records(grouped, [setting]))
         lines.append(
-            f"| {setting.distribution}, {setting.num_selected} of {setting.num_clients} | {_fmt(*flm_acc[:2])} | "
+            f"| {setting.distribution}, {size} | {_fmt(*flm_acc[:2])} | "
             f"{_fmt(*sf_acc[:2])} | {flm_time[0]:.1f} ± {flm_time[1]:.1f} | "
             f"{sf_time[0]:.1f} ± {sf_time[1]:.1f} | {ratio:.2f}x |"
         )
@@ -331,7 +349,8 @@ def plot_curves(grouped: Grouped, out: Path) -> list[Path]:
                 for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
                     labelled.setdefault(label, handle)
             figure.legend(labelled.values(), labelled.keys(), loc="center right", fontsize=8)
-            figure.suptitle(f"{dataset}: {metric} vs round, {num_selected} of {num_clients} selected (mean over seeds)")
+            size = cohort(num_selected, num_clients, _block_records(grouped, settings))
+            figure.suptitle(f"{dataset}: {metric} vs round, {size} selected (mean over seeds)")
             figure.tight_layout(rect=(0, 0, 0.9, 1))
             suffix = f"_val{val_per_class}" if val_per_class else ""
             path = out / f"{metric}_vs_round_{dataset}_c{num_clients}_k{num_selected}{suffix}.png"

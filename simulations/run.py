@@ -70,12 +70,26 @@ warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", cate
 
 
 def _backend_config(sim: DictConfig) -> dict[str, Any]:
-    """``run_simulation``'s ``backend_config``: actor resources and ``ray.init`` arguments."""
+    """``run_simulation``'s ``backend_config``: actor resources and ``ray.init`` arguments.
+
+    Raises
+    ------
+    ValueError
+        If ``sim.ray_num_cpus`` is set while ``RAY_ADDRESS`` names an existing Ray cluster: Ray refuses
+        ``num_cpus`` when it connects to a cluster, whose CPUs are those its nodes were started with.
+    """
     init_args: dict[str, Any] = {
         "logging_level": "INFO" if sim.verbose else "WARNING",
         "log_to_driver": bool(sim.verbose),
     }
     if sim.ray_num_cpus is not None:
+        if os.environ.get("RAY_ADDRESS"):
+            raise ValueError(
+                f"sim.ray_num_cpus={sim.ray_num_cpus} cannot apply: RAY_ADDRESS={os.environ['RAY_ADDRESS']} "
+                "runs the simulation on an existing Ray cluster, whose CPUs are set where its nodes start "
+                "(ray start --num-cpus=N). Drop sim.ray_num_cpus (or set sim.ray_num_cpus=null), or unset "
+                "RAY_ADDRESS to run on a Ray instance of this machine"
+            )
         init_args["num_cpus"] = int(sim.ray_num_cpus)
     return {
         "client_resources": {

@@ -24,6 +24,7 @@ from flmarket_flwr.market.config import MarketConfig, MarketOutcome
 from flmarket_flwr.market.delivery import DeliveryLedger, DeliveryRecord
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.grid_view import NoWinnerConnectedError, WinnersGrid
+from flmarket_flwr.market.labels import label_counts
 from flmarket_flwr.market.server import MarketPhase
 from flmarket_flwr.market.strategy import FLMarket
 
@@ -44,6 +45,7 @@ __all__ = [
     "NoWinnerConnectedError",
     "SimulatedCostBid",
     "WinnersGrid",
+    "label_counts",
     "read_award",
     "register_market_handlers",
     "simulated_cost_per_sample",

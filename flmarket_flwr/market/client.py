@@ -24,7 +24,9 @@ The client enforces its own disclosure rules, whatever the server asks:
   transcript hash; a global count below its own is refused;
 * private key material lives only in ``context.state`` and is deleted once it has masked, on
   every refusal, and at the award (which the server sends to every node it contacted);
-* error replies say only which step was refused; the details go to the client's own log.
+* error replies say only which step was refused; the details go to the client's own log. One
+  exception: when the app's own ``get_label_counts`` raises, the reply names that exception (type and
+  message), so the server can report the root cause instead of a protocol symptom.
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ __all__ = ["ERROR_PREFIX", "MarketAward", "read_award", "register_market_handler
 
 ERROR_PREFIX = "flmarket: "
 """Prefix of the reason of every error reply sent by the market handlers."""
+LABEL_COUNTS_FAILED = "get_label_counts raised "
+"""Marks an error reply whose cause is the app's own label-count callback (followed by its exception)."""
+_MAX_CAUSE_CHARS = 300
 
 LabelCountsFn = Callable[[Context], NDArray[np.integer]]
 IdentityFn = Callable[[Context], Ed25519PrivateKey | None]
@@ -93,6 +98,10 @@ _CLOSED_PASS_STAGE = 99
 
 class _RequestError(ValueError):
     """A market request the client refuses to serve; answered with a generic error reply."""
+
+
+class _LabelCountsError(ValueError):
+    """The app's ``get_label_counts`` raised; the reply names its exception."""
 
 
 @dataclass(frozen=True)
@@ -373,8 +382,13 @@ class _MarketHandlers:
 
     # --- Helpers -------------------------------------------------------------------------------
     def _label_counts(self, context: Context) -> NDArray[np.int64]:
-        """Fetch and validate the local label counts."""
-        return validate_counts(self._get_label_counts(context)).astype(np.int64)
+        """Fetch and validate the local label counts; a failing callback is reported as such."""
+        try:
+            counts = self._get_label_counts(context)
+        except Exception as err:  # the app's own code: any failure is a refusal that names it
+            cause = f"{type(err).__name__}: {err}"[:_MAX_CAUSE_CHARS]
+            raise _LabelCountsError(f"{LABEL_COUNTS_FAILED}{cause}") from err
+        return validate_counts(counts).astype(np.int64)
 
 
 # --- Request parsing -----------------------------------------------------------------------------
@@ -445,7 +459,8 @@ def _reply(message: Message, record: ConfigRecord) -> Message:
 
 
 def _refusal(message: Message, action: str, err: Exception) -> Message:
-    """A generic error reply; the reason stays in the client's own log."""
+    """A generic error reply (the reason stays in the client's own log), or the label-count callback's failure."""
     log(WARNING, "Market request %s refused: %s", action, err)
-    reason = f"{ERROR_PREFIX}{action}: request refused"
+    detail = str(err) if isinstance(err, _LabelCountsError) else "request refused"
+    reason = f"{ERROR_PREFIX}{action}: {detail}"
     return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)

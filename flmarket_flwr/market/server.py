@@ -35,6 +35,7 @@ from flwr.app.typing import ConfigRecordValues
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from flmarket_flwr.market.client import LABEL_COUNTS_FAILED
 from flmarket_flwr.market.config import MarketConfig, MarketOutcome
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.messages import (
@@ -203,7 +204,13 @@ class MarketPhase:
         """
         self._contacted.update(nodes)
         self._session = f"{self.config.session_label}/pass/".encode() + secrets.token_bytes(16)
-        return PassRounds(self.config, self, self._session).run(grid, nodes)
+        try:
+            return PassRounds(self.config, self, self._session).run(grid, nodes)
+        except MarketError as err:
+            cause = _label_count_failures(self._excluded)
+            if cause:  # name the root cause, not its symptom ("only 0 clients advertised valid keys")
+                raise MarketError(f"{cause}; {err}") from err
+            raise
 
     def require_enough(self, nodes: Sequence[int], where: str) -> None:
         """Raise :class:`MarketError` if fewer than ``min_clients`` nodes are left."""
@@ -385,3 +392,15 @@ class MarketPhase:
             return step()
         finally:
             timings[name] = time.perf_counter() - started
+
+
+def _label_count_failures(excluded: Mapping[int, str]) -> str:
+    """The clients whose own ``get_label_counts`` raised, grouped by exception ("" if none)."""
+    nodes_of: dict[str, list[int]] = {}
+    for node, reason in sorted(excluded.items()):
+        if LABEL_COUNTS_FAILED in reason:
+            nodes_of.setdefault(reason[reason.index(LABEL_COUNTS_FAILED) :], []).append(node)
+    return "; ".join(
+        f"the label-count callback failed on {len(nodes)} client(s) {nodes}: {cause}"
+        for cause, nodes in nodes_of.items()
+    )

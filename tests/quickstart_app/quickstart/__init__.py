@@ -1,1 +1,0 @@
-"""quickstart: a Flower / PyTorch app on scikit-learn's digits."""
