@@ -111,15 +111,6 @@ def test_hugging_face_dataset_is_read_by_column_without_its_transform() -> None:
         label_counts(dataset, C, label="fine_label")
 
 
-def test_real_hugging_face_dataset_when_installed() -> None:
-    datasets = pytest.importorskip("datasets", reason="the `datasets` package is not installed in this environment")
-    dataset = datasets.Dataset.from_dict({"img": [[0.0]] * len(LABELS), "label": LABELS.tolist()})
-    split = dataset.train_test_split(test_size=0.2, seed=42)["train"]
-    split = split.with_transform(lambda batch: {"img": [torch.tensor(x) for x in batch["img"]], **batch})
-    labels = np.asarray(split.with_format(None)["label"])
-    assert label_counts(split, C).tolist() == np.bincount(labels, minlength=C).tolist()
-
-
 @pytest.mark.parametrize(
     ("labels", "num_classes", "match"),
     [
