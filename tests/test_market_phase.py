@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import numpy as np
 import pytest
@@ -403,3 +404,17 @@ def test_a_node_set_that_never_settles_is_still_bounded_by_the_timeout() -> None
     outcome = MarketPhase(config(wait_for_nodes_timeout=0.02, poll_interval=0.001)).run(grid)
 
     assert 3 <= len(outcome.pass_participants) < 40
+
+
+def test_too_few_nodes_stop_the_wait_once_none_joins_and_name_the_fix(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 23: Flower's default simulated federation (2 SuperNodes) once cost a 60 s wait and 60 log lines."""
+    counts = make_counts(5, seed=11)
+    grid = InProcessGrid(market_client_app(counts), list(counts))
+    grid.connected = sorted(counts)[:2]
+    started = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        with pytest.raises(MarketError, match=r'only 2 node.*--federation-config "num-supernodes=N" with N >= 3'):
+            MarketPhase(config(wait_for_nodes_timeout=60.0, stall_timeout=0.3, poll_interval=0.05)).run(grid)
+    assert time.monotonic() - started < 5.0, "the wait went on although no node joined"
+    assert caplog.text.count("waiting for nodes") == 1, "one progress line, not one per poll"
+    assert grid.sent == []
