@@ -418,3 +418,12 @@ def test_too_few_nodes_stop_the_wait_once_none_joins_and_name_the_fix(caplog: py
     assert time.monotonic() - started < 5.0, "the wait went on although no node joined"
     assert caplog.text.count("waiting for nodes") == 1, "one progress line, not one per poll"
     assert grid.sent == []
+
+
+@pytest.mark.parametrize("run_id", [2**63, 2**64 - 1], ids=["2**63", "2**64-1"])
+def test_a_run_id_in_the_upper_half_of_uint64_is_a_valid_run(run_id: int) -> None:
+    """Flower draws run ids from uint64: half of all runs have one >= 2**63, and every client must take part."""
+    counts = make_counts(5, seed=4)
+    grid = InProcessGrid(market_client_app(counts, CostBasedBid(0.05)), list(counts), run_id=run_id)
+    outcome = MarketPhase(config()).run(grid)
+    assert outcome.pass_participants == sorted(counts) and outcome.excluded == {}

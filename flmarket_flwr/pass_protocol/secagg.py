@@ -465,7 +465,7 @@ class PassClient:
             raise PassError(
                 f"advertise request needs a 32-byte graph commitment and an index in [1, {MAX_PARTICIPANTS}]"
             )
-        if len(request.roster) != ROSTER_LENGTH or not 0 <= run_id < 2**63:
+        if len(request.roster) != ROSTER_LENGTH or not 0 <= run_id < 2**64:
             raise PassError(f"advertise request needs a {ROSTER_LENGTH}-byte roster fingerprint (and a valid run id)")
         values = validate_counts(counts)
         if values.shape != (request.num_classes,):
