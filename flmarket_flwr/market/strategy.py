@@ -251,8 +251,8 @@ class FLMarket(Strategy):
 
     def _view_of(self, grid: Grid) -> WinnersGrid:
         """The winners' view for a round hook: ``grid`` itself when it already is one (``start`` made it)."""
-        if isinstance(grid, WinnersGrid) and grid is self._winners_grid:
-            return grid
+        if self._winners_grid is not None and grid is self._winners_grid:
+            return self._winners_grid
         return self.winners_grid(grid)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
