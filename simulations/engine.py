@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flmarket_flwr import task
-from flmarket_flwr.market import simulated_cost_per_sample
+from flmarket_flwr.market.bidding import cost_based_bid, simulated_cost_per_sample
 from flmarket_flwr.pricing import cohort_budget, flmarket_scores, run_auction, select_clients
 from flmarket_flwr.pricing.selectors import DDS_DIVERSITY_WEIGHT, DICE_VOLUME_WEIGHT
 from flmarket_flwr.task import DataConfig
@@ -258,13 +258,16 @@ def bids_for(cfg: EngineConfig, label_counts: np.ndarray) -> np.ndarray:
     ``random``: ``c_e N_e (1 + markup)`` with the Flower app's per-client ``c_e`` in ``[cost_low, cost_high)``.
     A client without data bids like one sample (it scores 0 and never wins).
     """
-    volumes = np.maximum(label_counts.sum(axis=1), 1).astype(np.float64)
+    volumes = np.maximum(label_counts.sum(axis=1), 1)
     if cfg.bid_policy == "constant":
         return np.ones(volumes.size)
     if cfg.bid_policy == "volume":
-        return cfg.cost_per_sample * volumes * (1.0 + cfg.bid_markup)
-    costs = [simulated_cost_per_sample(e, cfg.seed, cfg.cost_low, cfg.cost_high) for e in range(volumes.size)]
-    return np.asarray(costs) * volumes * (1.0 + cfg.bid_markup)
+        costs = [cfg.cost_per_sample] * volumes.size
+    else:
+        costs = [simulated_cost_per_sample(e, cfg.seed, cfg.cost_low, cfg.cost_high) for e in range(volumes.size)]
+    # The market's own cost-based bid (market.bidding), on each client's volume.
+    pairs = zip(volumes, costs, strict=True)
+    return np.array([cost_based_bid(np.array([volume]), cost, cfg.bid_markup) for volume, cost in pairs])
 
 
 def _embeddings(federation: Federation, seed: int) -> np.ndarray:
