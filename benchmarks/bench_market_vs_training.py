@@ -42,7 +42,6 @@ import os
 import platform
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,12 +50,12 @@ import numpy as np
 if TYPE_CHECKING:  # imported where used at run time: the flmarket_flwr imports load Flower
     from flmarket_flwr.market import MarketConfig
 
-PROJECT = Path(__file__).resolve().parents[1]
 
 
 def app_config(num_clients: int, results: Path, rounds: int) -> dict:
-    with (PROJECT / "pyproject.toml").open("rb") as file:
-        config = tomllib.load(file)["tool"]["flwr"]["app"]["config"]
+    from flmarket_flwr.run_config import DEFAULTS  # pylint: disable=import-outside-toplevel
+
+    config: dict = dict(DEFAULTS)
     config.update(
         {
             "distribution": "d1",
@@ -152,13 +151,14 @@ def bare_training(config: dict, partitions: list[int], num_clients: int) -> dict
         configure_torch_threads,
         load_partition,
         train,
+        training_seed,
     )
 
     configure_torch_threads(1)
     data_config = DataConfig.from_run_config(config, {"num-partitions": num_clients})
     times = {}
     for partition in [partitions[0], *partitions]:  # the first, untimed, warms torch and the data caches up
-        model = build_task_model(str(config.get("model", "digits_cnn")), data_config)
+        model = build_task_model(str(config["model"]), data_config)
         data = load_partition(partition, data_config)
         started = time.perf_counter()
         train(
@@ -169,7 +169,7 @@ def bare_training(config: dict, partitions: list[int], num_clients: int) -> dict
             device=torch.device("cpu"),
             batch_size=int(config["batch-size"]),
             momentum=float(config["momentum"]),
-            seed=data_config.seed * 1_000_003 + partition * 1_009 + 1,
+            seed=training_seed(data_config.seed, partition, 1),
         )
         times[partition] = time.perf_counter() - started
     return times

@@ -48,6 +48,7 @@ from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import SimulatedCostBid, read_award, register_market_handlers
 from flmarket_flwr.pass_protocol import IdentityDirectory, load_identity_key
+from flmarket_flwr.run_config import read
 from flmarket_flwr.task import (
     DataConfig,
     build_task_model,
@@ -65,10 +66,6 @@ if TYPE_CHECKING:
 
 STATE_KEY = "flmarket-app"
 """Key of this app's ``ConfigRecord`` in ``context.state`` (label-count cache)."""
-
-MODEL_KEY = "model"
-"""Run-config key of the model name (see :func:`flmarket_flwr.models.build_model`)."""
-DEFAULT_MODEL = "digits_cnn"
 
 
 def partition_id_of(context: Context) -> int:
@@ -132,17 +129,17 @@ def simulated_cost_bid(label_counts: np.ndarray, score: float, context: Context)
     """
     config = context.run_config
     policy = SimulatedCostBid(
-        seed=int(config.get("seed", 0)),
-        low=float(config.get("cost-low", 0.5)),
-        high=float(config.get("cost-high", 1.5)),
-        markup=float(config.get("bid-markup", 0.2)),
+        seed=read(config, "seed"),
+        low=read(config, "cost-low"),
+        high=read(config, "cost-high"),
+        markup=read(config, "bid-markup"),
     )
     return policy(label_counts, score, context)
 
 
 def model_name_of(context: Context) -> str:
     """The model to train, from the run config (``model`` key)."""
-    return str(context.run_config.get(MODEL_KEY, DEFAULT_MODEL))
+    return str(read(context.run_config, "model"))
 
 
 def train(msg: Message, context: Context) -> Message:
@@ -151,7 +148,7 @@ def train(msg: Message, context: Context) -> Message:
 
     from flmarket_flwr.models import set_arrays  # pylint: disable=C0415
 
-    configure_torch_threads(int(context.run_config.get("torch-threads", 1)))
+    configure_torch_threads(read(context.run_config, "torch-threads"))
     partition_id = partition_id_of(context)
     data_config = data_config_of(context)
     config: dict[str, Any] = dict(msg.content.config_records.get("config", ConfigRecord()))
@@ -160,18 +157,18 @@ def train(msg: Message, context: Context) -> Message:
     model = build_task_model(model_name_of(context), data_config)
     set_arrays(model, msg.content.array_records["arrays"])
     data = load_partition(partition_id, data_config)
-    device = resolve_device(str(context.run_config.get("device", "auto")))
+    device = resolve_device(read(context.run_config, "device"))
     seed = training_seed(data_config.seed, partition_id, server_round)
     torch.manual_seed(seed)  # Dropout and any other draw from torch's global generator: same run, same model.
     started = time.perf_counter()
     train_loss = train_model(
         model,
         data,
-        epochs=int(config.get("local-epochs", context.run_config.get("local-epochs", 3))),
-        lr=float(config.get("learning-rate", context.run_config.get("learning-rate", 0.1))),
+        epochs=int(config.get("local-epochs", read(context.run_config, "local-epochs"))),
+        lr=float(config.get("learning-rate", read(context.run_config, "learning-rate"))),
         device=device,
-        batch_size=int(config.get("batch-size", context.run_config.get("batch-size", 8))),
-        momentum=float(config.get("momentum", context.run_config.get("momentum", 0.5))),
+        batch_size=int(config.get("batch-size", read(context.run_config, "batch-size"))),
+        momentum=float(config.get("momentum", read(context.run_config, "momentum"))),
         seed=seed,
     )
     train_time = time.perf_counter() - started
@@ -195,12 +192,12 @@ def evaluate_local(msg: Message, context: Context) -> Message:
     """Evaluate the received global model on the local partition."""
     from flmarket_flwr.models import set_arrays  # pylint: disable=C0415
 
-    configure_torch_threads(int(context.run_config.get("torch-threads", 1)))
+    configure_torch_threads(read(context.run_config, "torch-threads"))
     data_config = data_config_of(context)
     model = build_task_model(model_name_of(context), data_config)
     set_arrays(model, msg.content.array_records["arrays"])
     data = load_partition(partition_id_of(context), data_config)
-    device = resolve_device(str(context.run_config.get("device", "auto")))
+    device = resolve_device(read(context.run_config, "device"))
     loss, accuracy = evaluate(model, data, device)
     metrics: dict[str, MetricRecordValues] = {
         "eval_loss": 0.0 if math.isnan(loss) else loss,
@@ -224,7 +221,7 @@ def _record_training(  # pylint: disable=too-many-arguments,too-many-positional-
     tests use it to check, from the client side, that only the market's winners
     ever trained.
     """
-    log_dir = str(context.run_config.get("train-log-dir", ""))
+    log_dir = str(read(context.run_config, "train-log-dir"))
     if not log_dir:
         return
     folder = Path(log_dir).expanduser() / f"run-{context.run_id}"

@@ -26,10 +26,10 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, Result, Strategy
 
 from flmarket_flwr.app_results import CentralEvaluation, make_run_dir, save_results
-from flmarket_flwr.data.partition import DISTRIBUTIONS
 from flmarket_flwr.market import FLMarket, MarketConfig, MarketError, MarketPhase
 from flmarket_flwr.nodes import connected_nodes
 from flmarket_flwr.pass_protocol import IdentityDirectory
+from flmarket_flwr.run_config import check_run_config, default_as, neighbours_of, read
 from flmarket_flwr.task import (
     DataConfig,
     build_task_model,
@@ -41,9 +41,6 @@ from flmarket_flwr.task import (
 
 __all__ = ["ServerSettings", "StrategyFactory", "app", "build_server_app", "data_config_of", "fedavg", "main", "run"]
 
-CLIENT_KEYS = {"cost-low": 0.5, "cost-high": 1.5, "bid-markup": 0.2, "torch-threads": 1, "train-log-dir": ""}
-"""Run-config keys only the ClientApp reads (checked here too, so that a bad value fails once)."""
-DATA_KEYS = ("dataset", "data-root", "distribution", "schedule", "alpha", "test-per-class", "val-per-class")
 NODE_PROBE_S = 2.0
 """Seconds to find out how many SuperNodes the federation has before failing fast on too few."""
 
@@ -51,7 +48,8 @@ NODE_PROBE_S = 2.0
 # pylint: disable=too-many-instance-attributes
 @dataclass(frozen=True)
 class ServerSettings:
-    """The ServerApp's keys of the run config (``[tool.flwr.app.config]``; ``-`` there for ``_`` here).
+    """The ServerApp's keys of the run config, typed; each key's default, check and meaning is in
+    :data:`flmarket_flwr.run_config.APP_KEYS` (``-`` there for ``_`` here).
 
     ``selector`` (``"flmarket"``); ``model``; the market's ``budget``, ``num_selected`` (0: the budget
     decides; n > 0: at most n winners, within the budget), ``market_timeout``, ``wait_for_nodes_timeout``,
@@ -64,106 +62,61 @@ class ServerSettings:
     evaluation; ``results_dir`` and ``run_name`` (empty: ``<time>_run-<id>``).
     """
 
-    selector: str = "flmarket"
-    model: str = "digits_cnn"
-    budget: float = 600.0
-    num_selected: int = 0
-    num_server_rounds: int = 15
-    local_epochs: int = 3
-    batch_size: int = 8
-    learning_rate: float = 0.1
-    momentum: float = 0.5
-    fraction_train: float = 1.0
-    fraction_evaluate: float = 0.0
-    seed: int = 0
-    device: str = "auto"
-    results_dir: str = "results/runs"
-    run_name: str = ""
-    market_timeout: float = 60.0
-    wait_for_nodes_timeout: float = 120.0
-    min_market_clients: int = 3
-    neighbours: str = "auto"
-    audit_winners: bool = True
-    identity_directory: str = ""
-    settle_on_delivery: bool = False
-    round_timeout: float = 600.0
+    selector: str = default_as("selector", str)
+    model: str = default_as("model", str)
+    budget: float = default_as("budget", float)
+    num_selected: int = default_as("num-selected", int)
+    num_server_rounds: int = default_as("num-server-rounds", int)
+    local_epochs: int = default_as("local-epochs", int)
+    batch_size: int = default_as("batch-size", int)
+    learning_rate: float = default_as("learning-rate", float)
+    momentum: float = default_as("momentum", float)
+    fraction_train: float = default_as("fraction-train", float)
+    fraction_evaluate: float = default_as("fraction-evaluate", float)
+    seed: int = default_as("seed", int)
+    device: str = default_as("device", str)
+    results_dir: str = default_as("results-dir", str)
+    run_name: str = default_as("run-name", str)
+    market_timeout: float = default_as("market-timeout", float)
+    wait_for_nodes_timeout: float = default_as("wait-for-nodes-timeout", float)
+    min_market_clients: int = default_as("min-market-clients", int)
+    neighbours: str = default_as("neighbours", str)
+    audit_winners: bool = default_as("audit-winners", bool)
+    identity_directory: str = default_as("identity-directory", str)
+    settle_on_delivery: bool = default_as("settle-on-delivery", bool)
+    round_timeout: float = default_as("round-timeout", float)
 
     @classmethod
     def from_run_config(
         cls, run_config: Mapping[str, Any], selectors: tuple[str, ...] = ("flmarket",)
     ) -> ServerSettings:
-        """Check the server and client keys of the run config (:func:`data_config_of` the data keys).
+        """Check the whole run config (:func:`~flmarket_flwr.run_config.check_run_config`) and keep the server's keys.
 
         Raises
         ------
         ValueError
             Naming the key, the bad value and what to do, for the first problem found.
         """
-        known = {field.name.replace("_", "-"): field for field in fields(cls)}
-        unknown = sorted(set(run_config) - set(known) - set(CLIENT_KEYS) - set(DATA_KEYS) - {"seed"})
-        if unknown:
-            raise ValueError(f"unknown run-config key(s) {unknown}: see [tool.flwr.app.config] in pyproject.toml")
-        values = {
-            field.name: _typed(key, run_config[key], field.default) for key, field in known.items() if key in run_config
-        }
-        client = {key: _typed(key, run_config.get(key, default), default) for key, default in CLIENT_KEYS.items()}
-        settings = cls(**values)
-        settings.validate(selectors, client)
+        values = check_run_config(run_config)
+        settings = cls(**{field.name: values[field.name.replace("_", "-")] for field in fields(cls)})
+        settings.validate(selectors)
         return settings
 
-    def validate(self, selectors: tuple[str, ...], client: Mapping[str, Any]) -> None:
-        """Raise ``ValueError`` naming the first key whose value cannot work."""
-        checks = [
-            (
-                self.selector in selectors,
-                "selector",
-                (
-                    f"one of {list(selectors)}; the baselines rs, qbs, dice, dds "
-                    f"and sfedavg run through `python -m simulations.run selector={self.selector}` only"
-                ),
-            ),
-            (self.budget > 0, "budget", "> 0"),
-            (self.num_selected >= 0, "num-selected", ">= 0 (0: the budget decides)"),
-            (self.selector == "flmarket" or self.num_selected > 0, "num-selected", "> 0 for a baseline"),
-            (self.num_server_rounds >= 1, "num-server-rounds", ">= 1"),
-            (0.0 < self.fraction_train <= 1.0, "fraction-train", "in (0, 1]"),
-            (0.0 <= self.fraction_evaluate <= 1.0, "fraction-evaluate", "in [0, 1]"),
-            (self.min_market_clients >= 3, "min-market-clients", ">= 3 (PASS with 2 reveals a client's counts)"),
-            (
-                self.neighbours in ("auto", "all") or (self.neighbours.isdigit() and int(self.neighbours) >= 2),
-                "neighbours",
-                "'auto', 'all' or a degree k >= 2 (as a string)",
-            ),
-            (self.local_epochs >= 1 and self.batch_size >= 1, "local-epochs/batch-size", ">= 1"),
-            (self.learning_rate > 0, "learning-rate", "> 0"),
-            (0 < client["cost-low"] < client["cost-high"], "cost-low/cost-high", "0 < cost-low < cost-high"),
-            (client["bid-markup"] >= 0, "bid-markup", ">= 0"),
-            (client["torch-threads"] >= 0, "torch-threads", ">= 0"),
-        ]
-        for ok, key, expected in checks:
-            if not ok:
-                raise ValueError(f"run-config key {key}: must be {expected}; fix it with --run-config")
-
-
-def _typed(key: str, value: Any, default: Any) -> Any:
-    """``value`` as the type of ``default`` (an int for a float key is fine), or a ``ValueError`` naming the key."""
-    kind = type(default)
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, kind) or isinstance(value, bool) != isinstance(default, bool):
-        raise ValueError(f"run-config key {key}={value!r}: must be a {kind.__name__}, like {default!r}")
-    return value.strip() if isinstance(value, str) else value
+    def validate(self, selectors: tuple[str, ...]) -> None:
+        """Raise ``ValueError`` when this app cannot run the selector (each key's own check is the schema's)."""
+        if self.selector not in selectors:
+            raise ValueError(
+                f"run-config key selector={self.selector!r}: must be one of {list(selectors)}; the baselines rs, qbs, "
+                f"dice, dds and sfedavg run through `python -m simulations.run selector={self.selector}` only"
+            )
+        if self.selector != "flmarket" and self.num_selected < 1:
+            raise ValueError("run-config key num-selected: must be > 0 for a baseline; fix it with --run-config")
 
 
 def data_config_of(run_config: Mapping[str, Any]) -> DataConfig:
     """Check the data keys of the run config; the number of clients is the federation's (num-partitions)."""
-    distribution = str(run_config.get("distribution", "d4")).lower()
-    if distribution not in DISTRIBUTIONS:
-        raise ValueError(f"run-config key distribution={distribution!r}: must be one of {list(DISTRIBUTIONS)}")
-    if float(run_config.get("alpha", 0.5)) <= 0:
-        raise ValueError("run-config key alpha: the Dirichlet concentration must be > 0")
     try:
-        return DataConfig.from_run_config({key: run_config[key] for key in (*DATA_KEYS, "seed") if key in run_config})
+        return DataConfig.from_run_config(run_config)
     except (TypeError, ValueError) as err:
         raise ValueError(f"run-config: {err}") from None
 
@@ -215,7 +168,7 @@ def _run(grid: Grid, context: Context, strategies: dict[str, StrategyFactory]) -
     started = time.perf_counter()
     settings = ServerSettings.from_run_config(context.run_config, ("flmarket", *strategies))
     data_config = data_config_of(context.run_config)
-    configure_torch_threads(int(context.run_config.get("torch-threads", 1)))
+    configure_torch_threads(read(context.run_config, "torch-threads"))
     torch.manual_seed(settings.seed)
     model = build_task_model(settings.model, data_config)
     evaluation = CentralEvaluation(
@@ -297,7 +250,7 @@ def _market_config(settings: ServerSettings, data_config: DataConfig, num_nodes:
         num_classes=num_classes(data_config),
         num_winners=settings.num_selected or None,
         min_clients=settings.min_market_clients,
-        neighbours=int(settings.neighbours) if settings.neighbours.isdigit() else settings.neighbours,
+        neighbours=neighbours_of(settings.neighbours),
         audit_winners=settings.audit_winners,
         directory=IdentityDirectory.from_json(Path(settings.identity_directory))
         if settings.identity_directory

@@ -55,7 +55,7 @@ import numpy as np
 
 from flmarket_flwr.data.digits import NUM_CLASSES as DIGITS_NUM_CLASSES
 from flmarket_flwr.data.digits import train_test_split_balanced
-from flmarket_flwr.data.partition import SCHEDULES, Partition, make_partition
+from flmarket_flwr.data.partition import Partition, make_partition
 from flmarket_flwr.data.registry import (
     DATASET_NAMES,
     DATASET_OPTIONS,
@@ -63,6 +63,7 @@ from flmarket_flwr.data.registry import (
     canonical_dataset_name,
     load_dataset,
 )
+from flmarket_flwr.run_config import check_values, default_as, keys_read_by, read
 
 if TYPE_CHECKING:
     import torch
@@ -107,6 +108,10 @@ EMBEDDING_FEATURES = 512
 _DIGITS_INPUT_SHAPE = (1, 8, 8)
 
 
+_DATA_KEYS = keys_read_by("data")
+"""The run-config keys of :class:`DataConfig` (all but ``num_clients``, which is the federation's)."""
+
+
 @dataclass(frozen=True)
 class DataConfig:  # pylint: disable=too-many-instance-attributes
     """How the data set is split between the server's test set and the clients.
@@ -137,15 +142,15 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
         (the paper's Table 2; see :mod:`flmarket_flwr.data.partition`).
     """
 
-    dataset: str = "digits"
+    dataset: str = default_as("dataset", str)
     num_clients: int = 20
-    distribution: str = "d4"
-    alpha: float = 0.5
-    seed: int = 0
-    test_per_class: int = 30
-    data_root: str = ""
-    val_per_class: int = 0
-    schedule: str = "geometric"
+    distribution: str = default_as("distribution", str)
+    alpha: float = default_as("alpha", float)
+    seed: int = default_as("seed", int)
+    test_per_class: int = default_as("test-per-class", int)
+    data_root: str = default_as("data-root", str)
+    val_per_class: int = default_as("val-per-class", int)
+    schedule: str = default_as("schedule", str)
 
     @classmethod
     def from_run_config(
@@ -173,21 +178,11 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
         DataConfig
             The resolved, validated data config.
         """
-        defaults = cls()
-        num_clients = int(run_config.get("num-clients", defaults.num_clients))
+        num_clients = int(run_config.get("num-clients", cls.num_clients))
         if node_config is not None and "num-partitions" in node_config:
             num_clients = int(node_config["num-partitions"])
-        config = cls(
-            dataset=str(run_config.get("dataset", defaults.dataset)),
-            num_clients=num_clients,
-            distribution=str(run_config.get("distribution", defaults.distribution)),
-            alpha=float(run_config.get("alpha", defaults.alpha)),
-            seed=int(run_config.get("seed", defaults.seed)),
-            test_per_class=int(run_config.get("test-per-class", defaults.test_per_class)),
-            data_root=str(run_config.get("data-root", defaults.data_root)),
-            val_per_class=int(run_config.get("val-per-class", defaults.val_per_class)),
-            schedule=str(run_config.get("schedule", defaults.schedule)),
-        )
+        data_keys = {name.replace("-", "_"): read(run_config, name) for name in _DATA_KEYS}
+        config = cls(**{**data_keys, "num_clients": num_clients, "distribution": data_keys["distribution"].lower()})
         config.validate()
         return config
 
@@ -206,12 +201,7 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
             )
         if self.num_clients < 1:
             raise ValueError(f"num-clients must be >= 1, got {self.num_clients}")
-        if self.test_per_class < 1:
-            raise ValueError(f"test-per-class must be >= 1, got {self.test_per_class}")
-        if self.val_per_class < 0:
-            raise ValueError(f"val-per-class must be >= 0, got {self.val_per_class}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        check_values({name: getattr(self, name.replace("-", "_")) for name in _DATA_KEYS})
 
     @property
     def dataset_name(self) -> str:

@@ -2,13 +2,13 @@
 
 One source of truth
 -------------------
-The Flower app's keys and defaults are ``[tool.flwr.app.config]`` in ``pyproject.toml``
-(what ``flwr run .`` uses). The Hydra configs in ``conf/`` restate them, grouped for
-sweeping; :func:`to_run_config` maps a composed Hydra config back to app keys, and
-``tests/test_experiment_config.py`` checks that the default composition
-(``conf/config.yaml`` with its default group options) maps to *exactly* the pyproject
-defaults: same keys, same values, same types. Change a default in one place and that
-test says where the other one is.
+The Flower app's keys, types, defaults and checks are :data:`flmarket_flwr.run_config.APP_KEYS`.
+Hydra reads them as a structured config (``app_schema``, registered here on import, first in
+``conf/config.yaml``'s defaults list): a top-level key's default and type come from the schema, so an
+override of the wrong type fails at composition. The group options (``dataset``, ``model``, ...)
+choose among sweep settings; :func:`to_run_config` maps a composed Hydra config back to app keys and
+checks it with the schema, and ``tests/test_experiment_config.py`` checks that the default
+composition maps to exactly the schema's defaults.
 
 Key mapping: the Hydra keys of the group nodes are listed in :data:`GROUP_KEYS`; every
 other top-level scalar key is the app key with ``_`` for ``-`` (``num_selected`` ->
@@ -21,16 +21,21 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Mapping
+from dataclasses import field, make_dataclass
 from pathlib import Path
 from typing import Any
 
+from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
+
+from flmarket_flwr.run_config import APP_KEYS, DEFAULTS, check_run_config
 
 __all__ = [
     "CONF_DIR",
     "GROUP_KEYS",
     "NON_APP_KEYS",
     "PROJECT_ROOT",
+    "SCHEMA_NAME",
     "app_config_defaults",
     "to_run_config",
 ]
@@ -52,6 +57,28 @@ GROUP_KEYS: dict[str, str] = {
 NON_APP_KEYS = frozenset({"sim", "hydra", "federation"})
 """Top-level Hydra nodes that are not app config (``federation.num_clients`` is the number of SuperNodes
 :mod:`simulations.run` starts: like ``flwr run``, the app learns it from the federation)."""
+
+
+SCHEMA_NAME = "app_schema"
+"""The structured config of the app's top-level keys, in Hydra's ConfigStore (see :func:`register_app_schema`)."""
+
+
+def register_app_schema() -> None:
+    """Store the app's schema as Hydra's structured config :data:`SCHEMA_NAME` (idempotent).
+
+    Its fields are the app keys Hydra sets at the top level (``_`` for ``-``), with the schema's types
+    and defaults, and one untyped field per group node and runner node.
+    """
+    grouped = set(GROUP_KEYS.values())
+    app_fields = [
+        (key.field, type(key.default), field(default=key.default)) for key in APP_KEYS if key.name not in grouped
+    ]
+    nodes = sorted({path.split(".")[0] for path in GROUP_KEYS} | (NON_APP_KEYS - {"hydra"}))
+    schema = make_dataclass("AppConfig", [*app_fields, *[(node, Any, field(default=None)) for node in nodes]])
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=schema)
+
+
+register_app_schema()
 
 
 def app_config_defaults(pyproject: Path | None = None) -> dict[str, Any]:
@@ -103,7 +130,7 @@ def to_run_config(cfg: DictConfig | Mapping[str, Any]) -> dict[str, bool | int |
         OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True) if isinstance(cfg, DictConfig) else dict(cfg)
     )
     assert isinstance(container, dict)
-    known = app_config_defaults()
+    known = DEFAULTS
     run_config: dict[str, bool | int | float | str] = {}
     for path, app_key in GROUP_KEYS.items():
         node: Any = container
@@ -126,4 +153,5 @@ def to_run_config(cfg: DictConfig | Mapping[str, Any]) -> dict[str, bool | int |
     missing = sorted(set(known) - set(run_config))
     if missing:
         raise KeyError(f"the experiment config does not set app key(s) {missing}")
+    check_run_config(run_config)
     return run_config

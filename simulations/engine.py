@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -54,7 +54,9 @@ from flmarket_flwr import task
 from flmarket_flwr.market.bidding import cost_based_bid, simulated_cost_per_sample
 from flmarket_flwr.pricing import cohort_budget, flmarket_scores, run_auction, select_clients
 from flmarket_flwr.pricing.selectors import DDS_DIVERSITY_WEIGHT, DICE_VOLUME_WEIGHT
+from flmarket_flwr.run_config import DEFAULTS, Scalar, ScalarType, check_values, default_as, neighbours_of
 from flmarket_flwr.task import DataConfig
+from simulations.record import job_record
 
 if TYPE_CHECKING:
     import torch
@@ -91,9 +93,73 @@ MARKET_NODE_BASE = 1_000
 TensorPair = tuple["torch.Tensor", "torch.Tensor"]
 
 
+SWEEP_DEFAULTS: dict[str, Scalar] = {
+    "dataset": "digits_xl",
+    "test-per-class": 50,
+    "num-selected": 10,
+    "num-server-rounds": 60,
+    "local-epochs": 1,
+    "batch-size": 32,
+    "learning-rate": 0.05,
+    "momentum": 0.9,
+    "device": "cpu",
+}
+"""The app keys whose engine default differs from the app's (:mod:`flmarket_flwr.run_config`): the sweeps'
+protocol (digits_xl, a cohort of 10, fixed local steps at batch 32 until the plateau, on the CPU)."""
+
+APP_KEY_OF_FIELD: dict[str, str] = {
+    "dataset": "dataset",
+    "data_root": "data-root",
+    "test_per_class": "test-per-class",
+    "val_per_class": "val-per-class",
+    "model": "model",
+    "distribution": "distribution",
+    "schedule": "schedule",
+    "alpha": "alpha",
+    "seed": "seed",
+    "selector": "selector",
+    "num_selected": "num-selected",
+    "budget": "budget",
+    "neighbours": "neighbours",
+    "audit_winners": "audit-winners",
+    "cost_low": "cost-low",
+    "cost_high": "cost-high",
+    "bid_markup": "bid-markup",
+    "rounds": "num-server-rounds",
+    "local_epochs": "local-epochs",
+    "batch_size": "batch-size",
+    "learning_rate": "learning-rate",
+    "momentum": "momentum",
+    "device": "device",
+    "torch_threads": "torch-threads",
+}
+"""The :class:`EngineConfig` fields that are app keys (their types, defaults and checks are the app's)."""
+
+ENGINE_IGNORES = frozenset(
+    {"market-timeout", "wait-for-nodes-timeout", "round-timeout", "results-dir", "run-name", "train-log-dir"}
+)
+"""App keys with no meaning in process (timeouts, output folders): a Hydra job may set them freely."""
+
+
+JOB_IDENTITY = ("selector", "dataset", "model", "distribution", "num_clients", "num_selected", "seed")
+"""The fields that name a job in its record."""
+
+
+def _default(app_key: str, kind: type[ScalarType]) -> ScalarType:
+    """The engine's default of an app key: :data:`SWEEP_DEFAULTS`, else the app's."""
+    value = SWEEP_DEFAULTS[app_key] if app_key in SWEEP_DEFAULTS else default_as(app_key, kind)
+    if type(value) is not kind:
+        raise TypeError(f"engine default of {app_key}: {value!r} is not a {kind.__name__}")
+    return cast(ScalarType, value)
+
+
 @dataclass(frozen=True)
 class EngineConfig:  # pylint: disable=too-many-instance-attributes
     """One in-process job.
+
+    The fields that are app keys (:data:`APP_KEY_OF_FIELD`) take their types, defaults (but
+    :data:`SWEEP_DEFAULTS`) and checks from the app's schema, :mod:`flmarket_flwr.run_config`; the others are
+    the engine's own protocol.
 
     Attributes
     ----------
@@ -104,6 +170,8 @@ class EngineConfig:  # pylint: disable=too-many-instance-attributes
     selector, num_selected, budget
         Selector name; cohort size (``0``: FLMarket's budget-driven auction; S-FedAvg: clients sampled
         per round); auction budget ``R`` (``> 0``, the app's ``budget``).
+    neighbours, audit_winners
+        The PASS graph and the winners' audit of ``market="protocol"`` (app keys).
     cohort_budget
         With a cohort (``num_selected > 0``), run FLMarket's auction at the least budget that buys it instead of
         ``budget`` (:func:`auction_budget`): comparisons at equal cohort size. ``False``: at ``budget``.
@@ -125,44 +193,47 @@ class EngineConfig:  # pylint: disable=too-many-instance-attributes
         Torch device and intra-op threads.
     """
 
-    dataset: str = "digits_xl"
-    data_root: str = ""
-    test_per_class: int = 50
-    val_per_class: int = 0
-    model: str = "digits_cnn"
+    dataset: str = _default("dataset", str)
+    data_root: str = _default("data-root", str)
+    test_per_class: int = _default("test-per-class", int)
+    val_per_class: int = _default("val-per-class", int)
+    model: str = _default("model", str)
     num_clients: int = 20
-    distribution: str = "d4"
-    schedule: str = "geometric"
-    alpha: float = 0.5
-    seed: int = 0
-    selector: str = "flmarket"
-    num_selected: int = 10
-    budget: float = 600.0
+    distribution: str = _default("distribution", str)
+    schedule: str = _default("schedule", str)
+    alpha: float = _default("alpha", float)
+    seed: int = _default("seed", int)
+    selector: str = _default("selector", str)
+    num_selected: int = _default("num-selected", int)
+    budget: float = _default("budget", float)
     cohort_budget: bool = True
     market: str = "direct"
+    neighbours: str = _default("neighbours", str)
+    audit_winners: bool = _default("audit-winners", bool)
     dice_volume_weight: float = DICE_VOLUME_WEIGHT
     dds_diversity_weight: float = DDS_DIVERSITY_WEIGHT
     bid_policy: str = "volume"
     cost_per_sample: float = 1.0
-    cost_low: float = 0.5
-    cost_high: float = 1.5
-    bid_markup: float = 0.2
-    rounds: int = 60
+    cost_low: float = _default("cost-low", float)
+    cost_high: float = _default("cost-high", float)
+    bid_markup: float = _default("bid-markup", float)
+    rounds: int = _default("num-server-rounds", int)
     min_rounds: int = 0
     local_steps: int = 20
-    local_epochs: int = 1
-    batch_size: int = 32
-    learning_rate: float = 0.05
-    momentum: float = 0.9
+    local_epochs: int = _default("local-epochs", int)
+    batch_size: int = _default("batch-size", int)
+    learning_rate: float = _default("learning-rate", float)
+    momentum: float = _default("momentum", float)
     clip_norm: float = 5.0
     final_window: int = 10
     plateau_tolerance: float = 0.01
     collapse_drop: float = 0.3
-    device: str = "cpu"
-    torch_threads: int = 1
+    device: str = _default("device", str)
+    torch_threads: int = _default("torch-threads", int)
 
     def __post_init__(self) -> None:
-        """Reject settings the engine cannot run."""
+        """Reject settings the engine cannot run (the app keys by the app's own checks)."""
+        check_values({app_key: getattr(self, name) for name, app_key in APP_KEY_OF_FIELD.items()})
         if self.bid_policy not in BID_POLICIES:
             raise ValueError(f"bid_policy must be one of {BID_POLICIES}, got {self.bid_policy!r}")
         if self.selector == "sfedavg" and self.val_per_class < 1:
@@ -173,8 +244,6 @@ class EngineConfig:  # pylint: disable=too-many-instance-attributes
             raise ValueError("market='protocol' runs the clients' bid policies: use bid_policy volume or constant")
         if self.num_selected < 0 or (self.num_selected == 0 and self.selector != "flmarket"):
             raise ValueError(f"{self.selector} needs num_selected >= 1, got {self.num_selected}")
-        if not self.budget > 0:
-            raise ValueError(f"budget must be > 0, got {self.budget}")
         if self.rounds < 1 or self.final_window < 1:
             raise ValueError("rounds and final_window must be >= 1")
         if self.min_rounds and not 2 * self.final_window <= self.min_rounds <= self.rounds:
@@ -356,6 +425,8 @@ def run_market_protocol(cfg: EngineConfig, label_counts: np.ndarray, budget: flo
         budget=budget,
         num_classes=label_counts.shape[1],
         num_winners=cfg.num_selected or None,
+        neighbours=neighbours_of(cfg.neighbours),
+        audit_winners=cfg.audit_winners,
         expected_nodes=len(nodes),
     )
     started = time.perf_counter()
@@ -623,37 +694,26 @@ def run_engine(cfg: EngineConfig, run_config: Mapping[str, Any] | None = None) -
     training = _fedavg_rounds(cfg, federation, sfedavg or selected)
     finished = time.perf_counter()
     protocol = _protocol(cfg, training)
-    counts = federation.label_counts
     accuracies = [r["accuracy"] for r in training.rounds[1:]]
-    result: dict[str, Any] = {
-        "selector": cfg.selector,
-        "dataset": cfg.dataset,
-        "model": cfg.model,
-        "distribution": cfg.distribution,
-        "num_clients": cfg.num_clients,
-        "num_selected": cfg.num_selected,
-        "seed": cfg.seed,
-        "final_accuracy": protocol["final_accuracy"],
-        "best_accuracy": float(np.nanmax(accuracies)) if np.isfinite(accuracies).any() else math.nan,
-        "final_loss": float(training.rounds[-1]["loss"]),
-        "rounds": training.rounds,
-        "selected_nodes": list(selected),  # no nodes here: node id = partition id
-        "selected_partitions": list(selected),
-        "selected_label_counts": [counts[p].tolist() for p in selected],
-        "selected_class_totals": counts[selected].sum(axis=0).astype(int).tolist() if selected else None,
-        "pool_class_totals": counts.sum(axis=0).astype(int).tolist(),
-        "all_label_counts": counts.tolist(),
-        "trained_partitions_per_round": {str(r): sorted(clients) for r, clients in training.cohorts.items()},
-        "timings": {
+    result = job_record(
+        run_config=run_config if run_config is not None else asdict(cfg),
+        identity={key: getattr(cfg, key) for key in JOB_IDENTITY},
+        rounds=training.rounds,
+        final_accuracy=protocol["final_accuracy"],
+        best_accuracy=float(np.nanmax(accuracies)) if np.isfinite(accuracies).any() else math.nan,
+        selected_nodes=selected,  # no nodes here: node id = partition id
+        selected_partitions=selected,
+        label_counts=federation.label_counts,
+        trained_per_round=training.cohorts,
+        timings={
             "job_wall_s": finished - started,
             "selection_s": selected_at - loaded,
             "training_s": finished - selected_at,
             "server_app_s": finished - loaded,
             "overhead_s": loaded - started,
         },
-        "run_config": dict(run_config) if run_config is not None else asdict(cfg),
-        "engine": {"name": "inprocess", "config": asdict(cfg), "bought_nobody": not selected, **protocol},
-    }
+    )
+    result["engine"] = {"name": "inprocess", "config": asdict(cfg), "bought_nobody": not selected, **protocol}
     if market:
         result["market"] = market
     if sfedavg:
@@ -680,37 +740,30 @@ _ENGINE_KEYS = (
 
 
 def config_from_hydra(cfg: Any) -> EngineConfig:
-    """The :class:`EngineConfig` of a composed Hydra job config (``conf/``; engine keys under ``sim.engine``)."""
+    """The :class:`EngineConfig` of a composed Hydra job config (``conf/``; engine keys under ``sim.engine``).
+
+    The app keys come through :func:`simulations.config.to_run_config`, the one mapping from Hydra to the
+    app's run config; an app key the engine cannot honour (``fraction-train`` below 1, ...) is an error
+    naming it, never a silent difference from the Flower path.
+    """
     from omegaconf import OmegaConf  # pylint: disable=import-outside-toplevel
+
+    from simulations.config import to_run_config  # pylint: disable=import-outside-toplevel
 
     container = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, Mapping) else cfg
     assert isinstance(container, Mapping)
-    engine = dict((container.get("sim") or {}).get("engine") or {})
-    values: dict[str, Any] = {
-        "dataset": container["dataset"]["name"],
-        "data_root": container["dataset"].get("root", ""),
-        "test_per_class": container["dataset"]["test_per_class"],
-        "val_per_class": container["dataset"].get("val_per_class", 0),
-        "model": container["model"]["name"],
-        "num_clients": container["federation"]["num_clients"],
-        "distribution": container["distribution"]["name"],
-        "schedule": container["schedule"],
-        "selector": container["selector"]["name"],
-        "alpha": container["alpha"],
-        "seed": container["seed"],
-        "num_selected": container["num_selected"],
-        "budget": container["budget"],
-        "cost_low": container["cost_low"],
-        "cost_high": container["cost_high"],
-        "bid_markup": container["bid_markup"],
-        "rounds": container["num_server_rounds"],
-        "local_epochs": container["local_epochs"],
-        "batch_size": container["batch_size"],
-        "learning_rate": container["learning_rate"],
-        "momentum": container["momentum"],
-        "device": "cpu" if container["device"] == "auto" else container["device"],
-        "torch_threads": container["torch_threads"],
+    run_config = to_run_config(cfg)
+    unsupported = {
+        key: value
+        for key, value in run_config.items()
+        if key not in APP_KEY_OF_FIELD.values() and key not in ENGINE_IGNORES and value != DEFAULTS[key]
     }
+    if unsupported:
+        raise ValueError(f"the in-process engine does not implement app key(s) {unsupported}: use engine=flower")
+    values: dict[str, Any] = {field: run_config[key] for field, key in APP_KEY_OF_FIELD.items()}
+    values["device"] = "cpu" if values["device"] == "auto" else values["device"]
+    values["num_clients"] = container["federation"]["num_clients"]
+    engine = dict((container.get("sim") or {}).get("engine") or {})
     values.update({key: engine[key] for key in _ENGINE_KEYS if engine.get(key) is not None})
     return EngineConfig(**values)
 

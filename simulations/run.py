@@ -53,7 +53,6 @@ os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 import warnings  # noqa: E402
 
 import hydra  # noqa: E402
-import numpy as np  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
@@ -280,6 +279,7 @@ def summarize(job_dir: Path, run_config: dict[str, Any], wall_s: float, num_clie
     """
     # pylint: disable=import-outside-toplevel
     from flmarket_flwr.task import DataConfig, all_label_counts
+    from simulations.record import job_record
 
     history = json.loads((job_dir / "history.json").read_text(encoding="utf-8"))
     selection = json.loads((job_dir / "selection.json").read_text(encoding="utf-8"))
@@ -293,24 +293,19 @@ def summarize(job_dir: Path, run_config: dict[str, Any], wall_s: float, num_clie
 
     selector = history["selector"]
     selected_nodes = [int(n) for n in (history["winners"] if selector == "sfedavg" else selection["selected"])]
-    selected_partitions = [partition_of.get(node) for node in selected_nodes]
-    selected_counts = [counts[p].tolist() if p is not None else None for p in selected_partitions]
-    known = [c for c in selected_counts if c is not None]
     rounds = history["rounds"]
     accuracies = [float(r["accuracy"]) for r in rounds]
     timings = history["timings"]
-    result: dict[str, Any] = {
-        "selector": selector,
-        "dataset": run_config["dataset"],
-        "model": run_config["model"],
-        "distribution": run_config["distribution"],
-        "num_clients": num_clients,
-        "num_selected": int(run_config["num-selected"]),
-        "seed": int(run_config["seed"]),
-        "final_accuracy": accuracies[-1] if accuracies else math.nan,
-        "best_accuracy": max(accuracies) if accuracies else math.nan,
-        "final_loss": float(rounds[-1]["loss"]) if rounds else math.nan,
-        "rounds": [
+    server_app_s = float(timings.get("total_s", math.nan))
+    result = job_record(
+        run_config=run_config,
+        identity={
+            "selector": selector,
+            **{key: run_config[key] for key in ("dataset", "model", "distribution", "seed")},
+            "num_clients": num_clients,
+            "num_selected": run_config["num-selected"],
+        },
+        rounds=[
             {
                 "round": int(r["round"]),
                 "accuracy": float(r["accuracy"]),
@@ -321,22 +316,20 @@ def summarize(job_dir: Path, run_config: dict[str, Any], wall_s: float, num_clie
             }
             for r in rounds
         ],
-        "selected_nodes": selected_nodes,
-        "selected_partitions": selected_partitions,
-        "selected_label_counts": selected_counts,
-        "selected_class_totals": np.sum(known, axis=0).astype(int).tolist() if known else None,
-        "pool_class_totals": counts.sum(axis=0).astype(int).tolist(),
-        "all_label_counts": counts.tolist(),
-        "trained_partitions_per_round": {str(r): sorted(p) for r, p in sorted(trained_per_round.items())},
-        "timings": {
+        final_accuracy=accuracies[-1] if accuracies else math.nan,
+        best_accuracy=max(accuracies) if accuracies else math.nan,
+        selected_nodes=selected_nodes,
+        selected_partitions=[partition_of.get(node) for node in selected_nodes],
+        label_counts=counts,
+        trained_per_round=trained_per_round,
+        timings={
             "job_wall_s": wall_s,
             "selection_s": float(timings.get("selection_s", math.nan)),
             "training_s": float(timings.get("fedavg_total_s", math.nan)),
-            "server_app_s": float(timings.get("total_s", math.nan)),
-            "overhead_s": wall_s - float(timings.get("total_s", math.nan)),
+            "server_app_s": server_app_s,
+            "overhead_s": wall_s - server_app_s,
         },
-        "run_config": run_config,
-    }
+    )
     if selector == "flmarket" and (job_dir / "market.json").is_file():
         market = json.loads((job_dir / "market.json").read_text(encoding="utf-8"))
         result["market"] = {key: market[key] for key in ("total_payment", "budget", "within_budget")}

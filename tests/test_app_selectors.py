@@ -135,7 +135,7 @@ def test_selectors_other_than_flmarket_need_num_selected(selector: str) -> None:
     selectors = ("flmarket", *apps.experiment_strategies())
     with pytest.raises(ValueError, match="num-selected: must be > 0"):
         server_app.ServerSettings.from_run_config({"selector": selector, "num-selected": 0}, selectors)
-    with pytest.raises(ValueError, match="selector: must be one of"):
+    with pytest.raises(ValueError, match="run-config key selector='nope': must be one of"):
         server_app.ServerSettings.from_run_config({"selector": "nope"}, selectors)
 
 

@@ -295,6 +295,45 @@ def test_run_job_inprocess_takes_a_hydra_job_config() -> None:
     assert result["final_accuracy"] == result["rounds"][-1]["accuracy"]
 
 
+def test_engine_config_reads_the_apps_schema() -> None:
+    """The engine's app keys take the app's defaults (but the sweep protocol's) and the app's checks."""
+    from dataclasses import fields
+
+    from flmarket_flwr.run_config import DEFAULTS
+    from simulations.engine import APP_KEY_OF_FIELD, SWEEP_DEFAULTS
+
+    defaults = EngineConfig()
+    for name, key in APP_KEY_OF_FIELD.items():
+        assert getattr(defaults, name) == SWEEP_DEFAULTS.get(key, DEFAULTS[key]), name
+    assert set(APP_KEY_OF_FIELD) <= {field.name for field in fields(EngineConfig)}
+    for bad in ({"budget": -1.0}, {"alpha": 0.0}, {"neighbours": "1"}, {"distribution": "d9"}, {"momentum": 1.5}):
+        key = APP_KEY_OF_FIELD[next(iter(bad))]
+        with pytest.raises(ValueError, match=f"run-config key {key}="):
+            EngineConfig(**bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="cost-low/cost-high"):
+        EngineConfig(cost_low=2.0, cost_high=1.0)
+
+
+def test_hydra_job_config_maps_every_app_key_and_refuses_what_the_engine_cannot_do() -> None:
+    """Through the one Hydra-to-app mapping: the PASS graph reaches the engine; an unsupported key is an error."""
+    from hydra import compose, initialize_config_dir
+
+    from simulations.config import CONF_DIR
+    from simulations.engine import config_from_hydra
+
+    def job(*overrides: str) -> EngineConfig:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return config_from_hydra(compose(config_name="config", overrides=["engine=inprocess", *overrides]))
+
+    cfg = job("neighbours=4", "audit_winners=false", "budget=250", "federation=c100", "seed=3")
+    assert (cfg.neighbours, cfg.audit_winners, cfg.budget, cfg.num_clients, cfg.seed) == ("4", False, 250.0, 100, 3)
+    assert cfg.rounds == 100 and cfg.local_steps == 20 and cfg.device == "cpu"
+    assert job("market_timeout=5", "run_name=x").budget == 600.0  # no meaning in process: accepted
+    for override in ("fraction_train=0.5", "settle_on_delivery=true", "min_market_clients=5"):
+        with pytest.raises(ValueError, match="does not implement app key"):
+            job(override)
+
+
 # --- S-FedAvg and the market protocol in the engine ----------------------------------------------------------------
 SFEDAVG = replace(
     SETTINGS[0],

@@ -1,9 +1,9 @@
-"""The Hydra experiment configs (``conf/``) and their agreement with the Flower app config.
+"""The app's one config schema (``flmarket_flwr/run_config.py``) and everything that reads it.
 
-``[tool.flwr.app.config]`` in ``pyproject.toml`` is what ``flwr run .`` uses; ``conf/``
-restates it for Hydra sweeps. The default composition must map to exactly the same keys,
-values and types (one source of truth, checked here), and every group option must
-compose into a valid app run config.
+``[tool.flwr.app.config]`` in ``pyproject.toml`` is what ``flwr run .`` uses: it must be the schema's table,
+verbatim. Hydra's ``conf/`` reads the schema as a structured config: the default composition maps to exactly
+the schema's defaults, a wrong type fails at composition, and every group option composes into a valid app
+run config. The ServerApp, the data config and the engine take their defaults and checks from the schema.
 """
 
 from dataclasses import fields
@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
 
+from flmarket_flwr.run_config import APP_KEYS, DEFAULTS, check_run_config, pyproject_table
 from flmarket_flwr.server_app import ServerSettings
 from flmarket_flwr.task import DataConfig
 from simulations.apps import experiment_strategies
@@ -35,31 +37,87 @@ def options(group: str) -> list[str]:
     return sorted(path.stem for path in (Path(CONF_DIR) / group).glob("*.yaml"))
 
 
-def test_defaults_equal_the_flower_app_config() -> None:
-    """The default composition maps to [tool.flwr.app.config]: same keys, values and types."""
+def test_pyproject_holds_the_schema_table_verbatim() -> None:
+    """``python -m flmarket_flwr.run_config`` prints pyproject's table: keys, values, types and comments."""
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8")
+    assert pyproject_table() in text, "regenerate [tool.flwr.app.config] with `python -m flmarket_flwr.run_config`"
+    assert app_config_defaults() == DEFAULTS
+    assert all(type(app_config_defaults()[key]) is type(value) for key, value in DEFAULTS.items())
+
+
+def test_defaults_equal_the_schema() -> None:
+    """The default composition maps to the schema's defaults: same keys, values and types."""
     run_config = to_run_config(compose_config())
-    app_config = app_config_defaults()
-    assert set(run_config) == set(app_config), (
-        f"only in Hydra: {sorted(set(run_config) - set(app_config))}, "
-        f"only in pyproject: {sorted(set(app_config) - set(run_config))}"
-    )
-    for key, value in app_config.items():
-        assert run_config[key] == value, f"{key}: Hydra {run_config[key]!r} != pyproject {value!r}"
-        assert type(run_config[key]) is type(value), f"{key}: {type(run_config[key])} != {type(value)}"
+    assert run_config == DEFAULTS
+    assert all(type(run_config[key]) is type(value) for key, value in DEFAULTS.items())
 
 
-def test_app_defaults_equal_the_code_defaults() -> None:
-    """pyproject's defaults are also the code's fallbacks (ServerSettings, DataConfig)."""
-    app_config = app_config_defaults()
-    settings = ServerSettings()
-    data = DataConfig()
-    for obj in (settings, data):
+def test_code_defaults_are_the_schema_defaults() -> None:
+    """ServerSettings and DataConfig take their defaults from the schema (DataConfig's num_clients is not a key)."""
+    for obj in (ServerSettings(), DataConfig()):
         for field in fields(obj):
-            if field.name == "num_clients":
-                continue  # the federation's: each node's num-partitions, not a run-config key
-            key = field.name.replace("_", "-")
-            assert key in app_config, f"{key} missing from [tool.flwr.app.config]"
-            assert app_config[key] == getattr(obj, field.name), key
+            if field.name != "num_clients":
+                assert getattr(obj, field.name) == DEFAULTS[field.name.replace("_", "-")], field.name
+    assert ServerSettings.from_run_config({}) == ServerSettings()
+    assert DataConfig.from_run_config({}) == DataConfig()
+
+
+BAD_VALUES = {
+    "dataset": "mnist",
+    "distribution": "d9",
+    "schedule": "cubic",
+    "alpha": 0.0,
+    "test-per-class": 0,
+    "val-per-class": -1,
+    "seed": -1,
+    "budget": -5.0,
+    "num-selected": -1,
+    "cost-low": 0.0,
+    "cost-high": -1.0,
+    "bid-markup": -0.1,
+    "market-timeout": 0.0,
+    "wait-for-nodes-timeout": -1.0,
+    "min-market-clients": 2,
+    "neighbours": "1",
+    "model": "vgg",
+    "num-server-rounds": 0,
+    "fraction-train": 0.0,
+    "fraction-evaluate": 1.5,
+    "local-epochs": 0,
+    "batch-size": 0,
+    "learning-rate": 0.0,
+    "momentum": 1.0,
+    "round-timeout": 0.0,
+    "device": "gpu",
+    "torch-threads": -1,
+}
+
+
+def test_every_checked_key_has_a_refused_value() -> None:
+    """Each key with a check refuses a bad value where the ServerApp reads it, naming the key."""
+    checked = {key.name for key in APP_KEYS if key.check is not None}
+    assert checked == set(BAD_VALUES)
+    for name, bad in BAD_VALUES.items():
+        with pytest.raises(ValueError, match=f"run-config key {name}="):
+            check_run_config({name: bad})
+        with pytest.raises(ValueError, match=name):
+            ServerSettings.from_run_config({name: bad})
+    with pytest.raises(ValueError, match="cost-low/cost-high"):
+        check_run_config({"cost-low": 2.0, "cost-high": 1.0})
+    with pytest.raises(ValueError, match="budget='600'"):
+        check_run_config({"budget": "600"})
+    with pytest.raises(ValueError, match="unknown run-config key"):
+        check_run_config({"budjet": 600.0})
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [("budget=cheap", "budget"), ("num_selected=2.5", "num_selected"), ("audit_winners=maybe", "audit_winners")],
+)
+def test_a_wrong_type_fails_at_composition(override: str, key: str) -> None:
+    """Hydra reads the schema's types: a wrong type stops the job before it starts."""
+    with pytest.raises(ConfigCompositionException, match=key):
+        compose_config(override)
 
 
 def test_group_keys_map_to_app_keys() -> None:

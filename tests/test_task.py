@@ -132,19 +132,3 @@ def test_resolve_device() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA"):
             resolve_device("cuda")
-
-
-def test_server_settings_defaults_match_the_app_config() -> None:
-    """`ServerSettings` falls back to its own defaults only when a key is missing: keep them equal."""
-    import tomllib
-    from pathlib import Path
-
-    from flmarket_flwr.server_app import ServerSettings
-
-    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
-    app_config = tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"]
-    defaults = ServerSettings()
-    for name, value in vars(defaults).items():
-        key = name.replace("_", "-")
-        assert key in app_config, f"{key} missing from [tool.flwr.app.config]"
-        assert app_config[key] == value, f"{key}: pyproject {app_config[key]!r} != ServerSettings {value!r}"

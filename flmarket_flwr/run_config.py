@@ -1,0 +1,267 @@
+"""The app's run-config schema: every key once, with its type, default, check and meaning.
+
+``[tool.flwr.app.config]`` in ``pyproject.toml`` (what ``flwr run`` reads) restates :data:`APP_KEYS`
+(``python -m flmarket_flwr.run_config`` prints the block; a test holds the two equal). The ServerApp, the
+ClientApp, the data config, Hydra's ``conf/`` (a structured config built from this table) and the
+experiments engine all read their keys, defaults and checks from here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal, TypeVar, cast
+
+from flmarket_flwr.data.partition import DISTRIBUTIONS, SCHEDULES
+from flmarket_flwr.data.registry import DATASET_NAMES, canonical_dataset_name
+
+__all__ = [
+    "APP_KEYS",
+    "DEFAULTS",
+    "AppKey",
+    "Scalar",
+    "ScalarType",
+    "check_run_config",
+    "check_values",
+    "default",
+    "default_as",
+    "keys_read_by",
+    "neighbours_of",
+    "pyproject_table",
+    "read",
+    "typed",
+]
+
+Scalar = bool | int | float | str
+ScalarType = TypeVar("ScalarType", bool, int, float, str)
+Reader = Literal["data", "server", "client", "both"]
+
+
+@dataclass(frozen=True)
+class AppKey:
+    """One run-config key.
+
+    Attributes
+    ----------
+    name : str
+        The key as Flower writes it (``-`` separated).
+    default : bool, int, float or str
+        Its default; its type is the key's type (an int is accepted for a float key).
+    meaning : str
+        What it does, one line (the comment in ``pyproject.toml``).
+    reader : {"data", "server", "client", "both"}
+        Who reads it: the data config (both apps), the ServerApp, the ClientApp, or both apps.
+    check : callable, optional
+        ``value -> bool``: whether a well-typed value can work.
+    expected : str
+        What :attr:`check` asks for, for the error message.
+    """
+
+    name: str
+    default: Scalar
+    meaning: str
+    reader: Reader
+    check: Callable[[Any], bool] | None = None
+    expected: str = ""
+
+    @property
+    def field(self) -> str:
+        """The key as a Python name (``num-selected`` -> ``num_selected``)."""
+        return self.name.replace("-", "_")
+
+
+def _positive(value: float) -> bool:
+    return value > 0
+
+
+def _at_least(low: int) -> Callable[[int], bool]:
+    return lambda value: value >= low
+
+
+def _one_of(choices: Iterable[str]) -> Callable[[str], bool]:
+    allowed = tuple(choices)
+    return lambda value: value.lower().replace("-", "_") in allowed
+
+
+def _dataset_ok(value: str) -> bool:
+    try:
+        canonical_dataset_name(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _neighbours_ok(value: str) -> bool:
+    return value in ("auto", "all") or (value.isdigit() and int(value) >= 2)
+
+
+def _device_ok(value: str) -> bool:
+    return re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", value) is not None
+
+
+def _model_ok(value: str) -> bool:
+    from flmarket_flwr.models import MODEL_NAMES  # pylint: disable=import-outside-toplevel  # torch: only when checked
+
+    return value.lower().replace("-", "_") in MODEL_NAMES
+
+
+APP_KEYS: Final[tuple[AppKey, ...]] = (
+    # Data: the global distribution d1..d7, then a Dirichlet(alpha) split over the clients.
+    AppKey("dataset", "digits", "digits (bundled), digits_xl, fashion_mnist (Debian's), cifar10, cinic10, deap",
+           "data", _dataset_ok, f"one of {list(DATASET_NAMES)}"),
+    AppKey("data-root", "", 'local data folder; "" for digits, digits_xl and fashion_mnist', "data"),
+    AppKey("distribution", "d4", "global label distribution d1 (balanced) ... d7", "data",
+           _one_of(DISTRIBUTIONS), f"one of {list(DISTRIBUTIONS)}"),
+    AppKey("schedule", "geometric", "pruning schedule of d1..d7: geometric, or linear (the paper's Table 2)", "data",
+           _one_of(SCHEDULES), f"one of {list(SCHEDULES)}"),
+    AppKey("alpha", 0.5, "Dirichlet concentration of the per-class split over the clients", "data", _positive, "> 0"),
+    AppKey("test-per-class", 30, "server-side balanced test set (digits: 300 images)", "data", _at_least(1), ">= 1"),
+    AppKey("val-per-class", 0, "server-side validation split from the training set (S-FedAvg needs > 0)", "data",
+           _at_least(0), ">= 0"),
+    AppKey("seed", 0, "data split, initial model, sampling, simulated costs", "data", _at_least(0), ">= 0"),
+    # Selection.
+    AppKey("selector", "flmarket", "flmarket; rs, qbs, dice, dds and sfedavg through simulations.run only",
+           "server"),
+    AppKey("budget", 600.0, "the buyer's budget R: total payments never exceed it", "server", _positive, "> 0"),
+    AppKey("num-selected", 0, "0: the budget decides; n > 0: at most n winners, within the budget", "server",
+           _at_least(0), ">= 0 (0: the budget decides)"),
+    AppKey("cost-low", 0.5, "simulated cost per sample, uniform in [cost-low, cost-high)", "client", _positive, "> 0"),
+    AppKey("cost-high", 1.5, "upper end of the simulated cost per sample", "client", _positive, "> 0"),
+    AppKey("bid-markup", 0.2, "bid = cost x N_e x (1 + markup)", "client", _at_least(0), ">= 0"),
+    AppKey("market-timeout", 60.0, "seconds per market message round", "server", _positive, "> 0"),
+    AppKey("wait-for-nodes-timeout", 120.0, "seconds to wait for the SuperNodes to connect", "server",
+           _positive, "> 0"),
+    AppKey("min-market-clients", 3, "fewest clients PASS runs with", "server", _at_least(3),
+           ">= 3 (PASS with 2 reveals a client's counts)"),
+    AppKey("neighbours", "auto", 'PASS masking graph: "auto", "all", or a degree "k"', "server", _neighbours_ok,
+           "'auto', 'all' or a degree k >= 2 (as a string)"),
+    AppKey("audit-winners", True, "winners open their PASS counts commitment to the buyer before payment",
+           "server"),
+    AppKey("identity-directory", "", 'path of the buyer\'s directory of client identity keys (JSON); "" for none',
+           "server"),
+    AppKey("settle-on-delivery", False, "true: each winner is paid pro rata to the rounds it delivered", "server"),
+    # Training: FedAvg over the winners.
+    AppKey("model", "digits_cnn", "digits_cnn | resnet56 | deap_cnn | fmnist_cnn", "both", _model_ok,
+           "a model name: digits_cnn, resnet56, deap_cnn or fmnist_cnn"),
+    AppKey("num-server-rounds", 15, "FedAvg rounds", "server", _at_least(1), ">= 1"),
+    AppKey("fraction-train", 1.0, "fraction of the winners trained each round", "server",
+           lambda value: 0.0 < value <= 1.0, "in (0, 1]"),
+    AppKey("fraction-evaluate", 0.0, "federated evaluation on the winners (0: server-side only)", "server",
+           lambda value: 0.0 <= value <= 1.0, "in [0, 1]"),
+    AppKey("local-epochs", 3, "local epochs per round", "server", _at_least(1), ">= 1"),
+    AppKey("batch-size", 8, "local mini-batch size", "server", _at_least(1), ">= 1"),
+    AppKey("learning-rate", 0.1, "local SGD learning rate", "server", _positive, "> 0"),
+    AppKey("momentum", 0.5, "local SGD momentum", "server", lambda value: 0.0 <= value < 1.0, "in [0, 1)"),
+    AppKey("round-timeout", 600.0, "seconds per FedAvg round", "server", _positive, "> 0"),
+    AppKey("device", "auto", "auto | cpu | cuda | cuda:<i>", "both", _device_ok, "auto, cpu, cuda or cuda:<i>"),
+    AppKey("torch-threads", 1, "torch intra-op threads per ClientApp (0: torch default)", "client", _at_least(0),
+           ">= 0"),
+    # Results.
+    AppKey("results-dir", "results/runs", "<results-dir>/<run-name>/; relative: under the ServerApp user's home",
+           "server"),
+    AppKey("run-name", "", "empty: <timestamp>_run-<run-id>", "server"),
+    AppKey("train-log-dir", "", "non-empty: each ClientApp logs its train messages there (audit)", "client"),
+)  # fmt: skip
+"""Every key of the app's run config, in the order of ``[tool.flwr.app.config]``."""
+
+_BY_NAME: Final[dict[str, AppKey]] = {key.name: key for key in APP_KEYS}
+DEFAULTS: Final[dict[str, Scalar]] = {key.name: key.default for key in APP_KEYS}
+"""Every key's default (``-`` style names)."""
+
+
+def default(name: str) -> Scalar:
+    """The default of run-config key ``name``."""
+    return _BY_NAME[name].default
+
+
+def default_as(name: str, kind: type[ScalarType]) -> ScalarType:
+    """The default of key ``name``, which must be a ``kind`` (for typed dataclass fields)."""
+    value = _BY_NAME[name].default
+    if type(value) is not kind:
+        raise TypeError(f"run-config key {name}: default {value!r} is not a {kind.__name__}")
+    return cast(ScalarType, value)
+
+
+def keys_read_by(*readers: Reader) -> tuple[str, ...]:
+    """The names of the keys read by any of ``readers``."""
+    return tuple(key.name for key in APP_KEYS if key.reader in readers)
+
+
+def neighbours_of(value: str) -> int | str:
+    """The PASS graph setting of key ``neighbours`` as the market takes it: a degree as an int, else the word."""
+    return int(value) if value.isdigit() else value
+
+
+def typed(name: str, value: Any) -> Scalar:
+    """``value`` as key ``name``'s type (an int for a float key is fine), or a ``ValueError`` naming the key."""
+    kind = type(_BY_NAME[name].default)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, kind) or isinstance(value, bool) != (kind is bool):
+        raise ValueError(f"run-config key {name}={value!r}: must be a {kind.__name__}, like {default(name)!r}")
+    return value.strip() if isinstance(value, str) else value
+
+
+def read(run_config: Mapping[str, Any], name: str) -> Any:
+    """Key ``name`` of ``run_config``, typed, or its default when absent."""
+    return typed(name, run_config[name]) if name in run_config else default(name)
+
+
+def check_values(values: Mapping[str, Any]) -> None:
+    """Check each given key's value, and the rules that join two keys.
+
+    Raises
+    ------
+    ValueError
+        Naming the first key whose value cannot work and what it must be.
+    """
+    for name, value in values.items():
+        key = _BY_NAME[name]
+        if key.check is not None and not key.check(value):
+            raise ValueError(f"run-config key {name}={value!r}: must be {key.expected}; fix it with --run-config")
+    if "cost-low" in values and "cost-high" in values and not values["cost-low"] < values["cost-high"]:
+        raise ValueError("run-config keys cost-low/cost-high: must be cost-low < cost-high; fix it with --run-config")
+
+
+def check_run_config(run_config: Mapping[str, Any], ignore: Iterable[str] = ()) -> dict[str, Any]:
+    """The whole run config, checked and typed, with every absent key at its default.
+
+    Parameters
+    ----------
+    run_config : Mapping[str, Any]
+        Flower's ``context.run_config`` (or a Hydra job's, mapped).
+    ignore : iterable of str
+        Keys other code owns (they are passed through unchecked).
+
+    Raises
+    ------
+    ValueError
+        For an unknown key, a value of the wrong type, or a value its check refuses, naming the key.
+    """
+    skipped = set(ignore)
+    unknown = sorted(set(run_config) - set(_BY_NAME) - skipped)
+    if unknown:
+        raise ValueError(f"unknown run-config key(s) {unknown}: see [tool.flwr.app.config] in pyproject.toml")
+    values = {key.name: read(run_config, key.name) for key in APP_KEYS}
+    check_values(values)
+    return values | {name: run_config[name] for name in skipped if name in run_config}
+
+
+def _toml(value: Scalar) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
+
+
+def pyproject_table() -> str:
+    """``[tool.flwr.app.config]`` as ``pyproject.toml`` holds it (a key per line, its meaning as the comment)."""
+    lines = ["[tool.flwr.app.config]"]
+    lines += [f"{key.name} = {_toml(key.default)}  # {key.meaning}" for key in APP_KEYS]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(pyproject_table(), end="")
