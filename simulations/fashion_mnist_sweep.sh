@@ -10,11 +10,11 @@
 # paper never states its bids). RS, QBS, DICE and DDS do not depend on the bids: run once.
 # Phases in order of value, so a partial sweep still answers the most:
 #   1. d4-d6, 10 of 20, seeds 0-4: the five selectors (volume bids) and FLMarket with equal bids;
-#   2. d1-d6, 5/10/15 of 20, seeds 0-4 (the rest of the primary grid);
-#   3. seeds 5-9 on d4-d6 at 10 of 20 (the headline gets 10 paired seeds);
-#   4. FLMarket against S-FedAvg (raw/sfedavg), the protocol of simulations/digits_xl_sfedavg.sh: 5 of 20, d1-d6,
+#   2. FLMarket against S-FedAvg (raw/sfedavg), the protocol of simulations/digits_xl_sfedavg.sh: 5 of 20, d1-d6,
 #      seeds 0-4, both sides with the same 10-per-class validation split taken out of the training pool; FLMarket
-#      runs its real market phase (--market protocol), timed, S-FedAvg samples and values 5 clients every round.
+#      runs its real market phase (--market protocol), timed, S-FedAvg samples and values 5 clients every round;
+#   3. d1-d6, 5/10/15 of 20, seeds 0-4 (the rest of the primary grid);
+#   4. seeds 5-9 on d4-d6 at 10 of 20 (the headline gets 10 paired seeds).
 set -euo pipefail
 workers="${1:-2}"
 root=results/fashion_mnist
@@ -40,8 +40,7 @@ phase() {  # distributions, cohort sizes, seeds
 }
 
 phase "d4 d5 d6" "10" "0 1 2 3 4"
-phase "d1 d2 d3 d4 d5 d6" "5 10 15" "0 1 2 3 4"
-phase "d4 d5 d6" "10" "5 6 7 8 9"
-# shellcheck disable=SC2086
 engine --out "$raw/sfedavg" --num-selected 5 --selector flmarket sfedavg --val-per-class 10 --market protocol \
     --distribution d1 d2 d3 d4 d5 d6 --seed 0 1 2 3 4 2>&1 | tee -a "$raw/sfedavg.log"
+phase "d1 d2 d3 d4 d5 d6" "5 10 15" "0 1 2 3 4"
+phase "d4 d5 d6" "10" "5 6 7 8 9"
