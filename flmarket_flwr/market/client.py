@@ -52,6 +52,7 @@ from flmarket_flwr.market.messages import (
     ACTION_AWARD,
     ACTION_BID,
     ACTION_MASK,
+    ACTION_OPEN,
     ACTION_SHARE,
     ACTION_SURVIVORS,
     ACTION_UNMASK,
@@ -164,7 +165,7 @@ def register_market_handlers(
 ) -> None:
     """Add the market's ``query`` handlers to an existing ``ClientApp``.
 
-    Registers ``query.market_advertise``, ``market_share``, ``market_mask``, ``market_survivors``,
+    Registers ``query.market_advertise``, ``market_share``, ``market_mask``, ``market_open``, ``market_survivors``,
     ``market_unmask`` (PASS), ``market_bid``, ``market_audit`` and ``market_award``.
 
     Parameters
@@ -210,6 +211,7 @@ def register_market_handlers(
     app.query(ACTION_ADVERTISE)(handlers.advertise)
     app.query(ACTION_SHARE)(handlers.share)
     app.query(ACTION_MASK)(handlers.mask)
+    app.query(ACTION_OPEN)(handlers.open_shares)
     app.query(ACTION_SURVIVORS)(handlers.survivors)
     app.query(ACTION_UNMASK)(handlers.unmask)
     app.query(ACTION_BID)(handlers.bid)
@@ -257,7 +259,7 @@ class _MarketHandlers:
         """PASS round 2: check the graph and the neighbours' keys, send encrypted shares of the secrets."""
 
         def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
-            return client.share_keys(request, self._directory(context)).to_record()
+            return client.share_keys(request, self._directory(context), self._identity_key(context)).to_record()
 
         return self._pass_step(message, context, ACTION_SHARE, step)
 
@@ -265,9 +267,17 @@ class _MarketHandlers:
         """PASS round 3: the masked counts and the counts commitment; the private keys are wiped."""
 
         def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
-            return client.mask_input(request).to_record()
+            return client.mask_input(request, self._identity_key(context)).to_record()
 
         return self._pass_step(message, context, ACTION_MASK, step)
+
+    def open_shares(self, message: Message, context: Context) -> Message:
+        """Blame round: reveal the one-use sealing key of the share ciphertext to each signed accuser, once."""
+
+        def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
+            return client.open_shares(request).to_record()
+
+        return self._pass_step(message, context, ACTION_OPEN, step)
 
     def survivors(self, message: Message, context: Context) -> Message:
         """Consistency round (with identity keys): sign the survivor set shown, once."""
