@@ -7,6 +7,8 @@ aborts cleanly, or the liar is excluded and not paid while the honest clients' a
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 from adversary import NUM_CLASSES, client_secrets, honest_grid, make_counts, market_config, signed_setup
@@ -333,3 +335,18 @@ def test_with_identity_keys_a_signed_false_accusation_names_the_accuser() -> Non
     assert "false accusation" in outcome.excluded[liar]
     honest = [n for n in counts if n != liar]
     assert outcome.global_counts == [int(c) for c in np.sum([counts[n] for n in honest], axis=0)]
+
+
+def test_garbage_to_more_than_k_minus_t_neighbours_but_not_all_fails_closed_naming_the_sender(caplog) -> None:
+    """Four of seven receivers get garbage (E = 8, t = 4): three good holders cannot rebuild its mask key."""
+    counts = make_counts(8, seed=17)
+    attacker = sorted(counts)[3]
+
+    def garbage_to_four(record) -> None:
+        sent = record["ciphertexts"]
+        record["ciphertexts"] = [c[:32] + bytes(len(c) - 32) if i < 4 else c for i, c in enumerate(sent)]
+
+    grid = honest_grid(counts, reply_hook=altering(attacker, "market_share", garbage_to_four))
+    with caplog.at_level(logging.WARNING, logger="flwr"), pytest.raises(MarketError, match="keeps only 3 surviving"):
+        MarketPhase(market_config()).run(grid)
+    assert f"node {attacker}" in caplog.text and "garbage shares" in caplog.text
