@@ -161,9 +161,10 @@ def _pair_digest(session: bytes, dealer: int, holder: int, both: bytes) -> bytes
     )
 
 
-def survivor_transcript(session: bytes, survivors: Iterable[int]) -> bytes:
+def survivor_transcript(session: bytes, survivors: Iterable[int] | np.ndarray) -> bytes:
     """``SHA-256(label || session || sorted U3)``: what the sum covers, recorded by clients for the bid step."""
-    ordered = np.sort(np.asarray(list(survivors), dtype=np.uint64))
+    values = survivors if isinstance(survivors, np.ndarray) else np.asarray(list(survivors))
+    ordered = np.sort(values.astype(np.uint64))
     body = struct.pack(">Q", len(session)) + session + struct.pack(">Q", ordered.size)
     return hashlib.sha256(_LABEL + b"/transcript" + body + ordered.astype(">u8").tobytes()).digest()
 
@@ -196,12 +197,28 @@ def indices_to_bitmap(indices: Iterable[int]) -> bytes:
 
 def bitmap_to_indices(bitmap: bytes) -> list[int]:
     """Inverse of :func:`indices_to_bitmap`: the sorted indices; ``PassError`` if oversized or not canonical."""
+    return _bitmap_array(bitmap).tolist()
+
+
+def _bitmap_bits(bitmap: bytes, size: int = 0) -> npt.NDArray[np.bool_]:
+    """The bitmap as booleans (position ``i - 1`` for index ``i``), at least ``size`` long; checked as above."""
     if len(bitmap) > MAX_PARTICIPANTS // 8:
         raise PassError(f"a roster bitmap holds at most {MAX_PARTICIPANTS} indices")
     if bitmap and bitmap[-1] == 0:
         raise PassError("a roster bitmap must not end with a zero byte")
-    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
-    return (np.flatnonzero(bits) + 1).tolist()
+    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little").astype(bool)
+    return np.concatenate([bits, np.zeros(max(0, size - bits.size), dtype=bool)])
+
+
+def _bitmap_array(bitmap: bytes) -> npt.NDArray[np.int64]:
+    """:func:`bitmap_to_indices` as a numpy array (no Python int per index)."""
+    return (np.flatnonzero(_bitmap_bits(bitmap)) + 1).astype(np.int64)
+
+
+def _in_bitmap(bitmap: bytes, index: int) -> bool:
+    """Whether ``index`` is set in ``bitmap`` (one byte read)."""
+    byte = (index - 1) // 8
+    return 0 <= byte < len(bitmap) and index >= 1 and bool(bitmap[byte] >> ((index - 1) % 8) & 1)
 
 
 def _strictly_increasing(values: list[int]) -> bool:
@@ -626,8 +643,8 @@ class PassClient:
         session, index = state["session"], state["index"]
         if commit_graph_seed(request.server_seed) != state["graph_commitment"]:
             raise PassError("the server seed does not match the graph commitment")
-        participants = bitmap_to_indices(request.participants)
-        if index not in set(participants):
+        participants = _bitmap_array(request.participants)
+        if not _in_bitmap(request.participants, index):
             raise PassError("the participants do not include this client")
         if len(participants) < state["min_participants"]:
             raise PassError(
@@ -921,32 +938,41 @@ class PassClient:
         state.update(signed_survivors=request.survivors, signed_dropped=request.dropped)
         return ConsistencyReply(signature)
 
-    def _check_view(self, survivors_bitmap: bytes, dropped_bitmap: bytes) -> tuple[list[int], list[int]]:
-        """``PassError`` unless the survivor/dropped split is one this client can answer; return the two sets."""
-        state = self._state
-        survivors, dropped = bitmap_to_indices(survivors_bitmap), bitmap_to_indices(dropped_bitmap)
-        participants = set(bitmap_to_indices(state["participants"]))
-        for name, group in (("survivors", survivors), ("dropped", dropped)):
-            if not set(group) <= participants:
-                raise PassError(f"{name} must be participants")
-        if set(survivors) & set(dropped):
-            raise PassError("a client cannot be both a survivor and dropped")
-        if state["index"] not in survivors:
-            raise PassError("this client sent its masked input but is not listed as a survivor")
-        if len(survivors) < MIN_PARTICIPANTS:
-            raise PassError(f"only {len(survivors)} survivors, PASS needs {MIN_PARTICIPANTS}")
-        neighbours, accused = set(state["neighbours"]), set(state.get("accused", []))
-        if neighbours & (set(survivors) | set(dropped)) != set(state["held_from"]) | accused:
-            raise PassError("survivors and dropped do not match the neighbours that completed key sharing")
-        if accused & set(survivors):
-            raise PassError("a neighbour whose shares did not open here cannot be a survivor (no mask with it)")
-        alive = len(neighbours & set(survivors))
-        threshold = share_threshold(state["degree"])
-        if alive < threshold:
-            raise PassError(f"only {alive} neighbours survived, the threshold is {threshold}")
-        return survivors, dropped
+    def _check_view(self, survivors_bitmap: bytes, dropped_bitmap: bytes) -> npt.NDArray[np.bool_]:
+        """``PassError`` unless the survivor/dropped split is one this client can answer; return the survivor bits.
 
-    def _check_consistency(self, request: UnmaskRequest, survivors: list[int]) -> None:
+        Vectorised over the roster bitmaps (``E / 8`` bytes each): no Python work per participant, only per
+        neighbour. ``bits[i - 1]`` is True for a survivor ``i``.
+        """
+        state = self._state
+        size = 8 * max(len(survivors_bitmap), len(dropped_bitmap), len(state["participants"]))
+        survivors = _bitmap_bits(survivors_bitmap, size)
+        dropped = _bitmap_bits(dropped_bitmap, size)
+        participants = _bitmap_bits(state["participants"], size)
+        for name, group in (("survivors", survivors), ("dropped", dropped)):
+            if bool((group & ~participants).any()):
+                raise PassError(f"{name} must be participants")
+        if bool((survivors & dropped).any()):
+            raise PassError("a client cannot be both a survivor and dropped")
+        if not survivors[state["index"] - 1]:
+            raise PassError("this client sent its masked input but is not listed as a survivor")
+        count = int(np.count_nonzero(survivors))
+        if count < MIN_PARTICIPANTS:
+            raise PassError(f"only {count} survivors, PASS needs {MIN_PARTICIPANTS}")
+        neighbours = np.asarray(state["neighbours"], dtype=np.int64) - 1
+        alive, gone = survivors[neighbours], dropped[neighbours]
+        accused = set(state.get("accused", []))
+        answered = {int(v) + 1 for v in neighbours[alive | gone]}
+        if answered != set(state["held_from"]) | accused:
+            raise PassError("survivors and dropped do not match the neighbours that completed key sharing")
+        if any(survivors[v - 1] for v in accused):
+            raise PassError("a neighbour whose shares did not open here cannot be a survivor (no mask with it)")
+        threshold = share_threshold(state["degree"])
+        if int(np.count_nonzero(alive)) < threshold:
+            raise PassError(f"only {int(np.count_nonzero(alive))} neighbours survived, the threshold is {threshold}")
+        return survivors
+
+    def _check_consistency(self, request: UnmaskRequest, survivors: npt.NDArray[np.bool_]) -> None:
         """With identity keys: the set is the one this client signed, and ``t`` neighbours signed it too."""
         state = self._state
         if state.get("signed_survivors") is None:
@@ -958,7 +984,8 @@ class PassClient:
         signers = request.signers
         if (
             not _strictly_increasing(signers)
-            or not set(signers) <= set(neighbours) & set(survivors)
+            or not set(signers) <= set(neighbours)
+            or not all(survivors[v - 1] for v in signers)
             or len(signers) != len(request.signatures)
         ):
             raise PassError("the signers must be distinct surviving neighbours, one signature each")
@@ -994,13 +1021,12 @@ class PassClient:
         self._require(_STAGE_MASKED, "unmask")
         state = self._state
         state["unmask_requested"] = True
-        survivors, _ = self._check_view(request.survivors, request.dropped)
+        survivors = self._check_view(request.survivors, request.dropped)
         if "identity_keys" in state:
             self._check_consistency(request, survivors)
-        survivor_set = set(survivors)
         reply = UnmaskReply([], [], [], [])
         for v, both in zip(state["held_from"], state["held_shares"], strict=True):
-            if v in survivor_set:
+            if survivors[v - 1]:
                 reply.survivor_indices.append(v)
                 reply.survivor_shares.append(both[_SHARE_BYTES:])  # share of b_v
             else:
@@ -1010,8 +1036,8 @@ class PassClient:
         state.pop("seal_seed", None)
         state.update(
             stage=_STAGE_UNMASKED,
-            transcript=survivor_transcript(state["session"], survivors),
-            survivor_count=len(survivors),
+            transcript=survivor_transcript(state["session"], np.flatnonzero(survivors) + 1),
+            survivor_count=int(np.count_nonzero(survivors)),
         )
         return reply
 
