@@ -691,3 +691,11 @@ def test_without_identity_keys_an_accused_that_does_not_open_is_named_and_the_su
     assert "garbage shares" in session.server.excluded[sender]
     assert sender not in session.server.survivors and 2 in session.server.survivors
     assert (session.unmask(requests) == session.expected()).all()
+
+
+def test_signing_clients_without_a_directory_anywhere_still_sum_exactly():
+    """Clients that sign (an identity key) but hold no directory, under a server with none: signatures ride along."""
+    counts = _counts(np.random.default_rng(33), 7, 3)
+    keys = {1000 + i: generate_identity()[0] for i in range(7)}
+    session = Session(counts, degree=4, identities=keys)
+    assert (session.run() == session.expected()).all()
