@@ -1062,6 +1062,10 @@ class PassServer:
         requests = server.receive_masked(replies)                # -> client.unmask(request)
         server.receive_unmask(replies)
 
+    After an accusation (:attr:`awaiting_openings`), the blame round comes right after ``receive_masked``::
+
+        requests = server.receive_openings(replies)              # (from client.open_shares(request))
+
     With a ``directory`` the server runs the consistency round between the last two steps::
 
         requests = server.receive_masked(replies)                # -> client.sign_survivors(request, key)
@@ -1411,7 +1415,8 @@ class PassServer:
                 if self._opens(v, u, keys.get(u)):
                     self._blame(u, f"it accused client {v}, whose shares open under the key revealed: false accusation")
                 else:
-                    self._blame(v, f"its shares to client {u} do not open under the key it revealed: garbage shares")
+                    reason = f"its shares to client {u} do not open under the key it revealed (or none)"
+                    self._blame(v, f"{reason}: garbage shares")
         return self._close_inputs()
 
     def _opens(self, sender: int, receiver: int, sealing_key: bytes | None) -> bool:
