@@ -20,10 +20,14 @@ The client enforces its own disclosure rules, whatever the server asks:
   the session and the roster, its neighbours' adverts are checked the same way, and it unmasks only
   for the survivor set it signed, with ``t`` of its neighbours' signatures on it (the consistency
   round); without them the server is trusted to relay keys and sets (semi-honest server only);
+* a neighbour whose shares do not open is accused, not fatal: the client masks without it; accused
+  itself, it reveals (once) the one-use sealing key of its ciphertext to each accuser, which opens
+  what that accuser was sent and nothing else, and with a directory only on a signed accusation;
 * it bids once, for the session whose sum it took part in, with that session's ``E`` and
   transcript hash; a global count below its own is refused;
-* private key material lives only in ``context.state`` and is deleted once it has masked, on
-  every refusal, and at the award (which the server sends to every node it contacted);
+* private key material lives only in ``context.state`` and is deleted once it has masked (the seal
+  seed of its one-use sealing keys at unmask), on every refusal, and at the award (which the server
+  sends to every node it contacted);
 * error replies say only which step was refused; the details go to the client's own log. One
   exception: when the app's own ``get_label_counts`` raises, the reply names that exception (type and
   message), so the server can report the root cause instead of a protocol symptom.
