@@ -19,7 +19,7 @@ SECRET_KEYS = (
     "cipher_private_key",
     "mask_private_key",
     "self_seed",
-    "inbound_channel_keys",
+    "seal_seed",
     "pair_seeds",
     "held_shares",
     "nonce",
@@ -40,6 +40,12 @@ def honest_grid(counts: Mapping[int, np.ndarray], **grid_options: Any) -> InProc
 
 def signed_app(counts: Mapping[int, np.ndarray]) -> tuple[ClientApp, IdentityDirectory]:
     """A ``ClientApp`` whose nodes hold Ed25519 identity keys and the directory of all of them (secure set-up)."""
+    app, directory, _ = signed_setup(counts)
+    return app, directory
+
+
+def signed_setup(counts: Mapping[int, np.ndarray]) -> tuple[ClientApp, IdentityDirectory, dict[int, Any]]:
+    """:func:`signed_app`, and each node's identity private key (for tests that play a signing liar)."""
     identities = {node: generate_identity() for node in counts}
     directory = IdentityDirectory({node: public for node, (_, public) in identities.items()})
     app = ClientApp()
@@ -50,7 +56,7 @@ def signed_app(counts: Mapping[int, np.ndarray]) -> tuple[ClientApp, IdentityDir
         identity_key=lambda context: identities[context.node_id][0],
         directory=lambda context: directory,
     )
-    return app, directory
+    return app, directory, {node: private for node, (private, _) in identities.items()}
 
 
 def market_config(**overrides: Any) -> MarketConfig:

@@ -7,14 +7,17 @@ aborts cleanly, or the liar is excluded and not paid while the honest clients' a
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
-from adversary import NUM_CLASSES, client_secrets, honest_grid, make_counts, market_config
+from adversary import NUM_CLASSES, client_secrets, honest_grid, make_counts, market_config, signed_setup
 from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import CostBasedBid, MarketError, MarketPhase, register_market_handlers
 from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.messages import RECORD_KEY
+from flmarket_flwr.pass_protocol import sign_accusation, sign_share_ciphertext
 from flmarket_flwr.pricing import run_auction, score
 
 POLICY = CostBasedBid(0.01)
@@ -209,14 +212,141 @@ def test_corrupted_unmask_shares_exclude_their_senders_by_name_and_the_market_fi
     assert outcome.global_counts == [int(c) for c in np.sum(list(counts.values()), axis=0)]
 
 
-def test_garbage_share_ciphertexts_still_end_the_market_without_naming_the_sender() -> None:
-    """Open (issue 21, item 3): the receivers of well-formed garbage cannot prove it, so they refuse and drop."""
-    counts = make_counts(8)
-    attacker = sorted(counts)[2]
+def _garbage_body(record) -> None:
+    """Well-formed garbage: the real sealing public key, then zero bytes where the AEAD ciphertext should be."""
+    record["ciphertexts"] = [c[:32] + bytes(len(c) - 32) for c in record["ciphertexts"]]
 
-    def garbage(record) -> None:
-        record["ciphertexts"] = [bytes(len(c)) for c in record["ciphertexts"]]
 
-    grid = honest_grid(counts, reply_hook=altering(attacker, "market_share", garbage))
-    with pytest.raises(MarketError, match="only 1 clients sent masked input"):  # the attacker is the one left
+def _garbage_all(record) -> None:
+    """All-zero ciphertexts: the sealing key is then a low-order point, which no exchange accepts."""
+    record["ciphertexts"] = [bytes(len(c)) for c in record["ciphertexts"]]
+
+
+def _accusing(node: int, how_many: int):
+    """A reply hook by which ``node`` falsely accuses its first ``how_many`` senders (their shares opened fine)."""
+
+    def hook(instruction, reply):
+        if (
+            instruction.metadata.dst_node_id == node
+            and instruction.metadata.message_type == "query.market_mask"
+            and not reply.has_error()
+        ):
+            senders = list(instruction.content.config_records[RECORD_KEY]["senders"])[:how_many]
+            record = reply.content.config_records[RECORD_KEY]
+            record["accused"] = senders
+            record["accusations"] = [b""] * len(senders)
+        return reply
+
+    return hook
+
+
+@pytest.mark.parametrize(("num_nodes", "num_attackers"), [(8, 1), (8, 2), (40, 1), (40, 2)])
+def test_garbage_share_ciphertexts_name_their_senders_and_the_market_finishes(num_nodes, num_attackers) -> None:
+    """Issue 21, item 3: each receiver accuses, the accused's own opening convicts it, the rest finish PASS.
+
+    E = 8 is the complete graph (k = 7, t = 4), E = 40 a sparse one (k = 28 of 39, t = 15).
+    """
+    counts = make_counts(num_nodes, seed=3)
+    attackers = sorted(counts)[2 : 2 + num_attackers]
+    garbles = (_garbage_body, _garbage_all)[:num_attackers]
+    hooks = [altering(n, "market_share", garble) for n, garble in zip(attackers, garbles, strict=True)]
+    outcome = MarketPhase(market_config()).run(honest_grid(counts, reply_hook=_chained(*hooks)))
+    assert set(outcome.excluded) == set(attackers)
+    for attacker in attackers:
+        assert "garbage shares" in outcome.excluded[attacker]
+        assert attacker not in outcome.participants
+    honest = [n for n in counts if n not in attackers]
+    assert sorted(outcome.participants) == sorted(honest)
+    assert outcome.global_counts == [int(c) for c in np.sum([counts[n] for n in honest], axis=0)]
+
+
+@pytest.mark.parametrize(("num_nodes", "how_many"), [(8, 1), (40, 2)])
+def test_a_false_accuser_is_named_and_the_accused_stays(num_nodes: int, how_many: int) -> None:
+    """An accuser whose accused's ciphertexts open under the revealed sealing keys is the liar: it is excluded."""
+    counts = make_counts(num_nodes, seed=5)
+    liar = sorted(counts)[1]
+    outcome = MarketPhase(market_config()).run(honest_grid(counts, reply_hook=_accusing(liar, how_many)))
+    assert set(outcome.excluded) == {liar}
+    assert "false accusation" in outcome.excluded[liar]
+    honest = [n for n in counts if n != liar]
+    assert sorted(outcome.participants) == sorted(honest)
+    assert outcome.global_counts == [int(c) for c in np.sum([counts[n] for n in honest], axis=0)]
+
+
+class _SigningLiar:
+    """A reply hook for a client with an identity key that lies and signs its lie (it knows its own context).
+
+    ``garbage=True``: its share ciphertexts are garbage, each validly signed by it (so only the opening can
+    convict it). ``accuse=n``: it accuses its first ``n`` senders, with signed accusations.
+    """
+
+    def __init__(self, node: int, identity_key, *, garbage: bool = False, accuse: int = 0) -> None:
+        self.node, self.key, self.garbage, self.accuse = node, identity_key, garbage, accuse
+        self.context: dict = {}
+
+    def __call__(self, instruction, reply):
+        if instruction.metadata.dst_node_id != self.node or reply.has_error():
+            return reply
+        sent = instruction.content.config_records[RECORD_KEY]
+        record = reply.content.config_records[RECORD_KEY]
+        kind = instruction.metadata.message_type
+        where = {"run_id": int(instruction.metadata.run_id)}
+        if kind == "query.market_advertise":
+            self.context = {"index": sent["index"], "session": sent["session"], "roster": sent["roster"]}
+        where.update(session=self.context.get("session"), roster=self.context.get("roster"))
+        if kind == "query.market_share" and self.garbage:
+            record["ciphertexts"] = [c[:32] + bytes(len(c) - 32) for c in record["ciphertexts"]]
+            record["signatures"] = [
+                sign_share_ciphertext(self.key, self.context["index"], v, c, d, **where)
+                for v, c, d in zip(record["receivers"], record["ciphertexts"], record["share_digests"], strict=True)
+            ]
+        if kind == "query.market_mask" and self.accuse:
+            accused = list(sent["senders"])[: self.accuse]
+            record["accused"] = accused
+            record["accusations"] = [sign_accusation(self.key, self.context["index"], v, **where) for v in accused]
+        return reply
+
+
+@pytest.mark.parametrize("resign", [True, False])
+def test_with_identity_keys_a_garbage_sender_is_named_whether_or_not_it_signs_its_garbage(resign: bool) -> None:
+    """Signed garbage is convicted by its sender's opening; unsigned garbage by the server's own copy."""
+    counts = make_counts(10, seed=11)
+    app, directory, keys = signed_setup(counts)
+    attacker = sorted(counts)[4]
+    if resign:
+        hook = _SigningLiar(attacker, keys[attacker], garbage=True)
+    else:
+        hook = altering(attacker, "market_share", _garbage_body)
+    outcome = MarketPhase(market_config(directory=directory)).run(InProcessGrid(app, list(counts), reply_hook=hook))
+    assert set(outcome.excluded) == {attacker}
+    reason = "do not open under the key it revealed" if resign else "is not signed by it"
+    assert reason in outcome.excluded[attacker]
+    honest = [n for n in counts if n != attacker]
+    assert outcome.global_counts == [int(c) for c in np.sum([counts[n] for n in honest], axis=0)]
+
+
+def test_with_identity_keys_a_signed_false_accusation_names_the_accuser() -> None:
+    counts = make_counts(10, seed=13)
+    app, directory, keys = signed_setup(counts)
+    liar = sorted(counts)[6]
+    hook = _SigningLiar(liar, keys[liar], accuse=2)
+    outcome = MarketPhase(market_config(directory=directory)).run(InProcessGrid(app, list(counts), reply_hook=hook))
+    assert set(outcome.excluded) == {liar}
+    assert "false accusation" in outcome.excluded[liar]
+    honest = [n for n in counts if n != liar]
+    assert outcome.global_counts == [int(c) for c in np.sum([counts[n] for n in honest], axis=0)]
+
+
+def test_garbage_to_more_than_k_minus_t_neighbours_but_not_all_fails_closed_naming_the_sender(caplog) -> None:
+    """Four of seven receivers get garbage (E = 8, t = 4): three good holders cannot rebuild its mask key."""
+    counts = make_counts(8, seed=17)
+    attacker = sorted(counts)[3]
+
+    def garbage_to_four(record) -> None:
+        sent = record["ciphertexts"]
+        record["ciphertexts"] = [c[:32] + bytes(len(c) - 32) if i < 4 else c for i, c in enumerate(sent)]
+
+    grid = honest_grid(counts, reply_hook=altering(attacker, "market_share", garbage_to_four))
+    with caplog.at_level(logging.WARNING, logger="flwr"), pytest.raises(MarketError, match="keeps only 3 surviving"):
         MarketPhase(market_config()).run(grid)
+    assert f"node {attacker}" in caplog.text and "garbage shares" in caplog.text

@@ -95,7 +95,10 @@ def _split_views_attack(counts: dict[int, np.ndarray], signed: bool) -> SplitVie
     inbox = requests[victim]
     kept = [i for i, sender in enumerate(inbox.senders) if sender in peers]
     requests[victim] = MaskRequest(
-        [inbox.senders[i] for i in kept], [inbox.ciphertexts[i] for i in kept], [inbox.share_digests[i] for i in kept]
+        [inbox.senders[i] for i in kept],
+        [inbox.ciphertexts[i] for i in kept],
+        [inbox.share_digests[i] for i in kept],
+        [inbox.signatures[i] for i in kept] if inbox.signatures else [],
     )
     replies = send(grid, "market_mask", {server.node_of[i]: r.to_record() for i, r in requests.items()})
     masked = {

@@ -50,8 +50,9 @@ def test_graph_is_deterministic_symmetric_and_k_regular(case):
     for node, peers in graph.items():
         assert len(peers) == k and len(set(peers)) == k and node not in peers
         assert all(node in graph[peer] for peer in peers)
-    some = indices[len(indices) // 2]
-    assert neighbours_of(seed, indices, k, some) == graph[some]
+    for node in indices:  # the vectorised selection (list or array input) agrees with the sorted cycle
+        assert neighbours_of(seed, indices, k, node) == graph[node]
+        assert neighbours_of(seed, np.asarray(indices), k, node) == graph[node]
 
 
 def test_complete_graph_when_k_is_e_minus_one():
@@ -126,3 +127,14 @@ def test_bad_degrees_and_indices_are_refused():
         neighbours_of(b"\x00" * 32, range(10), 4, 99)
     with pytest.raises(ValueError, match="bad_fraction"):
         neighbourhood_size(10, bad_fraction=1.0)
+
+
+def test_a_tie_of_keystream_words_falls_back_to_the_sorted_cycle(monkeypatch):
+    """Two equal sort keys (probability below E^2 / 2^65) order by index, as in mask_graph."""
+    from flmarket_flwr.pass_protocol import graph as graph_module
+
+    words = np.array([5, 9, 5, 1, 7, 9, 3, 5], dtype=np.uint64)
+    monkeypatch.setattr(graph_module, "_keystream_words", lambda seed, size: words[:size].copy())
+    indices, seed = list(range(1, 9)), bytes(32)
+    graph = mask_graph(seed, indices, 4)
+    assert all(neighbours_of(seed, indices, 4, node) == graph[node] for node in indices)

@@ -78,7 +78,7 @@ class Session:
 
     def share(self, requests, drop=()):
         replies = {
-            i: self._call(i, "share_keys", r.to_record(), self.client_directory)
+            i: self._call(i, "share_keys", r.to_record(), self.client_directory, self.identities.get(1000 + i - 1))
             for i, r in requests.items()
             if i not in drop
         }
@@ -90,13 +90,22 @@ class Session:
             if i in drop:
                 continue
             try:
-                replies[i] = self._call(i, "mask_input", request.to_record())
+                replies[i] = self._call(i, "mask_input", request.to_record(), self.identities.get(1000 + i - 1))
             except PassError:
                 continue  # a client that refuses is a dropout
         for i, change in (tamper or {}).items():
             replies[i] = change(replies[i])
         self.masked = {i: secagg.MaskedInput.from_record(r) for i, r in replies.items()}
-        return self.server.receive_masked(replies)
+        requests = self.server.receive_masked(replies)
+        if self.server.awaiting_openings:  # the blame round: each accused opens its ciphertexts to its accusers
+            openings = {}
+            for i, request in requests.items():
+                try:
+                    openings[i] = self._call(i, "open_shares", request.to_record())
+                except PassError:
+                    continue
+            requests = self.server.receive_openings(openings)
+        return requests
 
     def unmask(self, requests, drop=()):
         if self.server.directory is not None:  # the consistency round: survivors sign the set they were shown
@@ -604,11 +613,13 @@ def test_corrupted_shares_name_their_sender_and_fail_closed_when_too_few_are_lef
     session = Session(counts, degree=4)
     requests = session.mask(session.share(session.advertise()), drop={6})
     replies = {i: session._call(i, "unmask", r.to_record()) for i, r in requests.items()}
-    liar = min(replies)
+    graph = session.server.graph  # a survivor w next to the dropout, and a liar next to w (the graph is random)
+    w = graph[6][0]
+    liar = next(v for v in graph[w] if v != 6)
     replies[liar] = dict(replies[liar], survivor_shares=[bytes(44)] * len(replies[liar]["survivor_shares"]))
     session.server.receive_unmask(replies)
     assert "corrupted share" in session.server.excluded[liar]
-    with pytest.raises(PassError, match="threshold"):  # k = 4, t = 3: a dropout and a liar leave 2 shares
+    with pytest.raises(PassError, match="threshold"):  # k = 4, t = 3: the dropout and the liar leave b_w 2 shares
         session.server.finish()
 
 
@@ -636,3 +647,57 @@ def test_one_or_two_corrupted_unmask_replies_are_named_and_the_sum_stays_exact(l
     session.server.receive_unmask(replies)
     assert (session.server.finish() == session.expected()).all()
     assert {i for i, why in session.server.excluded.items() if "corrupted share" in why} == named
+
+
+# --- Issue 21, item 3: blame, not abort, for share ciphertexts that do not open ------------------------
+def _forge(requests, victim, sender):
+    """The server swaps the AEAD body of ``sender``'s ciphertext to ``victim`` for zero bytes."""
+    inbox = requests[victim]
+    i = inbox.senders.index(sender)
+    ciphertexts = list(inbox.ciphertexts)
+    ciphertexts[i] = ciphertexts[i][:32] + bytes(len(ciphertexts[i]) - 32)
+    return {**requests, victim: dataclasses.replace(inbox, ciphertexts=ciphertexts)}
+
+
+def test_a_server_that_forges_a_ciphertext_gets_an_unsigned_complaint_and_no_opening():
+    """With identity keys an honest receiver signs an accusation only against a ciphertext its sender signed.
+
+    A ciphertext the server changed fails its sender's signature: the receiver masks without that sender
+    and complains unsigned, and the sender refuses to open on an unsigned accusation, so a malicious server
+    cannot make an honest sender reveal the shares it sent to anyone.
+    """
+    counts = _counts(np.random.default_rng(31), 7, 3)
+    session = _signed_session(counts, degree=4)
+    requests = session.share(session.advertise())
+    sender = requests[1].senders[0]
+    forged = _forge(requests, 1, sender)
+    reply = secagg.MaskedInput.from_record(
+        session._call(1, "mask_input", forged[1].to_record(), session.identities[1000])
+    )
+    assert reply.accused == [sender] and reply.accusations == [b""]
+    with pytest.raises(PassError, match="did not sign this accusation"):
+        session._call(sender, "open_shares", secagg.OpenRequest([1], [b""]).to_record())
+    with pytest.raises(PassError, match="already opened"):  # one open request per session, answered or not
+        session._call(sender, "open_shares", secagg.OpenRequest([1], [b""]).to_record())
+
+
+def test_without_identity_keys_an_accused_that_does_not_open_is_named_and_the_sum_is_exact():
+    """A receiver whose shares do not open masks without the sender; silence at the opening convicts it."""
+    counts = _counts(np.random.default_rng(32), 8, 3)
+    session = Session(counts, degree=6)
+    requests = session.share(session.advertise())
+    sender = requests[2].senders[-1]
+    original = session.server.receive_openings
+    session.server.receive_openings = lambda replies: original({})  # the accused never answers
+    requests = session.mask(_forge(requests, 2, sender))
+    assert "garbage shares" in session.server.excluded[sender]
+    assert sender not in session.server.survivors and 2 in session.server.survivors
+    assert (session.unmask(requests) == session.expected()).all()
+
+
+def test_signing_clients_without_a_directory_anywhere_still_sum_exactly():
+    """Clients that sign (an identity key) but hold no directory, under a server with none: signatures ride along."""
+    counts = _counts(np.random.default_rng(33), 7, 3)
+    keys = {1000 + i: generate_identity()[0] for i in range(7)}
+    session = Session(counts, degree=4, identities=keys)
+    assert (session.run() == session.expected()).all()

@@ -36,7 +36,14 @@ from flmarket_flwr.market import (
     WinnersGrid,
 )
 from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
-from flmarket_flwr.market.messages import ACTION_AUDIT, ACTION_BID, ACTION_SURVIVORS, ACTION_UNMASK, ACTIONS
+from flmarket_flwr.market.messages import (
+    ACTION_AUDIT,
+    ACTION_BID,
+    ACTION_OPEN,
+    ACTION_SURVIVORS,
+    ACTION_UNMASK,
+    ACTIONS,
+)
 from flmarket_flwr.pricing import run_auction, score
 
 NUM_CLASSES = 5
@@ -45,7 +52,7 @@ MARKUP = 0.2
 TIMEOUT = 0.25  # seconds per message round: small, so that waiting for the departed stays cheap
 SLACK = 1.0  # scheduling slack allowed on top of each bound (a loaded 2-core CI machine)
 ROUND_SLACK = 2.0  # a market round, push to next push, also holds the in-process clients' own PASS work
-STEPS = tuple(a for a in ACTIONS if a != ACTION_SURVIVORS)  # advertise, share, mask, unmask, bid, audit, award
+STEPS = tuple(a for a in ACTIONS if a not in (ACTION_SURVIVORS, ACTION_OPEN))  # advertise ... award, no blame round
 
 
 class PollingGrid(InProcessGrid):

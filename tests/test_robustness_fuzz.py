@@ -50,6 +50,7 @@ from flmarket_flwr.market.messages import (
     ACTION_AWARD,
     ACTION_BID,
     ACTION_MASK,
+    ACTION_OPEN,
     ACTION_SHARE,
     ACTION_SURVIVORS,
     ACTION_UNMASK,
@@ -75,7 +76,8 @@ COUNTS = {4000 + 13 * i: _RNG.integers(1, 45, size=NUM_CLASSES) * (i + 1) for i 
 NODES = sorted(COUNTS)
 OFFENDER = NODES[2]  # a winner of the honest auction (checked below), so that its audit is fuzzed
 BYSTANDER = NODES[1]  # another winner, named by spoofed and cross-wired replies
-STEPS = tuple(action for action in ACTIONS if action != ACTION_SURVIVORS)  # the consistency round needs identity keys
+# The consistency round needs identity keys; the blame round (``market_open``) happens only after an accusation.
+STEPS = tuple(action for action in ACTIONS if action not in (ACTION_SURVIVORS, ACTION_OPEN))
 PASS_STEPS = (ACTION_ADVERTISE, ACTION_SHARE, ACTION_MASK, ACTION_UNMASK)
 FIELDS = {
     ACTION_ADVERTISE: ("cipher_public_key", "mask_public_key", "signature"),

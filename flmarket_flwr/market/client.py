@@ -20,10 +20,14 @@ The client enforces its own disclosure rules, whatever the server asks:
   the session and the roster, its neighbours' adverts are checked the same way, and it unmasks only
   for the survivor set it signed, with ``t`` of its neighbours' signatures on it (the consistency
   round); without them the server is trusted to relay keys and sets (semi-honest server only);
+* a neighbour whose shares do not open is accused, not fatal: the client masks without it; accused
+  itself, it reveals (once) the one-use sealing key of its ciphertext to each accuser, which opens
+  what that accuser was sent and nothing else, and with a directory only on a signed accusation;
 * it bids once, for the session whose sum it took part in, with that session's ``E`` and
   transcript hash; a global count below its own is refused;
-* private key material lives only in ``context.state`` and is deleted once it has masked, on
-  every refusal, and at the award (which the server sends to every node it contacted);
+* private key material lives only in ``context.state`` and is deleted once it has masked (the seal
+  seed of its one-use sealing keys at unmask), on every refusal, and at the award (which the server
+  sends to every node it contacted);
 * error replies say only which step was refused; the details go to the client's own log. One
   exception: when the app's own ``get_label_counts`` raises, the reply names that exception (type and
   message), so the server can report the root cause instead of a protocol symptom.
@@ -52,6 +56,7 @@ from flmarket_flwr.market.messages import (
     ACTION_AWARD,
     ACTION_BID,
     ACTION_MASK,
+    ACTION_OPEN,
     ACTION_SHARE,
     ACTION_SURVIVORS,
     ACTION_UNMASK,
@@ -164,7 +169,7 @@ def register_market_handlers(
 ) -> None:
     """Add the market's ``query`` handlers to an existing ``ClientApp``.
 
-    Registers ``query.market_advertise``, ``market_share``, ``market_mask``, ``market_survivors``,
+    Registers ``query.market_advertise``, ``market_share``, ``market_mask``, ``market_open``, ``market_survivors``,
     ``market_unmask`` (PASS), ``market_bid``, ``market_audit`` and ``market_award``.
 
     Parameters
@@ -210,6 +215,7 @@ def register_market_handlers(
     app.query(ACTION_ADVERTISE)(handlers.advertise)
     app.query(ACTION_SHARE)(handlers.share)
     app.query(ACTION_MASK)(handlers.mask)
+    app.query(ACTION_OPEN)(handlers.open_shares)
     app.query(ACTION_SURVIVORS)(handlers.survivors)
     app.query(ACTION_UNMASK)(handlers.unmask)
     app.query(ACTION_BID)(handlers.bid)
@@ -257,7 +263,7 @@ class _MarketHandlers:
         """PASS round 2: check the graph and the neighbours' keys, send encrypted shares of the secrets."""
 
         def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
-            return client.share_keys(request, self._directory(context)).to_record()
+            return client.share_keys(request, self._directory(context), self._identity_key(context)).to_record()
 
         return self._pass_step(message, context, ACTION_SHARE, step)
 
@@ -265,9 +271,17 @@ class _MarketHandlers:
         """PASS round 3: the masked counts and the counts commitment; the private keys are wiped."""
 
         def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
-            return client.mask_input(request).to_record()
+            return client.mask_input(request, self._identity_key(context)).to_record()
 
         return self._pass_step(message, context, ACTION_MASK, step)
+
+    def open_shares(self, message: Message, context: Context) -> Message:
+        """Blame round: reveal the one-use sealing key of the share ciphertext to each signed accuser, once."""
+
+        def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
+            return client.open_shares(request).to_record()
+
+        return self._pass_step(message, context, ACTION_OPEN, step)
 
     def survivors(self, message: Message, context: Context) -> Message:
         """Consistency round (with identity keys): sign the survivor set shown, once."""

@@ -11,7 +11,10 @@ Action                Server -> client                            Client -> serv
 ``market_share``      participants, graph seed, the neighbours'   one encrypted share pair per neighbour,
                       keys (and signatures, node ids)             and a digest of each pair
 ``market_mask``       the share ciphertexts addressed to it,      masked counts ``Y_e`` (``C`` little-endian
-                      and their digests                           uint64 words), counts commitment
+                      their digests and signatures                uint64 words), counts commitment, the
+                                                                  senders whose shares did not open
+``market_open``       (only after an accusation) the accusers     the one-use sealing key of its share
+                      and their signed accusations                ciphertext to each accuser
 ``market_survivors``  survivors, dropped (only with an identity    Ed25519 signature on that set
                       directory: the consistency round)
 ``market_unmask``     survivors, dropped (and the neighbours'     self-mask shares of survivors, key
@@ -39,6 +42,7 @@ __all__ = [
     "ACTION_AWARD",
     "ACTION_BID",
     "ACTION_MASK",
+    "ACTION_OPEN",
     "ACTION_SHARE",
     "ACTION_SURVIVORS",
     "ACTION_UNMASK",
@@ -65,6 +69,7 @@ __all__ = [
 ACTION_ADVERTISE: Final = "market_advertise"
 ACTION_SHARE: Final = "market_share"
 ACTION_MASK: Final = "market_mask"
+ACTION_OPEN: Final = "market_open"
 ACTION_SURVIVORS: Final = "market_survivors"
 ACTION_UNMASK: Final = "market_unmask"
 ACTION_BID: Final = "market_bid"
@@ -74,6 +79,7 @@ ACTIONS: Final = (
     ACTION_ADVERTISE,
     ACTION_SHARE,
     ACTION_MASK,
+    ACTION_OPEN,
     ACTION_SURVIVORS,
     ACTION_UNMASK,
     ACTION_BID,

@@ -1,12 +1,12 @@
 """PASS over Flower messages: the server's rounds of :class:`~flmarket_flwr.pass_protocol.PassServer`.
 
 Each round sends one ``query`` message per client (``market_advertise``, ``market_share``,
-``market_mask``, with an identity directory the consistency round ``market_survivors``, and
-``market_unmask``) whose ``ConfigRecord`` is the protocol message's own record, and
-feeds the valid replies back to the pure protocol object, which builds the next round. A node whose
-reply is missing, an error or malformed leaves PASS at that round with a logged reason; PASS runs
-once per market (the dropped clients' masks are recovered from Shamir shares, never by a second sum),
-and a session that cannot finish safely stops the market with :class:`MarketError`.
+``market_mask``, after an accusation the blame round ``market_open`` to the accused only, with an identity
+directory the consistency round ``market_survivors``, and ``market_unmask``) whose ``ConfigRecord`` is the
+protocol message's own record, and feeds the valid replies back to the pure protocol object, which builds
+the next round. A node whose reply is missing, an error or malformed leaves PASS at that round with a
+logged reason; PASS runs once per market (the dropped clients' masks are recovered from Shamir shares,
+never by a second sum), and a session that cannot finish safely stops the market with :class:`MarketError`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.messages import (
     ACTION_ADVERTISE,
     ACTION_MASK,
+    ACTION_OPEN,
     ACTION_SHARE,
     ACTION_SURVIVORS,
     ACTION_UNMASK,
@@ -129,6 +130,8 @@ class PassRounds:
             requests = server.receive_advertisements(self._round(grid, ACTION_ADVERTISE, requests))
             requests = server.receive_shares(self._round(grid, ACTION_SHARE, requests))
             requests = server.receive_masked(self._round(grid, ACTION_MASK, requests))
+            if server.awaiting_openings:  # someone's shares did not open: the accused proves or is named
+                requests = server.receive_openings(self._round(grid, ACTION_OPEN, requests))
             if server.directory is not None:
                 requests = server.receive_signatures(self._round(grid, ACTION_SURVIVORS, requests))
             server.receive_unmask(self._round(grid, ACTION_UNMASK, requests))

@@ -48,9 +48,9 @@ def derive_graph_seed(server_seed: bytes, roster_digest: bytes) -> bytes:
     return hashlib.sha256(_DERIVE_LABEL + server_seed + roster_digest).digest()
 
 
-def roster_digest(session: bytes, indices: Sequence[int]) -> bytes:
+def roster_digest(session: bytes, indices: Sequence[int] | np.ndarray) -> bytes:
     """SHA-256 over the session and the sorted participant indices (length-prefixed, injective)."""
-    ordered = np.sort(np.asarray(list(indices), dtype=np.uint64))
+    ordered = np.sort(_index_array(indices)).astype(np.uint64)
     body = struct.pack(">Q", len(session)) + session + struct.pack(">Q", ordered.size)
     return hashlib.sha256(body + ordered.astype(">u8").tobytes()).digest()
 
@@ -118,21 +118,39 @@ def check_degree(k: int, num_clients: int) -> None:
         raise ValueError(f"degree must be even in [2, {num_clients - 2}] or equal {num_clients - 1}, got {k}")
 
 
-def _shuffled(seed: bytes, indices: Sequence[int]) -> list[int]:
+def _index_array(indices: Sequence[int] | np.ndarray) -> np.ndarray:
+    """The indices as an int64 array (an array is taken as it is: no per-element Python work)."""
+    if isinstance(indices, np.ndarray):
+        return indices.astype(np.int64, copy=False)
+    return np.asarray(list(indices), dtype=np.int64)
+
+
+def _keystream_words(seed: bytes, size: int) -> np.ndarray:
+    """``size`` little-endian 64-bit words of the ChaCha20 keystream under ``seed``: the sort keys."""
+    if not isinstance(seed, bytes) or len(seed) != GRAPH_SEED_LENGTH:
+        raise ValueError(f"graph seed must be {GRAPH_SEED_LENGTH} bytes")
+    stream = Cipher(algorithms.ChaCha20(seed, _NONCE), mode=None).encryptor()
+    return np.frombuffer(stream.update(bytes(8 * size)), dtype="<u8").astype(np.uint64)
+
+
+def _shuffled(seed: bytes, indices: Sequence[int] | np.ndarray) -> list[int]:
     """The sorted indices in a random order drawn from the ChaCha20 keystream under ``seed``.
 
     Each index gets the next little-endian 64-bit keystream word as its sort key; the order is the stable
     sort of those keys (a tie, probability below ``E^2 / 2^65``, keeps the sorted order). Vectorised: one
     keystream read and one argsort, no per-index Python work.
     """
-    if not isinstance(seed, bytes) or len(seed) != GRAPH_SEED_LENGTH:
-        raise ValueError(f"graph seed must be {GRAPH_SEED_LENGTH} bytes")
-    order = np.sort(np.asarray(list(indices), dtype=np.int64))
+    order = _sorted_distinct(indices)
+    keys = _keystream_words(seed, order.size)
+    return order[np.argsort(keys, kind="stable")].tolist()
+
+
+def _sorted_distinct(indices: Sequence[int] | np.ndarray) -> np.ndarray:
+    """The indices sorted, as int64; ``ValueError`` if two are equal."""
+    order = np.sort(_index_array(indices))
     if order.size > 1 and bool((order[1:] == order[:-1]).any()):
         raise ValueError("graph indices must be distinct")
-    stream = Cipher(algorithms.ChaCha20(seed, _NONCE), mode=None).encryptor()
-    keys = np.frombuffer(stream.update(bytes(8 * order.size)), dtype="<u8")
-    return order[np.argsort(keys, kind="stable")].tolist()
+    return order
 
 
 def mask_graph(seed: bytes, indices: Sequence[int], k: int) -> dict[int, tuple[int, ...]]:
@@ -152,14 +170,35 @@ def mask_graph(seed: bytes, indices: Sequence[int], k: int) -> dict[int, tuple[i
     }
 
 
-def neighbours_of(seed: bytes, indices: Sequence[int], k: int, index: int) -> tuple[int, ...]:
-    """Sorted neighbours of ``index`` in :func:`mask_graph` (``O(E)``, without building the whole graph)."""
-    cycle = _shuffled(seed, indices)
-    size = len(cycle)
+def neighbours_of(seed: bytes, indices: Sequence[int] | np.ndarray, k: int, index: int) -> tuple[int, ...]:
+    """Sorted neighbours of ``index`` in :func:`mask_graph`, without building the graph or sorting the cycle.
+
+    In the cycle (the indices ordered by their keystream words), the ``k / 2`` successors of ``index`` are the
+    indices whose words are the nearest above its own, modulo ``2^64``, and the predecessors the nearest
+    below: two vectorised selections, a few microseconds per thousand participants. A tie of words in that
+    window (probability below ``E^2 / 2^65``) falls back to the sorted cycle, which orders ties by index.
+    """
+    order = _sorted_distinct(indices)
+    size = order.size
     check_degree(k, size)
-    if index not in cycle:
+    position = int(np.searchsorted(order, index))
+    if position >= size or order[position] != index:
         raise ValueError(f"index {index} is not a participant of the graph")
     if k == size - 1:
-        return tuple(sorted(i for i in cycle if i != index))
-    p, half = cycle.index(index), k // 2
-    return tuple(sorted(cycle[(p + d) % size] for d in range(-half, half + 1) if d))
+        return tuple(np.delete(order, position).tolist())
+    keys = _keystream_words(seed, size)
+    half = k // 2
+    ahead = keys - keys[position]  # wraps modulo 2^64: the distance along the cycle, forwards
+    behind = np.uint64(0) - ahead  # and backwards
+    ahead[position] = behind[position] = np.iinfo(np.uint64).max
+    chosen = []
+    for distance in (ahead, behind):
+        nearest = np.argpartition(distance, half)[: half + 1]
+        bound = np.partition(distance[nearest], half - 1)[half - 1]
+        within = nearest[distance[nearest] <= bound]
+        if within.size != half or bool((distance == 0).any()):  # a tie in the window: use the exact order
+            cycle = _shuffled(seed, order)
+            p = cycle.index(index)
+            return tuple(sorted(cycle[(p + d) % size] for d in range(-half, half + 1) if d))
+        chosen.append(within)
+    return tuple(sorted(order[np.concatenate(chosen)].tolist()))

@@ -26,6 +26,20 @@ The graph is committed before the keys exist (the server may retry graphs by exc
 each retry succeeding with probability below ``2^-security_bits``), the client's ``min_participants`` floor
 bounds a roster of colluders, and ``c`` colluding neighbours of a client are tolerated while
 ``t > (k + c) / 2``. The server refuses (fails closed) a sum above ``count_bound * |U3|`` in any class.
+
+Blame, not abort (issue 21, item 3). The cipher key pair is used only to receive shares; each share pair is
+sealed with a one-use X25519 key derived from a per-session seal seed (ECIES: its public half opens the
+ciphertext). A receiver whose shares do not open accuses the sender and masks without it. The accused then
+reveals the one-use sealing key of each accused ciphertext (:meth:`PassClient.open_shares`): the server
+checks it against the public half in the ciphertext it relayed, redoes the exchange with the accuser's
+advertised cipher key and opens the ciphertext exactly as the accuser had to, so it can tell a lying
+accuser from a lying sender without trusting either. What the opening shows is the share pair the accuser
+was sent, which an accuser holds anyway: a false accusation is worth to a server no more than the
+accuser's own collusion. The culprit's masked input is left out (it is treated as dropped; an edge its
+accuser cut carries neither a mask nor shares). With identity keys each ciphertext is signed by its sender
+and each accusation by its accuser, and a sender opens only on a signed accusation: a server that forges a
+ciphertext gets an unsigned complaint (settled by its own copy), never an opening. Without identity keys a
+malicious server could ask for any opening, as it could substitute any key: semi-honest server only.
 """
 
 from __future__ import annotations
@@ -64,9 +78,13 @@ from flmarket_flwr.pass_protocol.graph import (
 from flmarket_flwr.pass_protocol.identity import (
     ROSTER_LENGTH,
     IdentityDirectory,
+    sign_accusation,
     sign_advertisement,
+    sign_share_ciphertext,
     sign_survivor_set,
+    verify_accusation,
     verify_advertisement,
+    verify_share_ciphertext,
     verify_survivor_set,
 )
 from flmarket_flwr.pass_protocol.primitives import (
@@ -97,7 +115,7 @@ MAX_PARTICIPANTS: Final[int] = 2**20
 _LABEL: Final[bytes] = b"flmarket-pass/v2"
 _SHARE_BYTES: Final[int] = len(share_to_bytes(np.zeros((1, 11), dtype=np.uint64)))  # one secret's share: 44
 _PLAINTEXT_BYTES: Final[int] = len(_LABEL) + 16 + 2 * _SHARE_BYTES
-_CIPHERTEXT_BYTES: Final[int] = _PLAINTEXT_BYTES + 16
+_CIPHERTEXT_BYTES: Final[int] = 32 + _PLAINTEXT_BYTES + 16  # the sealing public key, then the AEAD ciphertext
 _ZERO_NONCE: Final[bytes] = bytes(12)  # every channel key encrypts exactly one message
 
 
@@ -143,9 +161,10 @@ def _pair_digest(session: bytes, dealer: int, holder: int, both: bytes) -> bytes
     )
 
 
-def survivor_transcript(session: bytes, survivors: Iterable[int]) -> bytes:
+def survivor_transcript(session: bytes, survivors: Iterable[int] | np.ndarray) -> bytes:
     """``SHA-256(label || session || sorted U3)``: what the sum covers, recorded by clients for the bid step."""
-    ordered = np.sort(np.asarray(list(survivors), dtype=np.uint64))
+    values = survivors if isinstance(survivors, np.ndarray) else np.asarray(list(survivors))
+    ordered = np.sort(values.astype(np.uint64))
     body = struct.pack(">Q", len(session)) + session + struct.pack(">Q", ordered.size)
     return hashlib.sha256(_LABEL + b"/transcript" + body + ordered.astype(">u8").tobytes()).digest()
 
@@ -178,12 +197,28 @@ def indices_to_bitmap(indices: Iterable[int]) -> bytes:
 
 def bitmap_to_indices(bitmap: bytes) -> list[int]:
     """Inverse of :func:`indices_to_bitmap`: the sorted indices; ``PassError`` if oversized or not canonical."""
+    return _bitmap_array(bitmap).tolist()
+
+
+def _bitmap_bits(bitmap: bytes, size: int = 0) -> npt.NDArray[np.bool_]:
+    """The bitmap as booleans (position ``i - 1`` for index ``i``), at least ``size`` long; checked as above."""
     if len(bitmap) > MAX_PARTICIPANTS // 8:
         raise PassError(f"a roster bitmap holds at most {MAX_PARTICIPANTS} indices")
     if bitmap and bitmap[-1] == 0:
         raise PassError("a roster bitmap must not end with a zero byte")
-    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
-    return (np.flatnonzero(bits) + 1).tolist()
+    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little").astype(bool)
+    return np.concatenate([bits, np.zeros(max(0, size - bits.size), dtype=bool)])
+
+
+def _bitmap_array(bitmap: bytes) -> npt.NDArray[np.int64]:
+    """:func:`bitmap_to_indices` as a numpy array (no Python int per index)."""
+    return (np.flatnonzero(_bitmap_bits(bitmap)) + 1).astype(np.int64)
+
+
+def _in_bitmap(bitmap: bytes, index: int) -> bool:
+    """Whether ``index`` is set in ``bitmap`` (one byte read)."""
+    byte = (index - 1) // 8
+    return 0 <= byte < len(bitmap) and index >= 1 and bool(bitmap[byte] >> ((index - 1) % 8) & 1)
 
 
 def _strictly_increasing(values: list[int]) -> bool:
@@ -196,13 +231,62 @@ def _canonical_key(key: bytes) -> int:
     return (int.from_bytes(key, "little") & ((1 << 255) - 1)) % (2**255 - 19)
 
 
-def _channel_key(secret: bytes, session: bytes, sender: int, receiver: int) -> bytes:
-    """AEAD key for the directed channel ``sender -> receiver`` from the pair's cipher-key X25519 secret.
+def _sealing_key(seal_seed: bytes, session: bytes, sender: int, receiver: int) -> X25519PrivateKey:
+    """The one-use X25519 key with which ``sender`` seals its shares to ``receiver`` (derived from its seal seed).
 
-    The direction is bound in the HKDF info, so the keys of ``e -> v`` and ``v -> e`` differ.
+    Revealing it (:meth:`PassClient.open_shares`) opens that one ciphertext and nothing else: HKDF is one-way,
+    so neither the seed nor the sealing key of another receiver follows from it.
     """
-    info = _LABEL + b"/channel" + struct.pack(">Q", len(session)) + session + struct.pack(">QQ", sender, receiver)
+    info = _LABEL + b"/seal" + _channel_aad(session, sender, receiver)
+    raw = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(seal_seed)
+    return X25519PrivateKey.from_private_bytes(raw)
+
+
+def _channel_key(secret: bytes, session: bytes, sender: int, receiver: int, sealing_public: bytes) -> bytes:
+    """AEAD key of the ciphertext ``sender -> receiver`` from ``X25519(sealing key, receiver's cipher key)``.
+
+    The direction and the sealing public key are bound in the HKDF info.
+    """
+    info = _LABEL + b"/channel" + _channel_aad(session, sender, receiver) + sealing_public
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
+
+
+def _seal(
+    sealing_key: X25519PrivateKey, receiver_key: bytes, session: bytes, sender: int, receiver: int, both: bytes
+) -> bytes:
+    """``sealing public key || ChaCha20-Poly1305(share pair)`` for ``receiver`` (ECIES with a one-use key)."""
+    sealing_public = sealing_key.public_key().public_bytes_raw()
+    secret = exchange_shared_secret(sealing_key, parse_public_key(receiver_key, receiver), receiver)
+    key = _channel_key(secret, session, sender, receiver, sealing_public)
+    plaintext = _LABEL + struct.pack(">QQ", sender, receiver) + both
+    return sealing_public + ChaCha20Poly1305(key).encrypt(
+        _ZERO_NONCE, plaintext, _channel_aad(session, sender, receiver)
+    )
+
+
+def _unseal(
+    secret: bytes, ciphertext: bytes, session: bytes, sender: int, receiver: int, digest: bytes
+) -> bytes | None:
+    """The share pair in ``ciphertext`` given the X25519 secret, or ``None`` if it does not open.
+
+    "Does not open": the AEAD tag fails, the plaintext is malformed or addressed to another pair, a share
+    word is not a field element, or the pair does not match the ``digest`` its dealer sent the server. The
+    receiver and the server (from a revealed sealing key) run this same check, so they agree on the verdict.
+    """
+    key = _channel_key(secret, session, sender, receiver, ciphertext[:32])
+    try:
+        plaintext = ChaCha20Poly1305(key).decrypt(_ZERO_NONCE, ciphertext[32:], _channel_aad(session, sender, receiver))
+    except InvalidTag:
+        return None
+    header = _LABEL + struct.pack(">QQ", sender, receiver)
+    if len(plaintext) != _PLAINTEXT_BYTES or not plaintext.startswith(header):
+        return None
+    both = plaintext[len(header) :]
+    try:
+        share_from_bytes(both, 2, SECRET_LENGTH)
+    except ValueError:
+        return None
+    return both if _pair_digest(session, sender, receiver, both) == digest else None
 
 
 def _channel_aad(session: bytes, sender: int, receiver: int) -> bytes:
@@ -309,28 +393,58 @@ class ShareKeysReply(_Record):
     ``share_digests[i]`` is :func:`share_digest` of the mask-key share then of the self-mask-seed share sent
     to ``receivers[i]`` (64 bytes): the receiver checks its shares against it, and the server checks the one
     share the receiver returns at unmask, so a corrupted unmask share names its sender.
+    With an identity key, ``signatures[i]`` signs ``ciphertexts[i]`` and ``share_digests[i]``
+    (:func:`~flmarket_flwr.pass_protocol.identity.sign_share_ciphertext`); without one it is empty.
     """
 
     receivers: list[int]
     ciphertexts: list[bytes]
     share_digests: list[bytes]
+    signatures: list[bytes] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class MaskRequest(_Record):
-    """Round 3, server -> client: the ciphertexts addressed to it by the neighbours in U2, and their digests."""
+    """Round 3, server -> client: the ciphertexts addressed to it by the neighbours in U2, digests and signatures."""
 
     senders: list[int]
     ciphertexts: list[bytes]
     share_digests: list[bytes] = dataclasses.field(default_factory=list)
+    signatures: list[bytes] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class MaskedInput(_Record):
-    """Round 3, client -> server: ``Y_e`` as little-endian uint64 words, and the counts commitment."""
+    """Round 3, client -> server: ``Y_e`` as little-endian uint64 words, the counts commitment, and accusations.
+
+    ``accused`` (ascending) are the senders whose shares did not open at this client, which masked without
+    them; ``accusations[i]`` is its signature against ``accused[i]`` (``b""`` without identity keys, or when
+    the ciphertext's own signature failed: the server then needs no opening, its own copy decides).
+    """
 
     masked_counts: bytes
     counts_commitment: bytes
+    accused: list[int] = dataclasses.field(default_factory=list)
+    accusations: list[bytes] = dataclasses.field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class OpenRequest(_Record):
+    """Blame round (only after an accusation), server -> accused dealer: who says its shares did not open.
+
+    ``accusations[i]`` is ``accusers[i]``'s signed accusation (``b""`` without identity keys).
+    """
+
+    accusers: list[int]
+    accusations: list[bytes]
+
+
+@dataclass(frozen=True)
+class OpenReply(_Record):
+    """Blame round, accused -> server: the one-use sealing private key of its ciphertext to each accuser."""
+
+    receivers: list[int]
+    sealing_keys: list[bytes]
 
 
 @dataclass(frozen=True)
@@ -510,13 +624,18 @@ class PassClient:
 
     # Round 2 -----------------------------------------------------------------
     def share_keys(
-        self, request: ShareKeysRequest | Mapping[str, Any], directory: IdentityDirectory | None = None
+        self,
+        request: ShareKeysRequest | Mapping[str, Any],
+        directory: IdentityDirectory | None = None,
+        identity_key: Ed25519PrivateKey | None = None,
     ) -> ShareKeysReply:
         """Check the graph and the neighbours' keys, then send each neighbour its encrypted shares of ``s_e, b_e``.
 
         With ``directory`` every neighbour's advertisement must carry a valid signature for its node id, this
         run, this session and the roster this client was shown; the client then also requires the consistency
-        round before it unmasks (:meth:`sign_survivors`, :meth:`unmask`).
+        round before it unmasks (:meth:`sign_survivors`, :meth:`unmask`). Each share pair is sealed to the
+        neighbour's cipher key with a one-use sealing key derived from a fresh seal seed (kept until unmask, so
+        that :meth:`open_shares` can prove one ciphertext), and signed with ``identity_key`` if given.
         """
         request = ShareKeysRequest.coerce(request)
         self._require(_STAGE_ADVERTISED, "share_keys")
@@ -524,8 +643,8 @@ class PassClient:
         session, index = state["session"], state["index"]
         if commit_graph_seed(request.server_seed) != state["graph_commitment"]:
             raise PassError("the server seed does not match the graph commitment")
-        participants = bitmap_to_indices(request.participants)
-        if index not in set(participants):
+        participants = _bitmap_array(request.participants)
+        if not _in_bitmap(request.participants, index):
             raise PassError("the participants do not include this client")
         if len(participants) < state["min_participants"]:
             raise PassError(
@@ -548,42 +667,58 @@ class PassClient:
         columns = (request.neighbour_node_ids, request.cipher_public_keys, request.mask_public_keys, request.signatures)
         if request.neighbours != neighbours or any(len(column) != k for column in columns):
             raise PassError("the neighbours sent are not this client's neighbourhood in the committed graph")
-        channel_keys, inbound_keys, pair_seeds = self._check_neighbour_keys(request, directory)
+        pair_seeds = self._check_neighbour_keys(request, directory)
         threshold = share_threshold(k)
-        self_seed = os.urandom(SECRET_LENGTH)
+        self_seed, seal_seed = os.urandom(SECRET_LENGTH), os.urandom(SECRET_LENGTH)
         shares = split_secrets([state["mask_private_key"], self_seed], neighbours, threshold)
-        ciphertexts, digests = [], []
-        for v, key, share in zip(neighbours, channel_keys, shares, strict=True):
+        ciphertexts, digests, signatures = [], [], []
+        for v, cipher_public, share in zip(neighbours, request.cipher_public_keys, shares, strict=True):
             both = share_to_bytes(share)
-            plaintext = _LABEL + struct.pack(">QQ", index, v) + both
-            ciphertexts.append(ChaCha20Poly1305(key).encrypt(_ZERO_NONCE, plaintext, _channel_aad(session, index, v)))
+            try:
+                ciphertexts.append(
+                    _seal(_sealing_key(seal_seed, session, index, v), cipher_public, session, index, v, both)
+                )
+            except ValueError as error:  # a low-order cipher key
+                raise PassError(f"neighbour {v} refused: {error}") from error
             digests.append(_pair_digest(session, index, v, both))
+            if identity_key is not None:
+                signatures.append(
+                    sign_share_ciphertext(
+                        identity_key,
+                        index,
+                        v,
+                        ciphertexts[-1],
+                        digests[-1],
+                        run_id=state["run_id"],
+                        session=session,
+                        roster=state["roster"],
+                    )
+                )
         state.update(
             stage=_STAGE_SHARED,
             self_seed=self_seed,
+            seal_seed=seal_seed,
             degree=k,
             participants=request.participants,
             neighbours=neighbours,
-            inbound_channel_keys=inbound_keys,
             pair_seeds=pair_seeds,
         )
         if directory is not None:  # the neighbours' identity keys, for the consistency round
             state["identity_keys"] = [directory.key_of(node) for node in request.neighbour_node_ids]
-        return ShareKeysReply(receivers=neighbours, ciphertexts=ciphertexts, share_digests=digests)
+        return ShareKeysReply(
+            receivers=neighbours, ciphertexts=ciphertexts, share_digests=digests, signatures=signatures
+        )
 
-    def _check_neighbour_keys(
-        self, request: ShareKeysRequest, directory: IdentityDirectory | None
-    ) -> tuple[list[bytes], list[bytes], list[bytes]]:
+    def _check_neighbour_keys(self, request: ShareKeysRequest, directory: IdentityDirectory | None) -> list[bytes]:
         """Keys valid and pairwise distinct (own keys included); signatures valid when a directory is given.
 
         Each key is validated by the one exchange this client makes with it (a low-order point gives the
-        all-zero secret, which the exchange refuses). Returns, per neighbour, the channel keys
-        ``this client -> neighbour`` and ``neighbour -> this client`` and the pairwise mask seed.
+        all-zero secret, which the exchange refuses; the cipher key by the sealing exchange in
+        :meth:`share_keys`, the format here). Returns the pairwise mask seed of each neighbour.
         """
         state = self._state
-        cipher_key = X25519PrivateKey.from_private_bytes(state["cipher_private_key"])
         mask_key = X25519PrivateKey.from_private_bytes(state["mask_private_key"])
-        channel_keys, inbound_keys, pair_seeds = [], [], []
+        pair_seeds = []
         session, index = state["session"], state["index"]
         seen = {_canonical_key(state["cipher_public_key"]), _canonical_key(state["mask_public_key"])}
         for v, node_id, cipher_public, mask_public, signature in zip(
@@ -597,11 +732,9 @@ class PassClient:
             try:
                 validate_public_key_bytes(cipher_public, v)
                 validate_public_key_bytes(mask_public, v)
+                parse_public_key(cipher_public, v)
                 mask_secret = exchange_shared_secret(mask_key, parse_public_key(mask_public, v), v)
-                cipher_secret = exchange_shared_secret(cipher_key, parse_public_key(cipher_public, v), v)
                 pair_seeds.append(derive_pair_seed(mask_secret, session, index, v))
-                channel_keys.append(_channel_key(cipher_secret, session, index, v))
-                inbound_keys.append(_channel_key(cipher_secret, session, v, index))
                 if directory is not None:
                     if node_id == state["node_id"]:
                         raise ValueError(f"neighbour {v} claims this client's node id {node_id}")
@@ -624,13 +757,21 @@ class PassClient:
             seen |= keys
         if directory is not None and len(set(request.neighbour_node_ids)) != len(request.neighbour_node_ids):
             raise PassError("two neighbours claim one node id")
-        return channel_keys, inbound_keys, pair_seeds
+        return pair_seeds
 
     # Round 3 -----------------------------------------------------------------
-    def mask_input(self, request: MaskRequest | Mapping[str, Any]) -> MaskedInput:
-        """Decrypt the shares held for neighbours in U2 and return ``Y_e`` and the counts commitment.
+    def mask_input(
+        self, request: MaskRequest | Mapping[str, Any], identity_key: Ed25519PrivateKey | None = None
+    ) -> MaskedInput:
+        """Open the shares held for neighbours in U2 and return ``Y_e``, the counts commitment and any accusations.
 
-        Afterwards the client's own private keys and self-mask seed are wiped from the state.
+        A neighbour whose shares do not open (:func:`_unseal`) is accused, not fatal: this client masks without
+        it and holds nothing for it, and the server decides from the accused's own opening
+        (:meth:`open_shares`) who lied. With identity keys a ciphertext must carry its sender's signature; one
+        that does not is accused unsigned (the server's own copy decides, and no opening is asked), and a
+        signed accusation is made only against a validly signed ciphertext, so a server cannot make this
+        client ask an honest sender to open anything. Afterwards the client's own private keys and self-mask
+        seed are wiped from the state (the seal seed stays until unmask).
         """
         request = MaskRequest.coerce(request)
         self._require(_STAGE_SHARED, "mask_input")
@@ -638,48 +779,134 @@ class PassClient:
         session, index, neighbours = state["session"], state["index"], state["neighbours"]
         senders = request.senders
         threshold = share_threshold(state["degree"])
+        signed = "identity_keys" in state
         if (
             not _strictly_increasing(senders)
             or not set(senders) <= set(neighbours)
             or len(senders) != len(request.ciphertexts)
             or len(senders) != len(request.share_digests)
+            or len(request.signatures) != (len(senders) if signed else len(request.signatures))
         ):
             raise PassError("the senders must be distinct neighbours of this client, one ciphertext and digest each")
-        if len(senders) < threshold:
-            raise PassError(f"only {len(senders)} neighbours completed key sharing, the threshold is {threshold}")
         position = {v: i for i, v in enumerate(neighbours)}
-        position_in = {v: i for i, v in enumerate(senders)}
-        held = []
-        for v, ciphertext in zip(senders, request.ciphertexts, strict=True):
-            key = state["inbound_channel_keys"][position[v]]
-            try:
-                plaintext = ChaCha20Poly1305(key).decrypt(_ZERO_NONCE, ciphertext, _channel_aad(session, v, index))
-            except InvalidTag as error:
-                raise PassError(f"the shares from neighbour {v} do not decrypt") from error
-            header = _LABEL + struct.pack(">QQ", v, index)
-            if len(plaintext) != _PLAINTEXT_BYTES or not plaintext.startswith(header):
-                raise PassError(f"the shares from neighbour {v} are malformed or misaddressed")
-            share_from_bytes(plaintext[len(header) :], 2, SECRET_LENGTH)
-            if _pair_digest(session, v, index, plaintext[len(header) :]) != request.share_digests[position_in[v]]:
-                raise PassError(f"the shares from neighbour {v} do not match the digests it sent the server")
-            held.append(plaintext[len(header) :])
+        cipher_key = X25519PrivateKey.from_private_bytes(state["cipher_private_key"])
+        held, held_from, accused, accusations = [], [], [], []
+        for i, (v, ciphertext) in enumerate(zip(senders, request.ciphertexts, strict=True)):
+            digest = request.share_digests[i]
+            if signed and not self._signed_by(v, request.signatures[i], ciphertext, digest):
+                accused.append(v)
+                accusations.append(b"")
+                continue
+            both = None
+            if len(ciphertext) == _CIPHERTEXT_BYTES:
+                try:
+                    secret = exchange_shared_secret(cipher_key, parse_public_key(ciphertext[:32], v), v)
+                except ValueError:
+                    secret = b""
+                both = _unseal(secret, ciphertext, session, v, index, digest) if secret else None
+            if both is None:
+                accused.append(v)
+                accusations.append(self._accusation(v, identity_key) if signed else b"")
+                continue
+            held.append(both)
+            held_from.append(v)
+        if len(held_from) < threshold:
+            raise PassError(f"only {len(held_from)} neighbours' shares opened here, the threshold is {threshold}")
         num_classes = state["num_classes"]
         counts = np.frombuffer(state["counts"], dtype="<u8").astype(np.uint64)
         masked = counts + expand_seed(state["self_seed"], num_classes)
-        for v in senders:
+        for v in held_from:
             masked += _signed_mask(state["pair_seeds"][position[v]], index, v, num_classes)
         nonce = os.urandom(32)
         commitment = counts_commitment(session, index, counts, nonce)
-        for secret in (
-            "cipher_private_key",
-            "mask_private_key",
-            "self_seed",
-            "inbound_channel_keys",
-            "pair_seeds",
+        for secret_name in ("cipher_private_key", "mask_private_key", "self_seed", "pair_seeds"):
+            del state[secret_name]
+        state.update(
+            stage=_STAGE_MASKED,
+            nonce=nonce,
+            commitment=commitment,
+            held_from=held_from,
+            held_shares=held,
+        )
+        if accused:  # a ConfigRecord list must not be empty
+            state["accused"] = accused
+        return MaskedInput(masked.astype("<u8").tobytes(), commitment, accused, accusations)
+
+    def _signed_by(self, sender: int, signature: bytes, ciphertext: bytes, digest: bytes) -> bool:
+        """Whether ``sender``'s identity key signed this ciphertext and digest (run, session, roster bound)."""
+        state = self._state
+        try:
+            verify_share_ciphertext(
+                state["identity_keys"][state["neighbours"].index(sender)],
+                signature,
+                sender,
+                state["index"],
+                ciphertext,
+                digest,
+                run_id=state["run_id"],
+                session=state["session"],
+                roster=state["roster"],
+            )
+        except ValueError:
+            return False
+        return True
+
+    def _accusation(self, accused: int, identity_key: Ed25519PrivateKey | None) -> bytes:
+        """This client's signed accusation against ``accused`` (it needs its identity key to make one)."""
+        if identity_key is None:
+            raise PassError("this client has no identity key to sign an accusation with")
+        state = self._state
+        return sign_accusation(
+            identity_key,
+            state["index"],
+            accused,
+            run_id=state["run_id"],
+            session=state["session"],
+            roster=state["roster"],
+        )
+
+    # Blame round (only after an accusation) -------------------------------------
+    def open_shares(self, request: OpenRequest | Mapping[str, Any]) -> OpenReply:
+        """Reveal the one-use sealing key of the ciphertext sent to each accuser, once per session.
+
+        This lets the server decrypt exactly what the accuser was sent (one share of each of this client's
+        two secrets, which the accuser holds anyway if the ciphertext was good) and nothing else. With identity
+        keys each accuser must be a neighbour with a valid signed accusation, so a server cannot make this
+        client open a ciphertext to a receiver that did not accuse it.
+        """
+        request = OpenRequest.coerce(request)
+        state = self._state
+        if state["stage"] not in (_STAGE_SHARED, _STAGE_MASKED) or "seal_seed" not in state:
+            raise PassError("open_shares is allowed only between share_keys and unmask")
+        if state.get("opened"):
+            raise PassError("this client already opened its shares in this session")
+        state["opened"] = True
+        accusers, neighbours = request.accusers, state["neighbours"]
+        if (
+            not accusers
+            or not _strictly_increasing(accusers)
+            or not set(accusers) <= set(neighbours)
+            or len(accusers) != len(request.accusations)
         ):
-            del state[secret]
-        state.update(stage=_STAGE_MASKED, nonce=nonce, commitment=commitment, held_from=list(senders), held_shares=held)
-        return MaskedInput(masked.astype("<u8").tobytes(), commitment)
+            raise PassError("the accusers must be distinct neighbours of this client, one accusation each")
+        if "identity_keys" in state:
+            for v, accusation in zip(accusers, request.accusations, strict=True):
+                try:
+                    verify_accusation(
+                        state["identity_keys"][neighbours.index(v)],
+                        accusation,
+                        v,
+                        state["index"],
+                        run_id=state["run_id"],
+                        session=state["session"],
+                        roster=state["roster"],
+                    )
+                except ValueError as error:
+                    raise PassError(f"neighbour {v} did not sign this accusation: {error}") from error
+        keys = [
+            _sealing_key(state["seal_seed"], state["session"], state["index"], v).private_bytes_raw() for v in accusers
+        ]
+        return OpenReply(receivers=list(accusers), sealing_keys=keys)
 
     # Consistency round (with identity keys) ------------------------------------
     def sign_survivors(
@@ -711,30 +938,41 @@ class PassClient:
         state.update(signed_survivors=request.survivors, signed_dropped=request.dropped)
         return ConsistencyReply(signature)
 
-    def _check_view(self, survivors_bitmap: bytes, dropped_bitmap: bytes) -> tuple[list[int], list[int]]:
-        """``PassError`` unless the survivor/dropped split is one this client can answer; return the two sets."""
-        state = self._state
-        survivors, dropped = bitmap_to_indices(survivors_bitmap), bitmap_to_indices(dropped_bitmap)
-        participants = set(bitmap_to_indices(state["participants"]))
-        for name, group in (("survivors", survivors), ("dropped", dropped)):
-            if not set(group) <= participants:
-                raise PassError(f"{name} must be participants")
-        if set(survivors) & set(dropped):
-            raise PassError("a client cannot be both a survivor and dropped")
-        if state["index"] not in survivors:
-            raise PassError("this client sent its masked input but is not listed as a survivor")
-        if len(survivors) < MIN_PARTICIPANTS:
-            raise PassError(f"only {len(survivors)} survivors, PASS needs {MIN_PARTICIPANTS}")
-        neighbours = set(state["neighbours"])
-        if neighbours & (set(survivors) | set(dropped)) != set(state["held_from"]):
-            raise PassError("survivors and dropped do not match the neighbours that completed key sharing")
-        alive = len(neighbours & set(survivors))
-        threshold = share_threshold(state["degree"])
-        if alive < threshold:
-            raise PassError(f"only {alive} neighbours survived, the threshold is {threshold}")
-        return survivors, dropped
+    def _check_view(self, survivors_bitmap: bytes, dropped_bitmap: bytes) -> npt.NDArray[np.bool_]:
+        """``PassError`` unless the survivor/dropped split is one this client can answer; return the survivor bits.
 
-    def _check_consistency(self, request: UnmaskRequest, survivors: list[int]) -> None:
+        Vectorised over the roster bitmaps (``E / 8`` bytes each): no Python work per participant, only per
+        neighbour. ``bits[i - 1]`` is True for a survivor ``i``.
+        """
+        state = self._state
+        size = 8 * max(len(survivors_bitmap), len(dropped_bitmap), len(state["participants"]))
+        survivors = _bitmap_bits(survivors_bitmap, size)
+        dropped = _bitmap_bits(dropped_bitmap, size)
+        participants = _bitmap_bits(state["participants"], size)
+        for name, group in (("survivors", survivors), ("dropped", dropped)):
+            if bool((group & ~participants).any()):
+                raise PassError(f"{name} must be participants")
+        if bool((survivors & dropped).any()):
+            raise PassError("a client cannot be both a survivor and dropped")
+        if not survivors[state["index"] - 1]:
+            raise PassError("this client sent its masked input but is not listed as a survivor")
+        count = int(np.count_nonzero(survivors))
+        if count < MIN_PARTICIPANTS:
+            raise PassError(f"only {count} survivors, PASS needs {MIN_PARTICIPANTS}")
+        neighbours = np.asarray(state["neighbours"], dtype=np.int64) - 1
+        alive, gone = survivors[neighbours], dropped[neighbours]
+        accused = set(state.get("accused", []))
+        answered = {int(v) + 1 for v in neighbours[alive | gone]}
+        if answered != set(state["held_from"]) | accused:
+            raise PassError("survivors and dropped do not match the neighbours that completed key sharing")
+        if any(survivors[v - 1] for v in accused):
+            raise PassError("a neighbour whose shares did not open here cannot be a survivor (no mask with it)")
+        threshold = share_threshold(state["degree"])
+        if int(np.count_nonzero(alive)) < threshold:
+            raise PassError(f"only {int(np.count_nonzero(alive))} neighbours survived, the threshold is {threshold}")
+        return survivors
+
+    def _check_consistency(self, request: UnmaskRequest, survivors: npt.NDArray[np.bool_]) -> None:
         """With identity keys: the set is the one this client signed, and ``t`` neighbours signed it too."""
         state = self._state
         if state.get("signed_survivors") is None:
@@ -746,7 +984,8 @@ class PassClient:
         signers = request.signers
         if (
             not _strictly_increasing(signers)
-            or not set(signers) <= set(neighbours) & set(survivors)
+            or not set(signers) <= set(neighbours)
+            or not all(survivors[v - 1] for v in signers)
             or len(signers) != len(request.signatures)
         ):
             raise PassError("the signers must be distinct surviving neighbours, one signature each")
@@ -782,23 +1021,23 @@ class PassClient:
         self._require(_STAGE_MASKED, "unmask")
         state = self._state
         state["unmask_requested"] = True
-        survivors, _ = self._check_view(request.survivors, request.dropped)
+        survivors = self._check_view(request.survivors, request.dropped)
         if "identity_keys" in state:
             self._check_consistency(request, survivors)
-        survivor_set = set(survivors)
         reply = UnmaskReply([], [], [], [])
         for v, both in zip(state["held_from"], state["held_shares"], strict=True):
-            if v in survivor_set:
+            if survivors[v - 1]:
                 reply.survivor_indices.append(v)
                 reply.survivor_shares.append(both[_SHARE_BYTES:])  # share of b_v
             else:
                 reply.dropped_indices.append(v)
                 reply.dropped_shares.append(both[:_SHARE_BYTES])  # share of s_v
         del state["held_shares"]
+        state.pop("seal_seed", None)
         state.update(
             stage=_STAGE_UNMASKED,
-            transcript=survivor_transcript(state["session"], survivors),
-            survivor_count=len(survivors),
+            transcript=survivor_transcript(state["session"], np.flatnonzero(survivors) + 1),
+            survivor_count=int(np.count_nonzero(survivors)),
         )
         return reply
 
@@ -822,6 +1061,10 @@ class PassServer:
         requests = server.receive_shares(replies)                # -> client.mask_input(request)
         requests = server.receive_masked(replies)                # -> client.unmask(request)
         server.receive_unmask(replies)
+
+    After an accusation (:attr:`awaiting_openings`), the blame round comes right after ``receive_masked``::
+
+        requests = server.receive_openings(replies)              # (from client.open_shares(request))
 
     With a ``directory`` the server runs the consistency round between the last two steps::
 
@@ -892,6 +1135,13 @@ class PassServer:
         self._b_shares: dict[int, list[tuple[int, bytes]]] = {}
         self._s_shares: dict[int, list[tuple[int, bytes]]] = {}
         self._digests: dict[tuple[int, int], bytes] = {}  # (dealer, holder) -> the dealer's share-pair digest
+        self._ciphertexts: dict[tuple[int, int], tuple[bytes, bytes]] = {}  # (dealer, holder) -> (ciphertext, sig)
+        self._masked: dict[int, MaskedInput] = {}
+        self._accusations: dict[tuple[int, int], bytes] = {}  # (accuser, accused) -> signed accusation or b""
+        self._pending: dict[int, list[int]] = {}  # accused -> accusers, awaiting its opening
+        self._culprits: set[int] = set()  # named by the blame round: their masked inputs are not used
+        self._cut: set[tuple[int, int]] = set()  # (holder, dealer): no mask and no shares on that edge
+        self._awaiting_openings = False
         self._step = 0
 
     def _advance(self, step: int, name: str) -> None:
@@ -1013,6 +1263,7 @@ class PassServer:
                 or len(reply.share_digests) != len(reply.receivers)
                 or any(len(c) != _CIPHERTEXT_BYTES for c in reply.ciphertexts)
                 or any(len(d) != 64 for d in reply.share_digests)
+                or len(reply.signatures) not in {len(reply.receivers), 0 if self.directory is None else -1}
             ):
                 self._exclude(u, "share-keys reply does not hold one ciphertext and one digest per neighbour")
                 continue
@@ -1023,30 +1274,33 @@ class PassServer:
         self.u2 = sorted(sent)
         if len(self.u2) < MIN_PARTICIPANTS:
             raise PassError(f"only {len(self.u2)} clients shared their keys, PASS needs {MIN_PARTICIPANTS}")
-        inbox: dict[int, MaskRequest] = {u: MaskRequest([], [], []) for u in self.u2}
+        inbox: dict[int, MaskRequest] = {u: MaskRequest([], [], [], []) for u in self.u2}
         for u in self.u2:  # senders in increasing order, so each inbox is sorted
-            for v, ciphertext, digest in zip(
-                sent[u].receivers, sent[u].ciphertexts, sent[u].share_digests, strict=True
+            signatures = sent[u].signatures or [b""] * len(sent[u].receivers)
+            for v, ciphertext, digest, signature in zip(
+                sent[u].receivers, sent[u].ciphertexts, sent[u].share_digests, signatures, strict=True
             ):
                 if v in inbox:
                     inbox[v].senders.append(u)
                     inbox[v].ciphertexts.append(ciphertext)
                     inbox[v].share_digests.append(digest)
+                    inbox[v].signatures.append(signature)  # b"" if unsigned: a client with a directory complains
                     self._digests[u, v] = digest
+                    self._ciphertexts[u, v] = (ciphertext, signature)
         return inbox
 
     # Round 3 -----------------------------------------------------------------
     def receive_masked(
         self, replies: Mapping[int, MaskedInput | Mapping[str, Any]]
-    ) -> dict[int, UnmaskRequest] | dict[int, ConsistencyRequest]:
-        """Add the masked inputs (U3); go on only if every needed secret can be rebuilt.
+    ) -> dict[int, UnmaskRequest] | dict[int, ConsistencyRequest] | dict[int, OpenRequest]:
+        """Keep the masked inputs (U3) and their accusations; go on only if every needed secret can be rebuilt.
 
         Returns the unmask requests, or with a directory the consistency-round requests (the survivor set
-        to sign, for :meth:`receive_signatures`).
+        to sign, for :meth:`receive_signatures`); or, when some client accused a sender whose shares did not
+        open, first the open requests of the blame round (:attr:`awaiting_openings`, :meth:`receive_openings`).
         """
         self._advance(3, "receive_masked")
         u2 = set(self.u2)
-        masked = {}
         for u, reply in replies.items():
             if u not in u2:
                 continue
@@ -1058,11 +1312,134 @@ class PassServer:
             if len(reply.masked_counts) != 8 * self.num_classes or len(reply.counts_commitment) != 32:
                 self._exclude(u, "masked input has the wrong size")
                 continue
-            masked[u] = reply
+            senders = {v for v in self.graph[u] if (v, u) in self._ciphertexts}
+            if (
+                not _strictly_increasing(reply.accused)
+                or not set(reply.accused) <= senders
+                or len(reply.accusations) != len(reply.accused)
+            ):
+                self._exclude(u, "masked input accuses clients that sent it no shares")
+                continue
+            self._masked[u] = reply
+            for v, accusation in zip(reply.accused, reply.accusations, strict=True):
+                self._accusations[u, v] = accusation
+        requests = self._prejudge()
+        if requests:
+            self._awaiting_openings = True
+            return requests
+        return self._close_inputs()
+
+    @property
+    def awaiting_openings(self) -> bool:
+        """True between :meth:`receive_masked` and :meth:`receive_openings` when the blame round is needed."""
+        return self._awaiting_openings
+
+    def _prejudge(self) -> dict[int, OpenRequest]:
+        """Settle the accusations that need no opening; return the open requests for the others.
+
+        With a directory, a ciphertext whose sender's signature fails on the server's own copy names the
+        sender; a valid one with an unsigned or forged accusation names the accuser (the copies are the
+        same bytes). Without a directory every accusation goes to an opening (semi-honest server).
+        """
+        pending: dict[int, list[int]] = {}
+        for (u, v), accusation in sorted(self._accusations.items()):
+            if self.directory is not None:
+                ciphertext, signature = self._ciphertexts[v, u]
+                try:
+                    verify_share_ciphertext(
+                        self.directory.key_of(self.node_of[v]),
+                        signature,
+                        v,
+                        u,
+                        ciphertext,
+                        self._digests[v, u],
+                        run_id=self.run_id,
+                        session=self.session,
+                        roster=self.roster,
+                    )
+                except ValueError:
+                    self._blame(v, f"its share ciphertext to client {u} is not signed by it: garbage shares")
+                    continue
+                try:
+                    verify_accusation(
+                        self.directory.key_of(self.node_of[u]),
+                        accusation,
+                        u,
+                        v,
+                        run_id=self.run_id,
+                        session=self.session,
+                        roster=self.roster,
+                    )
+                except ValueError:
+                    self._blame(u, f"it accused client {v} of a signed ciphertext without a valid accusation")
+                    continue
+            pending.setdefault(v, []).append(u)
+        self._pending = {
+            v: kept
+            for v, accusers in pending.items()
+            if v not in self._culprits and (kept := [u for u in accusers if u not in self._culprits])
+        }
+        return {
+            v: OpenRequest(accusers, [self._accusations[u, v] for u in accusers])
+            for v, accusers in self._pending.items()
+        }
+
+    def _blame(self, index: int, reason: str) -> None:
+        """Name ``index`` as the one who lied in an accusation: it leaves PASS (its masked input is not used)."""
+        self._culprits.add(index)
+        self._exclude(index, reason)
+
+    def receive_openings(self, replies: Mapping[int, OpenReply | Mapping[str, Any]]) -> Any:
+        """Judge each accusation from the accused's opening; then as :meth:`receive_masked` after no accusation.
+
+        For each accuser the accused must reveal the one-use sealing key of its ciphertext: the server checks
+        that it is the private half of the sealing public key in the ciphertext it relayed, computes the
+        X25519 secret with the accuser's advertised cipher key and opens the ciphertext exactly as the
+        accuser had to (:func:`_unseal`). It opens: the accuser lied and is excluded. It does not, or the
+        accused reveals no key or a wrong one: the accused is excluded. Either way the client named is the
+        one that deviated, whatever the other did, and a liar learns nothing new (the shares revealed are
+        the ones it was sent).
+        """
+        if not self._awaiting_openings:
+            raise PassError("receive_openings called out of order (it follows receive_masked with accusations)")
+        self._awaiting_openings = False
+        for v, accusers in self._pending.items():
+            keys: dict[int, bytes] = {}
+            try:
+                reply = OpenReply.coerce(replies[v]) if v in replies else None
+                if reply is not None and len(reply.receivers) == len(reply.sealing_keys):
+                    keys = dict(zip(reply.receivers, reply.sealing_keys, strict=True))
+            except PassError:
+                pass
+            for u in accusers:
+                if self._opens(v, u, keys.get(u)):
+                    self._blame(u, f"it accused client {v}, whose shares open under the key revealed: false accusation")
+                else:
+                    reason = f"its shares to client {u} do not open under the key it revealed (or none)"
+                    self._blame(v, f"{reason}: garbage shares")
+        return self._close_inputs()
+
+    def _opens(self, sender: int, receiver: int, sealing_key: bytes | None) -> bool:
+        """Whether the ciphertext ``sender -> receiver`` opens under the revealed sealing key (False if no key)."""
+        ciphertext, _ = self._ciphertexts[sender, receiver]
+        if not isinstance(sealing_key, bytes) or len(sealing_key) != 32:
+            return False
+        key = X25519PrivateKey.from_private_bytes(sealing_key)
+        if key.public_key().public_bytes_raw() != ciphertext[:32]:
+            return False
+        receiver_key = parse_public_key(self.adverts[receiver].cipher_public_key, receiver)
+        secret = exchange_shared_secret(key, receiver_key, receiver)
+        return _unseal(secret, ciphertext, self.session, sender, receiver, self._digests[sender, receiver]) is not None
+
+    def _close_inputs(self) -> dict[int, UnmaskRequest] | dict[int, ConsistencyRequest]:
+        """Fix U3 (masked inputs less the named culprits) and build the next round's requests."""
+        masked = {u: reply for u, reply in self._masked.items() if u not in self._culprits}
         self.survivors = sorted(masked)
-        self.dropped = sorted(u2 - set(masked))
+        self.dropped = sorted(set(self.u2) - set(masked))
         for d in self.dropped:
             self._exclude(d, "no masked input")
+        # An accuser that is still in masked without its accused: that edge carries no mask and no shares.
+        self._cut = {(u, v) for (u, v) in self._accusations if u in masked}
         self._check_recoverable()
         vectors = np.stack([np.frombuffer(masked[u].masked_counts, dtype="<u8") for u in self.survivors])
         self._masked_sum = ring_sum(vectors.astype(np.uint64))
@@ -1128,18 +1505,24 @@ class PassServer:
             raise PassError(f"only {len(self.survivors)} clients sent masked input, PASS needs {MIN_PARTICIPANTS}")
         alive = set(self.survivors)
         for u in self.survivors + self.dropped:
-            left = sum(v in alive for v in self.graph[u])
+            left = len(self._holders(u, alive))
+            if not left and u not in alive and any((v, u) in self._cut for v in self.graph[u]):
+                continue  # every surviving neighbour accused it: none masked with it, nothing to rebuild
             if left < self.threshold:
                 raise PassError(
                     f"client {u} keeps only {left} surviving neighbours, the threshold is {self.threshold}: "
                     "its secret cannot be rebuilt, the session stops before any share is requested"
                 )
 
+    def _holders(self, dealer: int, alive: set[int]) -> list[int]:
+        """The surviving neighbours that hold ``dealer``'s shares (and masked with it): all but its accusers."""
+        return [v for v in self.graph[dealer] if v in alive and (v, dealer) not in self._cut]
+
     # Round 4 -----------------------------------------------------------------
     def receive_unmask(self, replies: Mapping[int, UnmaskReply | Mapping[str, Any]]) -> None:
         """Store the well-formed unmask replies (shares of ``b`` for survivors, of ``s`` for dropped clients)."""
-        if self._awaiting_signatures:
-            raise PassError("receive_unmask called before receive_signatures (the consistency round)")
+        if self._awaiting_signatures or self._awaiting_openings:
+            raise PassError("receive_unmask called before receive_signatures or receive_openings")
         self._advance(4, "receive_unmask")
         alive, gone = set(self.survivors), set(self.dropped)
         for v, reply in replies.items():
@@ -1219,13 +1602,15 @@ class PassServer:
             total -= expand_seed(self._rebuild(u, self._b_shares.get(u, []), "the self-mask seed"), self.num_classes)
         alive = set(self.survivors)
         for d in self.dropped:
+            holders = self._holders(d, alive)
+            if not holders:  # every surviving neighbour accused it: none masked with it
+                continue
             raw = self._rebuild(d, self._s_shares.get(d, []), "the mask key")
             key = X25519PrivateKey.from_private_bytes(raw)
             if key.public_key().public_bytes_raw() != self.adverts[d].mask_public_key:
                 raise PassError(f"the rebuilt mask key of client {d} does not match its advertised key")
-            for v in self.graph[d]:
-                if v in alive:  # v masked with +eps_{v,d} PRG; eps_{v,d} = -eps_{d,v}
-                    total += _pair_mask(key, self.adverts[v].mask_public_key, self.session, d, v, self.num_classes)
+            for v in holders:  # v masked with +eps_{v,d} PRG; eps_{v,d} = -eps_{d,v}
+                total += _pair_mask(key, self.adverts[v].mask_public_key, self.session, d, v, self.num_classes)
         bound = self.count_bound * len(self.survivors)
         if (total > np.uint64(bound)).any():
             raise PassError(f"the sum exceeds count_bound * |U3| = {bound} in some class: refused")
