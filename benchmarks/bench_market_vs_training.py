@@ -51,7 +51,6 @@ if TYPE_CHECKING:  # imported where used at run time: the flmarket_flwr imports 
     from flmarket_flwr.market import MarketConfig
 
 
-
 def app_config(num_clients: int, results: Path, rounds: int) -> dict:
     from flmarket_flwr.run_config import DEFAULTS  # pylint: disable=import-outside-toplevel
 
