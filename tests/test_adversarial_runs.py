@@ -172,3 +172,47 @@ def test_a_roster_list_that_does_not_match_the_signed_fingerprint_is_refused(tmp
     grid = InProcessGrid(app, nodes)
     for reply in send(grid, "market_advertise", honest).values():
         record_of(reply)
+
+
+def test_three_runs_over_a_partition_still_isolate_a_client_not_prevented(tmp_path: Path) -> None:
+    """Not prevented (README): runs over X, over Y and over {v} + X + Y pass every client's pairwise check.
+
+    Each X client saw runs 1 and 3 (3 left the other way: v and Y), each Y client runs 2 and 3; nobody saw all
+    three, so no per-client rule can refuse. Only noise on the counts would (issue 21, open).
+    """
+    counts = make_counts(7, seed=29)
+    victim, *rest = sorted(counts)
+    x, y = rest[:3], rest[3:]
+    app, _ = ledger_app(counts, tmp_path)
+    first = run(app, {n: counts[n] for n in x}, run_id=1)
+    second = run(app, {n: counts[n] for n in y}, run_id=2)
+    third = run(app, counts, run_id=3)
+    difference = np.subtract(np.subtract(third.global_counts, first.global_counts), second.global_counts)
+    assert np.array_equal(difference, counts[victim])
+
+
+def test_the_apps_clients_keep_the_ledger_named_by_their_node_config(tmp_path: Path) -> None:
+    """The Flower app path: ``market-ledger-dir`` in each SuperNode's node config turns the ledger on."""
+    from flmarket_flwr.client_app import build_client_app
+
+    nodes = [101, 202, 303, 404, 505]
+
+    def grid(members: list[int], run_id: int) -> InProcessGrid:
+        configs = {
+            node: {
+                "partition-id": nodes.index(node),
+                "num-partitions": len(nodes),
+                "market-ledger-dir": str(tmp_path / f"ledger-{node}"),
+            }
+            for node in members
+        }
+        return InProcessGrid(build_client_app(), members, node_configs=configs, run_id=run_id)
+
+    first = MarketPhase(market_config(budget=10_000.0)).run(grid(nodes, run_id=1))
+    assert first.pass_participants == nodes
+    phase = MarketPhase(market_config(budget=10_000.0))
+    with pytest.raises(MarketError):
+        phase.run(grid(nodes[1:], run_id=2))
+    assert all(LEDGER_REASON in reason for reason in phase._excluded.values())
+    for node in nodes:
+        assert len(ReleaseLedger(tmp_path / f"ledger-{node}").records()) == 1

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import stat
+import subprocess
+import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from itertools import combinations
@@ -23,8 +24,10 @@ from flmarket_flwr.market.ledger import (
     ReleaseLedger,
     ReleaseRefused,
     isolates_a_small_group,
+    plan_roster,
 )
 
+REPO = Path(__file__).resolve().parent.parent
 MEMBER_SETS = st.frozensets(st.integers(0, 11), min_size=3, max_size=12)
 
 
@@ -162,6 +165,19 @@ def test_a_failed_write_leaves_the_old_ledger_whole_and_no_temporary_file(
     assert len(ReleaseLedger(tmp_path).records()) == 1
 
 
+_WORKER = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("ledger", sys.argv[1])
+ledger_module = sys.modules["ledger"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ledger_module)
+ledger, worker = ledger_module.ReleaseLedger(sys.argv[2]), int(sys.argv[3])
+for k in range(5):
+    base = 1000 * worker + 10 * k
+    members = [b"node:" + m.to_bytes(8, "big") for m in range(base, base + 4)]
+    ledger.record_release(100 * worker + k, b"w%dk%d" % (worker, k), members)
+"""
+
+
 def _record_many(folder: str, worker: int) -> None:
     ledger = ReleaseLedger(folder)
     for k in range(5):
@@ -173,13 +189,13 @@ def test_concurrent_markets_on_one_node_lose_no_record(tmp_path: Path) -> None:
     """Threads and processes record at once (disjoint member sets, all allowed): every record is kept."""
     with ThreadPoolExecutor(max_workers=4) as pool:
         list(pool.map(lambda w: _record_many(str(tmp_path), w), range(4)))
-    context = multiprocessing.get_context("fork")
-    processes = [context.Process(target=_record_many, args=(str(tmp_path), w)) for w in range(4, 8)]
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join(60)
-        assert process.exitcode == 0
+    processes = [  # ledger.py is standard library only: load it alone, no Flower import in the children
+        subprocess.Popen(
+            [sys.executable, "-c", _WORKER, str(REPO / "flmarket_flwr/market/ledger.py"), str(tmp_path), str(w)]
+        )
+        for w in range(4, 8)
+    ]
+    assert [process.wait(timeout=120) for process in processes] == [0] * 4
     records = ReleaseLedger(tmp_path).records()
     assert sorted(r.run_id for r in records) == sorted(100 * w + k for w in range(8) for k in range(5))
 
@@ -210,3 +226,22 @@ def test_the_app_reads_the_ledger_from_the_node_config(tmp_path: Path) -> None:
     ledger = release_ledger_of(context({"market-ledger-dir": str(tmp_path), "market-min-roster-change": 4}))
     assert ledger is not None and ledger.directory == tmp_path and ledger.min_roster_change == 4
     assert release_ledger_of(context({"market-ledger-dir": str(tmp_path)})).min_roster_change == 3  # type: ignore[union-attr]
+
+
+# --- The buyer's side ------------------------------------------------------------------------------
+@settings(max_examples=100, deadline=None)
+@given(st.frozensets(st.integers(0, 15), max_size=16), st.lists(MEMBER_SETS, max_size=6), st.integers(1, 5))
+def test_a_planned_roster_is_refused_by_no_ledger(candidates: frozenset, releases: list, d: int) -> None:
+    roster = plan_roster(candidates, releases, d)
+    assert set(roster) <= candidates and roster == sorted(roster)
+    assert len(roster) >= 3 or roster == []
+    for members in releases:
+        assert not isolates_a_small_group(frozenset(members), frozenset(roster), d) or not roster
+
+
+def test_plan_roster_leaves_out_a_few_instead_of_losing_the_market() -> None:
+    assert plan_roster(range(6), [range(6)]) == list(range(6))  # the same members: nothing new
+    assert plan_roster(range(1, 6), [range(6)]) == [1, 2, 3]  # victim 0 gone: 4 and 5 sit out too
+    assert plan_roster(range(7), [range(6)]) == list(range(6))  # one newcomer would be isolated: it waits
+    assert plan_roster(range(3, 9), [range(6)]) == list(range(3, 9))  # 3 left, 3 joined: as is
+    assert plan_roster(range(1, 3), []) == []

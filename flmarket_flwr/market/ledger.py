@@ -38,6 +38,7 @@ __all__ = [
     "ReleaseRecord",
     "ReleaseRefused",
     "isolates_a_small_group",
+    "plan_roster",
 ]
 
 LEDGER_FILE: Final = "release-ledger.json"
@@ -87,6 +88,40 @@ def isolates_a_small_group(earlier: frozenset[str], new: frozenset[str], min_ros
     the server, the other side's total is learnt, so each side must be empty or hold ``min_roster_change``.
     """
     return any(0 < len(side) < min_roster_change for side in (earlier - new, new - earlier))
+
+
+def plan_roster(
+    candidates: Iterable[int], releases: Iterable[Iterable[int]], min_roster_change: int = DEFAULT_MIN_ROSTER_CHANGE
+) -> list[int]:
+    """The buyer's side of the rule: a subset of ``candidates`` that no client's ledger refuses.
+
+    ``releases`` are the member sets of the sums released before (the buyer knows them: each market's
+    ``pass_participants``). Greedy, largest first: against each release ``P`` that the roster ``N`` would
+    differ from by a small group, the newcomers ``N - P`` sit out when there are fewer than
+    ``min_roster_change`` of them, and when fewer than ``min_roster_change`` members of ``P`` are missing,
+    more of ``P`` sit out (the highest node ids) until that many are; repeated until no release objects.
+    The clients still check for themselves (their ledgers also hold other buyers' markets).
+
+    Returns
+    -------
+    list[int]
+        The roster, ascending; empty when fewer than 3 clients are left.
+    """
+    roster = {int(node) for node in candidates}
+    earlier = [frozenset(int(node) for node in members) for members in releases]
+    changed = True
+    while changed and len(roster) >= 3:
+        changed = False
+        for members in earlier:
+            joined, left = roster - members, members - roster
+            if 0 < len(joined) < min_roster_change:
+                roster -= joined
+                changed = True
+            elif 0 < len(left) < min_roster_change:
+                kept = sorted(members & roster)
+                roster -= set(kept[len(kept) - (min_roster_change - len(left)) :])
+                changed = True
+    return sorted(roster) if len(roster) >= 3 else []
 
 
 class ReleaseLedger:
