@@ -113,7 +113,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    seeds, runs = (3, 20) if args.quick else (10, 30)
+    seeds, runs = (3, 20) if args.quick else (5, 30)
     print(f"## What the ledger costs over {runs} consecutive markets (mean over {seeds} seeds)")
     print(
         "\nReleased: share of the markets that released a sum. In sum: share of the present clients in it. "

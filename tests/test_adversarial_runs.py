@@ -19,7 +19,7 @@ from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import CostBasedBid, MarketError, MarketPhase, register_market_handlers
 from flmarket_flwr.market.inprocess import InProcessGrid
-from flmarket_flwr.market.ledger import LEDGER_FILE, ReleaseLedger
+from flmarket_flwr.market.ledger import LEDGER_FILE, ReleaseLedger, isolates_a_small_group, plan_roster
 from flmarket_flwr.market.messages import KEY_ROSTER_NODE_IDS
 from flmarket_flwr.pass_protocol import IdentityDirectory, PassServer, generate_identity
 
@@ -216,3 +216,24 @@ def test_the_apps_clients_keep_the_ledger_named_by_their_node_config(tmp_path: P
     assert all(LEDGER_REASON in reason for reason in phase._excluded.values())
     for node in nodes:
         assert len(ReleaseLedger(tmp_path / f"ledger-{node}").records()) == 1
+
+
+def test_a_buyer_that_plans_its_roster_gets_run_two_released_over_fewer_clients(tmp_path: Path) -> None:
+    """The honest buyer's side: ``plan_roster`` over its earlier markets' members leaves two more clients out."""
+
+    class PlannedMarket(MarketPhase):
+        earlier: list[list[int]] = []
+
+        def wait_for_nodes(self, grid):  # type: ignore[no-untyped-def]
+            return plan_roster(super().wait_for_nodes(grid), self.earlier)
+
+    counts = make_counts(8, seed=30)
+    victim = sorted(counts)[0]
+    app, _ = ledger_app(counts, tmp_path)
+    first = PlannedMarket(market_config()).run(InProcessGrid(app, list(counts), run_id=1))
+    PlannedMarket.earlier.append(first.pass_participants)
+    others = [n for n in counts if n != victim]
+    second = PlannedMarket(market_config()).run(InProcessGrid(app, others, run_id=2))
+    assert len(second.pass_participants) == len(others) - 2  # the victim and two more: a group of 3
+    assert second.global_counts == total({n: counts[n] for n in second.pass_participants})
+    assert not isolates_a_small_group(frozenset(first.pass_participants), frozenset(second.pass_participants), 3)

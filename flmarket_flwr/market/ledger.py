@@ -96,10 +96,11 @@ def plan_roster(
     """The buyer's side of the rule: a subset of ``candidates`` that no client's ledger refuses.
 
     ``releases`` are the member sets of the sums released before (the buyer knows them: each market's
-    ``pass_participants``). Greedy, largest first: against each release ``P`` that the roster ``N`` would
-    differ from by a small group, the newcomers ``N - P`` sit out when there are fewer than
-    ``min_roster_change`` of them, and when fewer than ``min_roster_change`` members of ``P`` are missing,
-    more of ``P`` sit out (the highest node ids) until that many are; repeated until no release objects.
+    ``pass_participants``); one that shares no member with the roster is no client's concern. Greedy: against
+    each release ``P`` that the roster ``N`` would differ from by a small group, the newcomers ``N - P`` sit
+    out when there are fewer than ``min_roster_change`` of them, and when fewer than ``min_roster_change``
+    members of ``P`` are missing, more of ``P`` sit out (the highest node ids) until that many are; repeated
+    until no release objects (each pass removes a client, so it ends).
     The clients still check for themselves (their ledgers also hold other buyers' markets).
 
     Returns
@@ -113,6 +114,8 @@ def plan_roster(
     while changed and len(roster) >= 3:
         changed = False
         for members in earlier:
+            if not members & roster:  # no client took part in both, so no ledger compares them
+                continue
             joined, left = roster - members, members - roster
             if 0 < len(joined) < min_roster_change:
                 roster -= joined
