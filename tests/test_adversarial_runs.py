@@ -161,14 +161,20 @@ def test_a_roster_list_that_does_not_match_the_signed_fingerprint_is_refused(tmp
     server = PassServer(b"ledger/roster", NUM_CLASSES, 10**9, run_id=1)  # the grid's run
     requests = server.advertise_requests(nodes)
     lie = [*nodes[:-1], 424242]  # the list names another node than the fingerprint was made of
-    honest = {server.node_of[i]: {**r.to_record(), KEY_ROSTER_NODE_IDS: nodes} for i, r in requests.items()}
-    lying = {server.node_of[i]: {**r.to_record(), KEY_ROSTER_NODE_IDS: lie} for i, r in requests.items()}
+
+    def packed(ids: list[int]) -> bytes:
+        return np.asarray(ids, dtype=">u8").tobytes()
+
+    honest = {server.node_of[i]: {**r.to_record(), KEY_ROSTER_NODE_IDS: packed(nodes)} for i, r in requests.items()}
+    lying = {server.node_of[i]: {**r.to_record(), KEY_ROSTER_NODE_IDS: packed(lie)} for i, r in requests.items()}
+    as_list = {server.node_of[i]: {**r.to_record(), KEY_ROSTER_NODE_IDS: nodes} for i, r in requests.items()}
     missing = {server.node_of[i]: r.to_record() for i, r in requests.items()}
     for reply in send(grid, "market_advertise", lying).values():
         assert reply.has_error()
-    grid = InProcessGrid(app, nodes)
-    for reply in send(grid, "market_advertise", missing).values():
-        assert reply.has_error()
+    for bad in (missing, as_list):
+        grid = InProcessGrid(app, nodes)
+        for reply in send(grid, "market_advertise", bad).values():
+            assert reply.has_error()
     grid = InProcessGrid(app, nodes)
     for reply in send(grid, "market_advertise", honest).values():
         record_of(reply)

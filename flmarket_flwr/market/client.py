@@ -104,7 +104,7 @@ _STAGE_AUDITED = "audited"
 _STAGE_CLOSED = "closed"
 _SESSION = "session"
 _LEDGER_ROSTER = "ledger-roster"
-"""The roster's node ids in PASS-index order, kept from the advertise step for the release ledger."""
+"""The roster's node ids in PASS-index order (big-endian uint64 words), kept from advertise for the release ledger."""
 _KEPT_AFTER_CLOSE = ("session", "stage")
 """What a closed PASS state keeps: enough to refuse a second session in the same run."""
 _CLOSED_PASS_STAGE = 99
@@ -424,9 +424,10 @@ class _MarketHandlers:
     def _ledger_members(self, context: Context, bitmap: object) -> list[bytes]:
         """The ledger's identities of the PASS indices in ``bitmap``: directory keys if any, else node ids."""
         roster = _state_record(context).get(_LEDGER_ROSTER)
-        if not isinstance(roster, list) or not isinstance(bitmap, bytes):
+        if not isinstance(roster, bytes) or not isinstance(bitmap, bytes):
             raise _RequestError("no roster kept from the advertise step for the release ledger")
-        nodes = [int(roster[index - 1]) for index in bitmap_to_indices(bitmap)]
+        node_ids = np.frombuffer(roster, dtype=">u8")
+        nodes = [int(node_ids[index - 1]) for index in bitmap_to_indices(bitmap)]
         directory = self._directory(context)
         if directory is None:
             return [b"node:" + node.to_bytes(8, "big") for node in nodes]
@@ -467,17 +468,18 @@ def _int_list_field(record: ConfigRecord, key: str) -> list[int]:
     return [int(v) for v in value]
 
 
-def _checked_roster(request: Mapping[str, Any], run_id: int) -> list[int]:
-    """The roster's node ids, checked against the fingerprint this client signs (and its own place in it)."""
-    nodes = request.get(KEY_ROSTER_NODE_IDS)
-    if not isinstance(nodes, list) or any(isinstance(n, bool) or not isinstance(n, int) for n in nodes):
-        raise _RequestError(f"'{KEY_ROSTER_NODE_IDS}' must be a list of node ids (needed by the release ledger)")
+def _checked_roster(request: Mapping[str, Any], run_id: int) -> bytes:
+    """The roster's node ids (as sent), checked against the fingerprint this client signs and its own place in it."""
+    packed = request.get(KEY_ROSTER_NODE_IDS)
+    if not isinstance(packed, bytes) or not packed or len(packed) % 8:
+        raise _RequestError(f"'{KEY_ROSTER_NODE_IDS}' must be node ids as uint64 words (needed by the release ledger)")
+    nodes = [int(node) for node in np.frombuffer(packed, dtype=">u8")]
     if roster_fingerprint(run_id, request["session"], nodes) != request["roster"]:
         raise _RequestError("the roster's node ids do not match the roster fingerprint")
     index = request["index"]
     if not 0 < index <= len(nodes) or nodes[index - 1] != request["node_id"] or len(set(nodes)) != len(nodes):
         raise _RequestError("the roster does not list this client at its index, or repeats a node")
-    return [int(n) for n in nodes]
+    return packed
 
 
 def _checked_bid(bid: object) -> float:

@@ -19,7 +19,6 @@ Pure Python, no Flower: the market client calls it (:func:`flmarket_flwr.market.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import hmac
 import json
@@ -210,8 +209,12 @@ class ReleaseLedger:
     def _locked(self) -> Iterator[None]:
         """Hold the directory's lock file (exclusive, between processes) for one read-check-write."""
         try:
+            import fcntl  # pylint: disable=import-outside-toplevel  (POSIX only: the ledger, not the package)
+
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             handle = open(self.directory / _LOCK_FILE, "a+b")  # noqa: SIM115 (closed below)
+        except ImportError as err:
+            raise LedgerError(f"release ledger {self.path} needs POSIX file locks (fcntl): {err}") from err
         except OSError as err:
             raise LedgerError(f"release ledger {self.path} cannot be opened: {err}") from err
         try:

@@ -91,7 +91,8 @@ The four PASS steps carry the fields of the :mod:`flmarket_flwr.pass_protocol.se
 (``to_record()``); the keys below are those of the bid, audit and award steps."""
 
 KEY_ROSTER_NODE_IDS: Final = "roster-node-ids"
-"""Advertise step: the node ids of the roster in PASS-index order (their ``roster_fingerprint`` is ``roster``)."""
+"""Advertise step: the roster's node ids in PASS-index order, as big-endian uint64 words (``8 E`` bytes: one item,
+not ``E``, for Flower's record checks); their ``roster_fingerprint`` is the request's ``roster``."""
 KEY_SESSION: Final = "session"
 KEY_GLOBAL_COUNTS: Final = "global-counts"
 KEY_NUM_CLIENTS: Final = "num-clients"

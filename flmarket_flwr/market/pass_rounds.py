@@ -127,7 +127,8 @@ class PassRounds:
         server = self._server = self._protocol(run_id=int(grid.run.run_id))
         try:
             requests: Mapping[int, Any] = server.advertise_requests(list(nodes))
-            roster = {KEY_ROSTER_NODE_IDS: [server.node_of[index] for index in sorted(server.node_of)]}
+            node_ids = [server.node_of[index] for index in sorted(server.node_of)]
+            roster = {KEY_ROSTER_NODE_IDS: np.asarray(node_ids, dtype=">u8").tobytes()}  # one shared bytes object
             requests = server.receive_advertisements(self._round(grid, ACTION_ADVERTISE, requests, roster))
             requests = server.receive_shares(self._round(grid, ACTION_SHARE, requests))
             requests = server.receive_masked(self._round(grid, ACTION_MASK, requests))
