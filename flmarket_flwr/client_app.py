@@ -9,7 +9,9 @@ One ``ClientApp`` serves every phase of a run:
   (:func:`simulated_cost_bid`). The server only ever sees them masked (PASS).
   A node started with ``--node-config "... identity-key='<pem>' identity-directory='<json>'"``
   signs its PASS key advertisement and checks its neighbours' against the buyer's directory
-  (:func:`identity_key_of`, :func:`identity_directory_of`).
+  (:func:`identity_key_of`, :func:`identity_directory_of`). With ``market-ledger-dir='<dir>'`` in its
+  node config it keeps a release ledger there and refuses a market whose members differ too little from
+  one it already released a sum for (:func:`release_ledger_of`).
 * No other query: the baselines' raw-statistics query (RS, QBS, DICE, DDS) is answered
   only by the experiments' ClientApp (:mod:`simulations.apps`), never by this one.
 * **Training** (``train`` / ``evaluate`` messages): plain local SGD on the
@@ -47,6 +49,7 @@ from flwr.app.typing import MetricRecordValues
 from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import SimulatedCostBid, read_award, register_market_handlers
+from flmarket_flwr.market.ledger import DEFAULT_MIN_ROSTER_CHANGE, ReleaseLedger
 from flmarket_flwr.pass_protocol import IdentityDirectory, load_identity_key
 from flmarket_flwr.run_config import read
 from flmarket_flwr.task import (
@@ -286,6 +289,20 @@ def identity_directory_of(context: Context) -> IdentityDirectory | None:
     return IdentityDirectory.from_json(Path(path)) if path else None
 
 
+def release_ledger_of(context: Context) -> ReleaseLedger | None:
+    """The node's release ledger, in the directory named by ``node_config["market-ledger-dir"]`` (if any).
+
+    ``node_config["market-min-roster-change"]`` (default 3) is the smallest group two releases may differ
+    by. Off by default: a simulation's nodes are not lasting parties, and the operator of each SuperNode
+    chooses where its state lives (README "A real deployment").
+    """
+    path = str(context.node_config.get("market-ledger-dir", ""))
+    if not path:
+        return None
+    change = context.node_config.get("market-min-roster-change", DEFAULT_MIN_ROSTER_CHANGE)
+    return ReleaseLedger(path, min_roster_change=int(change))
+
+
 def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
     """Build the app's ``ClientApp``: market, train and evaluate handlers (nothing that reveals counts).
 
@@ -307,6 +324,7 @@ def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
         bid_policy=simulated_cost_bid,
         identity_key=identity_key_of,
         directory=identity_directory_of,
+        release_ledger=release_ledger_of,
     )
     client.train()(train)
     client.evaluate()(evaluate_local)

@@ -307,7 +307,7 @@ def test_a_signed_market_with_a_survivor_leaving_at_the_consistency_round_comple
 
 
 def test_two_markets_differenced_give_a_victims_counts_not_prevented() -> None:
-    """Out of scope today (issue 21, item 2): PASS releases one sum per run, and two runs give two sums."""
+    """Without release ledgers (the library's default): two runs give two sums. With them: test_adversarial_runs.py."""
     counts = make_counts(6, seed=11)
     victim = sorted(counts)[0]
     _, with_victim = run_market(counts)

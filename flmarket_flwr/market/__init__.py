@@ -25,6 +25,7 @@ from flmarket_flwr.market.delivery import DeliveryLedger, DeliveryRecord
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.grid_view import NoWinnerConnectedError, WinnersGrid
 from flmarket_flwr.market.labels import label_counts
+from flmarket_flwr.market.ledger import ReleaseLedger, plan_roster
 from flmarket_flwr.market.server import MarketPhase
 from flmarket_flwr.market.strategy import FLMarket
 
@@ -43,9 +44,11 @@ __all__ = [
     "MarketPhase",
     "NoBidError",
     "NoWinnerConnectedError",
+    "ReleaseLedger",
     "SimulatedCostBid",
     "WinnersGrid",
     "label_counts",
+    "plan_roster",
     "read_award",
     "register_market_handlers",
     "simulated_cost_per_sample",

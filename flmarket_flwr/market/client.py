@@ -14,8 +14,10 @@ The client enforces its own disclosure rules, whatever the server asks:
   score and bid are functions of its counts and are sent: ``CostBasedBid`` reveals ``N_e`` to anyone
   who knows its cost (README "Threat model");
 * one PASS session per run: a second session in the same run is refused, so the server never gets
-  two sums of one run to difference (two runs are two sums: not prevented); each step is answered
-  once, in order;
+  two sums of one run to difference; each step is answered once, in order. Two runs are two sums:
+  with a ``release_ledger`` (:mod:`flmarket_flwr.market.ledger`) the client records the members of
+  every sum it releases, in its own directory, and refuses to unmask for a survivor set that,
+  differenced with an earlier one, would isolate fewer than ``min_roster_change`` clients;
 * with an identity key and a ``directory`` (the secure set-up) its advert is signed under the run,
   the session and the roster, its neighbours' adverts are checked the same way, and it unmasks only
   for the survivor set it signed, with ``t`` of its neighbours' signatures on it (the consistency
@@ -50,6 +52,7 @@ from flwr.common.logger import log
 from numpy.typing import NDArray
 
 from flmarket_flwr.market.bidding import DEFAULT_COST_PER_SAMPLE, BidPolicy, CostBasedBid
+from flmarket_flwr.market.ledger import LedgerError, ReleaseLedger
 from flmarket_flwr.market.messages import (
     ACTION_ADVERTISE,
     ACTION_AUDIT,
@@ -67,6 +70,7 @@ from flmarket_flwr.market.messages import (
     KEY_NONCE,
     KEY_NUM_CLIENTS,
     KEY_PAYMENT,
+    KEY_ROSTER_NODE_IDS,
     KEY_SCORE,
     KEY_SESSION,
     KEY_TRANSCRIPT,
@@ -74,7 +78,15 @@ from flmarket_flwr.market.messages import (
     RECORD_KEY,
     make_content,
 )
-from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, PassClient, PassError, validate_counts
+from flmarket_flwr.pass_protocol import (
+    MIN_PARTICIPANTS,
+    IdentityDirectory,
+    PassClient,
+    PassError,
+    bitmap_to_indices,
+    roster_fingerprint,
+    validate_counts,
+)
 from flmarket_flwr.pricing import score as compute_score
 
 __all__ = ["ERROR_PREFIX", "MarketAward", "read_award", "register_market_handlers"]
@@ -88,6 +100,7 @@ _MAX_CAUSE_CHARS = 300
 LabelCountsFn = Callable[[Context], NDArray[np.integer]]
 IdentityFn = Callable[[Context], Ed25519PrivateKey | None]
 DirectoryFn = Callable[[Context], IdentityDirectory | None]
+LedgerFn = Callable[[Context], ReleaseLedger | None]
 
 _PASS_PREFIX = "pass/"
 _STAGE = "stage"
@@ -95,6 +108,8 @@ _STAGE_BID = "bid"
 _STAGE_AUDITED = "audited"
 _STAGE_CLOSED = "closed"
 _SESSION = "session"
+_LEDGER_ROSTER = "ledger-roster"
+"""The roster's node ids in PASS-index order (big-endian uint64 words), kept from advertise for the release ledger."""
 _KEPT_AFTER_CLOSE = ("session", "stage")
 """What a closed PASS state keeps: enough to refuse a second session in the same run."""
 _CLOSED_PASS_STAGE = 99
@@ -166,6 +181,7 @@ def register_market_handlers(
     identity_key: IdentityFn | None = None,
     directory: DirectoryFn | None = None,
     min_participants: int = MIN_PARTICIPANTS,
+    release_ledger: LedgerFn | None = None,
 ) -> None:
     """Add the market's ``query`` handlers to an existing ``ClientApp``.
 
@@ -198,6 +214,13 @@ def register_market_handlers(
         The smallest PASS roster this client accepts. A malicious server could show a client a roster
         of its own sybils only; set this to most of the federation you expect (it is the client's own
         setting, never the server's).
+    release_ledger : Callable[[Context], ReleaseLedger | None], optional
+        The node's release ledger (:class:`~flmarket_flwr.market.ledger.ReleaseLedger`, in a directory of
+        the node's own). With it the client checks the roster's node ids against the fingerprint it signs,
+        and before unmasking records the survivor set (write-ahead) and refuses one that, differenced with a
+        sum it released before, isolates fewer than ``min_roster_change`` clients (the two-run attack). The
+        members are the directory's identity keys when ``directory`` is given, else the node ids. A ledger
+        that cannot be read fails closed. Recommended in a deployment (README "Threat model").
 
     Raises
     ------
@@ -211,6 +234,7 @@ def register_market_handlers(
         identity_key=identity_key if identity_key is not None else (lambda context: None),
         directory=directory if directory is not None else (lambda context: None),
         min_participants=min_participants,
+        release_ledger=release_ledger if release_ledger is not None else (lambda context: None),
     )
     app.query(ACTION_ADVERTISE)(handlers.advertise)
     app.query(ACTION_SHARE)(handlers.share)
@@ -234,6 +258,7 @@ class _MarketHandlers:
         identity_key: IdentityFn,
         directory: DirectoryFn,
         min_participants: int,
+        release_ledger: LedgerFn,
     ) -> None:
         self._get_label_counts = get_label_counts
         self._bid_policy = bid_policy
@@ -241,6 +266,7 @@ class _MarketHandlers:
         self._identity_key = identity_key
         self._directory = directory
         self._min_participants = min_participants
+        self._release_ledger = release_ledger
 
     # --- PASS ----------------------------------------------------------------------------------
     def advertise(self, message: Message, context: Context) -> Message:
@@ -255,6 +281,10 @@ class _MarketHandlers:
                 min_participants=self._min_participants,
                 run_id=int(context.run_id),
             )
+            ledger = self._release_ledger(context)
+            if ledger is not None:  # a ledger that cannot be read fails closed before anything is sent
+                ledger.records()
+                _state_record(context)[_LEDGER_ROSTER] = _checked_roster(request, int(context.run_id))
             return advert.to_record()
 
         return self._pass_step(message, context, ACTION_ADVERTISE, step)
@@ -271,6 +301,11 @@ class _MarketHandlers:
         """PASS round 3: the masked counts and the counts commitment; the private keys are wiped."""
 
         def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
+            ledger = self._release_ledger(context)
+            if ledger is not None:  # before Y_e leaves: the participants U1 must pass already
+                state = client.to_record()
+                members = self._ledger_members(context, state.get("participants", b""))
+                ledger.check(int(context.run_id), bytes(state["session"]), members)
             return client.mask_input(request, self._identity_key(context)).to_record()
 
         return self._pass_step(message, context, ACTION_MASK, step)
@@ -295,7 +330,12 @@ class _MarketHandlers:
         """PASS round 4: shares for the survivors' self-masks and the dropped clients' keys, once."""
 
         def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
-            return client.unmask(request).to_record()
+            reply = client.unmask(request).to_record()
+            ledger = self._release_ledger(context)
+            if ledger is not None:  # write-ahead: the survivors U3 recorded before the shares leave
+                members = self._ledger_members(context, request["survivors"])
+                ledger.record_release(int(context.run_id), bytes(client.to_record()["session"]), members)
+            return reply
 
         return self._pass_step(message, context, ACTION_UNMASK, step)
 
@@ -395,6 +435,18 @@ class _MarketHandlers:
         return _reply(message, ConfigRecord({KEY_ACCEPTED: True}))
 
     # --- Helpers -------------------------------------------------------------------------------
+    def _ledger_members(self, context: Context, bitmap: object) -> list[bytes]:
+        """The ledger's identities of the PASS indices in ``bitmap``: directory keys if any, else node ids."""
+        roster = _state_record(context).get(_LEDGER_ROSTER)
+        if not isinstance(roster, bytes) or not isinstance(bitmap, bytes):
+            raise _RequestError("no roster kept from the advertise step for the release ledger")
+        node_ids = np.frombuffer(roster, dtype=">u8")
+        nodes = [int(node_ids[index - 1]) for index in bitmap_to_indices(bitmap)]
+        directory = self._directory(context)
+        if directory is None:
+            return [b"node:" + node.to_bytes(8, "big") for node in nodes]
+        return [b"key:" + directory.key_of(node) for node in nodes]  # an unregistered node: refused
+
     def _label_counts(self, context: Context) -> NDArray[np.int64]:
         """Fetch and validate the local label counts; a failing callback is reported as such."""
         try:
@@ -428,6 +480,20 @@ def _int_list_field(record: ConfigRecord, key: str) -> list[int]:
     ):
         raise _RequestError(f"'{key}' must be a non-empty list of non-negative ints")
     return [int(v) for v in value]
+
+
+def _checked_roster(request: Mapping[str, Any], run_id: int) -> bytes:
+    """The roster's node ids (as sent), checked against the fingerprint this client signs and its own place in it."""
+    packed = request.get(KEY_ROSTER_NODE_IDS)
+    if not isinstance(packed, bytes) or not packed or len(packed) % 8:
+        raise _RequestError(f"'{KEY_ROSTER_NODE_IDS}' must be node ids as uint64 words (needed by the release ledger)")
+    nodes = [int(node) for node in np.frombuffer(packed, dtype=">u8")]
+    if roster_fingerprint(run_id, request["session"], nodes) != request["roster"]:
+        raise _RequestError("the roster's node ids do not match the roster fingerprint")
+    index = request["index"]
+    if not 0 < index <= len(nodes) or nodes[index - 1] != request["node_id"] or len(set(nodes)) != len(nodes):
+        raise _RequestError("the roster does not list this client at its index, or repeats a node")
+    return packed
 
 
 def _checked_bid(bid: object) -> float:
@@ -475,6 +541,11 @@ def _reply(message: Message, record: ConfigRecord) -> Message:
 def _refusal(message: Message, action: str, err: Exception) -> Message:
     """A generic error reply (the reason stays in the client's own log), or the label-count callback's failure."""
     log(WARNING, "Market request %s refused: %s", action, err)
-    detail = str(err) if isinstance(err, _LabelCountsError) else "request refused"
+    if isinstance(err, _LabelCountsError):
+        detail = str(err)
+    elif isinstance(err, LedgerError):  # the reason only; the file and the sets stay in the client's log
+        detail = "refused by the node's release ledger"
+    else:
+        detail = "request refused"
     reason = f"{ERROR_PREFIX}{action}: {detail}"
     return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)

@@ -8,6 +8,7 @@ Action                Server -> client                            Client -> serv
 ====================  ==========================================  ==========================================
 ``market_advertise``  session, PASS index, ``C``, count bound,    cipher and mask public keys (32 bytes
                       graph-seed commitment, roster fingerprint   each), Ed25519 signature (or empty)
+                      and the roster's node ids (in index order)
 ``market_share``      participants, graph seed, the neighbours'   one encrypted share pair per neighbour,
                       keys (and signatures, node ids)             and a digest of each pair
 ``market_mask``       the share ciphertexts addressed to it,      masked counts ``Y_e`` (``C`` little-endian
@@ -53,6 +54,7 @@ __all__ = [
     "KEY_NONCE",
     "KEY_NUM_CLIENTS",
     "KEY_PAYMENT",
+    "KEY_ROSTER_NODE_IDS",
     "KEY_SCORE",
     "KEY_SESSION",
     "KEY_TRANSCRIPT",
@@ -94,6 +96,9 @@ RECORD_KEY: Final = "flmarket"
 The four PASS steps carry the fields of the :mod:`flmarket_flwr.pass_protocol.secagg` messages
 (``to_record()``); the keys below are those of the bid, audit and award steps."""
 
+KEY_ROSTER_NODE_IDS: Final = "roster-node-ids"
+"""Advertise step: the roster's node ids in PASS-index order, as big-endian uint64 words (``8 E`` bytes: one item,
+not ``E``, for Flower's record checks); their ``roster_fingerprint`` is the request's ``roster``."""
 KEY_SESSION: Final = "session"
 KEY_GLOBAL_COUNTS: Final = "global-counts"
 KEY_NUM_CLIENTS: Final = "num-clients"

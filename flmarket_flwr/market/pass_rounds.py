@@ -29,6 +29,7 @@ from flmarket_flwr.market.messages import (
     ACTION_SHARE,
     ACTION_SURVIVORS,
     ACTION_UNMASK,
+    KEY_ROSTER_NODE_IDS,
     read_config,
 )
 from flmarket_flwr.pass_protocol import PassError, PassServer
@@ -127,7 +128,9 @@ class PassRounds:
         server = self._server = self._protocol(run_id=int(grid.run.run_id))
         try:
             requests: Mapping[int, Any] = server.advertise_requests(list(nodes))
-            requests = server.receive_advertisements(self._round(grid, ACTION_ADVERTISE, requests))
+            node_ids = [server.node_of[index] for index in sorted(server.node_of)]
+            roster = {KEY_ROSTER_NODE_IDS: np.asarray(node_ids, dtype=">u8").tobytes()}  # one shared bytes object
+            requests = server.receive_advertisements(self._round(grid, ACTION_ADVERTISE, requests, roster))
             requests = server.receive_shares(self._round(grid, ACTION_SHARE, requests))
             requests = server.receive_masked(self._round(grid, ACTION_MASK, requests))
             if server.awaiting_openings:  # someone's shares did not open: the accused proves or is named
@@ -151,10 +154,14 @@ class PassRounds:
             commitments={server.node_of[index]: server.commitments[index] for index in server.survivors},
         )
 
-    def _round(self, grid: Grid, action: str, requests: Mapping[int, Any]) -> dict[int, dict[str, Any]]:
-        """Send each PASS index its request; return ``{index: reply record}`` of the usable replies."""
+    def _round(
+        self, grid: Grid, action: str, requests: Mapping[int, Any], extra: Mapping[str, Any] | None = None
+    ) -> dict[int, dict[str, Any]]:
+        """Send each PASS index its request (and the ``extra`` fields); return ``{index: reply record}`` of the usable
+        replies."""
         node_of = self._server.node_of
-        records = {node_of[index]: ConfigRecord(request.to_record()) for index, request in requests.items()}
+        fields = dict(extra or {})
+        records = {node_of[i]: ConfigRecord({**request.to_record(), **fields}) for i, request in requests.items()}
         replies = self._messenger.exchange(grid, action, records)
         valid = self._messenger.validated(action, records, replies, _reply_record)
         return {self._server.index_of[node]: record for node, record in valid.items()}

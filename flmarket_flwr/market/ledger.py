@@ -1,0 +1,286 @@
+"""A node's release ledger: refuse a PASS sum that, differenced with one it already released, isolates a few clients.
+
+PASS releases one sum per run, but two runs are two sums: ``N_s(run 1) - N_s(run 2)`` is the total of the
+clients in one member set and not the other, and a victim present in run 1 and absent from run 2 is isolated
+exactly. The victim never sees run 2; the clients that take part in both do, and each keeps, in a directory of
+its own (:class:`ReleaseLedger`), one record per sum it helped release: the run id, the session and the
+hashed member set. Before it releases again it checks the new member set ``N`` against every earlier one
+``P``: the difference of the two sums is ``sum(P \\ N) - sum(N \\ P)``, and a server that knows the counts of
+one side (sybils, colluders) learns the other side's total, so each one-sided difference must be empty or hold
+at least ``min_roster_change`` members (:func:`isolates_a_small_group`). Default 3, the smallest sum PASS
+releases at all.
+
+Writes are atomic (a temporary file, ``fsync``, ``os.replace``) and serialised between processes by a lock
+file; the record is written *before* the release (write-ahead), so a crash never loses one. A ledger that
+cannot be read or written fails closed: :class:`LedgerError` naming the file, and the node releases nothing.
+Pure Python, no Flower: the market client calls it (:func:`flmarket_flwr.market.register_market_handlers`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+__all__ = [
+    "DEFAULT_MIN_ROSTER_CHANGE",
+    "LEDGER_FILE",
+    "LedgerError",
+    "ReleaseLedger",
+    "ReleaseRecord",
+    "ReleaseRefused",
+    "isolates_a_small_group",
+    "plan_roster",
+]
+
+LEDGER_FILE: Final = "release-ledger.json"
+"""Name of the ledger file inside the node's ledger directory."""
+DEFAULT_MIN_ROSTER_CHANGE: Final = 3
+"""Smallest group two releases may differ by (each way): that of the smallest PASS session."""
+_LOCK_FILE: Final = "release-ledger.lock"
+_VERSION: Final = 1
+_DIGEST_BYTES: Final = 16
+
+
+class LedgerError(ValueError):
+    """The ledger refuses the release, or cannot be read or written (fail closed); the message names the file."""
+
+
+class ReleaseRefused(LedgerError):
+    """The new member set, differenced with an earlier release, would isolate fewer than ``min_roster_change``."""
+
+
+@dataclass(frozen=True)
+class ReleaseRecord:
+    """One sum this node helped release.
+
+    Attributes
+    ----------
+    run_id : int
+        The Flower run id (the node's own ``context.run_id``).
+    session : str
+        The PASS session id, hex.
+    members : frozenset[str]
+        The keyed hashes (hex) of the members whose counts the sum holds (the survivors U3).
+    """
+
+    run_id: int
+    session: str
+    members: frozenset[str]
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain-JSON form (members sorted)."""
+        return {"run_id": self.run_id, "session": self.session, "members": sorted(self.members)}
+
+
+def isolates_a_small_group(earlier: frozenset[str], new: frozenset[str], min_roster_change: int) -> bool:
+    """Whether differencing the two sums isolates a non-empty group of fewer than ``min_roster_change`` members.
+
+    ``sum(earlier) - sum(new) = sum(earlier - new) - sum(new - earlier)``: with the counts of one side known to
+    the server, the other side's total is learnt, so each side must be empty or hold ``min_roster_change``.
+    """
+    return any(0 < len(side) < min_roster_change for side in (earlier - new, new - earlier))
+
+
+def plan_roster(
+    candidates: Iterable[int], releases: Iterable[Iterable[int]], min_roster_change: int = DEFAULT_MIN_ROSTER_CHANGE
+) -> list[int]:
+    """The buyer's side of the rule: a subset of ``candidates`` that no client's ledger refuses.
+
+    ``releases`` are the member sets of the sums released before (the buyer knows them: each market's
+    ``pass_participants``); one that shares no member with the roster is no client's concern. Greedy: against
+    each release ``P`` that the roster ``N`` would differ from by a small group, the newcomers ``N - P`` sit
+    out when there are fewer than ``min_roster_change`` of them, and when fewer than ``min_roster_change``
+    members of ``P`` are missing, more of ``P`` sit out (the highest node ids) until that many are; repeated
+    until no release objects (each pass removes a client, so it ends).
+    The clients still check for themselves (their ledgers also hold other buyers' markets).
+
+    Returns
+    -------
+    list[int]
+        The roster, ascending; empty when fewer than 3 clients are left.
+    """
+    roster = {int(node) for node in candidates}
+    earlier = [frozenset(int(node) for node in members) for members in releases]
+    changed = True
+    while changed and len(roster) >= 3:
+        changed = False
+        for members in earlier:
+            if not members & roster:  # no client took part in both, so no ledger compares them
+                continue
+            joined, left = roster - members, members - roster
+            if 0 < len(joined) < min_roster_change:
+                roster -= joined
+                changed = True
+            elif 0 < len(left) < min_roster_change:
+                kept = sorted(members & roster)
+                roster -= set(kept[len(kept) - (min_roster_change - len(left)) :])
+                changed = True
+    return sorted(roster) if len(roster) >= 3 else []
+
+
+class ReleaseLedger:
+    """The releases of one node, persisted in ``directory`` (one directory per node, never shared).
+
+    Parameters
+    ----------
+    directory : str or os.PathLike
+        The node's own ledger directory (created, mode 0700, if missing).
+    min_roster_change : int (default: 3)
+        Smallest non-empty one-sided difference allowed between a new member set and any earlier one.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], *, min_roster_change: int = DEFAULT_MIN_ROSTER_CHANGE):
+        if isinstance(min_roster_change, bool) or not isinstance(min_roster_change, int) or min_roster_change < 1:
+            raise ValueError(f"min_roster_change must be an int >= 1, got {min_roster_change!r}")
+        self.directory = Path(directory).expanduser()
+        self.min_roster_change = min_roster_change
+
+    @property
+    def path(self) -> Path:
+        """The ledger file."""
+        return self.directory / LEDGER_FILE
+
+    def records(self) -> list[ReleaseRecord]:
+        """Every release recorded so far (``LedgerError`` if the file is unreadable)."""
+        with self._locked():
+            return self._read()[1]
+
+    def check(self, run_id: int, session: bytes, members: Iterable[bytes]) -> None:
+        """Raise :class:`ReleaseRefused` if releasing a sum over ``members`` now would be refused; record nothing.
+
+        A readable ledger is required (``LedgerError`` otherwise).
+        """
+        with self._locked():
+            salt, records = self._read()
+            self._check(records, self._record(salt, run_id, session, members))
+
+    def record_release(self, run_id: int, session: bytes, members: Iterable[bytes]) -> None:
+        """Check ``members`` against every earlier release and record it, before the node releases anything.
+
+        Recording the same run, session and members again is a no-op (a retried message).
+
+        Raises
+        ------
+        ReleaseRefused
+            The new set differs from an earlier one by a non-empty group of fewer than ``min_roster_change``
+            members (either way), or the session was recorded with another member set.
+        LedgerError
+            The ledger file cannot be read, parsed or written: nothing is released.
+        """
+        with self._locked():
+            salt, records = self._read()
+            record = self._record(salt, run_id, session, members)
+            if not self._check(records, record):
+                self._write(salt, [*records, record])
+
+    @staticmethod
+    def _record(salt: bytes, run_id: int, session: bytes, members: Iterable[bytes]) -> ReleaseRecord:
+        return ReleaseRecord(int(run_id), session.hex(), frozenset(_member_hash(salt, m) for m in members))
+
+    def _check(self, records: list[ReleaseRecord], record: ReleaseRecord) -> bool:
+        """``ReleaseRefused`` unless ``record`` may be released; ``True`` if it is already recorded."""
+        for earlier in records:
+            if (earlier.run_id, earlier.session) == (record.run_id, record.session):
+                if earlier.members == record.members:
+                    return True
+                raise ReleaseRefused(
+                    f"run {record.run_id}, session {record.session[:16]}: already recorded in {self.path} "
+                    "with another member set"
+                )
+            if isolates_a_small_group(earlier.members, record.members, self.min_roster_change):
+                left, joined = len(earlier.members - record.members), len(record.members - earlier.members)
+                raise ReleaseRefused(
+                    f"the {len(record.members)} members of run {record.run_id} differ from those of run "
+                    f"{earlier.run_id} (recorded in {self.path}) by {left} left and {joined} joined: a "
+                    f"difference of the two sums would isolate fewer than {self.min_roster_change} clients"
+                )
+        return False
+
+    # --- Storage -------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the directory's lock file (exclusive, between processes) for one read-check-write."""
+        try:
+            import fcntl  # pylint: disable=import-outside-toplevel  (POSIX only: the ledger, not the package)
+
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            handle = open(self.directory / _LOCK_FILE, "a+b")  # noqa: SIM115 (closed below)
+        except ImportError as err:
+            raise LedgerError(f"release ledger {self.path} needs POSIX file locks (fcntl): {err}") from err
+        except OSError as err:
+            raise LedgerError(f"release ledger {self.path} cannot be opened: {err}") from err
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+        finally:
+            handle.close()  # releases the lock
+
+    def _read(self) -> tuple[bytes, list[ReleaseRecord]]:
+        """``(salt, records)``; a missing file is an empty ledger with a fresh salt; anything else unusable fails."""
+        if not self.path.exists():
+            return os.urandom(32), []
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            if not isinstance(data, dict) or data.get("version") != _VERSION:
+                raise ValueError(f'not an object with "version": {_VERSION}')
+            salt = bytes.fromhex(data["salt"])
+            if len(salt) != 32 or not isinstance(data["records"], list):
+                raise ValueError("needs a 32-byte hex salt and a list of records")
+            records = [_parse_record(item) for item in data["records"]]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise LedgerError(
+                f"release ledger {self.path} is unreadable ({err}): this node releases nothing until the file is "
+                "repaired or moved away (fail closed)"
+            ) from err
+        return salt, records
+
+    def _write(self, salt: bytes, records: list[ReleaseRecord]) -> None:
+        """Replace the file atomically: a temporary file in the same directory, fsync, rename, fsync the directory."""
+        text = json.dumps(
+            {"version": _VERSION, "salt": salt.hex(), "records": [r.to_json() for r in records]}, indent=1
+        )
+        temporary = None
+        try:
+            with tempfile.NamedTemporaryFile(
+                "w", encoding="utf-8", dir=self.directory, prefix=".release-ledger-", suffix=".tmp", delete=False
+            ) as handle:
+                temporary = Path(handle.name)
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(temporary, 0o600)
+            os.replace(temporary, self.path)
+            directory = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+        except OSError as err:
+            if temporary is not None:
+                temporary.unlink(missing_ok=True)
+            raise LedgerError(f"release ledger {self.path} cannot be written: {err}") from err
+
+
+def _member_hash(salt: bytes, member: bytes) -> str:
+    """HMAC-SHA256 of a member identity under the ledger's salt, truncated to 128 bits (hex)."""
+    return hmac.new(salt, member, hashlib.sha256).digest()[:_DIGEST_BYTES].hex()
+
+
+def _parse_record(item: Any) -> ReleaseRecord:
+    if not isinstance(item, dict):
+        raise ValueError("a record must be an object")
+    run_id, session, members = item["run_id"], item["session"], item["members"]
+    if isinstance(run_id, bool) or not isinstance(run_id, int) or not isinstance(session, str):
+        raise ValueError("a record needs an int run_id and a str session")
+    bytes.fromhex(session)
+    if not isinstance(members, list) or not all(isinstance(m, str) and len(m) == 2 * _DIGEST_BYTES for m in members):
+        raise ValueError("a record's members must be a list of hex digests")
+    return ReleaseRecord(run_id, session, frozenset(members))

@@ -1,0 +1,249 @@
+"""The node's release ledger (:mod:`flmarket_flwr.market.ledger`): the differencing rule, storage, failure modes."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from itertools import combinations
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Context, RecordDict
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flmarket_flwr.market.ledger import (
+    LEDGER_FILE,
+    LedgerError,
+    ReleaseLedger,
+    ReleaseRefused,
+    isolates_a_small_group,
+    plan_roster,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+MEMBER_SETS = st.frozensets(st.integers(0, 11), min_size=3, max_size=12)
+
+
+def ids(members) -> list[bytes]:  # type: ignore[no-untyped-def]
+    return [b"node:" + int(m).to_bytes(8, "big") for m in members]
+
+
+# --- The rule --------------------------------------------------------------------------------------
+@given(MEMBER_SETS, MEMBER_SETS, st.integers(1, 6))
+def test_the_rule_is_symmetric_and_never_refuses_the_same_set(a: frozenset, b: frozenset, d: int) -> None:
+    assert isolates_a_small_group(frozenset(map(str, a)), frozenset(map(str, b)), d) == isolates_a_small_group(
+        frozenset(map(str, b)), frozenset(map(str, a)), d
+    )
+    assert not isolates_a_small_group(frozenset(map(str, a)), frozenset(map(str, a)), d)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(MEMBER_SETS, min_size=1, max_size=8), st.integers(1, 4), st.integers(0, 2**32 - 1))
+def test_no_two_released_sums_difference_to_fewer_than_d_clients(rosters: list[frozenset], d: int, seed: int) -> None:
+    """The guarantee, algebraically: for any two sums a node released, ``N_s(P) - N_s(N)`` is
+    ``sum(P \\ N) - sum(N \\ P)``, and each side is empty or holds at least ``d`` clients; every refusal has a
+    witness among the earlier releases."""
+    counts = np.random.default_rng(seed).integers(0, 1000, size=(12, 4))
+    released: list[frozenset] = []
+    with tempfile.TemporaryDirectory() as folder:
+        ledger = ReleaseLedger(folder, min_roster_change=d)
+        for run_id, roster in enumerate(rosters):
+            try:
+                ledger.record_release(run_id, b"s%d" % run_id, ids(roster))
+            except ReleaseRefused:
+                assert any(0 < len(p - roster) < d or 0 < len(roster - p) < d for p in released)
+                continue
+            released.append(roster)
+    for p, n in combinations(released, 2):
+        difference = counts[sorted(p)].sum(axis=0) - counts[sorted(n)].sum(axis=0)
+        left, joined = p - n, n - p
+        assert np.array_equal(difference, counts[sorted(left)].sum(axis=0) - counts[sorted(joined)].sum(axis=0))
+        assert len(left) in (0, *range(d, 13)) and len(joined) in (0, *range(d, 13))
+
+
+def test_the_two_run_attack_and_its_sybil_variant_are_refused(tmp_path: Path) -> None:
+    ledger = ReleaseLedger(tmp_path)
+    ledger.record_release(1, b"run-1", ids(range(6)))
+    with pytest.raises(ReleaseRefused, match="1 left and 0 joined"):
+        ledger.record_release(2, b"run-2", ids(range(1, 6)))  # the victim 0 left
+    with pytest.raises(ReleaseRefused, match="1 left and 2 joined"):
+        ledger.record_release(2, b"run-2", ids([1, 2, 3, 4, 5, 100, 101]))  # and two sybils joined
+    with pytest.raises(ReleaseRefused, match="0 left and 1 joined"):
+        ledger.record_release(2, b"run-2", ids(range(7)))  # a newcomer 6 would be isolated
+    ledger.record_release(2, b"run-2", ids([3, 4, 5, 6, 7, 8]))  # 3 left, 3 joined
+    assert [r.run_id for r in ReleaseLedger(tmp_path).records()] == [1, 2]
+
+
+def test_recording_the_same_release_again_is_a_no_op_and_another_set_for_it_is_refused(tmp_path: Path) -> None:
+    ledger = ReleaseLedger(tmp_path)
+    ledger.record_release(1, b"s", ids(range(5)))
+    ledger.record_release(1, b"s", ids(range(5)))
+    ledger.check(1, b"s", ids(range(5)))
+    assert len(ledger.records()) == 1
+    with pytest.raises(ReleaseRefused, match="another member set"):
+        ledger.record_release(1, b"s", ids(range(10, 15)))
+
+
+def test_check_records_nothing(tmp_path: Path) -> None:
+    ledger = ReleaseLedger(tmp_path)
+    ledger.check(1, b"s", ids(range(5)))
+    assert ledger.records() == []
+    assert not (tmp_path / LEDGER_FILE).exists()
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.5])
+def test_min_roster_change_must_be_a_positive_int(tmp_path: Path, bad: object) -> None:
+    with pytest.raises(ValueError, match="min_roster_change"):
+        ReleaseLedger(tmp_path, min_roster_change=bad)  # type: ignore[arg-type]
+
+
+# --- Storage ---------------------------------------------------------------------------------------
+def test_the_file_names_no_member_in_the_clear_and_only_its_owner_reads_it(tmp_path: Path) -> None:
+    folder = tmp_path / "ledger"
+    ReleaseLedger(folder).record_release(7, b"\x01\x02", ids([123456789, 2, 3]))
+    text = (folder / LEDGER_FILE).read_text(encoding="utf-8")
+    assert "123456789" not in text and (123456789).to_bytes(8, "big").hex() not in text
+    assert stat.S_IMODE(os.stat(folder / LEDGER_FILE).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    data = json.loads(text)
+    assert data["records"][0]["run_id"] == 7 and data["records"][0]["session"] == "0102"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "",
+        '{"version": 1, "salt": "zz"',
+        "[]",
+        '{"version": 2, "salt": "' + "00" * 32 + '", "records": []}',
+        '{"version": 1, "salt": "00", "records": []}',
+        '{"version": 1, "salt": "' + "00" * 32 + '", "records": [{"run_id": 1}]}',
+        '{"version": 1, "salt": "' + "00" * 32 + '", "records": [{"run_id": 1, "session": "0g", "members": []}]}',
+        '{"version": 1, "salt": "' + "00" * 32 + '", "records": [{"run_id": 1, "session": "", "members": ["ab"]}]}',
+    ],
+    ids=["empty", "truncated", "list", "version", "salt", "no-fields", "session", "member"],
+)
+def test_a_corrupt_ledger_fails_closed_naming_the_file(tmp_path: Path, content: str) -> None:
+    path = tmp_path / LEDGER_FILE
+    path.write_text(content, encoding="utf-8")
+    ledger = ReleaseLedger(tmp_path)
+    for attempt in (ledger.records, lambda: ledger.record_release(1, b"s", ids(range(5)))):
+        with pytest.raises(LedgerError, match=f"release ledger {path} is unreadable.*fail closed"):
+            attempt()
+    assert path.read_text(encoding="utf-8") == content  # never overwritten
+
+
+def test_a_ledger_directory_that_cannot_be_made_fails_closed(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x", encoding="utf-8")
+    with pytest.raises(LedgerError, match="cannot be opened"):
+        ReleaseLedger(tmp_path / "file" / "ledger").records()
+
+
+def test_a_failed_write_leaves_the_old_ledger_whole_and_no_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger = ReleaseLedger(tmp_path)
+    ledger.record_release(1, b"s1", ids(range(5)))
+    before = (tmp_path / LEDGER_FILE).read_bytes()
+
+    def crash(fd: int) -> None:
+        raise OSError(5, "I/O error (simulated crash before the rename)")
+
+    monkeypatch.setattr(os, "fsync", crash)
+    with pytest.raises(LedgerError, match="cannot be written"):
+        ledger.record_release(2, b"s2", ids(range(10, 15)))
+    monkeypatch.undo()
+    assert (tmp_path / LEDGER_FILE).read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LEDGER_FILE, "release-ledger.lock"]
+    assert len(ReleaseLedger(tmp_path).records()) == 1
+
+
+_WORKER = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("ledger", sys.argv[1])
+ledger_module = sys.modules["ledger"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ledger_module)
+ledger, worker = ledger_module.ReleaseLedger(sys.argv[2]), int(sys.argv[3])
+for k in range(5):
+    base = 1000 * worker + 10 * k
+    members = [b"node:" + m.to_bytes(8, "big") for m in range(base, base + 4)]
+    ledger.record_release(100 * worker + k, b"w%dk%d" % (worker, k), members)
+"""
+
+
+def _record_many(folder: str, worker: int) -> None:
+    ledger = ReleaseLedger(folder)
+    for k in range(5):
+        base = 1000 * worker + 10 * k
+        ledger.record_release(100 * worker + k, b"w%dk%d" % (worker, k), ids(range(base, base + 4)))
+
+
+def test_concurrent_markets_on_one_node_lose_no_record(tmp_path: Path) -> None:
+    """Threads and processes record at once (disjoint member sets, all allowed): every record is kept."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(lambda w: _record_many(str(tmp_path), w), range(4)))
+    processes = [  # ledger.py is standard library only: load it alone, no Flower import in the children
+        subprocess.Popen(
+            [sys.executable, "-c", _WORKER, str(REPO / "flmarket_flwr/market/ledger.py"), str(tmp_path), str(w)]
+        )
+        for w in range(4, 8)
+    ]
+    assert [process.wait(timeout=120) for process in processes] == [0] * 4
+    records = ReleaseLedger(tmp_path).records()
+    assert sorted(r.run_id for r in records) == sorted(100 * w + k for w in range(8) for k in range(5))
+
+
+def test_concurrent_conflicting_releases_let_exactly_one_through(tmp_path: Path) -> None:
+    """Two markets at once, one the other minus a client: whichever records first, the other is refused."""
+
+    def attempt(run_id: int) -> bool:
+        members = range(6) if run_id == 1 else range(1, 6)
+        try:
+            ReleaseLedger(tmp_path).record_release(run_id, b"r%d" % run_id, ids(members))
+        except ReleaseRefused:
+            return False
+        return True
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        assert sorted(pool.map(attempt, [1, 2])) == [False, True]
+
+
+# --- The app's node config -------------------------------------------------------------------------
+def test_the_app_reads_the_ledger_from_the_node_config(tmp_path: Path) -> None:
+    from flmarket_flwr.client_app import release_ledger_of
+
+    def context(node_config: dict) -> Context:  # type: ignore[type-arg]
+        return Context(1, 5, node_config, RecordDict(), {})
+
+    assert release_ledger_of(context({"partition-id": 0})) is None
+    ledger = release_ledger_of(context({"market-ledger-dir": str(tmp_path), "market-min-roster-change": 4}))
+    assert ledger is not None and ledger.directory == tmp_path and ledger.min_roster_change == 4
+    assert release_ledger_of(context({"market-ledger-dir": str(tmp_path)})).min_roster_change == 3  # type: ignore[union-attr]
+
+
+# --- The buyer's side ------------------------------------------------------------------------------
+@settings(max_examples=100, deadline=None)
+@given(st.frozensets(st.integers(0, 15), max_size=16), st.lists(MEMBER_SETS, max_size=6), st.integers(1, 5))
+def test_a_planned_roster_is_refused_by_no_ledger(candidates: frozenset, releases: list, d: int) -> None:
+    roster = plan_roster(candidates, releases, d)
+    assert set(roster) <= candidates and roster == sorted(roster)
+    assert len(roster) >= 3 or roster == []
+    for members in releases:  # every ledger that holds a release and is asked for the roster accepts it
+        if members & set(roster):
+            assert not isolates_a_small_group(frozenset(members), frozenset(roster), d)
+
+
+def test_plan_roster_leaves_out_a_few_instead_of_losing_the_market() -> None:
+    assert plan_roster(range(6), [range(6)]) == list(range(6))  # the same members: nothing new
+    assert plan_roster(range(1, 6), [range(6)]) == [1, 2, 3]  # victim 0 gone: 4 and 5 sit out too
+    assert plan_roster(range(7), [range(6)]) == list(range(6))  # one newcomer would be isolated: it waits
+    assert plan_roster(range(3, 9), [range(6)]) == list(range(3, 9))  # 3 left, 3 joined: as is
+    assert plan_roster(range(1, 3), []) == []
+    assert plan_roster(range(10, 20), [range(3)], 5) == list(range(10, 20))  # disjoint: no ledger compares them
