@@ -30,6 +30,7 @@ from flmarket_flwr.market.messages import (
     ACTION_UNMASK,
     read_config,
 )
+from flmarket_flwr.market.records import config_record
 from flmarket_flwr.pass_protocol import PassError, PassServer
 
 __all__ = ["PassResult", "PassRounds"]
@@ -151,7 +152,7 @@ class PassRounds:
     def _round(self, grid: Grid, action: str, requests: Mapping[int, Any]) -> dict[int, dict[str, Any]]:
         """Send each PASS index its request; return ``{index: reply record}`` of the usable replies."""
         node_of = self._server.node_of
-        records = {node_of[index]: ConfigRecord(request.to_record()) for index, request in requests.items()}
+        records = {node_of[index]: config_record(request.to_record()) for index, request in requests.items()}
         replies = self._messenger.exchange(grid, action, records)
         valid = self._messenger.validated(action, records, replies, _reply_record)
         return {self._server.index_of[node]: record for node, record in valid.items()}
