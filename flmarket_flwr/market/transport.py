@@ -88,7 +88,9 @@ def send_and_receive_within(grid: Grid, messages: list[Message], timeout: float)
     as :class:`~flmarket_flwr.market.inprocess.InProcessGrid` does, is not charged for that work).
     The first pull follows the push at once; while replies are missing the wait between pulls
     doubles from ``FIRST_PULL_DELAY_S`` to ``MAX_PULL_DELAY_S`` and starts again after every pull that
-    brought a reply, so a fast step costs milliseconds and a slow one a pull every 0.1 s.
+    brought a reply, so a fast step costs milliseconds and a slow one a pull every 0.1 s. While a pull is
+    under way (and not stuck) the loop waits on it rather than sleeping, so a long pull (many replies
+    read back through the transport) is followed at once by the next step.
 
     Unlike ``Grid.send_and_receive``, a pull that blocks inside the transport cannot hold the market
     past its deadline: each pull runs in a daemon thread that is abandoned when the deadline passes.
@@ -125,7 +127,8 @@ def send_and_receive_within(grid: Grid, messages: list[Message], timeout: float)
             log(WARNING, "Market: a pull of replies is stuck in the transport; pulling the others one by one")
         if pending:
             delay = FIRST_PULL_DELAY_S if arrived else min(2.0 * delay, MAX_PULL_DELAY_S)
-            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            if not any(not pull.done and not pull.stuck for pull in pulls):  # else _wait_for waits on that pull
+                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
     if pending and pulls:
         log(WARNING, "Market: pulling replies did not return within the step's timeout; going on without them")
     return received
