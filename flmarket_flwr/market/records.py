@@ -26,8 +26,7 @@ from flwr.common.serde import (
     array_record_to_proto,
     metric_record_from_proto,
     metric_record_to_proto,
-    user_config_from_proto,
-    user_config_to_proto,
+    user_config_value_to_proto,
 )
 from flwr.common.serde_utils import _record_value_to_proto
 from flwr.proto.message_pb2 import Context as ProtoContext  # pylint: disable=E0611
@@ -42,6 +41,7 @@ from flwr.proto.recorddict_pb2 import (  # pylint: disable=E0611
 from flwr.proto.recorddict_pb2 import ConfigRecord as ProtoConfigRecord  # pylint: disable=E0611
 from flwr.proto.recorddict_pb2 import ConfigRecordValue as ProtoConfigRecordValue  # pylint: disable=E0611
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict  # pylint: disable=E0611
+from flwr.proto.transport_pb2 import Scalar  # pylint: disable=E0611
 from flwr.supercore.inflatable.inflatable_object import (
     InflatableObject,
     _get_computed_object_ids,
@@ -181,14 +181,31 @@ def _recorddict_from_proto(proto: ProtoRecordDict) -> RecordDict:
     return records
 
 
+_USER_CONFIG_FIELD = {bool: "bool", float: "double", int: "sint64", str: "string"}
+
+
+def _user_config_to_proto(config: Mapping[str, Any]) -> dict[str, Scalar]:
+    """``flwr.common.serde.user_config_to_proto``: the same ``Scalar`` s (Flower's own function for subclasses)."""
+    protos = {}
+    for key, value in config.items():
+        field = _USER_CONFIG_FIELD.get(type(value))
+        protos[key] = Scalar(**{field: value}) if field is not None else user_config_value_to_proto(value)
+    return protos
+
+
+def _user_config_from_proto(proto: Mapping[str, Scalar]) -> dict[str, Any]:
+    """``flwr.common.serde.user_config_from_proto``."""
+    return {key: getattr(value, value.WhichOneof("scalar")) for key, value in proto.items()}  # type: ignore[arg-type]
+
+
 def context_to_bytes(context: Context) -> bytes:
     """``context_to_proto(context).SerializeToString()`` (:mod:`flwr.common.serde`), same bytes."""
     return ProtoContext(
         run_id=context.run_id,
         node_id=context.node_id,
-        node_config=user_config_to_proto(context.node_config),
+        node_config=_user_config_to_proto(context.node_config),
         state=_recorddict_to_proto(context.state),
-        run_config=user_config_to_proto(context.run_config),
+        run_config=_user_config_to_proto(context.run_config),
         series_id=context.series_id,
     ).SerializeToString()
 
@@ -199,9 +216,9 @@ def context_from_bytes(raw: bytes) -> Context:
     return Context(
         run_id=proto.run_id,
         node_id=proto.node_id,
-        node_config=user_config_from_proto(proto.node_config),
+        node_config=_user_config_from_proto(proto.node_config),
         state=_recorddict_from_proto(proto.state),
-        run_config=user_config_from_proto(proto.run_config),
+        run_config=_user_config_from_proto(proto.run_config),
         series_id=proto.series_id,
     )
 
