@@ -553,8 +553,10 @@ class PassClient:
         self_seed = os.urandom(SECRET_LENGTH)
         shares = split_secrets([state["mask_private_key"], self_seed], neighbours, threshold)
         ciphertexts, digests = [], []
-        for v, key, share in zip(neighbours, channel_keys, shares, strict=True):
-            both = share_to_bytes(share)
+        rows = share_to_bytes(shares.reshape(2 * k, -1))  # every neighbour's pair of rows, checked in one pass
+        size = len(rows) // k
+        for position, (v, key) in enumerate(zip(neighbours, channel_keys, strict=True)):
+            both = rows[position * size : (position + 1) * size]
             plaintext = _LABEL + struct.pack(">QQ", index, v) + both
             ciphertexts.append(ChaCha20Poly1305(key).encrypt(_ZERO_NONCE, plaintext, _channel_aad(session, index, v)))
             digests.append(_pair_digest(session, index, v, both))
