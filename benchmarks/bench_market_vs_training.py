@@ -1,7 +1,7 @@
 """The market phase against training, and Flower's simulation against the bare training compute.
 
 Run: ``.venv/bin/python -m benchmarks.bench_market_vs_training`` (about 2 min on 2 cores;
-``--clients 20`` for one size only).
+``--clients 20`` for one size only; ``--market-only`` for the in-process market phase alone, seconds).
 
 For 20 and 100 clients, the app's own ``ServerApp`` (``server_app.main``) and ``ClientApp``
 (``build_client_app``) run through ``flwr.simulation.run_simulation`` (Ray, one actor per CPU,
@@ -275,6 +275,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="Ray actors (1 CPU each)")
     parser.add_argument("--json", help="also write the raw figures to this JSON file")
+    parser.add_argument(
+        "--market-only",
+        action="store_true",
+        help="only the in-process market phase (cold, then the best of 3 warm runs): no simulation, no training",
+    )
     args = parser.parse_args()
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     logging.getLogger("flwr").setLevel(logging.WARNING)
@@ -282,9 +287,21 @@ def main() -> None:
         f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
         f"load average at start {os.getloadavg()[0]:.2f}\n"
     )
-    with tempfile.TemporaryDirectory(prefix="bench-market-") as tmp:
-        rows = [measure(n, args.rounds, args.workers, Path(tmp)) for n in args.clients]
-    report(rows, args.workers)
+    if args.market_only:
+        with tempfile.TemporaryDirectory(prefix="bench-market-") as tmp:
+            rows = []
+            for n in args.clients:
+                cold, warm = market_in_process(app_config(n, Path(tmp), args.rounds), n)
+                rows.append({"clients": n, "market_in_process_cold": cold, "market_in_process": warm})
+                print(
+                    f"| {n} | cold {cold['total']:.3f} s ({cold['cpu']:.3f} s CPU) "
+                    f"| warm {warm['total']:.3f} s ({warm['cpu']:.3f} s CPU) | load {os.getloadavg()[0]:.1f} |",
+                    flush=True,
+                )
+    else:
+        with tempfile.TemporaryDirectory(prefix="bench-market-") as tmp:
+            rows = [measure(n, args.rounds, args.workers, Path(tmp)) for n in args.clients]
+        report(rows, args.workers)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2), encoding="utf-8")
 
