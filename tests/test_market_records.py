@@ -89,7 +89,9 @@ def test_context_bytes_are_flowers():
                 "c": ConfigRecord({"z": [1]}),
             }
         )
-        context = Context(3, 7, {"partition-id": 1, "s": "x"}, state, {"lr": 0.1, "n": 3, "b": True, "s": "x", "big": 2**62})
+        context = Context(
+            3, 7, {"partition-id": 1, "s": "x"}, state, {"lr": 0.1, "n": 3, "b": True, "s": "x", "big": 2**62}
+        )
         raw = context_to_proto(context).SerializeToString()
         assert context_to_bytes(context) == raw
         theirs, ours = context_from_proto(ProtoContext.FromString(raw)), context_from_bytes(raw)
