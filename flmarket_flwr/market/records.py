@@ -9,8 +9,14 @@ type, that type being one of those) in one pass, and write the checked values in
 serialisers give **byte for byte** the protobuf Flower's :mod:`flwr.common.serde` gives (a test compares
 them), falling back to Flower's own functions for every case they do not handle themselves.
 
-Flower is pinned (``constraints.txt``); the record's storage (``record.__dict__["_data"]``, set by Flower's
-``TypedDict``) is checked on import, so a Flower that changes it fails loudly rather than silently.
+The same holds for a node's ``Context`` (:func:`context_to_bytes` gives ``context_to_proto``'s bytes) and
+for Flower's wire format, the object tree of a message (:func:`deflate_message` gives what Flower's grids
+push, deflating each object once; :func:`inflate_message` reads it back as Flower does).
+
+Flower is pinned (``constraints.txt``); this module uses some of its internals (the record's storage
+``record.__dict__["_data"]``, set by Flower's ``TypedDict`` and checked on import, so a Flower that changes
+it fails loudly; ``_record_value_to_proto`` and ``_get_computed_object_ids``). ``tests/test_market_records.py``
+compares every function here with Flower's own on random records, contexts and messages.
 """
 
 from __future__ import annotations
