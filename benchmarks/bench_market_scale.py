@@ -22,7 +22,10 @@ Figures:
 * peak RSS: the process's high-water mark (``VmHWM``, reset through ``/proc/self/clear_refs`` just
   before the phase) and its rise over the RSS before it. Server, the ``E`` clients' stored contexts
   and the transport share the process: an upper bound for the server;
-* the load average (``os.getloadavg``) at the start and at the end of each size.
+* the load average (``os.getloadavg``) at the start and at the end of each size;
+* the X25519 floor (issue 20): the CPU that the ``2 k`` X25519 exchanges of each of the ``E`` clients
+  (two per neighbour) take on their own, timed in the same run right after the phase (a sample of
+  ``FLOOR_SAMPLE`` exchanges, scaled to ``2 k E``), and the phase's process CPU over it.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from typing import Any
 from uuid import uuid4
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from flwr.app import Message
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase
@@ -48,6 +52,7 @@ from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app, wir
 from flmarket_flwr.pass_protocol import neighbourhood_size
 
 MAX_COUNT = 200
+FLOOR_SAMPLE = 20_000
 STEPS = ("wait_for_nodes", "pass", "bid", "auction", "award", "total")
 
 
@@ -102,6 +107,17 @@ class ScaleGrid(InProcessGrid):
         return received
 
 
+def x25519_seconds(exchanges: int) -> float:
+    """Process CPU of ``exchanges`` X25519 exchanges, from a timed sample of at most ``FLOOR_SAMPLE`` of them."""
+    sample = min(exchanges, FLOOR_SAMPLE)
+    own = X25519PrivateKey.generate()
+    peers = [X25519PrivateKey.generate().public_key() for _ in range(min(sample, 1000))]
+    started = time.process_time()
+    for i in range(sample):
+        own.exchange(peers[i % len(peers)])
+    return (time.process_time() - started) * exchanges / sample
+
+
 def one_size(num_clients: int, num_classes: int) -> dict:
     """Set up ``num_clients`` ClientApps, run the market phase once, return its figures."""
     rng = np.random.default_rng(num_clients)
@@ -122,6 +138,7 @@ def one_size(num_clients: int, num_classes: int) -> dict:
     outcome = MarketPhase(config).run(grid)
     cpu = time.process_time() - cpu
     peak = _status_mib("VmHWM") if reset else math.nan
+    floor = x25519_seconds(2 * neighbourhood_size(num_clients) * num_clients)
     truth = np.sum(list(counts.values()), axis=0)
     assert list(outcome.global_counts) == truth.tolist(), "N_s is not the sum of the counts"
     assert len(outcome.pass_participants) == num_clients and not outcome.excluded, outcome.excluded
@@ -137,6 +154,7 @@ def one_size(num_clients: int, num_classes: int) -> dict:
         "bytes_from_clients_by_type": dict(grid.bytes_out),
         "process_cpu_s": cpu,
         "server_cpu_s": cpu - sum(grid.cpu.values()),
+        "x25519_floor_s": floor,
         "rss_before_mib": rss_before,
         "peak_rss_mib": peak,
         "client_contexts_mib": sum(len(raw) for raw in grid._contexts.values()) / 2**20,  # pylint: disable=W0212
@@ -149,15 +167,16 @@ def report(rows: list[dict]) -> None:
     print("Market phase by step, wall seconds (MarketOutcome.timings; all clients and the server in one process)\n")
     print(
         "| E | C | k | winners | wait for nodes | PASS | scores and bids | auction | awards | total "
-        "| process CPU | server CPU | peak RSS (rise) | load start / end |"
+        "| process CPU | server CPU | X25519 floor | CPU / floor | peak RSS (rise) | load start / end |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         t = r["timings"]
         cells = " | ".join(f"{t.get(step, math.nan):.2f}" for step in STEPS)
         print(
             f"| {r['clients']:,} | {r['classes']} | {r['degree']} | {r['winners']:,} | {cells} "
             f"| {r['process_cpu_s']:.1f} s | {r['server_cpu_s']:.1f} s "
+            f"| {r['x25519_floor_s']:.1f} s | {r['process_cpu_s'] / r['x25519_floor_s']:.2f}x "
             f"| {r['peak_rss_mib']:.0f} MiB ({r['peak_rss_mib'] - r['rss_before_mib']:+.0f} MiB) "
             f"| {r['load_start']:.1f} / {r['load_end']:.1f} |"
         )

@@ -113,9 +113,9 @@ def label_counts(context: Context) -> np.ndarray:
     partition_id = partition_id_of(context)
     data_config = data_config_of(context)
     cache_key = f"{data_config!r}/partition-{partition_id}"
-    if STATE_KEY not in context.state.config_records:
-        context.state[STATE_KEY] = ConfigRecord()
-    state = context.state.config_records[STATE_KEY]
+    state = context.state.get(STATE_KEY)
+    if not isinstance(state, ConfigRecord):
+        state = context.state[STATE_KEY] = ConfigRecord()
     if state.get("label-counts-key") == cache_key:
         return np.asarray(state["label-counts"], dtype=np.int64)
     counts = partition_label_counts(partition_id, data_config)

@@ -105,3 +105,25 @@ def test_healthy_replies_come_in_one_pull_each_round() -> None:
     replies = transport.send_and_receive_within(grid, ids, timeout=5.0)
     assert {r.metadata.reply_to_message_id for r in replies} == set(ids)
     assert all(len(call) == len(ids) for call in calls), "no one-by-one pulls without a stuck pull"
+
+
+class CountingGrid:
+    """Every reply is ready at once; records the ids of each pull."""
+
+    def __init__(self) -> None:
+        self.pulls: list[list[str]] = []
+
+    def push_messages(self, messages: list[str]) -> list[str]:
+        return list(messages)
+
+    def pull_messages(self, ids: list[str]) -> list[SimpleNamespace]:
+        self.pulls.append(list(ids))
+        return [_reply(i, error=False) for i in ids]
+
+
+def test_many_replies_are_pulled_in_batches_one_after_the_other() -> None:
+    ids = [f"m{i:04d}" for i in range(2 * transport.PULL_BATCH + 7)]
+    grid = CountingGrid()
+    replies = transport.send_and_receive_within(grid, ids, timeout=30.0)  # type: ignore[arg-type]
+    assert sorted(reply.metadata.reply_to_message_id for reply in replies) == ids
+    assert [len(pull) for pull in grid.pulls] == [transport.PULL_BATCH, transport.PULL_BATCH, 7]

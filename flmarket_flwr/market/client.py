@@ -78,6 +78,7 @@ from flmarket_flwr.market.messages import (
     RECORD_KEY,
     make_content,
 )
+from flmarket_flwr.market.records import config_record, set_values
 from flmarket_flwr.pass_protocol import (
     MIN_PARTICIPANTS,
     IdentityDirectory,
@@ -356,7 +357,7 @@ class _MarketHandlers:
             _close_pass_state(state)
             return _refusal(message, action, err)
         _store_pass_state(state, client.to_record())
-        return _reply(message, ConfigRecord(dict(reply)))
+        return _reply(message, config_record(reply))
 
     # --- Market --------------------------------------------------------------------------------
     def bid(self, message: Message, context: Context) -> Message:
@@ -387,7 +388,7 @@ class _MarketHandlers:
         state[_STAGE] = _STAGE_BID
         state[KEY_SCORE] = score
         state[KEY_BID] = bid
-        return _reply(message, ConfigRecord({KEY_SCORE: score, KEY_BID: bid}))
+        return _reply(message, config_record({KEY_SCORE: score, KEY_BID: bid}))
 
     def audit(self, message: Message, context: Context) -> Message:
         """As a winner offered at least its bid, open the counts commitment to the buyer, once."""
@@ -411,7 +412,7 @@ class _MarketHandlers:
         except (PassError, ValueError, TypeError, KeyError) as err:
             return _refusal(message, ACTION_AUDIT, err)
         state[_STAGE] = _STAGE_AUDITED
-        return _reply(message, ConfigRecord({KEY_COUNTS: [int(c) for c in counts], KEY_NONCE: nonce}))
+        return _reply(message, config_record({KEY_COUNTS: [int(c) for c in counts], KEY_NONCE: nonce}))
 
     def award(self, message: Message, context: Context) -> Message:
         """Record the outcome and wipe what is left of the PASS state (the market is over)."""
@@ -432,7 +433,7 @@ class _MarketHandlers:
         state[_STAGE] = _STAGE_CLOSED
         state[KEY_WON] = won
         state[KEY_PAYMENT] = float(payment)
-        return _reply(message, ConfigRecord({KEY_ACCEPTED: True}))
+        return _reply(message, config_record({KEY_ACCEPTED: True}))
 
     # --- Helpers -------------------------------------------------------------------------------
     def _ledger_members(self, context: Context, bitmap: object) -> list[bytes]:
@@ -459,9 +460,10 @@ class _MarketHandlers:
 
 # --- Request parsing -----------------------------------------------------------------------------
 def _request(message: Message) -> ConfigRecord:
-    if not message.has_content() or RECORD_KEY not in message.content.config_records:
+    record = message.content.get(RECORD_KEY) if message.has_content() else None
+    if not isinstance(record, ConfigRecord):
         raise _RequestError(f"request has no ConfigRecord '{RECORD_KEY}'")
-    return message.content.config_records[RECORD_KEY]
+    return record
 
 
 def _check_session(request: ConfigRecord, state: ConfigRecord) -> None:
@@ -508,9 +510,10 @@ def _checked_bid(bid: object) -> float:
 # --- Local state ---------------------------------------------------------------------------------
 def _state_record(context: Context) -> ConfigRecord:
     """The market's ``ConfigRecord`` in ``context.state`` (created on first use)."""
-    if RECORD_KEY not in context.state.config_records:
-        context.state[RECORD_KEY] = ConfigRecord()
-    return context.state.config_records[RECORD_KEY]
+    record = context.state.get(RECORD_KEY)
+    if not isinstance(record, ConfigRecord):
+        record = context.state[RECORD_KEY] = ConfigRecord()
+    return record
 
 
 def _pass_state(state: ConfigRecord) -> dict[str, Any]:
@@ -522,8 +525,7 @@ def _store_pass_state(state: ConfigRecord, record: Mapping[str, Any]) -> None:
     """Replace the PASS state by ``record`` (keys the protocol wiped disappear)."""
     for key in [k for k in state if k.startswith(_PASS_PREFIX)]:
         del state[key]
-    for key, value in record.items():
-        state[_PASS_PREFIX + key] = value
+    set_values(state, {_PASS_PREFIX + key: value for key, value in record.items()})
 
 
 def _close_pass_state(state: ConfigRecord) -> None:

@@ -10,7 +10,9 @@ and in one process:
   the SuperLink), in both directions, so only what a ``RecordDict`` can really carry arrives;
 * each node keeps its ``Context`` as serialised protobuf bytes and gets a freshly deserialised
   ``Context`` for every message (deployment runs each message in a fresh process, so state that
-  is not in ``context.state`` is lost, exactly as there);
+  is not in ``context.state`` is lost, exactly as there); the bytes are those of Flower's
+  ``context_to_proto``, made and read by :mod:`flmarket_flwr.market.records` without Flower's
+  per-item overhead;
 * a ``ClientApp`` exception becomes an error reply (``ErrorCode.CLIENT_APP_RAISED_EXCEPTION``)
   and the node's context is not updated, as in Flower's simulation and deployment runtimes.
 
@@ -26,23 +28,19 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import cast
 from uuid import uuid4
 
 import numpy as np
 from flwr.app import Context, Error, Message, RecordDict, UserConfig
 from flwr.clientapp import ClientApp
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
-from flwr.common.serde import context_from_proto, context_to_proto
-from flwr.proto.message_pb2 import Context as ProtoContext  # pylint: disable=E0611
 from flwr.serverapp import Grid
-from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, no_object_id_recompute
-from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from flmarket_flwr.market.bidding import BidPolicy
 from flmarket_flwr.market.client import register_market_handlers
+from flmarket_flwr.market.records import context_from_bytes, context_to_bytes, deflate_message, inflate_message
 
 __all__ = ["InProcessGrid", "ReplyHook", "market_client_app", "wire_roundtrip"]
 
@@ -87,12 +85,10 @@ def wire_roundtrip(message: Message) -> tuple[Message, bytes]:
         The deserialised copy (same ``message_id``) and the serialised bytes of the
         message and all its records.
     """
-    # As Flower's own grids and runtimes do: each object id is computed once, not again on every access.
-    with no_object_id_recompute():
-        objects = get_all_nested_objects(message)
-        contents = {object_id: obj.deflate() for object_id, obj in objects.items()}
-        raw = b"".join(contents.values())
-        copy = cast(Message, inflate_object_from_contents(message.object_id, dict(contents)))
+    # Flower's object tree, each object deflated once (Flower's grids compute each id once, too).
+    contents = deflate_message(message)
+    raw = b"".join(contents.values())
+    copy = inflate_message(next(reversed(contents)), contents)
     copy.metadata.__dict__["_message_id"] = message.metadata.message_id
     return copy, raw
 
@@ -150,7 +146,7 @@ class InProcessGrid(Grid):
                 }
             )
             context = Context(run_id, node, config, RecordDict(), dict(run_config or {}))
-            self._contexts[node] = context_to_proto(context).SerializeToString()
+            self._contexts[node] = context_to_bytes(context)
         self._replies: dict[str, Message] = {}
         self.sent: list[Message] = []
         self.received: list[Message] = []
@@ -227,7 +223,7 @@ class InProcessGrid(Grid):
     # --- Node side -----------------------------------------------------------------------------
     def context(self, node_id: int) -> Context:
         """A fresh copy of the node's persisted ``Context``."""
-        return context_from_proto(ProtoContext.FromString(self._contexts[node_id]))
+        return context_from_bytes(self._contexts[node_id])
 
     def _deliver(self, message: Message) -> Message | None:
         node = message.metadata.dst_node_id
@@ -239,7 +235,7 @@ class InProcessGrid(Grid):
             reason = str(type(ex)) + ":<'" + str(ex) + "'>"
             reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)
         else:
-            self._contexts[node] = context_to_proto(context).SerializeToString()
+            self._contexts[node] = context_to_bytes(context)
         reply.metadata.__dict__["_message_id"] = str(uuid4())
         if self.reply_hook is not None:
             return self.reply_hook(message, reply)

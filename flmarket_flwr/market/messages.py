@@ -151,8 +151,8 @@ def read_config(reply: Message) -> ConfigRecord:
         raise ReplyError(f"error reply (code {reply.error.code}): {reply.error.reason}")
     if not reply.has_content():
         raise ReplyError("reply has neither content nor error")
-    record = reply.content.config_records.get(RECORD_KEY)
-    if record is None:
+    record = reply.content.get(RECORD_KEY)
+    if not isinstance(record, ConfigRecord):
         raise ReplyError(f"reply has no ConfigRecord '{RECORD_KEY}'")
     return record
 

@@ -32,6 +32,7 @@ from flmarket_flwr.market.messages import (
     KEY_ROSTER_NODE_IDS,
     read_config,
 )
+from flmarket_flwr.market.records import config_record
 from flmarket_flwr.pass_protocol import PassError, PassServer
 
 __all__ = ["PassResult", "PassRounds"]
@@ -161,7 +162,7 @@ class PassRounds:
         replies."""
         node_of = self._server.node_of
         fields = dict(extra or {})
-        records = {node_of[i]: ConfigRecord({**request.to_record(), **fields}) for i, request in requests.items()}
+        records = {node_of[i]: config_record({**request.to_record(), **fields}) for i, request in requests.items()}
         replies = self._messenger.exchange(grid, action, records)
         valid = self._messenger.validated(action, records, replies, _reply_record)
         return {self._server.index_of[node]: record for node, record in valid.items()}

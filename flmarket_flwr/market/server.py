@@ -52,6 +52,7 @@ from flmarket_flwr.market.messages import (
     read_config,
 )
 from flmarket_flwr.market.pass_rounds import PassResult, PassRounds
+from flmarket_flwr.market.records import config_record
 from flmarket_flwr.market.replies import check_opening, highest_possible_score, read_score_and_bid
 from flmarket_flwr.market.transport import exchange
 from flmarket_flwr.nodes import wait_for_nodes
@@ -237,7 +238,7 @@ class MarketPhase:
             KEY_TRANSCRIPT: pass_result.transcript,
         }
         # A survivor excluded at the unmask round stays in N_s and E, but is left out of the rest of the market.
-        requests = {node: ConfigRecord(dict(record)) for node in pass_result.participants if not self.is_excluded(node)}
+        requests = {node: config_record(record) for node in pass_result.participants if not self.is_excluded(node)}
         highest = highest_possible_score(pass_result)
         replies = self.exchange(grid, ACTION_BID, requests)
         bids = self.validated(ACTION_BID, requests, replies, lambda reply: read_score_and_bid(reply, highest))
@@ -308,7 +309,7 @@ class MarketPhase:
     ) -> set[int]:
         """Ask each tentative winner to open its counts commitment; return those that hold."""
         requests = {
-            node: ConfigRecord({KEY_SESSION: pass_result.session, KEY_PAYMENT: float(payment)})
+            node: config_record({KEY_SESSION: pass_result.session, KEY_PAYMENT: float(payment)})
             for node, payment in offers.items()
         }
         replies = self.exchange(grid, ACTION_AUDIT, requests)
@@ -324,7 +325,7 @@ class MarketPhase:
         """Tell every contacted node its award (``won=False`` but for the winners); return the acknowledging bidders."""
         session = self._session
         requests = {
-            node: ConfigRecord(
+            node: config_record(
                 {KEY_SESSION: session, KEY_WON: node in winners, KEY_PAYMENT: float(payments.get(node, 0.0))}
             )
             for node in sorted(self._contacted)

@@ -28,6 +28,10 @@ STUCK_PULL_S = 5.0
 """Seconds after which a pull of replies that has not returned counts as stuck in the transport."""
 LAST_PULL_S = 1.0
 """Seconds the last pull of a step may take, even when the step's deadline has passed."""
+PULL_BATCH = 256
+"""Most message ids in one pull (but the last): reading back the replies of a whole large federation in one
+pull can take longer than ``STUCK_PULL_S`` (10,000 replies through the wire format in process), which is
+not a stuck transport."""
 
 
 def exchange(grid: Grid, action: str, requests: Mapping[int, ConfigRecord], timeout: float) -> dict[int, Message]:
@@ -88,14 +92,18 @@ def send_and_receive_within(grid: Grid, messages: list[Message], timeout: float)
     as :class:`~flmarket_flwr.market.inprocess.InProcessGrid` does, is not charged for that work).
     The first pull follows the push at once; while replies are missing the wait between pulls
     doubles from ``FIRST_PULL_DELAY_S`` to ``MAX_PULL_DELAY_S`` and starts again after every pull that
-    brought a reply, so a fast step costs milliseconds and a slow one a pull every 0.1 s.
+    brought a reply, so a fast step costs milliseconds and a slow one a pull every 0.1 s. While a pull is
+    under way (and not stuck) the loop waits on it rather than sleeping, so a long pull (many replies
+    read back through the transport) is followed at once by the next step.
 
     Unlike ``Grid.send_and_receive``, a pull that blocks inside the transport cannot hold the market
     past its deadline: each pull runs in a daemon thread that is abandoned when the deadline passes.
     One last pull is always made (bounded by ``LAST_PULL_S``). A pull stuck in the transport (a node
     cut off while uploading its reply: Flower retries that reply's objects until the SuperLink's
     upload session expires, minutes later) would also hold every reply that arrives after it, so once
-    a pull is stuck the others are pulled one message id at a time.
+    a pull is stuck the others are pulled one message id at a time. Until then replies are pulled
+    ``PULL_BATCH`` ids at a time, one pull after the other (the last pull asks for all that are left), so
+    that a pull that merely reads back many replies does not pass for a stuck one.
     """
     pending = set(grid.push_messages(messages))
     deadline = time.monotonic() + timeout
@@ -109,8 +117,8 @@ def send_and_receive_within(grid: Grid, messages: list[Message], timeout: float)
         idle = sorted(pending - busy)
         if idle and one_by_one:
             pulls.extend(_Pull(grid, [message_id]) for message_id in idle)
-        elif idle:
-            pulls.append(_Pull(grid, idle))
+        elif idle and (last or not any(not pull.done and not pull.stuck for pull in pulls)):
+            pulls.append(_Pull(grid, idle if last else idle[:PULL_BATCH]))  # one batch at a time
         _wait_for(pulls, LAST_PULL_S if last else min(MAX_PULL_DELAY_S, max(0.0, deadline - time.monotonic())))
         arrived = 0
         for pull in [pull for pull in pulls if pull.done]:
@@ -125,7 +133,8 @@ def send_and_receive_within(grid: Grid, messages: list[Message], timeout: float)
             log(WARNING, "Market: a pull of replies is stuck in the transport; pulling the others one by one")
         if pending:
             delay = FIRST_PULL_DELAY_S if arrived else min(2.0 * delay, MAX_PULL_DELAY_S)
-            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            if not any(not pull.done and not pull.stuck for pull in pulls):  # else _wait_for waits on that pull
+                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
     if pending and pulls:
         log(WARNING, "Market: pulling replies did not return within the step's timeout; going on without them")
     return received

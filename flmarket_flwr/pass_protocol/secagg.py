@@ -672,8 +672,10 @@ class PassClient:
         self_seed, seal_seed = os.urandom(SECRET_LENGTH), os.urandom(SECRET_LENGTH)
         shares = split_secrets([state["mask_private_key"], self_seed], neighbours, threshold)
         ciphertexts, digests, signatures = [], [], []
-        for v, cipher_public, share in zip(neighbours, request.cipher_public_keys, shares, strict=True):
-            both = share_to_bytes(share)
+        rows = share_to_bytes(shares.reshape(2 * k, -1))  # every neighbour's pair of rows, checked in one pass
+        size = len(rows) // k
+        for position, (v, cipher_public) in enumerate(zip(neighbours, request.cipher_public_keys, strict=True)):
+            both = rows[position * size : (position + 1) * size]
             try:
                 ciphertexts.append(
                     _seal(_sealing_key(seal_seed, session, index, v), cipher_public, session, index, v, both)
