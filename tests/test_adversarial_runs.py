@@ -20,7 +20,7 @@ from flwr.clientapp import ClientApp
 from flmarket_flwr.market import CostBasedBid, MarketError, MarketPhase, register_market_handlers
 from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.ledger import LEDGER_FILE, ReleaseLedger, isolates_a_small_group, plan_roster
-from flmarket_flwr.market.messages import KEY_ROSTER_NODE_IDS
+from flmarket_flwr.market.messages import KEY_ROSTER_NODE_IDS, KEY_ROSTER_WANTED, RECORD_KEY
 from flmarket_flwr.pass_protocol import IdentityDirectory, PassServer, generate_identity
 
 LEDGER_REASON = "flmarket: market_mask: refused by the node's release ledger"
@@ -154,30 +154,50 @@ def test_a_corrupt_ledger_fails_closed_and_keeps_that_node_out_of_the_sum(tmp_pa
 
 
 def test_a_roster_list_that_does_not_match_the_signed_fingerprint_is_refused(tmp_path: Path) -> None:
+    """A ledger client asks for the roster's node ids at advertise and refuses a list it did not sign, at share."""
     counts = make_counts(5, seed=28)
     nodes = sorted(counts)
     app, _ = ledger_app(counts, tmp_path)
-    grid = InProcessGrid(app, nodes)
-    server = PassServer(b"ledger/roster", NUM_CLASSES, 10**9, run_id=1)  # the grid's run
-    requests = server.advertise_requests(nodes)
     lie = [*nodes[:-1], 424242]  # the list names another node than the fingerprint was made of
 
     def packed(ids: list[int]) -> bytes:
         return np.asarray(ids, dtype=">u8").tobytes()
 
-    honest = {server.node_of[i]: {**r.to_record(), KEY_ROSTER_NODE_IDS: packed(nodes)} for i, r in requests.items()}
-    lying = {server.node_of[i]: {**r.to_record(), KEY_ROSTER_NODE_IDS: packed(lie)} for i, r in requests.items()}
-    as_list = {server.node_of[i]: {**r.to_record(), KEY_ROSTER_NODE_IDS: nodes} for i, r in requests.items()}
-    missing = {server.node_of[i]: r.to_record() for i, r in requests.items()}
-    for reply in send(grid, "market_advertise", lying).values():
-        assert reply.has_error()
-    for bad in (missing, as_list):
+    def share_round(roster_ids: object) -> list:
         grid = InProcessGrid(app, nodes)
-        for reply in send(grid, "market_advertise", bad).values():
-            assert reply.has_error()
-    grid = InProcessGrid(app, nodes)
-    for reply in send(grid, "market_advertise", honest).values():
+        server = PassServer(b"ledger/roster", NUM_CLASSES, 10**9, run_id=1)  # the grid's run
+        requests = server.advertise_requests(nodes)
+        replies = send(grid, "market_advertise", {server.node_of[i]: r.to_record() for i, r in requests.items()})
+        adverts = {server.index_of[node]: record_of(reply) for node, reply in replies.items()}
+        assert all(advert[KEY_ROSTER_WANTED] is True for advert in adverts.values())
+        shares = server.receive_advertisements(adverts)
+        extra = {} if roster_ids is None else {KEY_ROSTER_NODE_IDS: roster_ids}
+        return list(
+            send(
+                grid, "market_share", {server.node_of[i]: {**r.to_record(), **extra} for i, r in shares.items()}
+            ).values()
+        )
+
+    for bad in (packed(lie), nodes, None):
+        assert all(reply.has_error() for reply in share_round(bad))
+    for reply in share_round(packed(nodes)):
         record_of(reply)
+
+
+def test_clients_without_a_ledger_are_not_sent_the_roster(tmp_path: Path) -> None:
+    """The roster's node ids (8 E bytes) go only to the clients whose ledger asked for them: none here."""
+    counts = make_counts(5, seed=29)
+    app = ClientApp()
+    register_market_handlers(app, lambda context: counts[context.node_id], CostBasedBid(1.0, 0.2))
+    sent: list[dict] = []
+
+    class Recording(InProcessGrid):
+        def push_messages(self, messages):  # type: ignore[no-untyped-def]
+            sent.extend(dict(m.content.config_records[RECORD_KEY]) for m in messages)
+            return super().push_messages(messages)
+
+    MarketPhase(market_config(budget=10**6)).run(Recording(app, sorted(counts)))
+    assert sent and not any(KEY_ROSTER_NODE_IDS in record for record in sent)
 
 
 def test_three_runs_over_a_partition_still_isolate_a_client_not_prevented(tmp_path: Path) -> None:

@@ -71,6 +71,7 @@ from flmarket_flwr.market.messages import (
     KEY_NUM_CLIENTS,
     KEY_PAYMENT,
     KEY_ROSTER_NODE_IDS,
+    KEY_ROSTER_WANTED,
     KEY_SCORE,
     KEY_SESSION,
     KEY_TRANSCRIPT,
@@ -110,7 +111,7 @@ _STAGE_AUDITED = "audited"
 _STAGE_CLOSED = "closed"
 _SESSION = "session"
 _LEDGER_ROSTER = "ledger-roster"
-"""The roster's node ids in PASS-index order (big-endian uint64 words), kept from advertise for the release ledger."""
+"""The roster's node ids in PASS-index order (big-endian uint64 words), received with the share request, for the release ledger."""
 _KEPT_AFTER_CLOSE = ("session", "stage")
 """What a closed PASS state keeps: enough to refuse a second session in the same run."""
 _CLOSED_PASS_STAGE = 99
@@ -282,11 +283,12 @@ class _MarketHandlers:
                 min_participants=self._min_participants,
                 run_id=int(context.run_id),
             )
+            reply = dict(advert.to_record())
             ledger = self._release_ledger(context)
-            if ledger is not None:  # a ledger that cannot be read fails closed before anything is sent
-                ledger.records()
-                _state_record(context)[_LEDGER_ROSTER] = _checked_roster(request, int(context.run_id))
-            return advert.to_record()
+            if ledger is not None:
+                ledger.records()  # a ledger that cannot be read fails closed, before anything is sent
+                reply[KEY_ROSTER_WANTED] = True  # the roster's node ids come with the share request
+            return reply
 
         return self._pass_step(message, context, ACTION_ADVERTISE, step)
 
@@ -294,6 +296,11 @@ class _MarketHandlers:
         """PASS round 2: check the graph and the neighbours' keys, send encrypted shares of the secrets."""
 
         def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
+            if self._release_ledger(context) is not None:  # the roster's node ids, checked against what it signed
+                signed = client.to_record()
+                shown = {key: signed[key] for key in ("session", "roster", "index", "node_id")}
+                roster = _checked_roster({**shown, KEY_ROSTER_NODE_IDS: request.get(KEY_ROSTER_NODE_IDS)}, context)
+                _state_record(context)[_LEDGER_ROSTER] = roster
             return client.share_keys(request, self._directory(context), self._identity_key(context)).to_record()
 
         return self._pass_step(message, context, ACTION_SHARE, step)
@@ -484,8 +491,9 @@ def _int_list_field(record: ConfigRecord, key: str) -> list[int]:
     return [int(v) for v in value]
 
 
-def _checked_roster(request: Mapping[str, Any], run_id: int) -> bytes:
-    """The roster's node ids (as sent), checked against the fingerprint this client signs and its own place in it."""
+def _checked_roster(request: Mapping[str, Any], context: Context) -> bytes:
+    """The roster's node ids (as sent), checked against the fingerprint this client signed and its own place in it."""
+    run_id = int(context.run_id)
     packed = request.get(KEY_ROSTER_NODE_IDS)
     if not isinstance(packed, bytes) or not packed or len(packed) % 8:
         raise _RequestError(f"'{KEY_ROSTER_NODE_IDS}' must be node ids as uint64 words (needed by the release ledger)")

@@ -7,10 +7,12 @@ step is a Flower ``query`` message (message type ``query.<action>``):
 Action                Server -> client                            Client -> server (reply)
 ====================  ==========================================  ==========================================
 ``market_advertise``  session, PASS index, ``C``, count bound,    cipher and mask public keys (32 bytes
-                      graph-seed commitment, roster fingerprint   each), Ed25519 signature (or empty)
-                      and the roster's node ids (in index order)
+                      graph-seed commitment, roster fingerprint   each), Ed25519 signature (or empty);
+                                                                  with a release ledger: ``roster-wanted``
 ``market_share``      participants, graph seed, the neighbours'   one encrypted share pair per neighbour,
-                      keys (and signatures, node ids)             and a digest of each pair
+                      keys (and signatures, node ids); to the     and a digest of each pair
+                      clients that asked, the roster's node ids
+                      (in index order)
 ``market_mask``       the share ciphertexts addressed to it,      masked counts ``Y_e`` (``C`` little-endian
                       their digests and signatures                uint64 words), counts commitment, the
                                                                   senders whose shares did not open
@@ -55,6 +57,7 @@ __all__ = [
     "KEY_NUM_CLIENTS",
     "KEY_PAYMENT",
     "KEY_ROSTER_NODE_IDS",
+    "KEY_ROSTER_WANTED",
     "KEY_SCORE",
     "KEY_SESSION",
     "KEY_TRANSCRIPT",
@@ -97,6 +100,7 @@ The four PASS steps carry the fields of the :mod:`flmarket_flwr.pass_protocol.se
 (``to_record()``); the keys below are those of the bid, audit and award steps."""
 
 KEY_ROSTER_NODE_IDS: Final = "roster-node-ids"
+KEY_ROSTER_WANTED: Final = "roster-wanted"
 """Advertise step: the roster's node ids in PASS-index order, as big-endian uint64 words (``8 E`` bytes: one item,
 not ``E``, for Flower's record checks); their ``roster_fingerprint`` is the request's ``roster``."""
 KEY_SESSION: Final = "session"

@@ -11,7 +11,7 @@ never by a second sum), and a session that cannot finish safely stops the market
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,6 +30,7 @@ from flmarket_flwr.market.messages import (
     ACTION_SURVIVORS,
     ACTION_UNMASK,
     KEY_ROSTER_NODE_IDS,
+    KEY_ROSTER_WANTED,
     read_config,
 )
 from flmarket_flwr.market.records import config_record
@@ -129,10 +130,12 @@ class PassRounds:
         server = self._server = self._protocol(run_id=int(grid.run.run_id))
         try:
             requests: Mapping[int, Any] = server.advertise_requests(list(nodes))
+            adverts = self._round(grid, ACTION_ADVERTISE, requests)
+            wanting = {index for index, advert in adverts.items() if advert.get(KEY_ROSTER_WANTED) is True}
             node_ids = [server.node_of[index] for index in sorted(server.node_of)]
             roster = {KEY_ROSTER_NODE_IDS: np.asarray(node_ids, dtype=">u8").tobytes()}  # one shared bytes object
-            requests = server.receive_advertisements(self._round(grid, ACTION_ADVERTISE, requests, roster))
-            requests = server.receive_shares(self._round(grid, ACTION_SHARE, requests))
+            requests = server.receive_advertisements(adverts)
+            requests = server.receive_shares(self._round(grid, ACTION_SHARE, requests, roster, to=wanting))
             requests = server.receive_masked(self._round(grid, ACTION_MASK, requests))
             if server.awaiting_openings:  # someone's shares did not open: the accused proves or is named
                 requests = server.receive_openings(self._round(grid, ACTION_OPEN, requests))
@@ -156,13 +159,21 @@ class PassRounds:
         )
 
     def _round(
-        self, grid: Grid, action: str, requests: Mapping[int, Any], extra: Mapping[str, Any] | None = None
+        self,
+        grid: Grid,
+        action: str,
+        requests: Mapping[int, Any],
+        extra: Mapping[str, Any] | None = None,
+        to: Collection[int] = (),
     ) -> dict[int, dict[str, Any]]:
-        """Send each PASS index its request (and the ``extra`` fields); return ``{index: reply record}`` of the usable
-        replies."""
+        """Send each PASS index its request (and the indices in ``to`` the ``extra`` fields too); return
+        ``{index: reply record}`` of the usable replies."""
         node_of = self._server.node_of
         fields = dict(extra or {})
-        records = {node_of[i]: config_record({**request.to_record(), **fields}) for i, request in requests.items()}
+        records = {
+            node_of[i]: config_record({**request.to_record(), **(fields if i in to else {})})
+            for i, request in requests.items()
+        }
         replies = self._messenger.exchange(grid, action, records)
         valid = self._messenger.validated(action, records, replies, _reply_record)
         return {self._server.index_of[node]: record for node, record in valid.items()}
