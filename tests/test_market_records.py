@@ -78,6 +78,20 @@ def test_config_record_equals_flowers_and_refuses_what_it_refuses():
         config_record({1: 2})  # type: ignore[dict-item]
 
 
+def test_a_flower_without_the_known_storage_gets_flowers_own_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``FAST_STORAGE`` off (a later Flower) the records are Flower's own, with Flower's own refusals."""
+    from flmarket_flwr.market import records
+
+    monkeypatch.setattr(records, "FAST_STORAGE", False)
+    rng = random.Random(1)
+    for _ in range(50):
+        items = _random_items(rng)
+        assert _typed(config_record(items)) == _typed(ConfigRecord(items))
+    for bad in INVALID:
+        with pytest.raises(TypeError):
+            config_record({"a": bad})
+
+
 def test_context_bytes_are_flowers():
     rng = random.Random(1)
     for _ in range(200):

@@ -111,7 +111,7 @@ _STAGE_AUDITED = "audited"
 _STAGE_CLOSED = "closed"
 _SESSION = "session"
 _LEDGER_ROSTER = "ledger-roster"
-"""The roster's node ids in PASS-index order (big-endian uint64 words), received with the share request, for the release ledger."""
+"""The roster's node ids in PASS-index order (big-endian uint64 words), from the share request, for the ledger."""
 _KEPT_AFTER_CLOSE = ("session", "stage")
 """What a closed PASS state keeps: enough to refuse a second session in the same run."""
 _CLOSED_PASS_STAGE = 99

@@ -13,10 +13,11 @@ The same holds for a node's ``Context`` (:func:`context_to_bytes` gives ``contex
 for Flower's wire format, the object tree of a message (:func:`deflate_message` gives what Flower's grids
 push, deflating each object once; :func:`inflate_message` reads it back as Flower does).
 
-Flower is pinned (``constraints.txt``); this module uses some of its internals (the record's storage
-``record.__dict__["_data"]``, set by Flower's ``TypedDict`` and checked on import, so a Flower that changes
-it fails loudly; ``_record_value_to_proto`` and ``_get_computed_object_ids``). ``tests/test_market_records.py``
-compares every function here with Flower's own on random records, contexts and messages.
+Flower is pinned (``constraints.txt``); this module uses some of its internals: the record's storage
+``record.__dict__["_data"]``, set by Flower's ``TypedDict`` and checked on import (a Flower that changes it gets
+Flower's own ``record[key] = value``, :data:`FAST_STORAGE`), ``_record_value_to_proto`` and
+``_get_computed_object_ids``. ``tests/test_market_records.py`` compares every function here with Flower's own
+on random records, contexts and messages.
 """
 
 from __future__ import annotations
@@ -87,8 +88,10 @@ def _data(record: ConfigRecord) -> dict[str, Any]:
     return record.__dict__["_data"]
 
 
-if not isinstance(ConfigRecord().__dict__.get("_data"), dict):  # pragma: no cover - a Flower we do not know
-    raise ImportError("flwr's ConfigRecord no longer keeps its items in __dict__['_data']: update market/records.py")
+FAST_STORAGE = isinstance(ConfigRecord().__dict__.get("_data"), dict)
+"""Whether this Flower keeps a record's items in ``__dict__['_data']`` (1.41 does). If a later Flower does not,
+:func:`set_values` takes Flower's own ``record[key] = value``: slower, never broken (the market's client and server
+use nothing else here; the in-process grid's serialisers need the storage)."""
 
 
 def check_value(key: object, value: object) -> None:
@@ -115,6 +118,10 @@ def config_record(values: Mapping[str, Any]) -> ConfigRecord:
 
 def set_values(record: ConfigRecord, values: Mapping[str, Any]) -> None:
     """``record[key] = value`` for every item, with Flower's checks made once per item."""
+    if not FAST_STORAGE:
+        for key, value in values.items():
+            record[key] = value
+        return
     data = _data(record)
     for key, value in values.items():
         check_value(key, value)
