@@ -175,9 +175,9 @@ def default(name: str) -> Scalar:
     return _BY_NAME[name].default
 
 
-def default_as(name: str, kind: type[ScalarType]) -> ScalarType:
-    """The default of key ``name``, which must be a ``kind`` (for typed dataclass fields)."""
-    value = _BY_NAME[name].default
+def default_as(name: str, kind: type[ScalarType], overrides: Mapping[str, Scalar] | None = None) -> ScalarType:
+    """The default of key ``name`` (``overrides[name]`` if given there), which must be a ``kind`` (typed fields)."""
+    value = overrides[name] if overrides is not None and name in overrides else _BY_NAME[name].default
     if type(value) is not kind:
         raise TypeError(f"run-config key {name}: default {value!r} is not a {kind.__name__}")
     return cast(ScalarType, value)

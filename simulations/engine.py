@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -107,34 +107,6 @@ SWEEP_DEFAULTS: dict[str, Scalar] = {
 """The app keys whose engine default differs from the app's (:mod:`flmarket_flwr.run_config`): the sweeps'
 protocol (digits_xl, a cohort of 10, fixed local steps at batch 32 until the plateau, on the CPU)."""
 
-APP_KEY_OF_FIELD: dict[str, str] = {
-    "dataset": "dataset",
-    "data_root": "data-root",
-    "test_per_class": "test-per-class",
-    "val_per_class": "val-per-class",
-    "model": "model",
-    "distribution": "distribution",
-    "schedule": "schedule",
-    "alpha": "alpha",
-    "seed": "seed",
-    "selector": "selector",
-    "num_selected": "num-selected",
-    "budget": "budget",
-    "neighbours": "neighbours",
-    "audit_winners": "audit-winners",
-    "cost_low": "cost-low",
-    "cost_high": "cost-high",
-    "bid_markup": "bid-markup",
-    "rounds": "num-server-rounds",
-    "local_epochs": "local-epochs",
-    "batch_size": "batch-size",
-    "learning_rate": "learning-rate",
-    "momentum": "momentum",
-    "device": "device",
-    "torch_threads": "torch-threads",
-}
-"""The :class:`EngineConfig` fields that are app keys (their types, defaults and checks are the app's)."""
-
 ENGINE_IGNORES = frozenset(
     {"market-timeout", "wait-for-nodes-timeout", "round-timeout", "results-dir", "run-name", "train-log-dir"}
 )
@@ -147,10 +119,7 @@ JOB_IDENTITY = ("selector", "dataset", "model", "distribution", "num_clients", "
 
 def _default(app_key: str, kind: type[ScalarType]) -> ScalarType:
     """The engine's default of an app key: :data:`SWEEP_DEFAULTS`, else the app's."""
-    value = SWEEP_DEFAULTS[app_key] if app_key in SWEEP_DEFAULTS else default_as(app_key, kind)
-    if type(value) is not kind:
-        raise TypeError(f"engine default of {app_key}: {value!r} is not a {kind.__name__}")
-    return cast(ScalarType, value)
+    return default_as(app_key, kind, SWEEP_DEFAULTS)
 
 
 @dataclass(frozen=True)
@@ -248,6 +217,13 @@ class EngineConfig:  # pylint: disable=too-many-instance-attributes
             raise ValueError("rounds and final_window must be >= 1")
         if self.min_rounds and not 2 * self.final_window <= self.min_rounds <= self.rounds:
             raise ValueError("min_rounds must be 0 or lie in [2 * final_window, rounds]")
+
+
+APP_KEY_OF_FIELD: dict[str, str] = {
+    "rounds": "num-server-rounds",
+    **{item.name: key for item in fields(EngineConfig) if (key := item.name.replace("_", "-")) in DEFAULTS},
+}
+"""The :class:`EngineConfig` fields that are app keys (their types, defaults and checks are the app's)."""
 
 
 @dataclass(frozen=True, eq=False)

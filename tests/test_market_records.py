@@ -61,7 +61,14 @@ def _random_items(rng: random.Random) -> dict:
     return {f"k{j}": rng.choice(VALUES) for j in range(rng.randint(0, 8))}
 
 
-def test_config_record_equals_flowers_and_refuses_what_it_refuses():
+@pytest.mark.parametrize("fast_storage", [True, False], ids=["flower-1.41-storage", "a-flower-without-it"])
+def test_config_record_equals_flowers_and_refuses_what_it_refuses(
+    fast_storage: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same record, same refusals as Flower's; with ``FAST_STORAGE`` off (a later Flower) through Flower's own path."""
+    from flmarket_flwr.market import records
+
+    monkeypatch.setattr(records, "FAST_STORAGE", fast_storage)
     rng = random.Random(0)
     for _ in range(200):
         items = _random_items(rng)
@@ -76,20 +83,6 @@ def test_config_record_equals_flowers_and_refuses_what_it_refuses():
             set_values(record, {"a": bad})
     with pytest.raises(TypeError):
         config_record({1: 2})  # type: ignore[dict-item]
-
-
-def test_a_flower_without_the_known_storage_gets_flowers_own_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With ``FAST_STORAGE`` off (a later Flower) the records are Flower's own, with Flower's own refusals."""
-    from flmarket_flwr.market import records
-
-    monkeypatch.setattr(records, "FAST_STORAGE", False)
-    rng = random.Random(1)
-    for _ in range(50):
-        items = _random_items(rng)
-        assert _typed(config_record(items)) == _typed(ConfigRecord(items))
-    for bad in INVALID:
-        with pytest.raises(TypeError):
-            config_record({"a": bad})
 
 
 def test_context_bytes_are_flowers():
