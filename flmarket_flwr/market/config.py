@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory
+from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, SkellamNoise
 
 __all__ = ["DEFAULT_COUNT_BOUND", "MarketConfig", "MarketOutcome"]
 
@@ -66,6 +66,11 @@ class MarketConfig:
         Whether each winner must open its PASS counts commitment to the buyer, so that a false
         score is caught before anyone is paid. Winners then disclose their counts to the buyer
         (losers never do); with ``False`` every score is the client's word (see the threat model).
+    noise : SkellamNoise, optional
+        Distributed differential privacy on ``N_s`` (:mod:`flmarket_flwr.pass_protocol.noise`): the clients
+        add Skellam noise before masking (their own setting, :func:`register_market_handlers`'s ``noise``;
+        set both the same). Here it widens the bound checks by the noise's tail, and ``N_s`` is clipped
+        below at 0 before it is scored. ``None`` (default): exact counts.
     """
 
     budget: float
@@ -82,6 +87,7 @@ class MarketConfig:
     neighbours: int | str = "auto"
     directory: IdentityDirectory | None = None
     audit_winners: bool = True
+    noise: SkellamNoise | None = None
 
     def __post_init__(self) -> None:
         """Validate every field."""
@@ -103,6 +109,13 @@ class MarketConfig:
             check_int("neighbours", self.neighbours, minimum=2)
         if not isinstance(self.audit_winners, bool):
             raise TypeError(f"audit_winners must be a bool, got {type(self.audit_winners).__name__}")
+        if self.noise is not None and not isinstance(self.noise, SkellamNoise):
+            raise TypeError(f"noise must be a SkellamNoise or None, got {type(self.noise).__name__}")
+
+    @property
+    def noise_tolerance(self) -> int:
+        """How far the noise may move a class of ``N_s`` in the bound checks (0 without noise)."""
+        return 0 if self.noise is None else self.noise.tail_bound()
 
 
 @dataclass

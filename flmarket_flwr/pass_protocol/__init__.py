@@ -72,6 +72,7 @@ from flmarket_flwr.pass_protocol.identity import (
     verify_share_ciphertext,
     verify_survivor_set,
 )
+from flmarket_flwr.pass_protocol.noise import SkellamNoise
 from flmarket_flwr.pass_protocol.primitives import (
     COUNT_LIMIT,
     MASK_DTYPE,
@@ -117,6 +118,7 @@ from flmarket_flwr.pass_protocol.shamir import (
 )
 
 __all__ = [
+    "SkellamNoise",
     "COUNT_LIMIT",
     "MASK_DTYPE",
     "MIN_PARTICIPANTS",
