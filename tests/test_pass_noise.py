@@ -209,3 +209,29 @@ def test_a_noisy_market_runs_end_to_end_and_its_winners_pass_the_audit() -> None
     assert np.all(np.asarray(outcome.global_counts) >= 0)
     assert np.max(np.abs(np.asarray(outcome.global_counts) - exact)) <= noise.tail_bound()
     assert outcome.global_counts != exact.tolist()
+
+
+def test_the_apps_clients_add_the_run_configs_noise_and_a_node_ceiling_refuses_a_larger_epsilon() -> None:
+    """The Flower app path: ``pass-dp-epsilon`` in the run config; ``pass-dp-max-epsilon`` in a node's config."""
+    from flmarket_flwr.client_app import build_client_app
+    from flmarket_flwr.run_config import market_noise
+
+    nodes = [101, 202, 303, 404, 505]
+    configs = {node: {"partition-id": i, "num-partitions": len(nodes)} for i, node in enumerate(nodes)}
+
+    def outcome(run_config: dict[str, float], ceiling: float = 0.0):  # type: ignore[no-untyped-def]
+        node_configs = {node: dict(config) for node, config in configs.items()}
+        node_configs[505]["pass-dp-max-epsilon"] = ceiling
+        grid = InProcessGrid(build_client_app(run_config), nodes, node_configs=node_configs)
+        noise = market_noise(run_config.get("pass-dp-epsilon", 0.0), 1e-6, 0.5)
+        return MarketPhase(market_config(budget=10_000.0, noise=noise)).run(grid)
+
+    exact = outcome({})
+    noisy = outcome({"pass-dp-epsilon": 1.0})
+    assert noisy.pass_participants == nodes and noisy.winners and not noisy.excluded
+    assert noisy.global_counts != exact.global_counts
+    deviation = np.abs(np.subtract(noisy.global_counts, exact.global_counts))
+    assert deviation.max() <= SkellamNoise(1.0).tail_bound()
+    refused = outcome({"pass-dp-epsilon": 1.0}, ceiling=0.5)
+    assert 505 in refused.excluded and refused.excluded[505].startswith("market_mask")
+    assert refused.pass_participants == nodes[:-1]
