@@ -26,7 +26,8 @@ The client enforces its own disclosure rules, whatever the server asks:
   itself, it reveals (once) the one-use sealing key of its ciphertext to each accuser, which opens
   what that accuser was sent and nothing else, and with a directory only on a signed accusation;
 * it bids once, for the session whose sum it took part in, with that session's ``E`` and
-  transcript hash; a global count below its own is refused;
+  transcript hash; a global count below its own is refused (with ``noise``: below its own by more than
+  the noise's tail);
 * private key material lives only in ``context.state`` and is deleted once it has masked (the seal
   seed of its one-use sealing keys at unmask), on every refusal, and at the award (which the server
   sends to every node it contacted);
