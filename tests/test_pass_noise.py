@@ -235,3 +235,43 @@ def test_the_apps_clients_add_the_run_configs_noise_and_a_node_ceiling_refuses_a
     refused = outcome({"pass-dp-epsilon": 1.0}, ceiling=0.5)
     assert 505 in refused.excluded and refused.excluded[505].startswith("market_mask")
     assert refused.pass_participants == nodes[:-1]
+
+
+def test_a_noisy_market_with_a_client_dropping_at_the_mask_step_finishes_over_the_survivors() -> None:
+    """The dropped client's masks are recovered from shares; its noise is simply not in the sum."""
+    counts = make_counts(8, seed=4, high=60)
+    leaver = sorted(counts)[2]
+    noise = seeded(400)
+
+    def drop(instruction, reply):  # type: ignore[no-untyped-def]
+        dst, kind = instruction.metadata.dst_node_id, instruction.metadata.message_type
+        return None if dst == leaver and kind == "query.market_mask" else reply
+
+    grid = InProcessGrid(noisy_app(counts, noise), list(counts), reply_hook=drop)
+    outcome = MarketPhase(market_config(noise=noise, budget=10**6, timeout=0.5)).run(grid)
+    survivors = [n for n in counts if n != leaver]
+    assert outcome.pass_participants == sorted(survivors) and outcome.winners
+    exact = np.sum([counts[n] for n in survivors], axis=0)
+    assert np.max(np.abs(np.asarray(outcome.global_counts) - exact)) <= noise.tail_bound()
+
+
+@pytest.mark.parametrize("poison", [2**60, 2**63, 2**64 - 10**6])
+def test_with_noise_on_a_poisoned_sum_is_still_refused_above_and_below(poison: int) -> None:
+    """Signed decoding: a poison that wraps the class below zero is refused as surely as one far above."""
+    from flmarket_flwr.market import MarketError
+
+    counts = make_counts(6, seed=8)
+    attacker = sorted(counts)[1]
+    noise = seeded(500)
+
+    def add_poison(instruction, reply):  # type: ignore[no-untyped-def]
+        if instruction.metadata.dst_node_id == attacker and instruction.metadata.message_type == "query.market_mask":
+            record = reply.content.config_records["flmarket"]
+            words = np.frombuffer(record["masked_counts"], dtype="<u8").astype(np.uint64)
+            words[0] += np.uint64(poison)
+            record["masked_counts"] = words.astype("<u8").tobytes()
+        return reply
+
+    grid = InProcessGrid(noisy_app(counts, noise), list(counts), reply_hook=add_poison)
+    with pytest.raises(MarketError, match="exceeds count_bound"):
+        MarketPhase(market_config(noise=noise, budget=10**6)).run(grid)

@@ -135,7 +135,8 @@ class MarketOutcome:
     budget : float
         The budget ``R``.
     global_counts : list[int]
-        ``N_s``, the per-class label counts summed over the PASS survivors.
+        ``N_s``, the per-class label counts summed over the PASS survivors (with :attr:`MarketConfig.noise`:
+        plus the clients' noise, clipped below at 0).
     excluded : dict[int, str]
         Node id -> reason, for every node left out at some step.
     timings : dict[str, float]
