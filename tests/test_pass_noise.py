@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from itertools import count
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from scipy.stats import skellam
 
 from flmarket_flwr.market import CostBasedBid, MarketPhase, register_market_handlers
 from flmarket_flwr.market.inprocess import InProcessGrid
+from flmarket_flwr.market.ledger import ReleaseLedger
 from flmarket_flwr.pass_protocol import PassClient, PassServer, SkellamNoise
 from flmarket_flwr.pass_protocol.noise import skellam_epsilon, skellam_rdp, skellam_variance_for
 
@@ -137,10 +139,15 @@ def test_a_negative_sum_decodes_signed_and_a_sum_beyond_the_slack_is_refused() -
 # --- The differencing attacks with noise on -------------------------------------------------------------
 
 
-def noisy_app(counts: Mapping[int, np.ndarray], noise: SkellamNoise) -> ClientApp:
+def noisy_app(counts: Mapping[int, np.ndarray], noise: SkellamNoise, ledgers: Path | None = None) -> ClientApp:
+    """Market handlers adding ``noise``; with ``ledgers``, node ``n`` keeps a release ledger in ``ledgers/<n>``."""
     app = ClientApp()
     register_market_handlers(
-        app, lambda context: counts[context.node_id], CostBasedBid(0.01), noise=lambda context: noise
+        app,
+        lambda context: counts[context.node_id],
+        CostBasedBid(0.01),
+        noise=lambda context: noise,
+        release_ledger=(lambda context: ReleaseLedger(ledgers / str(context.node_id))) if ledgers else None,
     )
     return app
 
@@ -151,8 +158,10 @@ def seeded(seed: int) -> SkellamNoise:
     return SkellamNoise(1.0, 1e-6, rng=lambda: np.random.default_rng(next(seeds)))
 
 
-def market(counts: Mapping[int, np.ndarray], noise: SkellamNoise, run_id: int):  # type: ignore[no-untyped-def]
-    grid = InProcessGrid(noisy_app(counts, noise), list(counts), run_id=run_id)
+def market(  # type: ignore[no-untyped-def]
+    counts: Mapping[int, np.ndarray], noise: SkellamNoise, run_id: int, ledgers: Path | None = None
+):
+    grid = InProcessGrid(noisy_app(counts, noise, ledgers), list(counts), run_id=run_id)
     return MarketPhase(market_config(noise=noise, budget=10**6)).run(grid)
 
 
@@ -167,14 +176,16 @@ def test_two_markets_differenced_no_longer_give_the_victims_counts() -> None:
     assert with_victim.winners  # the market still selects
 
 
-def test_three_runs_over_a_partition_no_longer_isolate_a_client() -> None:
+def test_three_runs_over_a_partition_no_longer_isolate_a_client(tmp_path: Path) -> None:
+    """``test_adversarial_runs.py``'s attack, every node keeping a release ledger (which passes all three runs)."""
     counts = make_counts(7, seed=29)
     victim, *rest = sorted(counts)
     x, y = rest[:3], rest[3:]
     noise = seeded(200)
-    first = market({n: counts[n] for n in x}, noise, run_id=1)
-    second = market({n: counts[n] for n in y}, noise, run_id=2)
-    third = market(counts, noise, run_id=3)
+    first = market({n: counts[n] for n in x}, noise, run_id=1, ledgers=tmp_path)
+    second = market({n: counts[n] for n in y}, noise, run_id=2, ledgers=tmp_path)
+    third = market(counts, noise, run_id=3, ledgers=tmp_path)
+    assert third.pass_participants == sorted(counts)  # the ledgers released all three sums
     difference = np.subtract(np.subtract(third.global_counts, first.global_counts), second.global_counts)
     assert not np.array_equal(difference, counts[victim])
 
@@ -268,10 +279,22 @@ def test_with_noise_on_a_poisoned_sum_is_still_refused_above_and_below(poison: i
         if instruction.metadata.dst_node_id == attacker and instruction.metadata.message_type == "query.market_mask":
             record = reply.content.config_records["flmarket"]
             words = np.frombuffer(record["masked_counts"], dtype="<u8").astype(np.uint64)
-            words[0] += np.uint64(poison)
+            with np.errstate(over="ignore"):  # the ring wraps, as the attacker means it to
+                words[0] += np.uint64(poison)
             record["masked_counts"] = words.astype("<u8").tobytes()
         return reply
 
     grid = InProcessGrid(noisy_app(counts, noise), list(counts), reply_hook=add_poison)
     with pytest.raises(MarketError, match="exceeds count_bound"):
         MarketPhase(market_config(noise=noise, budget=10**6)).run(grid)
+
+
+def test_the_server_apps_market_takes_the_noise_from_the_run_config() -> None:
+    from flmarket_flwr.server_app import ServerSettings, _market_config, data_config_of
+
+    def noise_of(run_config: dict[str, float]) -> SkellamNoise | None:
+        settings = ServerSettings.from_run_config(run_config)
+        return _market_config(settings, data_config_of(run_config), 5, run_id=1).noise
+
+    assert noise_of({}) is None
+    assert noise_of({"pass-dp-epsilon": 2.0, "pass-dp-delta": 1e-7}) == SkellamNoise(2.0, 1e-7, 0.5)
