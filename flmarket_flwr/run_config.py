@@ -140,6 +140,8 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
            "server"),
     AppKey("identity-directory", "", 'path of the buyer\'s directory of client identity keys (JSON); "" for none',
            "server"),
+    AppKey("roster-history", "", "path of the buyer's record of its markets' members (JSON): each market leaves out "
+           'the few clients the nodes\' release ledgers would refuse it for; "" for none', "server"),
     AppKey("settle-on-delivery", False, "true: each winner is paid pro rata to the rounds it delivered", "server"),
     # Training: FedAvg over the winners.
     AppKey("model", "digits_cnn", "digits_cnn | resnet56 | deap_cnn | fmnist_cnn", "both", _model_ok,

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from flmarket_flwr.market.ledger import RosterHistory
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory
 
 __all__ = ["DEFAULT_COUNT_BOUND", "MarketConfig", "MarketOutcome"]
@@ -66,6 +67,11 @@ class MarketConfig:
         Whether each winner must open its PASS counts commitment to the buyer, so that a false
         score is caught before anyone is paid. Winners then disclose their counts to the buyer
         (losers never do); with ``False`` every score is the client's word (see the threat model).
+    roster_history : RosterHistory, optional
+        The buyer's record of its earlier markets' PASS members. With it the market leaves out, before PASS,
+        the few connected clients whose presence would let this sum be differenced with an earlier one to
+        fewer than ``min_roster_change`` clients (:func:`~flmarket_flwr.market.ledger.plan_roster`: the
+        clients' release ledgers would refuse the whole market), and records its own members after PASS.
     """
 
     budget: float
@@ -82,6 +88,7 @@ class MarketConfig:
     neighbours: int | str = "auto"
     directory: IdentityDirectory | None = None
     audit_winners: bool = True
+    roster_history: RosterHistory | None = None
 
     def __post_init__(self) -> None:
         """Validate every field."""
@@ -103,6 +110,8 @@ class MarketConfig:
             check_int("neighbours", self.neighbours, minimum=2)
         if not isinstance(self.audit_winners, bool):
             raise TypeError(f"audit_winners must be a bool, got {type(self.audit_winners).__name__}")
+        if self.roster_history is not None and not isinstance(self.roster_history, RosterHistory):
+            raise TypeError(f"roster_history must be a RosterHistory, got {type(self.roster_history).__name__}")
 
 
 @dataclass
