@@ -143,6 +143,8 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
            "server"),
     AppKey("identity-directory", "", 'path of the buyer\'s directory of client identity keys (JSON); "" for none',
            "server"),
+    AppKey("roster-history", "", "path of the buyer's record of its markets' members (JSON): each market leaves out "
+           'the few clients the nodes\' release ledgers would refuse it for; "" for none', "server"),
     AppKey("settle-on-delivery", False, "true: each winner is paid pro rata to the rounds it delivered", "server"),
     AppKey("pass-dp-epsilon", 0.0, "distributed DP on N_s: record-level epsilon per market, 0 = off (exact N_s)",
            "both", lambda value: 0.0 <= value < math.inf, ">= 0 and finite (0: off)"),

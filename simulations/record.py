@@ -11,7 +11,21 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["TIMING_KEYS", "job_record"]
+__all__ = ["IMBALANCED", "PRE_TRAINING_SELECTORS", "SELECTOR_LABELS", "TIMING_KEYS", "job_record"]
+
+PRE_TRAINING_SELECTORS = ("flmarket", "rs", "qbs", "dice", "dds")
+"""The selectors a record may name that choose clients before training (the paper's comparison)."""
+SELECTOR_LABELS = {
+    "flmarket": "FLMarket",
+    "rs": "RS",
+    "qbs": "QBS",
+    "dice": "DICE",
+    "dds": "DDS",
+    "sfedavg": "S-FedAvg",
+}
+"""How the reports name each selector."""
+IMBALANCED = ("d4", "d5", "d6")
+"""The distributions the paper singles out (its 81% on D4-D6)."""
 
 TIMING_KEYS = ("job_wall_s", "selection_s", "training_s", "server_app_s", "overhead_s")
 """The timings every record carries, in seconds."""

@@ -36,16 +36,8 @@ from typing import Any
 
 import numpy as np
 
-PRE_TRAINING_SELECTORS = ("flmarket", "rs", "qbs", "dice", "dds")
-SELECTOR_LABELS = {
-    "flmarket": "FLMarket",
-    "rs": "RS",
-    "qbs": "QBS",
-    "dice": "DICE",
-    "dds": "DDS",
-    "sfedavg": "S-FedAvg",
-}
-IMBALANCED = ("d4", "d5", "d6")
+from simulations.record import IMBALANCED, PRE_TRAINING_SELECTORS, SELECTOR_LABELS
+from simulations.sweep_report import build_sweep_report, is_engine_sweep
 
 Grouped = dict["Setting", dict[str, list[dict[str, Any]]]]
 
@@ -419,8 +411,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--command", default=None, help="the command that regenerates the sweep, quoted in REPORT.md")
     args = parser.parse_args(argv)
-    from simulations.sweep_report import build_sweep_report, is_engine_sweep  # pylint: disable=import-outside-toplevel
-
     results = load_results(args.sweeps)
     if is_engine_sweep(results):  # an in-process engine sweep: the statistics report
         report = build_sweep_report(results, args.out, args.command)

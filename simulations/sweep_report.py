@@ -32,9 +32,9 @@ import numpy as np
 
 from flmarket_flwr.pricing.selectors import DDS_DIVERSITY_WEIGHT, DICE_VOLUME_WEIGHT
 from simulations import stats
-from simulations.report import IMBALANCED
-from simulations.report import PRE_TRAINING_SELECTORS as SELECTORS
-from simulations.report import SELECTOR_LABELS as LABELS
+from simulations.record import IMBALANCED
+from simulations.record import PRE_TRAINING_SELECTORS as SELECTORS
+from simulations.record import SELECTOR_LABELS as LABELS
 
 __all__ = [
     "CO_PRIMARY_BIDS",

@@ -19,7 +19,7 @@ from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import CostBasedBid, MarketError, MarketPhase, register_market_handlers
 from flmarket_flwr.market.inprocess import InProcessGrid
-from flmarket_flwr.market.ledger import LEDGER_FILE, ReleaseLedger, isolates_a_small_group, plan_roster
+from flmarket_flwr.market.ledger import LEDGER_FILE, ReleaseLedger, RosterHistory, isolates_a_small_group
 from flmarket_flwr.market.messages import KEY_ROSTER_NODE_IDS, KEY_ROSTER_WANTED, RECORD_KEY
 from flmarket_flwr.pass_protocol import IdentityDirectory, PassServer, generate_identity
 
@@ -246,21 +246,54 @@ def test_the_apps_clients_keep_the_ledger_named_by_their_node_config(tmp_path: P
 
 
 def test_a_buyer_that_plans_its_roster_gets_run_two_released_over_fewer_clients(tmp_path: Path) -> None:
-    """The honest buyer's side: ``plan_roster`` over its earlier markets' members leaves two more clients out."""
-
-    class PlannedMarket(MarketPhase):
-        earlier: list[list[int]] = []
-
-        def wait_for_nodes(self, grid):  # type: ignore[no-untyped-def]
-            return plan_roster(super().wait_for_nodes(grid), self.earlier)
-
+    """The honest buyer's side: with a roster history, run 2 leaves out the victim's group of 3, not the market."""
     counts = make_counts(8, seed=30)
     victim = sorted(counts)[0]
-    app, _ = ledger_app(counts, tmp_path)
-    first = PlannedMarket(market_config()).run(InProcessGrid(app, list(counts), run_id=1))
-    PlannedMarket.earlier.append(first.pass_participants)
+    app, _ = ledger_app(counts, tmp_path / "nodes")
+    history = RosterHistory(tmp_path / "buyer" / "history.json")
+    first = MarketPhase(market_config(roster_history=history)).run(InProcessGrid(app, list(counts), run_id=1))
+    assert history.releases() == [frozenset(first.pass_participants)]
     others = [n for n in counts if n != victim]
-    second = PlannedMarket(market_config()).run(InProcessGrid(app, others, run_id=2))
+    phase = MarketPhase(market_config(roster_history=history))
+    second = phase.run(InProcessGrid(app, others, run_id=2))
     assert len(second.pass_participants) == len(others) - 2  # the victim and two more: a group of 3
+    left_out = sorted(set(others) - set(second.pass_participants))
+    assert all(phase._excluded[node].startswith("roster: sits out") for node in left_out)
     assert second.global_counts == total({n: counts[n] for n in second.pass_participants})
     assert not isolates_a_small_group(frozenset(first.pass_participants), frozenset(second.pass_participants), 3)
+    assert history.releases() == [frozenset(first.pass_participants), frozenset(second.pass_participants)]
+    for node in left_out:  # they were sent nothing: their ledgers still hold run 1 only
+        assert [r.run_id for r in ReleaseLedger(tmp_path / "nodes" / str(node)).records()] == [1]
+
+
+def test_without_a_roster_history_the_same_run_two_is_refused(tmp_path: Path) -> None:
+    """The history is what turns the refusal into clients left out (the same nodes and ledgers as above)."""
+    counts = make_counts(8, seed=30)
+    app, _ = ledger_app(counts, tmp_path)
+    run(app, counts, run_id=1)
+    with pytest.raises(MarketError):
+        run(app, {n: c for n, c in counts.items() if n != sorted(counts)[0]}, run_id=2)
+
+
+def test_an_unreadable_roster_history_stops_the_market_before_any_message(tmp_path: Path) -> None:
+    counts = make_counts(5, seed=31)
+    app, _ = ledger_app(counts, tmp_path / "nodes")
+    path = tmp_path / "history.json"
+    path.write_text("{not json", encoding="utf-8")
+    grid = InProcessGrid(app, list(counts), run_id=1)
+    with pytest.raises(MarketError, match="roster history .*history.json is unreadable"):
+        MarketPhase(market_config(roster_history=RosterHistory(path))).run(grid)
+    for node in counts:  # nobody was asked for anything, so nobody recorded a release
+        assert ReleaseLedger(tmp_path / "nodes" / str(node)).records() == []
+
+
+def test_the_server_app_reads_the_roster_history_from_the_run_config(tmp_path: Path) -> None:
+    from flmarket_flwr.server_app import ServerSettings, _market_config
+    from flmarket_flwr.task import DataConfig
+
+    path = tmp_path / "history.json"
+    settings = ServerSettings.from_run_config({"roster-history": str(path)})
+    config = _market_config(settings, DataConfig.from_run_config({}), num_nodes=5, run_id=1)
+    assert isinstance(config.roster_history, RosterHistory) and config.roster_history.path == path
+    default = _market_config(ServerSettings.from_run_config({}), DataConfig.from_run_config({}), 5, 1)
+    assert default.roster_history is None

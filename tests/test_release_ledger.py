@@ -23,6 +23,7 @@ from flmarket_flwr.market.ledger import (
     LedgerError,
     ReleaseLedger,
     ReleaseRefused,
+    RosterHistory,
     isolates_a_small_group,
     plan_roster,
 )
@@ -247,3 +248,55 @@ def test_plan_roster_leaves_out_a_few_instead_of_losing_the_market() -> None:
     assert plan_roster(range(3, 9), [range(6)]) == list(range(3, 9))  # 3 left, 3 joined: as is
     assert plan_roster(range(1, 3), []) == []
     assert plan_roster(range(10, 20), [range(3)], 5) == list(range(10, 20))  # disjoint: no ledger compares them
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.frozensets(st.integers(0, 11), min_size=3, max_size=12), min_size=1, max_size=6), st.integers(1, 4))
+def test_markets_planned_through_a_roster_history_are_refused_by_no_node(presences: list, d: int) -> None:
+    """Churn: each market plans its roster from the history of the ones before; no node ever has cause to refuse."""
+    with tempfile.TemporaryDirectory() as folder:
+        history = RosterHistory(Path(folder) / "history.json", min_roster_change=d)
+        released: dict[int, list[frozenset[int]]] = {}  # each node's own ledger, as member sets
+        for present in presences:
+            roster = frozenset(history.plan(present))
+            assert roster <= present
+            for node in roster:
+                assert not any(isolates_a_small_group(earlier, roster, d) for earlier in released.get(node, []))
+            if roster:
+                history.record(roster)
+                for node in roster:
+                    released.setdefault(node, []).append(roster)
+        assert history.releases() == _planned(presences, d)
+
+
+def _planned(presences: list, d: int) -> list[frozenset[int]]:
+    """The same plans made with ``plan_roster`` alone (consecutive repeats recorded once)."""
+    releases: list[frozenset[int]] = []
+    for present in presences:
+        roster = frozenset(plan_roster(present, releases, d))
+        if roster and (not releases or releases[-1] != roster):
+            releases.append(roster)
+    return releases
+
+
+def test_a_roster_history_is_private_to_its_owner_and_records_a_repeat_once(tmp_path: Path) -> None:
+    history = RosterHistory(tmp_path / "buyer" / "history.json")
+    assert history.releases() == [] and history.plan([5, 6, 7]) == [5, 6, 7]
+    history.record([7, 5, 6])
+    history.record([5, 6, 7])
+    assert history.releases() == [frozenset({5, 6, 7})]
+    assert stat.S_IMODE(os.stat(history.path).st_mode) == 0o600
+    assert [p.name for p in history.path.parent.iterdir() if p.suffix == ".tmp"] == []
+    assert history.plan([5, 6]) == []  # one left: a group of 1, so nobody (fewer than 3 would be left anyway)
+
+
+@pytest.mark.parametrize(
+    "content",
+    ['{"version": 1, "releases": [[1, "2"]]}', '{"version": 2, "releases": []}', "[]", "{"],
+    ids=["not-an-id", "version", "not-an-object", "not-json"],
+)
+def test_a_corrupt_roster_history_is_an_error_naming_the_file(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "history.json"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(LedgerError, match=f"roster history {path} is unreadable"):
+        RosterHistory(path).plan([1, 2, 3])

@@ -25,7 +25,7 @@ from flmarket_flwr.market.delivery import DeliveryLedger, DeliveryRecord
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.grid_view import NoWinnerConnectedError, WinnersGrid
 from flmarket_flwr.market.labels import label_counts
-from flmarket_flwr.market.ledger import ReleaseLedger, plan_roster
+from flmarket_flwr.market.ledger import ReleaseLedger, RosterHistory, plan_roster
 from flmarket_flwr.market.server import MarketPhase
 from flmarket_flwr.market.strategy import FLMarket
 
@@ -45,6 +45,7 @@ __all__ = [
     "NoBidError",
     "NoWinnerConnectedError",
     "ReleaseLedger",
+    "RosterHistory",
     "SimulatedCostBid",
     "WinnersGrid",
     "label_counts",

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from flmarket_flwr.market.ledger import RosterHistory
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, SkellamNoise
 
 __all__ = ["DEFAULT_COUNT_BOUND", "MarketConfig", "MarketOutcome"]
@@ -71,6 +72,11 @@ class MarketConfig:
         add Skellam noise before masking (their own setting, :func:`register_market_handlers`'s ``noise``;
         set both the same). Here it widens the bound checks by the noise's tail, and ``N_s`` is clipped
         below at 0 before it is scored. ``None`` (default): exact counts.
+    roster_history : RosterHistory, optional
+        The buyer's record of its earlier markets' PASS members. With it the market leaves out, before PASS,
+        the few connected clients whose presence would let this sum be differenced with an earlier one to
+        fewer than ``min_roster_change`` clients (:func:`~flmarket_flwr.market.ledger.plan_roster`: the
+        clients' release ledgers would refuse the whole market), and records its own members after PASS.
     """
 
     budget: float
@@ -88,6 +94,7 @@ class MarketConfig:
     directory: IdentityDirectory | None = None
     audit_winners: bool = True
     noise: SkellamNoise | None = None
+    roster_history: RosterHistory | None = None
 
     def __post_init__(self) -> None:
         """Validate every field."""
@@ -111,6 +118,8 @@ class MarketConfig:
             raise TypeError(f"audit_winners must be a bool, got {type(self.audit_winners).__name__}")
         if self.noise is not None and not isinstance(self.noise, SkellamNoise):
             raise TypeError(f"noise must be a SkellamNoise or None, got {type(self.noise).__name__}")
+        if self.roster_history is not None and not isinstance(self.roster_history, RosterHistory):
+            raise TypeError(f"roster_history must be a RosterHistory, got {type(self.roster_history).__name__}")
 
     @property
     def noise_tolerance(self) -> int:

@@ -13,6 +13,9 @@ releases at all.
 Writes are atomic (a temporary file, ``fsync``, ``os.replace``) and serialised between processes by a lock
 file; the record is written *before* the release (write-ahead), so a crash never loses one. A ledger that
 cannot be read or written fails closed: :class:`LedgerError` naming the file, and the node releases nothing.
+The buyer's side is :class:`RosterHistory`: the member sets of the sums its own markets released, from which
+:func:`plan_roster` leaves out the few clients whose presence would make some ledger refuse, so that a market
+under churn runs over fewer clients instead of being refused (``MarketConfig(roster_history=...)``).
 Pure Python, no Flower: the market client calls it (:func:`flmarket_flwr.market.register_market_handlers`).
 """
 
@@ -36,6 +39,7 @@ __all__ = [
     "ReleaseLedger",
     "ReleaseRecord",
     "ReleaseRefused",
+    "RosterHistory",
     "isolates_a_small_group",
     "plan_roster",
 ]
@@ -205,23 +209,9 @@ class ReleaseLedger:
         return False
 
     # --- Storage -------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
         """Hold the directory's lock file (exclusive, between processes) for one read-check-write."""
-        try:
-            import fcntl  # pylint: disable=import-outside-toplevel  (POSIX only: the ledger, not the package)
-
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            handle = open(self.directory / _LOCK_FILE, "a+b")  # noqa: SIM115 (closed below)
-        except ImportError as err:
-            raise LedgerError(f"release ledger {self.path} needs POSIX file locks (fcntl): {err}") from err
-        except OSError as err:
-            raise LedgerError(f"release ledger {self.path} cannot be opened: {err}") from err
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            yield
-        finally:
-            handle.close()  # releases the lock
+        return _locked(self.directory, _LOCK_FILE, f"release ledger {self.path}")
 
     def _read(self) -> tuple[bytes, list[ReleaseRecord]]:
         """``(salt, records)``; a missing file is an empty ledger with a fresh salt; anything else unusable fails."""
@@ -243,30 +233,119 @@ class ReleaseLedger:
         return salt, records
 
     def _write(self, salt: bytes, records: list[ReleaseRecord]) -> None:
-        """Replace the file atomically: a temporary file in the same directory, fsync, rename, fsync the directory."""
+        """Replace the file atomically (:func:`_replace_atomically`)."""
         text = json.dumps(
             {"version": _VERSION, "salt": salt.hex(), "records": [r.to_json() for r in records]}, indent=1
         )
-        temporary = None
+        _replace_atomically(self.path, text, f"release ledger {self.path}")
+
+
+class RosterHistory:
+    """The buyer's record of the member sets its markets released, to plan a roster no client's ledger refuses.
+
+    One JSON file (created with its directory, mode 0600) listing, per market, the node ids whose counts
+    were in its ``N_s`` (``MarketOutcome.pass_participants``). The buyer knows these sets anyway; the file
+    only lets it remember them across Flower runs. :meth:`plan` is :func:`plan_roster` over them: the clients
+    still check for themselves (their ledgers may hold other buyers' markets, and they trust no plan).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The history file (its directory is created if missing). A file that exists but cannot be read
+        raises :class:`LedgerError` naming it: the buyer then runs no market rather than one the clients refuse.
+    min_roster_change : int (default: 3)
+        The clients' ``market-min-roster-change``: the smallest one-sided difference between two releases.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, min_roster_change: int = DEFAULT_MIN_ROSTER_CHANGE):
+        if isinstance(min_roster_change, bool) or not isinstance(min_roster_change, int) or min_roster_change < 1:
+            raise ValueError(f"min_roster_change must be an int >= 1, got {min_roster_change!r}")
+        self.path = Path(path).expanduser()
+        self.min_roster_change = min_roster_change
+
+    def releases(self) -> list[frozenset[int]]:
+        """The member sets recorded so far, oldest first (``LedgerError`` if the file is unreadable)."""
+        with self._locked():
+            return self._read()
+
+    def plan(self, candidates: Iterable[int]) -> list[int]:
+        """The roster to run: :func:`plan_roster` of ``candidates`` against every recorded release."""
+        return plan_roster(candidates, self.releases(), self.min_roster_change)
+
+    def record(self, members: Iterable[int]) -> None:
+        """Append the member set of a sum just released (the same set as the last one is not repeated)."""
+        release = frozenset(int(node) for node in members)
+        with self._locked():
+            releases = self._read()
+            if releases and releases[-1] == release:
+                return
+            text = json.dumps({"version": _VERSION, "releases": [sorted(r) for r in [*releases, release]]})
+            _replace_atomically(self.path, text, f"roster history {self.path}")
+
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return _locked(self.path.parent, self.path.name + ".lock", f"roster history {self.path}")
+
+    def _read(self) -> list[frozenset[int]]:
+        if not self.path.exists():
+            return []
         try:
-            with tempfile.NamedTemporaryFile(
-                "w", encoding="utf-8", dir=self.directory, prefix=".release-ledger-", suffix=".tmp", delete=False
-            ) as handle:
-                temporary = Path(handle.name)
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.chmod(temporary, 0o600)
-            os.replace(temporary, self.path)
-            directory = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(directory)
-            finally:
-                os.close(directory)
-        except OSError as err:
-            if temporary is not None:
-                temporary.unlink(missing_ok=True)
-            raise LedgerError(f"release ledger {self.path} cannot be written: {err}") from err
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            if not isinstance(data, dict) or data.get("version") != _VERSION:
+                raise ValueError(f'not an object with "version": {_VERSION}')
+            releases = data["releases"]
+            if not isinstance(releases, list) or not all(
+                isinstance(r, list) and all(isinstance(n, int) and not isinstance(n, bool) for n in r) for r in releases
+            ):
+                raise ValueError('"releases" must be a list of lists of node ids')
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise LedgerError(
+                f"roster history {self.path} is unreadable ({err}): repair or move it away (the buyer cannot plan "
+                "a roster the clients' ledgers accept without it)"
+            ) from err
+        return [frozenset(r) for r in releases]
+
+
+@contextlib.contextmanager
+def _locked(directory: Path, lock_name: str, what: str) -> Iterator[None]:
+    """Hold ``directory/lock_name`` (exclusive ``flock``, between processes); ``LedgerError`` naming ``what``."""
+    try:
+        import fcntl  # pylint: disable=import-outside-toplevel  (POSIX only: the ledger, not the package)
+
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        handle = open(directory / lock_name, "a+b")  # noqa: SIM115 (closed below)
+    except ImportError as err:
+        raise LedgerError(f"{what} needs POSIX file locks (fcntl): {err}") from err
+    except OSError as err:
+        raise LedgerError(f"{what} cannot be opened: {err}") from err
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        handle.close()  # releases the lock
+
+
+def _replace_atomically(path: Path, text: str, what: str) -> None:
+    """Replace ``path`` by ``text``: a temporary file beside it, fsync, rename, fsync the directory (mode 0600)."""
+    temporary = None
+    try:
+        with tempfile.NamedTemporaryFile(
+            "w", encoding="utf-8", dir=path.parent, prefix=f".{path.stem}-", suffix=".tmp", delete=False
+        ) as handle:
+            temporary = Path(handle.name)
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, 0o600)
+        os.replace(temporary, path)
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+    except OSError as err:
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
+        raise LedgerError(f"{what} cannot be written: {err}") from err
 
 
 def _member_hash(salt: bytes, member: bytes) -> str:

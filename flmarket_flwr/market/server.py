@@ -2,8 +2,10 @@
 
 Steps (each a round of Flower ``query`` messages, see :mod:`flmarket_flwr.market.messages`):
 
-1. Wait for the nodes (bounded) and run PASS over them (:mod:`flmarket_flwr.market.pass_rounds`):
-   the server learns the global counts ``N_s`` and each survivor's commitment to its counts, once.
+1. Wait for the nodes (bounded), leave out those a ``roster_history`` says would make the clients' release
+   ledgers refuse (:meth:`MarketPhase.planned_roster`), and run PASS over the rest
+   (:mod:`flmarket_flwr.market.pass_rounds`): the server learns the global counts ``N_s`` and each
+   survivor's commitment to its counts, once.
 2. Broadcast ``N_s``, ``E`` and the session's transcript hash; each client returns its score and
    bid (``query.market_bid``). The market aborts if most PASS participants fail this step.
 3. Run the auction (:func:`flmarket_flwr.pricing.run_auction`, the product's one selection rule:
@@ -27,7 +29,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from typing import Any
 
 from flwr.app import ConfigRecord, Message
@@ -38,6 +40,7 @@ from flwr.serverapp import Grid
 from flmarket_flwr.market.client import LABEL_COUNTS_FAILED
 from flmarket_flwr.market.config import MarketConfig, MarketOutcome
 from flmarket_flwr.market.errors import MarketError
+from flmarket_flwr.market.ledger import LedgerError
 from flmarket_flwr.market.messages import (
     ACTION_AUDIT,
     ACTION_AWARD,
@@ -116,8 +119,9 @@ class MarketPhase:
         timings: dict[str, float] = {}
         started = time.perf_counter()
         try:
-            nodes = self._timed(timings, "wait_for_nodes", lambda: self.wait_for_nodes(grid))
+            nodes = self.planned_roster(self._timed(timings, "wait_for_nodes", lambda: self.wait_for_nodes(grid)))
             pass_result = self._timed(timings, "pass", lambda: self.run_pass(grid, nodes))
+            self._record_release(pass_result.participants)
             bids = self._timed(timings, "bid", lambda: self.collect_bids(grid, pass_result))
             award = self._timed(timings, "auction", lambda: self._audited_auction(grid, pass_result, bids))
         except MarketError as err:
@@ -193,6 +197,44 @@ class MarketPhase:
                 cfg.wait_for_nodes_timeout,
             )
         return nodes
+
+    def planned_roster(self, nodes: Sequence[int]) -> list[int]:
+        """``nodes`` less those that would let this sum be differenced to a small group (``roster_history``).
+
+        Without a roster history, ``nodes`` unchanged. With one, :meth:`RosterHistory.plan`: each node left
+        out is excluded with the reason logged and is sent nothing.
+
+        Raises
+        ------
+        MarketError
+            The history cannot be read (named), or fewer than ``min_clients`` nodes are left.
+        """
+        history = self.config.roster_history
+        if history is None:
+            return list(nodes)
+        try:
+            roster = history.plan(nodes)
+        except LedgerError as err:
+            raise MarketError(str(err)) from err
+        for node in sorted(set(nodes) - set(roster)):
+            self.exclude(
+                node,
+                "roster",
+                f"sits out of this market: with it, this sum differenced with an earlier one in {history.path} "
+                f"would isolate fewer than {history.min_roster_change} clients, and the clients' ledgers would refuse",
+            )
+        self.require_enough(roster, "the roster planned against the roster history")
+        return roster
+
+    def _record_release(self, members: Sequence[int]) -> None:
+        """Add this market's PASS members to the roster history; a failed write is logged, the market goes on."""
+        history = self.config.roster_history
+        if history is None:
+            return
+        try:
+            history.record(members)
+        except LedgerError as err:  # the sum is already released: plan the next market without it
+            log(ERROR, "Market: %s; the next market's roster will be planned without this one", err)
 
     # --- Step 1: PASS -------------------------------------------------------------------------
     def run_pass(self, grid: Grid, nodes: Sequence[int]) -> PassResult:
