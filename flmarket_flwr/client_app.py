@@ -50,8 +50,8 @@ from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import SimulatedCostBid, read_award, register_market_handlers
 from flmarket_flwr.market.ledger import DEFAULT_MIN_ROSTER_CHANGE, ReleaseLedger
-from flmarket_flwr.pass_protocol import IdentityDirectory, load_identity_key
-from flmarket_flwr.run_config import read
+from flmarket_flwr.pass_protocol import IdentityDirectory, SkellamNoise, load_identity_key
+from flmarket_flwr.run_config import market_noise, read
 from flmarket_flwr.task import (
     DataConfig,
     build_task_model,
@@ -303,6 +303,23 @@ def release_ledger_of(context: Context) -> ReleaseLedger | None:
     return ReleaseLedger(path, min_roster_change=int(change))
 
 
+def market_noise_of(context: Context) -> SkellamNoise | None:
+    """The node's distributed-DP noise on its counts: the run config's ``pass-dp-*`` keys (``None``: off).
+
+    ``node_config["pass-dp-max-epsilon"]`` (a SuperNode operator's own ceiling, absent or 0: none) makes the
+    node refuse to mask in a run that announces no noise or a larger epsilon (README "Threat model").
+    """
+    noise = market_noise(
+        read(context.run_config, "pass-dp-epsilon"),
+        read(context.run_config, "pass-dp-delta"),
+        read(context.run_config, "pass-dp-honest-fraction"),
+    )
+    ceiling = float(context.node_config.get("pass-dp-max-epsilon", 0.0))
+    if ceiling > 0 and (noise is None or noise.epsilon > ceiling):
+        raise ValueError(f"the run's pass-dp-epsilon is above this node's pass-dp-max-epsilon {ceiling}: refused")
+    return noise
+
+
 def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
     """Build the app's ``ClientApp``: market, train and evaluate handlers (nothing that reveals counts).
 
@@ -325,6 +342,7 @@ def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
         identity_key=identity_key_of,
         directory=identity_directory_of,
         release_ledger=release_ledger_of,
+        noise=market_noise_of,
     )
     client.train()(train)
     client.evaluate()(evaluate_local)

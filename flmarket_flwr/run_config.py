@@ -8,6 +8,7 @@ experiments engine all read their keys, defaults and checks from here.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Any, Final, Literal, TypeVar, cast
 
 from flmarket_flwr.data.partition import DISTRIBUTIONS, SCHEDULES
 from flmarket_flwr.data.registry import DATASET_NAMES, canonical_dataset_name
+from flmarket_flwr.pass_protocol.noise import SkellamNoise
 
 __all__ = [
     "APP_KEYS",
@@ -27,6 +29,7 @@ __all__ = [
     "default",
     "default_as",
     "keys_read_by",
+    "market_noise",
     "neighbours_of",
     "pyproject_table",
     "read",
@@ -143,6 +146,11 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
     AppKey("roster-history", "", "path of the buyer's record of its markets' members (JSON): each market leaves out "
            'the few clients the nodes\' release ledgers would refuse it for; "" for none', "server"),
     AppKey("settle-on-delivery", False, "true: each winner is paid pro rata to the rounds it delivered", "server"),
+    AppKey("pass-dp-epsilon", 0.0, "distributed DP on N_s: record-level epsilon per market, 0 = off (exact N_s)",
+           "both", lambda value: 0.0 <= value < math.inf, ">= 0 and finite (0: off)"),
+    AppKey("pass-dp-delta", 1e-6, "delta of pass-dp-epsilon", "both", lambda value: 0.0 < value < 1.0, "in (0, 1)"),
+    AppKey("pass-dp-honest-fraction", 0.5, "share of the roster whose noise alone reaches pass-dp-epsilon", "both",
+           lambda value: 0.0 < value <= 1.0, "in (0, 1]"),
     # Training: FedAvg over the winners.
     AppKey("model", "digits_cnn", "digits_cnn | resnet56 | deap_cnn | fmnist_cnn", "both", _model_ok,
            "a model name: digits_cnn, resnet56, deap_cnn or fmnist_cnn"),
@@ -188,6 +196,11 @@ def default_as(name: str, kind: type[ScalarType], overrides: Mapping[str, Scalar
 def keys_read_by(*readers: Reader) -> tuple[str, ...]:
     """The names of the keys read by any of ``readers``."""
     return tuple(key.name for key in APP_KEYS if key.reader in readers)
+
+
+def market_noise(epsilon: float, delta: float, honest_fraction: float) -> SkellamNoise | None:
+    """The market's noise setting from keys ``pass-dp-epsilon``, ``-delta`` and ``-honest-fraction`` (None: off)."""
+    return SkellamNoise(epsilon, delta, honest_fraction) if epsilon > 0 else None
 
 
 def neighbours_of(value: str) -> int | str:

@@ -29,7 +29,7 @@ from flmarket_flwr.app_results import CentralEvaluation, make_run_dir, save_resu
 from flmarket_flwr.market import FLMarket, MarketConfig, MarketError, MarketPhase, RosterHistory
 from flmarket_flwr.nodes import connected_nodes
 from flmarket_flwr.pass_protocol import IdentityDirectory
-from flmarket_flwr.run_config import check_run_config, default_as, neighbours_of, read
+from flmarket_flwr.run_config import check_run_config, default_as, market_noise, neighbours_of, read
 from flmarket_flwr.task import (
     DataConfig,
     build_task_model,
@@ -57,6 +57,7 @@ class ServerSettings:
     ``identity_directory`` (path of the buyer's directory of client identity keys; "" for none),
     ``roster_history`` (path of the buyer's record of its markets' members, to plan rosters; "" for none),
     ``settle_on_delivery`` (pay each winner pro rata to the rounds it delivered, not in full at selection);
+    ``pass_dp_epsilon``, ``pass_dp_delta``, ``pass_dp_honest_fraction`` (distributed DP on ``N_s``, 0: off);
     FedAvg's ``num_server_rounds``, ``fraction_train``,
     ``fraction_evaluate``, ``round_timeout`` and the clients' ``local_epochs``, ``batch_size``,
     ``learning_rate``, ``momentum``; ``seed`` (initial model, sampling); ``device`` of the server-side
@@ -86,6 +87,9 @@ class ServerSettings:
     identity_directory: str = default_as("identity-directory", str)
     roster_history: str = default_as("roster-history", str)
     settle_on_delivery: bool = default_as("settle-on-delivery", bool)
+    pass_dp_epsilon: float = default_as("pass-dp-epsilon", float)
+    pass_dp_delta: float = default_as("pass-dp-delta", float)
+    pass_dp_honest_fraction: float = default_as("pass-dp-honest-fraction", float)
     round_timeout: float = default_as("round-timeout", float)
 
     @classmethod
@@ -262,6 +266,7 @@ def _market_config(settings: ServerSettings, data_config: DataConfig, num_nodes:
         wait_for_nodes_timeout=settings.wait_for_nodes_timeout,
         expected_nodes=num_nodes if num_nodes >= settings.min_market_clients else None,
         session_label=f"flmarket-run-{run_id}",
+        noise=market_noise(settings.pass_dp_epsilon, settings.pass_dp_delta, settings.pass_dp_honest_fraction),
     )
 
 

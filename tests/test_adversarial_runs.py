@@ -204,7 +204,8 @@ def test_three_runs_over_a_partition_still_isolate_a_client_not_prevented(tmp_pa
     """Not prevented (README): runs over X, over Y and over {v} + X + Y pass every client's pairwise check.
 
     Each X client saw runs 1 and 3 (3 left the other way: v and Y), each Y client runs 2 and 3; nobody saw all
-    three, so no per-client rule can refuse. Only noise on the counts would (issue 21, open).
+    three, so no per-client rule can refuse. Noise on the counts makes the difference inexact:
+    ``test_pass_noise.py::test_three_runs_over_a_partition_no_longer_isolate_a_client``.
     """
     counts = make_counts(7, seed=29)
     victim, *rest = sorted(counts)

@@ -329,7 +329,7 @@ def test_hydra_job_config_maps_every_app_key_and_refuses_what_the_engine_cannot_
     assert (cfg.neighbours, cfg.audit_winners, cfg.budget, cfg.num_clients, cfg.seed) == ("4", False, 250.0, 100, 3)
     assert cfg.rounds == 100 and cfg.local_steps == 20 and cfg.device == "cpu"
     assert job("market_timeout=5", "run_name=x").budget == 600.0  # no meaning in process: accepted
-    for override in ("fraction_train=0.5", "settle_on_delivery=true", "min_market_clients=5"):
+    for override in ("fraction_train=0.5", "settle_on_delivery=true", "min_market_clients=5", "pass_dp_epsilon=1.0"):
         with pytest.raises(ValueError, match="does not implement app key"):
             job(override)
 

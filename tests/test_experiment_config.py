@@ -90,6 +90,9 @@ BAD_VALUES = {
     "round-timeout": 0.0,
     "device": "gpu",
     "torch-threads": -1,
+    "pass-dp-epsilon": -1.0,
+    "pass-dp-delta": 1.0,
+    "pass-dp-honest-fraction": 0.0,
 }
 
 

@@ -26,7 +26,8 @@ The client enforces its own disclosure rules, whatever the server asks:
   itself, it reveals (once) the one-use sealing key of its ciphertext to each accuser, which opens
   what that accuser was sent and nothing else, and with a directory only on a signed accusation;
 * it bids once, for the session whose sum it took part in, with that session's ``E`` and
-  transcript hash; a global count below its own is refused;
+  transcript hash; a global count below its own is refused (with ``noise``: below its own by more than
+  the noise's tail);
 * private key material lives only in ``context.state`` and is deleted once it has masked (the seal
   seed of its one-use sealing keys at unmask), on every refusal, and at the award (which the server
   sends to every node it contacted);
@@ -85,6 +86,7 @@ from flmarket_flwr.pass_protocol import (
     IdentityDirectory,
     PassClient,
     PassError,
+    SkellamNoise,
     bitmap_to_indices,
     roster_fingerprint,
     validate_counts,
@@ -103,6 +105,7 @@ LabelCountsFn = Callable[[Context], NDArray[np.integer]]
 IdentityFn = Callable[[Context], Ed25519PrivateKey | None]
 DirectoryFn = Callable[[Context], IdentityDirectory | None]
 LedgerFn = Callable[[Context], ReleaseLedger | None]
+NoiseFn = Callable[[Context], SkellamNoise | None]
 
 _PASS_PREFIX = "pass/"
 _STAGE = "stage"
@@ -184,6 +187,7 @@ def register_market_handlers(
     directory: DirectoryFn | None = None,
     min_participants: int = MIN_PARTICIPANTS,
     release_ledger: LedgerFn | None = None,
+    noise: NoiseFn | None = None,
 ) -> None:
     """Add the market's ``query`` handlers to an existing ``ClientApp``.
 
@@ -223,6 +227,11 @@ def register_market_handlers(
         sum it released before, isolates fewer than ``min_roster_change`` clients (the two-run attack). The
         members are the directory's identity keys when ``directory`` is given, else the node ids. A ledger
         that cannot be read fails closed. Recommended in a deployment (README "Threat model").
+    noise : Callable[[Context], SkellamNoise | None], optional
+        Distributed differential privacy on ``N_s`` (:mod:`flmarket_flwr.pass_protocol.noise`): the client
+        adds Skellam noise to its counts inside its masked input, calibrated from its own setting and the
+        roster it sees, so that a server cannot turn it off. Its bid accepts a noisy ``N_s`` within the
+        noise's tail. Give the market the same setting (``MarketConfig.noise``).
 
     Raises
     ------
@@ -237,6 +246,7 @@ def register_market_handlers(
         directory=directory if directory is not None else (lambda context: None),
         min_participants=min_participants,
         release_ledger=release_ledger if release_ledger is not None else (lambda context: None),
+        noise=noise if noise is not None else (lambda context: None),
     )
     app.query(ACTION_ADVERTISE)(handlers.advertise)
     app.query(ACTION_SHARE)(handlers.share)
@@ -261,6 +271,7 @@ class _MarketHandlers:
         directory: DirectoryFn,
         min_participants: int,
         release_ledger: LedgerFn,
+        noise: NoiseFn,
     ) -> None:
         self._get_label_counts = get_label_counts
         self._bid_policy = bid_policy
@@ -269,6 +280,7 @@ class _MarketHandlers:
         self._directory = directory
         self._min_participants = min_participants
         self._release_ledger = release_ledger
+        self._noise = noise
 
     # --- PASS ----------------------------------------------------------------------------------
     def advertise(self, message: Message, context: Context) -> Message:
@@ -314,7 +326,11 @@ class _MarketHandlers:
                 state = client.to_record()
                 members = self._ledger_members(context, state.get("participants", b""))
                 ledger.check(int(context.run_id), bytes(state["session"]), members)
-            return client.mask_input(request, self._identity_key(context)).to_record()
+            noise, drawn = self._noise(context), None
+            if noise is not None:  # calibrated on the roster U1 this client was shown
+                state = client.to_record()
+                drawn = noise.sample(int(state["num_classes"]), len(bitmap_to_indices(state["participants"])))
+            return client.mask_input(request, self._identity_key(context), drawn).to_record()
 
         return self._pass_step(message, context, ACTION_MASK, step)
 
@@ -382,12 +398,14 @@ class _MarketHandlers:
                 raise _RequestError("E is not the number of survivors of the session")
             global_counts = np.asarray(_int_list_field(request, KEY_GLOBAL_COUNTS), dtype=np.int64)
             counts = self._label_counts(context)
-            if global_counts.shape != counts.shape or np.any(global_counts < counts):
+            noise = self._noise(context)
+            tolerance = 0 if noise is None else noise.tail_bound()  # N_s is noisy: its classes move that far
+            if global_counts.shape != counts.shape or np.any(global_counts + tolerance < counts):
                 raise _RequestError("the global counts cannot be the sum this client took part in")
             num_clients = int(client.survivor_count or 0)  # the request named the same E (checked above)
-            if int(global_counts.max()) > _pass_state(state)["count_bound"] * num_clients:
+            if int(global_counts.max()) > _pass_state(state)["count_bound"] * num_clients + tolerance:
                 raise _RequestError("the global counts exceed the session's declared bound")
-            score = float(compute_score(counts, global_counts, num_clients))
+            score = float(compute_score(counts, global_counts, num_clients, exact_global=noise is None))
             bid = _checked_bid(self._bid_policy(counts, score, context))
         except (PassError, ValueError, TypeError, KeyError) as err:
             state[_STAGE] = _STAGE_CLOSED

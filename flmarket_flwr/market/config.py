@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from flmarket_flwr.market.ledger import RosterHistory
-from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory
+from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, SkellamNoise
 
 __all__ = ["DEFAULT_COUNT_BOUND", "MarketConfig", "MarketOutcome"]
 
@@ -67,6 +67,11 @@ class MarketConfig:
         Whether each winner must open its PASS counts commitment to the buyer, so that a false
         score is caught before anyone is paid. Winners then disclose their counts to the buyer
         (losers never do); with ``False`` every score is the client's word (see the threat model).
+    noise : SkellamNoise, optional
+        Distributed differential privacy on ``N_s`` (:mod:`flmarket_flwr.pass_protocol.noise`): the clients
+        add Skellam noise before masking (their own setting, :func:`register_market_handlers`'s ``noise``;
+        set both the same). Here it widens the bound checks by the noise's tail, and ``N_s`` is clipped
+        below at 0 before it is scored. ``None`` (default): exact counts.
     roster_history : RosterHistory, optional
         The buyer's record of its earlier markets' PASS members. With it the market leaves out, before PASS,
         the few connected clients whose presence would let this sum be differenced with an earlier one to
@@ -88,6 +93,7 @@ class MarketConfig:
     neighbours: int | str = "auto"
     directory: IdentityDirectory | None = None
     audit_winners: bool = True
+    noise: SkellamNoise | None = None
     roster_history: RosterHistory | None = None
 
     def __post_init__(self) -> None:
@@ -110,8 +116,15 @@ class MarketConfig:
             check_int("neighbours", self.neighbours, minimum=2)
         if not isinstance(self.audit_winners, bool):
             raise TypeError(f"audit_winners must be a bool, got {type(self.audit_winners).__name__}")
+        if self.noise is not None and not isinstance(self.noise, SkellamNoise):
+            raise TypeError(f"noise must be a SkellamNoise or None, got {type(self.noise).__name__}")
         if self.roster_history is not None and not isinstance(self.roster_history, RosterHistory):
             raise TypeError(f"roster_history must be a RosterHistory, got {type(self.roster_history).__name__}")
+
+    @property
+    def noise_tolerance(self) -> int:
+        """How far the noise may move a class of ``N_s`` in the bound checks (0 without noise)."""
+        return 0 if self.noise is None else self.noise.tail_bound()
 
 
 @dataclass
@@ -131,7 +144,8 @@ class MarketOutcome:
     budget : float
         The budget ``R``.
     global_counts : list[int]
-        ``N_s``, the per-class label counts summed over the PASS survivors.
+        ``N_s``, the per-class label counts summed over the PASS survivors (with :attr:`MarketConfig.noise`:
+        plus the clients' noise, clipped below at 0).
     excluded : dict[int, str]
         Node id -> reason, for every node left out at some step.
     timings : dict[str, float]

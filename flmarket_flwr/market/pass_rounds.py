@@ -48,7 +48,7 @@ class PassResult:
     participants : list[int]
         Node ids whose counts are in ``global_counts`` (the survivors U3), ascending.
     global_counts : NDArray[np.int64]
-        ``N_s`` over the survivors.
+        ``N_s`` over the survivors (with ``MarketConfig.noise``: plus the clients' noise, clipped below at 0).
     session : bytes
         The PASS session id.
     transcript : bytes
@@ -128,6 +128,7 @@ class PassRounds:
             Too few clients at some round, a secret without enough shares, or ``N_s`` out of its bounds.
         """
         server = self._server = self._protocol(run_id=int(grid.run.run_id))
+        server.noise_slack = self._config.noise_tolerance
         try:
             requests: Mapping[int, Any] = server.advertise_requests(list(nodes))
             adverts = self._round(grid, ACTION_ADVERTISE, requests)
@@ -151,7 +152,7 @@ class PassRounds:
         self._messenger.require_enough(survivors, "PASS")
         return PassResult(
             participants=sorted(survivors),
-            global_counts=total,
+            global_counts=np.maximum(total, 0),  # noise can take a rare class below zero: clip, then score
             session=server.session,
             transcript=server.transcript,
             indices={server.node_of[index]: index for index in server.survivors},

@@ -17,11 +17,12 @@ from flmarket_flwr.pricing import score as compute_score
 __all__ = ["check_opening", "highest_possible_score", "read_score_and_bid"]
 
 
-def highest_possible_score(pass_result: PassResult) -> float:
-    """The largest score any PASS participant can have: that of counts equal to ``N_s``.
+def highest_possible_score(pass_result: PassResult, tolerance: int = 0) -> float:
+    """The largest score any PASS participant can have: that of counts equal to ``N_s`` (plus ``tolerance``).
 
     ``phi`` never decreases and every client's count of a class is at most ``n_s^c``, so
-    ``score(N_s, N_s, E)`` bounds every honest score.
+    ``score(N_s, N_s, E)`` bounds every honest score. With noise on ``N_s`` a count can exceed its noisy
+    class by up to the noise's tail: ``tolerance`` (:attr:`MarketConfig.noise_tolerance`) is added.
 
     Raises
     ------
@@ -30,7 +31,9 @@ def highest_possible_score(pass_result: PassResult) -> float:
     """
     counts = pass_result.global_counts
     try:
-        bound = float(compute_score(counts, counts, len(pass_result.participants)))
+        bound = float(
+            compute_score(counts + tolerance, counts, len(pass_result.participants), exact_global=tolerance == 0)
+        )
     except ValueError as err:
         raise MarketError(f"the global counts cannot be scored ({err}): no client holds data") from err
     return bound * (1.0 + 1e-9) + 1e-9
@@ -76,9 +79,13 @@ def check_opening(
     index = pass_result.indices[node]
     if counts_commitment(pass_result.session, index, opened, nonce) != pass_result.commitments[node]:
         raise ReplyError("audit: the opened counts do not match the client's PASS commitment")
-    if np.any(opened > pass_result.global_counts):
+    if np.any(opened > pass_result.global_counts + config.noise_tolerance):
         raise ReplyError("audit: the opened counts exceed the global counts")
-    true_score = float(compute_score(opened, pass_result.global_counts, len(pass_result.participants)))
+    true_score = float(
+        compute_score(
+            opened, pass_result.global_counts, len(pass_result.participants), exact_global=config.noise is None
+        )
+    )
     if not math.isclose(true_score, claimed_score, rel_tol=1e-9, abs_tol=1e-12):
         raise ReplyError(
             f"audit: the claimed score {claimed_score:.6g} is not the score {true_score:.6g} of the committed counts"

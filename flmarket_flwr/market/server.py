@@ -281,7 +281,7 @@ class MarketPhase:
         }
         # A survivor excluded at the unmask round stays in N_s and E, but is left out of the rest of the market.
         requests = {node: config_record(record) for node in pass_result.participants if not self.is_excluded(node)}
-        highest = highest_possible_score(pass_result)
+        highest = highest_possible_score(pass_result, self.config.noise_tolerance)
         replies = self.exchange(grid, ACTION_BID, requests)
         bids = self.validated(ACTION_BID, requests, replies, lambda reply: read_score_and_bid(reply, highest))
         failed = len(pass_result.participants) - len(bids)

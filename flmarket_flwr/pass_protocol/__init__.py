@@ -34,7 +34,8 @@ the pair, ChaCha20 PRG).
 Threat model, in short (details and the test behind each claim: README "Threat model"). Semi-honest
 server: within one session only ``N_s`` over the survivors is released, whatever the dropouts, as long as
 every needed secret keeps ``t`` shares (otherwise :class:`PassError`, never a partial sum); two sessions
-(two runs) with and without a client difference to its counts, which nothing here prevents. Without
+(two runs) with and without a client difference to its counts, exactly unless the clients add noise to
+them (:mod:`.noise`: record-level differential privacy per release, not client level). Without
 identity keys PASS is secure against a semi-honest server only: a malicious server can substitute keys,
 and by showing clients different survivor sets it recovers a client's counts. With identity keys it
 cannot substitute or replay keys across runs or rosters, and the consistency round defeats the tested
@@ -72,6 +73,7 @@ from flmarket_flwr.pass_protocol.identity import (
     verify_share_ciphertext,
     verify_survivor_set,
 )
+from flmarket_flwr.pass_protocol.noise import SkellamNoise
 from flmarket_flwr.pass_protocol.primitives import (
     COUNT_LIMIT,
     MASK_DTYPE,
@@ -117,6 +119,7 @@ from flmarket_flwr.pass_protocol.shamir import (
 )
 
 __all__ = [
+    "SkellamNoise",
     "COUNT_LIMIT",
     "MASK_DTYPE",
     "MIN_PARTICIPANTS",

@@ -301,6 +301,14 @@ def _pair_mask(
     return _signed_mask(derive_pair_seed(secret, session, own, peer), own, peer, length)
 
 
+def _noise_words(noise: npt.ArrayLike, length: int) -> npt.NDArray[np.uint64]:
+    """Signed integer noise as ring elements (two's complement mod 2^64), or :class:`PassError`."""
+    values = np.asarray(noise)
+    if values.shape != (length,) or not np.issubdtype(values.dtype, np.integer):
+        raise PassError(f"noise must be {length} integers, got shape {values.shape} of {values.dtype}")
+    return values.astype(np.int64).view(np.uint64)
+
+
 def _signed_mask(pair_seed: bytes, own: int, peer: int, length: int) -> npt.NDArray[np.uint64]:
     """``eps_{own,peer} * PRG(pair_seed)``: the pair's mask as ``own`` adds it."""
     mask = expand_seed(pair_seed, length)
@@ -763,7 +771,10 @@ class PassClient:
 
     # Round 3 -----------------------------------------------------------------
     def mask_input(
-        self, request: MaskRequest | Mapping[str, Any], identity_key: Ed25519PrivateKey | None = None
+        self,
+        request: MaskRequest | Mapping[str, Any],
+        identity_key: Ed25519PrivateKey | None = None,
+        noise: npt.ArrayLike | None = None,
     ) -> MaskedInput:
         """Open the shares held for neighbours in U2 and return ``Y_e``, the counts commitment and any accusations.
 
@@ -774,6 +785,9 @@ class PassClient:
         signed accusation is made only against a validly signed ciphertext, so a server cannot make this
         client ask an honest sender to open anything. Afterwards the client's own private keys and self-mask
         seed are wiped from the state (the seal seed stays until unmask).
+
+        ``noise`` (signed integers, one per class; :mod:`~flmarket_flwr.pass_protocol.noise`) is added to the
+        counts inside ``Y_e`` (mod 2^64) and kept nowhere; the counts commitment binds the exact counts.
         """
         request = MaskRequest.coerce(request)
         self._require(_STAGE_SHARED, "mask_input")
@@ -817,6 +831,8 @@ class PassClient:
         num_classes = state["num_classes"]
         counts = np.frombuffer(state["counts"], dtype="<u8").astype(np.uint64)
         masked = counts + expand_seed(state["self_seed"], num_classes)
+        if noise is not None:  # distributed DP: signed noise wraps mod 2^64 and is decoded signed by the server
+            masked += _noise_words(noise, num_classes)
         for v in held_from:
             masked += _signed_mask(state["pair_seeds"][position[v]], index, v, num_classes)
         nonce = os.urandom(32)
@@ -1133,6 +1149,8 @@ class PassServer:
         self.dropped: list[int] = []
         self.commitments: dict[int, bytes] = {}
         self.transcript = b""
+        self.noise_slack = 0
+        """Noise allowed beyond ``[0, count_bound * |U3|]`` in a class of the sum (0: the clients add none)."""
         self._masked_sum = np.zeros(num_classes, dtype=np.uint64)
         self._b_shares: dict[int, list[tuple[int, bytes]]] = {}
         self._s_shares: dict[int, list[tuple[int, bytes]]] = {}
@@ -1596,7 +1614,9 @@ class PassServer:
         ------
         PassError
             A needed secret has fewer than ``t`` shares or inconsistent ones, or the sum exceeds
-            ``count_bound * |U3|`` in some class (a poisoned or incomplete sum is never returned).
+            ``count_bound * |U3|`` in some class (a poisoned or incomplete sum is never returned); with
+            :attr:`noise_slack` the sum is decoded signed (two's complement) and may leave
+            ``[0, count_bound * |U3|]`` by that much.
         """
         self._advance(5, "finish")
         total = self._masked_sum.copy()
@@ -1613,9 +1633,13 @@ class PassServer:
                 raise PassError(f"the rebuilt mask key of client {d} does not match its advertised key")
             for v in holders:  # v masked with +eps_{v,d} PRG; eps_{v,d} = -eps_{d,v}
                 total += _pair_mask(key, self.adverts[v].mask_public_key, self.session, d, v, self.num_classes)
-        bound = self.count_bound * len(self.survivors)
-        if (total > np.uint64(bound)).any():
-            raise PassError(f"the sum exceeds count_bound * |U3| = {bound} in some class: refused")
+        signed = total.view(np.int64)  # two's complement: clients' noise can take a class below zero
+        bound, slack = self.count_bound * len(self.survivors), self.noise_slack
+        if (signed > bound + slack).any() or (signed < -slack).any():
+            raise PassError(
+                f"the sum exceeds count_bound * |U3| = {bound} in some class (or leaves it, or 0, by more than "
+                f"the noise slack {slack}): refused"
+            )
         self._b_shares.clear()
         self._s_shares.clear()
-        return total.astype(np.int64)
+        return signed.copy()

@@ -176,7 +176,9 @@ def phi(counts: ArrayLike, alpha_value: float) -> NDArray[np.float64] | float:
     return values
 
 
-def score(local_counts: ArrayLike, global_counts: ArrayLike, num_clients: int) -> NDArray[np.float64] | float:
+def score(
+    local_counts: ArrayLike, global_counts: ArrayLike, num_clients: int, *, exact_global: bool = True
+) -> NDArray[np.float64] | float:
     """Data value score ``u_e = sum_c theta_c * phi(n_e^c)`` of one client or of many.
 
     Parameters
@@ -187,6 +189,9 @@ def score(local_counts: ArrayLike, global_counts: ArrayLike, num_clients: int) -
         Global per-class counts ``n_s^c`` (from PASS), shape ``(C,)``.
     num_clients : int
         Number of candidate clients ``E`` in the market (not the number of rows given).
+    exact_global : bool (default: True)
+        Whether ``global_counts`` is the exact sum; ``False`` when it carries distributed-DP noise
+        (:mod:`flmarket_flwr.pass_protocol.noise`), so that a local count may exceed its noisy class.
 
     Returns
     -------
@@ -197,13 +202,13 @@ def score(local_counts: ArrayLike, global_counts: ArrayLike, num_clients: int) -
     ------
     ValueError
         Negative, non-integer or non-finite counts; shapes that do not agree; a local count above
-        the global count of its class; ``num_clients < 1``; all-zero global counts.
+        the global count of its class (with ``exact_global``); ``num_clients < 1``; all-zero global counts.
     """
     global_array = _global_counts(global_counts)
     local = _as_counts(local_counts, "local_counts")
     if local.ndim not in (1, 2) or local.shape[-1] != global_array.size:
         raise ValueError(f"local_counts must have shape (C,) or (E, C) with C={global_array.size}, got {local.shape}")
-    if np.any(local > global_array):
+    if exact_global and np.any(local > global_array):
         raise ValueError("local_counts exceed global_counts for some class: they cannot be part of that sum")
     weights = theta(global_array)
     utilities = phi(local, alpha(global_array, num_clients))
