@@ -80,6 +80,18 @@ def test_epsilon_matches_a_direct_conversion_at_two_points() -> None:
         assert skellam_epsilon(variance, delta) == pytest.approx(by_hand, rel=1e-3)
 
 
+def test_the_readmes_numbers_at_epsilon_one() -> None:
+    """README "Differencing across any number of runs": the compositions, the spread, the tail, the three-run error."""
+    noise = SkellamNoise(1.0, 1e-6)
+    assert [round(noise.epsilon_after(k), 2) for k in (1, 2, 3, 10)] == [1.0, 1.42, 1.76, 3.29]
+    assert round(math.sqrt(2 * noise.target_variance), 1) == 7.7  # everyone honest: twice the target
+    assert noise.tail_bound() == 94  # 12 standard deviations of the largest sum, plus one
+    for x in range(3, 8):  # markets over X, Y and {v} + X + Y: the difference carries the noise of three sums
+        for y in range(3, 8):
+            spread = math.sqrt(sum(n * noise.client_variance(n) for n in (x, y, 1 + x + y)))
+            assert 11.8 < spread < 13.4  # "12 to 13 samples a class"
+
+
 def test_the_per_client_share_sums_to_the_target_over_the_honest_fraction() -> None:
     noise = SkellamNoise(1.0, 1e-6, honest_fraction=0.5)
     assert noise.honest_clients(20) == 10 and noise.honest_clients(7) == 4
