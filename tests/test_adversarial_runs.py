@@ -299,3 +299,39 @@ def test_the_server_app_reads_the_roster_history_from_the_run_config(tmp_path: P
     assert isinstance(config.roster_history, RosterHistory) and config.roster_history.path == path
     default = _market_config(ServerSettings.from_run_config({}), DataConfig.from_run_config({}), 5, 1)
     assert default.roster_history is None
+
+
+def test_the_release_is_recorded_before_the_unmask_shares_leave_and_a_failed_write_sends_none(tmp_path: Path) -> None:
+    """Write-ahead: when a node's unmask reply leaves, its ledger already holds the release; if the write fails
+    the node refuses (no shares), and PASS finishes without its shares."""
+    from flmarket_flwr.market.ledger import LedgerError
+
+    counts = make_counts(6, seed=32)
+    full = sorted(counts)[2]
+
+    class FullDisk(ReleaseLedger):
+        def record_release(self, run_id: int, session: bytes, members) -> None:  # type: ignore[no-untyped-def]
+            raise LedgerError(f"{self.path}: no space left on device")
+
+    app = ClientApp()
+    register_market_handlers(
+        app,
+        lambda context: counts[context.node_id],
+        CostBasedBid(0.01),
+        release_ledger=lambda context: (FullDisk if context.node_id == full else ReleaseLedger)(
+            tmp_path / str(context.node_id)
+        ),
+    )
+    recorded_when_sent: dict[int, bool] = {}
+
+    def watch(instruction, reply):  # type: ignore[no-untyped-def]
+        node = instruction.metadata.dst_node_id
+        if instruction.metadata.message_type == "query.market_unmask" and not reply.has_error():
+            recorded_when_sent[node] = [r.run_id for r in ReleaseLedger(tmp_path / str(node)).records()] == [7]
+        return reply
+
+    phase = MarketPhase(market_config())
+    outcome = phase.run(InProcessGrid(app, list(counts), run_id=7, reply_hook=watch))
+    assert recorded_when_sent == {node: True for node in counts if node != full}
+    assert outcome.excluded[full].startswith("market_unmask") and set(outcome.excluded) == {full}
+    assert outcome.global_counts == total(counts)  # its masked input is in; its self-mask came from the others
