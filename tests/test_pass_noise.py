@@ -431,3 +431,13 @@ def test_a_server_that_pads_the_roster_with_sybils_shrinks_each_honest_clients_n
     honest_variance = sum(noise.client_variance(10) for noise in kept)
     assert honest_variance == pytest.approx(0.6 * SkellamNoise(1.0).target_variance)
     assert skellam_epsilon(honest_variance, 1e-6) > 1.2  # the release is no longer (1, 1e-6)-DP
+
+
+def test_the_default_noise_is_seeded_from_the_operating_system(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No seed a server could know (partition id, run id): two clients' default draws differ; os.urandom decides."""
+    import flmarket_flwr.pass_protocol.noise as noise_module
+
+    noise = SkellamNoise(1.0)
+    assert not np.array_equal(noise.sample(50, 4), noise.sample(50, 4))
+    monkeypatch.setattr(noise_module.os, "urandom", lambda n: bytes(n))  # a fixed "OS" source: fixed draws
+    assert np.array_equal(noise.sample(50, 4), noise.sample(50, 4))
