@@ -335,3 +335,48 @@ def test_the_release_is_recorded_before_the_unmask_shares_leave_and_a_failed_wri
     assert recorded_when_sent == {node: True for node in counts if node != full}
     assert outcome.excluded[full].startswith("market_unmask") and set(outcome.excluded) == {full}
     assert outcome.global_counts == total(counts)  # its masked input is in; its self-mask came from the others
+
+
+@pytest.mark.parametrize("signed", [False, True], ids=["node-ids", "directory"])
+def test_a_sybil_under_the_victims_node_id_passes_the_ledgers_only_without_a_directory(
+    tmp_path: Path, signed: bool
+) -> None:
+    """Members are labels: without a directory the server (it runs the SuperLink) can present a node of its own
+    under the victim's node id in run 2; the ledgers see run 1's members again and release, and the difference
+    is the victim's counts minus the sybil's, which the server knows. With a directory the sybil lacks the
+    victim's identity key: its advert is refused and the ledgers refuse run 2."""
+    counts = make_counts(6, seed=33)
+    victim = sorted(counts)[0]
+    sybil_counts = np.full(NUM_CLASSES, 9)
+    identities = {node: generate_identity() for node in counts}
+    directory = IdentityDirectory({node: public for node, (_, public) in identities.items()})
+    impostor_key, _ = generate_identity()
+
+    def app_for(run: int) -> ClientApp:
+        def is_sybil(context) -> bool:  # type: ignore[no-untyped-def]
+            return run == 2 and context.node_id == victim
+
+        app = ClientApp()
+        register_market_handlers(
+            app,
+            lambda context: sybil_counts if is_sybil(context) else counts[context.node_id],
+            CostBasedBid(0.01),
+            identity_key=(lambda c: impostor_key if is_sybil(c) else identities[c.node_id][0]) if signed else None,
+            directory=(lambda context: directory) if signed else None,
+            release_ledger=lambda c: None if is_sybil(c) else ReleaseLedger(tmp_path / str(c.node_id)),
+        )
+        return app
+
+    first = run(app_for(1), counts, run_id=1, directory=directory if signed else None)
+    if not signed:
+        second = run(app_for(2), counts, run_id=2)
+        assert second.pass_participants == first.pass_participants  # "the same members again": released
+        difference = np.subtract(first.global_counts, second.global_counts) + sybil_counts
+        assert np.array_equal(difference, counts[victim])
+    else:
+        phase = MarketPhase(market_config(directory=directory))
+        with pytest.raises(MarketError):
+            phase.run(InProcessGrid(app_for(2), list(counts), run_id=2))
+        assert "does not verify" in phase._excluded[victim]  # the impostor's advert
+        others = {reason for node, reason in phase._excluded.items() if node != victim}
+        assert others and all(reason.endswith(LEDGER_REASON) for reason in others)
