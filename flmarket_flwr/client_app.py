@@ -307,7 +307,9 @@ def market_noise_of(context: Context) -> SkellamNoise | None:
     """The node's distributed-DP noise on its counts: the run config's ``pass-dp-*`` keys (``None``: off).
 
     ``node_config["pass-dp-max-epsilon"]`` (a SuperNode operator's own ceiling, absent or 0: none) makes the
-    node refuse to mask in a run that announces no noise or a larger epsilon (README "Threat model").
+    node refuse to mask in a run that announces no noise, a larger epsilon, or less noise than that epsilon
+    needs at delta 1e-6 with half the roster honest (a larger ``pass-dp-delta`` or ``pass-dp-honest-fraction``)
+    (README "Threat model").
     """
     noise = market_noise(
         read(context.run_config, "pass-dp-epsilon"),
@@ -315,8 +317,15 @@ def market_noise_of(context: Context) -> SkellamNoise | None:
         read(context.run_config, "pass-dp-honest-fraction"),
     )
     ceiling = float(context.node_config.get("pass-dp-max-epsilon", 0.0))
-    if ceiling > 0 and (noise is None or noise.epsilon > ceiling):
-        raise ValueError(f"the run's pass-dp-epsilon is above this node's pass-dp-max-epsilon {ceiling}: refused")
+    if ceiling > 0:
+        floor = SkellamNoise(ceiling)  # the noise the node's ceiling needs: delta 1e-6, half the roster honest
+        if (
+            noise is None
+            or noise.epsilon > ceiling
+            or noise.target_variance < floor.target_variance
+            or noise.honest_fraction > floor.honest_fraction
+        ):
+            raise ValueError(f"the run's pass-dp-* noise is below this node's pass-dp-max-epsilon {ceiling}: refused")
     return noise
 
 

@@ -17,7 +17,14 @@ from flwr.clientapp import ClientApp
 from flmarket_flwr.market import CostBasedBid, MarketError, MarketPhase, register_market_handlers
 from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.messages import RECORD_KEY
-from flmarket_flwr.pass_protocol import sign_accusation, sign_share_ciphertext
+from flmarket_flwr.pass_protocol import (
+    UnmaskRequest,
+    bitmap_to_indices,
+    sign_accusation,
+    sign_share_ciphertext,
+    sign_survivor_set,
+    verify_survivor_set,
+)
 from flmarket_flwr.pricing import run_auction, score
 
 POLICY = CostBasedBid(0.01)
@@ -350,3 +357,37 @@ def test_garbage_to_more_than_k_minus_t_neighbours_but_not_all_fails_closed_nami
     with caplog.at_level(logging.WARNING, logger="flwr"), pytest.raises(MarketError, match="keeps only 3 surviving"):
         MarketPhase(market_config()).run(grid)
     assert f"node {attacker}" in caplog.text and "garbage shares" in caplog.text
+
+
+def test_a_survivor_that_signs_another_set_with_its_own_key_is_excluded_and_pass_finishes() -> None:
+    """Not garbage: a valid signature under the liar's own identity key, on a set with one survivor moved to dropped."""
+    counts = make_counts(8, seed=17)
+    app, directory, keys = signed_setup(counts)
+    liar = sorted(counts)[5]
+
+    def sign_another_set(instruction, reply):  # type: ignore[no-untyped-def]
+        if instruction.metadata.dst_node_id != liar or instruction.metadata.message_type != "query.market_survivors":
+            return reply
+        shown = instruction.content.config_records[RECORD_KEY]
+        survivors, dropped = bitmap_to_indices(shown["survivors"]), bitmap_to_indices(shown["dropped"])
+        other = UnmaskRequest.of(survivors[1:], sorted([*dropped, survivors[0]]))
+        state = grid.context(liar).state.config_records[RECORD_KEY]
+        where = {
+            "run_id": int(state["pass/run_id"]),
+            "session": state["pass/session"],
+            "roster": state["pass/roster"],
+            "participants": state["pass/participants"],
+        }
+        signature = sign_survivor_set(keys[liar], other.survivors, other.dropped, **where)
+        verify_survivor_set(directory.key_of(liar), signature, other.survivors, other.dropped, **where)  # valid
+        reply.content.config_records[RECORD_KEY]["signature"] = signature
+        signed.append(liar)
+        return reply
+
+    signed: list[int] = []
+    grid = InProcessGrid(app, list(counts), reply_hook=sign_another_set)
+    outcome = MarketPhase(market_config(directory=directory)).run(grid)
+    assert signed == [liar] and set(outcome.excluded) == {liar}
+    assert outcome.excluded[liar].startswith("PASS: survivor-set signature refused")
+    # its masked input stays in the sum (it survived); its self-mask came back from its neighbours' shares
+    assert outcome.global_counts == [int(c) for c in np.sum(list(counts.values()), axis=0)]

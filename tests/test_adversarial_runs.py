@@ -90,7 +90,8 @@ def test_the_refusal_reaches_the_server_as_a_ledger_reason(tmp_path: Path) -> No
         phase.run(InProcessGrid(app, list(others), run_id=2))
     excluded = phase._excluded  # the reasons the server logged (a failed market returns no outcome)
     assert set(excluded) == set(others)
-    assert all(LEDGER_REASON in reason for reason in excluded.values())
+    # every client refused at mask, and all the server got from it is the generic refusal: no set, no file
+    assert all(reason.startswith("market_mask") and reason.endswith(LEDGER_REASON) for reason in excluded.values())
 
 
 def test_a_victim_dropped_mid_session_is_caught_at_unmask(tmp_path: Path) -> None:
@@ -150,6 +151,7 @@ def test_a_corrupt_ledger_fails_closed_and_keeps_that_node_out_of_the_sum(tmp_pa
     outcome = phase.run(InProcessGrid(app, list(counts)))
     assert set(outcome.excluded) == {broken}
     assert "refused by the node's release ledger" in outcome.excluded[broken]
+    assert outcome.excluded[broken].startswith("market_advertise")  # it refuses at the first step
     assert outcome.global_counts == total({n: c for n, c in counts.items() if n != broken})
 
 
@@ -297,3 +299,84 @@ def test_the_server_app_reads_the_roster_history_from_the_run_config(tmp_path: P
     assert isinstance(config.roster_history, RosterHistory) and config.roster_history.path == path
     default = _market_config(ServerSettings.from_run_config({}), DataConfig.from_run_config({}), 5, 1)
     assert default.roster_history is None
+
+
+def test_the_release_is_recorded_before_the_unmask_shares_leave_and_a_failed_write_sends_none(tmp_path: Path) -> None:
+    """Write-ahead: when a node's unmask reply leaves, its ledger already holds the release; if the write fails
+    the node refuses (no shares), and PASS finishes without its shares."""
+    from flmarket_flwr.market.ledger import LedgerError
+
+    counts = make_counts(6, seed=32)
+    full = sorted(counts)[2]
+
+    class FullDisk(ReleaseLedger):
+        def record_release(self, run_id: int, session: bytes, members) -> None:  # type: ignore[no-untyped-def]
+            raise LedgerError(f"{self.path}: no space left on device")
+
+    app = ClientApp()
+    register_market_handlers(
+        app,
+        lambda context: counts[context.node_id],
+        CostBasedBid(0.01),
+        release_ledger=lambda context: (FullDisk if context.node_id == full else ReleaseLedger)(
+            tmp_path / str(context.node_id)
+        ),
+    )
+    recorded_when_sent: dict[int, bool] = {}
+
+    def watch(instruction, reply):  # type: ignore[no-untyped-def]
+        node = instruction.metadata.dst_node_id
+        if instruction.metadata.message_type == "query.market_unmask" and not reply.has_error():
+            recorded_when_sent[node] = [r.run_id for r in ReleaseLedger(tmp_path / str(node)).records()] == [7]
+        return reply
+
+    phase = MarketPhase(market_config())
+    outcome = phase.run(InProcessGrid(app, list(counts), run_id=7, reply_hook=watch))
+    assert recorded_when_sent == {node: True for node in counts if node != full}
+    assert outcome.excluded[full].startswith("market_unmask") and set(outcome.excluded) == {full}
+    assert outcome.global_counts == total(counts)  # its masked input is in; its self-mask came from the others
+
+
+@pytest.mark.parametrize("signed", [False, True], ids=["node-ids", "directory"])
+def test_a_sybil_under_the_victims_node_id_passes_the_ledgers_only_without_a_directory(
+    tmp_path: Path, signed: bool
+) -> None:
+    """Members are labels: without a directory the server (it runs the SuperLink) can present a node of its own
+    under the victim's node id in run 2; the ledgers see run 1's members again and release, and the difference
+    is the victim's counts minus the sybil's, which the server knows. With a directory the sybil lacks the
+    victim's identity key: its advert is refused and the ledgers refuse run 2."""
+    counts = make_counts(6, seed=33)
+    victim = sorted(counts)[0]
+    sybil_counts = np.full(NUM_CLASSES, 9)
+    identities = {node: generate_identity() for node in counts}
+    directory = IdentityDirectory({node: public for node, (_, public) in identities.items()})
+    impostor_key, _ = generate_identity()
+
+    def app_for(run: int) -> ClientApp:
+        def is_sybil(context) -> bool:  # type: ignore[no-untyped-def]
+            return run == 2 and context.node_id == victim
+
+        app = ClientApp()
+        register_market_handlers(
+            app,
+            lambda context: sybil_counts if is_sybil(context) else counts[context.node_id],
+            CostBasedBid(0.01),
+            identity_key=(lambda c: impostor_key if is_sybil(c) else identities[c.node_id][0]) if signed else None,
+            directory=(lambda context: directory) if signed else None,
+            release_ledger=lambda c: None if is_sybil(c) else ReleaseLedger(tmp_path / str(c.node_id)),
+        )
+        return app
+
+    first = run(app_for(1), counts, run_id=1, directory=directory if signed else None)
+    if not signed:
+        second = run(app_for(2), counts, run_id=2)
+        assert second.pass_participants == first.pass_participants  # "the same members again": released
+        difference = np.subtract(first.global_counts, second.global_counts) + sybil_counts
+        assert np.array_equal(difference, counts[victim])
+    else:
+        phase = MarketPhase(market_config(directory=directory))
+        with pytest.raises(MarketError):
+            phase.run(InProcessGrid(app_for(2), list(counts), run_id=2))
+        assert "does not verify" in phase._excluded[victim]  # the impostor's advert
+        others = {reason for node, reason in phase._excluded.items() if node != victim}
+        assert others and all(reason.endswith(LEDGER_REASON) for reason in others)

@@ -42,6 +42,13 @@ from flmarket_flwr.pass_protocol import (
     roster_fingerprint,
     share_from_bytes,
 )
+from flmarket_flwr.pass_protocol.graph import (
+    derive_graph_seed,
+    mask_graph,
+    neighbourhood_size,
+    roster_digest,
+    share_threshold,
+)
 from flmarket_flwr.pass_protocol.primitives import exchange_shared_secret
 
 BOUND = 10**9
@@ -339,3 +346,47 @@ def test_a_malformed_survivor_set_signature_excludes_only_its_sender(signature: 
     assert set(outcome.excluded) == {liar}
     assert outcome.excluded[liar].startswith("PASS: survivor-set signature refused")
     assert outcome.global_counts == [int(c) for c in np.sum(list(counts.values()), axis=0)]
+
+
+# --- The server places a victim among colluders: not prevented (issue 21 review) -----------------------------
+@pytest.mark.parametrize("signed", [False, True], ids=["no-directory", "directory"])
+def test_a_server_that_places_a_victim_among_t_colluders_recovers_its_counts_not_prevented(signed: bool) -> None:
+    """The graph is fixed by the server's own seed and the indices, and the server assigns the indices.
+
+    Before anyone advertises it computes the graph its committed seed will give over indices ``1..E``, gives the
+    victim index 1 and ``t`` colluding clients indices among index 1's neighbours. The colluders then pool the
+    shares of the victim's two secrets they were dealt (no split, no unmask request): the victim's masked input
+    opens to its exact counts. Here E = 100 (k = 30, t = 16): 16 colluders of 100 suffice, where a random
+    placement would need about half the federation. With a directory too: the consistency round is not involved.
+    """
+    size = 100
+    counts = make_counts(size, seed=41)
+    grid, server = _grid(counts, signed)
+    indices = list(range(1, size + 1))
+    k = neighbourhood_size(size)
+    t = share_threshold(k)
+    planned = mask_graph(derive_graph_seed(server._server_seed, roster_digest(server.session, indices)), indices, k)
+    victim, colluders = 1, sorted(planned[1])[:t]
+    nodes = sorted(counts)
+    placed = {victim: nodes[0], **dict(zip(colluders, nodes[1 : t + 1], strict=True))}
+    rest = iter(nodes[t + 1 :])
+    order = [placed[i] if i in placed else next(rest) for i in indices]
+    requests = run_pass_rounds(grid, order, server, upto=2)  # rounds 1-2 as the protocol says, in that order
+    assert server.graph[victim] == planned[victim] and len(planned[victim]) == k and k < size - 1
+    replies = send(grid, "market_mask", {server.node_of[i]: r.to_record() for i, r in requests.items()})
+    masked = np.frombuffer(record_of(replies[nodes[0]])["masked_counts"], dtype="<u8").astype(np.uint64)
+
+    s_shares, b_shares = [], []  # what the t colluders hold of the victim's secrets, from their own state
+    for x in colluders:
+        state = grid.context(server.node_of[x]).state.config_records["flmarket"]
+        both = list(state["pass/held_shares"])[list(state["pass/held_from"]).index(victim)]
+        s_shares.append((x, both[: len(both) // 2]))
+        b_shares.append((x, both[len(both) // 2 :]))
+    value = masked - expand_seed(_rebuild(b_shares, t), NUM_CLASSES)
+    mask_key = X25519PrivateKey.from_private_bytes(_rebuild(s_shares, t))
+    for peer in server.graph[victim]:
+        peer_key = load_public_key(server.adverts[peer].mask_public_key, peer)
+        seed = derive_pair_seed(exchange_shared_secret(mask_key, peer_key, peer), server.session, victim, peer)
+        mask = expand_seed(seed, NUM_CLASSES)
+        value = value - mask if victim < peer else value + mask
+    assert np.array_equal(value, counts[nodes[0]].astype(np.uint64))

@@ -50,7 +50,7 @@ from flmarket_flwr.market.messages import (
     RECORD_KEY,
     message_type,
 )
-from flmarket_flwr.pass_protocol import MaskedInput, PassServer, counts_commitment
+from flmarket_flwr.pass_protocol import MaskedInput, PassServer, SkellamNoise, counts_commitment
 from flmarket_flwr.pricing import score
 
 C = 5
@@ -69,10 +69,14 @@ def _server_identity() -> None:
 class Node:
     """One client: a ClientApp and a Context, called the way Flower's runtimes call them."""
 
-    def __init__(self, counts, bid_policy=None, node_id: int = 7, node_config=None, audit: bool = True) -> None:
+    def __init__(
+        self, counts, bid_policy=None, node_id: int = 7, node_config=None, audit: bool = True, noise=None
+    ) -> None:
         self.counts = np.asarray(counts)
         self.app = ClientApp()
-        register_market_handlers(self.app, lambda context: self.counts, bid_policy, audit=audit)
+        register_market_handlers(
+            self.app, lambda context: self.counts, bid_policy, audit=audit, noise=lambda context: noise
+        )
         self.context = Context(1, node_id, dict(node_config or {"partition-id": 3}), RecordDict(), {})
 
     def call(self, action: str, **fields: object) -> Message:
@@ -362,6 +366,45 @@ def test_bid_requests_not_bound_to_the_session_are_refused_and_close_the_bid(cha
     session, nodes = completed()
     refused(nodes[0].call(ACTION_BID, **session.bid_fields(**change)), ACTION_BID)
     refused(nodes[0].call(ACTION_BID, **session.bid_fields()), ACTION_BID)  # answered once, even a refusal
+
+
+class ZeroDraws(SkellamNoise):
+    """The noise setting of epsilon 1 whose draws are all zero: the sum is exact, the client's checks are widened."""
+
+    def sample(self, num_classes: int, roster_size: int) -> np.ndarray:
+        return np.zeros(num_classes, dtype=np.int64)
+
+
+TAIL = SkellamNoise(1.0).tail_bound()
+
+
+@pytest.mark.parametrize(
+    ("crafted", "accepted"),
+    [
+        ({0: 100 - TAIL}, True),  # below the client's own 100 by the noise's tail: a noisy N_s can be that low
+        ({0: 100 - TAIL - 1}, False),
+        ({4: 3 * BOUND + TAIL}, True),  # above count_bound * E by the tail
+        ({4: 3 * BOUND + TAIL + 1}, False),
+    ],
+    ids=["below-own-by-the-tail", "below-own-beyond-it", "above-bound-by-the-tail", "above-bound-beyond-it"],
+)
+def test_with_noise_a_crafted_global_count_is_refused_beyond_the_noises_tail(
+    crafted: dict[int, int], accepted: bool
+) -> None:
+    """A server's crafted ``N_s`` in the bid request: the client's checks are widened by the tail, no further."""
+    counts = ([100, 2, 3, 4, 5], [10, 0, 7, 1, 2], [0, 9, 9, 9, 1])
+    nodes = [Node(c, CostBasedBid(0.01), node_id=7 + i, noise=ZeroDraws(1.0)) for i, c in enumerate(counts)]
+    session = Session(nodes)
+    session.run()
+    node = next(n for n in nodes if n.counts[0] == 100)
+    global_counts = [int(c) for c in session.total]
+    for klass, value in crafted.items():
+        global_counts[klass] = value
+    reply = node.call(ACTION_BID, **session.bid_fields(**{KEY_GLOBAL_COUNTS: global_counts}))
+    if accepted:
+        assert record(reply)[KEY_BID] > 0
+    else:
+        refused(reply, ACTION_BID)
 
 
 def test_simulated_cost_bid_reads_the_partition_id(caplog) -> None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from itertools import count
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from adversary import NUM_CLASSES, make_counts, market_config
 from flwr.clientapp import ClientApp
@@ -46,6 +48,8 @@ def exact_skellam_rdp(alpha: int, variance: float) -> float:
 def test_the_rdp_bound_lies_above_the_numeric_renyi_divergence_and_close_to_it(alpha: int, variance: float) -> None:
     exact, bound = exact_skellam_rdp(alpha, variance), skellam_rdp(alpha, variance)
     assert exact <= bound
+    if variance == 2:  # the docstring's "2 to 3.6 times the truth at variance 2"
+        assert 2 * exact <= bound <= 3.6 * exact
     if variance >= 30:  # the discretisation surcharge fades: within 15% of the truth at 30, 1% at 300
         assert bound <= (1.15 if variance < 300 else 1.01) * exact
 
@@ -74,6 +78,18 @@ def test_epsilon_matches_a_direct_conversion_at_two_points() -> None:
             for a in range(2, 4097)
         )
         assert skellam_epsilon(variance, delta) == pytest.approx(by_hand, rel=1e-3)
+
+
+def test_the_readmes_numbers_at_epsilon_one() -> None:
+    """README "Differencing across any number of runs": the compositions, the spread, the tail, the three-run error."""
+    noise = SkellamNoise(1.0, 1e-6)
+    assert [round(noise.epsilon_after(k), 2) for k in (1, 2, 3, 10)] == [1.0, 1.42, 1.76, 3.29]
+    assert round(math.sqrt(2 * noise.target_variance), 1) == 7.7  # everyone honest: twice the target
+    assert noise.tail_bound() == 94  # 12 standard deviations of the largest sum, plus one
+    for x in range(3, 8):  # markets over X, Y and {v} + X + Y: the difference carries the noise of three sums
+        for y in range(3, 8):
+            spread = math.sqrt(sum(n * noise.client_variance(n) for n in (x, y, 1 + x + y)))
+            assert 11.8 < spread < 13.4  # "12 to 13 samples a class"
 
 
 def test_the_per_client_share_sums_to_the_target_over_the_honest_fraction() -> None:
@@ -246,6 +262,17 @@ def test_the_apps_clients_add_the_run_configs_noise_and_a_node_ceiling_refuses_a
     refused = outcome({"pass-dp-epsilon": 1.0}, ceiling=0.5)
     assert 505 in refused.excluded and refused.excluded[505].startswith("market_mask")
     assert refused.pass_participants == nodes[:-1]
+    no_noise = outcome({}, ceiling=1.0)  # a run that announces no noise at all: refused by the same ceiling
+    assert 505 in no_noise.excluded and no_noise.excluded[505].startswith("market_mask")
+    assert no_noise.pass_participants == nodes[:-1]
+    assert not outcome({"pass-dp-epsilon": 1.0}, ceiling=1.0).excluded  # at the ceiling: taken part
+    # Less noise at the same epsilon: a larger delta (13 times less variance at 0.9) or a roster assumed all honest
+    # (half the variance per client). The ceiling is on the noise the node adds, so it refuses both.
+    for weaker in ({"pass-dp-delta": 0.9}, {"pass-dp-honest-fraction": 1.0}):
+        run_config = {"pass-dp-epsilon": 1.0, **weaker}
+        assert market_noise(1.0, run_config.get("pass-dp-delta", 1e-6), 0.5) is not None
+        refused = outcome(run_config, ceiling=1.0)
+        assert 505 in refused.excluded and refused.excluded[505].startswith("market_mask"), weaker
 
 
 def test_a_noisy_market_with_a_client_dropping_at_the_mask_step_finishes_over_the_survivors() -> None:
@@ -298,3 +325,126 @@ def test_the_server_apps_market_takes_the_noise_from_the_run_config() -> None:
 
     assert noise_of({}) is None
     assert noise_of({"pass-dp-epsilon": 2.0, "pass-dp-delta": 1e-7}) == SkellamNoise(2.0, 1e-7, 0.5)
+
+
+# --- The noise's own claims, each played against the market (issue 21: README "Threat model") -----------------
+
+
+@dataclass(frozen=True)
+class KeptNoise(SkellamNoise):
+    """:class:`SkellamNoise` that keeps what each client drew (and, with ``fixed``, draws that value in every class)."""
+
+    fixed: int | None = field(default=None, compare=False)
+    drawn: list[tuple[int, np.ndarray]] = field(default_factory=list, compare=False, repr=False)
+
+    def sample(self, num_classes: int, roster_size: int) -> npt.NDArray[np.int64]:
+        if self.fixed is None:
+            vector = super().sample(num_classes, roster_size)
+        else:
+            vector = np.full(num_classes, self.fixed, dtype=np.int64)
+        self.drawn.append((roster_size, vector))
+        return vector
+
+
+def per_node_app(counts: Mapping[int, np.ndarray], noises: Mapping[int, SkellamNoise | None]) -> ClientApp:
+    """Market handlers where node ``n`` adds ``noises[n]`` (``None``: no noise, as a server's sybil would)."""
+    app = ClientApp()
+    register_market_handlers(
+        app, lambda context: counts[context.node_id], CostBasedBid(0.01), noise=lambda context: noises[context.node_id]
+    )
+    return app
+
+
+def test_the_noise_never_leaves_a_client_and_a_winners_audit_opens_its_exact_counts() -> None:
+    """Every message the server got, but the audits, holds neither a client's noise nor its noisy counts."""
+    from test_market_client import find_leaks, opened_counts
+
+    counts = make_counts(6, seed=13)
+    seeds = count(600)
+    noises = {n: KeptNoise(1.0, rng=lambda: np.random.default_rng(next(seeds))) for n in counts}
+    grid = InProcessGrid(per_node_app(counts, noises), list(counts))
+    outcome = MarketPhase(market_config(noise=SkellamNoise(1.0), budget=10**6)).run(grid)
+    assert all(len(noises[n].drawn) == 1 and np.any(noises[n].drawn[0][1]) for n in counts)
+    drawn = {n: noises[n].drawn[0][1] for n in counts}
+    assert find_leaks(grid, drawn, []) == []
+    assert find_leaks(grid, {n: counts[n] + drawn[n] for n in counts}, []) == []
+    opened = opened_counts(grid)  # the commitment binds the exact counts: that is what the audit opens and accepts
+    assert outcome.winners and set(opened) == set(outcome.audited) == set(outcome.winners)
+    assert all(opened[n] == [int(c) for c in counts[n]] for n in opened)
+
+
+def test_the_server_decodes_a_negative_noisy_sum_signed_and_clips_it_at_zero_before_the_scores() -> None:
+    """A class every client lacks comes out of PASS below zero (-80): N_s holds 0 there, and the market completes."""
+    counts = make_counts(4, seed=14)
+    for vector in counts.values():
+        vector[0] = 0
+    noises = {n: KeptNoise(1.0, fixed=-20) for n in counts}  # 4 x -20 = -80, within the 94 of the bound checks
+    grid = InProcessGrid(per_node_app(counts, noises), list(counts))
+    outcome = MarketPhase(market_config(noise=SkellamNoise(1.0), budget=10**6)).run(grid)
+    exact = np.sum(list(counts.values()), axis=0)
+    assert outcome.global_counts == np.maximum(exact - 80, 0).tolist() and outcome.global_counts[0] == 0
+    assert outcome.winners and set(outcome.audited) == set(outcome.winners) and not outcome.excluded
+
+
+def test_with_noise_the_bound_check_gives_a_poisoner_the_noises_tail_of_room() -> None:
+    """The widened check (``count_bound * |U3|`` + tail) lets a poisoned class through up to the tail, no further."""
+    from flmarket_flwr.market import MarketError
+
+    counts = make_counts(5, seed=15)
+    attacker = sorted(counts)[1]
+    bound = 1000
+    tail = SkellamNoise(1.0).tail_bound()
+    exact = int(sum(c[0] for c in counts.values()))
+
+    def poisoned(to: int, noise: SkellamNoise | None):  # type: ignore[no-untyped-def]
+        def add(instruction, reply):  # type: ignore[no-untyped-def]
+            if (
+                instruction.metadata.dst_node_id == attacker
+                and instruction.metadata.message_type == "query.market_mask"
+            ):
+                record = reply.content.config_records["flmarket"]
+                words = np.frombuffer(record["masked_counts"], dtype="<u8").astype(np.uint64)
+                words[0] += np.uint64(to - exact)
+                record["masked_counts"] = words.astype("<u8").tobytes()
+            return reply
+
+        noises = {n: (KeptNoise(1.0, fixed=0) if noise else None) for n in counts}  # zero draws: N_s is exact
+        grid = InProcessGrid(per_node_app(counts, noises), list(counts), reply_hook=add)
+        return MarketPhase(market_config(noise=noise, count_bound=bound, budget=10**6)).run(grid)
+
+    assert poisoned(bound * 5 + tail, SkellamNoise(1.0)).global_counts[0] == bound * 5 + tail
+    with pytest.raises(MarketError, match="exceeds count_bound"):
+        poisoned(bound * 5 + tail + 1, SkellamNoise(1.0))
+    with pytest.raises(MarketError, match="exceeds count_bound"):
+        poisoned(bound * 5 + 1, None)  # without noise the same class is refused one above the bound
+
+
+def test_a_server_that_pads_the_roster_with_sybils_shrinks_each_honest_clients_noise() -> None:
+    """Not prevented: each client sizes its noise on the roster U1 it is shown, sybils included.
+
+    3 honest clients among 10 (7 the server's own, adding nothing) each add ``target / 5``: the honest noise in
+    ``N_s`` is 3/5 of the target, below what epsilon 1 needs (the guarantee holds only while ``ceil(f |U1|)``
+    honest clients survive).
+    """
+    counts = make_counts(10, seed=16)
+    honest = sorted(counts)[:3]
+    noises: dict[int, SkellamNoise | None] = {n: KeptNoise(1.0) if n in honest else None for n in counts}
+    outcome = MarketPhase(market_config(noise=SkellamNoise(1.0), budget=10**6)).run(
+        InProcessGrid(per_node_app(counts, noises), list(counts))
+    )
+    assert outcome.pass_participants == sorted(counts)
+    kept = [noise for noise in noises.values() if isinstance(noise, KeptNoise)]
+    assert [size for noise in kept for size, _ in noise.drawn] == [10, 10, 10]  # sized on |U1|, sybils counted
+    honest_variance = sum(noise.client_variance(10) for noise in kept)
+    assert honest_variance == pytest.approx(0.6 * SkellamNoise(1.0).target_variance)
+    assert skellam_epsilon(honest_variance, 1e-6) > 1.2  # the release is no longer (1, 1e-6)-DP
+
+
+def test_the_default_noise_is_seeded_from_the_operating_system(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No seed a server could know (partition id, run id): two clients' default draws differ; os.urandom decides."""
+    import flmarket_flwr.pass_protocol.noise as noise_module
+
+    noise = SkellamNoise(1.0)
+    assert not np.array_equal(noise.sample(50, 4), noise.sample(50, 4))
+    monkeypatch.setattr(noise_module.os, "urandom", lambda n: bytes(n))  # a fixed "OS" source: fixed draws
+    assert np.array_equal(noise.sample(50, 4), noise.sample(50, 4))

@@ -40,7 +40,9 @@ identity keys PASS is secure against a semi-honest server only: a malicious serv
 and by showing clients different survivor sets it recovers a client's counts. With identity keys it
 cannot substitute or replay keys across runs or rosters, and the consistency round defeats the tested
 split-views attack (complete and sparse graphs); on the complete graph any split, on sparse graphs
-consistency is only local to each neighbourhood. It can always exclude clients or abort. A session needs
+consistency is only local to each neighbourhood. It can always exclude clients or abort, and since it
+assigns the indices it can make ``t`` colluding clients a chosen victim's neighbours on a sparse graph, who
+then open its masked input (directory or not). A session needs
 at least 3 clients (with 2, each learns the other's counts); ``E - 1`` colluders learn the last client's
 counts from ``N_s``; a client can commit to false counts, which nothing here detects. A client that returns
 a corrupted unmask share is excluded by name and the session finishes while each secret keeps ``t``

@@ -15,7 +15,9 @@ Each client holds a long-term Ed25519 identity key; the public halves are distri
   ciphertext only on a signed accusation, so the server cannot make it open one unasked.
 
 Without a directory the server is trusted to relay keys and survivor sets faithfully (semi-honest server
-only); with one, it can no longer substitute keys, replay them, or show two clients different sets unnoticed.
+only); with one, it can no longer substitute keys or replay them, and a client unmasks only for a set that ``t``
+of its neighbours signed (on a sparse graph, clients in different regions can still be shown different sets:
+README "Threat model").
 """
 
 from __future__ import annotations

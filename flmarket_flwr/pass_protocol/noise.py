@@ -20,12 +20,13 @@ scale 1): for aggregate per-coordinate variance ``mu`` and integer order ``alpha
 Composition over ``k`` releases adds RDP; ``(epsilon, delta)`` is ``min_alpha eps(alpha) + log(1/delta) /
 (alpha - 1)`` (Mironov 2017, Proposition 3: the plain conversion, looser than later ones, never tighter).
 The constants could not be read from the paper itself here; the tests check the bound against the Renyi
-divergence of two shifted Skellam laws computed numerically: it lies above, 2-3.5 times the truth at
+divergence of two shifted Skellam laws computed numerically: it lies above, 2 to 3.6 times the truth at
 variance 2, within 15% at 30 and 1% at 300.
 
 **Who must be honest.** The noise is calibrated so that the honest survivors alone reach the target: a
 client that sees a roster of ``n`` adds variance ``target / ceil(honest_fraction * n)``, so the guarantee
-holds while at least that many honest clients (whose noise the server never sees) survive to the sum. With
+holds while at least that many honest clients (whose noise the server never sees) survive to the sum. ``n`` is
+the roster the server shows: sybils it adds count, and shrink each honest client's noise (not prevented). With
 ``honest_fraction = 1/2`` (the default, the share threshold's majority) the sum carries up to twice the
 target variance when everyone is honest.
 

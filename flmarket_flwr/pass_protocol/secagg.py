@@ -25,7 +25,8 @@ local to each neighbourhood, and a server that gives whole regions different set
 The graph is committed before the keys exist (the server may retry graphs by excluding advertised clients,
 each retry succeeding with probability below ``2^-security_bits``), the client's ``min_participants`` floor
 bounds a roster of colluders, and ``c`` colluding neighbours of a client are tolerated while
-``t > (k + c) / 2``. The server refuses (fails closed) a sum above ``count_bound * |U3|`` in any class.
+``t > (k + c) / 2``. But the server assigns the indices: it can place ``t`` colluders around a chosen victim
+(README "Threat model"). The server refuses (fails closed) a sum above ``count_bound * |U3|`` in any class.
 
 Blame, not abort (issue 21, item 3). The cipher key pair is used only to receive shares; each share pair is
 sealed with a one-use X25519 key derived from a per-session seal seed (ECIES: its public half opens the
