@@ -179,10 +179,10 @@ def reconstruct_secrets(xs: Sequence[int], shares: npt.ArrayLike, secret_length:
     if array.dtype.kind not in "iu" or (array < 0).any() or (array >= FIELD_PRIME).any():
         raise ValueError(f"shares must be integers in [0, {FIELD_PRIME})")
     array = array.astype(np.uint64)
-    acc = np.zeros(array.shape[1:], dtype=np.uint64)
-    for coefficient, row in zip(lagrange_at_zero(points), array, strict=True):
-        acc = (acc + row * np.uint64(coefficient) % _P) % _P
-    return _decode(acc, secret_length)
+    coefficients = np.asarray(lagrange_at_zero(points), dtype=np.uint64)[:, None, None]
+    # Each term is below p (a product below p^2 < 2^64, reduced); at most p - 1 of them sum below 2^64.
+    terms = np.remainder(array * coefficients, _P)
+    return _decode(np.remainder(terms.sum(axis=0, dtype=np.uint64), _P), secret_length)
 
 
 def share_to_bytes(share: npt.ArrayLike) -> bytes:
