@@ -250,12 +250,13 @@ def _sealing_key(seal_seed: bytes, session: bytes, sender: int, receiver: int) -
     return X25519PrivateKey.from_private_bytes(hkdf_sha256(seal_seed, info))
 
 
-def _channel_key(secret: bytes, session: bytes, sender: int, receiver: int, sealing_public: bytes) -> bytes:
+def _channel_key(secret: bytes, aad: bytes, sealing_public: bytes) -> bytes:
     """AEAD key of the ciphertext ``sender -> receiver`` from ``X25519(sealing key, receiver's cipher key)``.
 
-    The direction and the sealing public key are bound in the HKDF info.
+    ``aad`` is :func:`_channel_aad` of that direction: the direction and the sealing public key are bound in
+    the HKDF info.
     """
-    return hkdf_sha256(secret, _LABEL + b"/channel" + _channel_aad(session, sender, receiver) + sealing_public)
+    return hkdf_sha256(secret, _LABEL + b"/channel" + aad + sealing_public)
 
 
 def _seal(
@@ -272,10 +273,10 @@ def _seal(
     """
     sealing_public = sealing_key.public_key().public_bytes_raw()
     secret = exchange_shared_secret(sealing_key, receiver_key, receiver)
-    key = _channel_key(secret, session, sender, receiver, sealing_public)
+    aad = _channel_aad(session, sender, receiver)
     plaintext = _LABEL + struct.pack(">QQ", sender, receiver) + both
-    return sealing_public + ChaCha20Poly1305(key).encrypt(
-        _ZERO_NONCE, plaintext, _channel_aad(session, sender, receiver)
+    return sealing_public + ChaCha20Poly1305(_channel_key(secret, aad, sealing_public)).encrypt(
+        _ZERO_NONCE, plaintext, aad
     )
 
 
@@ -288,9 +289,11 @@ def _unseal(
     word is not a field element, or the pair does not match the ``digest`` its dealer sent the server. The
     receiver and the server (from a revealed sealing key) run this same check, so they agree on the verdict.
     """
-    key = _channel_key(secret, session, sender, receiver, ciphertext[:32])
+    aad = _channel_aad(session, sender, receiver)
     try:
-        plaintext = ChaCha20Poly1305(key).decrypt(_ZERO_NONCE, ciphertext[32:], _channel_aad(session, sender, receiver))
+        plaintext = ChaCha20Poly1305(_channel_key(secret, aad, ciphertext[:32])).decrypt(
+            _ZERO_NONCE, ciphertext[32:], aad
+        )
     except InvalidTag:
         return None
     header = _LABEL + struct.pack(">QQ", sender, receiver)
@@ -303,6 +306,7 @@ def _unseal(
 
 
 def _channel_aad(session: bytes, sender: int, receiver: int) -> bytes:
+    """``len(session) || session || sender || receiver``: the direction ``sender -> receiver`` in this session."""
     return struct.pack(">Q", len(session)) + session + struct.pack(">QQ", sender, receiver)
 
 
@@ -1599,7 +1603,7 @@ class PassServer:
             raise PassError(f"only {len(shares)} shares of {what} of client {owner}, the threshold is {self.threshold}")
         chosen = shares[: self.threshold]  # any t: a corrupted one still breaks the 24-bit words (2^-88 escape)
         xs = [x for x, _ in chosen]
-        rows = np.stack([share_from_bytes(s, 1, SECRET_LENGTH) for _, s in chosen])
+        rows = share_from_bytes(b"".join(s for _, s in chosen), len(chosen), SECRET_LENGTH)[:, None, :]  # one parse
         try:
             return reconstruct_secrets(xs, rows, SECRET_LENGTH)[0]
         except ValueError as error:
