@@ -13,7 +13,9 @@ from itertools import combinations
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2
@@ -32,6 +34,7 @@ from flmarket_flwr.pass_protocol import (
     pairwise_sign,
     validate_counts,
 )
+from flmarket_flwr.pass_protocol.primitives import hkdf_sha256
 
 SESSION = b"test-run-1"
 ZERO_KEY = bytes(32)  # a low-order point: every X25519 exchange with it gives zeros
@@ -210,6 +213,13 @@ def test_both_sides_derive_the_same_seed() -> None:
     assert seed_from_a != secret_ab
     assert derive_pair_seed(secret_ab, b"other-run", 4, 9) != seed_from_a
     assert derive_pair_seed(secret_ab, SESSION, 4, 10) != seed_from_a
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200), st.binary(max_size=300))
+def test_hkdf_sha256_gives_the_bytes_of_cryptography_hkdf(ikm: bytes, info: bytes) -> None:
+    expected = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(ikm)
+    assert hkdf_sha256(ikm, info) == expected
 
 
 def test_pair_info_is_symmetric_and_length_prefixed() -> None:

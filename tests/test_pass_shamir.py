@@ -9,10 +9,14 @@ from hypothesis import strategies as st
 
 from flmarket_flwr.pass_protocol.shamir import (
     FIELD_PRIME,
+    WORD_BYTES,
+    random_field_elements,
     reconstruct_secrets,
     share_from_bytes,
     share_to_bytes,
+    share_words_in_field,
     split_secrets,
+    words_per_secret,
 )
 
 
@@ -35,6 +39,36 @@ def test_any_t_shares_reconstruct_every_secret(case, seed):
     assert shares.shape[:2] == (len(xs), len(secrets))
     assert (shares < FIELD_PRIME).all()
     assert reconstruct_secrets([xs[i] for i in subset], shares[subset], len(secrets[0])) == secrets
+
+
+@settings(max_examples=150, deadline=None)
+@given(sharings(), st.integers(0, 2**32))
+def test_split_evaluates_the_polynomial_exactly(case, seed):
+    """Each share is ``secret word + sum_j c_j x^j mod p`` in Python integers, for xs up to ``p - 1``."""
+    xs, threshold, secrets, _ = case
+    shares = split_secrets(secrets, xs, threshold, rng=np.random.default_rng(seed))
+    words = words_per_secret(len(secrets[0]))
+    coefficients = random_field_elements((threshold - 1, len(secrets), words), np.random.default_rng(seed))
+    for i, x in enumerate(xs):
+        for s, secret in enumerate(secrets):
+            padded = secret.ljust(words * WORD_BYTES, b"\0")
+            for w in range(words):
+                value = int.from_bytes(padded[WORD_BYTES * w : WORD_BYTES * (w + 1)], "little")
+                value += sum(int(coefficients[j, s, w]) * x ** (j + 1) for j in range(threshold - 1))
+                assert int(shares[i, s, w]) == value % FIELD_PRIME
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([0, 1, FIELD_PRIME - 1, FIELD_PRIME, 2**32 - 1]) | st.integers(0, 2**32 - 1)))
+def test_share_words_in_field_is_the_check_of_share_from_bytes(words):
+    data = np.asarray(words, dtype="<u4").tobytes()
+    try:
+        share_from_bytes(data, 1, WORD_BYTES * len(words))
+        accepted = bool(words)
+    except ValueError:
+        accepted = False
+    assert share_words_in_field(data) == (accepted or not words)
+    assert not share_words_in_field(data + b"\0")  # not whole words
 
 
 def test_all_subsets_of_size_t_reconstruct_with_the_os_csprng():

@@ -57,11 +57,9 @@ from typing import Any, Final, Self
 import numpy as np
 import numpy.typing as npt
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from flmarket_flwr.pass_protocol.graph import (
     DEFAULT_BAD_FRACTION,
@@ -94,6 +92,7 @@ from flmarket_flwr.pass_protocol.primitives import (
     derive_pair_seed,
     exchange_shared_secret,
     expand_seed,
+    hkdf_sha256,
     load_public_key,
     parse_public_key,
     ring_sum,
@@ -104,6 +103,7 @@ from flmarket_flwr.pass_protocol.shamir import (
     reconstruct_secrets,
     share_from_bytes,
     share_to_bytes,
+    share_words_in_field,
     split_secrets,
 )
 
@@ -151,14 +151,23 @@ def share_digest(session: bytes, dealer: int, holder: int, kind: bytes, share: b
     ``kind`` is ``b"s"`` (a share of the mask key) or ``b"b"`` (of the self-mask seed). A share is uniform on
     its own, so its digest hides it.
     """
-    header = struct.pack(">Q", len(session)) + session + struct.pack(">QQ", dealer, holder)
-    return hashlib.sha256(_LABEL + b"/share-digest" + header + kind + share).digest()
+    return hashlib.sha256(_digest_prefix(session, dealer, holder) + kind + share).digest()
+
+
+def _digest_prefix(session: bytes, dealer: int, holder: int) -> bytes:
+    """``label || "/share-digest" || len(session) || session || dealer || holder``: each share digest's prefix."""
+    return _LABEL + b"/share-digest" + struct.pack(">Q", len(session)) + session + struct.pack(">QQ", dealer, holder)
 
 
 def _pair_digest(session: bytes, dealer: int, holder: int, both: bytes) -> bytes:
-    """The 64-byte digest of one neighbour's share pair (mask-key share, then self-mask-seed share)."""
-    return share_digest(session, dealer, holder, b"s", both[:_SHARE_BYTES]) + share_digest(
-        session, dealer, holder, b"b", both[_SHARE_BYTES:]
+    """The 64-byte digest of one neighbour's share pair (mask-key share, then self-mask-seed share).
+
+    The two :func:`share_digest` s, with their common prefix built once.
+    """
+    prefix = _digest_prefix(session, dealer, holder)
+    return (
+        hashlib.sha256(prefix + b"s" + both[:_SHARE_BYTES]).digest()
+        + hashlib.sha256(prefix + b"b" + both[_SHARE_BYTES:]).digest()
     )
 
 
@@ -239,29 +248,36 @@ def _sealing_key(seal_seed: bytes, session: bytes, sender: int, receiver: int) -
     so neither the seed nor the sealing key of another receiver follows from it.
     """
     info = _LABEL + b"/seal" + _channel_aad(session, sender, receiver)
-    raw = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(seal_seed)
-    return X25519PrivateKey.from_private_bytes(raw)
+    return X25519PrivateKey.from_private_bytes(hkdf_sha256(seal_seed, info))
 
 
-def _channel_key(secret: bytes, session: bytes, sender: int, receiver: int, sealing_public: bytes) -> bytes:
+def _channel_key(secret: bytes, aad: bytes, sealing_public: bytes) -> bytes:
     """AEAD key of the ciphertext ``sender -> receiver`` from ``X25519(sealing key, receiver's cipher key)``.
 
-    The direction and the sealing public key are bound in the HKDF info.
+    ``aad`` is :func:`_channel_aad` of that direction: the direction and the sealing public key are bound in
+    the HKDF info.
     """
-    info = _LABEL + b"/channel" + _channel_aad(session, sender, receiver) + sealing_public
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
+    return hkdf_sha256(secret, _LABEL + b"/channel" + aad + sealing_public)
 
 
 def _seal(
-    sealing_key: X25519PrivateKey, receiver_key: bytes, session: bytes, sender: int, receiver: int, both: bytes
+    sealing_key: X25519PrivateKey,
+    receiver_key: X25519PublicKey,
+    session: bytes,
+    sender: int,
+    receiver: int,
+    both: bytes,
 ) -> bytes:
-    """``sealing public key || ChaCha20-Poly1305(share pair)`` for ``receiver`` (ECIES with a one-use key)."""
+    """``sealing public key || ChaCha20-Poly1305(share pair)`` for ``receiver`` (ECIES with a one-use key).
+
+    ``receiver_key`` is the receiver's cipher key, parsed once by :meth:`PassClient._check_neighbour_keys`.
+    """
     sealing_public = sealing_key.public_key().public_bytes_raw()
-    secret = exchange_shared_secret(sealing_key, parse_public_key(receiver_key, receiver), receiver)
-    key = _channel_key(secret, session, sender, receiver, sealing_public)
+    secret = exchange_shared_secret(sealing_key, receiver_key, receiver)
+    aad = _channel_aad(session, sender, receiver)
     plaintext = _LABEL + struct.pack(">QQ", sender, receiver) + both
-    return sealing_public + ChaCha20Poly1305(key).encrypt(
-        _ZERO_NONCE, plaintext, _channel_aad(session, sender, receiver)
+    return sealing_public + ChaCha20Poly1305(_channel_key(secret, aad, sealing_public)).encrypt(
+        _ZERO_NONCE, plaintext, aad
     )
 
 
@@ -274,23 +290,24 @@ def _unseal(
     word is not a field element, or the pair does not match the ``digest`` its dealer sent the server. The
     receiver and the server (from a revealed sealing key) run this same check, so they agree on the verdict.
     """
-    key = _channel_key(secret, session, sender, receiver, ciphertext[:32])
+    aad = _channel_aad(session, sender, receiver)
     try:
-        plaintext = ChaCha20Poly1305(key).decrypt(_ZERO_NONCE, ciphertext[32:], _channel_aad(session, sender, receiver))
+        plaintext = ChaCha20Poly1305(_channel_key(secret, aad, ciphertext[:32])).decrypt(
+            _ZERO_NONCE, ciphertext[32:], aad
+        )
     except InvalidTag:
         return None
     header = _LABEL + struct.pack(">QQ", sender, receiver)
     if len(plaintext) != _PLAINTEXT_BYTES or not plaintext.startswith(header):
         return None
-    both = plaintext[len(header) :]
-    try:
-        share_from_bytes(both, 2, SECRET_LENGTH)
-    except ValueError:
+    both = plaintext[len(header) :]  # 2 * _SHARE_BYTES by the length check above
+    if not share_words_in_field(both):
         return None
     return both if _pair_digest(session, sender, receiver, both) == digest else None
 
 
 def _channel_aad(session: bytes, sender: int, receiver: int) -> bytes:
+    """``len(session) || session || sender || receiver``: the direction ``sender -> receiver`` in this session."""
     return struct.pack(">Q", len(session)) + session + struct.pack(">QQ", sender, receiver)
 
 
@@ -676,18 +693,18 @@ class PassClient:
         columns = (request.neighbour_node_ids, request.cipher_public_keys, request.mask_public_keys, request.signatures)
         if request.neighbours != neighbours or any(len(column) != k for column in columns):
             raise PassError("the neighbours sent are not this client's neighbourhood in the committed graph")
-        pair_seeds = self._check_neighbour_keys(request, directory)
+        pair_seeds, cipher_keys = self._check_neighbour_keys(request, directory)
         threshold = share_threshold(k)
         self_seed, seal_seed = os.urandom(SECRET_LENGTH), os.urandom(SECRET_LENGTH)
         shares = split_secrets([state["mask_private_key"], self_seed], neighbours, threshold)
         ciphertexts, digests, signatures = [], [], []
         rows = share_to_bytes(shares.reshape(2 * k, -1))  # every neighbour's pair of rows, checked in one pass
         size = len(rows) // k
-        for position, (v, cipher_public) in enumerate(zip(neighbours, request.cipher_public_keys, strict=True)):
+        for position, (v, cipher_key) in enumerate(zip(neighbours, cipher_keys, strict=True)):
             both = rows[position * size : (position + 1) * size]
             try:
                 ciphertexts.append(
-                    _seal(_sealing_key(seal_seed, session, index, v), cipher_public, session, index, v, both)
+                    _seal(_sealing_key(seal_seed, session, index, v), cipher_key, session, index, v, both)
                 )
             except ValueError as error:  # a low-order cipher key
                 raise PassError(f"neighbour {v} refused: {error}") from error
@@ -720,16 +737,19 @@ class PassClient:
             receivers=neighbours, ciphertexts=ciphertexts, share_digests=digests, signatures=signatures
         )
 
-    def _check_neighbour_keys(self, request: ShareKeysRequest, directory: IdentityDirectory | None) -> list[bytes]:
+    def _check_neighbour_keys(
+        self, request: ShareKeysRequest, directory: IdentityDirectory | None
+    ) -> tuple[list[bytes], list[X25519PublicKey]]:
         """Keys valid and pairwise distinct (own keys included); signatures valid when a directory is given.
 
         Each key is validated by the one exchange this client makes with it (a low-order point gives the
         all-zero secret, which the exchange refuses; the cipher key by the sealing exchange in
-        :meth:`share_keys`, the format here). Returns the pairwise mask seed of each neighbour.
+        :meth:`share_keys`, the format here). Returns the pairwise mask seed of each neighbour and its
+        parsed cipher key (for that sealing exchange).
         """
         state = self._state
         mask_key = X25519PrivateKey.from_private_bytes(state["mask_private_key"])
-        pair_seeds = []
+        pair_seeds, cipher_keys = [], []
         session, index = state["session"], state["index"]
         seen = {_canonical_key(state["cipher_public_key"]), _canonical_key(state["mask_public_key"])}
         for v, node_id, cipher_public, mask_public, signature in zip(
@@ -743,7 +763,7 @@ class PassClient:
             try:
                 validate_public_key_bytes(cipher_public, v)
                 validate_public_key_bytes(mask_public, v)
-                parse_public_key(cipher_public, v)
+                cipher_keys.append(parse_public_key(cipher_public, v))
                 mask_secret = exchange_shared_secret(mask_key, parse_public_key(mask_public, v), v)
                 pair_seeds.append(derive_pair_seed(mask_secret, session, index, v))
                 if directory is not None:
@@ -768,7 +788,7 @@ class PassClient:
             seen |= keys
         if directory is not None and len(set(request.neighbour_node_ids)) != len(request.neighbour_node_ids):
             raise PassError("two neighbours claim one node id")
-        return pair_seeds
+        return pair_seeds, cipher_keys
 
     # Round 3 -----------------------------------------------------------------
     def mask_input(
@@ -1602,7 +1622,7 @@ class PassServer:
             raise PassError(f"only {len(shares)} shares of {what} of client {owner}, the threshold is {self.threshold}")
         chosen = shares[: self.threshold]  # any t: a corrupted one still breaks the 24-bit words (2^-88 escape)
         xs = [x for x, _ in chosen]
-        rows = np.stack([share_from_bytes(s, 1, SECRET_LENGTH) for _, s in chosen])
+        rows = share_from_bytes(b"".join(s for _, s in chosen), len(chosen), SECRET_LENGTH)[:, None, :]  # one parse
         try:
             return reconstruct_secrets(xs, rows, SECRET_LENGTH)[0]
         except ValueError as error:

@@ -10,6 +10,7 @@ reconstructs a wrong secret, which callers detect (a word >= ``2^24``, or a key 
 from __future__ import annotations
 
 import secrets as _secrets
+import struct
 from collections.abc import Sequence
 from typing import Final
 
@@ -120,10 +121,15 @@ def split_secrets(
     coefficients = random_field_elements((threshold - 1, *constant.shape), rng)
     x = np.asarray(points, dtype=np.uint64)[:, None, None]
     acc = np.zeros((len(points), *constant.shape), dtype=np.uint64)
-    for coefficient in coefficients[::-1]:  # Horner over the degree: t steps, each vectorised over all shares
-        acc = (acc + coefficient) % _P
-        acc = (acc * x) % _P
-    return (acc + constant) % _P
+    # Horner over the degree, highest coefficient first: t steps, each vectorised over all shares and done in
+    # place. acc * x + c < p * p + p < 2^64 for acc, x, c < p: one reduction per step, nothing wraps around.
+    for coefficient in coefficients[::-1]:
+        np.multiply(acc, x, out=acc)
+        np.add(acc, coefficient, out=acc)
+        np.remainder(acc, _P, out=acc)
+    np.multiply(acc, x, out=acc)
+    np.add(acc, constant, out=acc)
+    return np.remainder(acc, _P, out=acc)
 
 
 def lagrange_at_zero(xs: Sequence[int]) -> list[int]:
@@ -173,10 +179,10 @@ def reconstruct_secrets(xs: Sequence[int], shares: npt.ArrayLike, secret_length:
     if array.dtype.kind not in "iu" or (array < 0).any() or (array >= FIELD_PRIME).any():
         raise ValueError(f"shares must be integers in [0, {FIELD_PRIME})")
     array = array.astype(np.uint64)
-    acc = np.zeros(array.shape[1:], dtype=np.uint64)
-    for coefficient, row in zip(lagrange_at_zero(points), array, strict=True):
-        acc = (acc + row * np.uint64(coefficient) % _P) % _P
-    return _decode(acc, secret_length)
+    coefficients = np.asarray(lagrange_at_zero(points), dtype=np.uint64)[:, None, None]
+    # Each term is below p (a product below p^2 < 2^64, reduced); at most p - 1 of them sum below 2^64.
+    terms = np.remainder(array * coefficients, _P)
+    return _decode(np.remainder(terms.sum(axis=0, dtype=np.uint64), _P), secret_length)
 
 
 def share_to_bytes(share: npt.ArrayLike) -> bytes:
@@ -197,3 +203,14 @@ def share_from_bytes(data: bytes, num_secrets: int, secret_length: int) -> npt.N
     if (array >= _P).any():
         raise ValueError(f"share word >= {FIELD_PRIME}: not a field element")
     return array
+
+
+def share_words_in_field(data: bytes) -> bool:
+    """Whether ``data`` is whole little-endian ``uint32`` words, each a field element (below ``p``).
+
+    The check :func:`share_from_bytes` makes on a share's words, for one short share without building an array
+    (a PASS client checks one share pair per neighbour).
+    """
+    if len(data) % 4:
+        return False
+    return not data or max(struct.unpack(f"<{len(data) // 4}I", data)) < FIELD_PRIME
