@@ -27,7 +27,7 @@ from scipy.stats import skellam
 from flmarket_flwr.market import CostBasedBid, MarketPhase, register_market_handlers
 from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.ledger import ReleaseLedger
-from flmarket_flwr.pass_protocol import PassClient, PassServer, SkellamNoise
+from flmarket_flwr.pass_protocol import PassClient, PassError, PassServer, SkellamNoise
 from flmarket_flwr.pass_protocol.noise import skellam_epsilon, skellam_rdp, skellam_variance_for
 
 # --- Accounting ----------------------------------------------------------------------------------
@@ -126,6 +126,18 @@ def run_pass(counts: list[np.ndarray], noises: list[np.ndarray | None], slack: i
     unmask = {i: clients[i].unmask(r).to_record() for i, r in server.receive_masked(masked).items()}
     server.receive_unmask(unmask)
     return server.finish()
+
+
+def test_the_roster_the_noise_is_sized_on_is_the_one_shown_at_share_keys() -> None:
+    server = PassServer(b"noise-roster", 3, count_bound=1000, degree=3)
+    clients = {i: PassClient() for i in range(1, 5)}
+    requests = server.advertise_requests([101, 102, 103, 104])
+    adverts = {i: clients[i].advertise(r, [1, 2, 3]).to_record() for i, r in requests.items()}
+    with pytest.raises(PassError, match="share_keys has not run"):
+        _ = clients[1].participant_count
+    for i, request in server.receive_advertisements(adverts).items():
+        clients[i].share_keys(request)
+    assert [client.participant_count for client in clients.values()] == [4, 4, 4, 4]
 
 
 @given(

@@ -328,8 +328,7 @@ class _MarketHandlers:
                 ledger.check(int(context.run_id), bytes(state["session"]), members)
             noise, drawn = self._noise(context), None
             if noise is not None:  # calibrated on the roster U1 this client was shown
-                state = client.to_record()
-                drawn = noise.sample(int(state["num_classes"]), len(bitmap_to_indices(state["participants"])))
+                drawn = noise.sample(int(client.to_record()["num_classes"]), client.participant_count)
             return client.mask_input(request, self._identity_key(context), drawn).to_record()
 
         return self._pass_step(message, context, ACTION_MASK, step)

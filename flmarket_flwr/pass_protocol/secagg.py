@@ -151,12 +151,17 @@ def share_digest(session: bytes, dealer: int, holder: int, kind: bytes, share: b
     ``kind`` is ``b"s"`` (a share of the mask key) or ``b"b"`` (of the self-mask seed). A share is uniform on
     its own, so its digest hides it.
     """
-    return hashlib.sha256(_digest_prefix(session, dealer, holder) + kind + share).digest()
+    return _prefixed_digest(_digest_prefix(session, dealer, holder), kind, share)
 
 
 def _digest_prefix(session: bytes, dealer: int, holder: int) -> bytes:
     """``label || "/share-digest" || len(session) || session || dealer || holder``: each share digest's prefix."""
     return _LABEL + b"/share-digest" + struct.pack(">Q", len(session)) + session + struct.pack(">QQ", dealer, holder)
+
+
+def _prefixed_digest(prefix: bytes, kind: bytes, share: bytes) -> bytes:
+    """:func:`share_digest` given its :func:`_digest_prefix`."""
+    return hashlib.sha256(prefix + kind + share).digest()
 
 
 def _pair_digest(session: bytes, dealer: int, holder: int, both: bytes) -> bytes:
@@ -165,10 +170,7 @@ def _pair_digest(session: bytes, dealer: int, holder: int, both: bytes) -> bytes
     The two :func:`share_digest` s, with their common prefix built once.
     """
     prefix = _digest_prefix(session, dealer, holder)
-    return (
-        hashlib.sha256(prefix + b"s" + both[:_SHARE_BYTES]).digest()
-        + hashlib.sha256(prefix + b"b" + both[_SHARE_BYTES:]).digest()
-    )
+    return _prefixed_digest(prefix, b"s", both[:_SHARE_BYTES]) + _prefixed_digest(prefix, b"b", both[_SHARE_BYTES:])
 
 
 def survivor_transcript(session: bytes, survivors: Iterable[int] | np.ndarray) -> bytes:
@@ -562,6 +564,14 @@ class PassClient:
     def survivor_count(self) -> int | None:
         """``|U3|`` (after unmask)."""
         return self._state.get("survivor_count")
+
+    @property
+    def participant_count(self) -> int:
+        """``|U1|``, the roster this client was shown at share keys; :class:`PassError` before :meth:`share_keys`."""
+        participants = self._state.get("participants")
+        if participants is None:
+            raise PassError("no roster yet: share_keys has not run")
+        return int(_bitmap_bits(participants).sum())
 
     @property
     def counts_nonce(self) -> bytes | None:
