@@ -103,6 +103,8 @@ def test_check_records_nothing(tmp_path: Path) -> None:
 def test_min_roster_change_must_be_a_positive_int(tmp_path: Path, bad: object) -> None:
     with pytest.raises(ValueError, match="min_roster_change"):
         ReleaseLedger(tmp_path, min_roster_change=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="min_roster_change"):
+        RosterHistory(tmp_path / "history.json", min_roster_change=bad)  # type: ignore[arg-type]
 
 
 # --- Storage ---------------------------------------------------------------------------------------

@@ -142,8 +142,7 @@ class ReleaseLedger:
     """
 
     def __init__(self, directory: str | os.PathLike[str], *, min_roster_change: int = DEFAULT_MIN_ROSTER_CHANGE):
-        if isinstance(min_roster_change, bool) or not isinstance(min_roster_change, int) or min_roster_change < 1:
-            raise ValueError(f"min_roster_change must be an int >= 1, got {min_roster_change!r}")
+        _check_min_roster_change(min_roster_change)
         self.directory = Path(directory).expanduser()
         self.min_roster_change = min_roster_change
 
@@ -258,8 +257,7 @@ class RosterHistory:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, min_roster_change: int = DEFAULT_MIN_ROSTER_CHANGE):
-        if isinstance(min_roster_change, bool) or not isinstance(min_roster_change, int) or min_roster_change < 1:
-            raise ValueError(f"min_roster_change must be an int >= 1, got {min_roster_change!r}")
+        _check_min_roster_change(min_roster_change)
         self.path = Path(path).expanduser()
         self.min_roster_change = min_roster_change
 
@@ -303,6 +301,12 @@ class RosterHistory:
                 "a roster the clients' ledgers accept without it)"
             ) from err
         return [frozenset(r) for r in releases]
+
+
+def _check_min_roster_change(value: object) -> None:
+    """``ValueError`` unless ``value`` is an int >= 1 (the node's and the buyer's ``min_roster_change``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"min_roster_change must be an int >= 1, got {value!r}")
 
 
 @contextlib.contextmanager
