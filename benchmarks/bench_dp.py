@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from flmarket_flwr.data import load_dataset, make_partition
-from flmarket_flwr.market.bidding import simulated_cost_per_sample
+from flmarket_flwr.market.bidding import cost_based_bid, simulated_cost_per_sample
 from flmarket_flwr.pass_protocol import SkellamNoise
 from flmarket_flwr.pricing import run_auction, score
 
@@ -43,9 +43,7 @@ def federation(dataset: str, distribution: str, seed: int, clients: int) -> tupl
     """``(E, C)`` label counts of the app's partition and the clients' cost-based bids."""
     labels = load_dataset(dataset, seed=seed).train_labels
     counts = make_partition(labels, clients, distribution=distribution, seed=seed).label_counts
-    bids = np.array(
-        [simulated_cost_per_sample(e, seed=seed) * max(int(c.sum()), 1) * 1.2 for e, c in enumerate(counts)]
-    )
+    bids = np.array([cost_based_bid(c, simulated_cost_per_sample(e, seed=seed), 0.2) for e, c in enumerate(counts)])
     return np.asarray(counts, dtype=np.int64), bids
 
 
