@@ -19,7 +19,7 @@ SECRET_KEYS = (
     "cipher_private_key",
     "mask_private_key",
     "self_seed",
-    "seal_seed",
+    "channel_secrets",
     "pair_seeds",
     "held_shares",
     "nonce",

@@ -18,9 +18,10 @@ from flmarket_flwr.market import CostBasedBid, MarketError, MarketPhase, registe
 from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.messages import RECORD_KEY
 from flmarket_flwr.pass_protocol import (
+    MaskRequest,
+    PassClient,
     UnmaskRequest,
     bitmap_to_indices,
-    sign_accusation,
     sign_share_ciphertext,
     sign_survivor_set,
     verify_survivor_set,
@@ -219,18 +220,22 @@ def test_corrupted_unmask_shares_exclude_their_senders_by_name_and_the_market_fi
     assert outcome.global_counts == [int(c) for c in np.sum(list(counts.values()), axis=0)]
 
 
+def _garbled(ciphertext: bytes) -> bytes:
+    """Well-formed garbage: the real ciphertext with its 16-byte authentication tag zeroed."""
+    return ciphertext[:-16] + bytes(16)
+
+
 def _garbage_body(record) -> None:
-    """Well-formed garbage: the real sealing public key, then zero bytes where the AEAD ciphertext should be."""
-    record["ciphertexts"] = [c[:32] + bytes(len(c) - 32) for c in record["ciphertexts"]]
+    record["ciphertexts"] = [_garbled(c) for c in record["ciphertexts"]]
 
 
 def _garbage_all(record) -> None:
-    """All-zero ciphertexts: the sealing key is then a low-order point, which no exchange accepts."""
+    """All-zero ciphertexts of the right length."""
     record["ciphertexts"] = [bytes(len(c)) for c in record["ciphertexts"]]
 
 
 def _accusing(node: int, how_many: int):
-    """A reply hook by which ``node`` falsely accuses its first ``how_many`` senders (their shares opened fine)."""
+    """A reply hook by which ``node`` accuses its first ``how_many`` senders (whose shares opened) with no proof."""
 
     def hook(instruction, reply):
         if (
@@ -241,15 +246,34 @@ def _accusing(node: int, how_many: int):
             senders = list(instruction.content.config_records[RECORD_KEY]["senders"])[:how_many]
             record = reply.content.config_records[RECORD_KEY]
             record["accused"] = senders
-            record["accusations"] = [b""] * len(senders)
+            record["proofs"] = [b""] * len(senders)
         return reply
 
     return hook
 
 
+def _lying_receiver(monkeypatch, node: int, how_many: int) -> None:
+    """Make ``node``'s real client accuse its first ``how_many`` senders, whose shares opened, with VALID proofs.
+
+    The strongest false accuser: it proves the true channel secret of each edge (it holds its own cipher key),
+    so only the server's opening of its relayed copy can tell that the shares were fine.
+    """
+    honest_mask_input = PassClient.mask_input
+
+    def mask_input(self, request, noise=None):
+        if self.to_record()["node_id"] != node:
+            return honest_mask_input(self, request, noise)
+        senders = MaskRequest.coerce(request).senders[:how_many]
+        proofs = [self._prove_channel(v) for v in senders]  # before the honest step wipes the cipher key
+        reply = honest_mask_input(self, request, noise)
+        return type(reply)(reply.masked_counts, reply.counts_commitment, senders, proofs)
+
+    monkeypatch.setattr(PassClient, "mask_input", mask_input)
+
+
 @pytest.mark.parametrize(("num_nodes", "num_attackers"), [(8, 1), (8, 2), (40, 1), (40, 2)])
 def test_garbage_share_ciphertexts_name_their_senders_and_the_market_finishes(num_nodes, num_attackers) -> None:
-    """Issue 21, item 3: each receiver accuses, the accused's own opening convicts it, the rest finish PASS.
+    """Issue 21, item 3: each receiver accuses with the proven channel secret, which convicts the sender.
 
     E = 8 is the complete graph (k = 7, t = 4), E = 40 a sparse one (k = 28 of 39, t = 15).
     """
@@ -268,11 +292,25 @@ def test_garbage_share_ciphertexts_name_their_senders_and_the_market_finishes(nu
 
 
 @pytest.mark.parametrize(("num_nodes", "how_many"), [(8, 1), (40, 2)])
-def test_a_false_accuser_is_named_and_the_accused_stays(num_nodes: int, how_many: int) -> None:
-    """An accuser whose accused's ciphertexts open under the revealed sealing keys is the liar: it is excluded."""
+def test_an_accuser_without_a_proof_is_named_and_the_accused_stays(num_nodes: int, how_many: int) -> None:
+    """An accusation that does not prove the channel secret names the accuser; the accused is not touched."""
     counts = make_counts(num_nodes, seed=5)
     liar = sorted(counts)[1]
     outcome = MarketPhase(market_config()).run(honest_grid(counts, reply_hook=_accusing(liar, how_many)))
+    assert set(outcome.excluded) == {liar}
+    assert "without a valid proof" in outcome.excluded[liar]
+    honest = [n for n in counts if n != liar]
+    assert sorted(outcome.participants) == sorted(honest)
+    assert outcome.global_counts == [int(c) for c in np.sum([counts[n] for n in honest], axis=0)]
+
+
+@pytest.mark.parametrize(("num_nodes", "how_many"), [(8, 1), (40, 2)])
+def test_a_false_accuser_with_valid_proofs_is_named_and_the_accused_stay(monkeypatch, num_nodes, how_many) -> None:
+    """An accuser that proves the true channel secrets is named when the server's copies open under them."""
+    counts = make_counts(num_nodes, seed=5)
+    liar = sorted(counts)[1]
+    _lying_receiver(monkeypatch, liar, how_many)
+    outcome = MarketPhase(market_config()).run(honest_grid(counts))
     assert set(outcome.excluded) == {liar}
     assert "false accusation" in outcome.excluded[liar]
     honest = [n for n in counts if n != liar]
@@ -281,14 +319,11 @@ def test_a_false_accuser_is_named_and_the_accused_stays(num_nodes: int, how_many
 
 
 class _SigningLiar:
-    """A reply hook for a client with an identity key that lies and signs its lie (it knows its own context).
+    """A reply hook for a client with an identity key whose share ciphertexts are garbage, each validly signed
+    by it (so only the receivers' proven channel secrets can convict it; it knows its own context)."""
 
-    ``garbage=True``: its share ciphertexts are garbage, each validly signed by it (so only the opening can
-    convict it). ``accuse=n``: it accuses its first ``n`` senders, with signed accusations.
-    """
-
-    def __init__(self, node: int, identity_key, *, garbage: bool = False, accuse: int = 0) -> None:
-        self.node, self.key, self.garbage, self.accuse = node, identity_key, garbage, accuse
+    def __init__(self, node: int, identity_key) -> None:
+        self.node, self.key = node, identity_key
         self.context: dict = {}
 
     def __call__(self, instruction, reply):
@@ -301,45 +336,48 @@ class _SigningLiar:
         if kind == "query.market_advertise":
             self.context = {"index": sent["index"], "session": sent["session"], "roster": sent["roster"]}
         where.update(session=self.context.get("session"), roster=self.context.get("roster"))
-        if kind == "query.market_share" and self.garbage:
-            record["ciphertexts"] = [c[:32] + bytes(len(c) - 32) for c in record["ciphertexts"]]
+        if kind == "query.market_share":
+            record["ciphertexts"] = [_garbled(c) for c in record["ciphertexts"]]
             record["signatures"] = [
                 sign_share_ciphertext(self.key, self.context["index"], v, c, d, **where)
                 for v, c, d in zip(record["receivers"], record["ciphertexts"], record["share_digests"], strict=True)
             ]
-        if kind == "query.market_mask" and self.accuse:
-            accused = list(sent["senders"])[: self.accuse]
-            record["accused"] = accused
-            record["accusations"] = [sign_accusation(self.key, self.context["index"], v, **where) for v in accused]
         return reply
 
 
 @pytest.mark.parametrize("resign", [True, False])
 def test_with_identity_keys_a_garbage_sender_is_named_whether_or_not_it_signs_its_garbage(resign: bool) -> None:
-    """Signed garbage is convicted by its sender's opening; unsigned garbage by the server's own copy."""
+    """Signed garbage is convicted by the receivers' proven secrets; unsigned garbage by the server's own copy."""
     counts = make_counts(10, seed=11)
     app, directory, keys = signed_setup(counts)
     attacker = sorted(counts)[4]
     if resign:
-        hook = _SigningLiar(attacker, keys[attacker], garbage=True)
+        hook = _SigningLiar(attacker, keys[attacker])
     else:
         hook = altering(attacker, "market_share", _garbage_body)
     outcome = MarketPhase(market_config(directory=directory)).run(InProcessGrid(app, list(counts), reply_hook=hook))
     assert set(outcome.excluded) == {attacker}
-    reason = "do not open under the key it revealed" if resign else "is not signed by it"
+    reason = "do not open under the proven secret" if resign else "is not signed by it"
     assert reason in outcome.excluded[attacker]
     honest = [n for n in counts if n != attacker]
     assert outcome.global_counts == [int(c) for c in np.sum([counts[n] for n in honest], axis=0)]
 
 
-def test_with_identity_keys_a_signed_false_accusation_names_the_accuser() -> None:
+@pytest.mark.parametrize("proven", [True, False])
+def test_with_identity_keys_a_false_accusation_names_the_accuser(monkeypatch, proven: bool) -> None:
+    """With or without a valid proof of the channel secrets, an accusation of validly signed shares that open
+    names the accuser."""
     counts = make_counts(10, seed=13)
-    app, directory, keys = signed_setup(counts)
+    app, directory, _ = signed_setup(counts)
     liar = sorted(counts)[6]
-    hook = _SigningLiar(liar, keys[liar], accuse=2)
+    hook = None
+    if proven:
+        _lying_receiver(monkeypatch, liar, 2)
+    else:
+        hook = _accusing(liar, 2)
     outcome = MarketPhase(market_config(directory=directory)).run(InProcessGrid(app, list(counts), reply_hook=hook))
     assert set(outcome.excluded) == {liar}
-    assert "false accusation" in outcome.excluded[liar]
+    assert ("false accusation" if proven else "without a valid proof") in outcome.excluded[liar]
     honest = [n for n in counts if n != liar]
     assert outcome.global_counts == [int(c) for c in np.sum([counts[n] for n in honest], axis=0)]
 
@@ -351,7 +389,7 @@ def test_garbage_to_more_than_k_minus_t_neighbours_but_not_all_fails_closed_nami
 
     def garbage_to_four(record) -> None:
         sent = record["ciphertexts"]
-        record["ciphertexts"] = [c[:32] + bytes(len(c) - 32) if i < 4 else c for i, c in enumerate(sent)]
+        record["ciphertexts"] = [_garbled(c) if i < 4 else c for i, c in enumerate(sent)]
 
     grid = honest_grid(counts, reply_hook=altering(attacker, "market_share", garbage_to_four))
     with caplog.at_level(logging.WARNING, logger="flwr"), pytest.raises(MarketError, match="keeps only 3 surviving"):

@@ -6,11 +6,13 @@ import dataclasses
 
 import numpy as np
 import pytest
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from nacl import bindings as sodium
 
 from flmarket_flwr.pass_protocol import secagg
+from flmarket_flwr.pass_protocol.dleq import edwards_lift, verify_exchange
 from flmarket_flwr.pass_protocol.graph import share_threshold
 from flmarket_flwr.pass_protocol.identity import IdentityDirectory, generate_identity
 from flmarket_flwr.pass_protocol.primitives import derive_pair_seed, expand_seed
@@ -66,7 +68,7 @@ class Session:
             self.states[index] = client.to_record()
             _check_record_types(self.states[index])
 
-    def advertise(self, drop=()):
+    def advertise(self, drop=(), tamper=None):
         replies = {}
         for i, request in self.requests.items():
             if i not in drop:
@@ -74,14 +76,18 @@ class Session:
                 replies[i] = self._call(
                     i, "advertise", request.to_record(), self.counts[i - 1], identity_key=key, **self.floor
                 )
+        for i, change in (tamper or {}).items():
+            replies[i] = change(replies[i])
         return self.server.receive_advertisements(replies)
 
-    def share(self, requests, drop=()):
+    def share(self, requests, drop=(), tamper=None):
         replies = {
             i: self._call(i, "share_keys", r.to_record(), self.client_directory, self.identities.get(1000 + i - 1))
             for i, r in requests.items()
             if i not in drop
         }
+        for i, change in (tamper or {}).items():
+            replies[i] = change(replies[i])
         return self.server.receive_shares(replies)
 
     def mask(self, requests, drop=(), tamper=None):
@@ -90,22 +96,13 @@ class Session:
             if i in drop:
                 continue
             try:
-                replies[i] = self._call(i, "mask_input", request.to_record(), self.identities.get(1000 + i - 1))
+                replies[i] = self._call(i, "mask_input", request.to_record())
             except PassError:
                 continue  # a client that refuses is a dropout
         for i, change in (tamper or {}).items():
             replies[i] = change(replies[i])
         self.masked = {i: secagg.MaskedInput.from_record(r) for i, r in replies.items()}
-        requests = self.server.receive_masked(replies)
-        if self.server.awaiting_openings:  # the blame round: each accused opens its ciphertexts to its accusers
-            openings = {}
-            for i, request in requests.items():
-                try:
-                    openings[i] = self._call(i, "open_shares", request.to_record())
-                except PassError:
-                    continue
-            requests = self.server.receive_openings(openings)
-        return requests
+        return self.server.receive_masked(replies)
 
     def unmask(self, requests, drop=()):
         if self.server.directory is not None:  # the consistency round: survivors sign the set they were shown
@@ -658,47 +655,96 @@ def test_one_or_two_corrupted_unmask_replies_are_named_and_the_sum_stays_exact(l
 
 # --- Issue 21, item 3: blame, not abort, for share ciphertexts that do not open ------------------------
 def _forge(requests, victim, sender):
-    """The server swaps the AEAD body of ``sender``'s ciphertext to ``victim`` for zero bytes."""
+    """The server swaps ``sender``'s ciphertext to ``victim`` for zero bytes of the same length."""
     inbox = requests[victim]
     i = inbox.senders.index(sender)
     ciphertexts = list(inbox.ciphertexts)
-    ciphertexts[i] = ciphertexts[i][:32] + bytes(len(ciphertexts[i]) - 32)
+    ciphertexts[i] = bytes(len(ciphertexts[i]))
     return {**requests, victim: dataclasses.replace(inbox, ciphertexts=ciphertexts)}
 
 
-def test_a_server_that_forges_a_ciphertext_gets_an_unsigned_complaint_and_no_opening():
-    """With identity keys an honest receiver signs an accusation only against a ciphertext its sender signed.
+def test_a_server_that_forges_a_ciphertext_gets_a_complaint_without_the_channel_secret():
+    """With identity keys an honest receiver reveals its channel secret only for a ciphertext its sender signed.
 
-    A ciphertext the server changed fails its sender's signature: the receiver masks without that sender
-    and complains unsigned, and the sender refuses to open on an unsigned accusation, so a malicious server
-    cannot make an honest sender reveal the shares it sent to anyone.
+    A ciphertext the server changed fails its sender's signature: the receiver masks without that sender and
+    complains with no secret, so a malicious server cannot read, through an accusation it provoked, the
+    shares an honest sender sent; the server's own copy (validly signed) then names it the liar's way: the
+    receiver, which an honest server never sees happen.
     """
     counts = _counts(np.random.default_rng(31), 7, 3)
     session = _signed_session(counts, degree=4)
     requests = session.share(session.advertise())
     sender = requests[1].senders[0]
     forged = _forge(requests, 1, sender)
-    reply = secagg.MaskedInput.from_record(
-        session._call(1, "mask_input", forged[1].to_record(), session.identities[1000])
-    )
-    assert reply.accused == [sender] and reply.accusations == [b""]
-    with pytest.raises(PassError, match="did not sign this accusation"):
-        session._call(sender, "open_shares", secagg.OpenRequest([1], [b""]).to_record())
-    with pytest.raises(PassError, match="already opened"):  # one open request per session, answered or not
-        session._call(sender, "open_shares", secagg.OpenRequest([1], [b""]).to_record())
+    reply = secagg.MaskedInput.from_record(session._call(1, "mask_input", forged[1].to_record()))
+    assert reply.accused == [sender] and reply.proofs == [b""]
+    state = session.states[1]
+    assert "channel_secrets" not in state and "cipher_private_key" not in state  # wiped, nothing kept to leak
 
 
-def test_without_identity_keys_an_accused_that_does_not_open_is_named_and_the_sum_is_exact():
-    """A receiver whose shares do not open masks without the sender; silence at the opening convicts it."""
+def test_without_identity_keys_a_garbage_ciphertext_is_judged_from_the_proven_secret_and_the_sum_is_exact():
+    """A receiver whose shares do not open masks without the sender and proves their channel secret.
+
+    The proof checks against the two advertised cipher keys, the secret it gives is exactly the X25519 secret
+    of the edge, and under it the server's copy does not open: the sender is named, the sum exact without it.
+    """
     counts = _counts(np.random.default_rng(32), 8, 3)
     session = Session(counts, degree=6)
-    requests = session.share(session.advertise())
-    sender = requests[2].senders[-1]
-    original = session.server.receive_openings
-    session.server.receive_openings = lambda replies: original({})  # the accused never answers
-    requests = session.mask(_forge(requests, 2, sender))
+    share_requests = session.advertise()
+    sender = share_requests[2].neighbours[-1]
+
+    def garble_to_client_2(reply):  # the sender's own reply: the server relays (and keeps) what it was sent
+        at = reply["receivers"].index(2)
+        return {
+            **reply,
+            "ciphertexts": [c[:-16] + bytes(16) if i == at else c for i, c in enumerate(reply["ciphertexts"])],
+        }
+
+    requests = session.share(share_requests, tamper={sender: garble_to_client_2})
+    cipher_key = X25519PrivateKey.from_private_bytes(session.states[2]["cipher_private_key"])
+    requests = session.mask(requests)
+    proof = session.masked[2].proofs[session.masked[2].accused.index(sender)]
+    adverts = session.server.adverts
+    context = secagg.accusation_context(0, session.server.roster, session.server.session, 2, sender)
+    secret = verify_exchange(adverts[2].cipher_public_key, adverts[sender].cipher_public_key, proof, context)
+    assert secret == cipher_key.exchange(X25519PublicKey.from_public_bytes(adverts[sender].cipher_public_key))
     assert "garbage shares" in session.server.excluded[sender]
     assert sender not in session.server.survivors and 2 in session.server.survivors
+    assert (session.unmask(requests) == session.expected()).all()
+
+
+def _garbling(receiver):
+    """A share-keys reply change: the ciphertext to ``receiver`` with its authentication tag zeroed."""
+
+    def change(reply):
+        at = reply["receivers"].index(receiver)
+        ciphertexts = [c[:-16] + bytes(16) if i == at else c for i, c in enumerate(reply["ciphertexts"])]
+        return {**reply, "ciphertexts": ciphertexts}
+
+    return change
+
+
+def test_a_garbage_sender_with_a_cipher_key_off_the_prime_order_subgroup_is_named_by_its_key():
+    """A cipher key with a small-order component still agrees under X25519 (the clamp clears it) but admits no
+    proof: the receiver accuses without one, and the server names the sender from its advertised key alone."""
+    counts = _counts(np.random.default_rng(34), 8, 3)
+    session = Session(counts, degree=6)
+    sender = 5
+
+    def add_torsion(advert):  # u(c B + T), T = (0, -1) of order 2: what no honest key generation gives
+        field = 2**255 - 19
+        point = sodium.crypto_core_ed25519_add(
+            edwards_lift(advert["cipher_public_key"]), (field - 1).to_bytes(32, "little")
+        )
+        y = int.from_bytes(point, "little") & ((1 << 255) - 1)
+        return {**advert, "cipher_public_key": ((1 + y) * pow(1 - y, -1, field) % field).to_bytes(32, "little")}
+
+    share_requests = session.advertise(tamper={sender: add_torsion})
+    receiver = share_requests[sender].neighbours[0]
+    requests = session.mask(session.share(share_requests, tamper={sender: _garbling(receiver)}))
+    assert session.masked[receiver].accused == [sender] and session.masked[receiver].proofs == [b""]
+    assert "off the prime-order subgroup" in session.server.excluded[sender]
+    assert set(session.server.excluded) == {sender}
     assert (session.unmask(requests) == session.expected()).all()
 
 

@@ -39,7 +39,6 @@ from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 from flmarket_flwr.market.messages import (
     ACTION_AUDIT,
     ACTION_BID,
-    ACTION_OPEN,
     ACTION_SURVIVORS,
     ACTION_UNMASK,
     ACTIONS,
@@ -52,7 +51,7 @@ MARKUP = 0.2
 TIMEOUT = 0.25  # seconds per message round: small, so that waiting for the departed stays cheap
 SLACK = 1.0  # scheduling slack allowed on top of each bound (a loaded 2-core CI machine)
 ROUND_SLACK = 2.0  # a market round, push to next push, also holds the in-process clients' own PASS work
-STEPS = tuple(a for a in ACTIONS if a not in (ACTION_SURVIVORS, ACTION_OPEN))  # advertise ... award, no blame round
+STEPS = tuple(a for a in ACTIONS if a != ACTION_SURVIVORS)  # advertise ... award (no consistency round)
 
 
 class PollingGrid(InProcessGrid):

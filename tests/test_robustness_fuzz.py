@@ -50,7 +50,6 @@ from flmarket_flwr.market.messages import (
     ACTION_AWARD,
     ACTION_BID,
     ACTION_MASK,
-    ACTION_OPEN,
     ACTION_SHARE,
     ACTION_SURVIVORS,
     ACTION_UNMASK,
@@ -76,8 +75,8 @@ COUNTS = {4000 + 13 * i: _RNG.integers(1, 45, size=NUM_CLASSES) * (i + 1) for i 
 NODES = sorted(COUNTS)
 OFFENDER = NODES[2]  # a winner of the honest auction (checked below), so that its audit is fuzzed
 BYSTANDER = NODES[1]  # another winner, named by spoofed and cross-wired replies
-# The consistency round needs identity keys; the blame round (``market_open``) happens only after an accusation.
-STEPS = tuple(action for action in ACTIONS if action not in (ACTION_SURVIVORS, ACTION_OPEN))
+# The consistency round needs identity keys.
+STEPS = tuple(action for action in ACTIONS if action != ACTION_SURVIVORS)
 PASS_STEPS = (ACTION_ADVERTISE, ACTION_SHARE, ACTION_MASK, ACTION_UNMASK)
 FIELDS = {
     ACTION_ADVERTISE: ("cipher_public_key", "mask_public_key", "signature"),

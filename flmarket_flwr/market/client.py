@@ -22,15 +22,14 @@ The client enforces its own disclosure rules, whatever the server asks:
   the session and the roster, its neighbours' adverts are checked the same way, and it unmasks only
   for the survivor set it signed, with ``t`` of its neighbours' signatures on it (the consistency
   round); without them the server is trusted to relay keys and sets (semi-honest server only);
-* a neighbour whose shares do not open is accused, not fatal: the client masks without it; accused
-  itself, it reveals (once) the one-use sealing key of its ciphertext to each accuser, which opens
-  what that accuser was sent and nothing else, and with a directory only on a signed accusation;
+* a neighbour whose shares do not open is accused, not fatal: the client masks without it and sends
+  that edge's channel secret with a proof of it, which opens the edge's two share pairs (both of which
+  the accused holds) and nothing else; with a directory only for a ciphertext its sender signed;
 * it bids once, for the session whose sum it took part in, with that session's ``E`` and
   transcript hash; a global count below its own is refused (with ``noise``: below its own by more than
   the noise's tail);
-* private key material lives only in ``context.state`` and is deleted once it has masked (the seal
-  seed of its one-use sealing keys at unmask), on every refusal, and at the award (which the server
-  sends to every node it contacted);
+* private key material lives only in ``context.state`` and is deleted once it has masked, on every
+  refusal, and at the award (which the server sends to every node it contacted);
 * error replies say only which step was refused; the details go to the client's own log. One
   exception: when the app's own ``get_label_counts`` raises, the reply names that exception (type and
   message), so the server can report the root cause instead of a protocol symptom.
@@ -60,7 +59,6 @@ from flmarket_flwr.market.messages import (
     ACTION_AWARD,
     ACTION_BID,
     ACTION_MASK,
-    ACTION_OPEN,
     ACTION_SHARE,
     ACTION_SURVIVORS,
     ACTION_UNMASK,
@@ -191,7 +189,7 @@ def register_market_handlers(
 ) -> None:
     """Add the market's ``query`` handlers to an existing ``ClientApp``.
 
-    Registers ``query.market_advertise``, ``market_share``, ``market_mask``, ``market_open``, ``market_survivors``,
+    Registers ``query.market_advertise``, ``market_share``, ``market_mask``, ``market_survivors``,
     ``market_unmask`` (PASS), ``market_bid``, ``market_audit`` and ``market_award``.
 
     Parameters
@@ -251,7 +249,6 @@ def register_market_handlers(
     app.query(ACTION_ADVERTISE)(handlers.advertise)
     app.query(ACTION_SHARE)(handlers.share)
     app.query(ACTION_MASK)(handlers.mask)
-    app.query(ACTION_OPEN)(handlers.open_shares)
     app.query(ACTION_SURVIVORS)(handlers.survivors)
     app.query(ACTION_UNMASK)(handlers.unmask)
     app.query(ACTION_BID)(handlers.bid)
@@ -329,17 +326,9 @@ class _MarketHandlers:
             noise, drawn = self._noise(context), None
             if noise is not None:  # calibrated on the roster U1 this client was shown
                 drawn = noise.sample(int(client.to_record()["num_classes"]), client.participant_count)
-            return client.mask_input(request, self._identity_key(context), drawn).to_record()
+            return client.mask_input(request, drawn).to_record()
 
         return self._pass_step(message, context, ACTION_MASK, step)
-
-    def open_shares(self, message: Message, context: Context) -> Message:
-        """Blame round: reveal the one-use sealing key of the share ciphertext to each signed accuser, once."""
-
-        def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
-            return client.open_shares(request).to_record()
-
-        return self._pass_step(message, context, ACTION_OPEN, step)
 
     def survivors(self, message: Message, context: Context) -> Message:
         """Consistency round (with identity keys): sign the survivor set shown, once."""

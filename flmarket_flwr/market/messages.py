@@ -15,9 +15,8 @@ Action                Server -> client                            Client -> serv
                       (in index order)
 ``market_mask``       the share ciphertexts addressed to it,      masked counts ``Y_e`` (``C`` little-endian
                       their digests and signatures                uint64 words), counts commitment, the
-                                                                  senders whose shares did not open
-``market_open``       (only after an accusation) the accusers     the one-use sealing key of its share
-                      and their signed accusations                ciphertext to each accuser
+                                                                  senders whose shares did not open, each
+                                                                  with the proven channel secret
 ``market_survivors``  survivors, dropped (only with an identity    Ed25519 signature on that set
                       directory: the consistency round)
 ``market_unmask``     survivors, dropped (and the neighbours'     self-mask shares of survivors, key
@@ -45,7 +44,6 @@ __all__ = [
     "ACTION_AWARD",
     "ACTION_BID",
     "ACTION_MASK",
-    "ACTION_OPEN",
     "ACTION_SHARE",
     "ACTION_SURVIVORS",
     "ACTION_UNMASK",
@@ -74,7 +72,6 @@ __all__ = [
 ACTION_ADVERTISE: Final = "market_advertise"
 ACTION_SHARE: Final = "market_share"
 ACTION_MASK: Final = "market_mask"
-ACTION_OPEN: Final = "market_open"
 ACTION_SURVIVORS: Final = "market_survivors"
 ACTION_UNMASK: Final = "market_unmask"
 ACTION_BID: Final = "market_bid"
@@ -84,7 +81,6 @@ ACTIONS: Final = (
     ACTION_ADVERTISE,
     ACTION_SHARE,
     ACTION_MASK,
-    ACTION_OPEN,
     ACTION_SURVIVORS,
     ACTION_UNMASK,
     ACTION_BID,

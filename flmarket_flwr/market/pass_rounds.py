@@ -1,8 +1,8 @@
 """PASS over Flower messages: the server's rounds of :class:`~flmarket_flwr.pass_protocol.PassServer`.
 
 Each round sends one ``query`` message per client (``market_advertise``, ``market_share``,
-``market_mask``, after an accusation the blame round ``market_open`` to the accused only, with an identity
-directory the consistency round ``market_survivors``, and ``market_unmask``) whose ``ConfigRecord`` is the
+``market_mask``, with an identity directory the consistency round ``market_survivors``, and
+``market_unmask``) whose ``ConfigRecord`` is the
 protocol message's own record, and feeds the valid replies back to the pure protocol object, which builds
 the next round. A node whose reply is missing, an error or malformed leaves PASS at that round with a
 logged reason; PASS runs once per market (the dropped clients' masks are recovered from Shamir shares,
@@ -25,7 +25,6 @@ from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.messages import (
     ACTION_ADVERTISE,
     ACTION_MASK,
-    ACTION_OPEN,
     ACTION_SHARE,
     ACTION_SURVIVORS,
     ACTION_UNMASK,
@@ -138,8 +137,6 @@ class PassRounds:
             requests = server.receive_advertisements(adverts)
             requests = server.receive_shares(self._round(grid, ACTION_SHARE, requests, roster, to=wanting))
             requests = server.receive_masked(self._round(grid, ACTION_MASK, requests))
-            if server.awaiting_openings:  # someone's shares did not open: the accused proves or is named
-                requests = server.receive_openings(self._round(grid, ACTION_OPEN, requests))
             if server.directory is not None:
                 requests = server.receive_signatures(self._round(grid, ACTION_SURVIVORS, requests))
             server.receive_unmask(self._round(grid, ACTION_UNMASK, requests))

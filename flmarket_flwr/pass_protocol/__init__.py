@@ -15,12 +15,12 @@ Rounds (:class:`PassClient` / :class:`PassServer`; every message and the client 
    (:mod:`.graph`), Shamir-shares (:mod:`.shamir`) its mask private key ``s_e`` and a fresh self-mask
    seed ``b_e`` among its ``k`` neighbours (threshold ``t = k // 2 + 1``), encrypted to each, with a
    digest of each share (:func:`share_digest`) that the receiver checks and the server keeps, so that a
-   corrupted unmask share names the client that returned it; each ciphertext is sealed with a one-use
-   X25519 key (and signed with the identity key, if any);
+   corrupted unmask share names the client that returned it; each ciphertext is encrypted under the
+   edge's channel secret, ``X25519`` of the two cipher keys (and signed with the identity key, if any);
 3. masked input: ``Y_e = N_e + PRG(b_e) + sum_v eps_{e,v} PRG(s_{e,v})`` over its neighbours that
    shared, and a commitment to ``N_e``; the private keys are then wiped; a neighbour whose shares do not
-   open is accused (masked without) and, in a blame round only then, the accused reveals the one-use
-   sealing keys of its ciphertexts to its accusers, and the server names whichever of the two lied;
+   open is accused (masked without), with the channel secret and a proof of it (:mod:`.dleq`), and the
+   server opens the ciphertext itself and names whichever of the two lied, with no extra round;
 4. consistency (only with identity keys): each survivor signs the survivor set it is shown, once;
 5. unmask: each survivor sends shares of ``b`` for surviving neighbours and of ``s`` for dropped ones,
    never both for one peer (with identity keys: only for the set it signed, on ``t`` valid signatures of
@@ -46,8 +46,8 @@ then open its masked input (directory or not). A session needs
 at least 3 clients (with 2, each learns the other's counts); ``E - 1`` colluders learn the last client's
 counts from ``N_s``; a client can commit to false counts, which nothing here detects. A client that returns
 a corrupted unmask share is excluded by name and the session finishes while each secret keeps ``t``
-shares; one that sends garbage share ciphertexts is accused by its receivers and convicted by its own
-opening of the one-use sealing keys (a false accuser by the same opening), and the session finishes.
+shares; one that sends garbage share ciphertexts is accused by its receivers and convicted by the channel
+secrets they prove (a false accuser by the same proof), and the session finishes.
 """
 
 from flmarket_flwr.pass_protocol.graph import (
@@ -65,12 +65,10 @@ from flmarket_flwr.pass_protocol.identity import (
     generate_identity,
     load_identity_key,
     save_identity_key,
-    sign_accusation,
     sign_advertisement,
     sign_share_ciphertext,
     sign_survivor_set,
     survivor_set_message,
-    verify_accusation,
     verify_advertisement,
     verify_share_ciphertext,
     verify_survivor_set,
@@ -97,8 +95,6 @@ from flmarket_flwr.pass_protocol.secagg import (
     ConsistencyRequest,
     MaskedInput,
     MaskRequest,
-    OpenReply,
-    OpenRequest,
     PassClient,
     PassError,
     PassServer,
@@ -141,8 +137,6 @@ __all__ = [
     "IdentityDirectory",
     "MaskedInput",
     "MaskRequest",
-    "OpenReply",
-    "OpenRequest",
     "PassClient",
     "PassError",
     "PassServer",
@@ -169,14 +163,12 @@ __all__ = [
     "share_from_bytes",
     "share_threshold",
     "share_to_bytes",
-    "sign_accusation",
     "sign_advertisement",
     "sign_share_ciphertext",
     "sign_survivor_set",
     "split_secrets",
     "survivor_set_message",
     "survivor_transcript",
-    "verify_accusation",
     "verify_advertisement",
     "verify_share_ciphertext",
     "verify_survivor_set",

@@ -10,9 +10,8 @@ Each client holds a long-term Ed25519 identity key; the public halves are distri
 * the survivor set it was shown before unmasking (:func:`sign_survivor_set`, the consistency round of
   Bonawitz et al. 2017), bound to the same run, session and roster;
 * each share ciphertext it sends, with the digest of the shares inside (:func:`sign_share_ciphertext`), so
-  that a garbage ciphertext is its own and the server cannot forge one in its name;
-* an accusation that a neighbour's ciphertext did not open (:func:`sign_accusation`): the accused opens its
-  ciphertext only on a signed accusation, so the server cannot make it open one unasked.
+  that a garbage ciphertext is its own and the server cannot forge one in its name (a receiver reveals its
+  channel secret to accuse a sender only for a validly signed ciphertext, :mod:`.secagg`).
 
 Without a directory the server is trusted to relay keys and survivor sets faithfully (semi-honest server
 only); with one, it can no longer substitute keys or replay them, and a client unmasks only for a set that ``t``
@@ -44,7 +43,6 @@ SIGNATURE_LENGTH: Final[int] = 64
 _ADVERT_LABEL: Final[bytes] = b"flmarket-pass/v2/advertisement/run-roster"
 _SURVIVORS_LABEL: Final[bytes] = b"flmarket-pass/v2/survivor-set"
 _CIPHERTEXT_LABEL: Final[bytes] = b"flmarket-pass/v2/share-ciphertext"
-_ACCUSATION_LABEL: Final[bytes] = b"flmarket-pass/v2/accusation"
 ROSTER_LENGTH: Final[int] = 32
 """Bytes of a roster fingerprint (SHA-256)."""
 _DIRECTORY_VERSION: Final[int] = 1
@@ -243,37 +241,6 @@ def verify_share_ciphertext(
         sender, receiver, ciphertext, digest, run_id=run_id, session=session, roster=roster
     )
     _verify(identity_public_key, signature, message, f"share ciphertext {sender} -> {receiver}")
-
-
-def accusation_message(accuser: int, accused: int, *, run_id: int, session: bytes, roster: bytes) -> bytes:
-    """The bytes a receiver signs to say that the shares ``accused -> accuser`` did not open."""
-    return b"".join(
-        (_field(_ACCUSATION_LABEL), _context(run_id, session, roster), struct.pack(">QQ", accuser, accused))
-    )
-
-
-def sign_accusation(
-    identity_private_key: Ed25519PrivateKey, accuser: int, accused: int, *, run_id: int, session: bytes, roster: bytes
-) -> bytes:
-    """Ed25519 signature (64 bytes) over :func:`accusation_message`."""
-    return identity_private_key.sign(
-        accusation_message(accuser, accused, run_id=run_id, session=session, roster=roster)
-    )
-
-
-def verify_accusation(
-    identity_public_key: bytes,
-    signature: bytes,
-    accuser: int,
-    accused: int,
-    *,
-    run_id: int,
-    session: bytes,
-    roster: bytes,
-) -> None:
-    """Check an accusation's signature; ``ValueError`` unless ``accuser`` signed it against ``accused``."""
-    message = accusation_message(accuser, accused, run_id=run_id, session=session, roster=roster)
-    _verify(identity_public_key, signature, message, f"accusation {accuser} -> {accused}")
 
 
 def _verify(identity_public_key: bytes, signature: bytes, message: bytes, what: str) -> None:

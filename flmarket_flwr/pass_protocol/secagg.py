@@ -28,19 +28,18 @@ bounds a roster of colluders, and ``c`` colluding neighbours of a client are tol
 ``t > (k + c) / 2``. But the server assigns the indices: it can place ``t`` colluders around a chosen victim
 (README "Threat model"). The server refuses (fails closed) a sum above ``count_bound * |U3|`` in any class.
 
-Blame, not abort (issue 21, item 3). The cipher key pair is used only to receive shares; each share pair is
-sealed with a one-use X25519 key derived from a per-session seal seed (ECIES: its public half opens the
-ciphertext). A receiver whose shares do not open accuses the sender and masks without it. The accused then
-reveals the one-use sealing key of each accused ciphertext (:meth:`PassClient.open_shares`): the server
-checks it against the public half in the ciphertext it relayed, redoes the exchange with the accuser's
-advertised cipher key and opens the ciphertext exactly as the accuser had to, so it can tell a lying
-accuser from a lying sender without trusting either. What the opening shows is the share pair the accuser
-was sent, which an accuser holds anyway: a false accusation is worth to a server no more than the
-accuser's own collusion. The culprit's masked input is left out (it is treated as dropped; an edge its
-accuser cut carries neither a mask nor shares). With identity keys each ciphertext is signed by its sender
-and each accusation by its accuser, and a sender opens only on a signed accusation: a server that forges a
-ciphertext gets an unsigned complaint (settled by its own copy), never an opening. Without identity keys a
-malicious server could ask for any opening, as it could substitute any key: semi-honest server only.
+Blame, not abort (issue 21, item 3). Each share pair travels under the edge's channel secret
+``X25519(c_u, C_v)`` (one exchange per neighbour, a key per direction). A receiver whose shares do not open
+accuses the sender, masks without it, and sends the secret with a Chaum-Pedersen proof that it is the one
+behind the two advertised cipher keys (:mod:`~flmarket_flwr.pass_protocol.dleq`): the server opens the
+ciphertext it relayed exactly as the accuser had to, and names the sender (it does not open) or the accuser
+(it opens, or the proof fails), without trusting either and without another round. What the secret opens is
+the edge's two share pairs, which the accused holds anyway: a false accusation is worth to a server no more
+than the accuser's own collusion. The culprit's masked input is left out (it is treated as dropped; an edge
+its accuser cut carries neither a mask nor shares). With identity keys each ciphertext is signed by its
+sender, and a receiver reveals a secret only for a validly signed ciphertext: a server that forges one gets
+a complaint with no secret (settled by its own copy). Without identity keys a malicious server could forge
+a ciphertext and read the secret, as it could substitute any key: semi-honest server only.
 """
 
 from __future__ import annotations
@@ -58,9 +57,10 @@ import numpy as np
 import numpy.typing as npt
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
+from flmarket_flwr.pass_protocol.dleq import in_prime_subgroup, prove_exchange, verify_exchange
 from flmarket_flwr.pass_protocol.graph import (
     DEFAULT_BAD_FRACTION,
     DEFAULT_SECURITY_BITS,
@@ -77,11 +77,9 @@ from flmarket_flwr.pass_protocol.graph import (
 from flmarket_flwr.pass_protocol.identity import (
     ROSTER_LENGTH,
     IdentityDirectory,
-    sign_accusation,
     sign_advertisement,
     sign_share_ciphertext,
     sign_survivor_set,
-    verify_accusation,
     verify_advertisement,
     verify_share_ciphertext,
     verify_survivor_set,
@@ -116,8 +114,8 @@ MAX_PARTICIPANTS: Final[int] = 2**20
 _LABEL: Final[bytes] = b"flmarket-pass/v2"
 _SHARE_BYTES: Final[int] = len(share_to_bytes(np.zeros((1, 11), dtype=np.uint64)))  # one secret's share: 44
 _PLAINTEXT_BYTES: Final[int] = len(_LABEL) + 16 + 2 * _SHARE_BYTES
-_CIPHERTEXT_BYTES: Final[int] = 32 + _PLAINTEXT_BYTES + 16  # the sealing public key, then the AEAD ciphertext
-_ZERO_NONCE: Final[bytes] = bytes(12)  # every channel key encrypts exactly one message
+_CIPHERTEXT_BYTES: Final[int] = _PLAINTEXT_BYTES + 16  # ChaCha20-Poly1305: the plaintext and its tag
+_ZERO_NONCE: Final[bytes] = bytes(12)  # every channel key (one per direction of an edge) encrypts exactly one message
 
 
 class PassError(ValueError):
@@ -243,44 +241,20 @@ def _canonical_key(key: bytes) -> int:
     return (int.from_bytes(key, "little") & ((1 << 255) - 1)) % (2**255 - 19)
 
 
-def _sealing_key(seal_seed: bytes, session: bytes, sender: int, receiver: int) -> X25519PrivateKey:
-    """The one-use X25519 key with which ``sender`` seals its shares to ``receiver`` (derived from its seal seed).
+def _channel_key(secret: bytes, aad: bytes) -> bytes:
+    """AEAD key of the ciphertext ``sender -> receiver`` from the edge's channel secret ``X25519(c_u, C_v)``.
 
-    Revealing it (:meth:`PassClient.open_shares`) opens that one ciphertext and nothing else: HKDF is one-way,
-    so neither the seed nor the sealing key of another receiver follows from it.
+    ``aad`` is :func:`_channel_aad` of that direction, bound in the HKDF info: the two directions of an
+    edge share the secret but never a key.
     """
-    info = _LABEL + b"/seal" + _channel_aad(session, sender, receiver)
-    return X25519PrivateKey.from_private_bytes(hkdf_sha256(seal_seed, info))
+    return hkdf_sha256(secret, _LABEL + b"/channel" + aad)
 
 
-def _channel_key(secret: bytes, aad: bytes, sealing_public: bytes) -> bytes:
-    """AEAD key of the ciphertext ``sender -> receiver`` from ``X25519(sealing key, receiver's cipher key)``.
-
-    ``aad`` is :func:`_channel_aad` of that direction: the direction and the sealing public key are bound in
-    the HKDF info.
-    """
-    return hkdf_sha256(secret, _LABEL + b"/channel" + aad + sealing_public)
-
-
-def _seal(
-    sealing_key: X25519PrivateKey,
-    receiver_key: X25519PublicKey,
-    session: bytes,
-    sender: int,
-    receiver: int,
-    both: bytes,
-) -> bytes:
-    """``sealing public key || ChaCha20-Poly1305(share pair)`` for ``receiver`` (ECIES with a one-use key).
-
-    ``receiver_key`` is the receiver's cipher key, parsed once by :meth:`PassClient._check_neighbour_keys`.
-    """
-    sealing_public = sealing_key.public_key().public_bytes_raw()
-    secret = exchange_shared_secret(sealing_key, receiver_key, receiver)
+def _seal(secret: bytes, session: bytes, sender: int, receiver: int, both: bytes) -> bytes:
+    """``ChaCha20-Poly1305(share pair)`` for ``receiver`` under the edge's channel secret."""
     aad = _channel_aad(session, sender, receiver)
     plaintext = _LABEL + struct.pack(">QQ", sender, receiver) + both
-    return sealing_public + ChaCha20Poly1305(_channel_key(secret, aad, sealing_public)).encrypt(
-        _ZERO_NONCE, plaintext, aad
-    )
+    return ChaCha20Poly1305(_channel_key(secret, aad)).encrypt(_ZERO_NONCE, plaintext, aad)
 
 
 def _unseal(
@@ -290,13 +264,13 @@ def _unseal(
 
     "Does not open": the AEAD tag fails, the plaintext is malformed or addressed to another pair, a share
     word is not a field element, or the pair does not match the ``digest`` its dealer sent the server. The
-    receiver and the server (from a revealed sealing key) run this same check, so they agree on the verdict.
+    receiver and the server (from a proven channel secret) run this same check, so they agree on the verdict.
     """
     aad = _channel_aad(session, sender, receiver)
+    if len(ciphertext) != _CIPHERTEXT_BYTES:
+        return None
     try:
-        plaintext = ChaCha20Poly1305(_channel_key(secret, aad, ciphertext[:32])).decrypt(
-            _ZERO_NONCE, ciphertext[32:], aad
-        )
+        plaintext = ChaCha20Poly1305(_channel_key(secret, aad)).decrypt(_ZERO_NONCE, ciphertext, aad)
     except InvalidTag:
         return None
     header = _LABEL + struct.pack(">QQ", sender, receiver)
@@ -311,6 +285,11 @@ def _unseal(
 def _channel_aad(session: bytes, sender: int, receiver: int) -> bytes:
     """``len(session) || session || sender || receiver``: the direction ``sender -> receiver`` in this session."""
     return struct.pack(">Q", len(session)) + session + struct.pack(">QQ", sender, receiver)
+
+
+def accusation_context(run_id: int, roster: bytes, session: bytes, accuser: int, accused: int) -> bytes:
+    """What an accuser's proof of its channel secret is bound to: this run, roster, session and edge."""
+    return _LABEL + b"/accusation" + struct.pack(">Q", run_id) + roster + _channel_aad(session, accused, accuser)
 
 
 def _pair_mask(
@@ -446,33 +425,16 @@ class MaskedInput(_Record):
     """Round 3, client -> server: ``Y_e`` as little-endian uint64 words, the counts commitment, and accusations.
 
     ``accused`` (ascending) are the senders whose shares did not open at this client, which masked without
-    them; ``accusations[i]`` is its signature against ``accused[i]`` (``b""`` without identity keys, or when
-    the ciphertext's own signature failed: the server then needs no opening, its own copy decides).
+    them; ``proofs[i]`` is its proof of the channel secret with ``accused[i]`` (the secret is read from it,
+    :func:`~flmarket_flwr.pass_protocol.dleq.prove_exchange`), or ``b""`` when the ciphertext's own
+    signature failed (the server's copy then decides, and no secret is revealed to a server that may have
+    forged it) or the accused's cipher key admits no proof (no honest key is such).
     """
 
     masked_counts: bytes
     counts_commitment: bytes
     accused: list[int] = dataclasses.field(default_factory=list)
-    accusations: list[bytes] = dataclasses.field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class OpenRequest(_Record):
-    """Blame round (only after an accusation), server -> accused dealer: who says its shares did not open.
-
-    ``accusations[i]`` is ``accusers[i]``'s signed accusation (``b""`` without identity keys).
-    """
-
-    accusers: list[int]
-    accusations: list[bytes]
-
-
-@dataclass(frozen=True)
-class OpenReply(_Record):
-    """Blame round, accused -> server: the one-use sealing private key of its ciphertext to each accuser."""
-
-    receivers: list[int]
-    sealing_keys: list[bytes]
+    proofs: list[bytes] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -669,9 +631,9 @@ class PassClient:
 
         With ``directory`` every neighbour's advertisement must carry a valid signature for its node id, this
         run, this session and the roster this client was shown; the client then also requires the consistency
-        round before it unmasks (:meth:`sign_survivors`, :meth:`unmask`). Each share pair is sealed to the
-        neighbour's cipher key with a one-use sealing key derived from a fresh seal seed (kept until unmask, so
-        that :meth:`open_shares` can prove one ciphertext), and signed with ``identity_key`` if given.
+        round before it unmasks (:meth:`sign_survivors`, :meth:`unmask`). Each share pair is encrypted under
+        the edge's channel secret (``X25519`` of the two cipher keys, one exchange per neighbour, kept until
+        :meth:`mask_input` opens the neighbour's pair with it), and signed with ``identity_key`` if given.
         """
         request = ShareKeysRequest.coerce(request)
         self._require(_STAGE_ADVERTISED, "share_keys")
@@ -703,21 +665,16 @@ class PassClient:
         columns = (request.neighbour_node_ids, request.cipher_public_keys, request.mask_public_keys, request.signatures)
         if request.neighbours != neighbours or any(len(column) != k for column in columns):
             raise PassError("the neighbours sent are not this client's neighbourhood in the committed graph")
-        pair_seeds, cipher_keys = self._check_neighbour_keys(request, directory)
+        pair_seeds, channel_secrets = self._check_neighbour_keys(request, directory)
         threshold = share_threshold(k)
-        self_seed, seal_seed = os.urandom(SECRET_LENGTH), os.urandom(SECRET_LENGTH)
+        self_seed = os.urandom(SECRET_LENGTH)
         shares = split_secrets([state["mask_private_key"], self_seed], neighbours, threshold)
         ciphertexts, digests, signatures = [], [], []
         rows = share_to_bytes(shares.reshape(2 * k, -1))  # every neighbour's pair of rows, checked in one pass
         size = len(rows) // k
-        for position, (v, cipher_key) in enumerate(zip(neighbours, cipher_keys, strict=True)):
+        for position, (v, secret) in enumerate(zip(neighbours, channel_secrets, strict=True)):
             both = rows[position * size : (position + 1) * size]
-            try:
-                ciphertexts.append(
-                    _seal(_sealing_key(seal_seed, session, index, v), cipher_key, session, index, v, both)
-                )
-            except ValueError as error:  # a low-order cipher key
-                raise PassError(f"neighbour {v} refused: {error}") from error
+            ciphertexts.append(_seal(secret, session, index, v, both))
             digests.append(_pair_digest(session, index, v, both))
             if identity_key is not None:
                 signatures.append(
@@ -735,11 +692,12 @@ class PassClient:
         state.update(
             stage=_STAGE_SHARED,
             self_seed=self_seed,
-            seal_seed=seal_seed,
             degree=k,
             participants=request.participants,
             neighbours=neighbours,
             pair_seeds=pair_seeds,
+            channel_secrets=channel_secrets,
+            neighbour_cipher_keys=list(request.cipher_public_keys),
         )
         if directory is not None:  # the neighbours' identity keys, for the consistency round
             state["identity_keys"] = [directory.key_of(node) for node in request.neighbour_node_ids]
@@ -749,17 +707,17 @@ class PassClient:
 
     def _check_neighbour_keys(
         self, request: ShareKeysRequest, directory: IdentityDirectory | None
-    ) -> tuple[list[bytes], list[X25519PublicKey]]:
+    ) -> tuple[list[bytes], list[bytes]]:
         """Keys valid and pairwise distinct (own keys included); signatures valid when a directory is given.
 
         Each key is validated by the one exchange this client makes with it (a low-order point gives the
-        all-zero secret, which the exchange refuses; the cipher key by the sealing exchange in
-        :meth:`share_keys`, the format here). Returns the pairwise mask seed of each neighbour and its
-        parsed cipher key (for that sealing exchange).
+        all-zero secret, which the exchange refuses). Returns each neighbour's pairwise mask seed and the
+        edge's channel secret: two X25519 exchanges per neighbour, the whole of this client's key agreement.
         """
         state = self._state
         mask_key = X25519PrivateKey.from_private_bytes(state["mask_private_key"])
-        pair_seeds, cipher_keys = [], []
+        cipher_key = X25519PrivateKey.from_private_bytes(state["cipher_private_key"])
+        pair_seeds, channel_secrets = [], []
         session, index = state["session"], state["index"]
         seen = {_canonical_key(state["cipher_public_key"]), _canonical_key(state["mask_public_key"])}
         for v, node_id, cipher_public, mask_public, signature in zip(
@@ -773,7 +731,7 @@ class PassClient:
             try:
                 validate_public_key_bytes(cipher_public, v)
                 validate_public_key_bytes(mask_public, v)
-                cipher_keys.append(parse_public_key(cipher_public, v))
+                channel_secrets.append(exchange_shared_secret(cipher_key, parse_public_key(cipher_public, v), v))
                 mask_secret = exchange_shared_secret(mask_key, parse_public_key(mask_public, v), v)
                 pair_seeds.append(derive_pair_seed(mask_secret, session, index, v))
                 if directory is not None:
@@ -798,24 +756,24 @@ class PassClient:
             seen |= keys
         if directory is not None and len(set(request.neighbour_node_ids)) != len(request.neighbour_node_ids):
             raise PassError("two neighbours claim one node id")
-        return pair_seeds, cipher_keys
+        return pair_seeds, channel_secrets
 
     # Round 3 -----------------------------------------------------------------
     def mask_input(
         self,
         request: MaskRequest | Mapping[str, Any],
-        identity_key: Ed25519PrivateKey | None = None,
         noise: npt.ArrayLike | None = None,
     ) -> MaskedInput:
         """Open the shares held for neighbours in U2 and return ``Y_e``, the counts commitment and any accusations.
 
         A neighbour whose shares do not open (:func:`_unseal`) is accused, not fatal: this client masks without
-        it and holds nothing for it, and the server decides from the accused's own opening
-        (:meth:`open_shares`) who lied. With identity keys a ciphertext must carry its sender's signature; one
-        that does not is accused unsigned (the server's own copy decides, and no opening is asked), and a
-        signed accusation is made only against a validly signed ciphertext, so a server cannot make this
-        client ask an honest sender to open anything. Afterwards the client's own private keys and self-mask
-        seed are wiped from the state (the seal seed stays until unmask).
+        it and holds nothing for it, and sends the edge's channel secret with a proof that it is the one
+        behind the two advertised cipher keys (:func:`~flmarket_flwr.pass_protocol.dleq.prove_exchange`), so
+        the server opens the ciphertext it relayed exactly as this client did and names whoever lied. The
+        secret opens that edge's two share pairs, both of which the accused holds anyway. With identity keys a
+        ciphertext must carry its sender's signature; one that does not is accused without a secret (the
+        server's own copy decides), so a server that forges a ciphertext learns nothing from the accusation.
+        Afterwards the client's own private keys, self-mask seed and channel secrets are wiped from the state.
 
         ``noise`` (signed integers, one per class; :mod:`~flmarket_flwr.pass_protocol.noise`) is added to the
         counts inside ``Y_e`` (mod 2^64) and kept nowhere; the counts commitment binds the exact counts.
@@ -836,24 +794,17 @@ class PassClient:
         ):
             raise PassError("the senders must be distinct neighbours of this client, one ciphertext and digest each")
         position = {v: i for i, v in enumerate(neighbours)}
-        cipher_key = X25519PrivateKey.from_private_bytes(state["cipher_private_key"])
-        held, held_from, accused, accusations = [], [], [], []
+        held, held_from, accused, proofs = [], [], [], []
         for i, (v, ciphertext) in enumerate(zip(senders, request.ciphertexts, strict=True)):
             digest = request.share_digests[i]
             if signed and not self._signed_by(v, request.signatures[i], ciphertext, digest):
                 accused.append(v)
-                accusations.append(b"")
+                proofs.append(b"")
                 continue
-            both = None
-            if len(ciphertext) == _CIPHERTEXT_BYTES:
-                try:
-                    secret = exchange_shared_secret(cipher_key, parse_public_key(ciphertext[:32], v), v)
-                except ValueError:
-                    secret = b""
-                both = _unseal(secret, ciphertext, session, v, index, digest) if secret else None
+            both = _unseal(state["channel_secrets"][position[v]], ciphertext, session, v, index, digest)
             if both is None:
                 accused.append(v)
-                accusations.append(self._accusation(v, identity_key) if signed else b"")
+                proofs.append(self._prove_channel(v))
                 continue
             held.append(both)
             held_from.append(v)
@@ -868,7 +819,14 @@ class PassClient:
             masked += _signed_mask(state["pair_seeds"][position[v]], index, v, num_classes)
         nonce = os.urandom(32)
         commitment = counts_commitment(session, index, counts, nonce)
-        for secret_name in ("cipher_private_key", "mask_private_key", "self_seed", "pair_seeds"):
+        for secret_name in (
+            "cipher_private_key",
+            "mask_private_key",
+            "self_seed",
+            "pair_seeds",
+            "channel_secrets",
+            "neighbour_cipher_keys",
+        ):
             del state[secret_name]
         state.update(
             stage=_STAGE_MASKED,
@@ -879,7 +837,7 @@ class PassClient:
         )
         if accused:  # a ConfigRecord list must not be empty
             state["accused"] = accused
-        return MaskedInput(masked.astype("<u8").tobytes(), commitment, accused, accusations)
+        return MaskedInput(masked.astype("<u8").tobytes(), commitment, accused, proofs)
 
     def _signed_by(self, sender: int, signature: bytes, ciphertext: bytes, digest: bytes) -> bool:
         """Whether ``sender``'s identity key signed this ciphertext and digest (run, session, roster bound)."""
@@ -900,62 +858,19 @@ class PassClient:
             return False
         return True
 
-    def _accusation(self, accused: int, identity_key: Ed25519PrivateKey | None) -> bytes:
-        """This client's signed accusation against ``accused`` (it needs its identity key to make one)."""
-        if identity_key is None:
-            raise PassError("this client has no identity key to sign an accusation with")
-        state = self._state
-        return sign_accusation(
-            identity_key,
-            state["index"],
-            accused,
-            run_id=state["run_id"],
-            session=state["session"],
-            roster=state["roster"],
-        )
+    def _prove_channel(self, accused: int) -> bytes:
+        """The channel secret with ``accused`` and its proof, bound to this run, roster, session and edge.
 
-    # Blame round (only after an accusation) -------------------------------------
-    def open_shares(self, request: OpenRequest | Mapping[str, Any]) -> OpenReply:
-        """Reveal the one-use sealing key of the ciphertext sent to each accuser, once per session.
-
-        This lets the server decrypt exactly what the accuser was sent (one share of each of this client's
-        two secrets, which the accuser holds anyway if the ciphertext was good) and nothing else. With identity
-        keys each accuser must be a neighbour with a valid signed accusation, so a server cannot make this
-        client open a ciphertext to a receiver that did not accuse it.
+        ``b""`` if the accused's advertised cipher key is off the prime-order subgroup: no proof exists for
+        it, and the server names the accused from its key alone.
         """
-        request = OpenRequest.coerce(request)
         state = self._state
-        if state["stage"] not in (_STAGE_SHARED, _STAGE_MASKED) or "seal_seed" not in state:
-            raise PassError("open_shares is allowed only between share_keys and unmask")
-        if state.get("opened"):
-            raise PassError("this client already opened its shares in this session")
-        state["opened"] = True
-        accusers, neighbours = request.accusers, state["neighbours"]
-        if (
-            not accusers
-            or not _strictly_increasing(accusers)
-            or not set(accusers) <= set(neighbours)
-            or len(accusers) != len(request.accusations)
-        ):
-            raise PassError("the accusers must be distinct neighbours of this client, one accusation each")
-        if "identity_keys" in state:
-            for v, accusation in zip(accusers, request.accusations, strict=True):
-                try:
-                    verify_accusation(
-                        state["identity_keys"][neighbours.index(v)],
-                        accusation,
-                        v,
-                        state["index"],
-                        run_id=state["run_id"],
-                        session=state["session"],
-                        roster=state["roster"],
-                    )
-                except ValueError as error:
-                    raise PassError(f"neighbour {v} did not sign this accusation: {error}") from error
-        keys = [
-            _sealing_key(state["seal_seed"], state["session"], state["index"], v).private_bytes_raw() for v in accusers
-        ]
-        return OpenReply(receivers=list(accusers), sealing_keys=keys)
+        context = accusation_context(state["run_id"], state["roster"], state["session"], state["index"], accused)
+        peer_key = state["neighbour_cipher_keys"][state["neighbours"].index(accused)]
+        try:
+            return prove_exchange(state["cipher_private_key"], state["cipher_public_key"], peer_key, context)
+        except ValueError:
+            return b""
 
     # Consistency round (with identity keys) ------------------------------------
     def sign_survivors(
@@ -1082,7 +997,6 @@ class PassClient:
                 reply.dropped_indices.append(v)
                 reply.dropped_shares.append(both[:_SHARE_BYTES])  # share of s_v
         del state["held_shares"]
-        state.pop("seal_seed", None)
         state.update(
             stage=_STAGE_UNMASKED,
             transcript=survivor_transcript(state["session"], np.flatnonzero(survivors) + 1),
@@ -1111,9 +1025,7 @@ class PassServer:
         requests = server.receive_masked(replies)                # -> client.unmask(request)
         server.receive_unmask(replies)
 
-    After an accusation (:attr:`awaiting_openings`), the blame round comes right after ``receive_masked``::
-
-        requests = server.receive_openings(replies)              # (from client.open_shares(request))
+    Accusations ride in the masked inputs and are judged inside ``receive_masked`` (no extra round).
 
     With a ``directory`` the server runs the consistency round between the last two steps::
 
@@ -1188,11 +1100,9 @@ class PassServer:
         self._digests: dict[tuple[int, int], bytes] = {}  # (dealer, holder) -> the dealer's share-pair digest
         self._ciphertexts: dict[tuple[int, int], tuple[bytes, bytes]] = {}  # (dealer, holder) -> (ciphertext, sig)
         self._masked: dict[int, MaskedInput] = {}
-        self._accusations: dict[tuple[int, int], bytes] = {}  # (accuser, accused) -> signed accusation or b""
-        self._pending: dict[int, list[int]] = {}  # accused -> accusers, awaiting its opening
-        self._culprits: set[int] = set()  # named by the blame round: their masked inputs are not used
+        self._accusations: dict[tuple[int, int], bytes] = {}  # (accuser, accused) -> the accuser's proof or b""
+        self._culprits: set[int] = set()  # named by an accusation's judgement: their masked inputs are not used
         self._cut: set[tuple[int, int]] = set()  # (holder, dealer): no mask and no shares on that edge
-        self._awaiting_openings = False
         self._step = 0
 
     def _advance(self, step: int, name: str) -> None:
@@ -1343,12 +1253,12 @@ class PassServer:
     # Round 3 -----------------------------------------------------------------
     def receive_masked(
         self, replies: Mapping[int, MaskedInput | Mapping[str, Any]]
-    ) -> dict[int, UnmaskRequest] | dict[int, ConsistencyRequest] | dict[int, OpenRequest]:
-        """Keep the masked inputs (U3) and their accusations; go on only if every needed secret can be rebuilt.
+    ) -> dict[int, UnmaskRequest] | dict[int, ConsistencyRequest]:
+        """Keep the masked inputs (U3), judge their accusations, and go on if every needed secret can be rebuilt.
 
         Returns the unmask requests, or with a directory the consistency-round requests (the survivor set
-        to sign, for :meth:`receive_signatures`); or, when some client accused a sender whose shares did not
-        open, first the open requests of the blame round (:attr:`awaiting_openings`, :meth:`receive_openings`).
+        to sign, for :meth:`receive_signatures`). Each accusation is settled here from the evidence it carries
+        (:meth:`_judge`): blame costs no extra round, and the accused need not be online.
         """
         self._advance(3, "receive_masked")
         u2 = set(self.u2)
@@ -1367,120 +1277,72 @@ class PassServer:
             if (
                 not _strictly_increasing(reply.accused)
                 or not set(reply.accused) <= senders
-                or len(reply.accusations) != len(reply.accused)
+                or len(reply.proofs) != len(reply.accused)
             ):
                 self._exclude(u, "masked input accuses clients that sent it no shares")
                 continue
             self._masked[u] = reply
-            for v, accusation in zip(reply.accused, reply.accusations, strict=True):
-                self._accusations[u, v] = accusation
-        requests = self._prejudge()
-        if requests:
-            self._awaiting_openings = True
-            return requests
+            for v, proof in zip(reply.accused, reply.proofs, strict=True):
+                self._accusations[u, v] = proof
+        for (u, v), proof in sorted(self._accusations.items()):
+            self._judge(u, v, proof)
         return self._close_inputs()
 
-    @property
-    def awaiting_openings(self) -> bool:
-        """True between :meth:`receive_masked` and :meth:`receive_openings` when the blame round is needed."""
-        return self._awaiting_openings
+    def _judge(self, accuser: int, accused: int, proof: bytes) -> None:
+        """Name whichever of ``accuser`` and ``accused`` deviated; it leaves PASS (its masked input is unused).
 
-    def _prejudge(self) -> dict[int, OpenRequest]:
-        """Settle the accusations that need no opening; return the open requests for the others.
-
-        With a directory, a ciphertext whose sender's signature fails on the server's own copy names the
-        sender; a valid one with an unsigned or forged accusation names the accuser (the copies are the
-        same bytes). Without a directory every accusation goes to an opening (semi-honest server).
+        In order: with a directory, a ciphertext whose sender's signature fails on the server's own copy
+        names the sender (garbage shares; the accuser rightly revealed nothing). A sender whose advertised
+        cipher key is off the prime-order subgroup is named from its key alone (no honest key is; no proof
+        exists for it). Otherwise the accuser must prove its channel secret with the sender
+        (:func:`~flmarket_flwr.pass_protocol.dleq.verify_exchange` against both advertised cipher keys; none
+        or a wrong one names the accuser), and the server opens the ciphertext it relayed with it exactly as
+        the accuser had to (:func:`_unseal`): it opens, the accusation was false; it does not, the sender
+        sent garbage. Either way the client named is one that deviated, whatever the other did.
         """
-        pending: dict[int, list[int]] = {}
-        for (u, v), accusation in sorted(self._accusations.items()):
-            if self.directory is not None:
-                ciphertext, signature = self._ciphertexts[v, u]
-                try:
-                    verify_share_ciphertext(
-                        self.directory.key_of(self.node_of[v]),
-                        signature,
-                        v,
-                        u,
-                        ciphertext,
-                        self._digests[v, u],
-                        run_id=self.run_id,
-                        session=self.session,
-                        roster=self.roster,
-                    )
-                except ValueError:
-                    self._blame(v, f"its share ciphertext to client {u} is not signed by it: garbage shares")
-                    continue
-                try:
-                    verify_accusation(
-                        self.directory.key_of(self.node_of[u]),
-                        accusation,
-                        u,
-                        v,
-                        run_id=self.run_id,
-                        session=self.session,
-                        roster=self.roster,
-                    )
-                except ValueError:
-                    self._blame(u, f"it accused client {v} of a signed ciphertext without a valid accusation")
-                    continue
-            pending.setdefault(v, []).append(u)
-        self._pending = {
-            v: kept
-            for v, accusers in pending.items()
-            if v not in self._culprits and (kept := [u for u in accusers if u not in self._culprits])
-        }
-        return {
-            v: OpenRequest(accusers, [self._accusations[u, v] for u in accusers])
-            for v, accusers in self._pending.items()
-        }
+        if accused in self._culprits or accuser in self._culprits:
+            return  # already named in another accusation: its masked input is out either way
+        ciphertext, signature = self._ciphertexts[accused, accuser]
+        digest = self._digests[accused, accuser]
+        if self.directory is not None:
+            try:
+                verify_share_ciphertext(
+                    self.directory.key_of(self.node_of[accused]),
+                    signature,
+                    accused,
+                    accuser,
+                    ciphertext,
+                    digest,
+                    run_id=self.run_id,
+                    session=self.session,
+                    roster=self.roster,
+                )
+            except ValueError:
+                self._blame(accused, f"its share ciphertext to client {accuser} is not signed by it: garbage shares")
+                return
+        accused_key = self.adverts[accused].cipher_public_key
+        if not in_prime_subgroup(accused_key):
+            self._blame(accused, "its advertised cipher key is off the prime-order subgroup (no honest key is)")
+            return
+        secret = verify_exchange(
+            self.adverts[accuser].cipher_public_key,
+            accused_key,
+            proof,
+            accusation_context(self.run_id, self.roster, self.session, accuser, accused),
+        )
+        if secret is None:
+            self._blame(accuser, f"it accused client {accused} without a valid proof of their channel secret")
+        elif _unseal(secret, ciphertext, self.session, accused, accuser, digest) is not None:
+            self._blame(
+                accuser, f"it accused client {accused}, whose shares open under the proven secret: false accusation"
+            )
+        else:
+            self._blame(accused, f"its shares to client {accuser} do not open under the proven secret: garbage shares")
 
     def _blame(self, index: int, reason: str) -> None:
         """Name ``index`` as the one who lied in an accusation: it leaves PASS (its masked input is not used)."""
         self._culprits.add(index)
         self._exclude(index, reason)
-
-    def receive_openings(self, replies: Mapping[int, OpenReply | Mapping[str, Any]]) -> Any:
-        """Judge each accusation from the accused's opening; then as :meth:`receive_masked` after no accusation.
-
-        For each accuser the accused must reveal the one-use sealing key of its ciphertext: the server checks
-        that it is the private half of the sealing public key in the ciphertext it relayed, computes the
-        X25519 secret with the accuser's advertised cipher key and opens the ciphertext exactly as the
-        accuser had to (:func:`_unseal`). It opens: the accuser lied and is excluded. It does not, or the
-        accused reveals no key or a wrong one: the accused is excluded. Either way the client named is the
-        one that deviated, whatever the other did, and a liar learns nothing new (the shares revealed are
-        the ones it was sent).
-        """
-        if not self._awaiting_openings:
-            raise PassError("receive_openings called out of order (it follows receive_masked with accusations)")
-        self._awaiting_openings = False
-        for v, accusers in self._pending.items():
-            keys: dict[int, bytes] = {}
-            try:
-                reply = OpenReply.coerce(replies[v]) if v in replies else None
-                if reply is not None and len(reply.receivers) == len(reply.sealing_keys):
-                    keys = dict(zip(reply.receivers, reply.sealing_keys, strict=True))
-            except PassError:
-                pass
-            for u in accusers:
-                if self._opens(v, u, keys.get(u)):
-                    self._blame(u, f"it accused client {v}, whose shares open under the key revealed: false accusation")
-                else:
-                    reason = f"its shares to client {u} do not open under the key it revealed (or none)"
-                    self._blame(v, f"{reason}: garbage shares")
-        return self._close_inputs()
-
-    def _opens(self, sender: int, receiver: int, sealing_key: bytes | None) -> bool:
-        """Whether the ciphertext ``sender -> receiver`` opens under the revealed sealing key (False if no key)."""
-        ciphertext, _ = self._ciphertexts[sender, receiver]
-        if not isinstance(sealing_key, bytes) or len(sealing_key) != 32:
-            return False
-        key = X25519PrivateKey.from_private_bytes(sealing_key)
-        if key.public_key().public_bytes_raw() != ciphertext[:32]:
-            return False
-        receiver_key = parse_public_key(self.adverts[receiver].cipher_public_key, receiver)
-        secret = exchange_shared_secret(key, receiver_key, receiver)
-        return _unseal(secret, ciphertext, self.session, sender, receiver, self._digests[sender, receiver]) is not None
 
     def _close_inputs(self) -> dict[int, UnmaskRequest] | dict[int, ConsistencyRequest]:
         """Fix U3 (masked inputs less the named culprits) and build the next round's requests."""
@@ -1572,8 +1434,8 @@ class PassServer:
     # Round 4 -----------------------------------------------------------------
     def receive_unmask(self, replies: Mapping[int, UnmaskReply | Mapping[str, Any]]) -> None:
         """Store the well-formed unmask replies (shares of ``b`` for survivors, of ``s`` for dropped clients)."""
-        if self._awaiting_signatures or self._awaiting_openings:
-            raise PassError("receive_unmask called before receive_signatures or receive_openings")
+        if self._awaiting_signatures:
+            raise PassError("receive_unmask called before receive_signatures")
         self._advance(4, "receive_unmask")
         alive, gone = set(self.survivors), set(self.dropped)
         for v, reply in replies.items():

@@ -1,0 +1,148 @@
+"""Proof that an X25519 shared secret is the one behind two public keys (Chaum-Pedersen over edwards25519).
+
+PASS's blame evidence. A receiver whose shares do not open reveals its channel secret with one sender,
+``K = X25519(c, P)`` for its own cipher key ``c`` (public ``A``) and the sender's cipher key ``P``, and
+proves in zero knowledge that the same scalar is behind ``A`` and ``K``: a discrete-log-equality proof on
+the Edwards form of the curve, made non-interactive with SHA-512 (Fiat-Shamir) over a caller's context.
+The server checks it against the two advertised keys alone, so a receiver cannot frame an honest sender
+with a wrong secret, and no party needs a private key to judge.
+
+X25519 keys are Montgomery u-coordinates; each is lifted to the Edwards point with that u and an even x
+(``y = (u - 1) / (u + 1)``). A point and its negative share one u, and ``u(c P) = u(c (-P))``, so the
+lift's sign does not matter. Only points of the prime-order subgroup are accepted (libsodium's
+``crypto_core_ed25519_is_valid_point``): an honest key is always one, and with a cofactor a cheating
+prover could otherwise pass with probability 1/8. The prover's scalar operations are libsodium's
+(PyNaCl), constant-time; the verifier's work is public.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Final
+
+from nacl import bindings as sodium
+from nacl.exceptions import CryptoError
+
+PROOF_BYTES: Final[int] = 128
+"""``X1 || X2 || e || s``: the two Edwards points ``c B`` and ``c P``, the challenge and the response."""
+
+_FIELD: Final[int] = 2**255 - 19
+_ORDER: Final[int] = 2**252 + 27742317777372353535851937790883648493  # l, the prime-order subgroup's order
+_DOMAIN: Final[bytes] = b"flmarket-pass/v2/dleq"
+
+
+def _montgomery_u(key: bytes) -> int:
+    """An X25519 public key as the u-coordinate the exchange uses (bit 255 cleared, reduced mod p)."""
+    return (int.from_bytes(key, "little") & ((1 << 255) - 1)) % _FIELD
+
+
+def edwards_lift(key: bytes) -> bytes | None:
+    """The 32-byte Edwards encoding of X25519 public key ``key`` (even x), or ``None`` off the prime-order subgroup.
+
+    ``None`` for a key that is not 32 bytes, lies on the twist, has small order or a small-order component:
+    no honest key does.
+    """
+    if len(key) != 32:
+        return None
+    u = _montgomery_u(key)
+    if (u + 1) % _FIELD == 0:
+        return None
+    y = (u - 1) * pow(u + 1, -1, _FIELD) % _FIELD
+    encoded = y.to_bytes(32, "little")  # bit 255 (the sign of x) clear: the even root
+    return encoded if sodium.crypto_core_ed25519_is_valid_point(encoded) else None
+
+
+def in_prime_subgroup(key: bytes) -> bool:
+    """Whether X25519 public key ``key`` is a point of the prime-order subgroup (every honest key is)."""
+    return edwards_lift(key) is not None
+
+
+def _montgomery_of(point: bytes) -> bytes:
+    """The X25519 encoding (u, little-endian) of a valid Edwards point: ``u = (1 + y) / (1 - y)``."""
+    y = int.from_bytes(point, "little") & ((1 << 255) - 1)
+    return ((1 + y) * pow(1 - y, -1, _FIELD) % _FIELD).to_bytes(32, "little")
+
+
+def _scalar(private_key: bytes) -> bytes:
+    """The clamped X25519 scalar of ``private_key`` reduced mod l (libsodium, constant-time)."""
+    clamped = bytearray(private_key)
+    clamped[0] &= 248
+    clamped[31] = (clamped[31] & 127) | 64
+    return sodium.crypto_core_ed25519_scalar_reduce(bytes(clamped) + bytes(32))
+
+
+def _challenge(context: bytes, prover_key: bytes, peer_key: bytes, *points: bytes) -> bytes:
+    """``SHA-512(domain || len(context) || context || A || P || X1 || X2 || R1 || R2) mod l``."""
+    body = _DOMAIN + len(context).to_bytes(8, "big") + context + prover_key + peer_key + b"".join(points)
+    return sodium.crypto_core_ed25519_scalar_reduce(hashlib.sha512(body).digest())
+
+
+def prove_exchange(private_key: bytes, public_key: bytes, peer_key: bytes, context: bytes) -> bytes:
+    """A :data:`PROOF_BYTES` proof that ``X25519(private_key, peer_key)`` is the secret behind ``public_key``.
+
+    Parameters
+    ----------
+    private_key : bytes
+        The prover's raw X25519 private key ``c``.
+    public_key : bytes
+        Its public key ``A`` as advertised (the bytes the verifier will use).
+    peer_key : bytes
+        The other party's advertised X25519 public key ``P``.
+    context : bytes
+        What the proof is about (session, parties, run): a proof verifies only under the same context.
+
+    Raises
+    ------
+    ValueError
+        ``peer_key`` is not in the prime-order subgroup (then no proof exists; no honest key is).
+    """
+    lifted = edwards_lift(peer_key)
+    if lifted is None:
+        raise ValueError("the peer key is not a point of the prime-order subgroup: no proof exists")
+    c = _scalar(private_key)
+    first = sodium.crypto_scalarmult_ed25519_base_noclamp(c)
+    second = sodium.crypto_scalarmult_ed25519_noclamp(c, lifted)
+    # Hedged nonce: fresh randomness, and the secret and the statement in case the randomness is weak.
+    r = sodium.crypto_core_ed25519_scalar_reduce(hashlib.sha512(os.urandom(32) + c + context + lifted).digest())
+    commitments = (
+        sodium.crypto_scalarmult_ed25519_base_noclamp(r),
+        sodium.crypto_scalarmult_ed25519_noclamp(r, lifted),
+    )
+    e = _challenge(context, public_key, peer_key, first, second, *commitments)
+    s = sodium.crypto_core_ed25519_scalar_add(r, sodium.crypto_core_ed25519_scalar_mul(e, c))
+    return first + second + e + s
+
+
+def verify_exchange(public_key: bytes, peer_key: bytes, proof: bytes, context: bytes) -> bytes | None:
+    """The X25519 secret of ``public_key``'s owner with ``peer_key`` if ``proof`` shows it, else ``None``.
+
+    Checks that both proof points are in the prime-order subgroup, that the first is ``public_key``'s
+    point, that ``e`` and ``s`` are reduced scalars, and the two Chaum-Pedersen equations through the
+    challenge: ``s B - e X1`` and ``s P - e X2`` hash back to ``e``. The secret returned is the u-coordinate
+    of ``X2``, exactly what :meth:`X25519PrivateKey.exchange` gives the prover.
+    """
+    lifted = edwards_lift(peer_key)
+    if lifted is None or len(public_key) != 32 or not isinstance(proof, bytes) or len(proof) != PROOF_BYTES:
+        return None
+    first, second, e, s = proof[:32], proof[32:64], proof[64:96], proof[96:]
+    if not (sodium.crypto_core_ed25519_is_valid_point(first) and sodium.crypto_core_ed25519_is_valid_point(second)):
+        return None
+    if _montgomery_of(first) != _montgomery_u(public_key).to_bytes(32, "little"):
+        return None
+    if int.from_bytes(e, "little") >= _ORDER or int.from_bytes(s, "little") >= _ORDER:
+        return None
+    try:
+        commitments = (
+            sodium.crypto_core_ed25519_sub(
+                sodium.crypto_scalarmult_ed25519_base_noclamp(s), sodium.crypto_scalarmult_ed25519_noclamp(e, first)
+            ),
+            sodium.crypto_core_ed25519_sub(
+                sodium.crypto_scalarmult_ed25519_noclamp(s, lifted), sodium.crypto_scalarmult_ed25519_noclamp(e, second)
+            ),
+        )
+    except CryptoError:  # a product is the identity (s or e zero): no honest proof gives one
+        return None
+    if _challenge(context, public_key, peer_key, first, second, *commitments) != e:
+        return None
+    return _montgomery_of(second)
