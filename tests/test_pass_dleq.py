@@ -72,9 +72,10 @@ def test_a_prover_without_the_advertised_private_key_cannot_prove(prover: bytes,
 def test_a_cheating_prover_that_adds_a_small_order_point_to_claim_another_secret_is_refused() -> None:
     """The cofactor attack: ``X2 + T`` (T of order 2) passes both equations whenever the challenge is even.
 
-    The cheat claims the secret ``u(c P + T)``, under which an honest sender's ciphertext would not open; it
-    is built here exactly (nonces ground until ``e`` is even) and refused because ``X2 + T`` is off the
-    prime-order subgroup.
+    The cheat claims the secret ``u(c P + T)``, under which an honest sender's ciphertext would not open. It
+    is built here exactly (nonces ground until ``e`` is even, so that ``e T`` vanishes and both equations
+    hold) and refused: ``X2 + T`` is off the prime-order subgroup, which the verifier checks (and libsodium's
+    multiplications refuse as well).
     """
     prover, peer = hashlib.sha256(b"prover").digest(), hashlib.sha256(b"peer").digest()
     public, peer_public = _public(prover), _public(peer)
@@ -93,6 +94,16 @@ def test_a_cheating_prover_that_adds_a_small_order_point_to_claim_another_secret
         if e[0] % 2 == 0:  # e T = 0: s P - e (X2 + T) = r P, both equations hold
             break
     s = sodium.crypto_core_ed25519_scalar_add(r, sodium.crypto_core_ed25519_scalar_mul(e, c))
+    # The premise: with e even, s P - e (X2 + T) = s P - e X2 = r P, the committed R2 (and s B - e X1 = R1).
+    honest_second = sodium.crypto_scalarmult_ed25519_noclamp(c, lifted)
+    assert (
+        sodium.crypto_core_ed25519_sub(
+            sodium.crypto_scalarmult_ed25519_noclamp(s, lifted),
+            sodium.crypto_scalarmult_ed25519_noclamp(e, honest_second),
+        )
+        == commitments[1]
+    )
+    assert not sodium.crypto_core_ed25519_is_valid_point(cheat)
     assert dleq.verify_exchange(public, peer_public, first + cheat + e + s, b"ctx") is None
 
 

@@ -748,6 +748,38 @@ def test_a_garbage_sender_with_a_cipher_key_off_the_prime_order_subgroup_is_name
     assert (session.unmask(requests) == session.expected()).all()
 
 
+def test_a_replayed_share_step_never_encrypts_twice_under_one_key_and_nonce():
+    """A client whose state is replayed (a retried step) encrypts its fresh shares under a fresh nonce."""
+    counts = _counts(np.random.default_rng(35), 6, 3)
+    session = Session(counts, degree=4)
+    request = session.advertise()[1].to_record()
+    advertised = dict(session.states[1])
+    first = PassClient.from_record(advertised).share_keys(request)
+    second = PassClient.from_record(advertised).share_keys(request)
+    for one, two in zip(first.ciphertexts, second.ciphertexts, strict=True):
+        assert one[:12] != two[:12]  # the nonces
+        assert bytes(a ^ b for a, b in zip(one[12:44], two[12:44], strict=True)) != bytes(32)  # no shared keystream
+
+
+def test_an_accuser_named_for_a_false_accusation_still_convicts_a_garbage_sender():
+    """Client 2 falsely accuses an honest neighbour (judged first) and truly accuses a garbage sender: both named."""
+    counts = _counts(np.random.default_rng(36), 8, 3)
+    session = Session(counts, degree=6)
+    share_requests = session.advertise()
+    honest, garbage = sorted(share_requests[2].neighbours)[:2]  # the false accusation comes first in order
+    requests = session.share(share_requests, tamper={garbage: _garbling(2)})
+    false_proof = PassClient.from_record(session.states[2])._prove_channel(honest)
+
+    def add_false_accusation(reply):
+        return {**reply, "accused": [honest, *reply["accused"]], "proofs": [false_proof, *reply["proofs"]]}
+
+    requests = session.mask(requests, tamper={2: add_false_accusation})
+    assert "false accusation" in session.server.excluded[2]
+    assert "garbage shares" in session.server.excluded[garbage]
+    assert honest not in session.server.excluded
+    assert (session.unmask(requests) == session.expected()).all()
+
+
 def test_signing_clients_without_a_directory_anywhere_still_sum_exactly():
     """Clients that sign (an identity key) but hold no directory, under a server with none: signatures ride along."""
     counts = _counts(np.random.default_rng(33), 7, 3)

@@ -10,9 +10,10 @@ with a wrong secret, and no party needs a private key to judge.
 X25519 keys are Montgomery u-coordinates; each is lifted to the Edwards point with that u and an even x
 (``y = (u - 1) / (u + 1)``). A point and its negative share one u, and ``u(c P) = u(c (-P))``, so the
 lift's sign does not matter. Only points of the prime-order subgroup are accepted (libsodium's
-``crypto_core_ed25519_is_valid_point``): an honest key is always one, and with a cofactor a cheating
-prover could otherwise pass with probability 1/8. The prover's scalar operations are libsodium's
-(PyNaCl), constant-time; the verifier's work is public.
+``crypto_core_ed25519_is_valid_point``, and its scalar multiplications refuse others too): an honest key
+is always one, and with the cofactor a cheating prover could add a small-order point to ``X2`` and grind
+its nonce until the challenge kills it, proving a secret that is not the exchange's. The prover's scalar
+operations are libsodium's (PyNaCl), constant-time; the verifier's work is public.
 """
 
 from __future__ import annotations

@@ -322,7 +322,8 @@ def hkdf_sha256(ikm: bytes, info: bytes) -> bytes:
 
     The same bytes as ``cryptography``'s ``HKDF(SHA256(), length=32, salt=None, info=info).derive(ikm)``
     (a test compares them on random inputs) in two thirds of its time: no key-derivation object per call
-    (PASS derives four keys per neighbour), and the salt's padded keys are constants.
+    (PASS derives three keys per neighbour: the pair seed, a channel key each way), and the salt's padded keys
+    are constants.
 
     Parameters
     ----------

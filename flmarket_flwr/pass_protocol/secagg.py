@@ -114,8 +114,8 @@ MAX_PARTICIPANTS: Final[int] = 2**20
 _LABEL: Final[bytes] = b"flmarket-pass/v2"
 _SHARE_BYTES: Final[int] = len(share_to_bytes(np.zeros((1, 11), dtype=np.uint64)))  # one secret's share: 44
 _PLAINTEXT_BYTES: Final[int] = len(_LABEL) + 16 + 2 * _SHARE_BYTES
-_CIPHERTEXT_BYTES: Final[int] = _PLAINTEXT_BYTES + 16  # ChaCha20-Poly1305: the plaintext and its tag
-_ZERO_NONCE: Final[bytes] = bytes(12)  # every channel key (one per direction of an edge) encrypts exactly one message
+_NONCE_BYTES: Final[int] = 12
+_CIPHERTEXT_BYTES: Final[int] = _NONCE_BYTES + _PLAINTEXT_BYTES + 16  # random nonce, ChaCha20-Poly1305 and its tag
 
 
 class PassError(ValueError):
@@ -251,10 +251,15 @@ def _channel_key(secret: bytes, aad: bytes) -> bytes:
 
 
 def _seal(secret: bytes, session: bytes, sender: int, receiver: int, both: bytes) -> bytes:
-    """``ChaCha20-Poly1305(share pair)`` for ``receiver`` under the edge's channel secret."""
+    """``nonce || ChaCha20-Poly1305(share pair)`` for ``receiver`` under the edge's channel secret.
+
+    Each direction's key encrypts one share pair per session, but the nonce is random all the same: a
+    client whose state is replayed (a retried step) must not encrypt a second pair under one key and nonce.
+    """
     aad = _channel_aad(session, sender, receiver)
     plaintext = _LABEL + struct.pack(">QQ", sender, receiver) + both
-    return ChaCha20Poly1305(_channel_key(secret, aad)).encrypt(_ZERO_NONCE, plaintext, aad)
+    nonce = os.urandom(_NONCE_BYTES)
+    return nonce + ChaCha20Poly1305(_channel_key(secret, aad)).encrypt(nonce, plaintext, aad)
 
 
 def _unseal(
@@ -270,7 +275,9 @@ def _unseal(
     if len(ciphertext) != _CIPHERTEXT_BYTES:
         return None
     try:
-        plaintext = ChaCha20Poly1305(_channel_key(secret, aad)).decrypt(_ZERO_NONCE, ciphertext, aad)
+        plaintext = ChaCha20Poly1305(_channel_key(secret, aad)).decrypt(
+            ciphertext[:_NONCE_BYTES], ciphertext[_NONCE_BYTES:], aad
+        )
     except InvalidTag:
         return None
     header = _LABEL + struct.pack(">QQ", sender, receiver)
@@ -1298,10 +1305,14 @@ class PassServer:
         (:func:`~flmarket_flwr.pass_protocol.dleq.verify_exchange` against both advertised cipher keys; none
         or a wrong one names the accuser), and the server opens the ciphertext it relayed with it exactly as
         the accuser had to (:func:`_unseal`): it opens, the accusation was false; it does not, the sender
-        sent garbage. Either way the client named is one that deviated, whatever the other did.
+        sent garbage. When the server relays faithfully, the client named is one that deviated, whatever the
+        other did (a proof cannot name an honest sender: :mod:`~flmarket_flwr.pass_protocol.dleq`). A server
+        that forges a ciphertext can get its honest receiver named, as it can exclude anyone anyway; with a
+        directory it learns nothing by it (the receiver reveals no secret for a ciphertext not signed).
         """
-        if accused in self._culprits or accuser in self._culprits:
-            return  # already named in another accusation: its masked input is out either way
+        if accused in self._culprits:
+            return  # already named: its masked input is out either way
+        # An accuser named for another accusation is still heard: its proof is evidence whoever gives it.
         ciphertext, signature = self._ciphertexts[accused, accuser]
         digest = self._digests[accused, accuser]
         if self.directory is not None:
