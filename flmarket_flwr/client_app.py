@@ -11,7 +11,8 @@ One ``ClientApp`` serves every phase of a run:
   signs its PASS key advertisement and checks its neighbours' against the buyer's directory
   (:func:`identity_key_of`, :func:`identity_directory_of`). With ``market-ledger-dir='<dir>'`` in its
   node config it keeps a release ledger there and refuses a market whose members differ too little from
-  one it already released a sum for (:func:`release_ledger_of`).
+  one it already released a sum for (:func:`release_ledger_of`); with ``pass-complete-graph=true`` it
+  takes part in PASS only on the complete graph (:func:`complete_graph_of`).
 * No other query: the baselines' raw-statistics query (RS, QBS, DICE, DDS) is answered
   only by the experiments' ClientApp (:mod:`simulations.apps`), never by this one.
 * **Training** (``train`` / ``evaluate`` messages): plain local SGD on the
@@ -289,6 +290,20 @@ def identity_directory_of(context: Context) -> IdentityDirectory | None:
     return IdentityDirectory.from_json(Path(path)) if path else None
 
 
+def complete_graph_of(context: Context) -> bool:
+    """Whether the node takes part in PASS only on the complete graph: ``node_config["pass-complete-graph"]``.
+
+    ``true`` (or ``"true"``) turns it on, absent or ``false`` leaves it off; anything else is refused (a
+    typo must not silently leave a node on sparse graphs).
+    """
+    value = context.node_config.get("pass-complete-graph", False)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(f'node config "pass-complete-graph" must be true or false, got {value!r}')
+
+
 def release_ledger_of(context: Context) -> ReleaseLedger | None:
     """The node's release ledger, in the directory named by ``node_config["market-ledger-dir"]`` (if any).
 
@@ -352,6 +367,7 @@ def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
         directory=identity_directory_of,
         release_ledger=release_ledger_of,
         noise=market_noise_of,
+        complete_graph=complete_graph_of,
     )
     client.train()(train)
     client.evaluate()(evaluate_local)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from adversary import (
     NUM_CLASSES,
+    client_secrets,
     honest_grid,
     make_counts,
     market_config,
@@ -27,8 +28,9 @@ from adversary import (
     signed_app,
 )
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from flwr.clientapp import ClientApp
 
-from flmarket_flwr.market import MarketPhase
+from flmarket_flwr.market import CostBasedBid, MarketPhase, register_market_handlers
 from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.pass_protocol import (
     ConsistencyRequest,
@@ -390,3 +392,39 @@ def test_a_server_that_places_a_victim_among_t_colluders_recovers_its_counts_not
         mask = expand_seed(seed, NUM_CLASSES)
         value = value - mask if victim < peer else value + mask
     assert np.array_equal(value, counts[nodes[0]].astype(np.uint64))
+
+
+def test_a_node_that_takes_part_only_on_the_complete_graph_cannot_be_placed_among_colluders() -> None:
+    """The placement above against a victim whose node requires the complete graph (``complete_graph``, node
+    config ``pass-complete-graph``): it refuses the sparse graph before it sends a share or a masked input, and
+    keeps no secret. On the complete graph (the market's ``neighbours="all"``) such nodes take part as usual,
+    and a client's secrets then need ``t`` colluders of the whole roster (more than half of it)."""
+    size = 100
+    counts = make_counts(size, seed=41)
+    nodes = sorted(counts)
+    app = ClientApp()
+    register_market_handlers(
+        app, lambda context: counts[context.node_id], CostBasedBid(0.01), complete_graph=lambda c: c.node_id == nodes[0]
+    )
+    grid = InProcessGrid(app, nodes)
+    server = PassServer(b"attack/placement", NUM_CLASSES, BOUND, run_id=grid.run.run_id)
+    indices = list(range(1, size + 1))
+    k = neighbourhood_size(size)
+    planned = mask_graph(derive_graph_seed(server._server_seed, roster_digest(server.session, indices)), indices, k)
+    victim, colluders = 1, sorted(planned[1])[: share_threshold(k)]
+    placed = {victim: nodes[0], **dict(zip(colluders, nodes[1 : len(colluders) + 1], strict=True))}
+    rest = iter(nodes[len(colluders) + 1 :])
+    share_requests = run_pass_rounds(grid, [placed[i] if i in placed else next(rest) for i in indices], server, upto=1)
+    replies = send(grid, "market_share", {server.node_of[i]: r.to_record() for i, r in share_requests.items()})
+    assert replies[nodes[0]].has_error() and "market_share" in replies[nodes[0]].error.reason
+    assert client_secrets(grid, nodes[0]) == {}  # wiped on refusal: no key, no seed, no counts left to open
+    others = {server.index_of[node]: record_of(reply) for node, reply in replies.items() if node != nodes[0]}
+    mask_requests = server.receive_shares(others)
+    assert victim not in mask_requests and "no share-keys reply" in server.excluded[victim]
+
+    small = make_counts(12, seed=43)
+    every = ClientApp()
+    register_market_handlers(every, lambda context: small[context.node_id], CostBasedBid(0.01), complete_graph=True)
+    complete = MarketPhase(market_config(neighbours="all")).run(InProcessGrid(every, list(small)))
+    assert sorted(complete.participants) == sorted(small) and not complete.excluded
+    assert complete.global_counts == [int(c) for c in np.sum(list(small.values()), axis=0)]

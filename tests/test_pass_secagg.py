@@ -553,6 +553,19 @@ def test_client_floor_refuses_a_sparser_graph_than_its_config():
         session._call(1, "share_keys", requests[1].to_record())
 
 
+@pytest.mark.parametrize(("size", "degree", "refused"), [(12, 4, True), (12, 10, True), (12, 11, False)])
+def test_a_client_that_requires_the_complete_graph_refuses_any_other(size, degree, refused):
+    """``complete_graph=True``: only ``k = |U1| - 1`` is accepted (so no server can seat it among colluders)."""
+    counts = _counts(np.random.default_rng(23), size, 2)
+    session = Session(counts, degree=degree, floor=dict(FLOOR, complete_graph=True))
+    request = session.advertise()[1].to_record()
+    if refused:
+        with pytest.raises(PassError, match="only on the complete graph"):
+            session._call(1, "share_keys", request)
+    else:
+        assert len(secagg.ShareKeysReply.from_record(session._call(1, "share_keys", request)).receivers) == size - 1
+
+
 def test_server_excludes_duplicate_keys_and_garbage_replies():
     counts = _counts(np.random.default_rng(19), 10, 2)
     session = Session(counts, degree=4)

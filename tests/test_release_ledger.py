@@ -231,6 +231,20 @@ def test_the_app_reads_the_ledger_from_the_node_config(tmp_path: Path) -> None:
     assert release_ledger_of(context({"market-ledger-dir": str(tmp_path)})).min_roster_change == 3  # type: ignore[union-attr]
 
 
+def test_the_app_reads_the_complete_graph_requirement_from_the_node_config() -> None:
+    from flmarket_flwr.client_app import complete_graph_of
+
+    def context(node_config: dict) -> Context:  # type: ignore[type-arg]
+        return Context(1, 5, node_config, RecordDict(), {})
+
+    assert complete_graph_of(context({})) is False
+    assert complete_graph_of(context({"pass-complete-graph": True})) is True
+    assert complete_graph_of(context({"pass-complete-graph": "true"})) is True
+    assert complete_graph_of(context({"pass-complete-graph": False})) is False
+    with pytest.raises(ValueError, match="pass-complete-graph"):
+        complete_graph_of(context({"pass-complete-graph": "yes please"}))
+
+
 # --- The buyer's side ------------------------------------------------------------------------------
 @settings(max_examples=100, deadline=None)
 @given(st.frozensets(st.integers(0, 15), max_size=16), st.lists(MEMBER_SETS, max_size=6), st.integers(1, 5))

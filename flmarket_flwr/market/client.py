@@ -103,6 +103,7 @@ LabelCountsFn = Callable[[Context], NDArray[np.integer]]
 IdentityFn = Callable[[Context], Ed25519PrivateKey | None]
 DirectoryFn = Callable[[Context], IdentityDirectory | None]
 LedgerFn = Callable[[Context], ReleaseLedger | None]
+GraphFn = Callable[[Context], bool]
 NoiseFn = Callable[[Context], SkellamNoise | None]
 
 _PASS_PREFIX = "pass/"
@@ -186,6 +187,7 @@ def register_market_handlers(
     min_participants: int = MIN_PARTICIPANTS,
     release_ledger: LedgerFn | None = None,
     noise: NoiseFn | None = None,
+    complete_graph: bool | GraphFn = False,
 ) -> None:
     """Add the market's ``query`` handlers to an existing ``ClientApp``.
 
@@ -230,6 +232,12 @@ def register_market_handlers(
         adds Skellam noise to its counts inside its masked input, calibrated from its own setting and the
         roster it sees, so that a server cannot turn it off. Its bid accepts a noisy ``N_s`` within the
         noise's tail. Give the market the same setting (``MarketConfig.noise``).
+    complete_graph : bool or Callable[[Context], bool] (default: False)
+        Take part in PASS only on the complete graph (the market's ``neighbours="all"``). The server assigns
+        the PASS indices, so on a sparse graph it can seat a client among ``t`` colluding clients, who then
+        open its masked input; on the complete graph that takes ``t`` colluders of the whole roster, more
+        than half of it. Costs ``O(E)`` work per client instead of ``O(k)``: for markets of up to a few
+        hundred clients whose server is not trusted (README "Threat model").
 
     Raises
     ------
@@ -245,6 +253,7 @@ def register_market_handlers(
         min_participants=min_participants,
         release_ledger=release_ledger if release_ledger is not None else (lambda context: None),
         noise=noise if noise is not None else (lambda context: None),
+        complete_graph=complete_graph if callable(complete_graph) else (lambda context: bool(complete_graph)),
     )
     app.query(ACTION_ADVERTISE)(handlers.advertise)
     app.query(ACTION_SHARE)(handlers.share)
@@ -269,6 +278,7 @@ class _MarketHandlers:
         min_participants: int,
         release_ledger: LedgerFn,
         noise: NoiseFn,
+        complete_graph: GraphFn,
     ) -> None:
         self._get_label_counts = get_label_counts
         self._bid_policy = bid_policy
@@ -278,6 +288,7 @@ class _MarketHandlers:
         self._min_participants = min_participants
         self._release_ledger = release_ledger
         self._noise = noise
+        self._complete_graph = complete_graph
 
     # --- PASS ----------------------------------------------------------------------------------
     def advertise(self, message: Message, context: Context) -> Message:
@@ -291,6 +302,7 @@ class _MarketHandlers:
                 identity_key=self._identity_key(context),
                 min_participants=self._min_participants,
                 run_id=int(context.run_id),
+                complete_graph=self._complete_graph(context),
             )
             reply = dict(advert.to_record())
             ledger = self._release_ledger(context)

@@ -26,7 +26,9 @@ The graph is committed before the keys exist (the server may retry graphs by exc
 each retry succeeding with probability below ``2^-security_bits``), the client's ``min_participants`` floor
 bounds a roster of colluders, and ``c`` colluding neighbours of a client are tolerated while
 ``t > (k + c) / 2``. But the server assigns the indices: it can place ``t`` colluders around a chosen victim
-(README "Threat model"). The server refuses (fails closed) a sum above ``count_bound * |U3|`` in any class.
+on a sparse graph (README "Threat model"); a client advertised with ``complete_graph=True`` refuses any
+graph but the complete one, where every participant is its neighbour. The server refuses (fails closed) a sum
+above ``count_bound * |U3|`` in any class.
 
 Blame, not abort (issue 21, item 3). Each share pair travels under the edge's channel secret
 ``X25519(c_u, C_v)`` (one exchange per neighbour, a key per direction). A receiver whose shares do not open
@@ -562,6 +564,7 @@ class PassClient:
         bad_fraction: float = DEFAULT_BAD_FRACTION,
         min_participants: int = MIN_PARTICIPANTS,
         run_id: int = 0,
+        complete_graph: bool = False,
     ) -> Advertisement:
         """Make the session's cipher and mask key pairs and return the public keys (signed if ``identity_key``).
 
@@ -570,7 +573,10 @@ class PassClient:
         sparser graph than :func:`neighbourhood_size` gives, or a roster smaller than that floor (a malicious
         server could otherwise show a victim a roster of colluders only). ``run_id`` is the run this client
         is in, from its own runtime (Flower's ``context.run_id``), never from the server: the signature binds
-        it with the session and the announced roster fingerprint.
+        it with the session and the announced roster fingerprint. With ``complete_graph`` the client later
+        refuses any graph but the complete one (``k = |U1| - 1``): the server assigns the indices, so on a
+        sparse graph it can seat this client among ``t`` colluders; on the complete graph every participant
+        is its neighbour, and its secrets need ``t`` colluders of all of them (at ``O(|U1|)`` work).
         """
         request = AdvertiseRequest.coerce(request)
         if self._state["stage"] != _STAGE_NEW:
@@ -624,6 +630,7 @@ class PassClient:
             min_security_bits=int(security_bits),
             max_bad_fraction_ppm=round(bad_fraction * 1_000_000),
             min_participants=max(int(min_participants), MIN_PARTICIPANTS),
+            complete_graph=bool(complete_graph),
         )
         return Advertisement(cipher_public, mask_public, signature)
 
@@ -667,6 +674,10 @@ class PassClient:
         )
         if k < floor:
             raise PassError(f"degree {k} is below this client's floor {floor} for {len(participants)} participants")
+        if state.get("complete_graph") and k != len(participants) - 1:
+            raise PassError(
+                f"this client takes part only on the complete graph (degree {len(participants) - 1}), got {k}"
+            )
         seed = derive_graph_seed(request.server_seed, roster_digest(session, participants))
         neighbours = list(neighbours_of(seed, participants, k, index))
         columns = (request.neighbour_node_ids, request.cipher_public_keys, request.mask_public_keys, request.signatures)
