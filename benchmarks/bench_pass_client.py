@@ -31,11 +31,16 @@ def _timed(states: dict[int, dict], index: int, call: Any, cpu: dict[int, float]
     return reply
 
 
-def client_cpu(num_clients: int, num_classes: int, measured: int, seed: int = 0) -> tuple[int, float]:
-    """``(k, mean CPU seconds of one client's four rounds)`` over ``measured`` clients at ``E = num_clients``."""
+def client_cpu(
+    num_clients: int, num_classes: int, measured: int, seed: int = 0, complete: bool = False
+) -> tuple[int, float]:
+    """``(k, mean CPU seconds of one client's four rounds)`` over ``measured`` clients at ``E = num_clients``.
+
+    ``complete``: on the complete graph (``k = E - 1``, what a node with ``pass-complete-graph`` requires).
+    """
     rng = np.random.default_rng(seed)
     counts = rng.integers(0, 1000, size=(num_clients, num_classes))
-    server = PassServer(b"bench-client", num_classes, 1000)
+    server = PassServer(b"bench-client", num_classes, 1000, degree=num_clients - 1 if complete else None)
     requests = server.advertise_requests(list(range(num_clients)))
     states: dict[int, dict] = {i: {} for i in requests}
     cpu: dict[int, float] = {}
@@ -65,11 +70,12 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="*", default=[1000, 10_000], help="numbers of clients E")
     parser.add_argument("--classes", type=int, default=10, help="number of classes C")
     parser.add_argument("--clients", type=int, default=20, help="measured clients per E")
+    parser.add_argument("--complete", action="store_true", help="on the complete graph (k = E - 1)")
     args = parser.parse_args()
     print(f"load average at start {os.getloadavg()[0]:.2f}")
     print(f"{'E':>7} {'C':>5} {'k':>3} {'client CPU ms':>14}")
     for size in args.sizes:
-        k, seconds = client_cpu(size, args.classes, args.clients)
+        k, seconds = client_cpu(size, args.classes, args.clients, complete=args.complete)
         print(f"{size:>7} {args.classes:>5} {k:>3} {1e3 * seconds:>14.2f}")
     print(f"load average at end {os.getloadavg()[0]:.2f}")
 
