@@ -33,8 +33,11 @@ _ORDER: Final[int] = 2**252 + 27742317777372353535851937790883648493  # l, the p
 _DOMAIN: Final[bytes] = b"flmarket-pass/v2/dleq"
 
 
-def _montgomery_u(key: bytes) -> int:
-    """An X25519 public key as the u-coordinate the exchange uses (bit 255 cleared, reduced mod p)."""
+def montgomery_u(key: bytes) -> int:
+    """An X25519 public key as the u-coordinate the exchange uses (bit 255 cleared, reduced mod p).
+
+    Two encodings of one u are one key to X25519: PASS compares keys by this value.
+    """
     return (int.from_bytes(key, "little") & ((1 << 255) - 1)) % _FIELD
 
 
@@ -46,7 +49,7 @@ def edwards_lift(key: bytes) -> bytes | None:
     """
     if len(key) != 32:
         return None
-    u = _montgomery_u(key)
+    u = montgomery_u(key)
     if (u + 1) % _FIELD == 0:
         return None
     y = (u - 1) * pow(u + 1, -1, _FIELD) % _FIELD
@@ -129,7 +132,7 @@ def verify_exchange(public_key: bytes, peer_key: bytes, proof: bytes, context: b
     first, second, e, s = proof[:32], proof[32:64], proof[64:96], proof[96:]
     if not (sodium.crypto_core_ed25519_is_valid_point(first) and sodium.crypto_core_ed25519_is_valid_point(second)):
         return None
-    if _montgomery_of(first) != _montgomery_u(public_key).to_bytes(32, "little"):
+    if _montgomery_of(first) != montgomery_u(public_key).to_bytes(32, "little"):
         return None
     if int.from_bytes(e, "little") >= _ORDER or int.from_bytes(s, "little") >= _ORDER:
         return None

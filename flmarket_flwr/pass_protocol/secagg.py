@@ -62,7 +62,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
-from flmarket_flwr.pass_protocol.dleq import in_prime_subgroup, prove_exchange, verify_exchange
+from flmarket_flwr.pass_protocol.dleq import in_prime_subgroup, montgomery_u, prove_exchange, verify_exchange
 from flmarket_flwr.pass_protocol.graph import (
     DEFAULT_BAD_FRACTION,
     DEFAULT_SECURITY_BITS,
@@ -236,11 +236,6 @@ def _in_bitmap(bitmap: bytes, index: int) -> bool:
 def _strictly_increasing(values: list[int]) -> bool:
     """True if ``values`` is sorted without repeats (an empty list is)."""
     return all(a < b for a, b in itertools.pairwise(values))
-
-
-def _canonical_key(key: bytes) -> int:
-    """X25519 u-coordinate as the integer the exchange uses (bit 255 cleared, reduced mod 2^255 - 19)."""
-    return (int.from_bytes(key, "little") & ((1 << 255) - 1)) % (2**255 - 19)
 
 
 def _channel_key(secret: bytes, aad: bytes) -> bytes:
@@ -737,7 +732,7 @@ class PassClient:
         cipher_key = X25519PrivateKey.from_private_bytes(state["cipher_private_key"])
         pair_seeds, channel_secrets = [], []
         session, index = state["session"], state["index"]
-        seen = {_canonical_key(state["cipher_public_key"]), _canonical_key(state["mask_public_key"])}
+        seen = {montgomery_u(state["cipher_public_key"]), montgomery_u(state["mask_public_key"])}
         for v, node_id, cipher_public, mask_public, signature in zip(
             request.neighbours,
             request.neighbour_node_ids,
@@ -768,7 +763,7 @@ class PassClient:
                     )
             except (TypeError, ValueError) as error:
                 raise PassError(f"neighbour {v} refused: {error}") from error
-            keys = {_canonical_key(cipher_public), _canonical_key(mask_public)}
+            keys = {montgomery_u(cipher_public), montgomery_u(mask_public)}
             if len(keys) != 2 or keys & seen:
                 raise PassError(f"neighbour {v} reuses a public key already in this session")
             seen |= keys
@@ -1188,9 +1183,9 @@ class PassServer:
         adverts = {i: a for i, r in replies.items() if i in self.node_of and (a := self._valid_advert(i, r))}
         owners: dict[int, list[int]] = {}
         for i, advert in adverts.items():
-            for key in {_canonical_key(advert.cipher_public_key), _canonical_key(advert.mask_public_key)}:
+            for key in {montgomery_u(advert.cipher_public_key), montgomery_u(advert.mask_public_key)}:
                 owners.setdefault(key, []).append(i)
-            if _canonical_key(advert.cipher_public_key) == _canonical_key(advert.mask_public_key):
+            if montgomery_u(advert.cipher_public_key) == montgomery_u(advert.mask_public_key):
                 owners.setdefault(-1, []).extend([i, i])
         for clash in (group for group in owners.values() if len(group) > 1):
             for i in clash:
