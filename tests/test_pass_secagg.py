@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nacl import bindings as sodium
 
-from flmarket_flwr.pass_protocol import secagg
+from flmarket_flwr.pass_protocol import dleq, secagg
 from flmarket_flwr.pass_protocol.dleq import edwards_lift, verify_exchange
 from flmarket_flwr.pass_protocol.graph import share_threshold
 from flmarket_flwr.pass_protocol.identity import IdentityDirectory, generate_identity
@@ -706,14 +706,8 @@ def test_without_identity_keys_a_garbage_ciphertext_is_judged_from_the_proven_se
     share_requests = session.advertise()
     sender = share_requests[2].neighbours[-1]
 
-    def garble_to_client_2(reply):  # the sender's own reply: the server relays (and keeps) what it was sent
-        at = reply["receivers"].index(2)
-        return {
-            **reply,
-            "ciphertexts": [c[:-16] + bytes(16) if i == at else c for i, c in enumerate(reply["ciphertexts"])],
-        }
-
-    requests = session.share(share_requests, tamper={sender: garble_to_client_2})
+    # The sender's own reply: the server relays (and keeps) what it was sent.
+    requests = session.share(share_requests, tamper={sender: _garbling(2)})
     cipher_key = X25519PrivateKey.from_private_bytes(session.states[2]["cipher_private_key"])
     requests = session.mask(requests)
     proof = session.masked[2].proofs[session.masked[2].accused.index(sender)]
@@ -745,12 +739,9 @@ def test_a_garbage_sender_with_a_cipher_key_off_the_prime_order_subgroup_is_name
     sender = 5
 
     def add_torsion(advert):  # u(c B + T), T = (0, -1) of order 2: what no honest key generation gives
-        field = 2**255 - 19
-        point = sodium.crypto_core_ed25519_add(
-            edwards_lift(advert["cipher_public_key"]), (field - 1).to_bytes(32, "little")
-        )
-        y = int.from_bytes(point, "little") & ((1 << 255) - 1)
-        return {**advert, "cipher_public_key": ((1 + y) * pow(1 - y, -1, field) % field).to_bytes(32, "little")}
+        order_two = (2**255 - 20).to_bytes(32, "little")  # the Edwards encoding of (0, -1)
+        point = sodium.crypto_core_ed25519_add(edwards_lift(advert["cipher_public_key"]), order_two)
+        return {**advert, "cipher_public_key": dleq._montgomery_of(point)}
 
     share_requests = session.advertise(tamper={sender: add_torsion})
     receiver = share_requests[sender].neighbours[0]
