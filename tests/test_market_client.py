@@ -508,6 +508,11 @@ def test_register_refuses_a_second_registration() -> None:
         register_market_handlers(app, lambda context: np.ones(C))
 
 
+def test_register_refuses_a_complete_graph_setting_that_is_not_a_bool() -> None:
+    with pytest.raises(TypeError, match="complete_graph must be a bool"):
+        register_market_handlers(ClientApp(), lambda context: np.ones(C), complete_graph="false")  # type: ignore[arg-type]
+
+
 # --- Bid policies --------------------------------------------------------------------------------
 def test_cost_based_bid() -> None:
     context = Context(1, 1, {}, RecordDict(), {})

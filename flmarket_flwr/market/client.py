@@ -243,7 +243,11 @@ def register_market_handlers(
     ------
     ValueError
         If one of the actions is already registered on ``app``, or ``app`` uses a ``client_fn``.
+    TypeError
+        If ``complete_graph`` is neither a bool nor a callable (a string such as ``"false"`` must not pass).
     """
+    if not (isinstance(complete_graph, bool) or callable(complete_graph)):
+        raise TypeError(f"complete_graph must be a bool or a callable of the context, got {complete_graph!r}")
     handlers = _MarketHandlers(
         get_label_counts=get_label_counts,
         bid_policy=bid_policy if bid_policy is not None else CostBasedBid(DEFAULT_COST_PER_SAMPLE),
@@ -253,7 +257,7 @@ def register_market_handlers(
         min_participants=min_participants,
         release_ledger=release_ledger if release_ledger is not None else (lambda context: None),
         noise=noise if noise is not None else (lambda context: None),
-        complete_graph=complete_graph if callable(complete_graph) else (lambda context: bool(complete_graph)),
+        complete_graph=complete_graph if callable(complete_graph) else (lambda context: complete_graph),
     )
     app.query(ACTION_ADVERTISE)(handlers.advertise)
     app.query(ACTION_SHARE)(handlers.share)
