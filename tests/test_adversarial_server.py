@@ -58,7 +58,7 @@ def completed_session(num_nodes: int = 5, seed: int = 0):
     """Real clients that completed one PASS session with an honest server object."""
     counts = make_counts(num_nodes, seed)
     grid = honest_grid(counts)
-    server = PassServer(b"attack/" + bytes([seed]), NUM_CLASSES, 10**9)
+    server = PassServer(b"attack/" + bytes([seed]), NUM_CLASSES, 10**9, run_id=grid.run.run_id)
     run_pass_rounds(grid, sorted(counts), server)
     return counts, grid, server, server.finish()
 
@@ -103,7 +103,7 @@ def test_bid_for_another_transcript_e_or_session_is_refused(field: str, value: o
 # --- Attack 3: fake dropouts and differencing two sums ---------------------------------------------
 def test_a_second_pass_session_in_the_same_run_is_refused_by_every_client() -> None:
     counts, grid, _, _ = completed_session()
-    second = PassServer(b"attack/second", NUM_CLASSES, 10**9)
+    second = PassServer(b"attack/second", NUM_CLASSES, 10**9, run_id=grid.run.run_id)
     requests = second.advertise_requests(sorted(counts)[1:])  # "node 0 dropped": a sum over the others
     replies = send(grid, "market_advertise", {second.node_of[i]: r.to_record() for i, r in requests.items()})
     assert all(reply.has_error() for reply in replies.values())
@@ -112,7 +112,7 @@ def test_a_second_pass_session_in_the_same_run_is_refused_by_every_client() -> N
 def _mask_round(counts: dict[int, np.ndarray], seed: int):
     """Rounds 1-3 with an honest server object; returns the grid, the server, its unmask requests and every Y."""
     grid = honest_grid(counts)
-    server = PassServer(b"attack/fake-dropout/" + bytes([seed]), NUM_CLASSES, 10**9)
+    server = PassServer(b"attack/fake-dropout/" + bytes([seed]), NUM_CLASSES, 10**9, run_id=grid.run.run_id)
     requests = run_pass_rounds(grid, sorted(counts), server, upto=3)
     masked = {
         server.index_of[reply.metadata.src_node_id]: np.frombuffer(
@@ -197,7 +197,7 @@ def test_without_a_directory_the_server_is_trusted_to_relay_keys() -> None:
     """Documented out of scope: with no identity directory a substituting server is not detected."""
     counts = make_counts(6)
     grid = honest_grid(counts)
-    server = PassServer(b"attack/mitm", NUM_CLASSES, 10**9)
+    server = PassServer(b"attack/mitm", NUM_CLASSES, 10**9, run_id=grid.run.run_id)
     requests = run_pass_rounds(grid, sorted(counts), server, upto=1)
     victim = sorted(requests)[0]
     reply = send(grid, "market_share", {server.node_of[victim]: _substitute_neighbour_keys(requests, victim)})
@@ -309,7 +309,7 @@ def test_a_roster_cut_down_to_the_servers_choice_is_refused_below_the_clients_fl
     app = ClientApp()
     register_market_handlers(app, lambda context: counts[context.node_id], CostBasedBid(0.01), min_participants=floor)
     grid = InProcessGrid(app, list(counts))
-    server = PassServer(b"attack/small-roster", NUM_CLASSES, 10**9)
+    server = PassServer(b"attack/small-roster", NUM_CLASSES, 10**9, run_id=grid.run.run_id)
     requests = run_pass_rounds(grid, sorted(counts)[:3], server, upto=1)
     replies = send(grid, "market_share", {server.node_of[i]: r.to_record() for i, r in requests.items()})
     assert all(reply.has_error() == refused for reply in replies.values())

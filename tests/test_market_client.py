@@ -119,7 +119,7 @@ class Session:
 
     def __init__(self, nodes: list[Node], session: bytes = SESSION, count_bound: int = BOUND) -> None:
         self.nodes = {node.context.node_id: node for node in nodes}
-        self.server = PassServer(session, C, count_bound)
+        self.server = PassServer(session, C, count_bound, run_id=1)  # the Nodes' run
         self.requests = self.server.advertise_requests(list(self.nodes))
         self.masked: dict[int, dict] = {}
 
@@ -176,7 +176,7 @@ def test_advertise_keeps_the_private_keys_in_state_and_replies_public_keys_only(
     request = server.advertise_requests([7, 8, 9])[1]
     reply = record(node.call(ACTION_ADVERTISE, **request.to_record()))
 
-    assert set(reply.keys()) == {"cipher_public_key", "mask_public_key", "signature"}
+    assert set(reply.keys()) == {"cipher_public_key", "mask_public_key", "signature", "cipher_key_proof"}
     assert reply["signature"] == b""
     for kind in ("cipher", "mask"):
         private = X25519PrivateKey.from_private_bytes(node.state()[f"pass/{kind}_private_key"])  # type: ignore[arg-type]

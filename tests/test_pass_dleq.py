@@ -1,4 +1,5 @@
-"""The blame evidence: a proof that an X25519 secret belongs to two advertised keys, played by a cheating prover."""
+"""The blame evidence, played by a cheating prover: a proof that an X25519 secret belongs to two advertised keys,
+and a proof that an advertised key's maker knows its private key."""
 
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ def test_a_cheating_prover_that_adds_a_small_order_point_to_claim_another_secret
             sodium.crypto_scalarmult_ed25519_base_noclamp(r),
             sodium.crypto_scalarmult_ed25519_noclamp(r, lifted),
         )
-        e = dleq._challenge(b"ctx", public, peer_public, first, cheat, *commitments)
+        e = dleq._challenge(dleq._DOMAIN, b"ctx", public, peer_public, first, cheat, *commitments)
         if e[0] % 2 == 0:  # e T = 0: s P - e (X2 + T) = r P, both equations hold
             break
     s = sodium.crypto_core_ed25519_scalar_add(r, sodium.crypto_core_ed25519_scalar_mul(e, c))
@@ -119,3 +120,56 @@ def test_keys_off_the_prime_order_subgroup_have_no_lift_and_no_proof() -> None:
         assert not dleq.in_prime_subgroup(key)
         with pytest.raises(ValueError, match="prime-order subgroup"):
             dleq.prove_exchange(hashlib.sha256(b"p").digest(), honest, key, b"ctx")
+
+
+@settings(max_examples=60, deadline=None)
+@given(owner=_KEYS, other=_KEYS, context=_CONTEXTS, position=st.integers(0, 95), flip=st.integers(1, 255))
+def test_a_proof_of_possession_verifies_for_its_key_and_context_only(
+    owner: bytes, other: bytes, context: bytes, position: int, flip: int
+) -> None:
+    public, other_public = _public(owner), _public(other)
+    proof = dleq.prove_possession(owner, public, context)
+    assert len(proof) == dleq.POSSESSION_BYTES
+    assert dleq.verify_possession(public, proof, context)
+    tampered = proof[:position] + bytes([proof[position] ^ flip]) + proof[position + 1 :]
+    assert not dleq.verify_possession(public, tampered, context)
+    assert not dleq.verify_possession(public, proof, context + b"/another index")
+    if other_public != public:
+        assert not dleq.verify_possession(other_public, proof, context)  # someone else's proof
+        assert not dleq.verify_possession(public, dleq.prove_possession(other, public, context), context)  # an impostor
+
+
+@settings(max_examples=30, deadline=None)
+@given(owner=_KEYS, factor=st.binary(min_size=64, max_size=64))
+def test_a_multiple_of_someone_elses_key_has_no_proof_of_possession(owner: bytes, factor: bytes) -> None:
+    """``lambda C`` for another's key ``C``: whoever made it knows ``lambda``, not ``lambda c``. Neither ``C``'s own
+    proof nor a proof made with ``lambda`` as the scalar (the best guess without ``c``) verifies for it."""
+    public = _public(owner)
+    scalar = sodium.crypto_core_ed25519_scalar_reduce(factor)
+    if scalar == bytes(32):
+        return  # lambda = 0 makes no key
+    related = _edwards_to_u(sodium.crypto_scalarmult_ed25519_noclamp(scalar, dleq.edwards_lift(public)))
+    if related == public:
+        return
+    assert not dleq.verify_possession(related, dleq.prove_possession(owner, public, b"ctx"), b"ctx")
+    first = sodium.crypto_scalarmult_ed25519_base_noclamp(scalar)  # lambda B, not lambda C
+    r = sodium.crypto_core_ed25519_scalar_reduce(hashlib.sha512(b"nonce").digest())
+    e = dleq._challenge(
+        dleq._POSSESSION_DOMAIN, b"ctx", related, b"", first, sodium.crypto_scalarmult_ed25519_base_noclamp(r)
+    )
+    s = sodium.crypto_core_ed25519_scalar_add(r, sodium.crypto_core_ed25519_scalar_mul(e, scalar))
+    assert not dleq.verify_possession(related, first + e + s, b"ctx")
+
+
+def test_keys_off_the_prime_order_subgroup_and_malformed_proofs_have_no_possession() -> None:
+    owner = hashlib.sha256(b"owner").digest()
+    public = _public(owner)
+    proof = dleq.prove_possession(owner, public, b"ctx")
+    with_torsion = _edwards_to_u(sodium.crypto_core_ed25519_add(dleq.edwards_lift(public), _ORDER_TWO))
+    assert not dleq.verify_possession(with_torsion, proof, b"ctx")  # X1's u is the clean key's
+    order = (2**252 + 27742317777372353535851937790883648493).to_bytes(32, "little")
+    for bad in (b"", proof[:-1], proof + b"\0", proof[:32] + order + proof[64:], proof[:64] + order):
+        assert not dleq.verify_possession(public, bad, b"ctx")
+    assert not dleq.verify_possession(public[:31], proof, b"ctx")
+    zero = proof[:32] + bytes(32) + bytes(32)  # e = s = 0: the libsodium multiplication refuses the identity
+    assert not dleq.verify_possession(public, zero, b"ctx")

@@ -14,7 +14,7 @@ from nacl import bindings as sodium
 from flmarket_flwr.pass_protocol import dleq, secagg
 from flmarket_flwr.pass_protocol.dleq import edwards_lift, verify_exchange
 from flmarket_flwr.pass_protocol.graph import share_threshold
-from flmarket_flwr.pass_protocol.identity import IdentityDirectory, generate_identity
+from flmarket_flwr.pass_protocol.identity import IdentityDirectory, generate_identity, sign_advertisement
 from flmarket_flwr.pass_protocol.primitives import derive_pair_seed, expand_seed
 from flmarket_flwr.pass_protocol.secagg import (
     Advertisement,
@@ -574,7 +574,7 @@ def test_server_excludes_duplicate_keys_and_garbage_replies():
     }
     replies[2] = dict(replies[2], mask_public_key=replies[1]["mask_public_key"])
     replies[3] = {"cipher_public_key": 5}
-    replies[4] = Advertisement(b"x", b"y", b"")
+    replies[4] = Advertisement(b"x", b"y", b"", b"")
     requests = session.server.receive_advertisements(replies)
     assert not {1, 2, 3, 4} & set(requests)
     shares = {i: session._call(i, "share_keys", r.to_record()) for i, r in requests.items()}
@@ -731,9 +731,10 @@ def _garbling(receiver):
     return change
 
 
-def test_a_garbage_sender_with_a_cipher_key_off_the_prime_order_subgroup_is_named_by_its_key():
-    """A cipher key with a small-order component still agrees under X25519 (the clamp clears it) but admits no
-    proof: the receiver accuses without one, and the server names the sender from its advertised key alone."""
+def test_a_cipher_key_off_the_prime_order_subgroup_is_refused_at_advertise():
+    """A cipher key with a small-order component still agrees under X25519 (the clamp clears it) but has no
+    proof of possession (no point of the prime-order subgroup has its u): the server refuses the advert, and
+    PASS runs exactly over the others."""
     counts = _counts(np.random.default_rng(34), 8, 3)
     session = Session(counts, degree=6)
     sender = 5
@@ -744,12 +745,66 @@ def test_a_garbage_sender_with_a_cipher_key_off_the_prime_order_subgroup_is_name
         return {**advert, "cipher_public_key": dleq._montgomery_of(point)}
 
     share_requests = session.advertise(tamper={sender: add_torsion})
-    receiver = share_requests[sender].neighbours[0]
-    requests = session.mask(session.share(share_requests, tamper={sender: _garbling(receiver)}))
-    assert session.masked[receiver].accused == [sender] and session.masked[receiver].proofs == [b""]
-    assert "off the prime-order subgroup" in session.server.excluded[sender]
+    assert sender not in share_requests
+    assert "proof of possession" in session.server.excluded[sender]
     assert set(session.server.excluded) == {sender}
+    requests = session.mask(session.share(share_requests))
+    assert session.server.survivors == [i for i in range(1, 9) if i != sender]
     assert (session.unmask(requests) == session.expected()).all()
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_a_colluder_advertising_a_multiple_of_a_victims_cipher_key_gets_no_channel_secret(signed, monkeypatch):
+    """The related-key attack on the blame proof. The server shows colluder M the victim S's cipher key before M
+    advertises, and M advertises ``lambda C_S`` (signed with its own identity key when there is a directory).
+    M's shares open nowhere, so every honest neighbour H accuses M; had H proven ``c_H lambda C_S``, the server
+    would multiply by ``1 / lambda`` and hold ``c_H C_S``, the channel secret of the honest edge H-S, and with
+    ``t`` of them (E = 10, complete graph: 8 neighbours) S's two secrets and its counts, from one colluder.
+    M cannot prove possession of ``lambda C_S`` (the best it has is S's proof, for another key and index): an
+    honest server refuses the advert, and when a server relays it anyway every honest accuser sends no proof,
+    so nothing about any edge's secret reaches the server."""
+    counts = _counts(np.random.default_rng(99), 10, 3)
+    session = _signed_session(counts, degree=9) if signed else Session(counts, degree=9)
+    server, victim, colluder = session.server, 1, 2
+    replies = {
+        i: session._call(
+            i, "advertise", r.to_record(), counts[i - 1], identity_key=session.identities.get(999 + i), **FLOOR
+        )
+        for i, r in session.requests.items()
+    }
+    scalar = sodium.crypto_core_ed25519_scalar_reduce(bytes(range(64)))
+    victim_point = edwards_lift(replies[victim]["cipher_public_key"])
+    related = dleq._montgomery_of(sodium.crypto_scalarmult_ed25519_noclamp(scalar, victim_point))
+    forged = dict(replies[colluder], cipher_public_key=related, cipher_key_proof=replies[victim]["cipher_key_proof"])
+    if signed:
+        forged["signature"] = sign_advertisement(
+            session.identities[999 + colluder],
+            server.session,
+            colluder,
+            999 + colluder,
+            related,
+            forged["mask_public_key"],
+            run_id=0,
+            roster=server.roster,
+        )
+    assert not dleq.verify_possession(related, forged["cipher_key_proof"], secagg.possession_context(0, b"run-1", 2))
+    honest = PassServer(b"run-1", 3, session.bound, degree=9, directory=server.directory)
+    honest.advertise_requests([1000 + i for i in range(10)])
+    assert honest._valid_advert(colluder, forged) is None
+    assert "proof of possession" in honest.excluded[colluder]
+
+    replies[colluder] = forged
+    with monkeypatch.context() as relaying:  # a server that checks no proof of possession
+        relaying.setattr(secagg, "verify_possession", lambda *args: True)
+        requests = server.receive_advertisements(replies)
+    assert colluder in requests and victim in requests
+    with pytest.raises(PassError):  # the server names the proofless accusers; nothing is left to sum
+        session.mask(session.share(requests))
+    accusers = [h for h in server.graph[colluder] if h != victim and colluder in session.masked[h].accused]
+    assert len(accusers) == 8
+    for h in accusers:
+        masked = session.masked[h]
+        assert masked.proofs[masked.accused.index(colluder)] == b""
 
 
 def test_a_replayed_share_step_never_encrypts_twice_under_one_key_and_nonce():

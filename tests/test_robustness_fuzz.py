@@ -79,7 +79,7 @@ BYSTANDER = NODES[1]  # another winner, named by spoofed and cross-wired replies
 STEPS = tuple(action for action in ACTIONS if action != ACTION_SURVIVORS)
 PASS_STEPS = (ACTION_ADVERTISE, ACTION_SHARE, ACTION_MASK, ACTION_UNMASK)
 FIELDS = {
-    ACTION_ADVERTISE: ("cipher_public_key", "mask_public_key", "signature"),
+    ACTION_ADVERTISE: ("cipher_public_key", "mask_public_key", "signature", "cipher_key_proof"),
     ACTION_SHARE: ("receivers", "ciphertexts"),
     ACTION_MASK: ("masked_counts", "counts_commitment"),
     ACTION_UNMASK: ("survivor_indices", "survivor_shares", "dropped_indices", "dropped_shares"),
@@ -354,6 +354,7 @@ def _corpus() -> dict[str, Case]:
     values(ACTION_ADVERTISE, "cipher_public_key", MALFORMED_KEYS)
     values(ACTION_ADVERTISE, "mask_public_key", MALFORMED_KEYS)
     values(ACTION_ADVERTISE, "signature", NOT_BYTES)
+    values(ACTION_ADVERTISE, "cipher_key_proof", [*NOT_BYTES, b"", bytes(96)])  # no proof of possession
     for i, value in enumerate(VALID_SIGNATURES):
         add(f"{ACTION_ADVERTISE}/signature-valid-{i}", Case(ACTION_ADVERTISE, set_field("signature", value), False))
     add(

@@ -14,6 +14,11 @@ lift's sign does not matter. Only points of the prime-order subgroup are accepte
 is always one, and with the cofactor a cheating prover could add a small-order point to ``X2`` and grind
 its nonce until the challenge kills it, proving a secret that is not the exchange's. The prover's scalar
 operations are libsodium's (PyNaCl), constant-time; the verifier's work is public.
+
+Each advertised cipher key comes with a Schnorr proof of possession (:func:`prove_possession`), and a
+receiver proves a channel secret only with a sender whose proof verifies: a secret ``c P`` is then one the
+sender could compute itself, never the secret of another edge (a key ``P = lambda C`` made from another
+client's key ``C`` would turn ``c P`` into ``c C``).
 """
 
 from __future__ import annotations
@@ -28,9 +33,13 @@ from nacl.exceptions import CryptoError
 PROOF_BYTES: Final[int] = 128
 """``X1 || X2 || e || s``: the two Edwards points ``c B`` and ``c P``, the challenge and the response."""
 
+POSSESSION_BYTES: Final[int] = 96
+"""``X1 || e || s``: the Edwards point ``c B`` of a proof of possession, the challenge and the response."""
+
 _FIELD: Final[int] = 2**255 - 19
 _ORDER: Final[int] = 2**252 + 27742317777372353535851937790883648493  # l, the prime-order subgroup's order
 _DOMAIN: Final[bytes] = b"flmarket-pass/v2/dleq"
+_POSSESSION_DOMAIN: Final[bytes] = b"flmarket-pass/v2/possession"
 
 
 def montgomery_u(key: bytes) -> int:
@@ -76,9 +85,9 @@ def _scalar(private_key: bytes) -> bytes:
     return sodium.crypto_core_ed25519_scalar_reduce(bytes(clamped) + bytes(32))
 
 
-def _challenge(context: bytes, prover_key: bytes, peer_key: bytes, *points: bytes) -> bytes:
-    """``SHA-512(domain || len(context) || context || A || P || X1 || X2 || R1 || R2) mod l``."""
-    body = _DOMAIN + len(context).to_bytes(8, "big") + context + prover_key + peer_key + b"".join(points)
+def _challenge(domain: bytes, context: bytes, prover_key: bytes, peer_key: bytes, *points: bytes) -> bytes:
+    """``SHA-512(domain || len(context) || context || A || P || points) mod l`` (``P`` empty for possession)."""
+    body = domain + len(context).to_bytes(8, "big") + context + prover_key + peer_key + b"".join(points)
     return sodium.crypto_core_ed25519_scalar_reduce(hashlib.sha512(body).digest())
 
 
@@ -113,7 +122,7 @@ def prove_exchange(private_key: bytes, public_key: bytes, peer_key: bytes, conte
         sodium.crypto_scalarmult_ed25519_base_noclamp(r),
         sodium.crypto_scalarmult_ed25519_noclamp(r, lifted),
     )
-    e = _challenge(context, public_key, peer_key, first, second, *commitments)
+    e = _challenge(_DOMAIN, context, public_key, peer_key, first, second, *commitments)
     s = sodium.crypto_core_ed25519_scalar_add(r, sodium.crypto_core_ed25519_scalar_mul(e, c))
     return first + second + e + s
 
@@ -147,6 +156,56 @@ def verify_exchange(public_key: bytes, peer_key: bytes, proof: bytes, context: b
         )
     except CryptoError:  # a product is the identity (s or e zero): no honest proof gives one
         return None
-    if _challenge(context, public_key, peer_key, first, second, *commitments) != e:
+    if _challenge(_DOMAIN, context, public_key, peer_key, first, second, *commitments) != e:
         return None
     return _montgomery_of(second)
+
+
+def prove_possession(private_key: bytes, public_key: bytes, context: bytes) -> bytes:
+    """A :data:`POSSESSION_BYTES` Schnorr proof that the maker of ``public_key`` knows its private key.
+
+    Without it a key could be advertised as a multiple ``lambda C`` of another client's key ``C``, and a
+    proven channel secret ``c (lambda C)`` would give whoever knows ``lambda`` the secret ``c C`` of a
+    different edge: a client checks the accused's proof before it proves anything
+    (:func:`verify_possession`), so every secret it reveals is one the accused could compute itself.
+
+    Parameters
+    ----------
+    private_key : bytes
+        The raw X25519 private key ``c``.
+    public_key : bytes
+        Its public key as advertised.
+    context : bytes
+        What the key is advertised for (run, roster, session, index): the proof verifies only there.
+    """
+    c = _scalar(private_key)
+    first = sodium.crypto_scalarmult_ed25519_base_noclamp(c)
+    r = sodium.crypto_core_ed25519_scalar_reduce(hashlib.sha512(os.urandom(32) + c + context + public_key).digest())
+    commitment = sodium.crypto_scalarmult_ed25519_base_noclamp(r)
+    e = _challenge(_POSSESSION_DOMAIN, context, public_key, b"", first, commitment)
+    return first + e + sodium.crypto_core_ed25519_scalar_add(r, sodium.crypto_core_ed25519_scalar_mul(e, c))
+
+
+def verify_possession(public_key: bytes, proof: bytes, context: bytes) -> bool:
+    """Whether ``proof`` shows that ``public_key``'s maker knows its private key, under ``context``.
+
+    Checks that ``X1`` is a point of the prime-order subgroup with ``public_key``'s u-coordinate (so a key
+    off that subgroup never passes), that ``e`` and ``s`` are reduced scalars, and that ``s B - e X1``
+    hashes back to ``e``.
+    """
+    if len(public_key) != 32 or not isinstance(proof, bytes) or len(proof) != POSSESSION_BYTES:
+        return False
+    first, e, s = proof[:32], proof[32:64], proof[64:]
+    if not sodium.crypto_core_ed25519_is_valid_point(first):
+        return False
+    if _montgomery_of(first) != montgomery_u(public_key).to_bytes(32, "little"):
+        return False
+    if int.from_bytes(e, "little") >= _ORDER or int.from_bytes(s, "little") >= _ORDER:
+        return False
+    try:
+        commitment = sodium.crypto_core_ed25519_sub(
+            sodium.crypto_scalarmult_ed25519_base_noclamp(s), sodium.crypto_scalarmult_ed25519_noclamp(e, first)
+        )
+    except CryptoError:  # s or e zero: no honest proof gives one
+        return False
+    return _challenge(_POSSESSION_DOMAIN, context, public_key, b"", first, commitment) == e

@@ -37,8 +37,11 @@ behind the two advertised cipher keys (:mod:`~flmarket_flwr.pass_protocol.dleq`)
 ciphertext it relayed exactly as the accuser had to, and names the sender (it does not open) or the accuser
 (it opens, or the proof fails), without trusting either and without another round. What the secret opens is
 the edge's two share pairs, which the accused holds anyway: a false accusation is worth to a server no more
-than the accuser's own collusion. The culprit's masked input is left out (it is treated as dropped; an edge
-its accuser cut carries neither a mask nor shares). With identity keys each ciphertext is signed by its
+than the accuser's own collusion. Every cipher key is advertised with a proof that its maker knows the
+private key, checked by the server at advertise and by an accuser before it proves anything: without it a
+server could have a colluder advertise a multiple of a victim's key and turn each proven secret into the
+secret of that neighbour's edge with the victim. The culprit's masked input is left out (it is treated as
+dropped; an edge its accuser cut carries neither a mask nor shares). With identity keys each ciphertext is signed by its
 sender, and a receiver reveals a secret only for a validly signed ciphertext: a server that forges one gets
 a complaint with no secret (settled by its own copy). Without identity keys a malicious server could forge
 a ciphertext and read the secret, as it could substitute any key: semi-honest server only.
@@ -62,7 +65,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
-from flmarket_flwr.pass_protocol.dleq import in_prime_subgroup, montgomery_u, prove_exchange, verify_exchange
+from flmarket_flwr.pass_protocol.dleq import (
+    montgomery_u,
+    prove_exchange,
+    prove_possession,
+    verify_exchange,
+    verify_possession,
+)
 from flmarket_flwr.pass_protocol.graph import (
     DEFAULT_BAD_FRACTION,
     DEFAULT_SECURITY_BITS,
@@ -296,6 +305,11 @@ def accusation_context(run_id: int, roster: bytes, session: bytes, accuser: int,
     return _LABEL + b"/accusation" + struct.pack(">Q", run_id) + roster + _channel_aad(session, accused, accuser)
 
 
+def possession_context(run_id: int, session: bytes, index: int) -> bytes:
+    """What a cipher key's proof of possession is bound to: this run, session and the advertiser's index."""
+    return _LABEL + b"/possession" + struct.pack(">Q", run_id) + _channel_aad(session, index, 0)
+
+
 def _pair_mask(
     private_key: X25519PrivateKey, peer_key: bytes, session: bytes, own: int, peer: int, length: int
 ) -> npt.NDArray[np.uint64]:
@@ -376,16 +390,23 @@ class AdvertiseRequest(_Record):
 
 @dataclass(frozen=True)
 class Advertisement(_Record):
-    """Round 1, client -> server: two X25519 public keys and an Ed25519 signature (``b""`` if unsigned)."""
+    """Round 1, client -> server: two X25519 public keys, an Ed25519 signature (``b""`` if unsigned), and a
+    proof that the advertiser knows the cipher key's private key
+    (:func:`~flmarket_flwr.pass_protocol.dleq.prove_possession` under :func:`possession_context`)."""
 
     cipher_public_key: bytes
     mask_public_key: bytes
     signature: bytes
+    cipher_key_proof: bytes
 
 
 @dataclass(frozen=True)
 class ShareKeysRequest(_Record):
-    """Round 2, server -> client: the opened seed, all participants U1 (bitmap), the degree, the neighbours' adverts."""
+    """Round 2, server -> client: the opened seed, all participants U1 (bitmap), the degree, the neighbours' adverts.
+
+    ``cipher_key_proofs[i]`` is neighbour ``i``'s proof of possession of its cipher key: the client checks it
+    only if it comes to accuse that neighbour (:meth:`PassClient.mask_input`); the server checked every one.
+    """
 
     server_seed: bytes
     participants: bytes
@@ -395,6 +416,7 @@ class ShareKeysRequest(_Record):
     cipher_public_keys: list[bytes]
     mask_public_keys: list[bytes]
     signatures: list[bytes]
+    cipher_key_proofs: list[bytes]
 
 
 @dataclass(frozen=True)
@@ -432,7 +454,8 @@ class MaskedInput(_Record):
     them; ``proofs[i]`` is its proof of the channel secret with ``accused[i]`` (the secret is read from it,
     :func:`~flmarket_flwr.pass_protocol.dleq.prove_exchange`), or ``b""`` when the ciphertext's own
     signature failed (the server's copy then decides, and no secret is revealed to a server that may have
-    forged it) or the accused's cipher key admits no proof (no honest key is such).
+    forged it) or the accused's cipher key came without a valid proof of possession (an honest server relays
+    only keys whose proofs it checked).
     """
 
     masked_counts: bytes
@@ -595,6 +618,11 @@ class PassClient:
         cipher_key, mask_key = X25519PrivateKey.generate(), X25519PrivateKey.generate()
         cipher_public = cipher_key.public_key().public_bytes_raw()
         mask_public = mask_key.public_key().public_bytes_raw()
+        possession = prove_possession(
+            cipher_key.private_bytes_raw(),
+            cipher_public,
+            possession_context(run_id, request.session, request.index),
+        )
         signature = b""
         if identity_key is not None:
             signature = sign_advertisement(
@@ -627,7 +655,7 @@ class PassClient:
             min_participants=max(int(min_participants), MIN_PARTICIPANTS),
             complete_graph=bool(complete_graph),
         )
-        return Advertisement(cipher_public, mask_public, signature)
+        return Advertisement(cipher_public, mask_public, signature, possession)
 
     # Round 2 -----------------------------------------------------------------
     def share_keys(
@@ -675,7 +703,13 @@ class PassClient:
             )
         seed = derive_graph_seed(request.server_seed, roster_digest(session, participants))
         neighbours = list(neighbours_of(seed, participants, k, index))
-        columns = (request.neighbour_node_ids, request.cipher_public_keys, request.mask_public_keys, request.signatures)
+        columns = (
+            request.neighbour_node_ids,
+            request.cipher_public_keys,
+            request.mask_public_keys,
+            request.signatures,
+            request.cipher_key_proofs,
+        )
         if request.neighbours != neighbours or any(len(column) != k for column in columns):
             raise PassError("the neighbours sent are not this client's neighbourhood in the committed graph")
         pair_seeds, channel_secrets = self._check_neighbour_keys(request, directory)
@@ -711,6 +745,7 @@ class PassClient:
             pair_seeds=pair_seeds,
             channel_secrets=channel_secrets,
             neighbour_cipher_keys=list(request.cipher_public_keys),
+            neighbour_cipher_proofs=list(request.cipher_key_proofs),
         )
         if directory is not None:  # the neighbours' identity keys, for the consistency round
             state["identity_keys"] = [directory.key_of(node) for node in request.neighbour_node_ids]
@@ -839,6 +874,7 @@ class PassClient:
             "pair_seeds",
             "channel_secrets",
             "neighbour_cipher_keys",
+            "neighbour_cipher_proofs",
         ):
             del state[secret_name]
         state.update(
@@ -874,16 +910,20 @@ class PassClient:
     def _prove_channel(self, accused: int) -> bytes:
         """The channel secret with ``accused`` and its proof, bound to this run, roster, session and edge.
 
-        ``b""`` if the accused's advertised cipher key is off the prime-order subgroup: no proof exists for
-        it, and the server names the accused from its key alone.
+        ``b""`` (nothing revealed) unless the accused's cipher key came with a valid proof of possession: a
+        key made as a multiple of another client's key would otherwise turn the secret proven here into the
+        secret of another edge. The server checked every advertised proof, so an honest relay never gets here
+        with a bad one; a server that relays one is the party deviating.
         """
         state = self._state
-        context = accusation_context(state["run_id"], state["roster"], state["session"], state["index"], accused)
-        peer_key = state["neighbour_cipher_keys"][state["neighbours"].index(accused)]
-        try:
-            return prove_exchange(state["cipher_private_key"], state["cipher_public_key"], peer_key, context)
-        except ValueError:
+        run_id, roster, session = state["run_id"], state["roster"], state["session"]
+        position = state["neighbours"].index(accused)
+        peer_key = state["neighbour_cipher_keys"][position]
+        possession = state["neighbour_cipher_proofs"][position]
+        if not verify_possession(peer_key, possession, possession_context(run_id, session, accused)):
             return b""
+        context = accusation_context(run_id, roster, session, state["index"], accused)
+        return prove_exchange(state["cipher_private_key"], state["cipher_public_key"], peer_key, context)
 
     # Consistency round (with identity keys) ------------------------------------
     def sign_survivors(
@@ -1170,6 +1210,9 @@ class PassServer:
                     run_id=self.run_id,
                     roster=self.roster,
                 )
+            possession = possession_context(self.run_id, self.session, index)
+            if not verify_possession(advert.cipher_public_key, advert.cipher_key_proof, possession):
+                raise ValueError("its cipher key comes without a valid proof of possession")
         except (TypeError, ValueError) as error:
             self._exclude(index, f"advertisement refused: {error}")
             return None
@@ -1215,6 +1258,7 @@ class PassServer:
                 cipher_public_keys=[adverts[v].cipher_public_key for v in neighbours],
                 mask_public_keys=[adverts[v].mask_public_key for v in neighbours],
                 signatures=[adverts[v].signature for v in neighbours],
+                cipher_key_proofs=[adverts[v].cipher_key_proof for v in neighbours],
             )
         return requests
 
@@ -1305,9 +1349,8 @@ class PassServer:
         """Name whichever of ``accuser`` and ``accused`` deviated; it leaves PASS (its masked input is unused).
 
         In order: with a directory, a ciphertext whose sender's signature fails on the server's own copy
-        names the sender (garbage shares; the accuser rightly revealed nothing). A sender whose advertised
-        cipher key is off the prime-order subgroup is named from its key alone (no honest key is; no proof
-        exists for it). Otherwise the accuser must prove its channel secret with the sender
+        names the sender (garbage shares; the accuser rightly revealed nothing). Otherwise (every advertised
+        cipher key came with a valid proof of possession) the accuser must prove its channel secret with the sender
         (:func:`~flmarket_flwr.pass_protocol.dleq.verify_exchange` against both advertised cipher keys; none
         or a wrong one names the accuser), and the server opens the ciphertext it relayed with it exactly as
         the accuser had to (:func:`_unseal`): it opens, the accusation was false; it does not, the sender
@@ -1337,10 +1380,7 @@ class PassServer:
             except ValueError:
                 self._blame(accused, f"its share ciphertext to client {accuser} is not signed by it: garbage shares")
                 return
-        accused_key = self.adverts[accused].cipher_public_key
-        if not in_prime_subgroup(accused_key):
-            self._blame(accused, "its advertised cipher key is off the prime-order subgroup (no honest key is)")
-            return
+        accused_key = self.adverts[accused].cipher_public_key  # with a proof of possession, checked at advertise
         secret = verify_exchange(
             self.adverts[accuser].cipher_public_key,
             accused_key,
