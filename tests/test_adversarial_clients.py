@@ -291,6 +291,54 @@ def test_garbage_share_ciphertexts_name_their_senders_and_the_market_finishes(nu
     assert outcome.global_counts == [int(c) for c in np.sum([counts[n] for n in honest], axis=0)]
 
 
+def _garbling_to(victim: int, index_of: dict[int, int]):
+    """A change to a share-keys reply: garble only the ciphertext to ``victim`` (its PASS index learnt below)."""
+
+    def change(record) -> None:
+        at = list(record["receivers"]).index(index_of[victim])
+        record["ciphertexts"] = [_garbled(c) if i == at else c for i, c in enumerate(record["ciphertexts"])]
+
+    return change
+
+
+def _learning_index(node: int, index_of: dict[int, int]):
+    """A reply hook that reads ``node``'s PASS index off the advertise request the server sends it."""
+
+    def hook(instruction, reply):
+        kind = instruction.metadata.message_type
+        if instruction.metadata.dst_node_id == node and kind == "query.market_advertise":
+            index_of[node] = instruction.content.config_records[RECORD_KEY]["index"]
+        return reply
+
+    return hook
+
+
+def test_colluders_who_garble_their_shares_to_one_receiver_below_its_threshold_are_named_not_it(caplog) -> None:
+    """``k - t + 1`` clients garble only their shares to one honest receiver (E = 8, complete: k = 7, t = 4, so 4
+    of them), leaving it fewer than ``t`` openable senders. It cannot mask with so few: it withdraws and sends its
+    accusations with their proofs instead of a bare refusal, and the four are named ("garbage shares") while it
+    leaves as a dropout with its reason. (Before, it refused with nothing to show, and PASS finished with the
+    four in the sum and the honest receiver out.) With five of eight gone no survivor keeps ``t`` holders of its
+    self-mask seed, so PASS then fails closed, as when one sender garbles to more than ``k - t`` receivers; a
+    market run without the named four succeeds."""
+    counts = make_counts(8, seed=3)
+    nodes = sorted(counts)
+    victim, attackers = nodes[0], nodes[1:5]
+    index_of: dict[int, int] = {}
+    hooks = [altering(n, "market_share", _garbling_to(victim, index_of)) for n in attackers]
+    grid = honest_grid(counts, reply_hook=_chained(_learning_index(victim, index_of), *hooks))
+    with caplog.at_level(logging.WARNING, logger="flwr"), pytest.raises(MarketError, match="keeps only 2 surviving"):
+        MarketPhase(market_config()).run(grid)
+    named = [line for line in caplog.text.splitlines() if "garbage shares" in line]
+    for attacker in attackers:
+        assert any(f"node {attacker}" in line and f"client {index_of[victim]}" in line for line in named)
+    assert any(f"node {victim}" in line and "withdrew" in line for line in caplog.text.splitlines())
+    assert client_secrets(grid, victim) == {}
+    rest = [n for n in nodes if n not in attackers]
+    outcome = MarketPhase(market_config()).run(honest_grid({n: counts[n] for n in rest}))
+    assert outcome.global_counts == [int(c) for c in np.sum([counts[n] for n in rest], axis=0)]
+
+
 @pytest.mark.parametrize(("num_nodes", "how_many"), [(8, 1), (40, 2)])
 def test_an_accuser_without_a_proof_is_named_and_the_accused_stays(num_nodes: int, how_many: int) -> None:
     """An accusation that does not prove the channel secret names the accuser; the accused is not touched."""

@@ -807,6 +807,33 @@ def test_a_colluder_advertising_a_multiple_of_a_victims_cipher_key_gets_no_chann
         assert masked.proofs[masked.accused.index(colluder)] == b""
 
 
+def test_a_receiver_left_below_its_threshold_by_accused_senders_withdraws_with_its_accusations():
+    """Four of seven senders garble their shares to client 1 (complete graph, t = 4): it sends no masked input,
+    only its four accusations with valid proofs, wipes its secrets and answers no later step; the server names
+    the four and lists client 1 as withdrawn (the session then cannot rebuild the survivors' seeds)."""
+    counts = _counts(np.random.default_rng(37), 8, 3)
+    session = Session(counts, degree=7)
+    senders = [2, 3, 4, 5]
+    requests = session.share(session.advertise(), tamper={v: _garbling(1) for v in senders})
+    with pytest.raises(PassError, match="surviving neighbours"):
+        session.mask(requests)
+    withdrawal = session.masked[1]
+    assert (withdrawal.masked_counts, withdrawal.counts_commitment, withdrawal.accused) == (b"", b"", senders)
+    adverts = session.server.adverts
+    for v, proof in zip(senders, withdrawal.proofs, strict=True):
+        context = secagg.accusation_context(0, session.server.roster, session.server.session, 1, v)
+        assert verify_exchange(adverts[1].cipher_public_key, adverts[v].cipher_public_key, proof, context)
+        assert "garbage shares" in session.server.excluded[v]
+    assert "withdrew" in session.server.excluded[1]
+    state = session.states[1]
+    assert not {"cipher_private_key", "mask_private_key", "self_seed", "channel_secrets", "pair_seeds"} & set(state)
+    view = UnmaskRequest.of([1, 6, 7, 8], [2, 3, 4, 5])
+    with pytest.raises(PassError, match="not allowed now"):
+        session._call(1, "sign_survivors", {"survivors": view.survivors, "dropped": view.dropped}, None)
+    with pytest.raises(PassError, match="not allowed now"):
+        session._call(1, "unmask", view.to_record())
+
+
 def test_a_replayed_share_step_never_encrypts_twice_under_one_key_and_nonce():
     """A client whose state is replayed (a retried step) encrypts its fresh shares under a fresh nonce."""
     counts = _counts(np.random.default_rng(35), 6, 3)

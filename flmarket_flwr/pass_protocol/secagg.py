@@ -455,7 +455,8 @@ class MaskedInput(_Record):
     :func:`~flmarket_flwr.pass_protocol.dleq.prove_exchange`), or ``b""`` when the ciphertext's own
     signature failed (the server's copy then decides, and no secret is revealed to a server that may have
     forged it) or the accused's cipher key came without a valid proof of possession (an honest server relays
-    only keys whose proofs it checked).
+    only keys whose proofs it checked). Empty ``masked_counts`` and ``counts_commitment`` with accusations: the
+    client withdraws (fewer than ``t`` senders' shares opened) and is treated as dropped.
     """
 
     masked_counts: bytes
@@ -517,7 +518,7 @@ class UnmaskReply(_Record):
 # ----------------------------------------------------------------------------
 # Client
 # ----------------------------------------------------------------------------
-_STAGE_NEW, _STAGE_ADVERTISED, _STAGE_SHARED, _STAGE_MASKED, _STAGE_UNMASKED = range(5)
+_STAGE_NEW, _STAGE_ADVERTISED, _STAGE_SHARED, _STAGE_MASKED, _STAGE_UNMASKED, _STAGE_WITHDRAWN = range(6)
 
 
 class PassClient:
@@ -823,6 +824,12 @@ class PassClient:
         server's own copy decides), so a server that forges a ciphertext learns nothing from the accusation.
         Afterwards the client's own private keys, self-mask seed and channel secrets are wiped from the state.
 
+        When fewer than ``t`` senders' shares open because some were accused, the client withdraws instead of
+        masking with too few neighbours: it sends its accusations alone (empty ``masked_counts`` and
+        ``counts_commitment``), so that ``k - t + 1`` colluders who garble their shares to one client get
+        themselves named rather than it silently refused; the server treats it as dropped. With fewer than
+        ``t`` and no one to accuse it raises :class:`PassError`.
+
         ``noise`` (signed integers, one per class; :mod:`~flmarket_flwr.pass_protocol.noise`) is added to the
         counts inside ``Y_e`` (mod 2^64) and kept nowhere; the counts commitment binds the exact counts.
         """
@@ -857,7 +864,11 @@ class PassClient:
             held.append(both)
             held_from.append(v)
         if len(held_from) < threshold:
-            raise PassError(f"only {len(held_from)} neighbours' shares opened here, the threshold is {threshold}")
+            if not accused:  # too few senders, and none to blame: the server knows who sent nothing
+                raise PassError(f"only {len(held_from)} neighbours' shares opened here, the threshold is {threshold}")
+            self._wipe_secrets()  # withdraw, naming who made it: no masked input, accusations only
+            state.update(stage=_STAGE_WITHDRAWN, accused=accused)
+            return MaskedInput(b"", b"", accused, proofs)
         num_classes = state["num_classes"]
         counts = np.frombuffer(state["counts"], dtype="<u8").astype(np.uint64)
         masked = counts + expand_seed(state["self_seed"], num_classes)
@@ -867,16 +878,7 @@ class PassClient:
             masked += _signed_mask(state["pair_seeds"][position[v]], index, v, num_classes)
         nonce = os.urandom(32)
         commitment = counts_commitment(session, index, counts, nonce)
-        for secret_name in (
-            "cipher_private_key",
-            "mask_private_key",
-            "self_seed",
-            "pair_seeds",
-            "channel_secrets",
-            "neighbour_cipher_keys",
-            "neighbour_cipher_proofs",
-        ):
-            del state[secret_name]
+        self._wipe_secrets()
         state.update(
             stage=_STAGE_MASKED,
             nonce=nonce,
@@ -887,6 +889,19 @@ class PassClient:
         if accused:  # a ConfigRecord list must not be empty
             state["accused"] = accused
         return MaskedInput(masked.astype("<u8").tobytes(), commitment, accused, proofs)
+
+    def _wipe_secrets(self) -> None:
+        """Delete the private keys, the self-mask seed and every edge's secrets: nothing of them is needed now."""
+        for secret_name in (
+            "cipher_private_key",
+            "mask_private_key",
+            "self_seed",
+            "pair_seeds",
+            "channel_secrets",
+            "neighbour_cipher_keys",
+            "neighbour_cipher_proofs",
+        ):
+            del self._state[secret_name]
 
     def _signed_by(self, sender: int, signature: bytes, ciphertext: bytes, digest: bytes) -> bool:
         """Whether ``sender``'s identity key signed this ciphertext and digest (run, session, roster bound)."""
@@ -1319,6 +1334,7 @@ class PassServer:
         """
         self._advance(3, "receive_masked")
         u2 = set(self.u2)
+        withdrawals: list[int] = []
         for u, reply in replies.items():
             if u not in u2:
                 continue
@@ -1327,7 +1343,10 @@ class PassServer:
             except PassError as error:
                 self._exclude(u, str(error))
                 continue
-            if len(reply.masked_counts) != 8 * self.num_classes or len(reply.counts_commitment) != 32:
+            withdrawn = reply.masked_counts == reply.counts_commitment == b"" and bool(reply.accused)
+            if not withdrawn and (
+                len(reply.masked_counts) != 8 * self.num_classes or len(reply.counts_commitment) != 32
+            ):
                 self._exclude(u, "masked input has the wrong size")
                 continue
             senders = {v for v in self.graph[u] if (v, u) in self._ciphertexts}
@@ -1338,11 +1357,16 @@ class PassServer:
             ):
                 self._exclude(u, "masked input accuses clients that sent it no shares")
                 continue
-            self._masked[u] = reply
+            if withdrawn:
+                withdrawals.append(u)
+            else:
+                self._masked[u] = reply
             for v, proof in zip(reply.accused, reply.proofs, strict=True):
                 self._accusations[u, v] = proof
         for (u, v), proof in sorted(self._accusations.items()):
             self._judge(u, v, proof)
+        for u in withdrawals:  # after the judging: a false accuser is named for that, not for withdrawing
+            self._exclude(u, f"withdrew: fewer than {self.threshold} neighbours' shares opened at it")
         return self._close_inputs()
 
     def _judge(self, accuser: int, accused: int, proof: bytes) -> None:
