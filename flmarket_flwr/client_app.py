@@ -12,7 +12,8 @@ One ``ClientApp`` serves every phase of a run:
   (:func:`identity_key_of`, :func:`identity_directory_of`). With ``market-ledger-dir='<dir>'`` in its
   node config it keeps a release ledger there and refuses a market whose members differ too little from
   one it already released a sum for (:func:`release_ledger_of`); with ``pass-complete-graph=true`` it
-  takes part in PASS only on the complete graph (:func:`complete_graph_of`).
+  takes part in PASS only on the complete graph (:func:`complete_graph_of`), and with
+  ``pass-min-participants=<n>`` only in a roster of at least ``n`` nodes (:func:`min_participants_of`).
 * No other query: the baselines' raw-statistics query (RS, QBS, DICE, DDS) is answered
   only by the experiments' ClientApp (:mod:`simulations.apps`), never by this one.
 * **Training** (``train`` / ``evaluate`` messages): plain local SGD on the
@@ -51,7 +52,7 @@ from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import SimulatedCostBid, read_award, register_market_handlers
 from flmarket_flwr.market.ledger import DEFAULT_MIN_ROSTER_CHANGE, ReleaseLedger
-from flmarket_flwr.pass_protocol import IdentityDirectory, SkellamNoise, load_identity_key
+from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, SkellamNoise, load_identity_key
 from flmarket_flwr.run_config import market_noise, read
 from flmarket_flwr.task import (
     DataConfig,
@@ -304,6 +305,23 @@ def complete_graph_of(context: Context) -> bool:
     raise ValueError(f'node config "pass-complete-graph" must be true or false, got {value!r}')
 
 
+def min_participants_of(context: Context) -> int:
+    """The smallest PASS roster the node takes part in: ``node_config["pass-min-participants"]`` (default 3).
+
+    The server chooses whom it invites, so the complete graph (:func:`complete_graph_of`) protects a node only
+    when this is close to the size of the federation it expects. An int, or a string of digits, of at least 3;
+    anything else is refused (a typo must not silently leave the node at the default).
+    """
+    value = context.node_config.get("pass-min-participants", MIN_PARTICIPANTS)
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        value = int(value.strip())
+    if not isinstance(value, int) or isinstance(value, bool) or value < MIN_PARTICIPANTS:
+        raise ValueError(
+            f'node config "pass-min-participants" must be an integer of at least {MIN_PARTICIPANTS}, got {value!r}'
+        )
+    return value
+
+
 def release_ledger_of(context: Context) -> ReleaseLedger | None:
     """The node's release ledger, in the directory named by ``node_config["market-ledger-dir"]`` (if any).
 
@@ -368,6 +386,7 @@ def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
         release_ledger=release_ledger_of,
         noise=market_noise_of,
         complete_graph=complete_graph_of,
+        min_participants=min_participants_of,
     )
     client.train()(train)
     client.evaluate()(evaluate_local)

@@ -12,6 +12,7 @@ Each test plays the server by hand through ``InProcessGrid`` (the real ``ClientA
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
@@ -28,17 +29,22 @@ from adversary import (
     signed_app,
 )
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from flwr.app import Message
 from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import CostBasedBid, MarketPhase, register_market_handlers
 from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.pass_protocol import (
+    MIN_PARTICIPANTS,
     ConsistencyRequest,
+    IdentityDirectory,
     MaskRequest,
+    PassError,
     PassServer,
     UnmaskRequest,
     derive_pair_seed,
     expand_seed,
+    generate_identity,
     load_public_key,
     reconstruct_secrets,
     roster_fingerprint,
@@ -377,8 +383,15 @@ def test_a_server_that_places_a_victim_among_t_colluders_recovers_its_counts_not
     assert server.graph[victim] == planned[victim] and len(planned[victim]) == k and k < size - 1
     replies = send(grid, "market_mask", {server.node_of[i]: r.to_record() for i, r in requests.items()})
     masked = np.frombuffer(record_of(replies[nodes[0]])["masked_counts"], dtype="<u8").astype(np.uint64)
+    assert np.array_equal(_open_with_colluders(grid, server, victim, colluders, masked), counts[nodes[0]])
 
-    s_shares, b_shares = [], []  # what the t colluders hold of the victim's secrets, from their own state
+
+def _open_with_colluders(
+    grid: InProcessGrid, server: PassServer, victim: int, colluders: list[int], masked: np.ndarray
+) -> np.ndarray:
+    """The victim's masked input opened with what ``t`` colluding neighbours hold of its two secrets (their state)."""
+    t = server.threshold
+    s_shares, b_shares = [], []
     for x in colluders:
         state = grid.context(server.node_of[x]).state.config_records["flmarket"]
         both = list(state["pass/held_shares"])[list(state["pass/held_from"]).index(victim)]
@@ -391,14 +404,16 @@ def test_a_server_that_places_a_victim_among_t_colluders_recovers_its_counts_not
         seed = derive_pair_seed(exchange_shared_secret(mask_key, peer_key, peer), server.session, victim, peer)
         mask = expand_seed(seed, NUM_CLASSES)
         value = value - mask if victim < peer else value + mask
-    assert np.array_equal(value, counts[nodes[0]].astype(np.uint64))
+    return value
 
 
 def test_a_node_that_takes_part_only_on_the_complete_graph_cannot_be_placed_among_colluders() -> None:
     """The placement above against a victim whose node requires the complete graph (``complete_graph``, node
     config ``pass-complete-graph``): it refuses the sparse graph before it sends a share or a masked input, and
     keeps no secret. On the complete graph (the market's ``neighbours="all"``) such nodes take part as usual,
-    and a client's secrets then need ``t`` colluders of the whole roster (more than half of it)."""
+    and a client's secrets then need ``t`` colluders of the roster (more than half of it). The server also
+    chooses the roster, so that is more than half of the federation only when the node's ``min_participants``
+    is close to the federation's size (the roster tests below)."""
     size = 100
     counts = make_counts(size, seed=41)
     nodes = sorted(counts)
@@ -428,3 +443,95 @@ def test_a_node_that_takes_part_only_on_the_complete_graph_cannot_be_placed_amon
     complete = MarketPhase(market_config(neighbours="all")).run(InProcessGrid(every, list(small)))
     assert sorted(complete.participants) == sorted(small) and not complete.excluded
     assert complete.global_counts == [int(c) for c in np.sum(list(small.values()), axis=0)]
+
+
+# --- The server chooses the roster: the complete graph needs a roster floor (security review) -----------------
+FEDERATION = 100
+
+
+def _invite_a_colluding_majority(
+    signed: bool, size: int, colluding: int, floor: int
+) -> tuple[InProcessGrid, PassServer, list[int], dict[int, np.ndarray], dict[int, Message]]:
+    """Of a federation of 100, the server invites only the victim (``nodes[0]``, which requires the complete
+    graph and a roster of at least ``floor``), ``colluding`` colluders and honest nodes up to ``size``, on the
+    complete graph; rounds 1 and 2 are played as the protocol says. Returns the grid, the server, the roster,
+    the counts and the share-round replies."""
+    counts = make_counts(FEDERATION, seed=41)
+    nodes = sorted(counts)
+    victim_node = nodes[0]
+    options: dict[str, Any] = {}
+    directory = None
+    if signed:
+        identities = {node: generate_identity() for node in nodes}
+        directory = IdentityDirectory({node: public for node, (_, public) in identities.items()})
+        options = {"identity_key": lambda c: identities[c.node_id][0], "directory": lambda c: directory}
+    app = ClientApp()
+    register_market_handlers(
+        app,
+        lambda context: counts[context.node_id],
+        CostBasedBid(0.01),
+        complete_graph=lambda c: c.node_id == victim_node,
+        min_participants=lambda c: floor if c.node_id == victim_node else MIN_PARTICIPANTS,
+        **options,
+    )
+    grid = InProcessGrid(app, nodes)
+    roster = nodes[:size]  # the victim, its colluders, then honest nodes: the server chose who is in it
+    server = PassServer(
+        b"attack/roster", NUM_CLASSES, BOUND, degree=size - 1, directory=directory, run_id=grid.run.run_id
+    )
+    share_requests = run_pass_rounds(grid, roster, server, upto=1)
+    assert server.threshold == share_threshold(size - 1) <= colluding  # the colluders are enough on this roster
+    replies = send(grid, "market_share", {server.node_of[i]: r.to_record() for i, r in share_requests.items()})
+    return grid, server, roster, counts, replies
+
+
+ROSTERS = pytest.mark.parametrize(("size", "colluding"), [(30, 16), (3, 2)], ids=["E=30", "E=3"])
+SIGNED = pytest.mark.parametrize("signed", [False, True], ids=["no-directory", "directory"])
+
+
+@ROSTERS
+@SIGNED
+def test_a_server_that_invites_a_complete_graph_node_with_a_colluding_majority_recovers_its_counts_not_prevented(
+    signed: bool, size: int, colluding: int
+) -> None:
+    """``complete_graph`` alone (the library's default roster floor, 3): the victim's checks all pass on a
+    roster the server chose, the victim and ``t`` colluders among few others (E = 30, k = 29, t = 15 with 16
+    colluders; E = 3 with 2), and the colluders pool their shares of its two secrets: its exact counts."""
+    grid, server, roster, counts, replies = _invite_a_colluding_majority(signed, size, colluding, MIN_PARTICIPANTS)
+    assert not any(reply.has_error() for reply in replies.values())
+    mask_requests = server.receive_shares({server.index_of[node]: record_of(r) for node, r in replies.items()})
+    masked_replies = send(grid, "market_mask", {server.node_of[i]: r.to_record() for i, r in mask_requests.items()})
+    victim = server.index_of[roster[0]]
+    assert server.graph[victim] == tuple(i for i in sorted(server.graph) if i != victim)  # the complete graph
+    masked = np.frombuffer(record_of(masked_replies[roster[0]])["masked_counts"], dtype="<u8").astype(np.uint64)
+    colluders = [server.index_of[node] for node in roster[1 : 1 + colluding]]
+    assert np.array_equal(_open_with_colluders(grid, server, victim, colluders, masked), counts[roster[0]])
+
+
+@ROSTERS
+@SIGNED
+def test_a_complete_graph_node_with_a_roster_floor_near_the_federation_refuses_a_hand_picked_roster(
+    signed: bool, size: int, colluding: int
+) -> None:
+    """The same rosters against a victim that also sets ``min_participants`` to 90 of the 100 (node config
+    ``pass-min-participants``): it refuses at the share round, before it sends a share or a masked input, and
+    keeps no secret; the colluders hold no share of it and the server no masked input from it. A roster of 90
+    needs ``t = 45`` colluders on the complete graph."""
+    grid, server, roster, _, replies = _invite_a_colluding_majority(signed, size, colluding, floor=90)
+    victim_node = roster[0]
+    victim = server.index_of[victim_node]
+    assert replies[victim_node].has_error() and "market_share" in replies[victim_node].error.reason
+    assert client_secrets(grid, victim_node) == {}  # wiped on refusal: no key, no seed, no counts left to open
+    others = {server.index_of[node]: record_of(reply) for node, reply in replies.items() if node != victim_node}
+    if len(others) < MIN_PARTICIPANTS:  # E = 3: too few shared their keys, the session ends here
+        with pytest.raises(PassError, match="shared their keys"):
+            server.receive_shares(others)
+    else:  # E = 30: the others go on without the victim, which sends no masked input
+        mask_requests = server.receive_shares(others)
+        assert victim not in mask_requests and "no share-keys reply" in server.excluded[victim]
+        masked_replies = send(grid, "market_mask", {server.node_of[i]: r.to_record() for i, r in mask_requests.items()})
+        assert victim_node not in masked_replies and not any(reply.has_error() for reply in masked_replies.values())
+        for node in roster[1 : 1 + colluding]:  # each holds the shares of the 28 others, none of the victim's
+            held_from = list(grid.context(node).state.config_records["flmarket"]["pass/held_from"])
+            assert victim not in held_from and len(held_from) == size - 2
+    assert share_threshold(90 - 1) == 45  # a roster this victim accepts needs 45 colluders

@@ -1,7 +1,9 @@
-"""The app's clients sign their PASS keys and check their neighbours' when their node config names the files."""
+"""The app's clients sign their PASS keys and check their neighbours' when their node config names the files, and
+take part only in a roster of at least their node config's ``pass-min-participants``."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +17,11 @@ from flmarket_flwr.pass_protocol import IdentityDirectory, generate_identity, lo
 NODES = [101, 202, 303, 404, 505]
 
 
-def signed_federation(tmp_path: Path, unsigned: set[int] = frozenset()) -> tuple[InProcessGrid, IdentityDirectory]:
-    """Nodes whose node config names a PEM identity key (except ``unsigned``) and the buyer's directory."""
+def signed_federation(
+    tmp_path: Path, unsigned: set[int] = frozenset(), extra: dict[int, dict[str, object]] | None = None
+) -> tuple[InProcessGrid, IdentityDirectory]:
+    """Nodes whose node config names a PEM identity key (except ``unsigned``) and the buyer's directory; ``extra``
+    adds node config keys to some nodes."""
     publics = {}
     for node in NODES:
         key, publics[node] = generate_identity()
@@ -29,6 +34,7 @@ def signed_federation(tmp_path: Path, unsigned: set[int] = frozenset()) -> tuple
             "num-partitions": len(NODES),
             "identity-key": "" if node in unsigned else str(tmp_path / f"{node}.pem"),
             "identity-directory": str(tmp_path / "directory.json"),
+            **(extra or {}).get(node, {}),
         }
         for i, node in enumerate(NODES)
     }
@@ -61,3 +67,23 @@ def test_an_unsigned_node_is_left_out_by_the_server_with_a_directory(tmp_path: P
     )
     assert 303 in outcome.excluded and 303 not in outcome.pass_participants
     assert outcome.pass_participants == [n for n in NODES if n != 303]
+
+
+def test_a_node_refuses_a_roster_below_its_pass_min_participants(tmp_path: Path) -> None:
+    """Node 505 requires the complete graph and a roster of 6: the market of 5 goes on without it, refused at the
+    share round (before it sends a share); at ``pass-min-participants=5`` it takes part. A bad value is refused at
+    the advertisement."""
+    config = MarketConfig(budget=10_000.0, num_classes=10, neighbours="all", poll_interval=0.01)
+
+    def outcome(floor: object):  # type: ignore[no-untyped-def]
+        extra = {505: {"pass-complete-graph": True, "pass-min-participants": floor}}
+        grid, directory = signed_federation(tmp_path, extra=extra)
+        return MarketPhase(dataclasses.replace(config, directory=directory)).run(grid)
+
+    refused = outcome(6)
+    assert set(refused.excluded) == {505} and refused.excluded[505].startswith("market_share")
+    assert refused.pass_participants == NODES[:-1]
+    taken_part = outcome(5)
+    assert not taken_part.excluded and taken_part.pass_participants == NODES
+    misconfigured = outcome("six")
+    assert set(misconfigured.excluded) == {505} and misconfigured.excluded[505].startswith("market_advertise")

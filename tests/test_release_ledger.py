@@ -245,6 +245,21 @@ def test_the_app_reads_the_complete_graph_requirement_from_the_node_config() -> 
         complete_graph_of(context({"pass-complete-graph": "yes please"}))
 
 
+def test_the_app_reads_the_roster_floor_from_the_node_config() -> None:
+    from flmarket_flwr.client_app import min_participants_of
+
+    def context(node_config: dict) -> Context:  # type: ignore[type-arg]
+        return Context(1, 5, node_config, RecordDict(), {})
+
+    assert min_participants_of(context({})) == 3
+    assert min_participants_of(context({"pass-min-participants": 90})) == 90
+    assert min_participants_of(context({"pass-min-participants": "90"})) == 90
+    assert min_participants_of(context({"pass-min-participants": " 3 "})) == 3
+    for bad in (2, 0, -90, "2", "ninety", "90.0", "", "-90", "٩٠", 90.0, True, None, [90]):
+        with pytest.raises(ValueError, match="pass-min-participants"):
+            min_participants_of(context({"pass-min-participants": bad}))
+
+
 # --- The buyer's side ------------------------------------------------------------------------------
 @settings(max_examples=100, deadline=None)
 @given(st.frozensets(st.integers(0, 15), max_size=16), st.lists(MEMBER_SETS, max_size=6), st.integers(1, 5))

@@ -104,6 +104,7 @@ IdentityFn = Callable[[Context], Ed25519PrivateKey | None]
 DirectoryFn = Callable[[Context], IdentityDirectory | None]
 LedgerFn = Callable[[Context], ReleaseLedger | None]
 GraphFn = Callable[[Context], bool]
+RosterFloorFn = Callable[[Context], int]
 NoiseFn = Callable[[Context], SkellamNoise | None]
 
 _PASS_PREFIX = "pass/"
@@ -184,7 +185,7 @@ def register_market_handlers(
     audit: bool = True,
     identity_key: IdentityFn | None = None,
     directory: DirectoryFn | None = None,
-    min_participants: int = MIN_PARTICIPANTS,
+    min_participants: int | RosterFloorFn = MIN_PARTICIPANTS,
     release_ledger: LedgerFn | None = None,
     noise: NoiseFn | None = None,
     complete_graph: bool | GraphFn = False,
@@ -216,10 +217,12 @@ def register_market_handlers(
         cannot substitute or replay keys, and it unmasks only for a survivor set that it signed and
         that at least ``t`` of its neighbours signed too (the consistency round). Recommended: without
         it PASS is secure against a semi-honest server only.
-    min_participants : int (default: 3)
-        The smallest PASS roster this client accepts. A malicious server could show a client a roster
-        of its own sybils only; set this to most of the federation you expect (it is the client's own
-        setting, never the server's).
+    min_participants : int or Callable[[Context], int] (default: 3)
+        The smallest PASS roster this client accepts (below 3 counts as 3); refused before it sends a share
+        or a masked input. The server chooses whom it invites, so it could show a client a roster of its own
+        colluders or sybils and a few others; set this close to the size of the federation you expect (it is
+        the client's own setting, never the server's). A callable is called with the context at every
+        advertisement (the app reads node config ``pass-min-participants``).
     release_ledger : Callable[[Context], ReleaseLedger | None], optional
         The node's release ledger (:class:`~flmarket_flwr.market.ledger.ReleaseLedger`, in a directory of
         the node's own). With it the client checks the roster's node ids against the fingerprint it signs,
@@ -235,26 +238,32 @@ def register_market_handlers(
     complete_graph : bool or Callable[[Context], bool] (default: False)
         Take part in PASS only on the complete graph (the market's ``neighbours="all"``). The server assigns
         the PASS indices, so on a sparse graph it can seat a client among ``t`` colluding clients, who then
-        open its masked input; on the complete graph that takes ``t`` colluders of the whole roster, more
-        than half of it. Costs ``O(E)`` work per client instead of ``O(k)``: for markets of up to a few
-        hundred clients whose server is not trusted (README "Threat model").
+        open its masked input; on the complete graph that takes ``t`` colluders of the roster, more than
+        half of it. The server also chooses the roster, so this helps only with ``min_participants`` close to
+        the federation's size (and with ``directory``, so that the roster cannot be filled with sybils):
+        otherwise a roster of the client, ``t`` colluders and a few others opens its masked input all the
+        same. Costs ``O(E)`` work per client instead of ``O(k)``: for markets of up to a few hundred clients
+        whose server is not trusted (README "Threat model").
 
     Raises
     ------
     ValueError
         If one of the actions is already registered on ``app``, or ``app`` uses a ``client_fn``.
     TypeError
-        If ``complete_graph`` is neither a bool nor a callable (a string such as ``"false"`` must not pass).
+        If ``complete_graph`` is neither a bool nor a callable (a string such as ``"false"`` must not pass),
+        or ``min_participants`` neither an int (a bool is not one) nor a callable.
     """
     if not (isinstance(complete_graph, bool) or callable(complete_graph)):
         raise TypeError(f"complete_graph must be a bool or a callable of the context, got {complete_graph!r}")
+    if not (_is_int(min_participants) or callable(min_participants)):
+        raise TypeError(f"min_participants must be an int or a callable of the context, got {min_participants!r}")
     handlers = _MarketHandlers(
         get_label_counts=get_label_counts,
         bid_policy=bid_policy if bid_policy is not None else CostBasedBid(DEFAULT_COST_PER_SAMPLE),
         audit=audit,
         identity_key=identity_key if identity_key is not None else (lambda context: None),
         directory=directory if directory is not None else (lambda context: None),
-        min_participants=min_participants,
+        min_participants=min_participants if callable(min_participants) else (lambda context: min_participants),
         release_ledger=release_ledger if release_ledger is not None else (lambda context: None),
         noise=noise if noise is not None else (lambda context: None),
         complete_graph=complete_graph if callable(complete_graph) else (lambda context: complete_graph),
@@ -269,6 +278,11 @@ def register_market_handlers(
     app.query(ACTION_AWARD)(handlers.award)
 
 
+def _is_int(value: object) -> bool:
+    """Whether ``value`` is an int and not a bool (``True`` must not pass as a roster floor of 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 class _MarketHandlers:
     """The market handlers, sharing the label-count source, the bid policy and the identity settings."""
 
@@ -279,7 +293,7 @@ class _MarketHandlers:
         audit: bool,
         identity_key: IdentityFn,
         directory: DirectoryFn,
-        min_participants: int,
+        min_participants: RosterFloorFn,
         release_ledger: LedgerFn,
         noise: NoiseFn,
         complete_graph: GraphFn,
@@ -304,7 +318,7 @@ class _MarketHandlers:
                 request,
                 counts,
                 identity_key=self._identity_key(context),
-                min_participants=self._min_participants,
+                min_participants=self._min_participants(context),
                 run_id=int(context.run_id),
                 complete_graph=self._complete_graph(context),
             )
