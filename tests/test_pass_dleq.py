@@ -173,3 +173,10 @@ def test_keys_off_the_prime_order_subgroup_and_malformed_proofs_have_no_possessi
     assert not dleq.verify_possession(public[:31], proof, b"ctx")
     zero = proof[:32] + bytes(32) + bytes(32)  # e = s = 0: the libsodium multiplication refuses the identity
     assert not dleq.verify_possession(public, zero, b"ctx")
+
+
+def test_a_libsodium_that_accepts_small_order_components_is_refused(monkeypatch) -> None:
+    dleq.check_libsodium()  # the bundled one refuses them
+    monkeypatch.setattr(dleq.sodium, "crypto_core_ed25519_is_valid_point", lambda point: True)
+    with pytest.raises(RuntimeError, match="off the prime-order subgroup"):
+        dleq.check_libsodium()

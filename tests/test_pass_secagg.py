@@ -690,10 +690,50 @@ def test_a_server_that_forges_a_ciphertext_gets_a_complaint_without_the_channel_
     requests = session.share(session.advertise())
     sender = requests[1].senders[0]
     forged = _forge(requests, 1, sender)
-    reply = secagg.MaskedInput.from_record(session._call(1, "mask_input", forged[1].to_record()))
+    session.mask(forged)
+    reply = session.masked[1]
     assert reply.accused == [sender] and reply.proofs == [b""]
     state = session.states[1]
     assert "channel_secrets" not in state and "cipher_private_key" not in state  # wiped, nothing kept to leak
+    # The server's own copy is validly signed: a proofless accusation of it names the receiver, the sender stays.
+    assert "without a valid proof" in session.server.excluded[1] and sender not in session.server.excluded
+
+
+def test_without_a_directory_a_forging_server_reads_a_victims_counts_through_the_accusations_not_prevented():
+    """Why the README calls PASS without identity keys secure against a semi-honest server only (stated, not
+    prevented): a server that replaces the victim's ciphertext to each neighbour by garbage makes each of them
+    accuse the victim and prove their channel secret, which opens the share pair the victim really sent there
+    (the server kept it): all ``k`` shares of both secrets, hence the victim's exact counts, in one session."""
+    counts = _counts(np.random.default_rng(7), 12, 3)
+    session = Session(counts, degree=6)
+    server, victim = session.server, 1
+    requests = session.share(session.advertise())
+    for w in server.graph[victim]:
+        requests = _forge(requests, w, victim)
+    with contextlib.suppress(PassError):  # the forging server's own verdicts do not matter here
+        session.mask(requests)
+    pairs = []
+    for w in server.graph[victim]:
+        assert session.masked[w].accused == [victim]
+        context = secagg.accusation_context(0, server.roster, server.session, w, victim)
+        keys = (server.adverts[w].cipher_public_key, server.adverts[victim].cipher_public_key)
+        secret = verify_exchange(*keys, session.masked[w].proofs[0], context)
+        ciphertext, _ = server._ciphertexts[victim, w]  # what the victim really sent w
+        pairs.append((w, secagg._unseal(secret, ciphertext, server.session, victim, w, server._digests[victim, w])))
+    t = server.threshold
+
+    def rebuild(half: int) -> bytes:
+        size = len(pairs[0][1]) // 2  # each pair: the mask-key share, then the self-mask-seed share
+        rows = np.stack([share_from_bytes(both[half * size : (half + 1) * size], 1, 32) for _, both in pairs[:t]])
+        return reconstruct_secrets([w for w, _ in pairs[:t]], rows, 32)[0]
+
+    value = np.frombuffer(session.masked[victim].masked_counts, dtype="<u8") - expand_seed(rebuild(1), 3)
+    mask_key = X25519PrivateKey.from_private_bytes(rebuild(0))
+    for peer in server.graph[victim]:
+        secret = mask_key.exchange(X25519PublicKey.from_public_bytes(server.adverts[peer].mask_public_key))
+        mask = expand_seed(derive_pair_seed(secret, server.session, victim, peer), 3)
+        value = value - mask if victim < peer else value + mask
+    assert np.array_equal(value, counts[0].astype(np.uint64))
 
 
 def test_without_identity_keys_a_garbage_ciphertext_is_judged_from_the_proven_secret_and_the_sum_is_exact():

@@ -42,6 +42,21 @@ _DOMAIN: Final[bytes] = b"flmarket-pass/v2/dleq"
 _POSSESSION_DOMAIN: Final[bytes] = b"flmarket-pass/v2/possession"
 
 
+def check_libsodium() -> None:
+    """``RuntimeError`` unless libsodium refuses points with a small-order component (run once at import).
+
+    Every check of this module on the prime-order subgroup is ``crypto_core_ed25519_is_valid_point``: a
+    libsodium build whose check let such points through would let the cofactor cheat through (the one PyNaCl
+    bundles refuses them), and then PASS had better not run at all.
+    """
+    base = sodium.crypto_scalarmult_ed25519_base_noclamp((1).to_bytes(32, "little"))
+    order_two = (_FIELD - 1).to_bytes(32, "little")  # the Edwards point (0, -1)
+    if not sodium.crypto_core_ed25519_is_valid_point(base) or sodium.crypto_core_ed25519_is_valid_point(
+        sodium.crypto_core_ed25519_add(base, order_two)
+    ):
+        raise RuntimeError("this libsodium accepts Edwards points off the prime-order subgroup: PASS cannot use it")
+
+
 def montgomery_u(key: bytes) -> int:
     """An X25519 public key as the u-coordinate the exchange uses (bit 255 cleared, reduced mod p).
 
@@ -209,3 +224,6 @@ def verify_possession(public_key: bytes, proof: bytes, context: bytes) -> bool:
     except CryptoError:  # s or e zero: no honest proof gives one
         return False
     return _challenge(_POSSESSION_DOMAIN, context, public_key, b"", first, commitment) == e
+
+
+check_libsodium()
