@@ -24,7 +24,9 @@ The client enforces its own disclosure rules, whatever the server asks:
   round); without them the server is trusted to relay keys and sets (semi-honest server only);
 * a neighbour whose shares do not open is accused, not fatal: the client masks without it and sends
   that edge's channel secret with a proof of it, which opens the edge's two share pairs (both of which
-  the accused holds) and nothing else; with a directory only for a ciphertext its sender signed;
+  the accused holds) and nothing else; only when the accused proved possession of its cipher key, and
+  with a directory only for a ciphertext its sender signed; left with fewer than ``t`` senders by its
+  accusations it withdraws, sending them without a masked input;
 * it bids once, for the session whose sum it took part in, with that session's ``E`` and
   transcript hash; a global count below its own is refused (with ``noise``: below its own by more than
   the noise's tail);

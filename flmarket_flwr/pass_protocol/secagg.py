@@ -27,8 +27,9 @@ each retry succeeding with probability below ``2^-security_bits``), the client's
 bounds a roster of colluders, and ``c`` colluding neighbours of a client are tolerated while
 ``t > (k + c) / 2``. But the server assigns the indices: it can place ``t`` colluders around a chosen victim
 on a sparse graph (README "Threat model"); a client advertised with ``complete_graph=True`` refuses any
-graph but the complete one, where every participant is its neighbour. The server refuses (fails closed) a sum
-above ``count_bound * |U3|`` in any class.
+graph but the complete one, where every participant is its neighbour, which helps only with a
+``min_participants`` near the federation's size (the server also picks the roster). The server refuses
+(fails closed) a sum above ``count_bound * |U3|`` in any class.
 
 Blame, not abort (issue 21, item 3). Each share pair travels under the edge's channel secret
 ``X25519(c_u, C_v)`` (one exchange per neighbour, a key per direction). A receiver whose shares do not open
