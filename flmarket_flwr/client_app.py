@@ -13,7 +13,9 @@ One ``ClientApp`` serves every phase of a run:
   node config it keeps a release ledger there and refuses a market whose members differ too little from
   one it already released a sum for (:func:`release_ledger_of`); with ``pass-complete-graph=true`` it
   takes part in PASS only on the complete graph (:func:`complete_graph_of`), and with
-  ``pass-min-participants=<n>`` only in a roster of at least ``n`` nodes (:func:`min_participants_of`).
+  ``pass-min-participants=<n>`` only in a roster of at least ``n`` nodes (:func:`min_participants_of`); with
+  ``pass-split-tolerance=<c>`` its secrets withstand ``c`` colluding neighbours in a split consistency round
+  (:func:`split_tolerance_of`).
 * No other query: the baselines' raw-statistics query (RS, QBS, DICE, DDS) is answered
   only by the experiments' ClientApp (:mod:`simulations.apps`), never by this one.
 * **Training** (``train`` / ``evaluate`` messages): plain local SGD on the
@@ -312,13 +314,31 @@ def min_participants_of(context: Context) -> int:
     when this is close to the size of the federation it expects. An int, or a string of digits, of at least 3;
     anything else is refused (a typo must not silently leave the node at the default).
     """
-    value = context.node_config.get("pass-min-participants", MIN_PARTICIPANTS)
+    return _node_config_int(context, "pass-min-participants", default=MIN_PARTICIPANTS, minimum=MIN_PARTICIPANTS)
+
+
+def split_tolerance_of(context: Context) -> int:
+    """How many colluding neighbours the node's PASS secrets withstand in a split consistency round:
+    ``node_config["pass-split-tolerance"]`` (default 0, the protocol's own threshold).
+
+    It raises the Shamir threshold of the node's secrets
+    (:func:`~flmarket_flwr.pass_protocol.graph.secret_threshold`), at the price of fewer neighbours that
+    may drop out. An int, or a string of digits, of at least 0; anything else is refused.
+    """
+    return _node_config_int(context, "pass-split-tolerance", default=0, minimum=0)
+
+
+def _node_config_int(context: Context, key: str, *, default: int, minimum: int) -> int:
+    """``node_config[key]`` as an int of at least ``minimum`` (``default`` if absent), or a ``ValueError`` naming it.
+
+    An int or a string of ASCII digits (node config values may arrive as strings); a bool, a float or any other
+    string is refused, so that a typo never silently leaves the node at the default.
+    """
+    value = context.node_config.get(key, default)
     if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         value = int(value.strip())
-    if not isinstance(value, int) or isinstance(value, bool) or value < MIN_PARTICIPANTS:
-        raise ValueError(
-            f'node config "pass-min-participants" must be an integer of at least {MIN_PARTICIPANTS}, got {value!r}'
-        )
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f'node config "{key}" must be an integer of at least {minimum}, got {value!r}')
     return value
 
 
@@ -387,6 +407,7 @@ def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
         noise=market_noise_of,
         complete_graph=complete_graph_of,
         min_participants=min_participants_of,
+        split_tolerance=split_tolerance_of,
     )
     client.train()(train)
     client.evaluate()(evaluate_local)

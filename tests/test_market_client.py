@@ -517,6 +517,27 @@ def test_register_refuses_a_complete_graph_setting_that_is_not_a_bool() -> None:
 def test_register_refuses_a_roster_floor_that_is_neither_an_int_nor_a_callable(floor: object) -> None:
     with pytest.raises(TypeError, match="min_participants must be an int"):
         register_market_handlers(ClientApp(), lambda context: np.ones(C), min_participants=floor)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="split_tolerance must be an int"):
+        register_market_handlers(ClientApp(), lambda context: np.ones(C), split_tolerance=floor)  # type: ignore[arg-type]
+
+
+def test_numpy_integer_settings_are_taken_and_a_callable_returning_a_bool_is_refused_at_advertise() -> None:
+    request = PassServer(SESSION, C, BOUND).advertise_requests([7, 8, 9])[1].to_record()
+    settings_and_outcomes = (
+        ({"min_participants": np.int64(3), "split_tolerance": np.int64(1)}, True),
+        ({"min_participants": lambda context: True}, False),
+        ({"split_tolerance": lambda context: True}, False),
+    )
+    for settings, taken in settings_and_outcomes:
+        node = Node([3, 1, 4, 1, 5])
+        node.app = ClientApp()
+        register_market_handlers(node.app, lambda context, node=node: node.counts, **settings)  # type: ignore[arg-type]
+        reply = node.call(ACTION_ADVERTISE, **request)
+        if taken:
+            assert not reply.has_error()
+        else:
+            refused(reply, ACTION_ADVERTISE)
+            assert node.secrets() == []
 
 
 # --- Bid policies --------------------------------------------------------------------------------

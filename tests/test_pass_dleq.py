@@ -180,3 +180,18 @@ def test_a_libsodium_that_accepts_small_order_components_is_refused(monkeypatch)
     monkeypatch.setattr(dleq.sodium, "crypto_core_ed25519_is_valid_point", lambda point: True)
     with pytest.raises(RuntimeError, match="off the prime-order subgroup"):
         dleq.check_libsodium()
+
+
+def test_a_response_not_reduced_mod_l_is_refused() -> None:
+    """``s + l`` satisfies both equations as well as ``s``: the range check is what refuses it (malleability)."""
+    owner, peer = hashlib.sha256(b"owner").digest(), hashlib.sha256(b"peer").digest()
+    public, peer_public = _public(owner), _public(peer)
+    order = 2**252 + 27742317777372353535851937790883648493
+
+    def unreduced(scalar: bytes) -> bytes:
+        return (int.from_bytes(scalar, "little") + order).to_bytes(32, "little")
+
+    possession = dleq.prove_possession(owner, public, b"ctx")
+    assert not dleq.verify_possession(public, possession[:64] + unreduced(possession[64:]), b"ctx")
+    proof = dleq.prove_exchange(owner, public, peer_public, b"ctx")
+    assert dleq.verify_exchange(public, peer_public, proof[:96] + unreduced(proof[96:]), b"ctx") is None

@@ -15,6 +15,7 @@ from flmarket_flwr.pass_protocol.graph import (
     neighbourhood_size,
     neighbours_of,
     roster_digest,
+    secret_threshold,
     share_threshold,
 )
 
@@ -138,3 +139,18 @@ def test_a_tie_of_keystream_words_falls_back_to_the_sorted_cycle(monkeypatch):
     indices, seed = list(range(1, 9)), bytes(32)
     graph = mask_graph(seed, indices, 4)
     assert all(neighbours_of(seed, indices, 4, node) == graph[node] for node in indices)
+
+
+@settings(max_examples=300, deadline=None)
+@given(k=st.integers(1, 200), tolerance=st.integers(0, 220))
+def test_a_secret_threshold_is_the_least_that_withstands_its_split_tolerance(k: int, tolerance: int) -> None:
+    """``2t - k > c``: a split of the consistency round with ``c`` colluding neighbours needs ``c >= 2t - k``."""
+    if (k + tolerance) // 2 + 1 > k:
+        with pytest.raises(ValueError, match="no threshold withstands"):
+            secret_threshold(k, tolerance)
+        return
+    t = secret_threshold(k, tolerance)
+    assert share_threshold(k) <= t <= k and 2 * t - k > tolerance
+    assert t == share_threshold(k) or 2 * (t - 1) - k <= tolerance  # the least such threshold
+    with pytest.raises(ValueError, match="split tolerance"):
+        secret_threshold(k, -1)

@@ -245,8 +245,8 @@ def test_the_app_reads_the_complete_graph_requirement_from_the_node_config() -> 
         complete_graph_of(context({"pass-complete-graph": "yes please"}))
 
 
-def test_the_app_reads_the_roster_floor_from_the_node_config() -> None:
-    from flmarket_flwr.client_app import min_participants_of
+def test_the_app_reads_the_roster_floor_and_the_split_tolerance_from_the_node_config() -> None:
+    from flmarket_flwr.client_app import min_participants_of, split_tolerance_of
 
     def context(node_config: dict) -> Context:  # type: ignore[type-arg]
         return Context(1, 5, node_config, RecordDict(), {})
@@ -258,6 +258,12 @@ def test_the_app_reads_the_roster_floor_from_the_node_config() -> None:
     for bad in (2, 0, -90, "2", "ninety", "90.0", "", "-90", "٩٠", 90.0, True, None, [90]):
         with pytest.raises(ValueError, match="pass-min-participants"):
             min_participants_of(context({"pass-min-participants": bad}))
+    assert split_tolerance_of(context({})) == 0
+    assert split_tolerance_of(context({"pass-split-tolerance": 4})) == 4
+    assert split_tolerance_of(context({"pass-split-tolerance": " 0 "})) == 0
+    for bad in (-1, "-1", "two", "2.0", "", 2.0, True, False, None, [2]):
+        with pytest.raises(ValueError, match="pass-split-tolerance"):
+            split_tolerance_of(context({"pass-split-tolerance": bad}))
 
 
 # --- The buyer's side ------------------------------------------------------------------------------

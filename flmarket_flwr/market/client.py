@@ -91,6 +91,7 @@ from flmarket_flwr.pass_protocol import (
     roster_fingerprint,
     validate_counts,
 )
+from flmarket_flwr.pass_protocol.primitives import is_integer
 from flmarket_flwr.pricing import score as compute_score
 
 __all__ = ["ERROR_PREFIX", "MarketAward", "read_award", "register_market_handlers"]
@@ -107,6 +108,7 @@ DirectoryFn = Callable[[Context], IdentityDirectory | None]
 LedgerFn = Callable[[Context], ReleaseLedger | None]
 GraphFn = Callable[[Context], bool]
 RosterFloorFn = Callable[[Context], int]
+ToleranceFn = Callable[[Context], int]
 NoiseFn = Callable[[Context], SkellamNoise | None]
 
 _PASS_PREFIX = "pass/"
@@ -191,6 +193,7 @@ def register_market_handlers(
     release_ledger: LedgerFn | None = None,
     noise: NoiseFn | None = None,
     complete_graph: bool | GraphFn = False,
+    split_tolerance: int | ToleranceFn = 0,
 ) -> None:
     """Add the market's ``query`` handlers to an existing ``ClientApp``.
 
@@ -247,18 +250,28 @@ def register_market_handlers(
         same. Costs ``O(E)`` work per client instead of ``O(k)``: for markets of up to a few hundred clients
         whose server is not trusted (README "Threat model").
 
+    split_tolerance : int or Callable[[Context], int] (default: 0)
+        How many colluding neighbours this client's own secrets withstand when a malicious server splits the
+        consistency round (some neighbours told it survived, the others that it dropped): its Shamir
+        threshold becomes the least ``t`` with ``2t - k > split_tolerance``
+        (:func:`~flmarket_flwr.pass_protocol.graph.secret_threshold`). The default threshold withstands one
+        colluding neighbour when ``k`` is even and none when it is odd. The price: its secrets then need ``t``
+        surviving neighbours, so fewer of them may drop out (it refuses a graph too sparse for the setting).
+        The app reads node config ``pass-split-tolerance``.
+
     Raises
     ------
     ValueError
         If one of the actions is already registered on ``app``, or ``app`` uses a ``client_fn``.
     TypeError
         If ``complete_graph`` is neither a bool nor a callable (a string such as ``"false"`` must not pass),
-        or ``min_participants`` neither an int (a bool is not one) nor a callable.
+        or ``min_participants`` or ``split_tolerance`` neither an int (a bool is not one) nor a callable.
     """
     if not (isinstance(complete_graph, bool) or callable(complete_graph)):
         raise TypeError(f"complete_graph must be a bool or a callable of the context, got {complete_graph!r}")
-    if not (_is_int(min_participants) or callable(min_participants)):
-        raise TypeError(f"min_participants must be an int or a callable of the context, got {min_participants!r}")
+    for name, value in (("min_participants", min_participants), ("split_tolerance", split_tolerance)):
+        if not (is_integer(value) or callable(value)):
+            raise TypeError(f"{name} must be an int or a callable of the context, got {value!r}")
     handlers = _MarketHandlers(
         get_label_counts=get_label_counts,
         bid_policy=bid_policy if bid_policy is not None else CostBasedBid(DEFAULT_COST_PER_SAMPLE),
@@ -269,6 +282,7 @@ def register_market_handlers(
         release_ledger=release_ledger if release_ledger is not None else (lambda context: None),
         noise=noise if noise is not None else (lambda context: None),
         complete_graph=complete_graph if callable(complete_graph) else (lambda context: complete_graph),
+        split_tolerance=split_tolerance if callable(split_tolerance) else (lambda context: split_tolerance),
     )
     app.query(ACTION_ADVERTISE)(handlers.advertise)
     app.query(ACTION_SHARE)(handlers.share)
@@ -278,11 +292,6 @@ def register_market_handlers(
     app.query(ACTION_BID)(handlers.bid)
     app.query(ACTION_AUDIT)(handlers.audit)
     app.query(ACTION_AWARD)(handlers.award)
-
-
-def _is_int(value: object) -> bool:
-    """Whether ``value`` is an int and not a bool (``True`` must not pass as a roster floor of 1)."""
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class _MarketHandlers:
@@ -299,6 +308,7 @@ class _MarketHandlers:
         release_ledger: LedgerFn,
         noise: NoiseFn,
         complete_graph: GraphFn,
+        split_tolerance: ToleranceFn,
     ) -> None:
         self._get_label_counts = get_label_counts
         self._bid_policy = bid_policy
@@ -309,6 +319,7 @@ class _MarketHandlers:
         self._release_ledger = release_ledger
         self._noise = noise
         self._complete_graph = complete_graph
+        self._split_tolerance = split_tolerance
 
     # --- PASS ----------------------------------------------------------------------------------
     def advertise(self, message: Message, context: Context) -> Message:
@@ -323,6 +334,7 @@ class _MarketHandlers:
                 min_participants=self._min_participants(context),
                 run_id=int(context.run_id),
                 complete_graph=self._complete_graph(context),
+                split_tolerance=self._split_tolerance(context),
             )
             reply = dict(advert.to_record())
             ledger = self._release_ledger(context)

@@ -191,7 +191,8 @@ def prove_possession(private_key: bytes, public_key: bytes, context: bytes) -> b
     public_key : bytes
         Its public key as advertised.
     context : bytes
-        What the key is advertised for (run, roster, session, index): the proof verifies only there.
+        What the key is advertised for (PASS binds the run, the session and the index): the proof verifies
+        only there.
     """
     c = _scalar(private_key)
     first = sodium.crypto_scalarmult_ed25519_base_noclamp(c)

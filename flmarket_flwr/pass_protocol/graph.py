@@ -108,6 +108,31 @@ def share_threshold(k: int) -> int:
     return k // 2 + 1
 
 
+def secret_threshold(k: int, split_tolerance: int = 0) -> int:
+    """The Shamir threshold a client uses for its own two secrets: the least ``t >= k // 2 + 1`` with
+    ``2t - k > split_tolerance``.
+
+    A server that splits the consistency round tells some of the client's neighbours "it survived" (they
+    return shares of its self-mask seed) and the others "it dropped" (shares of its mask key); ``c``
+    colluding neighbours return both kinds. Both secrets come out when ``c`` colluders and two disjoint groups
+    of honest neighbours reach ``t`` each, which takes ``c >= 2t - k``: this threshold withstands up to
+    ``split_tolerance`` colluding neighbours (:func:`share_threshold`'s ``t`` withstands one when ``k`` is
+    even, none when it is odd). The price: the client's secrets need ``t`` surviving holders, so it tolerates
+    ``k - t`` neighbours dropping instead of ``k - k // 2 - 1``.
+
+    Raises
+    ------
+    ValueError
+        ``split_tolerance`` is negative, or no threshold up to ``k`` reaches it.
+    """
+    if split_tolerance < 0:
+        raise ValueError(f"split tolerance must be >= 0, got {split_tolerance}")
+    t = max(share_threshold(k), (k + split_tolerance) // 2 + 1)
+    if t > k:
+        raise ValueError(f"with {k} neighbours no threshold withstands {split_tolerance} colluding neighbours")
+    return t
+
+
 def check_degree(k: int, num_clients: int) -> None:
     """Raise ``ValueError`` unless ``k`` is a valid degree: even and ``2 <= k < E - 1``, or ``k = E - 1``."""
     if num_clients < 2:

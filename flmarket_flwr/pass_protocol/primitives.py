@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import numbers
 import struct
 from typing import Final
 
@@ -56,6 +57,11 @@ _PRG_WORD_DTYPE: Final[np.dtype] = np.dtype("<u8")
 # ----------------------------------------------------------------------------
 # Validation helpers
 # ----------------------------------------------------------------------------
+def is_integer(value: object) -> bool:
+    """An integer of any kind (numpy's too), but not a bool: ``True`` must not pass as a setting of 1."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_)
+
+
 def validate_index(index: object, what: str = "index") -> int:
     """Return ``index`` as a Python ``int`` after checking it is a valid index.
 

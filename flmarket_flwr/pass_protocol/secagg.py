@@ -84,6 +84,7 @@ from flmarket_flwr.pass_protocol.graph import (
     neighbourhood_size,
     neighbours_of,
     roster_digest,
+    secret_threshold,
     share_threshold,
 )
 from flmarket_flwr.pass_protocol.identity import (
@@ -103,6 +104,7 @@ from flmarket_flwr.pass_protocol.primitives import (
     exchange_shared_secret,
     expand_seed,
     hkdf_sha256,
+    is_integer,
     load_public_key,
     parse_public_key,
     ring_sum,
@@ -429,11 +431,15 @@ class ShareKeysReply(_Record):
     share the receiver returns at unmask, so a corrupted unmask share names its sender.
     With an identity key, ``signatures[i]`` signs ``ciphertexts[i]`` and ``share_digests[i]``
     (:func:`~flmarket_flwr.pass_protocol.identity.sign_share_ciphertext`); without one it is empty.
+    ``threshold`` is the Shamir threshold of the dealer's own two secrets (its split tolerance may raise it
+    above the session's, :func:`~flmarket_flwr.pass_protocol.graph.secret_threshold`): the server rebuilds
+    them from that many shares, and fewer than that many never give them.
     """
 
     receivers: list[int]
     ciphertexts: list[bytes]
     share_digests: list[bytes]
+    threshold: int
     signatures: list[bytes] = dataclasses.field(default_factory=list)
 
 
@@ -585,6 +591,7 @@ class PassClient:
         min_participants: int = MIN_PARTICIPANTS,
         run_id: int = 0,
         complete_graph: bool = False,
+        split_tolerance: int = 0,
     ) -> Advertisement:
         """Make the session's cipher and mask key pairs and return the public keys (signed if ``identity_key``).
 
@@ -597,6 +604,9 @@ class PassClient:
         refuses any graph but the complete one (``k = |U1| - 1``): the server assigns the indices, so on a
         sparse graph it can seat this client among ``t`` colluders; on the complete graph every participant
         is its neighbour, and its secrets need ``t`` colluders of all of them (at ``O(|U1|)`` work).
+        ``split_tolerance`` is how many colluding neighbours its own secrets must withstand when a server
+        splits the consistency round (:func:`~flmarket_flwr.pass_protocol.graph.secret_threshold`); it raises
+        their Shamir threshold, and the client refuses a graph too sparse for it.
         """
         request = AdvertiseRequest.coerce(request)
         if self._state["stage"] != _STAGE_NEW:
@@ -610,6 +620,10 @@ class PassClient:
             raise PassError(
                 f"advertise request needs a 32-byte graph commitment and an index in [1, {MAX_PARTICIPANTS}]"
             )
+        if not is_integer(split_tolerance) or split_tolerance < 0:
+            raise PassError(f"split_tolerance must be an integer >= 0, got {split_tolerance!r}")
+        if not is_integer(min_participants):
+            raise PassError(f"min_participants must be an integer, got {min_participants!r}")
         if len(request.roster) != ROSTER_LENGTH or not 0 <= run_id < 2**64:
             raise PassError(f"advertise request needs a {ROSTER_LENGTH}-byte roster fingerprint (and a valid run id)")
         values = validate_counts(counts)
@@ -656,6 +670,7 @@ class PassClient:
             max_bad_fraction_ppm=round(bad_fraction * 1_000_000),
             min_participants=max(int(min_participants), MIN_PARTICIPANTS),
             complete_graph=bool(complete_graph),
+            split_tolerance=int(split_tolerance),
         )
         return Advertisement(cipher_public, mask_public, signature, possession)
 
@@ -714,8 +729,11 @@ class PassClient:
         )
         if request.neighbours != neighbours or any(len(column) != k for column in columns):
             raise PassError("the neighbours sent are not this client's neighbourhood in the committed graph")
+        try:
+            threshold = secret_threshold(k, state.get("split_tolerance", 0))
+        except ValueError as error:
+            raise PassError(str(error)) from error
         pair_seeds, channel_secrets = self._check_neighbour_keys(request, directory)
-        threshold = share_threshold(k)
         self_seed = os.urandom(SECRET_LENGTH)
         shares = split_secrets([state["mask_private_key"], self_seed], neighbours, threshold)
         ciphertexts, digests, signatures = [], [], []
@@ -752,7 +770,11 @@ class PassClient:
         if directory is not None:  # the neighbours' identity keys, for the consistency round
             state["identity_keys"] = [directory.key_of(node) for node in request.neighbour_node_ids]
         return ShareKeysReply(
-            receivers=neighbours, ciphertexts=ciphertexts, share_digests=digests, signatures=signatures
+            receivers=neighbours,
+            ciphertexts=ciphertexts,
+            share_digests=digests,
+            threshold=threshold,
+            signatures=signatures,
         )
 
     def _check_neighbour_keys(
@@ -1156,6 +1178,7 @@ class PassServer:
         self.graph: dict[int, tuple[int, ...]] = {}
         self.degree = 0
         self.threshold = 0
+        self._thresholds: dict[int, int] = {}  # each dealer's own (its split tolerance may raise it)
         self.u2: list[int] = []
         self.survivors: list[int] = []
         self.dropped: list[int] = []
@@ -1298,10 +1321,12 @@ class PassServer:
                 or any(len(c) != _CIPHERTEXT_BYTES for c in reply.ciphertexts)
                 or any(len(d) != 64 for d in reply.share_digests)
                 or len(reply.signatures) not in {len(reply.receivers), 0 if self.directory is None else -1}
+                or not self.threshold <= reply.threshold <= self.degree
             ):
                 self._exclude(u, "share-keys reply does not hold one ciphertext and one digest per neighbour")
                 continue
             sent[u] = reply
+            self._thresholds[u] = reply.threshold
         for u in self.graph:
             if u not in sent:
                 self._exclude(u, "no share-keys reply")
@@ -1503,9 +1528,9 @@ class PassServer:
             left = len(self._holders(u, alive))
             if not left and u not in alive and any((v, u) in self._cut for v in self.graph[u]):
                 continue  # every surviving neighbour accused it: none masked with it, nothing to rebuild
-            if left < self.threshold:
+            if left < self._thresholds[u]:
                 raise PassError(
-                    f"client {u} keeps only {left} surviving neighbours, the threshold is {self.threshold}: "
+                    f"client {u} keeps only {left} surviving neighbours, the threshold is {self._thresholds[u]}: "
                     "its secret cannot be rebuilt, the session stops before any share is requested"
                 )
 
@@ -1572,9 +1597,10 @@ class PassServer:
         return None
 
     def _rebuild(self, owner: int, shares: list[tuple[int, bytes]], what: str) -> bytes:
-        if len(shares) < self.threshold:
-            raise PassError(f"only {len(shares)} shares of {what} of client {owner}, the threshold is {self.threshold}")
-        chosen = shares[: self.threshold]  # any t: a corrupted one still breaks the 24-bit words (2^-88 escape)
+        threshold = self._thresholds[owner]
+        if len(shares) < threshold:
+            raise PassError(f"only {len(shares)} shares of {what} of client {owner}, the threshold is {threshold}")
+        chosen = shares[:threshold]  # any t: a corrupted one still breaks the 24-bit words (2^-88 escape)
         xs = [x for x, _ in chosen]
         rows = share_from_bytes(b"".join(s for _, s in chosen), len(chosen), SECRET_LENGTH)[:, None, :]  # one parse
         try:
