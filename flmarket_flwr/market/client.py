@@ -247,8 +247,9 @@ def register_market_handlers(
         half of it. The server also chooses the roster, so this helps only with ``min_participants`` close to
         the federation's size (and with ``directory``, so that the roster cannot be filled with sybils):
         otherwise a roster of the client, ``t`` colluders and a few others opens its masked input all the
-        same. Costs ``O(E)`` work per client instead of ``O(k)``: for markets of up to a few hundred clients
-        whose server is not trusted (README "Threat model").
+        same. Splitting the consistency round takes only two colluders unless ``split_tolerance`` is raised.
+        Costs ``O(E)`` work per client instead of ``O(k)``: for markets of up to a few hundred clients whose
+        server is not trusted (README "Threat model").
 
     split_tolerance : int or Callable[[Context], int] (default: 0)
         How many colluding neighbours this client's own secrets withstand when a malicious server splits the

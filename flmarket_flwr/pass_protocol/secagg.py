@@ -20,16 +20,18 @@ against a semi-honest server only. With an :class:`~flmarket_flwr.pass_protocol.
 the adverts are signed under the run id, session and roster fingerprint (no substitution, no replay from
 another run, no second roster for a victim), and the consistency round (:meth:`PassClient.sign_survivors`)
 makes every releasing client hold ``t`` neighbour signatures on the one set it signed: on the complete graph
-two released sets would need ``2t + 2 > E`` signers, so no split works; on sparse graphs the agreement is
-local to each neighbourhood, and a server that gives whole regions different sets is not ruled out by proof.
+with no colluder two released sets would need ``2t + 2 > E`` signers, so no split works; on sparse graphs the
+agreement is local to each neighbourhood, and a server that gives whole regions different sets is not ruled
+out by proof. Colluders sign both sets of a split: two of them open a victim's counts at the default
+threshold, unless the victim's ``split_tolerance`` raised the threshold of its own secrets
+(:func:`~flmarket_flwr.pass_protocol.graph.secret_threshold`; ``c`` colluders fail while ``2t - k > c``).
 The graph is committed before the keys exist (the server may retry graphs by excluding advertised clients,
-each retry succeeding with probability below ``2^-security_bits``), the client's ``min_participants`` floor
-bounds a roster of colluders, and ``c`` colluding neighbours of a client are tolerated while
-``t > (k + c) / 2``. But the server assigns the indices: it can place ``t`` colluders around a chosen victim
-on a sparse graph (README "Threat model"); a client advertised with ``complete_graph=True`` refuses any
-graph but the complete one, where every participant is its neighbour, which helps only with a
-``min_participants`` near the federation's size (the server also picks the roster). The server refuses
-(fails closed) a sum above ``count_bound * |U3|`` in any class.
+each retry succeeding with probability below ``2^-security_bits``), and the client's ``min_participants``
+floor bounds a roster of colluders. But the server assigns the indices: it can place ``t`` colluders
+around a chosen victim on a sparse graph (README "Threat model"); a client advertised with
+``complete_graph=True`` refuses any graph but the complete one, where every participant is its neighbour,
+which helps only with a ``min_participants`` near the federation's size (the server also picks the roster).
+The server refuses (fails closed) a sum above ``count_bound * |U3|`` in any class.
 
 Blame, not abort (issue 21, item 3). Each share pair travels under the edge's channel secret
 ``X25519(c_u, C_v)`` (one exchange per neighbour, a key per direction). A receiver whose shares do not open
