@@ -151,29 +151,42 @@ def verify_exchange(public_key: bytes, peer_key: bytes, proof: bytes, context: b
     of ``X2``, exactly what :meth:`X25519PrivateKey.exchange` gives the prover.
     """
     lifted = edwards_lift(peer_key)
-    if lifted is None or len(public_key) != 32 or not isinstance(proof, bytes) or len(proof) != PROOF_BYTES:
+    if lifted is None or not isinstance(proof, bytes) or len(proof) != PROOF_BYTES:
         return None
     first, second, e, s = proof[:32], proof[32:64], proof[64:96], proof[96:]
-    if not (sodium.crypto_core_ed25519_is_valid_point(first) and sodium.crypto_core_ed25519_is_valid_point(second)):
+    base_commitment = _base_commitment(public_key, first, e, s)
+    if base_commitment is None or not sodium.crypto_core_ed25519_is_valid_point(second):
+        return None
+    try:
+        peer_commitment = sodium.crypto_core_ed25519_sub(
+            sodium.crypto_scalarmult_ed25519_noclamp(s, lifted), sodium.crypto_scalarmult_ed25519_noclamp(e, second)
+        )
+    except CryptoError:  # a product is the identity (s or e zero): no honest proof gives one
+        return None
+    if _challenge(_DOMAIN, context, public_key, peer_key, first, second, base_commitment, peer_commitment) != e:
+        return None
+    return _montgomery_of(second)
+
+
+def _base_commitment(public_key: bytes, first: bytes, e: bytes, s: bytes) -> bytes | None:
+    """``s B - e X1`` for a proof about ``public_key``, or ``None`` when the proof cannot be about it.
+
+    Both proofs' shared checks: ``X1`` a point of the prime-order subgroup with ``public_key``'s u-coordinate
+    (either sign: ``c`` and ``-c`` are both known to whoever knows one), and ``e``, ``s`` reduced scalars (an
+    unreduced ``s + l`` would pass the equation too).
+    """
+    if len(public_key) != 32 or not sodium.crypto_core_ed25519_is_valid_point(first):
         return None
     if _montgomery_of(first) != montgomery_u(public_key).to_bytes(32, "little"):
         return None
     if int.from_bytes(e, "little") >= _ORDER or int.from_bytes(s, "little") >= _ORDER:
         return None
     try:
-        commitments = (
-            sodium.crypto_core_ed25519_sub(
-                sodium.crypto_scalarmult_ed25519_base_noclamp(s), sodium.crypto_scalarmult_ed25519_noclamp(e, first)
-            ),
-            sodium.crypto_core_ed25519_sub(
-                sodium.crypto_scalarmult_ed25519_noclamp(s, lifted), sodium.crypto_scalarmult_ed25519_noclamp(e, second)
-            ),
+        return sodium.crypto_core_ed25519_sub(
+            sodium.crypto_scalarmult_ed25519_base_noclamp(s), sodium.crypto_scalarmult_ed25519_noclamp(e, first)
         )
     except CryptoError:  # a product is the identity (s or e zero): no honest proof gives one
         return None
-    if _challenge(_DOMAIN, context, public_key, peer_key, first, second, *commitments) != e:
-        return None
-    return _montgomery_of(second)
 
 
 def prove_possession(private_key: bytes, public_key: bytes, context: bytes) -> bytes:
@@ -209,22 +222,11 @@ def verify_possession(public_key: bytes, proof: bytes, context: bytes) -> bool:
     off that subgroup never passes), that ``e`` and ``s`` are reduced scalars, and that ``s B - e X1``
     hashes back to ``e``.
     """
-    if len(public_key) != 32 or not isinstance(proof, bytes) or len(proof) != POSSESSION_BYTES:
+    if not isinstance(proof, bytes) or len(proof) != POSSESSION_BYTES:
         return False
     first, e, s = proof[:32], proof[32:64], proof[64:]
-    if not sodium.crypto_core_ed25519_is_valid_point(first):
-        return False
-    if _montgomery_of(first) != montgomery_u(public_key).to_bytes(32, "little"):
-        return False
-    if int.from_bytes(e, "little") >= _ORDER or int.from_bytes(s, "little") >= _ORDER:
-        return False
-    try:
-        commitment = sodium.crypto_core_ed25519_sub(
-            sodium.crypto_scalarmult_ed25519_base_noclamp(s), sodium.crypto_scalarmult_ed25519_noclamp(e, first)
-        )
-    except CryptoError:  # s or e zero: no honest proof gives one
-        return False
-    return _challenge(_POSSESSION_DOMAIN, context, public_key, b"", first, commitment) == e
+    commitment = _base_commitment(public_key, first, e, s)
+    return commitment is not None and _challenge(_POSSESSION_DOMAIN, context, public_key, b"", first, commitment) == e
 
 
 check_libsodium()
