@@ -14,8 +14,8 @@ for folder in (TESTS, TESTS.parent):
 # `python -m pytest -m "not slow"` is the fast suite (README); `.ci/run` runs everything. A test is slow here when it
 # starts Flower's Ray simulation or a `flwr run`, a deployment, a sweep in subprocesses, a fresh virtual
 # environment, or runs long randomised property checks over the whole market. Measured on the shared 2-core machine
-# (2026-11-25, .ci/run from a fresh clone at 906f9a0, the machine quiet): the fast suite 3 min 32 s (1,192 tests),
-# the slow one 13 min 21 s (661 tests).
+# (2026-11-25, .ci/run from a fresh clone at f2cfa74, the machine quiet): the fast suite 2 min 24 s (1,226 tests),
+# the slow one 9 min 44 s (693 tests).
 SLOW_MODULES = {
     "test_app_reproducibility.py",  # two Ray simulations
     "test_deployment.py",  # SuperLink + SuperNodes on loopback
