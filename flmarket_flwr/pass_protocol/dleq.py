@@ -81,11 +81,6 @@ def edwards_lift(key: bytes) -> bytes | None:
     return encoded if sodium.crypto_core_ed25519_is_valid_point(encoded) else None
 
 
-def in_prime_subgroup(key: bytes) -> bool:
-    """Whether X25519 public key ``key`` is a point of the prime-order subgroup (every honest key is)."""
-    return edwards_lift(key) is not None
-
-
 def _montgomery_of(point: bytes) -> bytes:
     """The X25519 encoding (u, little-endian) of a valid Edwards point: ``u = (1 + y) / (1 - y)``."""
     y = int.from_bytes(point, "little") & ((1 << 255) - 1)
