@@ -160,6 +160,17 @@ def test_a_shill_bid_of_1e308_cannot_make_a_payment_infinite(num_winners) -> Non
     assert all(np.isfinite(p) and 0.0 <= p <= 50.0 for p in outcome.payments.values())
 
 
+@pytest.mark.parametrize("bid", [1e200, 1e-200])
+def test_a_bid_outside_the_auctions_range_excludes_its_client_and_the_market_finishes(bid: float) -> None:
+    """Such a bid would make the auction refuse its whole input: it is refused on arrival instead, by name."""
+    counts = make_counts(6, seed=4)
+    shill = sorted(counts)[2]
+    grid = honest_grid(counts, reply_hook=altering(shill, "market_bid", lambda r: r.__setitem__("bid", bid)))
+    outcome = MarketPhase(market_config(budget=50.0)).run(grid)
+    assert "the auction's range" in outcome.excluded[shill]
+    assert shill not in outcome.participants and outcome.winners
+
+
 def test_most_clients_failing_the_bid_step_aborts_instead_of_paying_the_rest() -> None:
     counts = make_counts(7, seed=6)
     liars = sorted(counts)[:4]

@@ -234,3 +234,46 @@ def test_result_serialises_to_plain_python() -> None:
     assert as_dict["winners"] == [0, 1, 3]
     assert as_dict["total_payment"] == pytest.approx(70.0)
     assert all(type(p) is float for p in as_dict["payments"])
+
+
+# Magnitudes across the whole accepted range: a positive score, every bid and the budget in [1e-100, 1e100].
+wide_values = st.floats(-100.0, 100.0).map(lambda exponent: 10.0**exponent)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    scores=st.lists(st.one_of(st.just(0.0), wide_values), min_size=1, max_size=10),
+    data=st.data(),
+)
+def test_guarantees_hold_across_the_whole_accepted_range(scores: list[float], data: st.DataObject) -> None:
+    bids = data.draw(st.lists(wide_values, min_size=len(scores), max_size=len(scores)))
+    budget = data.draw(wide_values)
+    result = run_auction(scores, bids, budget)
+    paid = result.payments[result.winners]
+    assert np.all(np.isfinite(result.payments))
+    assert math.fsum(result.payments) <= budget * (1 + 1e-9)
+    assert np.all(paid >= np.asarray(bids)[result.winners] * (1 - 1e-9))
+
+
+@pytest.mark.parametrize(
+    ("scores", "bids", "budget", "message"),
+    [
+        ([1e150, 1.0, 1.0], [1.0, 1.0, 1.0], 10.0, "scores must be 0 or within"),
+        ([1e-150, 1.0], [1.0, 1.0], 10.0, "scores must be 0 or within"),
+        ([1.0, 1.0], [1e101, 1.0], 10.0, "bids must be within"),
+        ([1.0, 1.0], [1e-101, 1.0], 10.0, "bids must be within"),
+        ([1.0, 1.0], [1.0, 1.0], 1e151, "budget must be within"),
+    ],
+)
+def test_values_beyond_the_float_safe_range_are_refused(scores, bids, budget, message) -> None:
+    """Near 1e150 the total payment exceeded the budget in floating point: such input is refused instead."""
+    with pytest.raises(ValueError, match=message):
+        run_auction(scores, bids, budget)
+
+
+def test_the_old_overflow_instance_is_refused_rather_than_overpaid() -> None:
+    """An instance found by a random search: accepted before, it paid 2.00 R."""
+    scores = [6.01e184, 3.70e-182, 5.23e185, 3.25e-163, 1.67e106, 7.87e-149, 3.33e-74]
+    bids = [3.25e-78, 1.09e-58, 3.11e143, 2.25e-128, 3.46e148, 1.02e-50, 4.13e-172]
+    with pytest.raises(ValueError, match="must be"):
+        run_auction(scores, bids, 1.82e151)

@@ -12,6 +12,7 @@ import numpy as np
 
 from flmarket_flwr.market.ledger import RosterHistory
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, SkellamNoise
+from flmarket_flwr.pricing.auction import VALUE_RANGE
 
 __all__ = ["DEFAULT_COUNT_BOUND", "MarketConfig", "MarketOutcome"]
 
@@ -99,6 +100,8 @@ class MarketConfig:
     def __post_init__(self) -> None:
         """Validate every field."""
         check_positive_number("budget", self.budget)
+        if not VALUE_RANGE[0] <= self.budget <= VALUE_RANGE[1]:
+            raise ValueError(f"budget must be within [{VALUE_RANGE[0]:g}, {VALUE_RANGE[1]:g}], got {self.budget}")
         check_int("num_classes", self.num_classes, minimum=1)
         if self.num_winners is not None:
             check_int("num_winners", self.num_winners, minimum=1)

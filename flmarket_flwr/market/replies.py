@@ -13,6 +13,7 @@ from flmarket_flwr.market.messages import KEY_BID, KEY_COUNTS, KEY_NONCE, KEY_SC
 from flmarket_flwr.market.pass_rounds import PassResult
 from flmarket_flwr.pass_protocol import counts_commitment
 from flmarket_flwr.pricing import score as compute_score
+from flmarket_flwr.pricing.auction import VALUE_RANGE
 
 __all__ = ["check_opening", "highest_possible_score", "read_score_and_bid"]
 
@@ -40,7 +41,7 @@ def highest_possible_score(pass_result: PassResult, tolerance: int = 0) -> float
 
 
 def read_score_and_bid(reply: Message, highest_score: float) -> tuple[float, float]:
-    """``(score, bid)`` of a ``market_bid`` reply: score in ``[0, highest_score]``, bid finite and ``> 0``."""
+    """``(score, bid)`` of a ``market_bid`` reply: score 0 or in ``[1e-100, highest_score]``, bid in ``VALUE_RANGE``."""
     record = read_config(reply)
     score = read_float(record, KEY_SCORE)
     bid = read_float(record, KEY_BID)
@@ -51,8 +52,11 @@ def read_score_and_bid(reply: Message, highest_score: float) -> tuple[float, flo
             f"'{KEY_SCORE}' {score} exceeds {highest_score:.6g}, the score of all the global counts: "
             "no client can score that much"
         )
-    if bid <= 0:
-        raise ReplyError(f"'{KEY_BID}' must be > 0, got {bid}")
+    low, high = VALUE_RANGE
+    if not low <= bid <= high:
+        raise ReplyError(f"'{KEY_BID}' must be within [{low:g}, {high:g}] (the auction's range), got {bid}")
+    if score != 0 and score < low:
+        raise ReplyError(f"'{KEY_SCORE}' must be 0 or at least {low:g} (the auction's range), got {score}")
     return score, bid
 
 

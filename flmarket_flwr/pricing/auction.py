@@ -111,6 +111,18 @@ class AuctionResult:
         }
 
 
+VALUE_RANGE: tuple[float, float] = (1e-100, 1e100)
+"""The range of a positive score, every bid and the budget: inside it the payments' products and quotients stay
+far from float64's overflow and underflow, so the guarantees (``p_e >= b_e``, ``sum p <= R``) hold in floating
+point; outside it they can fail (a total payment above ``R`` near ``1e150``), so such input is refused."""
+
+
+def _outside_range(values: NDArray[np.float64]) -> NDArray[np.intp]:
+    """Positions of the positive ``values`` outside :data:`VALUE_RANGE` (zero is allowed: a zero score)."""
+    low, high = VALUE_RANGE
+    return np.flatnonzero((values != 0) & ((values < low) | (values > high)))
+
+
 def _validate(
     scores: ArrayLike, bids: ArrayLike, budget: float
 ) -> tuple[NDArray[np.float64], NDArray[np.float64], float]:
@@ -135,6 +147,16 @@ def _validate(
         raise TypeError(f"budget must be a number, got {type(budget).__name__}")
     if not math.isfinite(budget) or budget <= 0:
         raise ValueError(f"budget must be a finite number > 0, got {budget}")
+    low, high = VALUE_RANGE
+    for name, values, allowed in (("scores", score_array, "0 or within"), ("bids", bid_array, "within")):
+        outside = _outside_range(values)
+        if outside.size:
+            raise ValueError(
+                f"{name} must be {allowed} [{low:g}, {high:g}] (beyond it floating point cannot keep the "
+                f"payments within the budget); outside at positions {outside[:10].tolist()}"
+            )
+    if not low <= budget <= high:
+        raise ValueError(f"budget must be within [{low:g}, {high:g}], got {budget}")
     return score_array, bid_array, float(budget)
 
 
@@ -323,8 +345,9 @@ def run_auction(scores: ArrayLike, bids: ArrayLike, budget: float, *, num_winner
     Raises
     ------
     ValueError
-        Non-finite or non-positive bids, negative or non-finite scores, ``budget <= 0``,
-        mismatched lengths, or ``num_winners`` not in ``[1, E]``.
+        Non-finite or non-positive bids, negative or non-finite scores, ``budget <= 0``, a positive
+        score, a bid or the budget outside :data:`VALUE_RANGE`, mismatched lengths, or ``num_winners``
+        not in ``[1, E]``.
     """
     score_array, bid_array, budget_value = _validate(scores, bids, budget)
     cap = score_array.size if num_winners is None else _cohort_size(num_winners, score_array.size)
