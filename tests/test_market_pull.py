@@ -14,6 +14,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
 from flmarket_flwr.market import transport
 
@@ -45,7 +46,10 @@ class CutOffGrid:
 
 
 def _reply(message_id: str, error: bool) -> SimpleNamespace:
-    return SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=message_id), error=error)
+    """The node's reply, or the SuperLink's "message unavailable" error for an id already handed out."""
+    metadata = SimpleNamespace(reply_to_message_id=message_id, src_node_id=SUPERLINK_NODE_ID if error else 7)
+    code = SimpleNamespace(code=ErrorCode.MESSAGE_UNAVAILABLE) if error else None
+    return SimpleNamespace(metadata=metadata, error=code, has_error=lambda: error)
 
 
 @pytest.fixture(autouse=True)
@@ -58,15 +62,16 @@ def test_a_cut_off_reply_does_not_swallow_the_replies_after_it() -> None:
     grid = CutOffGrid({"m0": 0.0, **{i: 0.3 for i in ids[1:]}}, cut_off="m0")
     try:
         started = time.monotonic()
-        replies = transport.send_and_receive_within(grid, ids, timeout=5.0)
+        replies = transport.send_and_receive_within(grid, ids, timeout=2.0)
         elapsed = time.monotonic() - started
     finally:
         grid.release.set()
-    good = {r.metadata.reply_to_message_id for r in replies if not r.error}
+    good = {r.metadata.reply_to_message_id for r in replies if not r.has_error()}
     assert good == set(ids[1:]), replies
-    # The cut-off reply was consumed by the stuck pull; asking for it alone gives the transport's error.
-    assert {r.metadata.reply_to_message_id for r in replies if r.error} == {"m0"}
-    assert elapsed < 2.0, elapsed
+    # The cut-off reply was consumed by the stuck pull; asking for it alone gives the transport's error, and its id
+    # waits for the stuck pull (it might still bring the reply) until the step's deadline, not longer.
+    assert {r.metadata.reply_to_message_id for r in replies if r.has_error()} == {"m0"}
+    assert 2.0 <= elapsed < 3.5, elapsed
 
 
 def test_replies_pulled_together_with_the_cut_off_one_are_reported_lost() -> None:
@@ -76,7 +81,7 @@ def test_replies_pulled_together_with_the_cut_off_one_are_reported_lost() -> Non
     finally:
         grid.release.set()
     # m1 came in the same pull as m0 and is gone with it: both get the transport's error reply, at once.
-    assert sorted((r.metadata.reply_to_message_id, r.error) for r in replies) == [("m0", True), ("m1", True)]
+    assert sorted((r.metadata.reply_to_message_id, r.has_error()) for r in replies) == [("m0", True), ("m1", True)]
 
 
 def test_a_pull_stuck_until_the_deadline_is_abandoned() -> None:
@@ -127,3 +132,63 @@ def test_many_replies_are_pulled_in_batches_one_after_the_other() -> None:
     replies = transport.send_and_receive_within(grid, ids, timeout=30.0)  # type: ignore[arg-type]
     assert sorted(reply.metadata.reply_to_message_id for reply in replies) == ids
     assert [len(pull) for pull in grid.pulls] == [transport.PULL_BATCH, transport.PULL_BATCH, 7]
+
+
+class SlowGrid:
+    """A starved transport: the first pull takes ``slow_s`` and then returns every reply it took, as a slow
+    SuperLink does; the SuperLink hands each reply out once, so re-pulling an id it took gives an error."""
+
+    def __init__(self, ids: list[str], slow_s: float, duplicate: bool = False) -> None:
+        self.ids = ids
+        self.slow_s = slow_s
+        self.duplicate = duplicate
+        self.consumed: set[str] = set()
+        self.pulls = 0
+        self._lock = threading.Lock()
+
+    def push_messages(self, messages: list[str]) -> list[str]:
+        return list(messages)
+
+    def pull_messages(self, ids: list[str]) -> list[SimpleNamespace]:
+        with self._lock:
+            self.pulls += 1
+            first = self.pulls == 1
+            again = [i for i in ids if i in self.consumed]
+            ready = [i for i in ids if i not in self.consumed]
+            self.consumed.update(ready)
+        if first:
+            time.sleep(self.slow_s)
+        replies = [_reply(i, error=False) for i in reversed(ready)] + [_reply(i, error=True) for i in again]
+        if self.duplicate:
+            replies += [_reply(i, error=False) for i in ready[:2]] + [_reply(i, error=True) for i in ready[:2]]
+        return replies
+
+
+@pytest.mark.parametrize("duplicate", [False, True])
+def test_replies_of_a_slow_pull_are_kept_over_the_errors_of_the_re_pulls(duplicate: bool) -> None:
+    """The deployment failure at N = 30: a slow batch pull counted as stuck, the one-by-one re-pulls got
+    "message unavailable" for the ids it had taken, and those errors displaced the real replies."""
+    ids = [f"m{i}" for i in range(12)]
+    grid = SlowGrid(ids, slow_s=1.2, duplicate=duplicate)
+    replies = transport.send_and_receive_within(grid, ids, timeout=5.0)  # type: ignore[arg-type]
+    by_id = {r.metadata.reply_to_message_id: r for r in replies}
+    assert len(replies) == len(ids) and set(by_id) == set(ids)
+    assert not any(r.has_error() for r in replies), "every node replied: none may be reported missing"
+    assert grid.pulls > 1, "the slow pull was meant to be taken for a stuck one"
+
+
+def test_an_unavailable_error_never_displaces_a_reply_and_a_node_error_is_kept() -> None:
+    best: dict[str, SimpleNamespace] = {}
+    real, unavailable = _reply("m0", error=False), _reply("m0", error=True)
+    assert transport._keep_best(best, unavailable)  # type: ignore[arg-type]
+    assert transport._keep_best(best, real)  # type: ignore[arg-type]
+    assert not transport._keep_best(best, _reply("m0", error=True))  # type: ignore[arg-type]
+    assert best["m0"] is real
+    node_error = SimpleNamespace(
+        metadata=SimpleNamespace(reply_to_message_id="m1", src_node_id=7),
+        error=SimpleNamespace(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION),
+        has_error=lambda: True,
+    )
+    assert transport._keep_best(best, node_error)  # type: ignore[arg-type]
+    assert not transport._keep_best(best, _reply("m1", error=True))  # type: ignore[arg-type]
+    assert best["m1"] is node_error

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from logging import WARNING
 
 from flwr.app import ConfigRecord, Message
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -28,6 +29,8 @@ STUCK_PULL_S = 5.0
 """Seconds after which a pull of replies that has not returned counts as stuck in the transport."""
 LAST_PULL_S = 1.0
 """Seconds the last pull of a step may take, even when the step's deadline has passed."""
+_TRANSPORT_NODE_IDS = frozenset({SUPERLINK_NODE_ID})
+"""Sender ids of the error replies that the SuperLink makes itself (a node's own error comes from its id)."""
 PULL_BATCH = 256
 """Most message ids in one pull (but the last): reading back the replies of a whole large federation in one
 pull can take longer than ``STUCK_PULL_S`` (10,000 replies through the wire format in process), which is
@@ -100,21 +103,27 @@ def send_and_receive_within(grid: Grid, messages: list[Message], timeout: float)
     past its deadline: each pull runs in a daemon thread that is abandoned when the deadline passes.
     One last pull is always made (bounded by ``LAST_PULL_S``). A pull stuck in the transport (a node
     cut off while uploading its reply: Flower retries that reply's objects until the SuperLink's
-    upload session expires, minutes later) would also hold every reply that arrives after it, so once
-    a pull is stuck the others are pulled one message id at a time. Until then replies are pulled
-    ``PULL_BATCH`` ids at a time, one pull after the other (the last pull asks for all that are left), so
-    that a pull that merely reads back many replies does not pass for a stuck one.
+    upload session expires, minutes later; or merely a starved machine) would also hold every reply that
+    arrives after it, so once a pull is stuck the others are pulled one message id at a time. Until then
+    replies are pulled ``PULL_BATCH`` ids at a time, one pull after the other (the last pull asks for all
+    that are left), so that a pull that merely reads back many replies does not pass for a stuck one.
+
+    No reply that arrived is dropped. The SuperLink hands a reply out once: asking again for an id that a
+    slower pull already took gives Flower's "message unavailable" error, which never displaces a reply
+    and does not settle its id while a pull that may still bring the real reply is under way (that id
+    then waits, up to the deadline, for that pull). Each id keeps its best reply: the node's reply (or
+    its error), then any other error, then "message unavailable".
     """
     pending = set(grid.push_messages(messages))
     deadline = time.monotonic() + timeout
-    received: list[Message] = []
+    best: dict[str, Message] = {}
     pulls: list[_Pull] = []
     one_by_one = False
     delay = FIRST_PULL_DELAY_S
     while pending:
         last = time.monotonic() >= deadline
         busy = {message_id for pull in pulls if len(pull.ids) == 1 or not pull.stuck for message_id in pull.ids}
-        idle = sorted(pending - busy)
+        idle = sorted(pending - busy - set(best))  # an id with an "unavailable" reply waits for its pull instead
         if idle and one_by_one:
             pulls.extend(_Pull(grid, [message_id]) for message_id in idle)
         elif idle and (last or not any(not pull.done and not pull.stuck for pull in pulls)):
@@ -123,9 +132,13 @@ def send_and_receive_within(grid: Grid, messages: list[Message], timeout: float)
         arrived = 0
         for pull in [pull for pull in pulls if pull.done]:
             pulls.remove(pull)
-            received.extend(pull.replies)
-            arrived += len(pull.replies)
-            pending.difference_update(reply.metadata.reply_to_message_id for reply in pull.replies)
+            arrived += sum(_keep_best(best, reply) for reply in pull.replies)
+        outstanding = {message_id for pull in pulls for message_id in pull.ids}
+        pending = {
+            message_id
+            for message_id in pending
+            if message_id not in best or (_rank(best[message_id]) == 0 and message_id in outstanding)
+        }
         if last:
             break
         if not one_by_one and any(pull.stuck for pull in pulls):
@@ -137,7 +150,28 @@ def send_and_receive_within(grid: Grid, messages: list[Message], timeout: float)
                 time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
     if pending and pulls:
         log(WARNING, "Market: pulling replies did not return within the step's timeout; going on without them")
-    return received
+    return list(best.values())
+
+
+def _rank(reply: Message) -> int:
+    """How much a reply tells: 2 the node's reply or its error, 1 another error, 0 Flower's "message unavailable"."""
+    if not reply.has_error():
+        return 2
+    if reply.error.code == ErrorCode.MESSAGE_UNAVAILABLE:
+        return 0
+    return 1 if reply.metadata.src_node_id in _TRANSPORT_NODE_IDS else 2
+
+
+def _keep_best(best: dict[str, Message], reply: Message) -> bool:
+    """Keep ``reply`` as its id's reply unless a better (or equal) one is kept; return whether it was kept."""
+    message_id = reply.metadata.reply_to_message_id
+    kept = best.get(message_id)
+    if kept is not None and _rank(kept) >= _rank(reply):
+        if _rank(reply) == 2:
+            log(WARNING, "Market: ignoring a second reply to message %s", message_id)
+        return False
+    best[message_id] = reply
+    return True
 
 
 class _Pull:
