@@ -80,6 +80,8 @@ class ServerSettings:
     results_dir: str = default_as("results-dir", str)
     run_name: str = default_as("run-name", str)
     market_timeout: float = default_as("market-timeout", float)
+    market_timeout_per_node: float = default_as("market-timeout-per-node", float)
+    market_min_participation: float = default_as("market-min-participation", float)
     wait_for_nodes_timeout: float = default_as("wait-for-nodes-timeout", float)
     min_market_clients: int = default_as("min-market-clients", int)
     neighbours: str = default_as("neighbours", str)
@@ -263,6 +265,8 @@ def _market_config(settings: ServerSettings, data_config: DataConfig, num_nodes:
         else None,
         roster_history=RosterHistory(settings.roster_history) if settings.roster_history else None,
         timeout=settings.market_timeout,
+        timeout_per_node=settings.market_timeout_per_node,
+        min_participation=settings.market_min_participation,
         wait_for_nodes_timeout=settings.wait_for_nodes_timeout,
         expected_nodes=num_nodes if num_nodes >= settings.min_market_clients else None,
         session_label=f"flmarket-run-{run_id}",

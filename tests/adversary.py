@@ -60,7 +60,13 @@ def signed_setup(counts: Mapping[int, np.ndarray]) -> tuple[ClientApp, IdentityD
 
 
 def market_config(**overrides: Any) -> MarketConfig:
-    values: dict[str, Any] = {"budget": 100.0, "num_classes": NUM_CLASSES, "poll_interval": 0.001, "timeout": 5.0}
+    values: dict[str, Any] = {
+        "budget": 100.0,
+        "num_classes": NUM_CLASSES,
+        "poll_interval": 0.001,
+        "timeout": 5.0,
+        "timeout_per_node": 0.0,
+    }
     values.update(overrides)
     return MarketConfig(**values)
 

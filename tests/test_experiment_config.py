@@ -76,6 +76,8 @@ BAD_VALUES = {
     "cost-high": -1.0,
     "bid-markup": -0.1,
     "market-timeout": 0.0,
+    "market-timeout-per-node": -1.0,
+    "market-min-participation": 0.0,
     "wait-for-nodes-timeout": -1.0,
     "min-market-clients": 2,
     "neighbours": "1",

@@ -34,7 +34,13 @@ def app_with_callback(broken: set[int]) -> ClientApp:
 
 
 def market(**overrides: object) -> MarketPhase:
-    values: dict[str, object] = {"budget": 50.0, "num_classes": C, "poll_interval": 0.001, "timeout": 2.0}
+    values: dict[str, object] = {
+        "budget": 50.0,
+        "num_classes": C,
+        "poll_interval": 0.001,
+        "timeout": 2.0,
+        "timeout_per_node": 0.0,
+    }
     return MarketPhase(MarketConfig(**{**values, **overrides}))  # type: ignore[arg-type]
 
 

@@ -664,7 +664,9 @@ def run_recorded_market(app_factory):  # type: ignore[no-untyped-def]
         return reply
 
     grid = InProcessGrid(app_factory(counts), list(counts), reply_hook=hook)
-    outcome = MarketPhase(MarketConfig(budget=5000.0, num_classes=10, poll_interval=0.001, timeout=0.5)).run(grid)
+    outcome = MarketPhase(
+        MarketConfig(budget=5000.0, num_classes=10, poll_interval=0.001, timeout=0.5, timeout_per_node=0.0)
+    ).run(grid)
     assert outcome.pass_participants == sorted(n for n in counts if n not in dropped)
     assert len(set(secrets)) >= 3 * len(counts)
     return grid, counts, secrets, outcome

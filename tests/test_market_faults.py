@@ -47,7 +47,13 @@ def make_counts(num_nodes: int, seed: int = 0) -> dict[int, np.ndarray]:
 
 
 def config(**overrides: object) -> MarketConfig:
-    values: dict[str, object] = {"budget": 60.0, "num_classes": NUM_CLASSES, "poll_interval": 0.001, "timeout": 0.5}
+    values: dict[str, object] = {
+        "budget": 60.0,
+        "num_classes": NUM_CLASSES,
+        "poll_interval": 0.001,
+        "timeout": 0.5,
+        "timeout_per_node": 0.0,
+    }
     values.update(overrides)
     return MarketConfig(**values)  # type: ignore[arg-type]
 
@@ -387,7 +393,7 @@ def test_malformed_score_or_bid_leaves_the_node_out_of_the_auction(corruption: C
 def test_most_pass_participants_failing_the_bid_step_is_a_clear_error() -> None:
     counts = make_counts(5, seed=12)
     failing = set(sorted(counts)[:3])
-    with pytest.raises(MarketError, match="3 of 5 PASS participants failed the bid step"):
+    with pytest.raises(MarketError, match="thin market: only 2 of the 5 invited nodes are left as bidders"):
         run_market(counts, Faults().add(ACTION_BID, failing, error_reply))
 
 

@@ -128,6 +128,7 @@ def market_config(**overrides: object) -> MarketConfig:
         "budget": 80.0,
         "num_classes": NUM_CLASSES,
         "timeout": TIMEOUT,
+        "timeout_per_node": 0.0,
         "wait_for_nodes_timeout": 0.2,
         "poll_interval": 0.01,
     }
@@ -278,7 +279,7 @@ TOO_FEW = {
     "at-share": (1, 5, r"PASS stopped: only 2 clients shared their keys"),
     "at-mask": (2, 4, r"PASS stopped: client \d+ keeps only 2 surviving neighbours, the threshold is 4"),
     "at-unmask": (3, 4, r"PASS stopped: only 3 shares of the self-mask seed .* threshold is 4"),
-    "at-bid": (4, 4, r"4 of 7 PASS participants failed the bid step"),
+    "at-bid": (4, 4, r"thin market: only 3 of the 7 invited nodes are left as bidders"),
 }
 
 

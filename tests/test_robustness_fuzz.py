@@ -460,7 +460,9 @@ def expected(
 
 def run_case(case: Case, caplog, once: bool = False):
     grid = FuzzGrid(case.rewrite, case.node, case.step, once=once)
-    cfg = MarketConfig(budget=BUDGET, num_classes=NUM_CLASSES, timeout=case.timeout, poll_interval=0.001)
+    cfg = MarketConfig(
+        budget=BUDGET, num_classes=NUM_CLASSES, timeout=case.timeout, timeout_per_node=0.0, poll_interval=0.001
+    )
     with caplog.at_level(logging.WARNING, logger="flwr"):
         outcome = MarketPhase(cfg).run(grid)  # any exception fails the case
     assert grid.rewritten >= 1, "the case never applied"

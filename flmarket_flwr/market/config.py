@@ -36,8 +36,14 @@ class MarketConfig:
         (default): the budget alone decides. More than the connected nodes is an error.
     min_clients : int (default: 3)
         Fewest PASS survivors accepted; at least 3 (with 2, each learns the other's counts).
+    min_participation : float (default: 0.5)
+        Fraction of the invited nodes that must still be bidders after the bid step; below it the market
+        fails, naming who was excluded and why, rather than buy from a minority (a thin market). In ``(0, 1]``.
     timeout : float (default: 60.0)
-        Seconds one message round may take, whatever the transport does underneath.
+        Base seconds one message round may take, whatever the transport does underneath.
+    timeout_per_node : float (default: 1.0)
+        Seconds added to a round's deadline per node it addresses (:meth:`step_timeout`): a large federation
+        on busy machines needs longer to answer, and a fixed deadline timed most of it out.
     wait_for_nodes_timeout : float (default: 60.0)
         Longest wait for nodes to connect before the market starts.
     stall_timeout : float (default: 5.0)
@@ -84,7 +90,9 @@ class MarketConfig:
     num_classes: int
     num_winners: int | None = None
     min_clients: int = MIN_PARTICIPANTS
+    min_participation: float = 0.5
     timeout: float = 60.0
+    timeout_per_node: float = 1.0
     wait_for_nodes_timeout: float = 60.0
     stall_timeout: float = 5.0
     expected_nodes: int | None = None
@@ -106,7 +114,11 @@ class MarketConfig:
         if self.num_winners is not None:
             check_int("num_winners", self.num_winners, minimum=1)
         check_int("min_clients", self.min_clients, minimum=MIN_PARTICIPANTS)
+        check_positive_number("min_participation", self.min_participation)
+        if self.min_participation > 1:
+            raise ValueError(f"min_participation must be in (0, 1], got {self.min_participation}")
         check_positive_number("timeout", self.timeout)
+        check_positive_number("timeout_per_node", self.timeout_per_node, allow_zero=True)
         check_positive_number("wait_for_nodes_timeout", self.wait_for_nodes_timeout, allow_zero=True)
         check_positive_number("stall_timeout", self.stall_timeout)
         if self.expected_nodes is not None:
@@ -123,6 +135,10 @@ class MarketConfig:
             raise TypeError(f"noise must be a SkellamNoise or None, got {type(self.noise).__name__}")
         if self.roster_history is not None and not isinstance(self.roster_history, RosterHistory):
             raise TypeError(f"roster_history must be a RosterHistory, got {type(self.roster_history).__name__}")
+
+    def step_timeout(self, num_nodes: int) -> float:
+        """Seconds a message round to ``num_nodes`` nodes may take: ``timeout + timeout_per_node * num_nodes``."""
+        return self.timeout + self.timeout_per_node * num_nodes
 
     @property
     def noise_tolerance(self) -> int:
@@ -161,6 +177,12 @@ class MarketOutcome:
         Bidders that acknowledged their award message.
     audited : list[int]
         Winners whose opened counts matched their commitment and their claimed score.
+    status : str
+        ``"succeeded"``, or ``"failed"`` for a market that stopped (:meth:`failed`: no winner, no payment).
+    reason : str
+        Why a failed market stopped (``""`` when it succeeded).
+    invited : list[int]
+        Node ids the market invited to PASS (after any roster plan), ascending.
     """
 
     winners: list[int]
@@ -177,6 +199,38 @@ class MarketOutcome:
     num_winners: int | None = None
     award_acknowledged: list[int] = field(default_factory=list)
     audited: list[int] = field(default_factory=list)
+    status: str = "succeeded"
+    reason: str = ""
+    invited: list[int] = field(default_factory=list)
+
+    @classmethod
+    def failed(
+        cls, reason: str, budget: float, invited: list[int], excluded: dict[int, str], timings: dict[str, float]
+    ) -> MarketOutcome:
+        """The record of a market that stopped: nobody won or is paid; who was excluded at which step, and why."""
+        return cls(
+            winners=[],
+            participants=[],
+            scores={},
+            bids={},
+            payments={},
+            total_payment=0.0,
+            budget=float(budget),
+            global_counts=[],
+            excluded=dict(excluded),
+            timings=dict(timings),
+            status="failed",
+            reason=reason,
+            invited=sorted(invited),
+        )
+
+    def exclusion_summary(self) -> str:
+        """How many nodes each step excluded, e.g. ``"3 at market_advertise, 1 at market_bid"`` (``""`` if none)."""
+        by_step: dict[str, int] = {}
+        for reason in self.excluded.values():
+            step = reason.split(":", 1)[0]
+            by_step[step] = by_step.get(step, 0) + 1
+        return ", ".join(f"{count} at {step}" for step, count in by_step.items())
 
     @property
     def within_budget(self) -> bool:
@@ -186,6 +240,9 @@ class MarketOutcome:
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python form (int node-id keys; :meth:`save_json` writes them as strings)."""
         return {
+            "status": self.status,
+            "reason": self.reason,
+            "invited": list(self.invited),
             "winners": list(self.winners),
             "participants": list(self.participants),
             "pass_participants": list(self.pass_participants),

@@ -16,9 +16,10 @@ Steps (each a round of Flower ``query`` messages, see :mod:`flmarket_flwr.market
 4. Tell every node that took part in any step whether it won and what it is paid
    (``query.market_award``), which also makes each client wipe what is left of its PASS state.
 
-Every step is bounded by ``timeout`` whatever the transport does underneath. A node whose reply is
-missing, an error or malformed is excluded with the reason logged at WARNING and kept in
-:attr:`MarketOutcome.excluded`; what cannot be recovered stops the phase with :class:`MarketError`.
+Every step is bounded by :meth:`MarketConfig.step_timeout` whatever the transport does underneath. A node
+whose reply is missing, an error or malformed is excluded with the reason logged at WARNING and kept in
+:attr:`MarketOutcome.excluded`; what cannot be recovered, or a thin market (fewer than ``min_participation`` of
+the invited nodes left as bidders), stops the phase with :class:`MarketError`, whose ``outcome`` records it.
 The threat model is in the README ("Threat model") and in :mod:`flmarket_flwr.market.pass_rounds`.
 """
 
@@ -90,6 +91,7 @@ class MarketPhase:
         self.config = config
         self._excluded: dict[int, str] = {}
         self._contacted: set[int] = set()
+        self._invited: list[int] = []
         self._session = b""
 
     # --- Public API ----------------------------------------------------------------------------
@@ -110,16 +112,19 @@ class MarketPhase:
         ------
         MarketError
             Too few nodes connected or left in PASS, PASS could not recover its dropouts, the
-            global counts failed their bounds, or most PASS participants failed the bid step.
-            Every node contacted so far is told the market closed before the error is raised.
+            global counts failed their bounds, or fewer than ``min_participation`` of the invited nodes
+            are left as bidders. Every node contacted so far is told the market closed before the error
+            is raised; the error's ``outcome`` is the failed market's record (who was excluded and why).
         """
         self._excluded = {}
         self._contacted = set()
+        self._invited = []
         self._session = b""
         timings: dict[str, float] = {}
         started = time.perf_counter()
         try:
             nodes = self.planned_roster(self._timed(timings, "wait_for_nodes", lambda: self.wait_for_nodes(grid)))
+            self._invited = list(nodes)
             pass_result = self._timed(timings, "pass", lambda: self.run_pass(grid, nodes))
             self._record_release(pass_result.participants)
             bids = self._timed(timings, "bid", lambda: self.collect_bids(grid, pass_result))
@@ -127,6 +132,8 @@ class MarketPhase:
         except MarketError as err:
             log(WARNING, "Market: aborted (%s)", err)
             self._close(grid, {}, set())
+            timings["total"] = time.perf_counter() - started
+            err.outcome = MarketOutcome.failed(str(err), self.config.budget, self._invited, self._excluded, timings)
             raise
         acknowledged = self._timed(timings, "award", lambda: self._close(grid, award.payments, set(award.winners)))
         timings["total"] = time.perf_counter() - started
@@ -146,12 +153,16 @@ class MarketPhase:
             num_winners=self.config.num_winners,
             award_acknowledged=acknowledged,
             audited=award.audited,
+            invited=sorted(self._invited),
         )
         log(
             INFO,
-            "Market: %d winners of %d bidders, total payment %.4g (budget %.4g)",
+            "Market: %d winners of %d bidders (%d invited, %d excluded%s), total payment %.4g (budget %.4g)",
             len(award.winners),
             len(award.bidders),
+            len(self._invited),
+            len(self._excluded),
+            f": {outcome.exclusion_summary()}" if self._excluded else "",
             outcome.total_payment,
             outcome.budget,
         )
@@ -284,13 +295,24 @@ class MarketPhase:
         highest = highest_possible_score(pass_result, self.config.noise_tolerance)
         replies = self.exchange(grid, ACTION_BID, requests)
         bids = self.validated(ACTION_BID, requests, replies, lambda reply: read_score_and_bid(reply, highest))
-        failed = len(pass_result.participants) - len(bids)
-        if 2 * failed > len(pass_result.participants):
-            raise MarketError(
-                f"{failed} of {len(pass_result.participants)} PASS participants failed the bid step: "
-                "the market aborts rather than pay the rest (see the excluded reasons)"
-            )
+        self.require_participation(len(bids))
         return bids
+
+    def require_participation(self, num_bidders: int) -> None:
+        """Raise :class:`MarketError` if fewer than ``min_participation`` of the invited nodes are bidders.
+
+        A thin market fails rather than buy from a minority: the error says how many were excluded at which
+        step (the reasons are in :attr:`MarketOutcome.excluded` of the error's ``outcome``).
+        """
+        invited = len(self._invited) or num_bidders
+        needed = math.ceil(self.config.min_participation * invited - 1e-9)
+        if num_bidders < needed:
+            excluded = MarketOutcome.failed("", self.config.budget, [], self._excluded, {}).exclusion_summary()
+            raise MarketError(
+                f"a thin market: only {num_bidders} of the {invited} invited nodes are left as bidders, fewer than "
+                f"min_participation {self.config.min_participation:g} (run config: market-min-participation); "
+                f"excluded {excluded}: the market aborts rather than buy from a minority (see the reasons)"
+            )
 
     # --- Step 3: audited auction ---------------------------------------------------------------
     def _audited_auction(self, grid: Grid, pass_result: PassResult, bids: Mapping[int, tuple[float, float]]) -> _Award:
@@ -391,7 +413,7 @@ class MarketPhase:
     # --- Messaging -----------------------------------------------------------------------------
     def exchange(self, grid: Grid, action: str, requests: Mapping[int, ConfigRecord]) -> dict[int, Message]:
         """Send one request per node; return ``{node: reply}`` received within ``timeout`` (see :func:`exchange`)."""
-        return exchange(grid, action, requests, self.config.timeout)
+        return exchange(grid, action, requests, self.config.step_timeout(len(requests)))
 
     def validated(
         self,
@@ -407,10 +429,11 @@ class MarketPhase:
         With ``pass_node=True`` ``read`` is called as ``read(reply, node)``.
         """
         valid: dict[int, Any] = {}
+        deadline = self.config.step_timeout(len(requests))
         for node in sorted(requests):
             reply = replies.get(node)
             if reply is None:
-                self.exclude(node, action, f"no reply within {self.config.timeout:g} s")
+                self.exclude(node, action, f"no reply within {deadline:g} s")
                 continue
             try:
                 valid[node] = read(reply, node) if pass_node else read(reply)

@@ -196,6 +196,8 @@ class FLMarket(Strategy):
                     f"{outcome.budget:.4g}): nothing to train. Raise the budget, or look at the bids in the market log"
                 )
         except MarketError as err:
+            if err.outcome is not None:  # the failed market's record: who was excluded at which step, and why
+                self.market_outcome = err.outcome
             log(ERROR, "FLMarket: the market phase failed: %s", err)
             raise
         self.delivery = DeliveryLedger(outcome.winners)
