@@ -429,7 +429,7 @@ def test_supernode_killed_in_pass_is_excluded_without_a_stall(tmp_path: Path, mo
         results = tmp_path / "results"
         run = deployment.flwr_run(
             f"distribution='d1' budget=2000.0 num-server-rounds=1 local-epochs=1 "
-            f"market-timeout={MARKET_TIMEOUT_S} wait-for-nodes-timeout=60.0 "
+            f"market-timeout={MARKET_TIMEOUT_S} market-timeout-per-node=0.0 wait-for-nodes-timeout=60.0 "
             f"results-dir='{results}' run-name='dropout' train-log-dir='{tmp_path / 'train-log'}'",
             app=DROPOUT_APP,
         )
