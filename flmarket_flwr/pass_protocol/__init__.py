@@ -60,9 +60,11 @@ from flmarket_flwr.pass_protocol.graph import (
     share_threshold,
 )
 from flmarket_flwr.pass_protocol.identity import (
+    DirectorySignature,
     IdentityDirectory,
     advertisement_message,
     generate_identity,
+    load_directory,
     load_identity_key,
     save_identity_key,
     sign_advertisement,
@@ -134,6 +136,7 @@ __all__ = [
     "AdvertiseRequest",
     "ConsistencyReply",
     "ConsistencyRequest",
+    "DirectorySignature",
     "IdentityDirectory",
     "MaskedInput",
     "MaskRequest",
@@ -150,6 +153,7 @@ __all__ = [
     "counts_commitment",
     "derive_graph_seed",
     "generate_identity",
+    "load_directory",
     "load_identity_key",
     "save_identity_key",
     "indices_to_bitmap",
