@@ -300,8 +300,10 @@ def identity_directory_of(context: Context) -> IdentityDirectory | None:
             unpinned=_value(context, "identity-directory-unpinned"),
         )
     except (OSError, ValueError) as error:
-        pins = "identity-directory-digest, identity-directory-signer, identity-directory-unpinned"
-        raise ValueError(f"node-config identity-directory ({pins}): {error}") from error
+        keys = [name for name, value in (("identity-directory-digest", digest), ("identity-directory-signer", signer))]
+        pinned = [name for name in keys if _value(context, name)]
+        hint = "" if pinned else "; set identity-directory-digest or identity-directory-signer"
+        raise ValueError(f"node-config {'/'.join(pinned) or 'identity-directory'}: {error}{hint}") from error
 
 
 def buyer_key_of(context: Context) -> bytes | None:
