@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -242,6 +243,7 @@ def test_the_cli_makes_signs_digests_and_checks_a_directory(tmp_path):
             capture_output=True,
             text=True,
             check=False,
+            cwd=Path(__file__).resolve().parents[1],
         )
         assert (result.returncode == 0) == ok, result.stderr
         return result.stdout.strip() if ok else result.stderr.strip()
