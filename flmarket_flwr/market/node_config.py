@@ -130,10 +130,6 @@ def _parses(parse: Callable[[str, str], bytes], value: str) -> bool:
     return True
 
 
-_NO_PIN_MEANING = (
-    "true: take the directory with neither pin (only where this node's operator wrote it, never the buyer)"
-)
-
 MARKET_NODE_KEYS: Final[tuple[NodeKey, ...]] = (
     # Identity: the node's key, and the directory it checks its neighbours against, pinned.
     NodeKey("identity-key", str, "", 'path of this node\'s Ed25519 identity key (PKCS#8 PEM); "" signs nothing'),
