@@ -8,18 +8,23 @@ One ``ClientApp`` serves every phase of a run:
   heterogeneous) cost per sample times ``N_e``, plus a markup
   (:func:`simulated_cost_bid`). The server only ever sees them masked (PASS).
   A node started with ``--node-config "... identity-key='<pem>' identity-directory='<json>'"``
-  signs its PASS key advertisement and checks its neighbours' against the buyer's directory
-  (:func:`identity_key_of`, :func:`identity_directory_of`). With ``market-ledger-dir='<dir>'`` in its
-  node config it keeps a release ledger there and refuses a market whose members differ too little from
-  one it already released a sum for (:func:`release_ledger_of`); with ``pass-complete-graph=true`` it
-  takes part in PASS only on the complete graph (:func:`complete_graph_of`), and with
-  ``pass-min-participants=<n>`` only in a roster of at least ``n`` nodes (:func:`min_participants_of`); with
-  ``pass-split-tolerance=<c>`` its secrets withstand ``c`` colluding neighbours in a split consistency round
-  (:func:`split_tolerance_of`).
+  and a pin (``identity-directory-digest`` or ``identity-directory-signer``) signs its PASS key
+  advertisement and checks its neighbours' against the directory it pins (:func:`identity_key_of`,
+  :func:`identity_directory_of`). With ``market-ledger-dir='<dir>'`` in its node config it keeps
+  a release ledger there and refuses a market whose members differ too little from one it already
+  released a sum for (:func:`release_ledger_of`); with ``pass-complete-graph=true`` it takes part in
+  PASS only on the complete graph (:func:`complete_graph_of`), and with ``pass-min-participants=<n>``
+  only in a roster of at least ``n`` nodes (:func:`min_participants_of`); with
+  ``pass-split-tolerance=<c>`` its secrets withstand ``c`` colluding neighbours in a split consistency
+  round (:func:`split_tolerance_of`).
 * No other query: the baselines' raw-statistics query (RS, QBS, DICE, DDS) is answered
   only by the experiments' ClientApp (:mod:`simulations.apps`), never by this one.
 * **Training** (``train`` / ``evaluate`` messages): plain local SGD on the
   client's partition with the configured model, on CUDA when available.
+
+Every node-config key is declared once (:data:`NODE_CONFIG`: the market's keys,
+:mod:`flmarket_flwr.market.node_config`, and the app's own); a node config with an unknown key, a
+run-config key or a value that cannot work is refused at the first message (:class:`NodeConfigCheck`).
 
 The client's partition is ``node_config["partition-id"]`` out of
 ``node_config["num-partitions"]`` (set by the simulation engine, or by
@@ -44,18 +49,29 @@ import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.app.typing import MetricRecordValues
 from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import SimulatedCostBid, read_award, register_market_handlers
-from flmarket_flwr.market.ledger import DEFAULT_MIN_ROSTER_CHANGE, ReleaseLedger
-from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, SkellamNoise, load_identity_key
-from flmarket_flwr.run_config import market_noise, read
+from flmarket_flwr.market.config_keys import at_least
+from flmarket_flwr.market.node_config import (
+    MARKET_SCHEMA,
+    NodeConfigCheck,
+    NodeKey,
+    check_noise_ceiling,
+    complete_graph_of,
+    identity_directory_of,
+    identity_key_of,
+    min_participants_of,
+    release_ledger_of,
+    split_tolerance_of,
+)
+from flmarket_flwr.pass_protocol import SkellamNoise
+from flmarket_flwr.run_config import DEFAULTS, market_noise, read
 from flmarket_flwr.task import (
     DataConfig,
     build_task_model,
@@ -74,6 +90,16 @@ if TYPE_CHECKING:
 STATE_KEY = "flmarket-app"
 """Key of this app's ``ConfigRecord`` in ``context.state`` (label-count cache)."""
 
+APP_NODE_KEYS: Final[tuple[NodeKey, ...]] = (
+    NodeKey("partition-id", int, None, "this node's partition of the data (set by the simulation engine)",
+            at_least(0), ">= 0"),
+    NodeKey("num-partitions", int, None, "the number of partitions: the federation's size", at_least(1), ">= 1"),
+)  # fmt: skip
+"""The app's own node-config keys (the market's are :data:`~flmarket_flwr.market.node_config.MARKET_NODE_KEYS`)."""
+
+NODE_CONFIG: Final = MARKET_SCHEMA.extended(APP_NODE_KEYS, run_config_keys=DEFAULTS)
+"""Every node-config key of the app; a run-config key given as node config is refused by name."""
+
 
 def partition_id_of(context: Context) -> int:
     """Return the client's partition id from its node config.
@@ -89,7 +115,7 @@ def partition_id_of(context: Context) -> int:
             "node_config has no 'partition-id': start the SuperNode with "
             '--node-config "partition-id=<i> num-partitions=<n>"'
         )
-    return int(context.node_config["partition-id"])
+    return int(NODE_CONFIG.value(context.node_config, "partition-id"))  # type: ignore[arg-type]
 
 
 def data_config_of(context: Context) -> DataConfig:
@@ -281,105 +307,18 @@ class RunConfigOverride:
             context.run_config = original
 
 
-def identity_key_of(context: Context) -> Ed25519PrivateKey | None:
-    """The node's Ed25519 identity key, from the PEM file named by ``node_config["identity-key"]`` (if any)."""
-    path = str(context.node_config.get("identity-key", ""))
-    return load_identity_key(path) if path else None
-
-
-def identity_directory_of(context: Context) -> IdentityDirectory | None:
-    """The buyer's identity directory, from the JSON file named by ``node_config["identity-directory"]`` (if any)."""
-    path = str(context.node_config.get("identity-directory", ""))
-    return IdentityDirectory.from_json(Path(path)) if path else None
-
-
-def complete_graph_of(context: Context) -> bool:
-    """Whether the node takes part in PASS only on the complete graph: ``node_config["pass-complete-graph"]``.
-
-    ``true`` (or ``"true"``) turns it on, absent or ``false`` leaves it off; anything else is refused (a
-    typo must not silently leave a node on sparse graphs).
-    """
-    value = context.node_config.get("pass-complete-graph", False)
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    raise ValueError(f'node config "pass-complete-graph" must be true or false, got {value!r}')
-
-
-def min_participants_of(context: Context) -> int:
-    """The smallest PASS roster the node takes part in: ``node_config["pass-min-participants"]`` (default 3).
-
-    The server chooses whom it invites, so the complete graph (:func:`complete_graph_of`) protects a node only
-    when this is close to the size of the federation it expects. An int, or a string of digits, of at least 3;
-    anything else is refused (a typo must not silently leave the node at the default).
-    """
-    return _node_config_int(context, "pass-min-participants", default=MIN_PARTICIPANTS, minimum=MIN_PARTICIPANTS)
-
-
-def split_tolerance_of(context: Context) -> int:
-    """How many colluding neighbours the node's PASS secrets withstand in a split consistency round:
-    ``node_config["pass-split-tolerance"]`` (default 0, the protocol's own threshold).
-
-    It raises the Shamir threshold of the node's secrets
-    (:func:`~flmarket_flwr.pass_protocol.graph.secret_threshold`), at the price of fewer neighbours that
-    may drop out. An int, or a string of digits, of at least 0; anything else is refused.
-    """
-    return _node_config_int(context, "pass-split-tolerance", default=0, minimum=0)
-
-
-def _node_config_int(context: Context, key: str, *, default: int, minimum: int) -> int:
-    """``node_config[key]`` as an int of at least ``minimum`` (``default`` if absent), or a ``ValueError`` naming it.
-
-    An int or a string of ASCII digits (node config values may arrive as strings); a bool, a float or any other
-    string is refused, so that a typo never silently leaves the node at the default.
-    """
-    value = context.node_config.get(key, default)
-    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
-        value = int(value.strip())
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f'node config "{key}" must be an integer of at least {minimum}, got {value!r}')
-    return value
-
-
-def release_ledger_of(context: Context) -> ReleaseLedger | None:
-    """The node's release ledger, in the directory named by ``node_config["market-ledger-dir"]`` (if any).
-
-    ``node_config["market-min-roster-change"]`` (default 3) is the smallest group two releases may differ
-    by. Off by default: a simulation's nodes are not lasting parties, and the operator of each SuperNode
-    chooses where its state lives (README "A real deployment").
-    """
-    path = str(context.node_config.get("market-ledger-dir", ""))
-    if not path:
-        return None
-    change = context.node_config.get("market-min-roster-change", DEFAULT_MIN_ROSTER_CHANGE)
-    return ReleaseLedger(path, min_roster_change=int(change))
-
-
 def market_noise_of(context: Context) -> SkellamNoise | None:
     """The node's distributed-DP noise on its counts: the run config's ``pass-dp-*`` keys (``None``: off).
 
-    ``node_config["pass-dp-max-epsilon"]`` (a SuperNode operator's own ceiling, absent or 0: none) makes the
-    node refuse to mask in a run that announces no noise, a larger epsilon, or less noise than that epsilon
-    needs at delta 1e-6 with half the roster honest (a larger ``pass-dp-delta`` or ``pass-dp-honest-fraction``)
-    (README "Threat model").
+    Refused below the node's own ceiling, ``pass-dp-max-epsilon`` in its node config
+    (:func:`~flmarket_flwr.market.node_config.check_noise_ceiling`; README "Threat model").
     """
     noise = market_noise(
         read(context.run_config, "pass-dp-epsilon"),
         read(context.run_config, "pass-dp-delta"),
         read(context.run_config, "pass-dp-honest-fraction"),
     )
-    ceiling = float(context.node_config.get("pass-dp-max-epsilon", 0.0))
-    if ceiling > 0:
-        floor = SkellamNoise(ceiling)  # the noise the node's ceiling needs: delta 1e-6, half the roster honest
-        if (
-            noise is None
-            or noise.epsilon > ceiling
-            or noise.target_variance < floor.target_variance
-            or noise.honest_fraction > floor.honest_fraction
-        ):
-            raise ValueError(f"the run's pass-dp-* noise is below this node's pass-dp-max-epsilon {ceiling}: refused")
-    return noise
+    return check_noise_ceiling(noise, context)
 
 
 def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
@@ -396,7 +335,8 @@ def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
     ClientApp
         A new app.
     """
-    client = ClientApp(mods=[RunConfigOverride(run_config)] if run_config else None)
+    mods: list[Any] = [NodeConfigCheck(NODE_CONFIG)]
+    client = ClientApp(mods=[*mods, RunConfigOverride(run_config)] if run_config else mods)
     register_market_handlers(
         client,
         get_label_counts=label_counts,

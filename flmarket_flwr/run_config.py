@@ -16,6 +16,10 @@ from typing import Any, Final, Literal, TypeVar, cast
 
 from flmarket_flwr.data.partition import DISTRIBUTIONS, SCHEDULES
 from flmarket_flwr.data.registry import DATASET_NAMES, canonical_dataset_name
+from flmarket_flwr.market.config_keys import Scalar, check_value, typed_value
+from flmarket_flwr.market.config_keys import at_least as _at_least
+from flmarket_flwr.market.config_keys import one_of as _one_of
+from flmarket_flwr.market.config_keys import positive as _positive
 from flmarket_flwr.pass_protocol.noise import SkellamNoise
 
 __all__ = [
@@ -36,7 +40,6 @@ __all__ = [
     "typed",
 ]
 
-Scalar = bool | int | float | str
 ScalarType = TypeVar("ScalarType", bool, int, float, str)
 Reader = Literal["data", "server", "client", "both"]
 
@@ -72,19 +75,6 @@ class AppKey:
     def field(self) -> str:
         """The key as a Python name (``num-selected`` -> ``num_selected``)."""
         return self.name.replace("-", "_")
-
-
-def _positive(value: float) -> bool:
-    return value > 0
-
-
-def _at_least(low: int) -> Callable[[int], bool]:
-    return lambda value: value >= low
-
-
-def _one_of(choices: Iterable[str]) -> Callable[[str], bool]:
-    allowed = tuple(choices)
-    return lambda value: value.lower().replace("-", "_") in allowed
 
 
 def _dataset_ok(value: str) -> bool:
@@ -214,12 +204,7 @@ def neighbours_of(value: str) -> int | str:
 
 def typed(name: str, value: Any) -> Scalar:
     """``value`` as key ``name``'s type (an int for a float key is fine), or a ``ValueError`` naming the key."""
-    kind = type(_BY_NAME[name].default)
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, kind) or isinstance(value, bool) != (kind is bool):
-        raise ValueError(f"run-config key {name}={value!r}: must be a {kind.__name__}, like {default(name)!r}")
-    return value.strip() if isinstance(value, str) else value
+    return typed_value("run", name, value, type(_BY_NAME[name].default), default(name))
 
 
 def read(run_config: Mapping[str, Any], name: str) -> Any:
@@ -237,8 +222,7 @@ def check_values(values: Mapping[str, Any]) -> None:
     """
     for name, value in values.items():
         key = _BY_NAME[name]
-        if key.check is not None and not key.check(value):
-            raise ValueError(f"run-config key {name}={value!r}: must be {key.expected}; fix it with --run-config")
+        check_value("run", name, value, key.check, key.expected)
     if "cost-low" in values and "cost-high" in values and not values["cost-low"] < values["cost-high"]:
         raise ValueError("run-config keys cost-low/cost-high: must be cost-low < cost-high; fix it with --run-config")
 

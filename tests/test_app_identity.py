@@ -20,8 +20,8 @@ NODES = [101, 202, 303, 404, 505]
 def signed_federation(
     tmp_path: Path, unsigned: set[int] = frozenset(), extra: dict[int, dict[str, object]] | None = None
 ) -> tuple[InProcessGrid, IdentityDirectory]:
-    """Nodes whose node config names a PEM identity key (except ``unsigned``) and the buyer's directory; ``extra``
-    adds node config keys to some nodes."""
+    """Nodes whose node config names a PEM identity key (except ``unsigned``) and the directory, pinned by its digest;
+    ``extra`` adds node config keys to some nodes."""
     publics = {}
     for node in NODES:
         key, publics[node] = generate_identity()
@@ -34,6 +34,7 @@ def signed_federation(
             "num-partitions": len(NODES),
             "identity-key": "" if node in unsigned else str(tmp_path / f"{node}.pem"),
             "identity-directory": str(tmp_path / "directory.json"),
+            "identity-directory-digest": directory.digest().hex(),  # each node pins the directory it trusts
             **(extra or {}).get(node, {}),
         }
         for i, node in enumerate(NODES)

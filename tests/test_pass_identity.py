@@ -1,6 +1,9 @@
 """Signed PASS v2 key advertisements and survivor sets (bound to run, session and roster), the identity directory."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -10,6 +13,7 @@ from flmarket_flwr.pass_protocol.identity import (
     IdentityDirectory,
     advertisement_message,
     generate_identity,
+    load_directory,
     sign_advertisement,
     sign_survivor_set,
     verify_advertisement,
@@ -132,3 +136,131 @@ def test_directory_refuses_shared_keys():
     key = generate_identity()[1]
     with pytest.raises(ValueError, match="share one identity key"):
         IdentityDirectory({1: key, 2: key})
+
+
+# --- Pinned directories: a digest, or a third party's signature -------------------------------------------------
+def _directory(nodes=(101, 202, 303)):
+    return IdentityDirectory({node: generate_identity()[1] for node in nodes})
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sets(st.integers(0, 2**64 - 2), min_size=1, max_size=6), st.randoms(use_true_random=False))
+def test_the_digest_is_of_the_mapping_only_and_moves_with_any_entry(nodes, random):
+    """Property: the digest ignores the order, the JSON layout and a signature; it moves when an id or a key does."""
+    keys = {node: generate_identity()[1] for node in nodes}
+    directory = IdentityDirectory(keys)
+    shuffled = list(keys.items())
+    random.shuffle(shuffled)
+    assert IdentityDirectory(dict(shuffled)).digest() == directory.digest()
+    assert IdentityDirectory.from_json(json.dumps(json.loads(directory.to_json()))).digest() == directory.digest()
+    assert directory.signed_by(generate_identity()[0]).digest() == directory.digest()
+    node = random.choice(sorted(keys))
+    assert IdentityDirectory(keys | {node: generate_identity()[1]}).digest() != directory.digest()  # a key swapped
+    free = next(n for n in range(2**64 - 1, 0, -1) if n not in keys)
+    moved = {(free if n == node else n): key for n, key in keys.items()}
+    assert IdentityDirectory(moved).digest() != directory.digest()  # a key seated under another node id
+    assert IdentityDirectory(keys | {free: generate_identity()[1]}).digest() != directory.digest()  # a node added
+
+
+def test_a_pinned_digest_accepts_its_directory_and_refuses_an_altered_one(tmp_path):
+    honest = _directory()
+    path = tmp_path / "directory.json"
+    path.write_text(honest.to_json())
+    assert load_directory(path, digest=honest.digest()) == honest
+    sybil = generate_identity()[1]
+    path.write_text(IdentityDirectory(dict(honest) | {202: sybil}).to_json())  # the buyer seats its own key
+    with pytest.raises(ValueError, match=f"not the pinned digest {honest.digest().hex()}"):
+        load_directory(path, digest=honest.digest())
+
+
+def test_a_pinned_signer_accepts_its_signature_only(tmp_path):
+    authority, authority_public = generate_identity()
+    buyer, buyer_public = generate_identity()
+    honest = _directory()
+    path = tmp_path / "directory.json"
+    path.write_text(honest.signed_by(authority).to_json())
+    loaded = load_directory(path, signer=authority_public)
+    assert loaded == honest and loaded.signature is not None and loaded.signature.signer == authority_public
+    forged = IdentityDirectory(dict(honest) | {202: generate_identity()[1]})
+    path.write_text(forged.signed_by(buyer).to_json())  # re-signed by the buyer
+    with pytest.raises(ValueError, match=f"signed by {buyer_public.hex()}, not by the pinned signer"):
+        load_directory(path, signer=authority_public)
+    path.write_text(forged.to_json())  # not signed at all
+    with pytest.raises(ValueError, match=f"not signed.*pins its signer {authority_public.hex()}"):
+        load_directory(path, signer=authority_public)
+    signed = json.loads(honest.signed_by(authority).to_json())
+    signed["keys"]["202"] = generate_identity()[1].hex()  # altered after signing, the signature kept
+    path.write_text(json.dumps(signed))
+    with pytest.raises(ValueError, match="signature by .* does not verify over its keys"):
+        load_directory(path, signer=authority_public)
+
+
+def test_both_pins_must_hold_and_no_pin_is_refused_unless_accepted_explicitly(tmp_path):
+    authority, authority_public = generate_identity()
+    honest = _directory()
+    path = tmp_path / "directory.json"
+    path.write_text(honest.signed_by(authority).to_json())
+    assert load_directory(path, digest=honest.digest(), signer=authority_public) == honest
+    with pytest.raises(ValueError, match="pinned digest"):
+        load_directory(path, digest=_directory().digest(), signer=authority_public)
+    with pytest.raises(ValueError, match="is not pinned"):
+        load_directory(path)
+    assert load_directory(path, unpinned=True) == honest
+    path.write_text("[]")
+    with pytest.raises(ValueError, match="not a JSON object"):
+        load_directory(path, unpinned=True)
+
+
+@pytest.mark.parametrize(
+    ("signature", "match"),
+    [
+        ({"signer": "00" * 32}, "signer.*value"),
+        ({"signer": "zz", "value": "00" * 64}, "signer must be 64 hex"),
+        ({"signer": "ab" * 32, "value": "00" * 64}, "signature"),
+        ({"signer": "SIGNER", "value": "00" * 63}, "signature must be 128 hex"),
+    ],
+)
+def test_a_malformed_signature_field_is_refused(signature, match):
+    data = json.loads(_directory().to_json())
+    signer_hex = generate_identity()[1].hex()
+    data["signature"] = {key: (signer_hex if value == "SIGNER" else value) for key, value in signature.items()}
+    with pytest.raises(ValueError, match=match):
+        IdentityDirectory.from_json(json.dumps(data))
+
+
+def test_an_unknown_directory_field_is_refused():
+    data = json.loads(_directory().to_json()) | {"signatures": []}
+    with pytest.raises(ValueError, match="unknown field.*signatures"):
+        IdentityDirectory.from_json(json.dumps(data))
+
+
+def test_the_cli_makes_signs_digests_and_checks_a_directory(tmp_path):
+    """The operator's path end to end, through the module's command line (a child process)."""
+
+    def cli(*args, ok=True):
+        result = subprocess.run(
+            [sys.executable, "-m", "flmarket_flwr.pass_protocol.identity_cli", *map(str, args)],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+        assert (result.returncode == 0) == ok, result.stderr
+        return result.stdout.strip() if ok else result.stderr.strip()
+
+    publics = {node: cli("keygen", tmp_path / f"{node}.pem") for node in (101, 202, 303)}
+    assert (tmp_path / "101.pem").stat().st_mode & 0o777 == 0o600
+    assert cli("public-key", tmp_path / "101.pem") == publics[101]
+    assert "never overwritten" in cli("keygen", tmp_path / "101.pem", ok=False)
+    directory = tmp_path / "directory.json"
+    digest = cli("make", directory, *(f"{node}={key}" for node, key in publics.items()))
+    assert digest == cli("digest", directory) == IdentityDirectory.from_json(directory).digest().hex()
+    assert dict(IdentityDirectory.from_json(directory)) == {n: bytes.fromhex(k) for n, k in publics.items()}
+    signer = cli("keygen", tmp_path / "authority.pem")
+    assert cli("sign", directory, tmp_path / "authority.pem") == signer
+    assert "pins hold" in cli("check", directory, "--signer", signer, "--digest", digest)
+    assert cli("digest", directory) == digest  # signing does not change what is pinned
+    assert "not pinned" in cli("check", directory, ok=False)
+    assert "not by the pinned signer" in cli("check", directory, "--signer", publics[101], ok=False)
+    assert "hex digits" in cli("make", tmp_path / "bad.json", "101=beef", ok=False)
+    assert "twice" in cli("make", tmp_path / "bad.json", f"1={publics[101]}", f"1={publics[202]}", ok=False)

@@ -37,8 +37,10 @@ every needed secret keeps ``t`` shares (otherwise :class:`PassError`, never a pa
 (two runs) with and without a client difference to its counts, exactly unless the clients add noise to
 them (:mod:`.noise`: record-level differential privacy per release, not client level). Without
 identity keys PASS is secure against a semi-honest server only: a malicious server can substitute keys,
-and by showing clients different survivor sets it recovers a client's counts. With identity keys it
-cannot substitute or replay keys across runs or rosters, and the consistency round defeats the tested
+and by showing clients different survivor sets it recovers a client's counts. With identity keys,
+checked against a directory each client pins (its digest, or a third party's signature, :mod:`.identity`: a
+directory the server writes lets it seat a victim among sybils), it cannot substitute or replay keys across runs
+or rosters, and the consistency round defeats the tested
 split-views attack (complete and sparse graphs); on the complete graph any split, on sparse graphs
 consistency is only local to each neighbourhood. It can always exclude clients or abort, and since it
 assigns the indices it can make ``t`` colluding clients a chosen victim's neighbours on a sparse graph, who
@@ -60,9 +62,11 @@ from flmarket_flwr.pass_protocol.graph import (
     share_threshold,
 )
 from flmarket_flwr.pass_protocol.identity import (
+    DirectorySignature,
     IdentityDirectory,
     advertisement_message,
     generate_identity,
+    load_directory,
     load_identity_key,
     save_identity_key,
     sign_advertisement,
@@ -134,6 +138,7 @@ __all__ = [
     "AdvertiseRequest",
     "ConsistencyReply",
     "ConsistencyRequest",
+    "DirectorySignature",
     "IdentityDirectory",
     "MaskedInput",
     "MaskRequest",
@@ -150,6 +155,7 @@ __all__ = [
     "counts_commitment",
     "derive_graph_seed",
     "generate_identity",
+    "load_directory",
     "load_identity_key",
     "save_identity_key",
     "indices_to_bitmap",
