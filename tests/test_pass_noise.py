@@ -75,8 +75,8 @@ def test_epsilon_matches_a_direct_conversion_at_two_points() -> None:
             a / (2 * variance) + min((2 * a - 1 + 6) / (4 * variance**2), 3 / (2 * variance)) for a in range(2, 4097)
         ]
         orders = range(2, 4097)
-        by_hand = min(r + math.log1p(-1 / a) - math.log(delta * a) / (a - 1) for r, a in zip(rdp, orders))
-        mironov = min(r + math.log(1 / delta) / (a - 1) for r, a in zip(rdp, orders))
+        by_hand = min(r + math.log1p(-1 / a) - math.log(delta * a) / (a - 1) for r, a in zip(rdp, orders, strict=True))
+        mironov = min(r + math.log(1 / delta) / (a - 1) for r, a in zip(rdp, orders, strict=True))
         assert skellam_epsilon(variance, delta) == pytest.approx(by_hand, rel=1e-3)
         assert skellam_epsilon(variance, delta) < 0.85 * mironov
     assert round(skellam_epsilon(30.0, 1e-6), 3) == 0.832  # the hand-written conversion said 0.994
