@@ -11,7 +11,8 @@ One ``ClientApp`` serves every phase of a run:
   signs its PASS key advertisement and checks its neighbours' against the buyer's directory
   (:func:`identity_key_of`, :func:`identity_directory_of`). With ``market-ledger-dir='<dir>'`` in its
   node config it keeps a release ledger there and refuses a market whose members differ too little from
-  one it already released a sum for (:func:`release_ledger_of`); with ``pass-complete-graph=true`` it
+  one it already released a sum for (:func:`release_ledger_of`), and with ``pass-dp-total-epsilon=<e>``
+  one that would take its composed epsilon past ``e`` (:func:`privacy_budget_of`); with ``pass-complete-graph=true`` it
   takes part in PASS only on the complete graph (:func:`complete_graph_of`), and with
   ``pass-min-participants=<n>`` only in a roster of at least ``n`` nodes (:func:`min_participants_of`); with
   ``pass-split-tolerance=<c>`` its secrets withstand ``c`` colluding neighbours in a split consistency round
@@ -55,6 +56,7 @@ from flwr.clientapp import ClientApp
 from flmarket_flwr.market import SimulatedCostBid, read_award, register_market_handlers
 from flmarket_flwr.market.ledger import DEFAULT_MIN_ROSTER_CHANGE, ReleaseLedger
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, SkellamNoise, load_identity_key
+from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_DELTA, PrivacyBudget
 from flmarket_flwr.run_config import market_noise, read
 from flmarket_flwr.task import (
     DataConfig,
@@ -350,10 +352,27 @@ def release_ledger_of(context: Context) -> ReleaseLedger | None:
     chooses where its state lives (README "A real deployment").
     """
     path = str(context.node_config.get("market-ledger-dir", ""))
+    budget = privacy_budget_of(context)
     if not path:
+        if budget is not None:
+            raise ValueError('node config "pass-dp-total-epsilon" needs "market-ledger-dir", where spends are kept')
         return None
     change = context.node_config.get("market-min-roster-change", DEFAULT_MIN_ROSTER_CHANGE)
-    return ReleaseLedger(path, min_roster_change=int(change))
+    return ReleaseLedger(path, min_roster_change=int(change), budget=budget)
+
+
+def privacy_budget_of(context: Context) -> PrivacyBudget | None:
+    """The node's total privacy budget: ``node_config["pass-dp-total-epsilon"]`` (absent or 0: none).
+
+    ``pass-dp-total-delta`` (default 1e-6) is the ``delta`` the composition is converted at. The node's ledger
+    records each release's noise and refuses the one that would take the composed epsilon past the budget.
+    """
+    values = {key: context.node_config.get(f"pass-dp-total-{key}", 0.0) for key in ("epsilon", "delta")}
+    try:
+        epsilon, delta = float(values["epsilon"]), float(values["delta"]) or SECURE_PROFILE_DELTA
+    except (TypeError, ValueError) as err:
+        raise ValueError(f'node config "pass-dp-total-epsilon"/"-delta" must be numbers, got {values}') from err
+    return PrivacyBudget(epsilon, delta) if epsilon > 0 else None
 
 
 def market_noise_of(context: Context) -> SkellamNoise | None:
