@@ -389,15 +389,15 @@ def test_the_noise_never_leaves_a_client_and_a_winners_audit_opens_its_exact_cou
 
 
 def test_the_server_decodes_a_negative_noisy_sum_signed_and_clips_it_at_zero_before_the_scores() -> None:
-    """A class every client lacks comes out of PASS below zero (-80): N_s holds 0 there, and the market completes."""
+    """A class every client lacks comes out of PASS below zero (-76): N_s holds 0 there, and the market completes."""
     counts = make_counts(4, seed=14)
     for vector in counts.values():
         vector[0] = 0
-    noises = {n: KeptNoise(1.0, fixed=-20) for n in counts}  # 4 x -20 = -80, within the 94 of the bound checks
+    noises = {n: KeptNoise(1.0, fixed=-19) for n in counts}  # 4 x -19 = -76, within the 80 of the bound checks
     grid = InProcessGrid(per_node_app(counts, noises), list(counts))
     outcome = MarketPhase(market_config(noise=SkellamNoise(1.0), budget=10**6)).run(grid)
     exact = np.sum(list(counts.values()), axis=0)
-    assert outcome.global_counts == np.maximum(exact - 80, 0).tolist() and outcome.global_counts[0] == 0
+    assert outcome.global_counts == np.maximum(exact - 76, 0).tolist() and outcome.global_counts[0] == 0
     assert outcome.winners and set(outcome.audited) == set(outcome.winners) and not outcome.excluded
 
 
