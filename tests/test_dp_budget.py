@@ -288,3 +288,26 @@ def test_the_app_reads_the_total_budget_from_the_node_config(tmp_path: Path) -> 
         privacy_budget_of(context({"pass-dp-total-epsilon": "four"}))
     with pytest.raises(ValueError, match="total delta"):
         privacy_budget_of(context({"pass-dp-total-epsilon": 4.0, "pass-dp-total-delta": 2.0}))
+
+
+def test_the_apps_supernode_with_a_total_budget_takes_part_until_it_is_spent(tmp_path: Path) -> None:
+    """The Flower app path: ``pass-dp-epsilon=1`` in the run config, ``pass-dp-total-epsilon=1.5`` (and a ledger
+    directory) in one SuperNode's node config: it masks in two runs (1.45 spent) and refuses the third."""
+    from flmarket_flwr.client_app import build_client_app
+
+    nodes = [101, 202, 303, 404, 505]
+    configs: dict[int, dict[str, int | str | float]] = {
+        node: {"partition-id": i, "num-partitions": len(nodes)} for i, node in enumerate(nodes)
+    }
+    configs[505].update({"market-ledger-dir": str(tmp_path), "pass-dp-total-epsilon": 1.5})
+    noise = SkellamNoise(1.0)
+    outcomes = [
+        MarketPhase(market_config(budget=10_000.0, noise=noise)).run(
+            InProcessGrid(build_client_app({"pass-dp-epsilon": 1.0}), nodes, node_configs=configs, run_id=run_id)
+        )
+        for run_id in (1, 2, 3)
+    ]
+    assert [o.pass_participants for o in outcomes] == [nodes, nodes, nodes[:-1]]
+    assert outcomes[2].excluded[505].endswith("market_mask: refused by the node's privacy budget")
+    ledger = ReleaseLedger(tmp_path, budget=PrivacyBudget(1.5))
+    assert ledger.epsilon_spent() == pytest.approx(skellam_epsilon(noise.target_variance, 1e-6, releases=2))
