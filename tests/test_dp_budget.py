@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from itertools import count
@@ -25,6 +26,8 @@ import pytest
 from adversary import market_config
 from flwr.app import Context, RecordDict
 from flwr.clientapp import ClientApp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import chi2
 
 from flmarket_flwr.market import CostBasedBid, MarketPhase, register_market_handlers
@@ -186,6 +189,25 @@ def test_spends_compose_retries_are_free_and_a_refusal_records_nothing(tmp_path:
     assert (tmp_path / LEDGER_FILE).read_bytes() == before
     with pytest.raises(ValueError, match="variance"):
         ledger.spend(4, b"s4", -1.0)
+
+
+@given(st.lists(st.sampled_from([0.0, 2.0, 8.0, 21.6, 80.0, 400.0]), min_size=1, max_size=10), st.floats(0.3, 6.0))
+@settings(max_examples=25, deadline=None)
+def test_whatever_is_asked_the_recorded_spends_stay_within_the_budget(variances: list[float], total: float) -> None:
+    """Every refusal had a witness (the spend would have passed the budget); what was kept composes within it."""
+    budget = PrivacyBudget(total, 1e-6)
+    with tempfile.TemporaryDirectory() as folder:
+        ledger = ReleaseLedger(folder, budget=budget)
+        kept: list[float] = []
+        for run_id, variance in enumerate(variances):
+            try:
+                ledger.spend(run_id, b"s%d" % run_id, variance)
+            except BudgetExhausted:
+                assert composed_epsilon([*kept, variance], 1e-6) > total
+                continue
+            kept.append(variance)
+        assert [s.variance for s in ledger.spends()] == kept
+        assert ledger.epsilon_spent() == composed_epsilon(kept, 1e-6) <= total
 
 
 def test_spends_without_a_budget_are_kept_and_count_once_a_budget_is_set(tmp_path: Path) -> None:
