@@ -1,7 +1,8 @@
 """What distributed DP on ``N_s`` costs: the error of ``N_s``, the change in scores, the change in the winners.
 
 Run: ``.venv/bin/python -m benchmarks.bench_dp`` (``--quick`` for a short run; ``--datasets digits`` to skip
-Fashion-MNIST, which needs Debian's ``dataset-fashion-mnist``).
+Fashion-MNIST, which needs Debian's ``dataset-fashion-mnist``; ``--noise-seed k`` for another set of noise draws
+over the same partitions, 0 being the default).
 
 For each data set, global distribution and seed it partitions the training labels over ``E = 20`` clients
 as the app does (:func:`~flmarket_flwr.data.make_partition`), scores every client against the exact ``N_s``
@@ -19,13 +20,16 @@ of ``N_s`` per class (mean over classes, and the worst class's mean); the mean r
 score; for each selection the mean Jaccard index of the winners with the noiseless winners and the share of
 draws that select exactly the same set; with the budget, the mean absolute change in the number of winners.
 The sum of the noise over the clients is drawn as one Skellam (the law of the sum of the clients'
-independent Skellams).
+independent Skellams). First, per epsilon, the accounting (``dp-accounting``'s conversion of the Skellam RDP
+curve): the target variance, the epsilon of the whole sum with every client honest, the composition over 2, 3
+and 10 releases, and the time of one calibration.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -33,6 +37,7 @@ import numpy as np
 from flmarket_flwr.data import load_dataset, make_partition
 from flmarket_flwr.market.bidding import cost_based_bid, simulated_cost_per_sample
 from flmarket_flwr.pass_protocol import SkellamNoise
+from flmarket_flwr.pass_protocol.noise import skellam_epsilon, skellam_variance_for
 from flmarket_flwr.pricing import run_auction, score
 
 CAPS: tuple[int | None, ...] = (5, 10, None)
@@ -57,8 +62,24 @@ def jaccard(a: frozenset[int], b: frozenset[int]) -> float:
     return len(a & b) / len(a | b) if a | b else 1.0
 
 
-def measure(dataset: str, distribution: str, epsilon: float, seeds: int, draws: int, clients: int) -> dict[str, float]:
-    """Mean figures over ``seeds`` partitions and ``draws`` noise draws each."""
+def accounting(epsilon: float, clients: int) -> str:
+    """One line: target variance, the epsilon of the sum as deployed, compositions, the calibration's time."""
+    start = time.perf_counter()
+    target = skellam_variance_for.__wrapped__(epsilon, 1e-6)  # uncached: the time of one calibration
+    elapsed = time.perf_counter() - start
+    deployed = clients * SkellamNoise(epsilon, 1e-6).client_variance(clients)
+    composed = " / ".join(f"{skellam_epsilon(target, 1e-6, k):.2f}" for k in (2, 3, 10))
+    return (
+        f"eps {epsilon:g}: target variance {target:.2f} (sd {math.sqrt(target):.2f}); the sum as deployed "
+        f"(variance {deployed:.2f}) is eps {skellam_epsilon(deployed, 1e-6):.2f}; 2 / 3 / 10 releases: {composed}; "
+        f"calibration {elapsed * 1e3:.0f} ms"
+    )
+
+
+def measure(  # pylint: disable=too-many-arguments
+    dataset: str, distribution: str, epsilon: float, seeds: int, draws: int, clients: int, noise_seed: int = 0
+) -> dict[str, float]:
+    """Mean figures over ``seeds`` partitions and ``draws`` noise draws each (``noise_seed`` picks the draws)."""
     noise = SkellamNoise(epsilon, 1e-6)
     total_variance = clients * noise.client_variance(clients)
     rel_errors, worst, score_change = [], [], []
@@ -70,7 +91,7 @@ def measure(dataset: str, distribution: str, epsilon: float, seeds: int, draws: 
         exact = counts.sum(axis=0)
         clean = np.asarray(score(counts, exact, clients), dtype=float)
         clean_winners = {cap: winners(clean, bids, cap) for cap in CAPS}
-        rng = np.random.default_rng(1_000 + seed)
+        rng = np.random.default_rng(1_000 + seed + 10_000 * noise_seed)
         for _ in range(draws):
             half = total_variance / 2.0
             noisy = exact + rng.poisson(half, exact.size) - rng.poisson(half, exact.size)
@@ -108,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--draws", type=int, default=40)
     parser.add_argument("--clients", type=int, default=20)
+    parser.add_argument("--noise-seed", type=int, default=0, help="another set of noise draws (0: the default)")
     parser.add_argument("--quick", action="store_true", help="2 seeds, 10 draws")
     args = parser.parse_args(argv)
     seeds, draws = (2, 10) if args.quick else (args.seeds, args.draws)
@@ -117,11 +139,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         + f"{'|d n@R|':>8}"
     )
     print(f"E = {args.clients}, delta = 1e-6, honest_fraction = 1/2, {seeds} seeds x {draws} noise draws")
+    start = time.perf_counter()
+    skellam_epsilon(30.0, 1e-6)  # the first conversion imports dp-accounting
+    print(f"first conversion (imports dp-accounting): {time.perf_counter() - start:.2f} s")
+    for epsilon in args.epsilons:
+        print(accounting(epsilon, args.clients))
     print(header)
     for dataset in args.datasets:
         for distribution in args.distributions:
             for epsilon in args.epsilons:
-                row = measure(dataset, distribution, epsilon, seeds, draws, args.clients)
+                row = measure(dataset, distribution, epsilon, seeds, draws, args.clients, args.noise_seed)
                 print(
                     f"{dataset:<14}{distribution:<5}{epsilon:>5g}{row['sd']:>6.1f}{row['ns_rel_error']:>9.2%}"
                     f"{row['ns_worst_class']:>9.2%}{row['score_change']:>9.2%}"

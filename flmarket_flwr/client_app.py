@@ -16,7 +16,8 @@ One ``ClientApp`` serves every phase of a run:
   PASS only on the complete graph (:func:`complete_graph_of`), and with ``pass-min-participants=<n>``
   only in a roster of at least ``n`` nodes (:func:`min_participants_of`); with
   ``pass-split-tolerance=<c>`` its secrets withstand ``c`` colluding neighbours in a split consistency
-  round (:func:`split_tolerance_of`).
+  round (:func:`split_tolerance_of`); with ``pass-dp-total-epsilon=<e>`` it refuses a release that would
+  take its composed epsilon past ``e`` (:func:`privacy_budget_of`, kept in its release ledger).
 * No other query: the baselines' raw-statistics query (RS, QBS, DICE, DDS) is answered
   only by the experiments' ClientApp (:mod:`simulations.apps`), never by this one.
 * **Training** (``train`` / ``evaluate`` messages): plain local SGD on the

@@ -23,9 +23,10 @@ from flmarket_flwr.market.node_config import (
     buyer_key_of,
     check_noise_ceiling,
     identity_directory_of,
-    total_epsilon_of,
+    privacy_budget_of,
 )
 from flmarket_flwr.pass_protocol import IdentityDirectory, SkellamNoise, generate_identity
+from flmarket_flwr.pass_protocol.noise import PrivacyBudget
 from flmarket_flwr.run_config import APP_KEYS
 
 KEY = generate_identity()[1].hex()
@@ -125,7 +126,7 @@ def test_the_apps_keys_are_checked_too_and_an_app_can_declare_its_own() -> None:
 
 def test_the_readers_of_the_pins_and_the_budgets() -> None:
     assert buyer_key_of(context({})) is None and buyer_key_of(context({"market-buyer-key": KEY})) == bytes.fromhex(KEY)
-    assert total_epsilon_of(context({"pass-dp-total-epsilon": "3"})) == 3.0
+    assert privacy_budget_of(context({"pass-dp-total-epsilon": "3"})) == PrivacyBudget(3.0, 1e-6)
     with pytest.raises(ValueError, match="market-buyer-key"):
         buyer_key_of(context({"market-buyer-key": KEY[:-2]}))
 

@@ -69,27 +69,30 @@ def test_composition_grows_epsilon_and_the_calibration_meets_its_target(releases
 
 
 def test_epsilon_matches_a_direct_conversion_at_two_points() -> None:
-    """By hand: rdp(alpha) + log(1/delta)/(alpha - 1) minimised over the integer orders."""
+    """By hand: the Canonne-Kamath-Steinke conversion over the integer orders, below Mironov's plain one."""
     for variance, delta in ((30.0, 1e-6), (200.0, 1e-5)):
-        by_hand = min(
-            a / (2 * variance)
-            + min((2 * a - 1 + 6) / (4 * variance**2), 3 / (2 * variance))
-            + math.log(1 / delta) / (a - 1)
-            for a in range(2, 4097)
-        )
+        rdp = [
+            a / (2 * variance) + min((2 * a - 1 + 6) / (4 * variance**2), 3 / (2 * variance)) for a in range(2, 4097)
+        ]
+        orders = range(2, 4097)
+        by_hand = min(r + math.log1p(-1 / a) - math.log(delta * a) / (a - 1) for r, a in zip(rdp, orders, strict=True))
+        mironov = min(r + math.log(1 / delta) / (a - 1) for r, a in zip(rdp, orders, strict=True))
         assert skellam_epsilon(variance, delta) == pytest.approx(by_hand, rel=1e-3)
+        assert skellam_epsilon(variance, delta) < 0.85 * mironov
+    assert round(skellam_epsilon(30.0, 1e-6), 3) == 0.832  # the hand-written conversion said 0.994
 
 
 def test_the_readmes_numbers_at_epsilon_one() -> None:
     """README "Differencing across any number of runs": the compositions, the spread, the tail, the three-run error."""
     noise = SkellamNoise(1.0, 1e-6)
-    assert [round(noise.epsilon_after(k), 2) for k in (1, 2, 3, 10)] == [1.0, 1.42, 1.76, 3.29]
-    assert round(math.sqrt(2 * noise.target_variance), 1) == 7.7  # everyone honest: twice the target
-    assert noise.tail_bound() == 94  # 12 standard deviations of the largest sum, plus one
+    assert [round(noise.epsilon_after(k), 2) for k in (1, 2, 3, 10)] == [1.0, 1.45, 1.81, 3.51]
+    assert round(noise.target_variance, 1) == 21.6  # 29.7 with Mironov's conversion: 27% less noise
+    assert round(math.sqrt(2 * noise.target_variance), 1) == 6.6  # everyone honest: twice the target
+    assert noise.tail_bound() == 80  # 12 standard deviations of the largest sum, plus one
     for x in range(3, 8):  # markets over X, Y and {v} + X + Y: the difference carries the noise of three sums
         for y in range(3, 8):
             spread = math.sqrt(sum(n * noise.client_variance(n) for n in (x, y, 1 + x + y)))
-            assert 11.8 < spread < 13.4  # "12 to 13 samples a class"
+            assert 10.1 < spread < 11.3  # "10 to 11 samples a class"
 
 
 def test_the_per_client_share_sums_to_the_target_over_the_honest_fraction() -> None:
@@ -386,15 +389,15 @@ def test_the_noise_never_leaves_a_client_and_a_winners_audit_opens_its_exact_cou
 
 
 def test_the_server_decodes_a_negative_noisy_sum_signed_and_clips_it_at_zero_before_the_scores() -> None:
-    """A class every client lacks comes out of PASS below zero (-80): N_s holds 0 there, and the market completes."""
+    """A class every client lacks comes out of PASS below zero (-76): N_s holds 0 there, and the market completes."""
     counts = make_counts(4, seed=14)
     for vector in counts.values():
         vector[0] = 0
-    noises = {n: KeptNoise(1.0, fixed=-20) for n in counts}  # 4 x -20 = -80, within the 94 of the bound checks
+    noises = {n: KeptNoise(1.0, fixed=-19) for n in counts}  # 4 x -19 = -76, within the 80 of the bound checks
     grid = InProcessGrid(per_node_app(counts, noises), list(counts))
     outcome = MarketPhase(market_config(noise=SkellamNoise(1.0), budget=10**6)).run(grid)
     exact = np.sum(list(counts.values()), axis=0)
-    assert outcome.global_counts == np.maximum(exact - 80, 0).tolist() and outcome.global_counts[0] == 0
+    assert outcome.global_counts == np.maximum(exact - 76, 0).tolist() and outcome.global_counts[0] == 0
     assert outcome.winners and set(outcome.audited) == set(outcome.winners) and not outcome.excluded
 
 

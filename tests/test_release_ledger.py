@@ -125,13 +125,14 @@ def test_the_file_names_no_member_in_the_clear_and_only_its_owner_reads_it(tmp_p
         "",
         '{"version": 1, "salt": "zz"',
         "[]",
+        '{"version": 3, "salt": "' + "00" * 32 + '", "records": [], "spent": []}',
         '{"version": 2, "salt": "' + "00" * 32 + '", "records": []}',
         '{"version": 1, "salt": "00", "records": []}',
         '{"version": 1, "salt": "' + "00" * 32 + '", "records": [{"run_id": 1}]}',
         '{"version": 1, "salt": "' + "00" * 32 + '", "records": [{"run_id": 1, "session": "0g", "members": []}]}',
         '{"version": 1, "salt": "' + "00" * 32 + '", "records": [{"run_id": 1, "session": "", "members": ["ab"]}]}',
     ],
-    ids=["empty", "truncated", "list", "version", "salt", "no-fields", "session", "member"],
+    ids=["empty", "truncated", "list", "version", "no-spends", "salt", "no-fields", "session", "member"],
 )
 def test_a_corrupt_ledger_fails_closed_naming_the_file(tmp_path: Path, content: str) -> None:
     path = tmp_path / LEDGER_FILE

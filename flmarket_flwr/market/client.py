@@ -17,7 +17,9 @@ The client enforces its own disclosure rules, whatever the server asks:
   two sums of one run to difference; each step is answered once, in order. Two runs are two sums:
   with a ``release_ledger`` (:mod:`flmarket_flwr.market.ledger`) the client records the members of
   every sum it releases, in its own directory, and refuses to unmask for a survivor set that,
-  differenced with an earlier one, would isolate fewer than ``min_roster_change`` clients;
+  differenced with an earlier one, would isolate fewer than ``min_roster_change`` clients. That rule
+  does not stop colluders who leave with a victim; the noise does: before its masked input leaves, the
+  ledger records the release's privacy cost and refuses it past the node's total budget, if it has one;
 * with an identity key and a ``directory`` (the secure set-up) its advert is signed under the run,
   the session and the roster, its neighbours' adverts are checked the same way, and it unmasks only
   for the survivor set it signed, with ``t`` of its neighbours' signatures on it (the consistency
@@ -54,7 +56,7 @@ from flwr.common.logger import log
 from numpy.typing import NDArray
 
 from flmarket_flwr.market.bidding import DEFAULT_COST_PER_SAMPLE, BidPolicy, CostBasedBid
-from flmarket_flwr.market.ledger import LedgerError, ReleaseLedger
+from flmarket_flwr.market.ledger import BudgetExhausted, LedgerError, ReleaseLedger
 from flmarket_flwr.market.messages import (
     ACTION_ADVERTISE,
     ACTION_AUDIT,
@@ -234,7 +236,9 @@ def register_market_handlers(
         and before unmasking records the survivor set (write-ahead) and refuses one that, differenced with a
         sum it released before, isolates fewer than ``min_roster_change`` clients (the two-run attack). The
         members are the directory's identity keys when ``directory`` is given, else the node ids. A ledger
-        that cannot be read fails closed. Recommended in a deployment (README "Threat model").
+        that cannot be read fails closed. Recommended in a deployment (README "Threat model"). Before the
+        masked input leaves, the ledger also records the release's privacy cost (the noise's aggregate
+        variance; none: exact counts) and, with a budget, refuses the release that would exceed it.
     noise : Callable[[Context], SkellamNoise | None], optional
         Distributed differential privacy on ``N_s`` (:mod:`flmarket_flwr.pass_protocol.noise`): the client
         adds Skellam noise to its counts inside its masked input, calibrated from its own setting and the
@@ -363,12 +367,15 @@ class _MarketHandlers:
         """PASS round 3: the masked counts and the counts commitment; the private keys are wiped."""
 
         def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
-            ledger = self._release_ledger(context)
+            ledger, noise, drawn = self._release_ledger(context), self._noise(context), None
             if ledger is not None:  # before Y_e leaves: the participants U1 must pass already
                 state = client.to_record()
                 members = self._ledger_members(context, state.get("participants", b""))
                 ledger.check(int(context.run_id), bytes(state["session"]), members)
-            noise, drawn = self._noise(context), None
+                # write-ahead: the release's privacy cost, refused past the node's budget (0: exact counts)
+                ledger.spend(
+                    int(context.run_id), bytes(state["session"]), noise.target_variance if noise is not None else 0.0
+                )
             if noise is not None:  # calibrated on the roster U1 this client was shown
                 drawn = noise.sample(int(client.to_record()["num_classes"]), client.participant_count)
             return client.mask_input(request, drawn).to_record()
@@ -604,6 +611,8 @@ def _refusal(message: Message, action: str, err: Exception) -> Message:
     log(WARNING, "Market request %s refused: %s", action, err)
     if isinstance(err, _LabelCountsError):
         detail = str(err)
+    elif isinstance(err, BudgetExhausted):  # the reason only; the spends and the budget stay in the log
+        detail = "refused by the node's privacy budget"
     elif isinstance(err, LedgerError):  # the reason only; the file and the sets stay in the client's log
         detail = "refused by the node's release ledger"
     else:

@@ -16,7 +16,15 @@ cannot be read or written fails closed: :class:`LedgerError` naming the file, an
 The buyer's side is :class:`RosterHistory`: the member sets of the sums its own markets released, from which
 :func:`plan_roster` leaves out the few clients whose presence would make some ledger refuse, so that a market
 under churn runs over fewer clients instead of being refused (``MarketConfig(roster_history=...)``).
-Pure Python, no Flower: the market client calls it (:func:`flmarket_flwr.market.register_market_handlers`).
+
+The ledger does not stop colluders: two clients of the server's that leave together with a victim make a
+one-sided change of 3, which the rule allows, and ``N_s(1) - N_s(2)`` minus their own counts is the victim's.
+What bounds that attack is the noise (:mod:`flmarket_flwr.pass_protocol.noise`), composed over releases: the
+ledger also records each release's privacy cost (:meth:`ReleaseLedger.spend`, write-ahead, when the client's
+masked input is about to leave) and, given the node's :class:`~flmarket_flwr.pass_protocol.noise.PrivacyBudget`,
+refuses the release that would take the composed ``epsilon`` past it (:class:`BudgetExhausted`).
+Pure Python, no Flower, standard library only at import: the market client calls it
+(:func:`flmarket_flwr.market.register_market_handlers`); the budget brings its own accountant.
 """
 
 from __future__ import annotations
@@ -25,17 +33,23 @@ import contextlib
 import hashlib
 import hmac
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from flmarket_flwr.pass_protocol.noise import PrivacyBudget
 
 __all__ = [
     "DEFAULT_MIN_ROSTER_CHANGE",
     "LEDGER_FILE",
+    "BudgetExhausted",
     "LedgerError",
+    "PrivacySpend",
     "ReleaseLedger",
     "ReleaseRecord",
     "ReleaseRefused",
@@ -50,6 +64,10 @@ DEFAULT_MIN_ROSTER_CHANGE: Final = 3
 """Smallest group two releases may differ by (each way): that of the smallest PASS session."""
 _LOCK_FILE: Final = "release-ledger.lock"
 _VERSION: Final = 1
+"""Version of the buyer's roster history file."""
+_LEDGER_VERSION: Final = 2
+_READABLE_LEDGER_VERSIONS: Final = (1, 2)
+"""Ledger files of version 1 (before privacy spends were recorded) are read as having spent nothing."""
 _DIGEST_BYTES: Final = 16
 
 
@@ -59,6 +77,10 @@ class LedgerError(ValueError):
 
 class ReleaseRefused(LedgerError):
     """The new member set, differenced with an earlier release, would isolate fewer than ``min_roster_change``."""
+
+
+class BudgetExhausted(LedgerError):
+    """The release would take the node's composed ``epsilon`` past its total budget (or it carries no noise)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +104,30 @@ class ReleaseRecord:
     def to_json(self) -> dict[str, Any]:
         """Plain-JSON form (members sorted)."""
         return {"run_id": self.run_id, "session": self.session, "members": sorted(self.members)}
+
+
+@dataclass(frozen=True)
+class PrivacySpend:
+    """The privacy cost of one release this node's masked input went into.
+
+    Attributes
+    ----------
+    run_id : int
+        The Flower run id.
+    session : str
+        The PASS session id, hex.
+    variance : float
+        The aggregate per-class variance of the honest survivors' noise the release counted on
+        (:attr:`~flmarket_flwr.pass_protocol.noise.SkellamNoise.target_variance`); 0: no noise (exact counts).
+    """
+
+    run_id: int
+    session: str
+    variance: float
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain-JSON form."""
+        return {"run_id": self.run_id, "session": self.session, "variance": self.variance}
 
 
 def isolates_a_small_group(earlier: frozenset[str], new: frozenset[str], min_roster_change: int) -> bool:
@@ -139,12 +185,22 @@ class ReleaseLedger:
         The node's own ledger directory (created, mode 0700, if missing).
     min_roster_change : int (default: 3)
         Smallest non-empty one-sided difference allowed between a new member set and any earlier one.
+    budget : PrivacyBudget, optional
+        The node's total ``(epsilon, delta)`` over all its releases; :meth:`spend` refuses a release past it.
+        ``None``: spends are recorded, none is refused.
     """
 
-    def __init__(self, directory: str | os.PathLike[str], *, min_roster_change: int = DEFAULT_MIN_ROSTER_CHANGE):
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        min_roster_change: int = DEFAULT_MIN_ROSTER_CHANGE,
+        budget: PrivacyBudget | None = None,
+    ):
         _check_min_roster_change(min_roster_change)
         self.directory = Path(directory).expanduser()
         self.min_roster_change = min_roster_change
+        self.budget = budget
 
     @property
     def path(self) -> Path:
@@ -156,13 +212,69 @@ class ReleaseLedger:
         with self._locked():
             return self._read()[1]
 
+    def spends(self) -> list[PrivacySpend]:
+        """Every privacy spend recorded so far, oldest first (``LedgerError`` if the file is unreadable)."""
+        with self._locked():
+            return self._read()[2]
+
+    def epsilon_spent(self) -> float:
+        """The composed ``epsilon`` of every recorded spend at the budget's ``delta`` (``ValueError`` without one)."""
+        if self.budget is None:
+            raise ValueError(f"release ledger {self.path} has no privacy budget to convert its spends at")
+        return self.budget.spent([spend.variance for spend in self.spends()])
+
+    def spend(self, run_id: int, session: bytes, variance: float) -> None:
+        """Record the privacy cost of a release before the node's masked input leaves (write-ahead).
+
+        Recording the same run and session with the same variance again is a no-op (a retried message).
+
+        Parameters
+        ----------
+        run_id, session
+            The release: Flower run id and PASS session id.
+        variance : float
+            The aggregate per-class variance the release counts on; 0 for a release without noise.
+
+        Raises
+        ------
+        BudgetExhausted
+            With the new spend the composed ``epsilon`` would exceed :attr:`budget` (a release without noise
+            always does), or the session was recorded with another variance. Nothing is recorded.
+        LedgerError
+            The ledger file cannot be read, parsed or written: nothing is released.
+        """
+        if not (math.isfinite(variance) and variance >= 0):
+            raise ValueError(f"variance must be finite and >= 0, got {variance}")
+        spend = PrivacySpend(int(run_id), session.hex(), float(variance))
+        with self._locked():
+            salt, records, spends = self._read()
+            for earlier in spends:
+                if (earlier.run_id, earlier.session) == (spend.run_id, spend.session):
+                    if earlier.variance == spend.variance:
+                        return
+                    raise BudgetExhausted(
+                        f"run {spend.run_id}, session {spend.session[:16]}: already recorded in {self.path} with "
+                        f"variance {earlier.variance}, now {spend.variance}"
+                    )
+            if self.budget is not None:
+                before = self.budget.spent([s.variance for s in spends])
+                after = self.budget.spent([*(s.variance for s in spends), spend.variance])
+                if after > self.budget.epsilon:
+                    noise = "no noise" if spend.variance == 0 else f"aggregate variance {spend.variance:.4g}"
+                    raise BudgetExhausted(
+                        f"run {spend.run_id}: a release with {noise} would take this node's composed epsilon from "
+                        f"{before:.4g} to {after:.4g} at delta {self.budget.delta:g} ({len(spends)} releases "
+                        f"recorded in {self.path}), past its total budget {self.budget.epsilon:g}: refused"
+                    )
+            self._write(salt, records, [*spends, spend])
+
     def check(self, run_id: int, session: bytes, members: Iterable[bytes]) -> None:
         """Raise :class:`ReleaseRefused` if releasing a sum over ``members`` now would be refused; record nothing.
 
         A readable ledger is required (``LedgerError`` otherwise).
         """
         with self._locked():
-            salt, records = self._read()
+            salt, records, _ = self._read()
             self._check(records, self._record(salt, run_id, session, members))
 
     def record_release(self, run_id: int, session: bytes, members: Iterable[bytes]) -> None:
@@ -179,10 +291,10 @@ class ReleaseLedger:
             The ledger file cannot be read, parsed or written: nothing is released.
         """
         with self._locked():
-            salt, records = self._read()
+            salt, records, spends = self._read()
             record = self._record(salt, run_id, session, members)
             if not self._check(records, record):
-                self._write(salt, [*records, record])
+                self._write(salt, [*records, record], spends)
 
     @staticmethod
     def _record(salt: bytes, run_id: int, session: bytes, members: Iterable[bytes]) -> ReleaseRecord:
@@ -212,29 +324,37 @@ class ReleaseLedger:
         """Hold the directory's lock file (exclusive, between processes) for one read-check-write."""
         return _locked(self.directory, _LOCK_FILE, f"release ledger {self.path}")
 
-    def _read(self) -> tuple[bytes, list[ReleaseRecord]]:
-        """``(salt, records)``; a missing file is an empty ledger with a fresh salt; anything else unusable fails."""
+    def _read(self) -> tuple[bytes, list[ReleaseRecord], list[PrivacySpend]]:
+        """``(salt, records, spends)``; a missing file is an empty ledger with a fresh salt; anything else fails."""
         if not self.path.exists():
-            return os.urandom(32), []
+            return os.urandom(32), [], []
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
-            if not isinstance(data, dict) or data.get("version") != _VERSION:
-                raise ValueError(f'not an object with "version": {_VERSION}')
+            if not isinstance(data, dict) or data.get("version") not in _READABLE_LEDGER_VERSIONS:
+                raise ValueError(f'not an object with "version" one of {_READABLE_LEDGER_VERSIONS}')
             salt = bytes.fromhex(data["salt"])
-            if len(salt) != 32 or not isinstance(data["records"], list):
-                raise ValueError("needs a 32-byte hex salt and a list of records")
+            spent = data["spent"] if data["version"] >= 2 else []
+            if len(salt) != 32 or not isinstance(data["records"], list) or not isinstance(spent, list):
+                raise ValueError("needs a 32-byte hex salt, a list of records and (version 2) a list of spends")
             records = [_parse_record(item) for item in data["records"]]
+            spends = [_parse_spend(item) for item in spent]
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise LedgerError(
                 f"release ledger {self.path} is unreadable ({err}): this node releases nothing until the file is "
                 "repaired or moved away (fail closed)"
             ) from err
-        return salt, records
+        return salt, records, spends
 
-    def _write(self, salt: bytes, records: list[ReleaseRecord]) -> None:
+    def _write(self, salt: bytes, records: list[ReleaseRecord], spends: list[PrivacySpend]) -> None:
         """Replace the file atomically (:func:`_replace_atomically`)."""
         text = json.dumps(
-            {"version": _VERSION, "salt": salt.hex(), "records": [r.to_json() for r in records]}, indent=1
+            {
+                "version": _LEDGER_VERSION,
+                "salt": salt.hex(),
+                "records": [r.to_json() for r in records],
+                "spent": [s.to_json() for s in spends],
+            },
+            indent=1,
         )
         _replace_atomically(self.path, text, f"release ledger {self.path}")
 
@@ -367,3 +487,15 @@ def _parse_record(item: Any) -> ReleaseRecord:
     if not isinstance(members, list) or not all(isinstance(m, str) and len(m) == 2 * _DIGEST_BYTES for m in members):
         raise ValueError("a record's members must be a list of hex digests")
     return ReleaseRecord(run_id, session, frozenset(members))
+
+
+def _parse_spend(item: Any) -> PrivacySpend:
+    if not isinstance(item, dict):
+        raise ValueError("a spend must be an object")
+    run_id, session, variance = item["run_id"], item["session"], item["variance"]
+    if isinstance(run_id, bool) or not isinstance(run_id, int) or not isinstance(session, str):
+        raise ValueError("a spend needs an int run_id and a str session")
+    bytes.fromhex(session)
+    if isinstance(variance, bool) or not isinstance(variance, int | float) or not 0 <= variance < math.inf:
+        raise ValueError("a spend's variance must be a finite number >= 0")
+    return PrivacySpend(run_id, session, float(variance))

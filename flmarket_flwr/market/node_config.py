@@ -29,7 +29,7 @@ from flmarket_flwr.pass_protocol.identity import (
     parse_digest,
     parse_public_key,
 )
-from flmarket_flwr.pass_protocol.noise import SkellamNoise
+from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_DELTA, PrivacyBudget, SkellamNoise
 from flmarket_flwr.pass_protocol.primitives import MIN_PARTICIPANTS
 
 __all__ = [
@@ -46,8 +46,8 @@ __all__ = [
     "min_participants_of",
     "noise_ceiling_of",
     "release_ledger_of",
+    "privacy_budget_of",
     "split_tolerance_of",
-    "total_epsilon_of",
 ]
 
 _TRUE_FALSE: Final = {"true": True, "false": False}
@@ -155,8 +155,10 @@ MARKET_NODE_KEYS: Final[tuple[NodeKey, ...]] = (
             "node's counts may differ by (with market-ledger-dir)", at_least(1), ">= 1"),
     NodeKey("pass-dp-max-epsilon", float, 0.0, "refuse a run whose pass-dp-* noise is weaker than this epsilon "
             "needs; 0: no ceiling", _finite_at_least_zero, ">= 0 and finite (0: none)"),
-    NodeKey("pass-dp-total-epsilon", float, 0.0, "the node's epsilon over all its releases, composed; 0: no budget",
-            _finite_at_least_zero, ">= 0 and finite (0: none)"),
+    NodeKey("pass-dp-total-epsilon", float, 0.0, "the node's epsilon over all its releases, composed (kept in "
+            "market-ledger-dir); 0: no budget", _finite_at_least_zero, ">= 0 and finite (0: none)"),
+    NodeKey("pass-dp-total-delta", float, SECURE_PROFILE_DELTA, "the delta pass-dp-total-epsilon is counted at",
+            lambda value: 0.0 < value < 1.0, "in (0, 1)"),
 )  # fmt: skip
 """Every node-config key of the market."""
 
@@ -335,13 +337,17 @@ def split_tolerance_of(context: Context) -> int:
 def release_ledger_of(context: Context) -> ReleaseLedger | None:
     """The node's release ledger in the folder named by ``market-ledger-dir`` (``None``: none).
 
-    ``market-min-roster-change`` (default 3) is the smallest group two releases may differ by. Off by default: a
+    ``market-min-roster-change`` (default 3) is the smallest group two releases may differ by; the ledger also
+    keeps the node's privacy spends when it has a budget (:func:`privacy_budget_of`). Off by default: a
     simulation's nodes are not lasting parties, and the operator of each SuperNode chooses where its state lives.
     """
     path = _value(context, "market-ledger-dir")
+    budget = privacy_budget_of(context)
     if not path:
+        if budget is not None:
+            raise ValueError("node-config pass-dp-total-epsilon needs market-ledger-dir, where the spends are kept")
         return None
-    return ReleaseLedger(path, min_roster_change=int(_value(context, "market-min-roster-change")))
+    return ReleaseLedger(path, min_roster_change=int(_value(context, "market-min-roster-change")), budget=budget)
 
 
 def noise_ceiling_of(context: Context) -> float:
@@ -349,9 +355,14 @@ def noise_ceiling_of(context: Context) -> float:
     return float(_value(context, "pass-dp-max-epsilon"))
 
 
-def total_epsilon_of(context: Context) -> float:
-    """The node's epsilon over all its releases, composed (``pass-dp-total-epsilon``; 0: no budget)."""
-    return float(_value(context, "pass-dp-total-epsilon"))
+def privacy_budget_of(context: Context) -> PrivacyBudget | None:
+    """The node's total privacy budget (``pass-dp-total-epsilon`` at ``pass-dp-total-delta``; ``None``: none).
+
+    The node's release ledger records each release's noise before its masked input leaves and refuses the release
+    that would take the composed epsilon past the budget (:meth:`~flmarket_flwr.market.ledger.ReleaseLedger.spend`).
+    """
+    epsilon = float(_value(context, "pass-dp-total-epsilon"))
+    return PrivacyBudget(epsilon, float(_value(context, "pass-dp-total-delta"))) if epsilon > 0 else None
 
 
 def check_noise_ceiling(noise: SkellamNoise | None, context: Context) -> SkellamNoise | None:
