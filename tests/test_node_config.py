@@ -44,6 +44,7 @@ BAD_VALUES: dict[str, list[Any]] = {
     "market-min-roster-change": [0, "0", 1.0, "many"],
     "pass-dp-max-epsilon": [-0.5, "-1", "nan", "inf", float("inf"), "high", True],
     "pass-dp-total-epsilon": [-1, "nan", float("nan"), "lots", False],
+    "pass-dp-total-delta": [0.0, 1.0, 2.0, "small"],
 }
 GOOD_VALUES: dict[str, list[tuple[Any, Any]]] = {
     "identity-key": [("/k.pem", "/k.pem"), (" /k.pem ", "/k.pem")],
@@ -59,6 +60,7 @@ GOOD_VALUES: dict[str, list[tuple[Any, Any]]] = {
     "market-min-roster-change": [(4, 4), ("1", 1)],
     "pass-dp-max-epsilon": [(1, 1.0), ("0.5", 0.5), (0.0, 0.0)],
     "pass-dp-total-epsilon": [(10, 10.0), ("2.5", 2.5)],
+    "pass-dp-total-delta": [(1e-8, 1e-8), ("1e-5", 1e-5)],
 }
 
 
