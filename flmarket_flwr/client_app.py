@@ -63,11 +63,11 @@ from flmarket_flwr.market.node_config import (
     MARKET_SCHEMA,
     NodeConfigCheck,
     NodeKey,
-    check_noise_ceiling,
     complete_graph_of,
     identity_directory_of,
     identity_key_of,
     min_participants_of,
+    node_noise_of,
     release_ledger_of,
     split_tolerance_of,
 )
@@ -311,15 +311,15 @@ class RunConfigOverride:
 def market_noise_of(context: Context) -> SkellamNoise | None:
     """The node's distributed-DP noise on its counts: the run config's ``pass-dp-*`` keys (``None``: off).
 
-    Refused below the node's own ceiling, ``pass-dp-max-epsilon`` in its node config
-    (:func:`~flmarket_flwr.market.node_config.check_noise_ceiling`; README "Threat model").
+    Refused below the node's own ceiling, ``pass-dp-max-epsilon`` in its node config; in the secure profile the
+    node adds the profile's noise when the run announces none (:func:`~flmarket_flwr.market.node_config.node_noise_of`).
     """
     noise = market_noise(
         read(context.run_config, "pass-dp-epsilon"),
         read(context.run_config, "pass-dp-delta"),
         read(context.run_config, "pass-dp-honest-fraction"),
     )
-    return check_noise_ceiling(noise, context)
+    return node_noise_of(context, noise)
 
 
 def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:

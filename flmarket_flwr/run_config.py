@@ -133,6 +133,9 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
            ">= 3 (PASS with 2 reveals a client's counts)"),
     AppKey("neighbours", "auto", 'PASS masking graph: "auto", "all", or a degree "k"', "server", _neighbours_ok,
            "'auto', 'all' or a degree k >= 2 (as a string)"),
+    AppKey("market-security", "semi-honest", "the buyer's profile: semi-honest, or malicious (the secure profile: "
+           "complete graph, noise; each node sets market-security in its node config)", "server",
+           _one_of(("semi_honest", "malicious")), "semi-honest or malicious"),
     AppKey("audit-winners", True, "winners open their PASS counts commitment to the buyer before payment",
            "server"),
     AppKey("identity-directory", "", 'path of the buyer\'s directory of client identity keys (JSON); "" for none',

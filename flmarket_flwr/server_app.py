@@ -86,6 +86,7 @@ class ServerSettings:
     min_market_clients: int = default_as("min-market-clients", int)
     neighbours: str = default_as("neighbours", str)
     audit_winners: bool = default_as("audit-winners", bool)
+    market_security: str = default_as("market-security", str)
     identity_directory: str = default_as("identity-directory", str)
     roster_history: str = default_as("roster-history", str)
     settle_on_delivery: bool = default_as("settle-on-delivery", bool)
@@ -260,6 +261,7 @@ def _market_config(settings: ServerSettings, data_config: DataConfig, num_nodes:
         min_clients=settings.min_market_clients,
         neighbours=neighbours_of(settings.neighbours),
         audit_winners=settings.audit_winners,
+        security=settings.market_security.lower().replace("_", "-"),
         directory=IdentityDirectory.from_json(Path(settings.identity_directory))
         if settings.identity_directory
         else None,

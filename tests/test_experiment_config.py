@@ -78,6 +78,7 @@ BAD_VALUES = {
     "market-timeout": 0.0,
     "market-timeout-per-node": -1.0,
     "market-min-participation": 0.0,
+    "market-security": "paranoid",
     "wait-for-nodes-timeout": -1.0,
     "min-market-clients": 2,
     "neighbours": "1",

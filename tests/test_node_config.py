@@ -31,6 +31,7 @@ from flmarket_flwr.run_config import APP_KEYS
 
 KEY = generate_identity()[1].hex()
 BAD_VALUES: dict[str, list[Any]] = {
+    "market-security": ["paranoid", 1, True, "honest"],
     "identity-key": [5, True, 1.5],
     "identity-directory": [5, False],
     "identity-directory-digest": ["zz" * 32, "00" * 31, 7],
@@ -61,6 +62,7 @@ GOOD_VALUES: dict[str, list[tuple[Any, Any]]] = {
     "pass-dp-max-epsilon": [(1, 1.0), ("0.5", 0.5), (0.0, 0.0)],
     "pass-dp-total-epsilon": [(10, 10.0), ("2.5", 2.5)],
     "pass-dp-total-delta": [(1e-8, 1e-8), ("1e-5", 1e-5)],
+    "market-security": [("malicious", "malicious"), ("semi-honest", "semi-honest"), ("semi_honest", "semi_honest")],
 }
 
 

@@ -6,18 +6,23 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
 from flmarket_flwr.market.ledger import RosterHistory
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, SkellamNoise
+from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_DELTA, SECURE_PROFILE_EPSILON
 from flmarket_flwr.pricing.auction import VALUE_RANGE
 
 __all__ = ["DEFAULT_COUNT_BOUND", "MarketConfig", "MarketOutcome"]
 
 DEFAULT_COUNT_BOUND = 10**9
 """Default declared maximum of one client's count of one class."""
+SECURITY_PROFILES: Final = ("semi-honest", "malicious")
+"""The market's profiles: against a semi-honest server (the default), or against a malicious one (the secure
+profile, ``docs/threat-model.md``); the buyer sets its side in :class:`MarketConfig`, each node in its node config
+(``market-security``)."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,12 @@ class MarketConfig:
         add Skellam noise before masking (their own setting, :func:`register_market_handlers`'s ``noise``;
         set both the same). Here it widens the bound checks by the noise's tail, and ``N_s`` is clipped
         below at 0 before it is scored. ``None`` (default): exact counts.
+    security : {"semi-honest", "malicious"} (default: "semi-honest")
+        The buyer's side of the secure profile. ``"malicious"`` runs PASS on the complete graph (``neighbours``
+        ``"auto"`` becomes ``"all"``; a sparse degree is refused) and announces noise on the counts
+        (``noise`` defaults to epsilon 1 per release, delta 1e-6), which nodes in the profile add whatever the
+        buyer announces. The nodes' side (identity keys, a pinned directory, roster floor, split tolerance,
+        budget, ledger) is each node's own: node config ``market-security=malicious``.
     roster_history : RosterHistory, optional
         The buyer's record of its earlier markets' PASS members. With it the market leaves out, before PASS,
         the few connected clients whose presence would let this sum be differenced with an earlier one to
@@ -104,9 +115,21 @@ class MarketConfig:
     audit_winners: bool = True
     noise: SkellamNoise | None = None
     roster_history: RosterHistory | None = None
+    security: str = "semi-honest"
 
     def __post_init__(self) -> None:
-        """Validate every field."""
+        """Validate every field; apply the secure profile's settings (``security="malicious"``)."""
+        if self.security not in SECURITY_PROFILES:
+            raise ValueError(f"security must be one of {list(SECURITY_PROFILES)}, got {self.security!r}")
+        if self.security == "malicious":
+            if self.neighbours not in ("auto", "all"):
+                raise ValueError(
+                    f"security='malicious' runs PASS on the complete graph: neighbours must be 'auto' or 'all', "
+                    f"got {self.neighbours!r} (on a sparse graph the server can seat a client among colluders)"
+                )
+            object.__setattr__(self, "neighbours", "all")
+            if self.noise is None:
+                object.__setattr__(self, "noise", SkellamNoise(SECURE_PROFILE_EPSILON, SECURE_PROFILE_DELTA))
         check_positive_number("budget", self.budget)
         if not VALUE_RANGE[0] <= self.budget <= VALUE_RANGE[1]:
             raise ValueError(f"budget must be within [{VALUE_RANGE[0]:g}, {VALUE_RANGE[1]:g}], got {self.budget}")

@@ -8,19 +8,22 @@ An app declares its own keys and builds its schema (``MARKET_SCHEMA.extended(app
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from logging import WARNING
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import Context, Error, Message
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
-from flmarket_flwr.market.config_keys import Scalar, at_least, check_value, typed_value
+from flmarket_flwr.market.config import SECURITY_PROFILES
+from flmarket_flwr.market.config_keys import Scalar, at_least, check_value, one_of, typed_value
 from flmarket_flwr.market.ledger import DEFAULT_MIN_ROSTER_CHANGE, ReleaseLedger
 from flmarket_flwr.pass_protocol.identity import (
     IdentityDirectory,
@@ -29,7 +32,13 @@ from flmarket_flwr.pass_protocol.identity import (
     parse_digest,
     parse_public_key,
 )
-from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_DELTA, PrivacyBudget, SkellamNoise
+from flmarket_flwr.pass_protocol.noise import (
+    SECURE_PROFILE_DELTA,
+    SECURE_PROFILE_EPSILON,
+    SECURE_PROFILE_TOTAL_EPSILON,
+    PrivacyBudget,
+    SkellamNoise,
+)
 from flmarket_flwr.pass_protocol.primitives import MIN_PARTICIPANTS
 
 __all__ = [
@@ -44,13 +53,21 @@ __all__ = [
     "identity_directory_of",
     "identity_key_of",
     "min_participants_of",
+    "node_noise_of",
     "noise_ceiling_of",
     "release_ledger_of",
+    "security_of",
     "privacy_budget_of",
     "split_tolerance_of",
 ]
 
 _TRUE_FALSE: Final = {"true": True, "false": False}
+PROFILE_ROSTER_SHARE: Final = 2 / 3
+"""The secure profile's roster floor, as a share of the pinned directory (when ``pass-min-participants`` is unset)."""
+PROFILE_SPLIT_TOLERANCE: Final = 2
+"""The secure profile's ``pass-split-tolerance`` when unset: two colluders cannot split the consistency round."""
+LEDGER_HOME_ENV: Final = "FLMARKET_HOME"
+"""Where the secure profile keeps a node's ledger when ``market-ledger-dir`` is unset (default ``~/.flmarket``)."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +148,10 @@ def _parses(parse: Callable[[str, str], bytes], value: str) -> bool:
 
 
 MARKET_NODE_KEYS: Final[tuple[NodeKey, ...]] = (
+    # The profile: one key that turns on every defence the threat model needs against a malicious server.
+    NodeKey("market-security", str, "semi-honest", "semi-honest, or malicious: the secure profile (identity key, "
+            "pinned directory, complete graph, roster floor, split tolerance, noise, budget, ledger)",
+            one_of(("semi_honest", "malicious")), f"one of {list(SECURITY_PROFILES)}"),
     # Identity: the node's key, and the directory it checks its neighbours against, pinned.
     NodeKey("identity-key", str, "", 'path of this node\'s Ed25519 identity key (PKCS#8 PEM); "" signs nothing'),
     NodeKey("identity-directory", str, "", 'path of the directory of identity keys (JSON) the node checks its '
@@ -264,9 +285,41 @@ def _value(context: Context, name: str) -> Any:
     return MARKET_SCHEMA.value(context.node_config, name)
 
 
+def _is_set(context: Context, name: str) -> bool:
+    return name in context.node_config
+
+
+def security_of(context: Context) -> str:
+    """The node's profile (``market-security``): ``"semi-honest"`` (default) or ``"malicious"``.
+
+    In the secure profile (``malicious``) every reader below turns on what the threat model needs against a
+    malicious server, and refuses a node config that would weaken it, naming the key:
+
+    * ``identity-key`` and ``identity-directory`` are required, and the directory must be pinned
+      (``identity-directory-digest`` or ``-signer``; ``identity-directory-unpinned`` is refused);
+    * ``pass-complete-graph`` is on (``false`` is refused);
+    * ``pass-min-participants`` defaults to two thirds of the pinned directory, ``pass-split-tolerance`` to 2;
+    * noise on the counts: at least epsilon :data:`SECURE_PROFILE_EPSILON` per release (``pass-dp-max-epsilon``
+      defaults to it), within a composed budget (``pass-dp-total-epsilon`` defaults to
+      :data:`SECURE_PROFILE_TOTAL_EPSILON`), kept in the node's release ledger, which defaults to
+      ``$FLMARKET_HOME/ledger/<identity key fingerprint>`` (``~/.flmarket`` without ``FLMARKET_HOME``).
+    """
+    return str(_value(context, "market-security")).lower().replace("_", "-")
+
+
+def _secure(context: Context) -> bool:
+    return security_of(context) == "malicious"
+
+
+def _profile_requires(name: str) -> NoReturn:
+    raise ValueError(f"node-config market-security=malicious needs {name}: set it in the SuperNode's --node-config")
+
+
 def identity_key_of(context: Context) -> Ed25519PrivateKey | None:
     """The node's Ed25519 identity key, from the PEM file named by ``identity-key`` (``None``: none)."""
     path = _value(context, "identity-key")
+    if not path and _secure(context):
+        _profile_requires("identity-key (identity_cli keygen makes one)")
     return load_identity_key(path) if path else None
 
 
@@ -285,6 +338,12 @@ def identity_directory_of(context: Context) -> IdentityDirectory | None:
     """
     path = _value(context, "identity-directory")
     digest, signer = _value(context, "identity-directory-digest"), _value(context, "identity-directory-signer")
+    if _secure(context):
+        if not path:
+            _profile_requires("identity-directory, pinned by identity-directory-digest or -signer")
+        if _value(context, "identity-directory-unpinned"):
+            raise ValueError("node-config identity-directory-unpinned is refused with market-security=malicious: "
+                             "pin the directory by identity-directory-digest or -signer")  # fmt: skip
     if not path:
         if digest or signer:
             raise ValueError("node-config identity-directory-digest/-signer pin a directory, but identity-directory "
@@ -311,7 +370,12 @@ def buyer_key_of(context: Context) -> bytes | None:
 
 
 def complete_graph_of(context: Context) -> bool:
-    """Whether the node takes part in PASS only on the complete graph (``pass-complete-graph``)."""
+    """Whether the node takes part in PASS only on the complete graph (``pass-complete-graph``; always in the
+    secure profile, where an explicit ``false`` is refused)."""
+    if _secure(context):
+        if _is_set(context, "pass-complete-graph") and not _value(context, "pass-complete-graph"):
+            raise ValueError("node-config pass-complete-graph=false is refused with market-security=malicious")
+        return True
     return bool(_value(context, "pass-complete-graph"))
 
 
@@ -319,8 +383,14 @@ def min_participants_of(context: Context) -> int:
     """The smallest PASS roster the node takes part in (``pass-min-participants``, default 3).
 
     The server chooses whom it invites, so the complete graph (:func:`complete_graph_of`) protects a node only
-    when this is close to the size of the federation it expects.
+    when this is close to the size of the federation it expects. In the secure profile it defaults to two thirds
+    of the pinned directory (rounded up): seating the node among ``t`` colluders on the complete graph then takes
+    about a third of the federation.
     """
+    if _secure(context) and not _is_set(context, "pass-min-participants"):
+        directory = identity_directory_of(context)
+        size = len(directory) if directory is not None else 0
+        return max(MIN_PARTICIPANTS, math.ceil(PROFILE_ROSTER_SHARE * size - 1e-9))
     return int(_value(context, "pass-min-participants"))
 
 
@@ -330,7 +400,10 @@ def split_tolerance_of(context: Context) -> int:
 
     It raises the Shamir threshold of the node's secrets
     (:func:`~flmarket_flwr.pass_protocol.graph.secret_threshold`), at the price of fewer neighbours that may drop.
+    In the secure profile it defaults to :data:`PROFILE_SPLIT_TOLERANCE`.
     """
+    if _secure(context) and not _is_set(context, "pass-split-tolerance"):
+        return PROFILE_SPLIT_TOLERANCE
     return int(_value(context, "pass-split-tolerance"))
 
 
@@ -343,6 +416,8 @@ def release_ledger_of(context: Context) -> ReleaseLedger | None:
     """
     path = _value(context, "market-ledger-dir")
     budget = privacy_budget_of(context)
+    if not path and _secure(context):
+        path = str(_profile_ledger_dir(context))
     if not path:
         if budget is not None:
             raise ValueError("node-config pass-dp-total-epsilon needs market-ledger-dir, where the spends are kept")
@@ -351,7 +426,10 @@ def release_ledger_of(context: Context) -> ReleaseLedger | None:
 
 
 def noise_ceiling_of(context: Context) -> float:
-    """The node's own epsilon ceiling (``pass-dp-max-epsilon``; 0: none)."""
+    """The node's own epsilon ceiling (``pass-dp-max-epsilon``; 0: none; the secure profile's epsilon when unset
+    there)."""
+    if _secure(context) and not _is_set(context, "pass-dp-max-epsilon"):
+        return SECURE_PROFILE_EPSILON
     return float(_value(context, "pass-dp-max-epsilon"))
 
 
@@ -362,6 +440,8 @@ def privacy_budget_of(context: Context) -> PrivacyBudget | None:
     that would take the composed epsilon past the budget (:meth:`~flmarket_flwr.market.ledger.ReleaseLedger.spend`).
     """
     epsilon = float(_value(context, "pass-dp-total-epsilon"))
+    if _secure(context) and not _is_set(context, "pass-dp-total-epsilon"):
+        epsilon = SECURE_PROFILE_TOTAL_EPSILON
     return PrivacyBudget(epsilon, float(_value(context, "pass-dp-total-delta"))) if epsilon > 0 else None
 
 
@@ -387,6 +467,33 @@ def check_noise_ceiling(noise: SkellamNoise | None, context: Context) -> Skellam
         ):
             raise ValueError(f"the run's pass-dp-* noise is below this node's pass-dp-max-epsilon {ceiling}: refused")
     return noise
+
+
+def node_noise_of(context: Context, announced: SkellamNoise | None = None) -> SkellamNoise | None:
+    """The noise this node adds to its counts: the run's ``announced`` setting, checked against its ceiling.
+
+    In the secure profile a run that announces no noise still gets the profile's (epsilon
+    :data:`SECURE_PROFILE_EPSILON`, delta :data:`SECURE_PROFILE_DELTA`): the node adds it itself, whatever the
+    server says; a weaker announcement is refused (:func:`check_noise_ceiling`).
+
+    Raises
+    ------
+    ValueError
+        Naming ``pass-dp-max-epsilon``, if the announced noise is weaker than the node's ceiling.
+    """
+    if announced is None and _secure(context):
+        announced = SkellamNoise(SECURE_PROFILE_EPSILON, SECURE_PROFILE_DELTA)
+    return check_noise_ceiling(announced, context)
+
+
+def _profile_ledger_dir(context: Context) -> Path:
+    """``$FLMARKET_HOME/ledger/<first 16 hex of SHA-256 of the identity public key>``: one folder per identity."""
+    key = identity_key_of(context)  # the secure profile requires it: raises without one
+    if key is None:
+        _profile_requires("identity-key")
+    public = key.public_key().public_bytes_raw()
+    home = Path(os.environ.get(LEDGER_HOME_ENV, "~/.flmarket")).expanduser()
+    return home / "ledger" / hashlib.sha256(public).hexdigest()[:16]
 
 
 if __name__ == "__main__":

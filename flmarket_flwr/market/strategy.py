@@ -65,7 +65,7 @@ class FLMarket(Strategy):
         ``None`` (default): the budget alone decides.
     market_config : MarketConfig, optional
         Every market setting at once; then ``budget``, ``num_classes``, ``num_winners``,
-        ``min_clients``, ``market_timeout`` and ``wait_for_nodes_timeout`` must be left unset.
+        ``min_clients``, ``market_timeout``, ``wait_for_nodes_timeout`` and ``security`` must be left unset.
     min_clients : int (default: 3)
         Fewest clients the market accepts (PASS with fewer would reveal a client's counts).
     market_timeout : float (default: 60.0)
@@ -81,6 +81,10 @@ class FLMarket(Strategy):
         update for, out of those it was asked to train (:class:`~flmarket_flwr.market.DeliveryLedger`).
         ``False``: the award is paid at selection, in full. Either way :meth:`delivery_report` records
         who delivered what.
+    security : {"semi-honest", "malicious"}, optional
+        The buyer's side of the secure profile (:attr:`MarketConfig.security`; default ``"semi-honest"``):
+        ``FLMarket(FedAvg(), budget=..., num_classes=..., security="malicious")``, with node config
+        ``market-security=malicious`` on each SuperNode (``docs/threat-model.md``).
 
     Notes
     -----
@@ -104,6 +108,7 @@ class FLMarket(Strategy):
         seed: int | None = 0,
         absent_timeout: float | None = 600.0,
         settle_on_delivery: bool = False,
+        security: str | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(strategy, Strategy):
@@ -115,6 +120,7 @@ class FLMarket(Strategy):
             "min_clients": min_clients,
             "timeout": market_timeout,
             "wait_for_nodes_timeout": wait_for_nodes_timeout,
+            "security": security,
         }
         if market_config is not None:
             given = sorted(name for name, value in knobs.items() if value is not None)

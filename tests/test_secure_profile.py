@@ -1,0 +1,123 @@
+"""The secure profile, one setting on each side: ``MarketConfig(security="malicious")`` / run config
+``market-security`` for the buyer, node config ``market-security=malicious`` for a SuperNode. Each defence it turns
+on, each weakening it refuses (naming the key), and the defaults it picks."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flwr.app import Context, RecordDict
+from flwr.serverapp.strategy import FedAvg
+
+from flmarket_flwr.market import FLMarket, MarketConfig
+from flmarket_flwr.market.node_config import (
+    PROFILE_SPLIT_TOLERANCE,
+    complete_graph_of,
+    identity_directory_of,
+    identity_key_of,
+    min_participants_of,
+    node_noise_of,
+    noise_ceiling_of,
+    privacy_budget_of,
+    release_ledger_of,
+    security_of,
+    split_tolerance_of,
+)
+from flmarket_flwr.pass_protocol import IdentityDirectory, SkellamNoise, generate_identity, save_identity_key
+from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_EPSILON, SECURE_PROFILE_TOTAL_EPSILON, PrivacyBudget
+
+
+def context(node_config: dict[str, Any]) -> Context:
+    return Context(1, 5, node_config, RecordDict(), {})
+
+
+@pytest.fixture
+def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A node in the secure profile: its identity key and a pinned directory of 30 nodes (its own among them)."""
+    monkeypatch.setenv("FLMARKET_HOME", str(tmp_path / "home"))
+    private, public = generate_identity()
+    save_identity_key(private, tmp_path / "node.pem")
+    keys = {5: public, **{100 + i: generate_identity()[1] for i in range(29)}}
+    directory = IdentityDirectory(keys)
+    (tmp_path / "directory.json").write_text(directory.to_json())
+    return {
+        "market-security": "malicious",
+        "identity-key": str(tmp_path / "node.pem"),
+        "identity-directory": str(tmp_path / "directory.json"),
+        "identity-directory-digest": directory.digest().hex(),
+    }
+
+
+def test_the_profile_turns_every_node_defence_on(node: dict[str, Any], tmp_path: Path) -> None:
+    ctx = context(node)
+    assert security_of(ctx) == "malicious"
+    assert identity_key_of(ctx) is not None and len(identity_directory_of(ctx) or {}) == 30
+    assert complete_graph_of(ctx) is True
+    assert min_participants_of(ctx) == math.ceil(2 / 3 * 30) == 20
+    assert split_tolerance_of(ctx) == PROFILE_SPLIT_TOLERANCE == 2
+    assert noise_ceiling_of(ctx) == SECURE_PROFILE_EPSILON
+    assert privacy_budget_of(ctx) == PrivacyBudget(SECURE_PROFILE_TOTAL_EPSILON)
+    ledger = release_ledger_of(ctx)
+    assert ledger is not None and ledger.budget == PrivacyBudget(SECURE_PROFILE_TOTAL_EPSILON)
+    assert Path(ledger.directory).parent == tmp_path / "home" / "ledger"  # one folder per identity key
+
+
+def test_a_node_in_the_profile_adds_noise_when_the_run_announces_none(node: dict[str, Any]) -> None:
+    noise = node_noise_of(context(node), None)
+    assert noise is not None and noise.epsilon == SECURE_PROFILE_EPSILON
+    stronger = SkellamNoise(0.5)
+    assert node_noise_of(context(node), stronger) is stronger
+    with pytest.raises(ValueError, match="pass-dp-max-epsilon"):
+        node_noise_of(context(node), SkellamNoise(4.0))  # weaker than the profile's: refused
+
+
+def test_without_the_profile_nothing_changes() -> None:
+    ctx = context({})
+    assert security_of(ctx) == "semi-honest"
+    assert identity_key_of(ctx) is None and identity_directory_of(ctx) is None and complete_graph_of(ctx) is False
+    assert min_participants_of(ctx) == 3 and split_tolerance_of(ctx) == 0 and node_noise_of(ctx, None) is None
+    assert privacy_budget_of(ctx) is None and release_ledger_of(ctx) is None
+
+
+@pytest.mark.parametrize(
+    ("drop", "add", "message"),
+    [
+        ("identity-key", {}, "needs identity-key"),
+        ("identity-directory", {}, "needs identity-directory"),
+        ("identity-directory-digest", {}, "identity-directory-digest or identity-directory-signer"),
+        (None, {"identity-directory-unpinned": True}, "identity-directory-unpinned is refused"),
+        (None, {"pass-complete-graph": False}, "pass-complete-graph=false is refused"),
+    ],
+)
+def test_the_profile_refuses_what_would_weaken_it_naming_the_key(
+    node: dict[str, Any], drop: str | None, add: dict[str, Any], message: str
+) -> None:
+    config = {key: value for key, value in node.items() if key != drop} | add
+    ctx = context(config)
+    with pytest.raises(ValueError, match=message):
+        identity_key_of(ctx)
+        identity_directory_of(ctx)
+        complete_graph_of(ctx)
+
+
+def test_explicit_settings_within_the_profile_are_kept(node: dict[str, Any]) -> None:
+    ctx = context(node | {"pass-min-participants": 28, "pass-split-tolerance": 3, "pass-dp-total-epsilon": 2.0})
+    assert min_participants_of(ctx) == 28 and split_tolerance_of(ctx) == 3
+    assert privacy_budget_of(ctx) == PrivacyBudget(2.0)
+
+
+def test_the_buyers_side_runs_the_complete_graph_with_noise() -> None:
+    config = MarketConfig(budget=10.0, num_classes=3, security="malicious")
+    assert config.neighbours == "all" and config.noise is not None and config.noise.epsilon == SECURE_PROFILE_EPSILON
+    own = SkellamNoise(0.5)
+    assert MarketConfig(budget=10.0, num_classes=3, security="malicious", noise=own).noise is own
+    assert MarketConfig(budget=10.0, num_classes=3).neighbours == "auto"  # the default profile is unchanged
+    with pytest.raises(ValueError, match="complete graph"):
+        MarketConfig(budget=10.0, num_classes=3, security="malicious", neighbours=8)
+    with pytest.raises(ValueError, match="security must be one of"):
+        MarketConfig(budget=10.0, num_classes=3, security="paranoid")
+    strategy = FLMarket(FedAvg(), budget=10.0, num_classes=3, security="malicious")
+    assert strategy.market_config.security == "malicious" and strategy.market_config.neighbours == "all"
