@@ -1,4 +1,4 @@
-"""The plugin installs and imports light: Flower, numpy, cryptography, PyNaCl; never torch or the experiments stack."""
+"""The plugin installs and imports light: Flower, numpy, cryptography, PyNaCl, dp-accounting; never torch or Hydra."""
 
 from __future__ import annotations
 
@@ -30,10 +30,10 @@ def _clean_env() -> dict[str, str]:
     return {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
 
 
-def test_the_core_requirements_are_flower_numpy_cryptography_and_pynacl_with_ranges() -> None:
+def test_the_core_requirements_are_flower_numpy_cryptography_pynacl_and_dp_accounting_with_ranges() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     names = sorted(requirement.split(">")[0].split("=")[0].split("[")[0] for requirement in project["dependencies"])
-    assert names == ["cryptography", "flwr", "numpy", "pynacl"]
+    assert names == ["cryptography", "dp-accounting", "flwr", "numpy", "pynacl"]
     assert not any("==" in requirement for requirement in project["dependencies"])
 
 
