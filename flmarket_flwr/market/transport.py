@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from logging import WARNING
 
 from flwr.app import ConfigRecord, Message
-from flwr.common.logger import log
 from flwr.serverapp import Grid
+from flwr.supercore import log
 
 from flmarket_flwr.market.messages import make_content, message_type
 
