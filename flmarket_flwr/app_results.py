@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, MetricRecord
-from flwr.common.logger import log
 from flwr.serverapp.strategy import Result, Strategy
+from flwr.supercore import log
 
 from flmarket_flwr.market import FLMarket
 from flmarket_flwr.models import set_arrays

@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
-from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, Result, Strategy
+from flwr.supercore import log
 
 from flmarket_flwr.app_results import CentralEvaluation, make_run_dir, save_results
 from flmarket_flwr.market import FLMarket, MarketConfig, MarketError, MarketPhase, RosterHistory

@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord
 from flwr.clientapp import ClientApp
-from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result, Strategy
+from flwr.supercore import log
 
 from flmarket_flwr import client_app, server_app
 from flmarket_flwr.market import MarketConfig, MarketPhase, WinnersGrid

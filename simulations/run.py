@@ -58,7 +58,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from simulations.config import to_run_config  # noqa: E402
 
-__all__ = ["main", "run_experiment", "summarize"]
+__all__ = ["main", "run_experiment", "simulate_in_process", "summarize"]
 
 LOG = logging.getLogger(__name__)
 
@@ -147,18 +147,60 @@ def _flower_logging(job_dir: Path, verbose: bool) -> Iterator[None]:
 
 
 def _simulate(run_config: dict[str, Any], num_clients: int, sim: DictConfig) -> None:
-    """One ``run_simulation`` of the experiments' app with this run config over ``num_clients`` SuperNodes."""
-    # pylint: disable=import-outside-toplevel
-    from flwr.simulation import run_simulation
+    """One simulation of the experiments' app with this run config over ``num_clients`` SuperNodes."""
+    from simulations.apps import build_client_app, build_server_app  # pylint: disable=import-outside-toplevel
 
-    from simulations.apps import build_client_app, build_server_app
-
-    run_simulation(
-        server_app=_with_pull_interval(build_server_app(run_config), sim.grid_pull_interval),
-        client_app=build_client_app(run_config),
+    simulate_in_process(
+        build_server_app(run_config),
+        build_client_app(run_config),
         num_supernodes=num_clients,
         backend_config=_backend_config(sim),
-        verbose_logging=bool(sim.verbose),
+        pull_interval=sim.grid_pull_interval,
+        verbose=bool(sim.verbose),
+    )
+
+
+def simulate_in_process(
+    server_app: Any,
+    client_app: Any,
+    *,
+    num_supernodes: int,
+    backend_config: dict[str, Any],
+    pull_interval: float | None = None,
+    verbose: bool = False,
+) -> None:
+    """Run a ``ServerApp`` and a ``ClientApp`` on Flower's Ray simulation, in this process.
+
+    The one call of ``flwr.simulation.run_simulation`` in the experiments and the tests (the benchmarks time that
+    call itself). Flower deprecates it (since 1.28) in favour of ``flwr run``, which is kept out of reach here on
+    purpose: ``flwr run`` runs an app's FAB, whose ``ServerApp`` and ``ClientApp`` are named in ``pyproject.toml``
+    and configured by its run config only, through a SuperLink and a simulation process per run. The experiments'
+    baselines (:mod:`simulations.apps`) and the tests' own apps are Python objects built per job, and a sweep's
+    jobs share this process. When Flower removes ``run_simulation``, this function is the place to change.
+
+    Parameters
+    ----------
+    server_app : flwr.serverapp.ServerApp
+        The server side.
+    client_app : flwr.clientapp.ClientApp
+        The client side, one per simulated SuperNode.
+    num_supernodes : int
+        Number of simulated SuperNodes.
+    backend_config : dict[str, Any]
+        ``run_simulation``'s: ``client_resources`` and ``init_args`` (``ray.init``).
+    pull_interval : float or None (default: None)
+        Seconds between the Grid's polls for replies (:func:`_with_pull_interval`); ``None``: Flower's.
+    verbose : bool (default: False)
+        Flower's DEBUG logging.
+    """
+    from flwr.simulation import run_simulation  # pylint: disable=import-outside-toplevel
+
+    run_simulation(
+        server_app=_with_pull_interval(server_app, pull_interval),
+        client_app=client_app,
+        num_supernodes=num_supernodes,
+        backend_config=backend_config,
+        verbose_logging=verbose,
     )
 
 

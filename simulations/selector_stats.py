@@ -13,8 +13,8 @@ from logging import WARNING
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.common.logger import log
 from flwr.serverapp import Grid
+from flwr.supercore import log
 
 __all__ = ["ACTION_SELECTOR_STATS", "answer_selector_stats", "collect_selector_stats"]
 

@@ -34,6 +34,7 @@ SLOW_TESTS = {
     "test_engine_sweep.py::test_grid_runs_on_workers_writes_every_job_and_resumes",
     "test_engine_sweep.py::test_grid_reruns_only_the_missing_job",
     "test_packaging.py::test_the_core_alone_installs_in_a_fresh_venv_and_imports_without_torch",
+    "test_packaging.py::test_the_wheel_carries_the_licence_py_typed_and_the_metadata",  # pip builds in isolation
     "test_ray_cluster.py::test_flwr_run_on_an_existing_ray_cluster",
 }
 

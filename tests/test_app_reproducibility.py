@@ -1,8 +1,8 @@
 """Same run config, same run: winners, payments and per-round accuracy, run twice in one process.
 
-Both runs go through ``flwr.simulation.run_simulation`` (Ray, two ClientApp actors, so replies arrive in
-varying order, and node ids that Flower draws at random per run). The second run finds the process warm
-(imports, data caches, torch state), the first cold.
+Both runs go through ``flwr.simulation.run_simulation`` (``simulations.run.simulate_in_process``: Ray, two
+ClientApp actors, so replies arrive in varying order, and node ids that Flower draws at random per run). The
+second run finds the process warm (imports, data caches, torch state), the first cold.
 """
 
 from __future__ import annotations
@@ -17,11 +17,9 @@ import pytest
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
-from flwr.simulation import run_simulation  # noqa: E402
-
 from flmarket_flwr.client_app import build_client_app  # noqa: E402
 from flmarket_flwr.server_app import build_server_app  # noqa: E402
-from simulations.run import _with_pull_interval  # noqa: E402
+from simulations.run import simulate_in_process  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -40,14 +38,15 @@ def run_once(results: Path, name: str) -> tuple[dict, dict]:
             "run-name": name,
         }
     )
-    run_simulation(  # Polling for replies every ms: they are collected in arrival order.
-        server_app=_with_pull_interval(build_server_app(run_config), 0.001),
-        client_app=build_client_app(run_config),
+    simulate_in_process(
+        build_server_app(run_config),
+        build_client_app(run_config),
         num_supernodes=6,
         backend_config={
             "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
             "init_args": {"num_cpus": 2, "log_to_driver": False, "logging_level": "WARNING"},
         },
+        pull_interval=0.001,  # polling for replies every ms: they are collected in arrival order
     )
     folder = results / name
     return json.loads((folder / "market.json").read_text()), json.loads((folder / "history.json").read_text())

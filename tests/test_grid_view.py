@@ -105,6 +105,95 @@ def test_messages_to_winners_go_through() -> None:
     assert created.metadata.dst_node_id == nodes[0]
 
 
+class OldSignatureGrid(InProcessGrid):
+    """A grid with Flower 1.41/1.42's ``pull_messages(message_ids)``, recording what it was asked for."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.pulled: list[list[str]] = []
+
+    def pull_messages(self, message_ids):  # type: ignore[no-untyped-def, override]
+        self.pulled.append(list(message_ids))
+        return super().pull_messages(message_ids)
+
+    def create_message(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("deprecated Grid.create_message forwarded")
+
+
+def old_signature_grid() -> tuple[OldSignatureGrid, list[int]]:
+    counts = make_counts(6)
+    return OldSignatureGrid(training_app(counts), list(counts)), sorted(counts)
+
+
+def new_signature_grid() -> tuple[InProcessGrid, list[int]]:
+    """``InProcessGrid``, whose ``pull_messages`` has Flower 1.43's signature."""
+    grid, counts = plain_grid()
+    return grid, sorted(counts)
+
+
+@pytest.mark.parametrize(
+    "pull",
+    [
+        lambda view, ids: view.pull_messages(ids),  # Flower 1.41, 1.42
+        lambda view, ids: view.pull_messages(reply_to_message_ids=ids),  # Flower 1.43
+        lambda view, ids: view.pull_messages(message_ids=ids),  # Flower 1.43's alias
+    ],
+    ids=["positional", "reply_to_message_ids", "message_ids"],
+)
+@pytest.mark.parametrize("make_grid", [old_signature_grid, new_signature_grid], ids=["grid-1.42", "grid-1.43"])
+def test_pull_messages_takes_both_flower_signatures_on_either_grid(pull, make_grid) -> None:
+    grid, nodes = make_grid()
+    view = WinnersGrid(grid, nodes[:2])
+    ids = list(view.push_messages([message_to(nodes[0]), message_to(nodes[1])]))
+
+    replies = list(pull(view, iter(ids)))
+
+    assert sorted(reply.metadata.src_node_id for reply in replies) == nodes[:2]
+    assert sorted(reply.metadata.reply_to_message_id for reply in replies) == sorted(ids)
+    if isinstance(grid, OldSignatureGrid):
+        assert grid.pulled == [ids]  # passed on positionally, the one way both signatures take
+
+
+def test_pull_messages_refuses_both_names_and_a_bare_string() -> None:
+    grid, counts = plain_grid()
+    view = WinnersGrid(grid, sorted(counts)[:2])
+    with pytest.raises(TypeError, match="not both"):
+        view.pull_messages(["a"], message_ids=["a"])
+    with pytest.raises(TypeError, match="single string"):
+        view.pull_messages("abc")
+
+
+def test_an_unfiltered_pull_shows_the_views_replies_only() -> None:
+    grid, counts = plain_grid()
+    nodes = sorted(counts)
+    view = WinnersGrid(grid, nodes[:2])
+    grid.push_messages([message_to(nodes[4])])  # a non-winner's reply waits in the underlying grid
+    view.push_messages([message_to(nodes[1])])
+
+    assert [reply.metadata.src_node_id for reply in view.pull_messages()] == [nodes[1]]
+
+
+def test_an_unfiltered_pull_through_an_old_grid_is_refused_by_name() -> None:
+    grid, nodes = old_signature_grid()
+    view = WinnersGrid(grid, nodes[:2])
+    with pytest.raises(TypeError, match="OldSignatureGrid.pull_messages needs message ids"):
+        view.pull_messages()
+    assert grid.pulled == []
+
+
+def test_create_message_builds_the_message_itself_without_flowers_deprecated_call() -> None:
+    grid, nodes = old_signature_grid()
+    view = WinnersGrid(grid, nodes[:2])
+
+    message = view.create_message(RecordDict({"m": MetricRecord({"x": 1.0})}), MessageType.TRAIN, nodes[1], "7", 30.0)
+
+    assert (message.metadata.dst_node_id, message.metadata.message_type) == (nodes[1], MessageType.TRAIN)
+    assert (message.metadata.group_id, message.metadata.ttl) == ("7", 30.0)
+    assert message.content["m"]["x"] == 1.0
+    with pytest.raises(ValueError, match="not in this WinnersGrid"):
+        view.create_message(RecordDict(), MessageType.TRAIN, nodes[3], "7")
+
+
 def test_everything_else_delegates() -> None:
     grid, counts = plain_grid()
     view = WinnersGrid(grid, sorted(counts)[:2])

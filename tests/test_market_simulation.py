@@ -34,7 +34,7 @@ def counts_of(partition_id: int) -> np.ndarray:
 
 
 def test_market_then_fedavg_in_a_ray_simulation() -> None:
-    from flwr.simulation import run_simulation
+    from simulations.run import simulate_in_process
 
     client = ClientApp()
     register_market_handlers(
@@ -72,7 +72,7 @@ def test_market_then_fedavg_in_a_ray_simulation() -> None:
                 num_rounds=2,
             )
 
-    run_simulation(
+    simulate_in_process(
         server,
         client,
         num_supernodes=NUM_NODES,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType
@@ -11,10 +13,11 @@ from flwr.serverapp.strategy import (
     FedAdam,
     FedAvg,
     FedProx,
+    Result,
 )
 from test_grid_view import NUM_CLASSES, make_counts, training_app
 
-from flmarket_flwr.market import FLMarket, MarketConfig, MarketError
+from flmarket_flwr.market import FLMarket, MarketConfig, MarketError, WinnersGrid
 from flmarket_flwr.market.inprocess import InProcessGrid
 
 INITIAL = ArrayRecord({"w": Array(np.zeros(3))})
@@ -184,3 +187,93 @@ def test_a_wrapped_market_with_no_winner_fails_before_any_training() -> None:
     with pytest.raises(MarketError, match="no client won the auction"):
         strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=2)
     assert not receivers(grid, MessageType.TRAIN)
+
+
+# --- Flower's newer Strategy.start keywords ---------------------------------------------------------------------
+class RecordingStrategy(FedAvg):
+    """A strategy whose ``start`` takes Flower 1.43's ``should_stop`` and a later release's keyword; it records them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.got: dict[str, object] = {}
+
+    def start(  # type: ignore[override]
+        self, grid, initial_arrays, num_rounds=3, timeout=3600, train_config=None, evaluate_config=None,
+        evaluate_fn=None, should_stop=None, later_knob=None,
+    ) -> Result:  # fmt: skip
+        self.got = {"grid": grid, "num_rounds": num_rounds, "should_stop": should_stop, "later_knob": later_knob}
+        return Result(arrays=initial_arrays)
+
+
+class OpenEndedStrategy(FedAvg):
+    """A strategy whose ``start`` takes any keyword (``**kwargs``); it records them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.got: dict[str, object] = {}
+
+    def start(self, grid, initial_arrays, **kwargs) -> Result:  # type: ignore[override]
+        self.got = kwargs
+        return Result(arrays=initial_arrays)
+
+
+class Flower142Strategy(FedAvg):
+    """FedAvg with Flower 1.41/1.42's ``start``, which has no ``should_stop``."""
+
+    def start(  # type: ignore[override]
+        self, grid, initial_arrays, num_rounds=3, timeout=3600, train_config=None, evaluate_config=None,
+        evaluate_fn=None,
+    ) -> Result:  # fmt: skip
+        return super().start(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn)
+
+
+def stop_after_round_2(server_round: int, result: Result) -> bool:
+    return server_round >= 2
+
+
+def test_should_stop_and_later_keywords_reach_the_wrapped_start() -> None:
+    inner = RecordingStrategy()
+    strategy = wrapped(inner, num_winners=2)
+    strategy.start(market_grid(), INITIAL, 4, should_stop=stop_after_round_2, later_knob=7)
+
+    assert inner.got["should_stop"] is stop_after_round_2
+    assert inner.got["later_knob"] == 7 and inner.got["num_rounds"] == 4
+    assert isinstance(inner.got["grid"], WinnersGrid) and len(inner.got["grid"].node_ids) == 2
+
+
+def test_a_start_that_takes_any_keyword_gets_them_all() -> None:
+    inner = OpenEndedStrategy()
+    wrapped(inner, num_winners=2).start(grid=market_grid(), initial_arrays=INITIAL, should_stop=None, later_knob=1)
+    assert inner.got["should_stop"] is None and inner.got["later_knob"] == 1
+
+
+@pytest.mark.parametrize(
+    "keywords", [{"should_stop": stop_after_round_2}, {"later_knob": 3}], ids=["should_stop", "later_knob"]
+)
+def test_a_keyword_the_wrapped_start_lacks_is_refused_before_the_market_runs(keywords) -> None:
+    grid = market_grid()
+    name = next(iter(keywords))
+    with pytest.raises(TypeError, match=f"Flower142Strategy.start\\(\\) takes no {name} in the installed Flower"):
+        wrapped(Flower142Strategy(), num_winners=2).start(grid=grid, initial_arrays=INITIAL, **keywords)
+    assert grid.sent == []  # no PASS round was started for a start that could not happen
+
+
+def test_keywords_left_none_work_on_a_start_that_lacks_them() -> None:
+    grid = market_grid()
+    strategy = wrapped(Flower142Strategy(), num_winners=2)
+    result = strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=2, should_stop=None, later_knob=None)
+    assert len(result.train_metrics_clientapp) == 2
+    assert set(receivers(grid, MessageType.TRAIN)) == set(strategy.market_outcome.winners)
+
+
+def test_should_stop_ends_training_early_where_flower_has_it_and_is_refused_where_not() -> None:
+    grid = market_grid()
+    strategy = wrapped(FedAvg(fraction_evaluate=1.0), num_winners=3)
+    if "should_stop" not in inspect.signature(FedAvg.start).parameters:  # Flower 1.41, 1.42
+        with pytest.raises(TypeError, match="FedAvg.start\\(\\) takes no should_stop"):
+            strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=5, should_stop=stop_after_round_2)
+        assert grid.sent == []
+        return
+    result = strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=5, should_stop=stop_after_round_2)
+    assert sorted(result.train_metrics_clientapp) == [1, 2]
+    assert len(receivers(grid, MessageType.TRAIN)) == 2 * 3

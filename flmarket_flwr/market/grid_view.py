@@ -37,11 +37,14 @@ Strategy settings
 
 from __future__ import annotations
 
+import functools
+import inspect
 import random
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import flwr
 import numpy as np
 from flwr.app import Message, RecordDict
 from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
@@ -167,9 +170,18 @@ class WinnersGrid(Grid):
         group_id: str,
         ttl: float | None = None,
     ) -> Message:
-        """Create a message through the underlying grid (destination must be in the view)."""
+        """Build a message to a node of the view with ``Message(...)``, as Flower's own grids do.
+
+        ``Grid`` declares this method abstract, so the view has it; Flower deprecates it in favour of the
+        ``Message`` constructor, and the view does not forward it (which would log Flower's deprecation notice).
+
+        Raises
+        ------
+        ValueError
+            If ``dst_node_id`` is not a node of the view.
+        """
         self._check_destination(dst_node_id)
-        return self._grid.create_message(content, message_type, dst_node_id, group_id, ttl)
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         """Push messages, all of them to nodes of the view, or none at all.
@@ -182,9 +194,36 @@ class WinnersGrid(Grid):
         batch = self._checked(messages)
         return self._grid.push_messages(batch)
 
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        """Pull replies through the underlying grid."""
-        return self._grid.pull_messages(message_ids)
+    def pull_messages(  # type: ignore[override]  # Flower 1.43's signature, which also takes 1.42's calls
+        self,
+        reply_to_message_ids: Iterable[str] | None = None,
+        *,
+        message_ids: Iterable[str] | None = None,
+    ) -> Iterable[Message]:
+        """Pull replies through the underlying grid; replies from nodes outside the view are not shown.
+
+        Takes both of Flower's signatures: ``pull_messages(ids)`` (Flower 1.41, 1.42: ``message_ids``) and
+        ``pull_messages(reply_to_message_ids=ids)`` or ``pull_messages(message_ids=ids)`` (Flower 1.43). With
+        neither, every reply waiting (Flower 1.43's unfiltered pull, which the underlying grid must offer).
+
+        Raises
+        ------
+        TypeError
+            If both ``reply_to_message_ids`` and ``message_ids`` are given, or neither while the underlying
+            grid's ``pull_messages`` needs message ids.
+        """
+        wanted = reply_filter(reply_to_message_ids, message_ids)
+        pull: Callable[..., Iterable[Message]] = self._grid.pull_messages
+        if wanted is not None:
+            replies = pull(wanted)  # positional: message_ids (1.41, 1.42) and reply_to_message_ids (1.43) alike
+        elif _pulls_unfiltered(type(self._grid)):
+            replies = pull()
+        else:
+            raise TypeError(
+                f"{type(self._grid).__name__}.pull_messages needs message ids (an unfiltered pull is Flower "
+                f"1.43's; this is flwr {flwr.__version__}): pass the ids that push_messages returned"
+            )
+        return [reply for reply in replies if reply.metadata.src_node_id in self._allowed]
 
     def send_and_receive(
         self,
@@ -244,6 +283,45 @@ class WinnersGrid(Grid):
                 f"node {node_id} is not in this WinnersGrid (nodes: {sorted(self._allowed)}); "
                 f"refusing to send it a message"
             )
+
+
+def reply_filter(reply_to_message_ids: Iterable[str] | None, message_ids: Iterable[str] | None) -> list[str] | None:
+    """The ids whose replies a ``Grid.pull_messages`` call asks for, from either of Flower's signatures.
+
+    Parameters
+    ----------
+    reply_to_message_ids : Iterable[str] or None
+        Flower 1.43's name, and the positional argument of every release (``message_ids`` before 1.43).
+    message_ids : Iterable[str] or None
+        Flower 1.43's keyword alias of ``reply_to_message_ids``.
+
+    Returns
+    -------
+    list[str] or None
+        The ids, or ``None`` for no filter (every reply waiting).
+
+    Raises
+    ------
+    TypeError
+        If both are given, or the ids are a single string.
+    """
+    if reply_to_message_ids is not None and message_ids is not None:
+        raise TypeError("pull_messages takes reply_to_message_ids or message_ids (its alias), not both")
+    ids = reply_to_message_ids if reply_to_message_ids is not None else message_ids
+    if ids is None:
+        return None
+    if isinstance(ids, str):
+        raise TypeError(f"pull_messages takes an iterable of message ids, got the single string {ids!r}")
+    return list(ids)
+
+
+@functools.cache
+def _pulls_unfiltered(grid_type: type[Grid]) -> bool:
+    """Whether ``grid_type.pull_messages`` can be called with no ids (Flower 1.43's signature; read once per type)."""
+    parameters = list(inspect.signature(grid_type.pull_messages).parameters.values())[1:]  # after self
+    return all(
+        p.default is not inspect.Parameter.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters
+    )
 
 
 def _unique_node_ids(node_ids: Iterable[int]) -> tuple[int, ...]:

@@ -40,6 +40,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from flmarket_flwr.market.bidding import BidPolicy
 from flmarket_flwr.market.client import register_market_handlers
+from flmarket_flwr.market.grid_view import reply_filter
 from flmarket_flwr.market.records import context_from_bytes, context_to_bytes, deflate_message, inflate_message
 
 __all__ = ["InProcessGrid", "ReplyHook", "market_client_app", "wire_roundtrip"]
@@ -205,10 +206,20 @@ class InProcessGrid(Grid):
         if reply is not None:
             self._replies[message_id] = reply
 
-    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
-        """Return the replies among ``message_ids`` not pulled yet."""
+    def pull_messages(  # type: ignore[override]  # Flower 1.43's signature, which also takes 1.42's calls
+        self,
+        reply_to_message_ids: Iterable[str] | None = None,
+        *,
+        message_ids: Iterable[str] | None = None,
+    ) -> list[Message]:
+        """Return the replies to the given messages not pulled yet; with no ids, every reply not pulled yet.
+
+        Both of Flower's signatures: ``pull_messages(ids)``, ``pull_messages(reply_to_message_ids=ids)`` and
+        ``pull_messages(message_ids=ids)`` (:func:`~flmarket_flwr.market.grid_view.reply_filter`).
+        """
+        wanted = reply_filter(reply_to_message_ids, message_ids)
         replies = []
-        for message_id in message_ids:
+        for message_id in list(self._replies) if wanted is None else wanted:
             reply = self._replies.pop(message_id, None)
             if reply is not None:
                 replies.append(self._receive(reply))

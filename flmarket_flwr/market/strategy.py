@@ -15,15 +15,18 @@ the grid it is given. Either way the market runs once and only winners are ever 
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from logging import ERROR, INFO
 from typing import Any
 
+import flwr
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
+from flwr.supercore import log
 
 from flmarket_flwr.market.config import MarketConfig, MarketOutcome
 from flmarket_flwr.market.delivery import DeliveryLedger
@@ -152,10 +155,14 @@ class FLMarket(Strategy):
         train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        should_stop: Callable[[int, Result], bool] | None = None,
+        **newer: Any,
     ) -> Result:
         """Run the market phase, then the wrapped strategy's ``start`` on the winners.
 
-        Parameters are those of ``Strategy.start``.
+        Parameters are those of ``Strategy.start``. ``should_stop`` (Flower 1.43: a predicate called after each
+        round that ends training early) and any other keyword (``newer``) go to the wrapped strategy's ``start``
+        as given (see :func:`start_on_nodes`).
 
         Returns
         -------
@@ -164,9 +171,13 @@ class FLMarket(Strategy):
 
         Raises
         ------
+        TypeError
+            If a keyword given (not ``None``) is one the wrapped strategy's ``start`` does not take (an older
+            Flower's): raised before the market phase, so no market is run for a start that cannot happen.
         MarketError
             If the market phase cannot run, or nobody won the auction (logged first).
         """
+        keywords = _start_keywords(self.strategy, {"should_stop": should_stop, **newer})
         log(INFO, "Starting FLMarket: market phase, then %s on the winners", type(self.strategy).__name__)
         self.market_outcome = None
         self._winners_grid = None
@@ -180,6 +191,7 @@ class FLMarket(Strategy):
             train_config=train_config,
             evaluate_config=evaluate_config,
             evaluate_fn=evaluate_fn,
+            **keywords,
         )
 
     def winners_grid(self, grid: Grid) -> WinnersGrid:
@@ -268,7 +280,7 @@ class FLMarket(Strategy):
         return self.strategy.aggregate_evaluate(server_round, replies)
 
 
-def start_on_nodes(strategy: Strategy, grid: WinnersGrid, **start_args: object) -> Result:
+def start_on_nodes(strategy: Strategy, grid: WinnersGrid, **start_args: Any) -> Result:
     """Start ``strategy`` on ``grid`` with its minimum node counts capped at the grid's nodes.
 
     Parameters
@@ -278,15 +290,68 @@ def start_on_nodes(strategy: Strategy, grid: WinnersGrid, **start_args: object) 
     grid : WinnersGrid
         The view of the selected nodes.
     **start_args
-        ``Strategy.start``'s other arguments.
+        ``Strategy.start``'s other arguments; those its ``start`` does not take are dropped when ``None``, refused
+        otherwise (:func:`_start_keywords`).
 
     Returns
     -------
     Result
         What ``strategy.start`` returns.
+
+    Raises
+    ------
+    TypeError
+        If a keyword with a value other than ``None`` is one ``strategy.start`` does not take.
     """
+    keywords = _start_keywords(strategy, start_args)
     with _capped_min_nodes(strategy, len(grid.node_ids)):
-        return strategy.start(grid=grid, **start_args)  # type: ignore[arg-type]
+        return strategy.start(grid=grid, **keywords)
+
+
+def _start_keywords(strategy: Strategy, keywords: dict[str, Any]) -> dict[str, Any]:
+    """The keywords that ``strategy.start`` takes, out of ``keywords``.
+
+    Flower adds keywords to ``Strategy.start`` over releases (``should_stop`` in 1.43). A keyword that the
+    installed strategy's ``start`` lacks is dropped when its value is ``None`` (its default where it exists, so
+    one call works on every Flower release), and refused otherwise: silently ignoring ``should_stop=...`` would
+    train every round of a run that asked to stop early. A ``start`` that takes ``**kwargs`` takes everything.
+
+    Parameters
+    ----------
+    strategy : Strategy
+        The strategy whose ``start`` is to be called.
+    keywords : dict[str, Any]
+        Keyword arguments meant for it.
+
+    Returns
+    -------
+    dict[str, Any]
+        ``keywords`` less the ``None`` ones that ``strategy.start`` does not take.
+
+    Raises
+    ------
+    TypeError
+        If a keyword with a value other than ``None`` is one ``strategy.start`` does not take.
+    """
+    names, takes_any = _start_parameters(type(strategy))
+    if takes_any:
+        return dict(keywords)
+    refused = sorted(name for name, value in keywords.items() if name not in names and value is not None)
+    if refused:
+        raise TypeError(
+            f"{type(strategy).__name__}.start() takes no {', '.join(refused)} in the installed Flower "
+            f"(flwr {flwr.__version__}): upgrade Flower, or leave {', '.join(refused)} unset"
+        )
+    return {name: value for name, value in keywords.items() if name in names}
+
+
+@functools.cache
+def _start_parameters(strategy_type: type[Strategy]) -> tuple[frozenset[str], bool]:
+    """The keyword names that ``strategy_type.start`` takes, and whether it takes ``**kwargs`` (read once per type)."""
+    parameters = inspect.signature(strategy_type.start).parameters.values()
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    names = frozenset(p.name for p in parameters if p.kind in named)
+    return names, any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 @contextmanager

@@ -14,8 +14,8 @@ from logging import WARNING
 
 from flwr.app import ConfigRecord, Message
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
-from flwr.common.logger import log
 from flwr.serverapp import Grid
+from flwr.supercore import log
 
 from flmarket_flwr.market.messages import make_content, message_type
 
