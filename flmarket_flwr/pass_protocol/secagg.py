@@ -83,6 +83,7 @@ from flmarket_flwr.pass_protocol.graph import (
     commit_graph_seed,
     derive_graph_seed,
     mask_graph,
+    max_secret_threshold,
     neighbourhood_size,
     neighbours_of,
     roster_digest,
@@ -435,7 +436,9 @@ class ShareKeysReply(_Record):
     (:func:`~flmarket_flwr.pass_protocol.identity.sign_share_ciphertext`); without one it is empty.
     ``threshold`` is the Shamir threshold of the dealer's own two secrets (its split tolerance may raise it
     above the session's, :func:`~flmarket_flwr.pass_protocol.graph.secret_threshold`): the server rebuilds
-    them from that many shares, and fewer than that many never give them.
+    them from that many shares, and fewer than that many never give them. The server refuses one above
+    :func:`~flmarket_flwr.pass_protocol.graph.max_secret_threshold` (``k - 1``): one receiver's loss must
+    leave the dealer's secrets recoverable.
     """
 
     receivers: list[int]
@@ -1323,9 +1326,15 @@ class PassServer:
                 or any(len(c) != _CIPHERTEXT_BYTES for c in reply.ciphertexts)
                 or any(len(d) != 64 for d in reply.share_digests)
                 or len(reply.signatures) not in {len(reply.receivers), 0 if self.directory is None else -1}
-                or not self.threshold <= reply.threshold <= self.degree
             ):
                 self._exclude(u, "share-keys reply does not hold one ciphertext and one digest per neighbour")
+                continue
+            if not self.threshold <= reply.threshold <= max_secret_threshold(self.degree):
+                self._exclude(
+                    u,
+                    f"its announced threshold {reply.threshold} is outside [{self.threshold}, "
+                    f"{max_secret_threshold(self.degree)}]: its secrets would not survive one receiver's loss",
+                )
                 continue
             sent[u] = reply
             self._thresholds[u] = reply.threshold
