@@ -6,10 +6,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from adversary import honest_grid, make_counts, market_config
+from adversary import (
+    NUM_CLASSES,
+    client_secrets,
+    honest_grid,
+    make_counts,
+    market_config,
+    run_pass_rounds,
+    send,
+)
 
 from flmarket_flwr.market import MarketPhase
 from flmarket_flwr.market.messages import RECORD_KEY
+from flmarket_flwr.pass_protocol import PassServer, UnmaskRequest
+from flmarket_flwr.pass_protocol.graph import neighbourhood_size, share_threshold
 
 SIZES = [8, 40]
 
@@ -57,3 +67,105 @@ def test_a_dealer_announcing_threshold_k_is_refused_at_its_shares_and_the_market
     honest = [n for n in counts if n != attacker]
     assert outcome.pass_participants == sorted(honest)
     assert outcome.global_counts == _exact_over(counts, honest)
+
+
+# --- (c) garbage to more than k - t receivers: the session fails closed, the market runs it again -------------
+def _garbage_to_first(how_many: int):
+    def change(record) -> None:
+        record["ciphertexts"] = [_garbled(c) if i < how_many else c for i, c in enumerate(record["ciphertexts"])]
+
+    return change
+
+
+@pytest.mark.parametrize("num_nodes", SIZES)
+def test_garbage_to_more_than_k_minus_t_receivers_is_named_and_pass_runs_again_without_it(num_nodes: int) -> None:
+    """``k - t + 1`` receivers accuse the sender: its mask key keeps ``t - 1`` holders, the session stops before any
+    unmask request, and a fresh session without the named sender releases the others' exact sum."""
+    counts = make_counts(num_nodes, seed=31)
+    k = num_nodes - 1 if num_nodes <= 20 else neighbourhood_size(num_nodes)
+    attacker = sorted(counts)[5]
+    change = _garbage_to_first(k - share_threshold(k) + 1)
+    outcome = MarketPhase(market_config()).run(
+        honest_grid(counts, reply_hook=altering(attacker, "market_share", change))
+    )
+    assert set(outcome.excluded) == {attacker}
+    assert "garbage shares" in outcome.excluded[attacker]
+    first, second = outcome.pass_sessions
+    assert first.named == [attacker] and "cannot be rebuilt" in first.result
+    assert second.result == "released" and second.roster == sorted(n for n in counts if n != attacker)
+    honest = [n for n in counts if n != attacker]
+    assert outcome.pass_participants == sorted(honest)
+    assert outcome.global_counts == _exact_over(counts, honest)
+
+
+# --- a second session of one run: joined only by a client that released nothing -----------------------------
+def _advertise(grid, server: PassServer) -> dict[int, object]:
+    requests = server.advertise_requests(sorted(grid_nodes(grid)))
+    return send(grid, "market_advertise", {server.node_of[i]: r.to_record() for i, r in requests.items()})
+
+
+def _session_secrets(grid, node: int) -> set[bytes]:
+    """A node's secrets of the current session: keys, seeds, held shares, nonce (its counts are not one)."""
+    secrets = client_secrets(grid, node)
+    secrets.pop("pass/counts", None)
+    return {value if isinstance(value, bytes) else b"".join(value) for value in secrets.values()}
+
+
+def grid_nodes(grid) -> list[int]:
+    return sorted(grid.get_node_ids())
+
+
+@pytest.mark.parametrize("upto", [1, 2, 3])
+def test_a_client_that_never_unmasked_joins_a_fresh_session_and_forgets_the_earlier_one(upto: int) -> None:
+    """A server stops a session after advertise, share keys or masked input and starts another: every client
+    joins it with fresh keys, its earlier secrets (keys, seeds, others' shares) are gone, and a session once left
+    is refused."""
+    counts = make_counts(8, seed=41)
+    grid = honest_grid(counts)
+    first = PassServer(b"session-1", NUM_CLASSES, 10**9, run_id=grid.run.run_id)
+    run_pass_rounds(grid, sorted(counts), first, upto=upto)
+    before = {node: _session_secrets(grid, node) for node in counts}
+    second = PassServer(b"session-2", NUM_CLASSES, 10**9, run_id=grid.run.run_id)
+    replies = _advertise(grid, second)
+    assert all(not reply.has_error() for reply in replies.values())
+    for node in counts:
+        after = _session_secrets(grid, node)
+        assert after and not before[node] & after  # nothing of session 1 is kept
+        state = grid.context(node).state.config_records[RECORD_KEY]
+        assert state["pass/session"] == b"session-2" and list(state["pass-earlier-sessions"]) == [b"session-1"]
+    again = PassServer(b"session-1", NUM_CLASSES, 10**9, run_id=grid.run.run_id)
+    assert all(reply.has_error() for reply in _advertise(grid, again).values())  # wipes session 2 as well
+    third = PassServer(b"session-3", NUM_CLASSES, 10**9, run_id=grid.run.run_id)
+    assert all(not reply.has_error() for reply in _advertise(grid, third).values())
+
+
+def test_a_client_asked_to_unmask_refuses_any_later_session_of_the_run() -> None:
+    """The two-sums attack: a server that had a sum released (or asked for one) starts a second session to
+    difference the two. Every client that was asked to unmask refuses, and wipes what it still held."""
+    counts = make_counts(8, seed=43)
+    grid = honest_grid(counts)
+    first = PassServer(b"session-1", NUM_CLASSES, 10**9, run_id=grid.run.run_id)
+    run_pass_rounds(grid, sorted(counts), first, upto=4)
+    assert first.finish() is not None  # the first sum was released
+    replies = _advertise(grid, PassServer(b"session-2", NUM_CLASSES, 10**9, run_id=grid.run.run_id))
+    assert all(reply.has_error() for reply in replies.values())
+    for node in counts:
+        assert client_secrets(grid, node) == {}
+        assert grid.context(node).state.config_records[RECORD_KEY]["pass/session"] == b"session-1"
+
+
+def test_a_client_refused_at_unmask_still_refuses_a_later_session() -> None:
+    """Asked to unmask with a set it cannot answer, a client refuses and sends no share; it still never joins
+    another session of the run: its neighbours may have answered the same request."""
+    counts = make_counts(8, seed=47)
+    grid = honest_grid(counts)
+    first = PassServer(b"session-1", NUM_CLASSES, 10**9, run_id=grid.run.run_id)
+    requests = run_pass_rounds(grid, sorted(counts), first, upto=3)
+    victim_index = min(requests)
+    bogus = UnmaskRequest.of([victim_index], [])  # one survivor: every client refuses it
+    replies = send(grid, "market_unmask", {first.node_of[victim_index]: bogus.to_record()})
+    assert all(reply.has_error() for reply in replies.values())
+    replies = _advertise(grid, PassServer(b"session-2", NUM_CLASSES, 10**9, run_id=grid.run.run_id))
+    victim = first.node_of[victim_index]
+    assert replies[victim].has_error()
+    assert all(not reply.has_error() for node, reply in replies.items() if node != victim)

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import ERROR, INFO, WARNING
-from typing import Any
+from typing import Any, NoReturn
 
 from flwr.app import ConfigRecord, Message
 from flwr.app.typing import ConfigRecordValues
@@ -38,7 +38,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from flmarket_flwr.market.client import LABEL_COUNTS_FAILED
-from flmarket_flwr.market.config import MarketConfig, MarketOutcome
+from flmarket_flwr.market.config import MarketConfig, MarketOutcome, PassSession
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.ledger import LedgerError
 from flmarket_flwr.market.messages import (
@@ -91,6 +91,8 @@ class MarketPhase:
         self._excluded: dict[int, str] = {}
         self._contacted: set[int] = set()
         self._session = b""
+        self.pass_sessions: list[PassSession] = []
+        """The PASS sessions of the last :meth:`run`, in order."""
 
     # --- Public API ----------------------------------------------------------------------------
     def run(self, grid: Grid) -> MarketOutcome:
@@ -116,6 +118,7 @@ class MarketPhase:
         self._excluded = {}
         self._contacted = set()
         self._session = b""
+        self.pass_sessions = []
         timings: dict[str, float] = {}
         started = time.perf_counter()
         try:
@@ -146,6 +149,7 @@ class MarketPhase:
             num_winners=self.config.num_winners,
             award_acknowledged=acknowledged,
             audited=award.audited,
+            pass_sessions=list(self.pass_sessions),
         )
         log(
             INFO,
@@ -238,22 +242,51 @@ class MarketPhase:
 
     # --- Step 1: PASS -------------------------------------------------------------------------
     def run_pass(self, grid: Grid, nodes: Sequence[int]) -> PassResult:
-        """Run PASS once over ``nodes`` and return ``N_s`` with the survivors and their commitments.
+        """Run PASS over ``nodes`` and return ``N_s`` with the survivors and their commitments.
+
+        A session that fails closed before any unmask request went out (nothing released: no client has sent
+        a share of any secret) is run again as a fresh session without the clients it named, at most
+        ``pass_reruns`` times; each session is kept in :attr:`pass_sessions`.
 
         Raises
         ------
         MarketError
-            Too few survivors, a secret without enough shares, or ``N_s`` out of its bounds.
+            Too few survivors, a secret without enough shares, or ``N_s`` out of its bounds, in the last
+            session; or a failure after the unmask round began (a second sum would be a second release).
         """
         self._contacted.update(nodes)
-        self._session = f"{self.config.session_label}/pass/".encode() + secrets.token_bytes(16)
-        try:
-            return PassRounds(self.config, self, self._session).run(grid, nodes)
-        except MarketError as err:
-            cause = _label_count_failures(self._excluded)
-            if cause:  # name the root cause, not its symptom ("only 0 clients advertised valid keys")
-                raise MarketError(f"{cause}; {err}") from err
-            raise
+        roster = sorted(nodes)
+        while True:
+            self._session = f"{self.config.session_label}/pass/".encode() + secrets.token_bytes(16)
+            rounds = PassRounds(self.config, self, self._session)
+            try:
+                result = rounds.run(grid, roster)
+            except MarketError as err:
+                named = [node for node in roster if self.is_excluded(node)]
+                self.pass_sessions.append(PassSession(self._session.hex(), roster, str(err), named))
+                roster = [node for node in roster if node not in named]
+                if rounds.unmask_requested or len(self.pass_sessions) > self.config.pass_reruns or not named:
+                    self._raise_pass_failure(err)
+                log(
+                    WARNING,
+                    "Market: PASS session %d stopped before any sum was released (%s); running a fresh session "
+                    "without the %d client(s) it named: %s",
+                    len(self.pass_sessions),
+                    err,
+                    len(named),
+                    named,
+                )
+                self.require_enough(roster, f"the PASS re-run after: {err}")
+                continue
+            self.pass_sessions.append(PassSession(self._session.hex(), roster, "released", []))
+            return result
+
+    def _raise_pass_failure(self, err: MarketError) -> NoReturn:
+        """Raise ``err``, naming the root cause first when clients' own label-count callbacks failed."""
+        cause = _label_count_failures(self._excluded)
+        if cause:  # name the root cause, not its symptom ("only 0 clients advertised valid keys")
+            raise MarketError(f"{cause}; {err}") from err
+        raise err
 
     def require_enough(self, nodes: Sequence[int], where: str) -> None:
         """Raise :class:`MarketError` if fewer than ``min_clients`` nodes are left."""
