@@ -248,7 +248,7 @@ class MarketPhase:
 
         A session that fails closed before any unmask request went out (nothing released: no client has sent
         a share of any secret) is run again as a fresh session without the clients it named, at most
-        ``pass_reruns`` times; each session is kept in :attr:`pass_sessions`.
+        ``pass_reruns`` times and while ``min_clients`` are left; each session is kept in :attr:`pass_sessions`.
 
         Raises
         ------
@@ -267,7 +267,12 @@ class MarketPhase:
                 named = [node for node in roster if self.is_excluded(node)]
                 self.pass_sessions.append(PassSession(self._session.hex(), roster, str(err), named))
                 roster = [node for node in roster if node not in named]
-                if rounds.unmask_requested or len(self.pass_sessions) > self.config.pass_reruns or not named:
+                if (
+                    rounds.unmask_requested
+                    or len(self.pass_sessions) > self.config.pass_reruns
+                    or not named
+                    or len(roster) < self.config.min_clients
+                ):
                     self._raise_pass_failure(err)
                 log(
                     WARNING,
@@ -278,7 +283,6 @@ class MarketPhase:
                     len(named),
                     named,
                 )
-                self.require_enough(roster, f"the PASS re-run after: {err}")
                 continue
             self.pass_sessions.append(PassSession(self._session.hex(), roster, "released", []))
             return result
