@@ -18,8 +18,9 @@ from adversary import (
 
 from flmarket_flwr.market import MarketPhase
 from flmarket_flwr.market.messages import RECORD_KEY
-from flmarket_flwr.pass_protocol import PassServer, UnmaskRequest
+from flmarket_flwr.pass_protocol import PassClient, PassServer, UnmaskRequest, secagg
 from flmarket_flwr.pass_protocol.graph import neighbourhood_size, share_threshold
+from flmarket_flwr.pass_protocol.shamir import random_scalar, scalar_to_bytes
 
 SIZES = [8, 40]
 
@@ -169,3 +170,55 @@ def test_a_client_refused_at_unmask_still_refuses_a_later_session() -> None:
     victim = first.node_of[victim_index]
     assert replies[victim].has_error()
     assert all(not reply.has_error() for node, reply in replies.items() if node != victim)
+
+
+# --- (b) a dealer shares a random value instead of its mask key, then withholds its masked input -------------
+def _dealing_a_random_value(monkeypatch, node: int) -> None:
+    """Make ``node``'s real client deal shares of a random scalar instead of its mask key. Each share comes with
+    its true point, so every receiver's check passes: only the dealing as a whole is wrong."""
+    honest_share_keys, honest_scalar = PassClient.share_keys, secagg.mask_scalar
+
+    def share_keys(self, request, directory=None, identity_key=None):
+        if self.to_record()["node_id"] != node:
+            return honest_share_keys(self, request, directory, identity_key)
+        monkeypatch.setattr(secagg, "mask_scalar", lambda private_key: scalar_to_bytes(random_scalar()))
+        try:
+            return honest_share_keys(self, request, directory, identity_key)
+        finally:
+            monkeypatch.setattr(secagg, "mask_scalar", honest_scalar)
+
+    monkeypatch.setattr(PassClient, "share_keys", share_keys)
+
+
+def _withholding(node: int, action: str):
+    """A reply hook that drops ``node``'s reply to ``query.<action>`` (the server sees a timeout)."""
+
+    def hook(instruction, reply):
+        if instruction.metadata.dst_node_id == node and instruction.metadata.message_type == f"query.{action}":
+            return None
+        return reply
+
+    return hook
+
+
+@pytest.mark.parametrize("num_nodes", SIZES)
+def test_a_dealer_of_a_random_value_that_withholds_its_input_is_named_before_anyone_unmasks(
+    monkeypatch, num_nodes: int
+) -> None:
+    """Its neighbours cannot tell its shares from true ones, and its masks sit in their inputs. Before any unmask
+    request the server checks the points of its surviving holders against its advertised mask key, names it
+    ("mis-dealt"), and runs a fresh session without it: nobody unmasked for the first session."""
+    counts = make_counts(num_nodes, seed=37)
+    attacker = sorted(counts)[4]
+    _dealing_a_random_value(monkeypatch, attacker)
+    grid = honest_grid(counts, reply_hook=_withholding(attacker, "market_mask"))
+    outcome = MarketPhase(market_config()).run(grid)
+    assert set(outcome.excluded) == {attacker}
+    assert "mis-dealt shares" in outcome.excluded[attacker]
+    first, second = outcome.pass_sessions
+    assert first.named == [attacker] and "do not rebuild its advertised mask key" in first.result
+    unmasks = [m for m in grid.sent if m.metadata.message_type == "query.market_unmask"]
+    assert len(unmasks) == num_nodes - 1, "only the second session's unmask round"
+    honest = [n for n in counts if n != attacker]
+    assert second.roster == sorted(honest) and outcome.pass_participants == sorted(honest)
+    assert outcome.global_counts == _exact_over(counts, honest)

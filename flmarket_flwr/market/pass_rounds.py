@@ -182,10 +182,11 @@ class PassRounds:
         return {self._server.index_of[node]: record for node, record in valid.items()}
 
     def _report_exclusions(self) -> None:
-        """Hand the protocol's own exclusions (bad keys, shares, sizes) to the market's log, once each."""
+        """Hand the protocol's own exclusions (bad keys, shares, sizes) to the market's log, once each; a client
+        convicted of a deviation is named for it even if the market had left it out as a dropout."""
         for index, reason in self._server.excluded.items():
             node = self._server.node_of[index]
-            if not self._messenger.is_excluded(node):
+            if not self._messenger.is_excluded(node) or index in self._server.culprits:
                 self._messenger.exclude(node, "PASS", reason)
 
 
