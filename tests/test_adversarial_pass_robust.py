@@ -16,7 +16,7 @@ from adversary import (
     send,
 )
 
-from flmarket_flwr.market import MarketPhase
+from flmarket_flwr.market import MarketError, MarketPhase
 from flmarket_flwr.market.messages import RECORD_KEY
 from flmarket_flwr.pass_protocol import PassClient, PassServer, UnmaskRequest, secagg
 from flmarket_flwr.pass_protocol.graph import neighbourhood_size, share_threshold
@@ -221,4 +221,49 @@ def test_a_dealer_of_a_random_value_that_withholds_its_input_is_named_before_any
     assert len(unmasks) == num_nodes - 1, "only the second session's unmask round"
     honest = [n for n in counts if n != attacker]
     assert second.roster == sorted(honest) and outcome.pass_participants == sorted(honest)
+    assert outcome.global_counts == _exact_over(counts, honest)
+
+
+def _garbling_in_session(node: int, session: int, how_many: int):
+    """A reply hook by which ``node`` garbles its first ``how_many`` share ciphertexts in its ``session``-th share
+    round only (a client that waits for the re-run to strike)."""
+    seen = {"rounds": 0}
+
+    def hook(instruction, reply):
+        if instruction.metadata.dst_node_id == node and instruction.metadata.message_type == "query.market_share":
+            seen["rounds"] += 1
+            if seen["rounds"] == session and not reply.has_error():
+                _garbage_to_first(how_many)(reply.content.config_records[RECORD_KEY])
+        return reply
+
+    return hook
+
+
+def _chained(*hooks):
+    def hook(instruction, reply):
+        for each in hooks:
+            reply = each(instruction, reply)
+            if reply is None:
+                return None
+        return reply
+
+    return hook
+
+
+@pytest.mark.parametrize("reruns", [1, 2])
+def test_the_re_runs_are_bounded_by_pass_reruns(reruns: int) -> None:
+    """Two clients that stop a session in turn: the second strikes in the re-run. With one re-run allowed the
+    market stops with the second session's error; with two, a third session without both releases the sum."""
+    counts = make_counts(8, seed=53)
+    first, second = sorted(counts)[1], sorted(counts)[6]
+    hooks = _chained(_garbling_in_session(first, 1, 4), _garbling_in_session(second, 2, 4))  # k = 7, t = 4
+    phase = MarketPhase(market_config(pass_reruns=reruns))
+    if reruns == 1:
+        with pytest.raises(MarketError, match="cannot be rebuilt"):
+            phase.run(honest_grid(counts, reply_hook=hooks))
+        assert [session.named for session in phase.pass_sessions] == [[first], [second]]
+        return
+    outcome = phase.run(honest_grid(counts, reply_hook=hooks))
+    assert [session.named for session in outcome.pass_sessions] == [[first], [second], []]
+    honest = [n for n in counts if n not in (first, second)]
     assert outcome.global_counts == _exact_over(counts, honest)
