@@ -148,7 +148,8 @@ class PassSession:
     result : str
         ``"released"`` (its sum was released), else why it stopped.
     named : list[int]
-        Node ids it excluded (each with its reason in :attr:`MarketOutcome.excluded`), left out of the next.
+        Node ids it excluded (each with its reason in :attr:`MarketOutcome.excluded`), left out of the next;
+        not those that withdrew only because named senders garbled their shares to them (taken back).
     """
 
     session: str

@@ -181,6 +181,11 @@ class PassRounds:
         valid = self._messenger.validated(action, records, replies, _reply_record)
         return {self._server.index_of[node]: record for node, record in valid.items()}
 
+    @property
+    def wronged(self) -> list[int]:
+        """Node ids this session excluded only because convicted senders garbled their shares to them."""
+        return sorted(self._server.node_of[index] for index in self._server.wronged)
+
     def _report_exclusions(self) -> None:
         """Hand the protocol's own exclusions (bad keys, shares, sizes) to the market's log, once each; a client
         convicted of a deviation is named for it even if the market had left it out as a dropout."""

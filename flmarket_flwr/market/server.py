@@ -247,7 +247,8 @@ class MarketPhase:
         """Run PASS over ``nodes`` and return ``N_s`` with the survivors and their commitments.
 
         A session that fails closed before any unmask request went out (nothing released: no client has sent
-        a share of any secret) is run again as a fresh session without the clients it named, at most
+        a share of any secret) is run again as a fresh session without the clients it named (but with those
+        it excluded only because named senders garbled their shares to them), at most
         ``pass_reruns`` times and while ``min_clients`` are left; each session is kept in :attr:`pass_sessions`.
 
         Raises
@@ -264,7 +265,8 @@ class MarketPhase:
             try:
                 result = rounds.run(grid, roster)
             except MarketError as err:
-                named = [node for node in roster if self.is_excluded(node)]
+                wronged = rounds.wronged  # excluded through no fault of their own: taken back
+                named = [node for node in roster if self.is_excluded(node) and node not in wronged]
                 self.pass_sessions.append(PassSession(self._session.hex(), roster, str(err), named))
                 roster = [node for node in roster if node not in named]
                 if (
@@ -283,6 +285,9 @@ class MarketPhase:
                     len(named),
                     named,
                 )
+                for node in wronged:  # they withdrew only because the named garbled their shares to them
+                    log(INFO, "Market: node %d is taken back: its withdrawal was forced by the clients named", node)
+                    self._excluded.pop(node, None)
                 continue
             self.pass_sessions.append(PassSession(self._session.hex(), roster, "released", []))
             return result

@@ -1245,6 +1245,7 @@ class PassServer:
         self._masked: dict[int, MaskedInput] = {}
         self._accusations: dict[tuple[int, int], bytes] = {}  # (accuser, accused) -> the accuser's proof or b""
         self._culprits: set[int] = set()  # named by an accusation's judgement: their masked inputs are not used
+        self._wronged: set[int] = set()  # withdrew because every sender it accused was convicted
         self._cut: set[tuple[int, int]] = set()  # (holder, dealer): no mask and no shares on that edge
         self._step = 0
 
@@ -1452,6 +1453,8 @@ class PassServer:
             self._judge(u, v, proof)
         for u in withdrawals:  # after the judging: a false accuser is named for that, not for withdrawing
             self._exclude(u, f"withdrew: fewer than {self.threshold} neighbours' shares opened at it")
+            if u not in self._culprits and all(v in self._culprits for (w, v) in self._accusations if w == u):
+                self._wronged.add(u)
         return self._close_inputs()
 
     def _judge(self, accuser: int, accused: int, proof: bytes) -> None:
@@ -1515,6 +1518,12 @@ class PassServer:
     def culprits(self) -> frozenset[int]:
         """The clients named for a deviation (garbage or mis-dealt shares, a false accusation)."""
         return frozenset(self._culprits)
+
+    @property
+    def wronged(self) -> frozenset[int]:
+        """Clients that withdrew only because senders convicted of garbage shares left them short of ``t``:
+        excluded from this session through no fault of their own (a fresh session may take them back)."""
+        return frozenset(self._wronged)
 
     def _close_inputs(self) -> dict[int, UnmaskRequest] | dict[int, ConsistencyRequest]:
         """Fix U3 (masked inputs less the named culprits) and build the next round's requests."""
