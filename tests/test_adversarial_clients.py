@@ -67,8 +67,10 @@ def test_a_poisoned_masked_vector_aborts_the_market_cleanly(poison: int) -> None
         record["masked_counts"] = words.astype("<u8").tobytes()
 
     grid = honest_grid(counts, reply_hook=altering(attacker, "market_mask", add_poison))
+    phase = MarketPhase(market_config())
     with pytest.raises(MarketError, match="exceeds count_bound"):
-        MarketPhase(market_config()).run(grid)
+        phase.run(grid)
+    assert len(phase.pass_sessions) == 1, "refused after the unmask round: never a second session (a second sum)"
     # Nobody was scored or paid, and every client was told the market closed: no secret is left anywhere.
     for node in counts:
         assert client_secrets(grid, node) == {}
