@@ -19,6 +19,7 @@ from adversary import (
 from flmarket_flwr.market import MarketError, MarketPhase
 from flmarket_flwr.market.messages import RECORD_KEY
 from flmarket_flwr.pass_protocol import PassClient, PassServer, UnmaskRequest, secagg
+from flmarket_flwr.pass_protocol.dleq import share_point
 from flmarket_flwr.pass_protocol.graph import neighbourhood_size, share_threshold
 from flmarket_flwr.pass_protocol.shamir import random_scalar, scalar_to_bytes
 
@@ -266,4 +267,24 @@ def test_the_re_runs_are_bounded_by_pass_reruns(reruns: int) -> None:
     outcome = phase.run(honest_grid(counts, reply_hook=hooks))
     assert [session.named for session in outcome.pass_sessions] == [[first], [second], []]
     honest = [n for n in counts if n not in (first, second)]
+    assert outcome.global_counts == _exact_over(counts, honest)
+
+
+@pytest.mark.parametrize("num_nodes", SIZES)
+def test_a_share_that_does_not_match_its_point_names_its_dealer_and_pass_finishes(num_nodes: int) -> None:
+    """A dealer sends one receiver a share whose point (in the digest) is another's: the receiver's check fails,
+    it accuses with the proven channel secret, the server's own check of the opened share convicts the dealer."""
+    counts = make_counts(num_nodes, seed=59)
+    attacker = sorted(counts)[2]
+
+    def wrong_point(record) -> None:
+        digests = list(record["share_digests"])
+        digests[0] = share_point(scalar_to_bytes(random_scalar())) + digests[0][32:]
+        record["share_digests"] = digests
+
+    grid = honest_grid(counts, reply_hook=altering(attacker, "market_share", wrong_point))
+    outcome = MarketPhase(market_config()).run(grid)
+    assert set(outcome.excluded) == {attacker} and "garbage shares" in outcome.excluded[attacker]
+    assert len(outcome.pass_sessions) == 1
+    honest = [n for n in counts if n != attacker]
     assert outcome.global_counts == _exact_over(counts, honest)
