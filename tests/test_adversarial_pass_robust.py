@@ -14,9 +14,11 @@ from adversary import (
     market_config,
     run_pass_rounds,
     send,
+    signed_setup,
 )
 
 from flmarket_flwr.market import MarketError, MarketPhase
+from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.messages import RECORD_KEY
 from flmarket_flwr.pass_protocol import PassClient, PassServer, UnmaskRequest, secagg
 from flmarket_flwr.pass_protocol.dleq import share_point
@@ -286,5 +288,18 @@ def test_a_share_that_does_not_match_its_point_names_its_dealer_and_pass_finishe
     outcome = MarketPhase(market_config()).run(grid)
     assert set(outcome.excluded) == {attacker} and "garbage shares" in outcome.excluded[attacker]
     assert len(outcome.pass_sessions) == 1
+    honest = [n for n in counts if n != attacker]
+    assert outcome.global_counts == _exact_over(counts, honest)
+
+
+def test_with_identity_keys_the_re_run_is_signed_and_checked_like_the_first_session() -> None:
+    """The secure set-up: the fresh session has its own roster fingerprint, signatures and consistency round."""
+    counts = make_counts(8, seed=61)
+    app, directory, _ = signed_setup(counts)
+    attacker = sorted(counts)[3]
+    grid = InProcessGrid(app, list(counts), reply_hook=altering(attacker, "market_share", _garbage_to_first(4)))
+    outcome = MarketPhase(market_config(directory=directory)).run(grid)
+    assert set(outcome.excluded) == {attacker} and len(outcome.pass_sessions) == 2
+    assert sum(m.metadata.message_type == "query.market_survivors" for m in grid.sent) == 7  # second session only
     honest = [n for n in counts if n != attacker]
     assert outcome.global_counts == _exact_over(counts, honest)
