@@ -67,8 +67,10 @@ def test_a_poisoned_masked_vector_aborts_the_market_cleanly(poison: int) -> None
         record["masked_counts"] = words.astype("<u8").tobytes()
 
     grid = honest_grid(counts, reply_hook=altering(attacker, "market_mask", add_poison))
+    phase = MarketPhase(market_config())
     with pytest.raises(MarketError, match="exceeds count_bound"):
-        MarketPhase(market_config()).run(grid)
+        phase.run(grid)
+    assert len(phase.pass_sessions) == 1, "refused after the unmask round: never a second session (a second sum)"
     # Nobody was scored or paid, and every client was told the market closed: no secret is left anywhere.
     for node in counts:
         assert client_secrets(grid, node) == {}
@@ -328,25 +330,27 @@ def test_colluders_who_garble_their_shares_to_one_receiver_below_its_threshold_a
     """``k - t + 1`` clients garble only their shares to one honest receiver (E = 8, complete: k = 7, t = 4, so 4
     of them), leaving it fewer than ``t`` openable senders. It cannot mask with so few: it withdraws and sends its
     accusations with their proofs instead of a bare refusal, and the four are named ("garbage shares") while it
-    leaves as a dropout with its reason. (Before, it refused with nothing to show, and PASS finished with the
-    four in the sum and the honest receiver out.) With five of eight gone no survivor keeps ``t`` holders of its
-    self-mask seed, so PASS then fails closed, as when one sender garbles to more than ``k - t`` receivers; a
-    market run without the named four succeeds."""
+    leaves as a dropout with its reason. With five of eight gone no survivor keeps ``t`` holders of its
+    self-mask seed, so the session fails closed before any unmask request, and the market runs a fresh session
+    without the four it named (the receiver, wronged, is taken back), which releases the exact sum of the four
+    others."""
     counts = make_counts(8, seed=3)
     nodes = sorted(counts)
     victim, attackers = nodes[0], nodes[1:5]
     index_of: dict[int, int] = {}
     hooks = [altering(n, "market_share", _garbling_to(victim, index_of)) for n in attackers]
     grid = honest_grid(counts, reply_hook=_chained(_learning_index(victim, index_of), *hooks))
-    with caplog.at_level(logging.WARNING, logger="flwr"), pytest.raises(MarketError, match="keeps only 2 surviving"):
-        MarketPhase(market_config()).run(grid)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        outcome = MarketPhase(market_config()).run(grid)
+    first, second = outcome.pass_sessions
+    assert "keeps only 2 surviving" in first.result and first.named == attackers
     named = [line for line in caplog.text.splitlines() if "garbage shares" in line]
     for attacker in attackers:
         assert any(f"node {attacker}" in line and f"client {index_of[victim]}" in line for line in named)
     assert any(f"node {victim}" in line and "withdrew" in line for line in caplog.text.splitlines())
-    assert client_secrets(grid, victim) == {}
     rest = [n for n in nodes if n not in attackers]
-    outcome = MarketPhase(market_config()).run(honest_grid({n: counts[n] for n in rest}))
+    assert second.roster == rest and outcome.pass_participants == rest and victim not in outcome.excluded
+    assert client_secrets(grid, victim) == {}  # its first session's secrets went when it joined the second
     assert outcome.global_counts == [int(c) for c in np.sum([counts[n] for n in rest], axis=0)]
 
 
@@ -441,8 +445,9 @@ def test_with_identity_keys_a_false_accusation_names_the_accuser(monkeypatch, pr
     assert outcome.global_counts == [int(c) for c in np.sum([counts[n] for n in honest], axis=0)]
 
 
-def test_garbage_to_more_than_k_minus_t_neighbours_but_not_all_fails_closed_naming_the_sender(caplog) -> None:
-    """Four of seven receivers get garbage (E = 8, t = 4): three good holders cannot rebuild its mask key."""
+def test_garbage_to_more_than_k_minus_t_neighbours_but_not_all_is_named_and_pass_runs_again_without_it(caplog):
+    """Four of seven receivers get garbage (E = 8, t = 4): three good holders cannot rebuild its mask key, so the
+    session fails closed naming the sender, and a fresh session without it releases the others' exact sum."""
     counts = make_counts(8, seed=17)
     attacker = sorted(counts)[3]
 
@@ -451,9 +456,13 @@ def test_garbage_to_more_than_k_minus_t_neighbours_but_not_all_fails_closed_nami
         record["ciphertexts"] = [_garbled(c) if i < 4 else c for i, c in enumerate(sent)]
 
     grid = honest_grid(counts, reply_hook=altering(attacker, "market_share", garbage_to_four))
-    with caplog.at_level(logging.WARNING, logger="flwr"), pytest.raises(MarketError, match="keeps only 3 surviving"):
-        MarketPhase(market_config()).run(grid)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        outcome = MarketPhase(market_config()).run(grid)
     assert f"node {attacker}" in caplog.text and "garbage shares" in caplog.text
+    assert "keeps only 3 surviving" in outcome.pass_sessions[0].result
+    assert set(outcome.excluded) == {attacker}
+    honest = [n for n in counts if n != attacker]
+    assert outcome.global_counts == [int(c) for c in np.sum([counts[n] for n in honest], axis=0)]
 
 
 def test_a_survivor_that_signs_another_set_with_its_own_key_is_excluded_and_pass_finishes() -> None:

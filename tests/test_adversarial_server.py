@@ -31,15 +31,11 @@ from flmarket_flwr.pass_protocol import (
     IdentityDirectory,
     PassServer,
     UnmaskRequest,
-    derive_pair_seed,
     expand_seed,
     generate_identity,
-    load_public_key,
-    reconstruct_secrets,
-    share_from_bytes,
     share_threshold,
 )
-from flmarket_flwr.pass_protocol.primitives import exchange_shared_secret
+from flmarket_flwr.pass_protocol.secagg import _scalar_pair_mask, rebuild_secret
 from flmarket_flwr.pricing import score
 
 GENERIC = "flmarket: market_bid: request refused"
@@ -125,15 +121,12 @@ def _mask_round(counts: dict[int, np.ndarray], seed: int):
 
 
 def _strip_pairwise_masks(server: PassServer, victim: int, mask_key: bytes, masked: np.ndarray) -> np.ndarray:
-    """What the server gets from ``Y_victim`` once it knows the victim's mask private key."""
-    key = X25519PrivateKey.from_private_bytes(mask_key)
+    """What the server gets from ``Y_victim`` once it knows the victim's mask key (a scalar mod l)."""
     out = masked.copy()
     for v in server.graph[victim]:
-        peer = load_public_key(server.adverts[v].mask_public_key, v)
-        mask = expand_seed(
-            derive_pair_seed(exchange_shared_secret(key, peer, v), server.session, victim, v), NUM_CLASSES
+        out = out - _scalar_pair_mask(
+            mask_key, server.adverts[v].mask_public_key, server.session, victim, v, NUM_CLASSES
         )
-        out = out - mask if victim < v else out + mask
     return out
 
 
@@ -152,8 +145,7 @@ def test_claiming_a_survivor_dropped_strips_only_its_pairwise_masks(seed: int) -
         if victim in r["dropped_indices"]
     ]
     assert len(shares) >= share_threshold(server.degree)  # the lie works: the victim's mask key comes out...
-    rows = np.stack([share_from_bytes(s, 1, 32) for _, s in shares])
-    mask_key = reconstruct_secrets([x for x, _ in shares], rows, 32)[0]
+    mask_key = rebuild_secret(shares)
     recovered = _strip_pairwise_masks(server, victim, mask_key, masked[victim])
     truth = counts[server.node_of[victim]].astype(np.uint64)
     assert np.all(recovered != truth)  # ...but the self-mask PRG(b_victim) still hides every class
@@ -295,8 +287,7 @@ def test_the_full_transcript_reveals_no_losers_counts_and_no_single_masked_vecto
                 b_shares.setdefault(owner, []).append((index_of[reply.metadata.src_node_id], share))
     for node, vector in masked.items():
         shares = b_shares[index_of[node]]
-        rows = np.stack([share_from_bytes(s, 1, 32) for _, s in shares])
-        seed = reconstruct_secrets([x for x, _ in shares], rows, 32)[0]
+        seed = rebuild_secret(shares)
         stripped = vector - expand_seed(seed, NUM_CLASSES)
         assert np.count_nonzero(stripped == counts[node].astype(np.uint64)) == 0
     assert outcome.global_counts == [int(c) for c in np.sum(list(counts.values()), axis=0)]

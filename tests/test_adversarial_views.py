@@ -28,7 +28,6 @@ from adversary import (
     send,
     signed_app,
 )
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from flwr.app import Message
 from flwr.clientapp import ClientApp
 
@@ -42,13 +41,9 @@ from flmarket_flwr.pass_protocol import (
     PassError,
     PassServer,
     UnmaskRequest,
-    derive_pair_seed,
     expand_seed,
     generate_identity,
-    load_public_key,
-    reconstruct_secrets,
     roster_fingerprint,
-    share_from_bytes,
 )
 from flmarket_flwr.pass_protocol.graph import (
     derive_graph_seed,
@@ -57,7 +52,7 @@ from flmarket_flwr.pass_protocol.graph import (
     roster_digest,
     share_threshold,
 )
-from flmarket_flwr.pass_protocol.primitives import exchange_shared_secret
+from flmarket_flwr.pass_protocol.secagg import _scalar_pair_mask, rebuild_secret
 
 BOUND = 10**9
 
@@ -148,8 +143,7 @@ def _split_views_attack(counts: dict[int, np.ndarray], signed: bool) -> SplitVie
 
 
 def _rebuild(shares: list[tuple[int, bytes]], t: int) -> bytes:
-    rows = np.stack([share_from_bytes(share, 1, 32) for _, share in shares[:t]])
-    return reconstruct_secrets([x for x, _ in shares[:t]], rows, 32)[0]
+    return rebuild_secret(shares[:t])
 
 
 def _recover(attack: SplitViews) -> np.ndarray | None:
@@ -158,12 +152,10 @@ def _recover(attack: SplitViews) -> np.ndarray | None:
     if len(attack.b_shares) < t or any(len(attack.s_shares.get(p, [])) < t for p in attack.peers):
         return None
     value = attack.masked[victim] - expand_seed(_rebuild(attack.b_shares, t), NUM_CLASSES)
-    victim_key = load_public_key(server.adverts[victim].mask_public_key, victim)
-    for peer in attack.peers:
-        key = X25519PrivateKey.from_private_bytes(_rebuild(attack.s_shares[peer], t))
-        seed = derive_pair_seed(exchange_shared_secret(key, victim_key, victim), server.session, victim, peer)
-        mask = expand_seed(seed, NUM_CLASSES)
-        value = value - mask if victim < peer else value + mask
+    victim_key = server.adverts[victim].mask_public_key
+    for peer in attack.peers:  # the peer's mask key rebuilt as a scalar: its exchange with the victim's key
+        key = _rebuild(attack.s_shares[peer], t)
+        value = value + _scalar_pair_mask(key, victim_key, server.session, peer, victim, NUM_CLASSES)
     return value
 
 
@@ -398,12 +390,10 @@ def _open_with_colluders(
         s_shares.append((x, both[: len(both) // 2]))
         b_shares.append((x, both[len(both) // 2 :]))
     value = masked - expand_seed(_rebuild(b_shares, t), NUM_CLASSES)
-    mask_key = X25519PrivateKey.from_private_bytes(_rebuild(s_shares, t))
+    mask_key = _rebuild(s_shares, t)  # a scalar mod l
     for peer in server.graph[victim]:
-        peer_key = load_public_key(server.adverts[peer].mask_public_key, peer)
-        seed = derive_pair_seed(exchange_shared_secret(mask_key, peer_key, peer), server.session, victim, peer)
-        mask = expand_seed(seed, NUM_CLASSES)
-        value = value - mask if victim < peer else value + mask
+        peer_key = server.adverts[peer].mask_public_key
+        value = value - _scalar_pair_mask(mask_key, peer_key, server.session, victim, peer, NUM_CLASSES)
     return value
 
 

@@ -240,6 +240,21 @@ TOO_MANY = {
 }
 
 
+def test_dropouts_at_mask_past_a_threshold_are_left_out_of_a_fresh_session_that_finishes(caplog) -> None:
+    """The "mask-below-threshold" case with the default re-runs: the session stops before any unmask request,
+    and a fresh one over the three nodes that answered releases their exact sum."""
+    counts = make_counts(6, seed=4)
+    nodes = sorted(counts)
+    faults = Faults().add(ACTION_MASK, set(nodes[:3]), drop)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        outcome, _ = run_market(counts, faults)
+    assert "running a fresh session without the 3 client(s) it named" in caplog.text
+    assert [session.named for session in outcome.pass_sessions] == [nodes[:3], []]
+    assert outcome.pass_participants == nodes[3:]
+    assert outcome.global_counts == [int(c) for c in np.sum([counts[n] for n in nodes[3:]], axis=0)]
+    assert len(faults.sent(ACTION_UNMASK)) == 3, "the unmask round of the second session only"
+
+
 @pytest.mark.parametrize("action, num_nodes, leaving, match", TOO_MANY.values(), ids=TOO_MANY.keys())
 def test_too_many_dropouts_at_a_pass_round_are_a_clear_error(
     action: str, num_nodes: int, leaving: int, match: str, caplog
@@ -249,7 +264,7 @@ def test_too_many_dropouts_at_a_pass_round_are_a_clear_error(
     faults = Faults().add(action, set(nodes[:leaving]), drop)
 
     with caplog.at_level(logging.WARNING, logger="flwr"), pytest.raises(MarketError, match=match):
-        run_market(counts, faults)
+        run_market(counts, faults, pass_reruns=0)  # one session: a re-run is tested below
 
     assert "Market: aborted" in caplog.text
     assert not faults.sent(ACTION_BID), "no sum, no bid"

@@ -167,7 +167,7 @@ def test_all_zero_global_counts_are_a_clear_error() -> None:
     assert not [m for m in grid.sent if m.metadata.message_type.endswith("market_bid")]
     for node in counts:  # told the market closed, PASS state wiped
         state = grid.context(node).state.config_records[RECORD_KEY]
-        assert {k for k in state if k.startswith("pass/")} <= {"pass/session", "pass/stage"}
+        assert {k for k in state if k.startswith("pass/")} <= {"pass/session", "pass/stage", "pass/unmask_requested"}
 
 
 def test_without_audits_no_counts_are_opened() -> None:
@@ -221,7 +221,11 @@ def test_awards_are_recorded_in_client_state_and_pass_keys_purged() -> None:
         assert award.score == outcome.scores[node]
         assert award.bid == outcome.bids[node]
         state = context.state.config_records[RECORD_KEY]
-        assert {key for key in state if key.startswith("pass/")} <= {"pass/session", "pass/stage"}
+        assert {key for key in state if key.startswith("pass/")} <= {
+            "pass/session",
+            "pass/stage",
+            "pass/unmask_requested",
+        }
         for value in state.values():  # no key material survives the award
             assert not (isinstance(value, bytes) and len(value) == 32 and value != state.get("pass/session"))
 

@@ -12,6 +12,7 @@ from flmarket_flwr.pass_protocol.graph import (
     commit_graph_seed,
     derive_graph_seed,
     mask_graph,
+    max_secret_threshold,
     neighbourhood_size,
     neighbours_of,
     roster_digest,
@@ -145,12 +146,21 @@ def test_a_tie_of_keystream_words_falls_back_to_the_sorted_cycle(monkeypatch):
 @given(k=st.integers(1, 200), tolerance=st.integers(0, 220))
 def test_a_secret_threshold_is_the_least_that_withstands_its_split_tolerance(k: int, tolerance: int) -> None:
     """``2t - k > c``: a split of the consistency round with ``c`` colluding neighbours needs ``c >= 2t - k``."""
-    if (k + tolerance) // 2 + 1 > k:
-        with pytest.raises(ValueError, match="no threshold withstands"):
+    if (k + tolerance) // 2 + 1 > max(k - 1, share_threshold(k)):
+        with pytest.raises(ValueError, match="no threshold up to"):
             secret_threshold(k, tolerance)
         return
     t = secret_threshold(k, tolerance)
-    assert share_threshold(k) <= t <= k and 2 * t - k > tolerance
+    assert share_threshold(k) <= t <= max_secret_threshold(k) and 2 * t - k > tolerance
     assert t == share_threshold(k) or 2 * (t - 1) - k <= tolerance  # the least such threshold
     with pytest.raises(ValueError, match="split tolerance"):
         secret_threshold(k, -1)
+
+
+@given(k=st.integers(1, 400))
+def test_the_largest_threshold_leaves_a_dealer_recoverable_after_one_receiver_is_lost(k: int) -> None:
+    """``t <= k - 1``: with one receiver gone (it accused the dealer, or dropped) ``t`` holders are left; never
+    below the session's own ``k // 2 + 1`` (only at ``k = 2`` do the two meet above ``k - 1``)."""
+    bound = max_secret_threshold(k)
+    assert bound >= share_threshold(k)
+    assert bound <= k - 1 or (k <= 2 and bound == share_threshold(k))

@@ -289,7 +289,7 @@ def test_too_few_clients_left_is_a_clear_error_in_bounded_time(stage: int, leavi
     nodes = sorted(counts)
     grid = make_grid(counts, Leave({node: stage for node in nodes[:leaving]}))
 
-    result = run_bounded(MarketPhase(market_config()), grid, bound=30.0)
+    result = run_bounded(MarketPhase(market_config(pass_reruns=0)), grid, bound=30.0)  # one session
 
     error = result.get("error")
     assert isinstance(error, MarketError), f"expected a MarketError, got {error!r}"
@@ -297,6 +297,20 @@ def test_too_few_clients_left_is_a_clear_error_in_bounded_time(stage: int, leavi
     assert result["elapsed"] <= len(grid.pushes) * (TIMEOUT + ROUND_SLACK)
     awarded = {m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type.endswith(STEPS[-1])}
     assert awarded == set(nodes), "every contacted node is told the market closed"
+
+
+def test_clients_leaving_at_mask_past_a_threshold_leave_a_fresh_session_for_the_rest_in_bounded_time() -> None:
+    """The "at-mask" case with the default re-runs: four of seven leave, the session stops before any unmask
+    request, and a fresh session over the three left releases their exact sum, each round within its timeout."""
+    counts = make_counts(7, seed=22)
+    nodes = sorted(counts)
+    grid = make_grid(counts, Leave({node: 2 for node in nodes[:4]}))
+    result = run_bounded(MarketPhase(market_config()), grid, bound=30.0)
+    outcome = result.get("outcome")
+    assert outcome is not None, result.get("error")
+    assert [session.roster for session in outcome.pass_sessions] == [nodes, nodes[4:]]
+    assert outcome.global_counts == [int(c) for c in np.sum([counts[n] for n in nodes[4:]], axis=0)]
+    assert result["elapsed"] <= len(grid.pushes) * (TIMEOUT + ROUND_SLACK)
 
 
 def test_too_few_connected_is_a_clear_error_in_bounded_time() -> None:

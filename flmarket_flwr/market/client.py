@@ -13,8 +13,10 @@ The client enforces its own disclosure rules, whatever the server asks:
   a payment at least its bid (``audit=False`` makes it refuse, and then it cannot be paid). Its
   score and bid are functions of its counts and are sent: ``CostBasedBid`` reveals ``N_e`` to anyone
   who knows its cost (README "Threat model");
-* one PASS session per run: a second session in the same run is refused, so the server never gets
-  two sums of one run to difference; each step is answered once, in order. Two runs are two sums:
+* at most one released PASS session per run: a client joins a fresh session of the same run (the
+  server's re-run after a session failed before releasing anything) only if it was never asked to
+  unmask nor to bid in that run, and after an unmask request it refuses every later session, so the
+  server never gets two sums of one run to difference; each step is answered once, in order. Two runs are two sums:
   with a ``release_ledger`` (:mod:`flmarket_flwr.market.ledger`) the client records the members of
   every sum it releases, in its own directory, and refuses to unmask for a survivor set that,
   differenced with an earlier one, would isolate fewer than ``min_roster_change`` clients. That rule
@@ -121,8 +123,10 @@ _STAGE_CLOSED = "closed"
 _SESSION = "session"
 _LEDGER_ROSTER = "ledger-roster"
 """The roster's node ids in PASS-index order (big-endian uint64 words), from the share request, for the ledger."""
-_KEPT_AFTER_CLOSE = ("session", "stage")
-"""What a closed PASS state keeps: enough to refuse a second session in the same run."""
+_KEPT_AFTER_CLOSE = ("session", "stage", "unmask_requested")
+"""What a closed PASS state keeps: enough to refuse a second session once asked to unmask in this one."""
+_EARLIER_SESSIONS = "pass-earlier-sessions"
+"""The PASS sessions of this run that this client left before it was asked to unmask (never joined again)."""
 _CLOSED_PASS_STAGE = 99
 """A PASS stage no protocol step accepts: the session is over for this client."""
 
@@ -328,7 +332,17 @@ class _MarketHandlers:
 
     # --- PASS ----------------------------------------------------------------------------------
     def advertise(self, message: Message, context: Context) -> Message:
-        """PASS round 1: make the session's key pairs (private halves stay in ``context.state``)."""
+        """PASS round 1: make the session's key pairs (private halves stay in ``context.state``).
+
+        A new session of the same run is joined only if this client released nothing in the earlier one
+        (:func:`_leave_unreleased_session`).
+        """
+        state = _state_record(context)
+        try:
+            _leave_unreleased_session(state, _request(message))
+        except _RequestError as err:
+            _close_pass_state(state)
+            return _refusal(message, ACTION_ADVERTISE, err)
 
         def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
             counts = self._label_counts(context)
@@ -417,7 +431,8 @@ class _MarketHandlers:
             request = dict(_request(message).items())
             reply = step(client, request)
         except (PassError, ValueError, TypeError, KeyError) as err:
-            _close_pass_state(state)
+            _store_pass_state(state, client.to_record())  # what the refused step marked (an unmask request) ...
+            _close_pass_state(state)  # ... outlives the wipe
             return _refusal(message, action, err)
         _store_pass_state(state, client.to_record())
         return _reply(message, config_record(reply))
@@ -592,6 +607,37 @@ def _store_pass_state(state: ConfigRecord, record: Mapping[str, Any]) -> None:
     for key in [k for k in state if k.startswith(_PASS_PREFIX)]:
         del state[key]
     set_values(state, {_PASS_PREFIX + key: value for key, value in record.items()})
+
+
+def _leave_unreleased_session(state: ConfigRecord, request: ConfigRecord) -> None:
+    """Wipe the earlier PASS session of this run to join the new one ``request`` names, if that is safe.
+
+    The server runs a fresh session when one failed before releasing anything. Two sums of one run
+    differenced would open the counts of those in one and not the other, so a client joins a new session
+    only while it has never been asked to unmask (the request may have come with others' shares already
+    released) nor to bid; then the earlier session gave the server masked inputs under masks it never saw
+    removed. A session once left is never joined again. The first session, or the same one again (which the
+    protocol refuses as a second advertisement), passes through untouched.
+
+    Raises
+    ------
+    _RequestError
+        This client was asked to unmask or bid in this run, or the session is one it left before.
+    """
+    earlier = _pass_state(state)
+    session = request.get(KEY_SESSION)
+    if not isinstance(earlier.get(_SESSION), bytes) or session == earlier[_SESSION]:
+        return
+    if earlier.get("unmask_requested") or state.get(_STAGE) is not None:
+        raise _RequestError(
+            "asked to unmask or bid in an earlier PASS session of this run: a second sum could be differenced with it"
+        )
+    kept = state.get(_EARLIER_SESSIONS, [])
+    left = [s for s in kept if isinstance(s, bytes)] if isinstance(kept, list) else []
+    if session in left:
+        raise _RequestError("a PASS session this client already left")
+    _store_pass_state(state, {})  # the earlier keys, seeds and held shares go with it
+    state[_EARLIER_SESSIONS] = [*left, earlier[_SESSION]]
 
 
 def _close_pass_state(state: ConfigRecord) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, Ske
 from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_DELTA, SECURE_PROFILE_EPSILON
 from flmarket_flwr.pricing.auction import VALUE_RANGE
 
-__all__ = ["DEFAULT_COUNT_BOUND", "MarketConfig", "MarketOutcome"]
+__all__ = ["DEFAULT_COUNT_BOUND", "MarketConfig", "MarketOutcome", "PassSession"]
 
 DEFAULT_COUNT_BOUND = 10**9
 """Default declared maximum of one client's count of one class."""
@@ -95,6 +96,11 @@ class MarketConfig:
         the few connected clients whose presence would let this sum be differenced with an earlier one to
         fewer than ``min_roster_change`` clients (:func:`~flmarket_flwr.market.ledger.plan_roster`: the
         clients' release ledgers would refuse the whole market), and records its own members after PASS.
+    pass_reruns : int (default: 2)
+        How many times a PASS session that fails closed before any unmask request (no sum released, no
+        client has sent a share of any secret) is run again, as a fresh session without the clients it named
+        (a client garbling its shares, a dropout that left a secret short of its threshold). Each session is
+        bounded by ``timeout`` per round; a client asked to unmask in one session refuses any later one.
     """
 
     budget: float
@@ -116,6 +122,7 @@ class MarketConfig:
     noise: SkellamNoise | None = None
     roster_history: RosterHistory | None = None
     security: str = "semi-honest"
+    pass_reruns: int = 2
 
     def __post_init__(self) -> None:
         """Validate every field; apply the secure profile's settings (``security="malicious"``)."""
@@ -158,6 +165,7 @@ class MarketConfig:
             raise TypeError(f"noise must be a SkellamNoise or None, got {type(self.noise).__name__}")
         if self.roster_history is not None and not isinstance(self.roster_history, RosterHistory):
             raise TypeError(f"roster_history must be a RosterHistory, got {type(self.roster_history).__name__}")
+        check_int("pass_reruns", self.pass_reruns, minimum=0)
 
     def step_timeout(self, num_nodes: int) -> float:
         """Seconds a message round to ``num_nodes`` nodes may take: ``timeout + timeout_per_node * num_nodes``."""
@@ -167,6 +175,29 @@ class MarketConfig:
     def noise_tolerance(self) -> int:
         """How far the noise may move a class of ``N_s`` in the bound checks (0 without noise)."""
         return 0 if self.noise is None else self.noise.tail_bound()
+
+
+@dataclass(frozen=True)
+class PassSession:
+    """One PASS session of a market: whom it invited and how it ended.
+
+    Attributes
+    ----------
+    session : str
+        The session id, hex.
+    roster : list[int]
+        Node ids invited to it, ascending.
+    result : str
+        ``"released"`` (its sum was released), else why it stopped.
+    named : list[int]
+        Node ids it excluded (each with its reason in :attr:`MarketOutcome.excluded`), left out of the next;
+        not those that withdrew only because named senders garbled their shares to them (taken back).
+    """
+
+    session: str
+    roster: list[int]
+    result: str
+    named: list[int]
 
 
 @dataclass
@@ -206,6 +237,9 @@ class MarketOutcome:
         Why a failed market stopped (``""`` when it succeeded).
     invited : list[int]
         Node ids the market invited to PASS (after any roster plan), ascending.
+    pass_sessions : list[PassSession]
+        Every PASS session run, in order: more than one when a session failed before releasing anything
+        and was run again without the clients it named (:attr:`MarketConfig.pass_reruns`).
     """
 
     winners: list[int]
@@ -222,6 +256,7 @@ class MarketOutcome:
     num_winners: int | None = None
     award_acknowledged: list[int] = field(default_factory=list)
     audited: list[int] = field(default_factory=list)
+    pass_sessions: list[PassSession] = field(default_factory=list)
     status: str = "succeeded"
     reason: str = ""
     invited: list[int] = field(default_factory=list)
@@ -280,6 +315,7 @@ class MarketOutcome:
             "excluded": dict(self.excluded),
             "audited": list(self.audited),
             "award_acknowledged": list(self.award_acknowledged),
+            "pass_sessions": [dataclasses.asdict(session) for session in self.pass_sessions],
             "timings": dict(self.timings),
         }
 

@@ -5,8 +5,10 @@ Each round sends one ``query`` message per client (``market_advertise``, ``marke
 ``market_unmask``) whose ``ConfigRecord`` is the
 protocol message's own record, and feeds the valid replies back to the pure protocol object, which builds
 the next round. A node whose reply is missing, an error or malformed leaves PASS at that round with a
-logged reason; PASS runs once per market (the dropped clients' masks are recovered from Shamir shares,
-never by a second sum), and a session that cannot finish safely stops the market with :class:`MarketError`.
+logged reason; the dropped clients' masks are recovered from Shamir shares, never by a second sum, and a
+session that cannot finish safely stops with :class:`MarketError`. Whether it stopped before any unmask
+request went out (:attr:`PassRounds.unmask_requested`) decides whether the market phase may run a fresh
+session without the clients it named: no client has then released anything.
 """
 
 from __future__ import annotations
@@ -105,6 +107,8 @@ class PassRounds:
         self._config = config
         self._session = session
         self._server = self._protocol(run_id=0)
+        self.unmask_requested = False
+        """Whether the unmask round was reached (some client may have sent shares): no second session then."""
 
     def _protocol(self, run_id: int) -> PassServer:
         """The protocol object for this session, bound to the run id."""
@@ -139,6 +143,7 @@ class PassRounds:
             requests = server.receive_masked(self._round(grid, ACTION_MASK, requests))
             if server.directory is not None:
                 requests = server.receive_signatures(self._round(grid, ACTION_SURVIVORS, requests))
+            self.unmask_requested = True
             server.receive_unmask(self._round(grid, ACTION_UNMASK, requests))
             total = server.finish()
         except PassError as err:
@@ -176,11 +181,17 @@ class PassRounds:
         valid = self._messenger.validated(action, records, replies, _reply_record)
         return {self._server.index_of[node]: record for node, record in valid.items()}
 
+    @property
+    def wronged(self) -> list[int]:
+        """Node ids this session excluded only because convicted senders garbled their shares to them."""
+        return sorted(self._server.node_of[index] for index in self._server.wronged)
+
     def _report_exclusions(self) -> None:
-        """Hand the protocol's own exclusions (bad keys, shares, sizes) to the market's log, once each."""
+        """Hand the protocol's own exclusions (bad keys, shares, sizes) to the market's log, once each; a client
+        convicted of a deviation is named for it even if the market had left it out as a dropout."""
         for index, reason in self._server.excluded.items():
             node = self._server.node_of[index]
-            if not self._messenger.is_excluded(node):
+            if not self._messenger.is_excluded(node) or index in self._server.culprits:
                 self._messenger.exclude(node, "PASS", reason)
 
 

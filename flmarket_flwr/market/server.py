@@ -5,7 +5,9 @@ Steps (each a round of Flower ``query`` messages, see :mod:`flmarket_flwr.market
 1. Wait for the nodes (bounded), leave out those a ``roster_history`` says would make the clients' release
    ledgers refuse (:meth:`MarketPhase.planned_roster`), and run PASS over the rest
    (:mod:`flmarket_flwr.market.pass_rounds`): the server learns the global counts ``N_s`` and each
-   survivor's commitment to its counts, once.
+   survivor's commitment to its counts, once. A session that fails closed before any unmask request is
+   run again without the clients it named (``pass_reruns`` times at most), so one client cannot stop PASS
+   for everyone; one that fails later stops the market.
 2. Broadcast ``N_s``, ``E`` and the session's transcript hash; each client returns its score and
    bid (``query.market_bid``). The market aborts if most PASS participants fail this step.
 3. Run the auction (:func:`flmarket_flwr.pricing.run_auction`, the product's one selection rule:
@@ -31,7 +33,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import ERROR, INFO, WARNING
-from typing import Any
+from typing import Any, NoReturn
 
 from flwr.app import ConfigRecord, Message
 from flwr.app.typing import ConfigRecordValues
@@ -39,7 +41,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from flmarket_flwr.market.client import LABEL_COUNTS_FAILED
-from flmarket_flwr.market.config import MarketConfig, MarketOutcome
+from flmarket_flwr.market.config import MarketConfig, MarketOutcome, PassSession
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.ledger import LedgerError
 from flmarket_flwr.market.messages import (
@@ -93,6 +95,8 @@ class MarketPhase:
         self._contacted: set[int] = set()
         self._invited: list[int] = []
         self._session = b""
+        self.pass_sessions: list[PassSession] = []
+        """The PASS sessions of the last :meth:`run`, in order."""
 
     # --- Public API ----------------------------------------------------------------------------
     def run(self, grid: Grid) -> MarketOutcome:
@@ -120,6 +124,7 @@ class MarketPhase:
         self._contacted = set()
         self._invited = []
         self._session = b""
+        self.pass_sessions = []
         timings: dict[str, float] = {}
         started = time.perf_counter()
         try:
@@ -134,6 +139,7 @@ class MarketPhase:
             self._close(grid, {}, set())
             timings["total"] = time.perf_counter() - started
             err.outcome = MarketOutcome.failed(str(err), self.config.budget, self._invited, self._excluded, timings)
+            err.outcome.pass_sessions = list(self.pass_sessions)
             raise
         acknowledged = self._timed(timings, "award", lambda: self._close(grid, award.payments, set(award.winners)))
         timings["total"] = time.perf_counter() - started
@@ -154,6 +160,7 @@ class MarketPhase:
             award_acknowledged=acknowledged,
             audited=award.audited,
             invited=sorted(self._invited),
+            pass_sessions=list(self.pass_sessions),
         )
         log(
             INFO,
@@ -249,22 +256,60 @@ class MarketPhase:
 
     # --- Step 1: PASS -------------------------------------------------------------------------
     def run_pass(self, grid: Grid, nodes: Sequence[int]) -> PassResult:
-        """Run PASS once over ``nodes`` and return ``N_s`` with the survivors and their commitments.
+        """Run PASS over ``nodes`` and return ``N_s`` with the survivors and their commitments.
+
+        A session that fails closed before any unmask request went out (nothing released: no client has sent
+        a share of any secret) is run again as a fresh session without the clients it named (but with those
+        it excluded only because named senders garbled their shares to them), at most
+        ``pass_reruns`` times and while ``min_clients`` are left; each session is kept in :attr:`pass_sessions`.
 
         Raises
         ------
         MarketError
-            Too few survivors, a secret without enough shares, or ``N_s`` out of its bounds.
+            Too few survivors, a secret without enough shares, or ``N_s`` out of its bounds, in the last
+            session; or a failure after the unmask round began (a second sum would be a second release).
         """
         self._contacted.update(nodes)
-        self._session = f"{self.config.session_label}/pass/".encode() + secrets.token_bytes(16)
-        try:
-            return PassRounds(self.config, self, self._session).run(grid, nodes)
-        except MarketError as err:
-            cause = _label_count_failures(self._excluded)
-            if cause:  # name the root cause, not its symptom ("only 0 clients advertised valid keys")
-                raise MarketError(f"{cause}; {err}") from err
-            raise
+        roster = sorted(nodes)
+        while True:
+            self._session = f"{self.config.session_label}/pass/".encode() + secrets.token_bytes(16)
+            rounds = PassRounds(self.config, self, self._session)
+            try:
+                result = rounds.run(grid, roster)
+            except MarketError as err:
+                wronged = rounds.wronged  # excluded through no fault of their own: taken back
+                named = [node for node in roster if self.is_excluded(node) and node not in wronged]
+                self.pass_sessions.append(PassSession(self._session.hex(), roster, str(err), named))
+                roster = [node for node in roster if node not in named]
+                if (
+                    rounds.unmask_requested
+                    or len(self.pass_sessions) > self.config.pass_reruns
+                    or not named
+                    or len(roster) < self.config.min_clients
+                ):
+                    self._raise_pass_failure(err)
+                log(
+                    WARNING,
+                    "Market: PASS session %d stopped before any sum was released (%s); running a fresh session "
+                    "without the %d client(s) it named: %s",
+                    len(self.pass_sessions),
+                    err,
+                    len(named),
+                    named,
+                )
+                for node in wronged:  # they withdrew only because the named garbled their shares to them
+                    log(INFO, "Market: node %d is taken back: its withdrawal was forced by the clients named", node)
+                    self._excluded.pop(node, None)
+                continue
+            self.pass_sessions.append(PassSession(self._session.hex(), roster, "released", []))
+            return result
+
+    def _raise_pass_failure(self, err: MarketError) -> NoReturn:
+        """Raise ``err``, naming the root cause first when clients' own label-count callbacks failed."""
+        cause = _label_count_failures(self._excluded)
+        if cause:  # name the root cause, not its symptom ("only 0 clients advertised valid keys")
+            raise MarketError(f"{cause}; {err}") from err
+        raise err
 
     def require_enough(self, nodes: Sequence[int], where: str) -> None:
         """Raise :class:`MarketError` if fewer than ``min_clients`` nodes are left."""

@@ -12,10 +12,12 @@ Rounds (:class:`PassClient` / :class:`PassServer`; every message and the client 
    pair and mask key pair and returns the public keys (signed with its Ed25519 identity key if it has
    one, bound to its own run id, the session and the roster, :mod:`.identity`);
 2. share keys: the server opens the graph seed; each client checks its neighbourhood in the graph
-   (:mod:`.graph`), Shamir-shares (:mod:`.shamir`) its mask private key ``s_e`` and a fresh self-mask
-   seed ``b_e`` among its ``k`` neighbours (threshold ``t = k // 2 + 1``), encrypted to each, with a
-   digest of each share (:func:`share_digest`) that the receiver checks and the server keeps, so that a
-   corrupted unmask share names the client that returned it; each ciphertext is encrypted under the
+   (:mod:`.graph`), Shamir-shares (:mod:`.shamir`, as scalars mod ``l``) its mask private key ``s_e`` and
+   a fresh self-mask seed ``b_e`` among its ``k`` neighbours (threshold ``t = k // 2 + 1``, at most
+   ``k - 1``), encrypted to each, with a digest of each share (:func:`share_digest`; for the mask key its
+   point ``sigma B``, which makes the dealing verifiable against the advertised key) that the receiver
+   checks and the server keeps, so that a corrupted unmask share names the client that returned it and a
+   mis-dealt mask key names its dealer before anyone unmasks; each ciphertext is encrypted under the
    edge's channel secret, ``X25519`` of the two cipher keys (and signed with the identity key, if any);
 3. masked input: ``Y_e = N_e + PRG(b_e) + sum_v eps_{e,v} PRG(s_{e,v})`` over its neighbours that
    shared, and a commitment to ``N_e``; the private keys are then wiped; a neighbour whose shares do not

@@ -19,16 +19,25 @@ Each advertised cipher key comes with a Schnorr proof of possession (:func:`prov
 receiver proves a channel secret only with a sender whose proof verifies: a secret ``c P`` is then one the
 sender could compute itself, never the secret of another edge (a key ``P = lambda C`` made from another
 client's key ``C`` would turn ``c P`` into ``c C``).
+
+The same curve makes a dealer's shares of its mask key verifiable (:func:`share_point`,
+:func:`dealing_matches`): each share ``sigma`` (a scalar mod ``l``) travels with its point ``sigma B``, which
+its receiver checks and the server keeps, and the server checks that the points of a dropped dealer's
+holders lie on one polynomial of degree < ``t`` through the lift of its advertised mask key before it asks
+anyone to unmask; it then rebuilds the key as a scalar and recomputes the exchanges (:func:`scalar_exchange`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from typing import Final
 
 from nacl import bindings as sodium
 from nacl.exceptions import CryptoError
+
+from flmarket_flwr.pass_protocol.shamir import GROUP_ORDER, parity_weights, scalar_from_bytes
 
 PROOF_BYTES: Final[int] = 128
 """``X1 || X2 || e || s``: the two Edwards points ``c B`` and ``c P``, the challenge and the response."""
@@ -37,7 +46,7 @@ POSSESSION_BYTES: Final[int] = 96
 """``X1 || e || s``: the Edwards point ``c B`` of a proof of possession, the challenge and the response."""
 
 _FIELD: Final[int] = 2**255 - 19
-_ORDER: Final[int] = 2**252 + 27742317777372353535851937790883648493  # l, the prime-order subgroup's order
+_ORDER: Final[int] = GROUP_ORDER  # l, the prime-order subgroup's order
 _DOMAIN: Final[bytes] = b"flmarket-pass/v2/dleq"
 _POSSESSION_DOMAIN: Final[bytes] = b"flmarket-pass/v2/possession"
 
@@ -222,6 +231,81 @@ def verify_possession(public_key: bytes, proof: bytes, context: bytes) -> bool:
     first, e, s = proof[:32], proof[32:64], proof[64:]
     commitment = _base_commitment(public_key, first, e, s)
     return commitment is not None and _challenge(_POSSESSION_DOMAIN, context, public_key, b"", first, commitment) == e
+
+
+# ----------------------------------------------------------------------------
+# Verifiable dealing of the mask key (Feldman-style, over the same curve)
+# ----------------------------------------------------------------------------
+def mask_scalar(private_key: bytes) -> bytes:
+    """The clamped X25519 scalar of ``private_key`` reduced mod ``l``: the secret a PASS client deals."""
+    return _scalar(private_key)
+
+
+def share_point(share: bytes) -> bytes | None:
+    """``sigma B`` for a scalar share ``sigma`` (32 bytes, below ``l``, not zero), or ``None``.
+
+    The dealer's public word on a share of its mask key: binding, and it reveals of ``sigma`` only what
+    Feldman's commitments would (the points of all receivers lie on the dealer's polynomial in the exponent).
+    """
+    value = scalar_from_bytes(share)
+    if not value:
+        return None
+    return sodium.crypto_scalarmult_ed25519_base_noclamp(share)
+
+
+def dealing_matches(key: bytes, xs: Sequence[int], points: Sequence[bytes], threshold: int) -> bool:
+    """Whether the share points held at ``xs`` and X25519 key ``key`` lie on one polynomial of degree < ``threshold``.
+
+    That is, whether the shares behind the points reconstruct, from any ``threshold`` of them, a scalar ``s``
+    with ``u(s B) = key``: the mask key itself (or its negative, which gives the same exchanges). Checked in the
+    exponent with one random parity check (:func:`~flmarket_flwr.pass_protocol.shamir.parity_weights`):
+    ``sum_i w_i P_i = -w_0 A``, compared up to sign, where ``A`` lifts the key. False for a key or a point off
+    the prime-order subgroup; a wrong dealing passes with probability ``1 / l``.
+    """
+    lifted = edwards_lift(key)
+    if (
+        lifted is None
+        or len(points) != len(xs)
+        or not all(sodium.crypto_core_ed25519_is_valid_point(p) for p in points)
+    ):
+        return False
+    weights = parity_weights([0, *xs], threshold)
+    if not weights:
+        return True
+    try:
+        total = b""
+        for weight, point in zip(weights[1:], points, strict=True):
+            if weight:
+                term = sodium.crypto_scalarmult_ed25519_noclamp(weight.to_bytes(32, "little"), point)
+                total = sodium.crypto_core_ed25519_add(total, term) if total else term
+        expected = sodium.crypto_scalarmult_ed25519_noclamp(weights[0].to_bytes(32, "little"), lifted)
+    except CryptoError:  # a product is the identity: a weight was 0 (probability 2 / l), refuse rather than guess
+        return False
+    return bool(total) and _y_of(total) == _y_of(expected)
+
+
+def public_key_of_scalar(scalar: bytes) -> bytes | None:
+    """The X25519 public key (u, little-endian) of scalar ``scalar`` mod ``l``, or ``None`` for a bad scalar."""
+    point = share_point(scalar)
+    return None if point is None else _montgomery_of(point)
+
+
+def scalar_exchange(scalar: bytes, peer_key: bytes) -> bytes | None:
+    """``u(s P)`` for scalar ``s`` mod ``l`` and X25519 key ``P`` of the prime-order subgroup, else ``None``.
+
+    Exactly what :meth:`X25519PrivateKey.exchange` gives for any private key whose clamped scalar is ``s`` or
+    ``-s`` mod ``l``: clamping makes the scalar a multiple of 8 that acts on the subgroup as its residue mod
+    ``l``, and ``u(-Q) = u(Q)``. The server rebuilds a dropped client's mask key as such a scalar.
+    """
+    lifted = edwards_lift(peer_key)
+    if lifted is None or not scalar_from_bytes(scalar):
+        return None
+    return _montgomery_of(sodium.crypto_scalarmult_ed25519_noclamp(scalar, lifted))
+
+
+def _y_of(point: bytes) -> bytes:
+    """An Edwards encoding without its sign bit: equal for a point and its negative."""
+    return point[:31] + bytes([point[31] & 0x7F])
 
 
 check_libsodium()

@@ -123,14 +123,28 @@ def secret_threshold(k: int, split_tolerance: int = 0) -> int:
     Raises
     ------
     ValueError
-        ``split_tolerance`` is negative, or no threshold up to ``k`` reaches it.
+        ``split_tolerance`` is negative, or no threshold up to :func:`max_secret_threshold` reaches it.
     """
     if split_tolerance < 0:
         raise ValueError(f"split tolerance must be >= 0, got {split_tolerance}")
     t = max(share_threshold(k), (k + split_tolerance) // 2 + 1)
-    if t > k:
-        raise ValueError(f"with {k} neighbours no threshold withstands {split_tolerance} colluding neighbours")
+    if t > max_secret_threshold(k):
+        raise ValueError(
+            f"with {k} neighbours no threshold up to {max_secret_threshold(k)} (one receiver's loss must leave the "
+            f"secrets recoverable) withstands {split_tolerance} colluding neighbours"
+        )
     return t
+
+
+def max_secret_threshold(k: int) -> int:
+    """The largest Shamir threshold a dealer with ``k`` neighbours may announce: ``k - 1`` (``k // 2 + 1`` if more).
+
+    A dealer's secrets must stay recoverable after one receiver is lost: a receiver whose shares do not open
+    accuses the dealer and holds nothing of it, and with ``t = k`` that alone would leave the dealer's mask key
+    ``k - 1`` holders and stop the session for everyone. Only at ``k = 2`` (three participants) is the bound
+    :func:`share_threshold`'s ``t = 2`` itself, which no dealer may go below.
+    """
+    return max(share_threshold(k), k - 1)
 
 
 def check_degree(k: int, num_clients: int) -> None:

@@ -33,6 +33,18 @@ around a chosen victim on a sparse graph (README "Threat model"); a client adver
 which helps only with a ``min_participants`` near the federation's size (the server also picks the roster).
 The server refuses (fails closed) a sum above ``count_bound * |U3|`` in any class.
 
+Verifiable dealing, and one client cannot stop PASS for everyone (issue 29, item 4). Both secrets are shared
+as scalars mod ``l`` (the mask key as its clamped X25519 scalar), at a threshold of at most ``k - 1``
+(:func:`~flmarket_flwr.pass_protocol.graph.max_secret_threshold`), so one lost receiver never leaves a dealer's
+secrets short. Each mask-key share travels with its point ``sigma B`` (in the share digest its dealer signs):
+the receiver checks it, and before asking anyone to unmask the server checks that a dropped dealer's holders'
+points lie on one polynomial of degree < ``t`` through its advertised mask key
+(:func:`~flmarket_flwr.pass_protocol.dleq.dealing_matches`), so a dealer of anything else is named while no
+sum is released (the market then runs a fresh session without it). The self-mask seed gets no such check: it
+is only ever used inside its dealer's own masked input, which nothing binds to anything verifiable, so a
+wrong seed is the same as a wrong ``Y_e`` (input poisoning: the sum leaves its bounds and PASS fails closed
+after the unmask round; a range proof on ``Y_e`` would be needed for both).
+
 Blame, not abort (issue 21, item 3). Each share pair travels under the edge's channel secret
 ``X25519(c_u, C_v)`` (one exchange per neighbour, a key per direction). A receiver whose shares do not open
 accuses the sender, masks without it, and sends the secret with a Chaum-Pedersen proof that it is the one
@@ -69,9 +81,15 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from flmarket_flwr.pass_protocol.dleq import (
+    dealing_matches,
+    edwards_lift,
+    mask_scalar,
     montgomery_u,
     prove_exchange,
     prove_possession,
+    public_key_of_scalar,
+    scalar_exchange,
+    share_point,
     verify_exchange,
     verify_possession,
 )
@@ -83,6 +101,7 @@ from flmarket_flwr.pass_protocol.graph import (
     commit_graph_seed,
     derive_graph_seed,
     mask_graph,
+    max_secret_threshold,
     neighbourhood_size,
     neighbours_of,
     roster_digest,
@@ -114,11 +133,12 @@ from flmarket_flwr.pass_protocol.primitives import (
     validate_public_key_bytes,
 )
 from flmarket_flwr.pass_protocol.shamir import (
-    reconstruct_secrets,
-    share_from_bytes,
-    share_to_bytes,
-    share_words_in_field,
-    split_secrets,
+    SCALAR_BYTES,
+    random_scalar,
+    reconstruct_scalar,
+    scalar_from_bytes,
+    scalar_to_bytes,
+    split_scalars,
 )
 
 SECRET_LENGTH: Final[int] = 32
@@ -128,7 +148,7 @@ MAX_PARTICIPANTS: Final[int] = 2**20
 """Largest PASS index, so that a roster bitmap is at most 128 KiB."""
 
 _LABEL: Final[bytes] = b"flmarket-pass/v2"
-_SHARE_BYTES: Final[int] = len(share_to_bytes(np.zeros((1, 11), dtype=np.uint64)))  # one secret's share: 44
+_SHARE_BYTES: Final[int] = SCALAR_BYTES  # one secret's share: a scalar mod l
 _PLAINTEXT_BYTES: Final[int] = len(_LABEL) + 16 + 2 * _SHARE_BYTES
 _NONCE_BYTES: Final[int] = 12
 _CIPHERTEXT_BYTES: Final[int] = _NONCE_BYTES + _PLAINTEXT_BYTES + 16  # random nonce, ChaCha20-Poly1305 and its tag
@@ -160,11 +180,16 @@ def counts_commitment(session: bytes, index: int, counts: npt.ArrayLike, nonce: 
 
 
 def share_digest(session: bytes, dealer: int, holder: int, kind: bytes, share: bytes) -> bytes:
-    """``SHA-256(label || session || dealer || holder || kind || share)``: the dealer's word on one share.
+    """The dealer's word on one share: its point ``sigma B`` for the mask key, a hiding digest for the seed.
 
-    ``kind`` is ``b"s"`` (a share of the mask key) or ``b"b"`` (of the self-mask seed). A share is uniform on
-    its own, so its digest hides it.
+    ``kind`` is ``b"s"`` (a share of the mask key: :func:`~flmarket_flwr.pass_protocol.dleq.share_point`,
+    ``b""`` for a share that is not a non-zero scalar below ``l``, so that the server can check the dealing
+    against the advertised key in the exponent) or ``b"b"`` (of the self-mask seed:
+    ``SHA-256(label || session || dealer || holder || kind || share)``; a share is uniform on its own, so its
+    digest hides it).
     """
+    if kind == b"s":
+        return share_point(share) or b""
     return _prefixed_digest(_digest_prefix(session, dealer, holder), kind, share)
 
 
@@ -181,10 +206,11 @@ def _prefixed_digest(prefix: bytes, kind: bytes, share: bytes) -> bytes:
 def _pair_digest(session: bytes, dealer: int, holder: int, both: bytes) -> bytes:
     """The 64-byte digest of one neighbour's share pair (mask-key share, then self-mask-seed share).
 
-    The two :func:`share_digest` s, with their common prefix built once.
+    The two :func:`share_digest` s (shorter if the mask-key share is not a non-zero scalar below ``l``).
     """
-    prefix = _digest_prefix(session, dealer, holder)
-    return _prefixed_digest(prefix, b"s", both[:_SHARE_BYTES]) + _prefixed_digest(prefix, b"b", both[_SHARE_BYTES:])
+    return share_digest(session, dealer, holder, b"s", both[:_SHARE_BYTES]) + share_digest(
+        session, dealer, holder, b"b", both[_SHARE_BYTES:]
+    )
 
 
 def survivor_transcript(session: bytes, survivors: Iterable[int] | np.ndarray) -> bytes:
@@ -279,7 +305,8 @@ def _unseal(
     """The share pair in ``ciphertext`` given the X25519 secret, or ``None`` if it does not open.
 
     "Does not open": the AEAD tag fails, the plaintext is malformed or addressed to another pair, a share
-    word is not a field element, or the pair does not match the ``digest`` its dealer sent the server. The
+    is not a scalar below ``l``, or the pair does not match the ``digest`` its dealer sent the server: for the
+    mask-key share that is its point ``sigma B`` (the receiver's check of a verifiable dealing). The
     receiver and the server (from a proven channel secret) run this same check, so they agree on the verdict.
     """
     aad = _channel_aad(session, sender, receiver)
@@ -295,7 +322,7 @@ def _unseal(
     if len(plaintext) != _PLAINTEXT_BYTES or not plaintext.startswith(header):
         return None
     both = plaintext[len(header) :]  # 2 * _SHARE_BYTES by the length check above
-    if not share_words_in_field(both):
+    if scalar_from_bytes(both[:_SHARE_BYTES]) is None or scalar_from_bytes(both[_SHARE_BYTES:]) is None:
         return None
     return both if _pair_digest(session, sender, receiver, both) == digest else None
 
@@ -315,12 +342,32 @@ def possession_context(run_id: int, session: bytes, index: int) -> bytes:
     return _LABEL + b"/possession" + struct.pack(">Q", run_id) + _channel_aad(session, index, 0)
 
 
-def _pair_mask(
-    private_key: X25519PrivateKey, peer_key: bytes, session: bytes, own: int, peer: int, length: int
+def _scalar_pair_mask(
+    scalar: bytes, peer_key: bytes, session: bytes, own: int, peer: int, length: int
 ) -> npt.NDArray[np.uint64]:
-    """``eps_{own,peer} * PRG(s_{own,peer})`` in ``Z_2^64`` (eps = +1 if own < peer else -1)."""
-    secret = exchange_shared_secret(private_key, parse_public_key(peer_key, peer), peer)
+    """``eps_{own,peer} * PRG(s_{own,peer})`` in ``Z_2^64`` from ``own``'s mask key as a scalar mod ``l``.
+
+    The exchange is :func:`~flmarket_flwr.pass_protocol.dleq.scalar_exchange`, equal to X25519's: the mask the
+    peer added with its own private key, negated (eps = +1 if own < peer else -1).
+    """
+    secret = scalar_exchange(scalar, peer_key)
+    if secret is None:  # every advertised mask key was checked to lift: not reached for an advertised key
+        raise PassError(f"client {peer}'s mask key is not a point of the prime-order subgroup")
     return _signed_mask(derive_pair_seed(secret, session, own, peer), own, peer, length)
+
+
+def rebuild_secret(shares: Sequence[tuple[int, bytes]]) -> bytes:
+    """The 32-byte secret (a scalar mod ``l``) behind ``(holder index, share)`` pairs; all are used, so pass ``t``.
+
+    Raises
+    ------
+    ValueError
+        A share is not a scalar below ``l``, or two holders repeat.
+    """
+    values = [scalar_from_bytes(share) for _, share in shares]
+    if any(value is None for value in values):
+        raise ValueError("a share is not a scalar below l")
+    return scalar_to_bytes(reconstruct_scalar([x for x, _ in shares], [int(value or 0) for value in values]))
 
 
 def _noise_words(noise: npt.ArrayLike, length: int) -> npt.NDArray[np.uint64]:
@@ -428,14 +475,17 @@ class ShareKeysRequest(_Record):
 class ShareKeysReply(_Record):
     """Round 2, client -> server: one encrypted share pair per neighbour, and a digest of each pair.
 
-    ``share_digests[i]`` is :func:`share_digest` of the mask-key share then of the self-mask-seed share sent
-    to ``receivers[i]`` (64 bytes): the receiver checks its shares against it, and the server checks the one
-    share the receiver returns at unmask, so a corrupted unmask share names its sender.
+    ``share_digests[i]`` is :func:`share_digest` of the mask-key share (its point ``sigma B``) then of the
+    self-mask-seed share (a SHA-256 digest) sent to ``receivers[i]`` (64 bytes): the receiver checks its shares
+    against it, the server checks the one share the receiver returns at unmask, so a corrupted unmask share
+    names its sender, and the server checks a dropped dealer's points against its advertised mask key.
     With an identity key, ``signatures[i]`` signs ``ciphertexts[i]`` and ``share_digests[i]``
     (:func:`~flmarket_flwr.pass_protocol.identity.sign_share_ciphertext`); without one it is empty.
     ``threshold`` is the Shamir threshold of the dealer's own two secrets (its split tolerance may raise it
     above the session's, :func:`~flmarket_flwr.pass_protocol.graph.secret_threshold`): the server rebuilds
-    them from that many shares, and fewer than that many never give them.
+    them from that many shares, and fewer than that many never give them. The server refuses one above
+    :func:`~flmarket_flwr.pass_protocol.graph.max_secret_threshold` (``k - 1``): one receiver's loss must
+    leave the dealer's secrets recoverable.
     """
 
     receivers: list[int]
@@ -736,13 +786,12 @@ class PassClient:
         except ValueError as error:
             raise PassError(str(error)) from error
         pair_seeds, channel_secrets = self._check_neighbour_keys(request, directory)
-        self_seed = os.urandom(SECRET_LENGTH)
-        shares = split_secrets([state["mask_private_key"], self_seed], neighbours, threshold)
+        self_seed = scalar_to_bytes(random_scalar())
+        key = int.from_bytes(mask_scalar(state["mask_private_key"]), "little")
+        rows = split_scalars([key, int.from_bytes(self_seed, "little")], neighbours, threshold)
         ciphertexts, digests, signatures = [], [], []
-        rows = share_to_bytes(shares.reshape(2 * k, -1))  # every neighbour's pair of rows, checked in one pass
-        size = len(rows) // k
-        for position, (v, secret) in enumerate(zip(neighbours, channel_secrets, strict=True)):
-            both = rows[position * size : (position + 1) * size]
+        for v, secret, (key_share, seed_share) in zip(neighbours, channel_secrets, rows, strict=True):
+            both = scalar_to_bytes(key_share) + scalar_to_bytes(seed_share)
             ciphertexts.append(_seal(secret, session, index, v, both))
             digests.append(_pair_digest(session, index, v, both))
             if identity_key is not None:
@@ -1196,6 +1245,7 @@ class PassServer:
         self._masked: dict[int, MaskedInput] = {}
         self._accusations: dict[tuple[int, int], bytes] = {}  # (accuser, accused) -> the accuser's proof or b""
         self._culprits: set[int] = set()  # named by an accusation's judgement: their masked inputs are not used
+        self._wronged: set[int] = set()  # withdrew because every sender it accused was convicted
         self._cut: set[tuple[int, int]] = set()  # (holder, dealer): no mask and no shares on that edge
         self._step = 0
 
@@ -1254,6 +1304,8 @@ class PassServer:
             possession = possession_context(self.run_id, self.session, index)
             if not verify_possession(advert.cipher_public_key, advert.cipher_key_proof, possession):
                 raise ValueError("its cipher key comes without a valid proof of possession")
+            if edwards_lift(advert.mask_public_key) is None:  # its dealing is checked against this point
+                raise ValueError("its mask key is not a point of the prime-order subgroup")
         except (TypeError, ValueError) as error:
             self._exclude(index, f"advertisement refused: {error}")
             return None
@@ -1323,9 +1375,15 @@ class PassServer:
                 or any(len(c) != _CIPHERTEXT_BYTES for c in reply.ciphertexts)
                 or any(len(d) != 64 for d in reply.share_digests)
                 or len(reply.signatures) not in {len(reply.receivers), 0 if self.directory is None else -1}
-                or not self.threshold <= reply.threshold <= self.degree
             ):
                 self._exclude(u, "share-keys reply does not hold one ciphertext and one digest per neighbour")
+                continue
+            if not self.threshold <= reply.threshold <= max_secret_threshold(self.degree):
+                self._exclude(
+                    u,
+                    f"its announced threshold {reply.threshold} is outside [{self.threshold}, "
+                    f"{max_secret_threshold(self.degree)}]: its secrets would not survive one receiver's loss",
+                )
                 continue
             sent[u] = reply
             self._thresholds[u] = reply.threshold
@@ -1395,6 +1453,8 @@ class PassServer:
             self._judge(u, v, proof)
         for u in withdrawals:  # after the judging: a false accuser is named for that, not for withdrawing
             self._exclude(u, f"withdrew: fewer than {self.threshold} neighbours' shares opened at it")
+            if u not in self._culprits and all(v in self._culprits for (w, v) in self._accusations if w == u):
+                self._wronged.add(u)
         return self._close_inputs()
 
     def _judge(self, accuser: int, accused: int, proof: bytes) -> None:
@@ -1449,9 +1509,21 @@ class PassServer:
             self._blame(accused, f"its shares to client {accuser} do not open under the proven secret: garbage shares")
 
     def _blame(self, index: int, reason: str) -> None:
-        """Name ``index`` as the one who lied in an accusation: it leaves PASS (its masked input is not used)."""
+        """Name ``index`` as one who deviated: it leaves PASS (its masked input is not used), and the reason
+        replaces any earlier one (a convicted dealer may have been excluded as a mere dropout first)."""
         self._culprits.add(index)
-        self._exclude(index, reason)
+        self.excluded[index] = reason
+
+    @property
+    def culprits(self) -> frozenset[int]:
+        """The clients named for a deviation (garbage or mis-dealt shares, a false accusation)."""
+        return frozenset(self._culprits)
+
+    @property
+    def wronged(self) -> frozenset[int]:
+        """Clients that withdrew only because senders convicted of garbage shares left them short of ``t``:
+        excluded from this session through no fault of their own (a fresh session may take them back)."""
+        return frozenset(self._wronged)
 
     def _close_inputs(self) -> dict[int, UnmaskRequest] | dict[int, ConsistencyRequest]:
         """Fix U3 (masked inputs less the named culprits) and build the next round's requests."""
@@ -1463,6 +1535,7 @@ class PassServer:
         # An accuser that is still in masked without its accused: that edge carries no mask and no shares.
         self._cut = {(u, v) for (u, v) in self._accusations if u in masked}
         self._check_recoverable()
+        self._check_dealing()
         vectors = np.stack([np.frombuffer(masked[u].masked_counts, dtype="<u8") for u in self.survivors])
         self._masked_sum = ring_sum(vectors.astype(np.uint64))
         self.commitments = {u: masked[u].counts_commitment for u in self.survivors}
@@ -1536,6 +1609,26 @@ class PassServer:
                     "its secret cannot be rebuilt, the session stops before any share is requested"
                 )
 
+    def _check_dealing(self) -> None:
+        """``PassError`` naming a dropped dealer whose mask-key shares do not rebuild its advertised mask key.
+
+        Each holder checked its share against its point (:func:`_unseal`); here the points of the surviving
+        holders must lie on one polynomial of degree < ``t`` through the advertised key
+        (:func:`~flmarket_flwr.pass_protocol.dleq.dealing_matches`). A client that dealt shares of anything
+        else and then withheld its masked input is thus named before any unmask request, when the market
+        can still run a fresh session without it, rather than after everyone unmasked.
+        """
+        alive = set(self.survivors)
+        for d in self.dropped:
+            holders = self._holders(d, alive)
+            points = [self._digests[d, v][:32] for v in holders]
+            if holders and not dealing_matches(self.adverts[d].mask_public_key, holders, points, self._thresholds[d]):
+                self._blame(d, "its mask-key shares do not rebuild its advertised mask key: mis-dealt shares")
+                raise PassError(
+                    f"client {d} dealt shares that do not rebuild its advertised mask key: the session stops "
+                    "before any share is requested"
+                )
+
     def _holders(self, dealer: int, alive: set[int]) -> list[int]:
         """The surviving neighbours that hold ``dealer``'s shares (and masked with it): all but its accusers."""
         return [v for v in self.graph[dealer] if v in alive and (v, dealer) not in self._cut]
@@ -1599,16 +1692,14 @@ class PassServer:
         return None
 
     def _rebuild(self, owner: int, shares: list[tuple[int, bytes]], what: str) -> bytes:
+        """The secret (a scalar mod ``l``, 32 bytes) behind ``t`` of ``owner``'s shares, each checked at unmask."""
         threshold = self._thresholds[owner]
         if len(shares) < threshold:
             raise PassError(f"only {len(shares)} shares of {what} of client {owner}, the threshold is {threshold}")
-        chosen = shares[:threshold]  # any t: a corrupted one still breaks the 24-bit words (2^-88 escape)
-        xs = [x for x, _ in chosen]
-        rows = share_from_bytes(b"".join(s for _, s in chosen), len(chosen), SECRET_LENGTH)[:, None, :]  # one parse
-        try:
-            return reconstruct_secrets(xs, rows, SECRET_LENGTH)[0]
+        try:  # any t: each matched its dealer's digest or point (_forged_share)
+            return rebuild_secret(shares[:threshold])
         except ValueError as error:
-            raise PassError(f"the shares of {what} of client {owner} are inconsistent: {error}") from error
+            raise PassError(f"the shares of {what} of client {owner}: {error}") from error
 
     def finish(self) -> npt.NDArray[np.int64]:
         """Remove every self-mask and every dropped client's pairwise masks; return ``N_s`` over U3.
@@ -1630,12 +1721,14 @@ class PassServer:
             holders = self._holders(d, alive)
             if not holders:  # every surviving neighbour accused it: none masked with it
                 continue
-            raw = self._rebuild(d, self._s_shares.get(d, []), "the mask key")
-            key = X25519PrivateKey.from_private_bytes(raw)
-            if key.public_key().public_bytes_raw() != self.adverts[d].mask_public_key:
+            scalar = self._rebuild(d, self._s_shares.get(d, []), "the mask key")
+            advertised = self.adverts[d].mask_public_key
+            if public_key_of_scalar(scalar) != montgomery_u(advertised).to_bytes(32, "little"):
                 raise PassError(f"the rebuilt mask key of client {d} does not match its advertised key")
             for v in holders:  # v masked with +eps_{v,d} PRG; eps_{v,d} = -eps_{d,v}
-                total += _pair_mask(key, self.adverts[v].mask_public_key, self.session, d, v, self.num_classes)
+                total += _scalar_pair_mask(
+                    scalar, self.adverts[v].mask_public_key, self.session, d, v, self.num_classes
+                )
         signed = total.view(np.int64)  # two's complement: clients' noise can take a class below zero
         bound, slack = self.count_bound * len(self.survivors), self.noise_slack
         if (signed > bound + slack).any() or (signed < -slack).any():

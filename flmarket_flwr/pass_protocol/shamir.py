@@ -1,10 +1,13 @@
-"""Shamir secret sharing of byte strings over the prime field ``F_p``, ``p = 2^32 - 5``, vectorised in numpy.
+"""Shamir secret sharing: of byte strings over ``F_p``, ``p = 2^32 - 5`` (vectorised), and of scalars mod ``l``.
 
-PASS v2 shares each client's mask key and self-mask seed among its graph neighbours (Bonawitz et al. 2017).
-A secret is cut into 3-byte words (each below ``2^24 < p``); every word gets its own random polynomial of
+Byte strings are cut into 3-byte words (each below ``2^24 < p``); every word gets its own random polynomial of
 degree ``t - 1``, so any ``t`` shares reconstruct it exactly and any ``t - 1`` shares are uniform on
-``F_p^(t-1)`` whatever the secret (perfect secrecy per word). Nothing here authenticates shares: a wrong share
-reconstructs a wrong secret, which callers detect (a word >= ``2^24``, or a key that does not match its public key).
+``F_p^(t-1)`` whatever the secret (perfect secrecy per word). Nothing there authenticates shares.
+
+PASS v2 shares each client's mask key and self-mask seed among its graph neighbours (Bonawitz et al. 2017) as
+scalars modulo ``l``, the order of edwards25519's prime-order subgroup (:func:`split_scalars`), so that a share
+``sigma`` has a public image ``sigma B`` and the dealing can be checked in the exponent, Feldman-style
+(:func:`parity_weights`; the curve operations are in :mod:`~flmarket_flwr.pass_protocol.dleq`).
 """
 
 from __future__ import annotations
@@ -132,18 +135,111 @@ def split_secrets(
     return np.remainder(acc, _P, out=acc)
 
 
-def lagrange_at_zero(xs: Sequence[int]) -> list[int]:
-    """Lagrange coefficients ``l_i = prod_{j != i} x_j / (x_j - x_i)`` mod ``p`` (interpolation at 0)."""
+def lagrange_at_zero(xs: Sequence[int], modulus: int = FIELD_PRIME) -> list[int]:
+    """Lagrange coefficients ``l_i = prod_{j != i} x_j / (x_j - x_i)`` mod ``modulus`` (interpolation at 0).
+
+    ``modulus`` is a prime above every ``x``: ``p`` (the default) or :data:`GROUP_ORDER`.
+    """
     points = _check_xs(xs)
     coefficients = []
     for i, xi in enumerate(points):
         numerator, denominator = 1, 1
         for j, xj in enumerate(points):
             if j != i:
-                numerator = numerator * xj % FIELD_PRIME
-                denominator = denominator * (xj - xi) % FIELD_PRIME
-        coefficients.append(numerator * pow(denominator, -1, FIELD_PRIME) % FIELD_PRIME)
+                numerator = numerator * xj % modulus
+                denominator = denominator * (xj - xi) % modulus
+        coefficients.append(numerator * pow(denominator, -1, modulus) % modulus)
     return coefficients
+
+
+GROUP_ORDER: Final[int] = 2**252 + 27742317777372353535851937790883648493
+"""``l``, the order of edwards25519's prime-order subgroup: the field of :func:`split_scalars`."""
+
+SCALAR_BYTES: Final[int] = 32
+"""Bytes of one scalar share (little-endian, below ``l``)."""
+
+
+def random_scalar() -> int:
+    """A uniform scalar mod ``l`` from the OS CSPRNG (64 bytes reduced: bias below ``2^-259``)."""
+    return int.from_bytes(_secrets.token_bytes(64), "little") % GROUP_ORDER
+
+
+def split_scalars(secrets: Sequence[int], xs: Sequence[int], threshold: int) -> list[list[int]]:
+    """Shamir-split scalars mod ``l`` for the receivers at ``xs``: row ``i`` holds receiver ``xs[i]``'s shares.
+
+    Every secret gets its own random polynomial ``f`` of degree ``threshold - 1`` with ``f(0)`` the secret; any
+    ``threshold`` shares give it back (:func:`reconstruct_scalar`), fewer are uniform whatever it is.
+    """
+    points = _check_xs(xs)
+    if not 1 <= threshold <= len(points):
+        raise ValueError(f"threshold must be in [1, {len(points)}] (number of receivers), got {threshold}")
+    if any(not 0 <= int(secret) < GROUP_ORDER for secret in secrets):
+        raise ValueError("the secrets must be scalars in [0, l)")
+    polynomials = [[int(secret)] + [random_scalar() for _ in range(threshold - 1)] for secret in secrets]
+    rows = []
+    for x in points:
+        row = []
+        for coefficients in polynomials:
+            value = 0
+            for coefficient in reversed(coefficients):  # Horner
+                value = (value * x + coefficient) % GROUP_ORDER
+            row.append(value)
+        rows.append(row)
+    return rows
+
+
+def reconstruct_scalar(xs: Sequence[int], shares: Sequence[int]) -> int:
+    """The scalar mod ``l`` behind ``shares`` held at ``xs`` (all used: pass ``threshold`` of them)."""
+    if len(shares) != len(xs):
+        raise ValueError(f"need one share per x-coordinate, got {len(shares)} shares for {len(xs)} xs")
+    coefficients = lagrange_at_zero(xs, GROUP_ORDER)
+    return sum(c * int(share) for c, share in zip(coefficients, shares, strict=True)) % GROUP_ORDER
+
+
+def scalar_to_bytes(value: int) -> bytes:
+    """A scalar mod ``l`` as :data:`SCALAR_BYTES` little-endian bytes."""
+    if not 0 <= value < GROUP_ORDER:
+        raise ValueError("a scalar must be in [0, l)")
+    return value.to_bytes(SCALAR_BYTES, "little")
+
+
+def scalar_from_bytes(data: bytes) -> int | None:
+    """The scalar encoded by ``data``, or ``None`` unless it is :data:`SCALAR_BYTES` bytes below ``l`` (canonical)."""
+    if not isinstance(data, bytes) or len(data) != SCALAR_BYTES:
+        return None
+    value = int.from_bytes(data, "little")
+    return value if value < GROUP_ORDER else None
+
+
+def parity_weights(xs: Sequence[int], threshold: int) -> list[int]:
+    """Random weights ``w``, ``sum_i w_i f(x_i) = 0`` mod ``l`` for every polynomial ``f`` of degree < ``threshold``.
+
+    A random codeword of the dual of the Reed-Solomon code at ``xs``: ``w_i = c_i g(x_i)``, ``c_i =
+    1 / prod_{j != i} (x_i - x_j)``, ``g`` random of degree ``len(xs) - threshold - 1``. Values ``v_i`` not on one
+    polynomial of degree < ``threshold`` give ``sum w_i v_i != 0`` except with probability ``1 / l``, so one
+    weighted sum checks them all; in the exponent (``v_i B``) it checks a dealing against its commitments.
+    ``xs`` may include 0 (the secret's point); empty if ``len(xs) <= threshold`` (any such values fit).
+    """
+    points = [int(x) for x in xs]
+    if len(set(points)) != len(points) or any(not 0 <= x < GROUP_ORDER for x in points):
+        raise ValueError("the x-coordinates must be distinct scalars")
+    if threshold < 1:
+        raise ValueError(f"threshold must be >= 1, got {threshold}")
+    degree = len(points) - threshold - 1
+    if degree < 0:
+        return []
+    draw = [random_scalar() for _ in range(degree + 1)]
+    weights = []
+    for i, xi in enumerate(points):
+        denominator = 1
+        for j, xj in enumerate(points):
+            if j != i:
+                denominator = denominator * (xi - xj) % GROUP_ORDER
+        g = 0
+        for coefficient in reversed(draw):
+            g = (g * xi + coefficient) % GROUP_ORDER
+        weights.append(g * pow(denominator, -1, GROUP_ORDER) % GROUP_ORDER)
+    return weights
 
 
 def reconstruct_secrets(xs: Sequence[int], shares: npt.ArrayLike, secret_length: int) -> list[bytes]:

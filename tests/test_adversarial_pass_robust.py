@@ -1,0 +1,305 @@
+"""One client cannot stop PASS for everyone (issue 29, item 4): each attack is played by one real client whose
+replies are altered on the way to the server, at E = 8 (the complete graph) and E = 40 (a sparse one); the market
+finishes for the others with the culprit named in ``MarketOutcome.excluded``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from adversary import (
+    NUM_CLASSES,
+    client_secrets,
+    honest_grid,
+    make_counts,
+    market_config,
+    run_pass_rounds,
+    send,
+    signed_setup,
+)
+
+from flmarket_flwr.market import MarketError, MarketPhase
+from flmarket_flwr.market.inprocess import InProcessGrid
+from flmarket_flwr.market.messages import RECORD_KEY
+from flmarket_flwr.pass_protocol import PassClient, PassServer, UnmaskRequest, secagg
+from flmarket_flwr.pass_protocol.dleq import share_point
+from flmarket_flwr.pass_protocol.graph import neighbourhood_size, share_threshold
+from flmarket_flwr.pass_protocol.shamir import random_scalar, scalar_to_bytes
+
+SIZES = [8, 40]
+
+
+def altering(node: int, action: str, change):
+    """A reply hook that lets ``change(record)`` edit ``node``'s reply to ``query.<action>``."""
+
+    def hook(instruction, reply):
+        if (
+            instruction.metadata.dst_node_id == node
+            and instruction.metadata.message_type == f"query.{action}"
+            and not reply.has_error()
+        ):
+            change(reply.content.config_records[RECORD_KEY])
+        return reply
+
+    return hook
+
+
+def _garbled(ciphertext: bytes) -> bytes:
+    """Well-formed garbage: the real ciphertext with its 16-byte authentication tag zeroed."""
+    return ciphertext[:-16] + bytes(16)
+
+
+def _exact_over(counts, nodes) -> list[int]:
+    return [int(c) for c in np.sum([counts[n] for n in nodes], axis=0)]
+
+
+# --- (a) a dealer announces threshold k and garbles one share ----------------------------------------------
+def _threshold_k_and_one_garbled(record) -> None:
+    record["threshold"] = len(record["receivers"])
+    record["ciphertexts"] = [_garbled(c) if i == 0 else c for i, c in enumerate(record["ciphertexts"])]
+
+
+@pytest.mark.parametrize("num_nodes", SIZES)
+def test_a_dealer_announcing_threshold_k_is_refused_at_its_shares_and_the_market_finishes(num_nodes: int) -> None:
+    """With ``t = k`` one accusing receiver would leave the dealer's mask key ``k - 1`` holders: the server refuses
+    any threshold above ``k - 1`` where it is announced, names the dealer, and PASS goes on without it."""
+    counts = make_counts(num_nodes, seed=29)
+    attacker = sorted(counts)[3]
+    grid = honest_grid(counts, reply_hook=altering(attacker, "market_share", _threshold_k_and_one_garbled))
+    outcome = MarketPhase(market_config()).run(grid)
+    assert set(outcome.excluded) == {attacker}
+    assert "announced threshold" in outcome.excluded[attacker]
+    honest = [n for n in counts if n != attacker]
+    assert outcome.pass_participants == sorted(honest)
+    assert outcome.global_counts == _exact_over(counts, honest)
+
+
+# --- (c) garbage to more than k - t receivers: the session fails closed, the market runs it again -------------
+def _garbage_to_first(how_many: int):
+    def change(record) -> None:
+        record["ciphertexts"] = [_garbled(c) if i < how_many else c for i, c in enumerate(record["ciphertexts"])]
+
+    return change
+
+
+@pytest.mark.parametrize("num_nodes", SIZES)
+def test_garbage_to_more_than_k_minus_t_receivers_is_named_and_pass_runs_again_without_it(num_nodes: int) -> None:
+    """``k - t + 1`` receivers accuse the sender: its mask key keeps ``t - 1`` holders, the session stops before any
+    unmask request, and a fresh session without the named sender releases the others' exact sum."""
+    counts = make_counts(num_nodes, seed=31)
+    k = num_nodes - 1 if num_nodes <= 20 else neighbourhood_size(num_nodes)
+    attacker = sorted(counts)[5]
+    change = _garbage_to_first(k - share_threshold(k) + 1)
+    outcome = MarketPhase(market_config()).run(
+        honest_grid(counts, reply_hook=altering(attacker, "market_share", change))
+    )
+    assert set(outcome.excluded) == {attacker}
+    assert "garbage shares" in outcome.excluded[attacker]
+    first, second = outcome.pass_sessions
+    assert first.named == [attacker] and "cannot be rebuilt" in first.result
+    assert second.result == "released" and second.roster == sorted(n for n in counts if n != attacker)
+    honest = [n for n in counts if n != attacker]
+    assert outcome.pass_participants == sorted(honest)
+    assert outcome.global_counts == _exact_over(counts, honest)
+
+
+# --- a second session of one run: joined only by a client that released nothing -----------------------------
+def _advertise(grid, server: PassServer) -> dict[int, object]:
+    requests = server.advertise_requests(sorted(grid_nodes(grid)))
+    return send(grid, "market_advertise", {server.node_of[i]: r.to_record() for i, r in requests.items()})
+
+
+def _session_secrets(grid, node: int) -> set[bytes]:
+    """A node's secrets of the current session: keys, seeds, held shares, nonce (its counts are not one)."""
+    secrets = client_secrets(grid, node)
+    secrets.pop("pass/counts", None)
+    return {value if isinstance(value, bytes) else b"".join(value) for value in secrets.values()}
+
+
+def grid_nodes(grid) -> list[int]:
+    return sorted(grid.get_node_ids())
+
+
+@pytest.mark.parametrize("upto", [1, 2, 3])
+def test_a_client_that_never_unmasked_joins_a_fresh_session_and_forgets_the_earlier_one(upto: int) -> None:
+    """A server stops a session after advertise, share keys or masked input and starts another: every client
+    joins it with fresh keys, its earlier secrets (keys, seeds, others' shares) are gone, and a session once left
+    is refused."""
+    counts = make_counts(8, seed=41)
+    grid = honest_grid(counts)
+    first = PassServer(b"session-1", NUM_CLASSES, 10**9, run_id=grid.run.run_id)
+    run_pass_rounds(grid, sorted(counts), first, upto=upto)
+    before = {node: _session_secrets(grid, node) for node in counts}
+    second = PassServer(b"session-2", NUM_CLASSES, 10**9, run_id=grid.run.run_id)
+    replies = _advertise(grid, second)
+    assert all(not reply.has_error() for reply in replies.values())
+    for node in counts:
+        after = _session_secrets(grid, node)
+        assert after and not before[node] & after  # nothing of session 1 is kept
+        state = grid.context(node).state.config_records[RECORD_KEY]
+        assert state["pass/session"] == b"session-2" and list(state["pass-earlier-sessions"]) == [b"session-1"]
+    again = PassServer(b"session-1", NUM_CLASSES, 10**9, run_id=grid.run.run_id)
+    assert all(reply.has_error() for reply in _advertise(grid, again).values())  # wipes session 2 as well
+    third = PassServer(b"session-3", NUM_CLASSES, 10**9, run_id=grid.run.run_id)
+    assert all(not reply.has_error() for reply in _advertise(grid, third).values())
+
+
+def test_a_client_asked_to_unmask_refuses_any_later_session_of_the_run() -> None:
+    """The two-sums attack: a server that had a sum released (or asked for one) starts a second session to
+    difference the two. Every client that was asked to unmask refuses, and wipes what it still held."""
+    counts = make_counts(8, seed=43)
+    grid = honest_grid(counts)
+    first = PassServer(b"session-1", NUM_CLASSES, 10**9, run_id=grid.run.run_id)
+    run_pass_rounds(grid, sorted(counts), first, upto=4)
+    assert first.finish() is not None  # the first sum was released
+    replies = _advertise(grid, PassServer(b"session-2", NUM_CLASSES, 10**9, run_id=grid.run.run_id))
+    assert all(reply.has_error() for reply in replies.values())
+    for node in counts:
+        assert client_secrets(grid, node) == {}
+        assert grid.context(node).state.config_records[RECORD_KEY]["pass/session"] == b"session-1"
+
+
+def test_a_client_refused_at_unmask_still_refuses_a_later_session() -> None:
+    """Asked to unmask with a set it cannot answer, a client refuses and sends no share; it still never joins
+    another session of the run: its neighbours may have answered the same request."""
+    counts = make_counts(8, seed=47)
+    grid = honest_grid(counts)
+    first = PassServer(b"session-1", NUM_CLASSES, 10**9, run_id=grid.run.run_id)
+    requests = run_pass_rounds(grid, sorted(counts), first, upto=3)
+    victim_index = min(requests)
+    bogus = UnmaskRequest.of([victim_index], [])  # one survivor: every client refuses it
+    replies = send(grid, "market_unmask", {first.node_of[victim_index]: bogus.to_record()})
+    assert all(reply.has_error() for reply in replies.values())
+    replies = _advertise(grid, PassServer(b"session-2", NUM_CLASSES, 10**9, run_id=grid.run.run_id))
+    victim = first.node_of[victim_index]
+    assert replies[victim].has_error()
+    assert all(not reply.has_error() for node, reply in replies.items() if node != victim)
+
+
+# --- (b) a dealer shares a random value instead of its mask key, then withholds its masked input -------------
+def _dealing_a_random_value(monkeypatch, node: int) -> None:
+    """Make ``node``'s real client deal shares of a random scalar instead of its mask key. Each share comes with
+    its true point, so every receiver's check passes: only the dealing as a whole is wrong."""
+    honest_share_keys, honest_scalar = PassClient.share_keys, secagg.mask_scalar
+
+    def share_keys(self, request, directory=None, identity_key=None):
+        if self.to_record()["node_id"] != node:
+            return honest_share_keys(self, request, directory, identity_key)
+        monkeypatch.setattr(secagg, "mask_scalar", lambda private_key: scalar_to_bytes(random_scalar()))
+        try:
+            return honest_share_keys(self, request, directory, identity_key)
+        finally:
+            monkeypatch.setattr(secagg, "mask_scalar", honest_scalar)
+
+    monkeypatch.setattr(PassClient, "share_keys", share_keys)
+
+
+def _withholding(node: int, action: str):
+    """A reply hook that drops ``node``'s reply to ``query.<action>`` (the server sees a timeout)."""
+
+    def hook(instruction, reply):
+        if instruction.metadata.dst_node_id == node and instruction.metadata.message_type == f"query.{action}":
+            return None
+        return reply
+
+    return hook
+
+
+@pytest.mark.parametrize("num_nodes", SIZES)
+def test_a_dealer_of_a_random_value_that_withholds_its_input_is_named_before_anyone_unmasks(
+    monkeypatch, num_nodes: int
+) -> None:
+    """Its neighbours cannot tell its shares from true ones, and its masks sit in their inputs. Before any unmask
+    request the server checks the points of its surviving holders against its advertised mask key, names it
+    ("mis-dealt"), and runs a fresh session without it: nobody unmasked for the first session."""
+    counts = make_counts(num_nodes, seed=37)
+    attacker = sorted(counts)[4]
+    _dealing_a_random_value(monkeypatch, attacker)
+    grid = honest_grid(counts, reply_hook=_withholding(attacker, "market_mask"))
+    outcome = MarketPhase(market_config()).run(grid)
+    assert set(outcome.excluded) == {attacker}
+    assert "mis-dealt shares" in outcome.excluded[attacker]
+    first, second = outcome.pass_sessions
+    assert first.named == [attacker] and "do not rebuild its advertised mask key" in first.result
+    unmasks = [m for m in grid.sent if m.metadata.message_type == "query.market_unmask"]
+    assert len(unmasks) == num_nodes - 1, "only the second session's unmask round"
+    honest = [n for n in counts if n != attacker]
+    assert second.roster == sorted(honest) and outcome.pass_participants == sorted(honest)
+    assert outcome.global_counts == _exact_over(counts, honest)
+
+
+def _garbling_in_session(node: int, session: int, how_many: int):
+    """A reply hook by which ``node`` garbles its first ``how_many`` share ciphertexts in its ``session``-th share
+    round only (a client that waits for the re-run to strike)."""
+    seen = {"rounds": 0}
+
+    def hook(instruction, reply):
+        if instruction.metadata.dst_node_id == node and instruction.metadata.message_type == "query.market_share":
+            seen["rounds"] += 1
+            if seen["rounds"] == session and not reply.has_error():
+                _garbage_to_first(how_many)(reply.content.config_records[RECORD_KEY])
+        return reply
+
+    return hook
+
+
+def _chained(*hooks):
+    def hook(instruction, reply):
+        for each in hooks:
+            reply = each(instruction, reply)
+            if reply is None:
+                return None
+        return reply
+
+    return hook
+
+
+@pytest.mark.parametrize("reruns", [1, 2])
+def test_the_re_runs_are_bounded_by_pass_reruns(reruns: int) -> None:
+    """Two clients that stop a session in turn: the second strikes in the re-run. With one re-run allowed the
+    market stops with the second session's error; with two, a third session without both releases the sum."""
+    counts = make_counts(8, seed=53)
+    first, second = sorted(counts)[1], sorted(counts)[6]
+    hooks = _chained(_garbling_in_session(first, 1, 4), _garbling_in_session(second, 2, 4))  # k = 7, t = 4
+    phase = MarketPhase(market_config(pass_reruns=reruns))
+    if reruns == 1:
+        with pytest.raises(MarketError, match="cannot be rebuilt"):
+            phase.run(honest_grid(counts, reply_hook=hooks))
+        assert [session.named for session in phase.pass_sessions] == [[first], [second]]
+        return
+    outcome = phase.run(honest_grid(counts, reply_hook=hooks))
+    assert [session.named for session in outcome.pass_sessions] == [[first], [second], []]
+    honest = [n for n in counts if n not in (first, second)]
+    assert outcome.global_counts == _exact_over(counts, honest)
+
+
+@pytest.mark.parametrize("num_nodes", SIZES)
+def test_a_share_that_does_not_match_its_point_names_its_dealer_and_pass_finishes(num_nodes: int) -> None:
+    """A dealer sends one receiver a share whose point (in the digest) is another's: the receiver's check fails,
+    it accuses with the proven channel secret, the server's own check of the opened share convicts the dealer."""
+    counts = make_counts(num_nodes, seed=59)
+    attacker = sorted(counts)[2]
+
+    def wrong_point(record) -> None:
+        digests = list(record["share_digests"])
+        digests[0] = share_point(scalar_to_bytes(random_scalar())) + digests[0][32:]
+        record["share_digests"] = digests
+
+    grid = honest_grid(counts, reply_hook=altering(attacker, "market_share", wrong_point))
+    outcome = MarketPhase(market_config()).run(grid)
+    assert set(outcome.excluded) == {attacker} and "garbage shares" in outcome.excluded[attacker]
+    assert len(outcome.pass_sessions) == 1
+    honest = [n for n in counts if n != attacker]
+    assert outcome.global_counts == _exact_over(counts, honest)
+
+
+def test_with_identity_keys_the_re_run_is_signed_and_checked_like_the_first_session() -> None:
+    """The secure set-up: the fresh session has its own roster fingerprint, signatures and consistency round."""
+    counts = make_counts(8, seed=61)
+    app, directory, _ = signed_setup(counts)
+    attacker = sorted(counts)[3]
+    grid = InProcessGrid(app, list(counts), reply_hook=altering(attacker, "market_share", _garbage_to_first(4)))
+    outcome = MarketPhase(market_config(directory=directory)).run(grid)
+    assert set(outcome.excluded) == {attacker} and len(outcome.pass_sessions) == 2
+    assert sum(m.metadata.message_type == "query.market_survivors" for m in grid.sent) == 7  # second session only
+    honest = [n for n in counts if n != attacker]
+    assert outcome.global_counts == _exact_over(counts, honest)
