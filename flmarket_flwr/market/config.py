@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from flmarket_flwr.market.ledger import RosterHistory
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, SkellamNoise
@@ -77,6 +78,12 @@ class MarketConfig:
         the few connected clients whose presence would let this sum be differenced with an earlier one to
         fewer than ``min_roster_change`` clients (:func:`~flmarket_flwr.market.ledger.plan_roster`: the
         clients' release ledgers would refuse the whole market), and records its own members after PASS.
+    buyer_key : Ed25519PrivateKey, optional
+        The buyer's signing key. Its public half is announced with the market's terms (budget, cohort cap)
+        in the PASS advertisement, and it signs the award (:mod:`flmarket_flwr.market.award`), which the
+        clients check and endorse before any winner opens its counts. Nodes may pin its public half
+        (node config ``market-buyer-key``) and then refuse any other. ``None`` (default): a fresh key per
+        market, its public half logged.
     """
 
     budget: float
@@ -95,6 +102,7 @@ class MarketConfig:
     audit_winners: bool = True
     noise: SkellamNoise | None = None
     roster_history: RosterHistory | None = None
+    buyer_key: Ed25519PrivateKey | None = None
 
     def __post_init__(self) -> None:
         """Validate every field."""
@@ -120,6 +128,8 @@ class MarketConfig:
             raise TypeError(f"noise must be a SkellamNoise or None, got {type(self.noise).__name__}")
         if self.roster_history is not None and not isinstance(self.roster_history, RosterHistory):
             raise TypeError(f"roster_history must be a RosterHistory, got {type(self.roster_history).__name__}")
+        if self.buyer_key is not None and not isinstance(self.buyer_key, Ed25519PrivateKey):
+            raise TypeError(f"buyer_key must be an Ed25519PrivateKey or None, got {type(self.buyer_key).__name__}")
 
     @property
     def noise_tolerance(self) -> int:
@@ -158,6 +168,9 @@ class MarketOutcome:
         Bidders that acknowledged their award message.
     audited : list[int]
         Winners whose opened counts matched their commitment and their claimed score.
+    award_digest : bytes
+        SHA-256 of the final buyer-signed award (:class:`~flmarket_flwr.market.award.Award`) that every
+        contacted node was sent; ``b""`` if none was made.
     """
 
     winners: list[int]
@@ -174,6 +187,7 @@ class MarketOutcome:
     num_winners: int | None = None
     award_acknowledged: list[int] = field(default_factory=list)
     audited: list[int] = field(default_factory=list)
+    award_digest: bytes = b""
 
     @property
     def within_budget(self) -> bool:
@@ -197,6 +211,7 @@ class MarketOutcome:
             "excluded": dict(self.excluded),
             "audited": list(self.audited),
             "award_acknowledged": list(self.award_acknowledged),
+            "award_digest": self.award_digest.hex(),
             "timings": dict(self.timings),
         }
 
