@@ -15,7 +15,8 @@ One ``ClientApp`` serves every phase of a run:
   takes part in PASS only on the complete graph (:func:`complete_graph_of`), and with
   ``pass-min-participants=<n>`` only in a roster of at least ``n`` nodes (:func:`min_participants_of`); with
   ``pass-split-tolerance=<c>`` its secrets withstand ``c`` colluding neighbours in a split consistency round
-  (:func:`split_tolerance_of`).
+  (:func:`split_tolerance_of`); with ``market-buyer-key=<64 hex digits>`` it takes part only in a market whose
+  terms name that buyer key, which must sign the award before the node opens its counts (:func:`buyer_key_of`).
 * No other query: the baselines' raw-statistics query (RS, QBS, DICE, DDS) is answered
   only by the experiments' ClientApp (:mod:`simulations.apps`), never by this one.
 * **Training** (``train`` / ``evaluate`` messages): plain local SGD on the
@@ -293,6 +294,27 @@ def identity_directory_of(context: Context) -> IdentityDirectory | None:
     return IdentityDirectory.from_json(Path(path)) if path else None
 
 
+def buyer_key_of(context: Context) -> bytes | None:
+    """The buyer's Ed25519 public key the node pins: ``node_config["market-buyer-key"]`` (64 hex digits), if any.
+
+    With it the node refuses a market whose terms name another buyer key (every award must be signed by it);
+    anything but 64 hex digits is refused, so that a typo never silently leaves the node unpinned.
+    """
+    value = context.node_config.get("market-buyer-key", "")
+    if not isinstance(value, str):
+        raise ValueError(f'node config "market-buyer-key" must be 64 hex digits, got {value!r}')
+    text = value.strip()
+    if not text:
+        return None
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) != 32:
+        raise ValueError(f'node config "market-buyer-key" must be 64 hex digits, got {value!r}')
+    return key
+
+
 def complete_graph_of(context: Context) -> bool:
     """Whether the node takes part in PASS only on the complete graph: ``node_config["pass-complete-graph"]``.
 
@@ -408,6 +430,7 @@ def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
         complete_graph=complete_graph_of,
         min_participants=min_participants_of,
         split_tolerance=split_tolerance_of,
+        buyer_key=buyer_key_of,
     )
     client.train()(train)
     client.evaluate()(evaluate_local)
