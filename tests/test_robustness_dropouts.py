@@ -39,6 +39,7 @@ from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 from flmarket_flwr.market.messages import (
     ACTION_AUDIT,
     ACTION_BID,
+    ACTION_ENDORSE,
     ACTION_SURVIVORS,
     ACTION_UNMASK,
     ACTIONS,
@@ -210,9 +211,10 @@ def test_clients_leaving_at_each_step_leave_a_correct_market_for_the_others(stag
         pass_nodes, bidders = others, others
     elif step in (ACTION_UNMASK, ACTION_BID):  # their counts are in N_s (E = all seven), but they never bid
         pass_nodes, bidders = nodes, others
-    else:  # they bid; a leaver that wins fails its audit; a leaver left at the award is just not acknowledged
+    else:  # they bid; a leaver that wins does not endorse (or fails its audit): dropped, the award re-issued; a
+        # losing leaver stays a (losing) bidder; a leaver left at the award is just not acknowledged
         pass_nodes, bidders = nodes, nodes
-        failing = frozenset(leavers) if step == ACTION_AUDIT else frozenset()
+        failing = frozenset(leavers) if step in (ACTION_ENDORSE, ACTION_AUDIT) else frozenset()
     total, winners, payments, bidders = expected_auction(counts, pass_nodes, bidders, cfg.budget, failing)
     if step == STEPS[-1]:
         assert outcome.excluded == {}
