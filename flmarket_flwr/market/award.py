@@ -106,7 +106,7 @@ class Bidder:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise AwardError(f"node {self.node_id}: its {name} must be a finite number, got {value!r}")
-            object.__setattr__(self, name, float(value))
+            object.__setattr__(self, name, float(value) + 0.0)  # -0.0 becomes 0.0: one encoding per value
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,7 @@ class MarketPhase:
         self._excluded: dict[int, str] = {}
         self._contacted: set[int] = set()
         self._session = b""
-        self._buyer_key = config.buyer_key or Ed25519PrivateKey.generate()
+        self._buyer_key = config.buyer_key if config.buyer_key is not None else Ed25519PrivateKey.generate()
 
     # --- Public API ----------------------------------------------------------------------------
     def run(self, grid: Grid) -> MarketOutcome:
@@ -127,7 +127,7 @@ class MarketPhase:
         self._excluded = {}
         self._contacted = set()
         self._session = b""
-        self._buyer_key = self.config.buyer_key or Ed25519PrivateKey.generate()
+        self._buyer_key = self.config.buyer_key if self.config.buyer_key is not None else Ed25519PrivateKey.generate()
         if self.config.buyer_key is None:
             log(
                 INFO,
