@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import struct
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -627,3 +628,17 @@ def test_a_loser_that_does_not_endorse_stays_a_losing_bidder() -> None:
     assert outcome.excluded[refuser].startswith(ACTION_ENDORSE)
     assert refuser in outcome.participants and outcome.payments[refuser] == 0.0
     assert (outcome.winners, outcome.payments) == (reference.winners, reference.payments)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -0.0], ids=["nan", "inf", "negative-zero"])
+def test_an_encoding_listing_a_non_finite_or_non_canonical_number_is_refused(value: float) -> None:
+    award = build_award(1, b"s", b"t", TERMS, {5: (2.0, 1.0), 6: (1.0, 1.0)})
+    first_row = len(build_award(1, b"s", b"t", TERMS, {}).encode()) - 8  # the header, then the bidders' rows
+    encoded = bytearray(award.encode())
+    encoded[first_row + 8 : first_row + 16] = struct.pack(">d", value)  # the first bidder's score
+    with pytest.raises(AwardError, match="finite"):
+        Award.decode(bytes(encoded))
+    swapped = bytearray(award.encode())
+    swapped[first_row : first_row + 64] = swapped[first_row + 32 : first_row + 64] + swapped[first_row : first_row + 32]
+    with pytest.raises(AwardError, match="ascending"):
+        Award.decode(bytes(swapped))

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import numpy as np
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -46,6 +47,8 @@ __all__ = [
 _AWARD_LABEL: Final[bytes] = b"flmarket/v1/award"
 _SIGNATURE_LABEL: Final[bytes] = b"flmarket/v1/award-signature"
 _ENDORSEMENT_BYTES: Final[int] = 8 + SIGNATURE_LENGTH
+_BIDDER_ROW: Final = np.dtype([("node", ">u8"), ("score", ">f8"), ("bid", ">f8"), ("payment", ">f8")])
+"""One bidder in the encoding: node id, score, bid, payment (big-endian uint64 and IEEE-754 doubles)."""
 _PAYMENT_REL_TOL: Final[float] = 1e-9
 """A listed payment must equal the one recomputed here to this relative tolerance (floating-point paths may
 differ between machines); the winners must be the same exactly, and the payments' sum at most ``R``."""
@@ -163,9 +166,10 @@ class Award:
             self.terms.encode(),
             struct.pack(">Q", len(self.bidders)),
         ]
-        parts.extend(struct.pack(">Qddd", b.node_id, b.score, b.bid, b.payment) for b in self.bidders)
+        rows = [(b.node_id, b.score, b.bid, b.payment) for b in self.bidders]
+        parts.append(np.array(rows, dtype=_BIDDER_ROW).tobytes())
         parts.append(struct.pack(">Q", len(self.winners)))
-        parts.extend(struct.pack(">Q", node) for node in self.winners)
+        parts.append(np.array(self.winners, dtype=">u8").tobytes())
         return b"".join(parts)
 
     @classmethod
@@ -180,10 +184,17 @@ class Award:
         session, transcript = reader.field(), reader.field()
         budget, cap = reader.unpack(">dQ")
         terms = AwardTerms(budget, cap, reader.take(IDENTITY_KEY_LENGTH))
-        bidders = tuple(Bidder(*reader.unpack(">Qddd")) for _ in range(reader.count(32)))
-        winners = tuple(reader.unpack(">Q")[0] for _ in range(reader.count(8)))
+        table = np.frombuffer(reader.take(_BIDDER_ROW.itemsize * reader.count(_BIDDER_ROW.itemsize)), _BIDDER_ROW)
+        winners = tuple(np.frombuffer(reader.take(8 * reader.count(8)), dtype=">u8").tolist())
         reader.end()
-        return cls(run_id, session, transcript, terms, bidders, winners)
+        numbers = np.stack([table["score"], table["bid"], table["payment"]])
+        if not np.isfinite(numbers).all() or np.any((numbers == 0) & np.signbit(numbers)):
+            raise AwardError("the award lists a score, bid or payment that is not finite (or a negative zero)")
+        nodes = table["node"]
+        if not bool(np.all(nodes[1:] > nodes[:-1])):
+            raise AwardError("the bidders must be in strictly ascending node id")
+        rows = zip(nodes.tolist(), *numbers.tolist(), strict=True)  # checked above, vectorised: no per-row checks
+        return cls(run_id, session, transcript, terms, tuple(_listed(*row) for row in rows), winners)
 
     def digest(self) -> bytes:
         """SHA-256 of the encoding: what the bidders endorse."""
@@ -307,9 +318,12 @@ def check_award(
     winners, payments = settle(terms, [(b.node_id, b.score, b.bid) for b in award.bidders])
     if winners != award.winners:
         raise AwardError("the award's winners are not the auction's over the listed bids")
-    for bidder in award.bidders:
-        if not math.isclose(bidder.payment, payments[bidder.node_id], rel_tol=_PAYMENT_REL_TOL, abs_tol=1e-12):
-            raise AwardError(f"node {bidder.node_id}'s payment is not the auction's")
+    listed = np.array([bidder.payment for bidder in award.bidders])
+    due = np.array([payments[bidder.node_id] for bidder in award.bidders])
+    tolerance = np.maximum(_PAYMENT_REL_TOL * np.maximum(np.abs(listed), np.abs(due)), 1e-12)  # math.isclose's rule
+    wrong = np.flatnonzero(np.abs(listed - due) > tolerance)
+    if wrong.size:
+        raise AwardError(f"node {award.bidders[int(wrong[0])].node_id}'s payment is not the auction's")
     if math.fsum(award.payments.values()) > terms.budget * (1.0 + 1e-12):
         raise AwardError("the award's payments exceed the budget")
     if previous is not None:
@@ -364,6 +378,13 @@ def unpack_endorsements(packed: bytes) -> dict[int, bytes]:
     if nodes != sorted(set(nodes)):
         raise AwardError("endorsements must list each node once, ascending")
     return {node: entry[8:] for node, entry in zip(nodes, entries, strict=True)}
+
+
+def _listed(node_id: int, score: float, bid: float, payment: float) -> Bidder:
+    """A :class:`Bidder` whose fields were already checked, vectorised, while decoding."""
+    bidder = object.__new__(Bidder)
+    bidder.__dict__.update(node_id=node_id, score=score, bid=bid, payment=payment)
+    return bidder
 
 
 def _field(data: bytes) -> bytes:
