@@ -41,6 +41,7 @@ from flmarket_flwr.market.messages import (
     ACTIONS,
     KEY_ACCEPTED,
     KEY_AWARD,
+    KEY_AWARD_DIGEST,
     KEY_AWARD_SIGNATURE,
     KEY_BID,
     KEY_BUDGET,
@@ -517,6 +518,21 @@ def test_the_final_award_is_recorded_with_its_receipt_and_pass_state_wiped() -> 
     assert (kept.award, kept.signature, kept.buyer_key) == (signed.encoded, signed.signature, session.terms.buyer_key)
     assert SignedAward(kept.award, kept.signature).verify(kept.buyer_key) == award
     assert {k for k in node.state() if k.startswith("pass/")} == {"pass/session", "pass/stage"}
+
+
+def test_an_endorser_may_be_sent_the_final_awards_digest_only_and_takes_the_award_it_holds() -> None:
+    session, nodes, signed = awarded()
+    other = session.sign({node.context.node_id: (1.0, 1.0) for node in nodes})
+    by_digest = {KEY_SESSION: SESSION, KEY_AWARD_DIGEST: signed.digest, KEY_AWARD_SIGNATURE: signed.signature}
+    wrong = {**by_digest, KEY_AWARD_DIGEST: other.digest}
+    refused(nodes[1].call(ACTION_AWARD, **wrong), ACTION_AWARD)  # not the award it endorsed
+    record(nodes[0].call(ACTION_AWARD, **by_digest))
+    kept = read_award(nodes[0].context)
+    assert kept is not None and kept.won is True and kept.award == signed.encoded
+    never_endorsed = three_nodes()
+    fresh = Session(never_endorsed)
+    fresh.round(ACTION_ADVERTISE, fresh.requests)
+    refused(never_endorsed[0].call(ACTION_AWARD, **by_digest), ACTION_AWARD)
 
 
 def test_an_award_without_this_client_is_recorded_as_lost_and_wipes_the_keys() -> None:

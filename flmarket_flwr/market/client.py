@@ -82,6 +82,7 @@ from flmarket_flwr.market.messages import (
     ACTION_UNMASK,
     KEY_ACCEPTED,
     KEY_AWARD,
+    KEY_AWARD_DIGEST,
     KEY_AWARD_SIGNATURE,
     KEY_BID,
     KEY_BUDGET,
@@ -583,15 +584,16 @@ class _MarketHandlers:
     def award(self, message: Message, context: Context) -> Message:
         """Record the outcome from the buyer-signed final award (the receipt) and wipe what is left of PASS.
 
-        Without an award (the market aborted) the client records that it lost.
+        A client that endorsed the final award is sent its digest and the signature instead, and takes the award
+        it holds. Without an award (the market aborted) the client records that it lost.
         """
         state = _state_record(context)
         try:
             request = _request(message)
             _check_session(request, state)
             won, payment, signed = False, 0.0, None
-            if request.get(KEY_AWARD) is not None:
-                signed, award = _verified_award(request, state)
+            if request.get(KEY_AWARD) is not None or request.get(KEY_AWARD_DIGEST) is not None:
+                signed, award = _final_award(request, state)
                 if (award.run_id, award.session) != (int(context.run_id), _pass_state(state)[_SESSION]):
                     raise _RequestError("the award is not for this client's run and PASS session")
                 if award.terms != _stored_terms(state):
@@ -664,6 +666,19 @@ def _verified_award(request: ConfigRecord, state: ConfigRecord) -> tuple[SignedA
     """The request's award and the award itself, verified under the buyer key of the stored terms."""
     signed = SignedAward(request.get(KEY_AWARD), request.get(KEY_AWARD_SIGNATURE))  # type: ignore[arg-type]
     return signed, signed.verify(_stored_terms(state).buyer_key)
+
+
+def _final_award(request: ConfigRecord, state: ConfigRecord) -> tuple[SignedAward, Award]:
+    """The final award: the request's, or (named by its digest and signature) the one this client endorsed."""
+    if request.get(KEY_AWARD) is not None:
+        return _verified_award(request, state)
+    held = _endorsed_award(state)
+    if held is None or (held.digest, held.signature) != (
+        request.get(KEY_AWARD_DIGEST),
+        request.get(KEY_AWARD_SIGNATURE),
+    ):
+        raise _RequestError("the award named by its digest is not the one this client endorsed")
+    return held, held.verify(_stored_terms(state).buyer_key)
 
 
 def _stored_terms(state: ConfigRecord) -> AwardTerms:

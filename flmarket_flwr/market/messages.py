@@ -27,7 +27,9 @@ Action                Server -> client                            Client -> serv
 ``market_audit``      session, the award, its signature and the   the counts and the commitment nonce
                       endorsements (node id + signature each)
 ``market_award``      session, the final award and its            accepted
-                      signature (none if the market aborted)
+                      signature (to a client that endorsed it:
+                      its digest instead of the award; none if
+                      the market aborted)
 ====================  ==========================================  ==========================================
 
 The helpers below turn one reply into typed values or raise :class:`ReplyError` with a reason that the
@@ -54,6 +56,7 @@ __all__ = [
     "ACTION_UNMASK",
     "KEY_ACCEPTED",
     "KEY_AWARD",
+    "KEY_AWARD_DIGEST",
     "KEY_AWARD_SIGNATURE",
     "KEY_BID",
     "KEY_BUDGET",
@@ -131,6 +134,8 @@ KEY_BUYER_KEY: Final = "terms-buyer-key"
 KEY_AWARD: Final = "award"
 KEY_AWARD_SIGNATURE: Final = "award-signature"
 """Endorse, audit and award steps: the award's canonical encoding and the buyer's signature on it."""
+KEY_AWARD_DIGEST: Final = "award-digest"
+"""Award step, to a client that endorsed the final award: its digest, in place of the award the client holds."""
 KEY_ENDORSEMENT: Final = "endorsement"
 KEY_ENDORSEMENTS: Final = "endorsements"
 """Endorse reply: one signature on the award's digest; audit request: all of them, packed

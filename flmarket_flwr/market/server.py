@@ -53,6 +53,7 @@ from flmarket_flwr.market.messages import (
     ACTION_BID,
     ACTION_ENDORSE,
     KEY_AWARD,
+    KEY_AWARD_DIGEST,
     KEY_AWARD_SIGNATURE,
     KEY_BUDGET,
     KEY_BUYER_KEY,
@@ -83,6 +84,7 @@ class _Outcome:
     award: Award
     signed: SignedAward
     audited: list[int]
+    endorsers: set[int]
 
 
 class MarketPhase:
@@ -144,9 +146,9 @@ class MarketPhase:
             result = self._timed(timings, "auction", lambda: self._audited_auction(grid, pass_result, bids))
         except MarketError as err:
             log(WARNING, "Market: aborted (%s)", err)
-            self._close(grid, None)
+            self._close(grid, None, set())
             raise
-        acknowledged = self._timed(timings, "award", lambda: self._close(grid, result.signed))
+        acknowledged = self._timed(timings, "award", lambda: self._close(grid, result.signed, result.endorsers))
         timings["total"] = time.perf_counter() - started
 
         award = result.award
@@ -344,11 +346,11 @@ class MarketPhase:
                 continue
             pending = [node for node in award.winners if node not in audited]
             if not self.config.audit_winners or not pending:
-                return _Outcome(award=award, signed=signed, audited=audited)
+                return _Outcome(award=award, signed=signed, audited=audited, endorsers=set(endorsements))
             honest = self._audit(grid, pass_result, signed, endorsements, pending, bidders)
             audited.extend(node for node in pending if node in honest)
             if honest >= set(pending):
-                return _Outcome(award=award, signed=signed, audited=audited)
+                return _Outcome(award=award, signed=signed, audited=audited, endorsers=set(endorsements))
             for node in pending:
                 if node not in honest:
                     del bidders[node]
@@ -424,15 +426,17 @@ class MarketPhase:
         return set(opened)
 
     # --- Step 4: awards ------------------------------------------------------------------------
-    def _close(self, grid: Grid, signed: SignedAward | None) -> list[int]:
-        """Send every contacted node the final signed award (none if the market aborted); return the bidders
-        that acknowledge it."""
+    def _close(self, grid: Grid, signed: SignedAward | None, endorsers: set[int]) -> list[int]:
+        """Send every contacted node the final signed award (none if the market aborted; to its ``endorsers``,
+        which hold it, only its digest); return the bidders that acknowledge it."""
         record: dict[str, ConfigRecordValues] = {KEY_SESSION: self._session}
+        held: dict[str, ConfigRecordValues] = dict(record)
         bidders: list[int] = []
         if signed is not None:
             record.update({KEY_AWARD: signed.encoded, KEY_AWARD_SIGNATURE: signed.signature})
+            held.update({KEY_AWARD_DIGEST: signed.digest, KEY_AWARD_SIGNATURE: signed.signature})
             bidders = [bidder.node_id for bidder in Award.decode(signed.encoded).bidders]
-        requests = {node: config_record(record) for node in sorted(self._contacted)}
+        requests = {node: config_record(held if node in endorsers else record) for node in sorted(self._contacted)}
         if not requests:
             return []
         replies = self.exchange(grid, ACTION_AWARD, requests)
