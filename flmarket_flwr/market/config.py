@@ -146,7 +146,8 @@ class MarketOutcome:
     winners : list[int]
         Node ids of the winners, in the auction's selection order.
     participants : list[int]
-        Node ids of the auction's bidders (valid score and bid, not caught lying), ascending.
+        Node ids of the final award's bidders (valid score and bid, not caught lying, not a winner that refused
+        to endorse), ascending; a loser that did not endorse stays one, its reason in ``excluded``.
     scores, bids, payments : dict[int, float]
         Per bidder (payments are ``0.0`` for losers, each at most ``budget``).
     total_payment : float

@@ -346,14 +346,16 @@ class MarketPhase:
                 continue
             pending = [node for node in award.winners if node not in audited]
             if not self.config.audit_winners or not pending:
-                return _Outcome(award=award, signed=signed, audited=audited, endorsers=set(endorsements))
+                break
             honest = self._audit(grid, pass_result, signed, endorsements, pending, bidders)
             audited.extend(node for node in pending if node in honest)
             if honest >= set(pending):
-                return _Outcome(award=award, signed=signed, audited=audited, endorsers=set(endorsements))
+                break
             for node in pending:
                 if node not in honest:
                     del bidders[node]
+        audited = [node for node in audited if node in award.winners]  # an audited winner may have left since
+        return _Outcome(award=award, signed=signed, audited=audited, endorsers=set(endorsements))
 
     def _award(self, grid: Grid, pass_result: PassResult, bids: Mapping[int, tuple[float, float]]) -> Award:
         """The award of the auction over ``bids`` under the market's terms (:func:`.award.build_award`).
