@@ -147,7 +147,10 @@ _LEDGER_ROSTER = "ledger-roster"
 """The roster's node ids in PASS-index order (big-endian uint64 words), from the share request, for the ledger."""
 _ENDORSED = "endorsed-award"
 _ENDORSED_SIGNATURE = "endorsed-award-signature"
-"""The latest award this client endorsed, and the buyer's signature on it (what an audit must show)."""
+_ENDORSED_WON = "endorsed-award-won"
+_ENDORSED_PAYMENT = "endorsed-award-payment"
+"""The latest award this client endorsed, the buyer's signature on it (what an audit must show), and what it
+gives this client (read back when the final award is named by its digest, without decoding it again)."""
 _KEPT_AFTER_CLOSE = ("session", "stage")
 """What a closed PASS state keeps: enough to refuse a second session in the same run."""
 _CLOSED_PASS_STAGE = 99
@@ -538,8 +541,16 @@ class _MarketHandlers:
             endorsement = b"" if identity_key is None else sign_award_endorsement(identity_key, signed.digest)
         except (PassError, ValueError, TypeError, KeyError) as err:
             return _refusal(message, ACTION_ENDORSE, err)
-        state[_ENDORSED] = signed.encoded
-        state[_ENDORSED_SIGNATURE] = signed.signature
+        own = award.bidder(int(context.node_id))
+        set_values(
+            state,
+            {
+                _ENDORSED: signed.encoded,
+                _ENDORSED_SIGNATURE: signed.signature,
+                _ENDORSED_WON: own is not None and own.node_id in award.winners,
+                _ENDORSED_PAYMENT: 0.0 if own is None else own.payment,
+            },
+        )
         return _reply(message, config_record({KEY_ENDORSEMENT: endorsement}))
 
     def audit(self, message: Message, context: Context) -> Message:
@@ -592,8 +603,11 @@ class _MarketHandlers:
             request = _request(message)
             _check_session(request, state)
             won, payment, signed = False, 0.0, None
-            if request.get(KEY_AWARD) is not None or request.get(KEY_AWARD_DIGEST) is not None:
-                signed, award = _final_award(request, state)
+            if request.get(KEY_AWARD) is None and request.get(KEY_AWARD_DIGEST) is not None:
+                signed = _held_award(request, state)  # checked when this client endorsed it
+                won, payment = bool(state[_ENDORSED_WON]), float(state[_ENDORSED_PAYMENT])  # type: ignore[arg-type]
+            elif request.get(KEY_AWARD) is not None:
+                signed, award = _verified_award(request, state)
                 if (award.run_id, award.session) != (int(context.run_id), _pass_state(state)[_SESSION]):
                     raise _RequestError("the award is not for this client's run and PASS session")
                 if award.terms != _stored_terms(state):
@@ -668,17 +682,13 @@ def _verified_award(request: ConfigRecord, state: ConfigRecord) -> tuple[SignedA
     return signed, signed.verify(_stored_terms(state).buyer_key)
 
 
-def _final_award(request: ConfigRecord, state: ConfigRecord) -> tuple[SignedAward, Award]:
-    """The final award: the request's, or (named by its digest and signature) the one this client endorsed."""
-    if request.get(KEY_AWARD) is not None:
-        return _verified_award(request, state)
+def _held_award(request: ConfigRecord, state: ConfigRecord) -> SignedAward:
+    """The award this client endorsed last, which the request names by its digest and signature."""
     held = _endorsed_award(state)
-    if held is None or (held.digest, held.signature) != (
-        request.get(KEY_AWARD_DIGEST),
-        request.get(KEY_AWARD_SIGNATURE),
-    ):
+    named = (request.get(KEY_AWARD_DIGEST), request.get(KEY_AWARD_SIGNATURE))
+    if held is None or (held.digest, held.signature) != named:
         raise _RequestError("the award named by its digest is not the one this client endorsed")
-    return held, held.verify(_stored_terms(state).buyer_key)
+    return held
 
 
 def _stored_terms(state: ConfigRecord) -> AwardTerms:
