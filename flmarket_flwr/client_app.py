@@ -17,7 +17,9 @@ One ``ClientApp`` serves every phase of a run:
   only in a roster of at least ``n`` nodes (:func:`min_participants_of`); with
   ``pass-split-tolerance=<c>`` its secrets withstand ``c`` colluding neighbours in a split consistency
   round (:func:`split_tolerance_of`); with ``pass-dp-total-epsilon=<e>`` it refuses a release that would
-  take its composed epsilon past ``e`` (:func:`privacy_budget_of`, kept in its release ledger).
+  take its composed epsilon past ``e`` (:func:`privacy_budget_of`, kept in its release ledger); with
+  ``market-buyer-key=<64 hex digits>`` it takes part only in a market whose terms name that buyer key,
+  which must sign the award before the node opens its counts (:func:`buyer_key_of`).
 * No other query: the baselines' raw-statistics query (RS, QBS, DICE, DDS) is answered
   only by the experiments' ClientApp (:mod:`simulations.apps`), never by this one.
 * **Training** (``train`` / ``evaluate`` messages): plain local SGD on the
@@ -63,6 +65,7 @@ from flmarket_flwr.market.node_config import (
     MARKET_SCHEMA,
     NodeConfigCheck,
     NodeKey,
+    buyer_key_of,
     complete_graph_of,
     identity_directory_of,
     identity_key_of,
@@ -349,6 +352,7 @@ def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
         complete_graph=complete_graph_of,
         min_participants=min_participants_of,
         split_tolerance=split_tolerance_of,
+        buyer_key=buyer_key_of,
     )
     client.train()(train)
     client.evaluate()(evaluate_local)

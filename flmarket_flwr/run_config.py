@@ -140,6 +140,8 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
            "server"),
     AppKey("identity-directory", "", 'path of the buyer\'s directory of client identity keys (JSON); "" for none',
            "server"),
+    AppKey("buyer-key", "", "path of the buyer's Ed25519 key (PEM) that signs the award; nodes may pin its public "
+           'half (node config market-buyer-key); "" for a fresh key per market (logged)', "server"),
     AppKey("roster-history", "", "path of the buyer's record of its markets' members (JSON): each market leaves out "
            'the few clients the nodes\' release ledgers would refuse it for; "" for none', "server"),
     AppKey("settle-on-delivery", False, "true: each winner is paid pro rata to the rounds it delivered", "server"),

@@ -28,7 +28,7 @@ from flwr.supercore import log
 from flmarket_flwr.app_results import CentralEvaluation, make_run_dir, save_results
 from flmarket_flwr.market import FLMarket, MarketConfig, MarketError, MarketPhase, RosterHistory
 from flmarket_flwr.nodes import connected_nodes
-from flmarket_flwr.pass_protocol import IdentityDirectory
+from flmarket_flwr.pass_protocol import IdentityDirectory, load_identity_key
 from flmarket_flwr.run_config import check_run_config, default_as, market_noise, neighbours_of, read
 from flmarket_flwr.task import (
     DataConfig,
@@ -55,6 +55,7 @@ class ServerSettings:
     decides; n > 0: at most n winners, within the budget), ``market_timeout``, ``wait_for_nodes_timeout``,
     ``min_market_clients``, ``neighbours`` (PASS graph: ``"auto"``, ``"all"`` or a degree k), ``audit_winners``,
     ``identity_directory`` (path of the buyer's directory of client identity keys; "" for none),
+    ``buyer_key`` (path of the buyer's Ed25519 PEM key that signs the award; "" for a fresh one per market),
     ``roster_history`` (path of the buyer's record of its markets' members, to plan rosters; "" for none),
     ``settle_on_delivery`` (pay each winner pro rata to the rounds it delivered, not in full at selection);
     ``pass_dp_epsilon``, ``pass_dp_delta``, ``pass_dp_honest_fraction`` (distributed DP on ``N_s``, 0: off);
@@ -88,6 +89,7 @@ class ServerSettings:
     audit_winners: bool = default_as("audit-winners", bool)
     market_security: str = default_as("market-security", str)
     identity_directory: str = default_as("identity-directory", str)
+    buyer_key: str = default_as("buyer-key", str)
     roster_history: str = default_as("roster-history", str)
     settle_on_delivery: bool = default_as("settle-on-delivery", bool)
     pass_dp_epsilon: float = default_as("pass-dp-epsilon", float)
@@ -266,6 +268,7 @@ def _market_config(settings: ServerSettings, data_config: DataConfig, num_nodes:
         if settings.identity_directory
         else None,
         roster_history=RosterHistory(settings.roster_history) if settings.roster_history else None,
+        buyer_key=load_identity_key(settings.buyer_key) if settings.buyer_key else None,
         timeout=settings.market_timeout,
         timeout_per_node=settings.market_timeout_per_node,
         min_participation=settings.market_min_participation,

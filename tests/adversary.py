@@ -10,8 +10,9 @@ from flwr.app import ConfigRecord, Message
 from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase, register_market_handlers
+from flmarket_flwr.market.bidding import BidPolicy
 from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
-from flmarket_flwr.market.messages import RECORD_KEY, make_content, message_type
+from flmarket_flwr.market.messages import ACTION_BID, ACTIONS, KEY_SCORE, RECORD_KEY, make_content, message_type
 from flmarket_flwr.pass_protocol import IdentityDirectory, PassServer, generate_identity
 
 NUM_CLASSES = 10
@@ -36,6 +37,28 @@ def make_counts(num_nodes: int, seed: int = 0, high: int = 200) -> dict[int, np.
 def honest_grid(counts: Mapping[int, np.ndarray], **grid_options: Any) -> InProcessGrid:
     """An in-process grid whose nodes run the real market handlers with a cost-based bid."""
     return InProcessGrid(market_client_app(counts, CostBasedBid(0.01)), list(counts), **grid_options)
+
+
+def lying_client_app(counts: Mapping[int, np.ndarray], liar: int, claimed_score: float, policy: BidPolicy) -> ClientApp:
+    """The real handlers, but ``liar`` sends ``claimed_score`` as its score and keeps it as the score it sent (a
+    client running modified code): it endorses the award that lists that score, and only its audit can catch it."""
+    honest = market_client_app(counts, policy)
+    app = ClientApp()
+
+    def handle(message: Message, context: Any) -> Message:
+        reply = honest(message, context)
+        if (
+            context.node_id == liar
+            and message.metadata.message_type == message_type(ACTION_BID)
+            and not reply.has_error()
+        ):
+            reply.content.config_records[RECORD_KEY][KEY_SCORE] = claimed_score
+            context.state.config_records[RECORD_KEY][KEY_SCORE] = claimed_score
+        return reply
+
+    for action in ACTIONS:
+        app.query(action)(handle)
+    return app
 
 
 def signed_app(counts: Mapping[int, np.ndarray]) -> tuple[ClientApp, IdentityDirectory]:

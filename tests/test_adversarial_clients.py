@@ -11,7 +11,15 @@ import logging
 
 import numpy as np
 import pytest
-from adversary import NUM_CLASSES, client_secrets, honest_grid, make_counts, market_config, signed_setup
+from adversary import (
+    NUM_CLASSES,
+    client_secrets,
+    honest_grid,
+    lying_client_app,
+    make_counts,
+    market_config,
+    signed_setup,
+)
 from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import CostBasedBid, MarketError, MarketPhase, register_market_handlers
@@ -110,7 +118,7 @@ def test_a_loser_claiming_the_highest_score_is_caught_by_the_audit_and_not_paid(
 
     liar = next(n for n in nodes if n not in honest_winners and wins_by_lying(n))
 
-    grid = honest_grid(counts, reply_hook=altering(liar, "market_bid", lambda r: r.__setitem__("score", highest)))
+    grid = InProcessGrid(lying_client_app(counts, liar, highest, POLICY), list(counts))
     outcome = MarketPhase(market_config(budget=budget)).run(grid)
 
     assert liar not in outcome.winners

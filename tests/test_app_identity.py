@@ -1,5 +1,6 @@
-"""The app's clients sign their PASS keys and check their neighbours' when their node config names the files, and
-take part only in a roster of at least their node config's ``pass-min-participants``."""
+"""The app's clients sign their PASS keys and check their neighbours' when their node config names the files, take
+part only in a roster of at least their node config's ``pass-min-participants``, and only under the buyer key their
+node config's ``market-buyer-key`` pins."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from flmarket_flwr.client_app import build_client_app
 from flmarket_flwr.market import MarketConfig, MarketPhase
@@ -88,3 +90,33 @@ def test_a_node_refuses_a_roster_below_its_pass_min_participants(tmp_path: Path)
     assert not taken_part.excluded and taken_part.pass_participants == NODES
     misconfigured = outcome("six")
     assert set(misconfigured.excluded) == {505} and misconfigured.excluded[505].startswith("market_advertise")
+
+
+def test_a_node_pinning_the_buyer_key_takes_part_only_under_that_key(tmp_path: Path) -> None:
+    """``market-buyer-key`` in a node's config: a market signed by that key goes on with it; a market under any
+    other key (a fresh one here) goes on without it, refused at the advertisement; a malformed value too."""
+    buyer, public = generate_identity()
+
+    def outcome(pin: str, key: Ed25519PrivateKey | None):  # type: ignore[no-untyped-def]
+        grid, directory = signed_federation(tmp_path, extra={505: {"market-buyer-key": pin}})
+        config = MarketConfig(budget=10_000.0, num_classes=10, directory=directory, poll_interval=0.01, buyer_key=key)
+        return MarketPhase(config).run(grid)
+
+    assert not outcome(public.hex(), buyer).excluded
+    for pin, key in ((public.hex(), None), ("ab" * 31, buyer), ("zz" * 32, buyer)):
+        refused = outcome(pin, key)
+        assert set(refused.excluded) == {505} and refused.excluded[505].startswith("market_advertise")
+
+
+def test_the_server_app_reads_the_buyer_key_from_the_run_config(tmp_path: Path) -> None:
+    from flmarket_flwr.server_app import ServerSettings, _market_config
+    from flmarket_flwr.task import DataConfig
+
+    key, public = generate_identity()
+    save_identity_key(key, tmp_path / "buyer.pem")
+    settings = ServerSettings.from_run_config({"buyer-key": str(tmp_path / "buyer.pem")})
+    config = _market_config(settings, DataConfig.from_run_config({}), num_nodes=5, run_id=1)
+    assert config.buyer_key is not None and config.buyer_key.public_key().public_bytes_raw() == public
+    assert MarketPhase(config).terms.buyer_key == public
+    default = _market_config(ServerSettings.from_run_config({}), DataConfig.from_run_config({}), 5, 1)
+    assert default.buyer_key is None

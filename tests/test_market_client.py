@@ -9,6 +9,7 @@ from uuid import uuid4
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -25,6 +26,7 @@ from flmarket_flwr.market import (
     register_market_handlers,
     simulated_cost_per_sample,
 )
+from flmarket_flwr.market.award import AwardTerms, SignedAward, build_award, sign_award
 from flmarket_flwr.market.client import ERROR_PREFIX
 from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 from flmarket_flwr.market.messages import (
@@ -32,21 +34,26 @@ from flmarket_flwr.market.messages import (
     ACTION_AUDIT,
     ACTION_AWARD,
     ACTION_BID,
+    ACTION_ENDORSE,
     ACTION_MASK,
     ACTION_SHARE,
     ACTION_UNMASK,
     ACTIONS,
     KEY_ACCEPTED,
+    KEY_AWARD,
+    KEY_AWARD_DIGEST,
+    KEY_AWARD_SIGNATURE,
     KEY_BID,
+    KEY_BUDGET,
+    KEY_BUYER_KEY,
+    KEY_COHORT_CAP,
     KEY_COUNTS,
     KEY_GLOBAL_COUNTS,
     KEY_NONCE,
     KEY_NUM_CLIENTS,
-    KEY_PAYMENT,
     KEY_SCORE,
     KEY_SESSION,
     KEY_TRANSCRIPT,
-    KEY_WON,
     RECORD_KEY,
     message_type,
 )
@@ -56,6 +63,7 @@ from flmarket_flwr.pricing import score
 C = 5
 SESSION = b"flmarket/test-session"
 BOUND = 100
+BUDGET = 1e6
 SECRET_KEYS = ("pass/cipher_private_key", "pass/mask_private_key", "pass/self_seed", "pass/held_shares")
 
 
@@ -122,16 +130,39 @@ class Session:
         self.server = PassServer(session, C, count_bound, run_id=1)  # the Nodes' run
         self.requests = self.server.advertise_requests(list(self.nodes))
         self.masked: dict[int, dict] = {}
+        self.buyer = Ed25519PrivateKey.generate()
+        self.terms = AwardTerms(BUDGET, 0, self.buyer.public_key().public_bytes_raw())
 
     def node(self, index: int) -> Node:
         return self.nodes[self.server.node_of[index]]
 
     def round(self, action: str, requests: dict, drop: tuple[int, ...] = ()) -> dict[int, dict]:
+        terms = self.terms_fields() if action == ACTION_ADVERTISE else {}
         return {
-            index: dict(record(self.node(index).call(action, **request.to_record())).items())
+            index: dict(record(self.node(index).call(action, **request.to_record(), **terms)).items())
             for index, request in requests.items()
             if self.server.node_of[index] not in drop
         }
+
+    def terms_fields(self) -> dict[str, object]:
+        terms = self.terms
+        return {KEY_BUDGET: terms.budget, KEY_COHORT_CAP: terms.cohort_cap, KEY_BUYER_KEY: terms.buyer_key}
+
+    def sign(self, bids: dict[int, tuple[float, float]], key: Ed25519PrivateKey | None = None) -> SignedAward:
+        """The buyer's signed award of the auction over ``bids`` (``key``: sign with another key, same terms)."""
+        award = build_award(1, self.server.session, self.server.transcript or b"-", self.terms, bids)
+        if key is None:
+            return sign_award(award, self.buyer)
+        return SignedAward(award.encode(), key.sign(award.encode()))
+
+    def award_fields(self, signed: SignedAward, **changes: object) -> dict[str, object]:
+        fields: dict[str, object] = {
+            KEY_SESSION: self.server.session,
+            KEY_AWARD: signed.encoded,
+            KEY_AWARD_SIGNATURE: signed.signature,
+        }
+        fields.update(changes)
+        return {k: v for k, v in fields.items() if v is not None}
 
     def run(self, drop_at_mask: tuple[int, ...] = ()) -> np.ndarray:
         server = self.server
@@ -420,82 +451,130 @@ def test_simulated_cost_bid_reads_the_partition_id(caplog) -> None:
 
 
 # --- Audit ---------------------------------------------------------------------------------------
-def bid_placed(**kwargs: object) -> tuple[Session, Node, float]:
+def awarded(**kwargs: object) -> tuple[Session, list[Node], SignedAward]:
+    """Three nodes that took part in PASS, bid, and endorsed the buyer's signed award (all three win)."""
     session, nodes = completed(bid_policy=CostBasedBid(0.5, markup=0.0), **kwargs)
+    bids = {}
+    for node in nodes:
+        reply = record(node.call(ACTION_BID, **session.bid_fields()))
+        bids[node.context.node_id] = (float(reply[KEY_SCORE]), float(reply[KEY_BID]))  # type: ignore[arg-type]
+    signed = session.sign(bids)
+    for node in nodes:
+        record(node.call(ACTION_ENDORSE, **session.award_fields(signed)))
+    return session, nodes, signed
+
+
+def test_a_winner_of_the_award_it_endorsed_opens_its_counts_commitment_once() -> None:
+    session, nodes, signed = awarded()
     node = nodes[1]
-    bid = float(record(node.call(ACTION_BID, **session.bid_fields()))[KEY_BID])
-    return session, node, bid
+    assert node.context.node_id in signed.verify(session.terms.buyer_key).winners
 
-
-def test_a_winner_offered_its_bid_opens_its_counts_commitment_once() -> None:
-    session, node, bid = bid_placed()
-    reply = record(node.call(ACTION_AUDIT, **{KEY_SESSION: SESSION, KEY_PAYMENT: bid}))
+    reply = record(node.call(ACTION_AUDIT, **session.award_fields(signed)))
 
     assert reply[KEY_COUNTS] == [int(c) for c in node.counts]
     index = session.server.index_of[node.context.node_id]
     assert counts_commitment(SESSION, index, reply[KEY_COUNTS], reply[KEY_NONCE]) == session.server.commitments[index]
-    refused(node.call(ACTION_AUDIT, **{KEY_SESSION: SESSION, KEY_PAYMENT: bid}), ACTION_AUDIT)
+    refused(node.call(ACTION_AUDIT, **session.award_fields(signed)), ACTION_AUDIT)
 
 
-@pytest.mark.parametrize(
-    "fields",
-    [
-        {KEY_PAYMENT: "below"},
-        {KEY_SESSION: b"flmarket/other"},
-        {KEY_PAYMENT: float("nan")},
-        {KEY_PAYMENT: True},
-        {KEY_PAYMENT: None},
-    ],
-)
-def test_audit_requests_below_the_bid_or_off_session_are_refused(fields: dict[str, object]) -> None:
-    _, node, bid = bid_placed()
-    request: dict[str, object] = {KEY_SESSION: SESSION, KEY_PAYMENT: bid}
-    request.update({k: (bid * 0.99 if v == "below" else v) for k, v in fields.items()})
-    refused(node.call(ACTION_AUDIT, **{k: v for k, v in request.items() if v is not None}), ACTION_AUDIT)
-    record(node.call(ACTION_AUDIT, **{KEY_SESSION: SESSION, KEY_PAYMENT: bid}))  # a refusal does not close it
+@pytest.mark.parametrize("change", ["other-session", "no-award", "other-award", "other-signature"])
+def test_audit_requests_off_the_endorsed_award_or_off_session_are_refused(change: str) -> None:
+    session, nodes, signed = awarded()
+    node = nodes[1]
+    other = session.sign({node.context.node_id: (1.0, 1.0), 99: (2.0, 1.0)})
+    changes: dict[str, object] = {
+        "other-session": {KEY_SESSION: b"flmarket/other"},
+        "no-award": {KEY_AWARD: None},
+        "other-award": {KEY_AWARD: other.encoded, KEY_AWARD_SIGNATURE: other.signature},
+        "other-signature": {KEY_AWARD: other.encoded},
+    }[change]  # type: ignore[assignment]
+    refused(node.call(ACTION_AUDIT, **session.award_fields(signed, **changes)), ACTION_AUDIT)
+    record(node.call(ACTION_AUDIT, **session.award_fields(signed)))  # a refusal does not close it
 
 
 def test_a_client_that_does_not_open_its_counts_refuses_every_audit() -> None:
-    _, node, bid = bid_placed(audit=False)
-    refused(node.call(ACTION_AUDIT, **{KEY_SESSION: SESSION, KEY_PAYMENT: 10 * bid}), ACTION_AUDIT)
+    session, nodes, signed = awarded(audit=False)
+    refused(nodes[1].call(ACTION_AUDIT, **session.award_fields(signed)), ACTION_AUDIT)
 
 
 def test_no_audit_before_a_bid() -> None:
-    _, nodes = completed()
-    refused(nodes[0].call(ACTION_AUDIT, **{KEY_SESSION: SESSION, KEY_PAYMENT: 1e9}), ACTION_AUDIT)
+    session, nodes = completed()
+    signed = session.sign({node.context.node_id: (1.0, 1.0) for node in nodes})
+    refused(nodes[0].call(ACTION_ENDORSE, **session.award_fields(signed)), ACTION_ENDORSE)
+    refused(nodes[0].call(ACTION_AUDIT, **session.award_fields(signed)), ACTION_AUDIT)
 
 
 # --- Award ---------------------------------------------------------------------------------------
-def test_award_is_recorded_and_pass_state_wiped() -> None:
+def test_the_final_award_is_recorded_with_its_receipt_and_pass_state_wiped() -> None:
+    session, nodes, signed = awarded()
+    node = nodes[0]
+    award = signed.verify(session.terms.buyer_key)
+
+    reply = record(node.call(ACTION_AWARD, **session.award_fields(signed)))
+
+    assert reply[KEY_ACCEPTED] is True
+    kept = read_award(node.context)
+    assert kept is not None and kept.won is True and kept.payment == award.payments[node.context.node_id] > 0
+    assert (kept.award, kept.signature, kept.buyer_key) == (signed.encoded, signed.signature, session.terms.buyer_key)
+    assert SignedAward(kept.award, kept.signature).verify(kept.buyer_key) == award
+    assert {k for k in node.state() if k.startswith("pass/")} == {"pass/session", "pass/stage", "pass/unmask_requested"}
+
+
+def test_an_endorser_may_be_sent_the_final_awards_digest_only_and_takes_the_award_it_holds() -> None:
+    session, nodes, signed = awarded()
+    other = session.sign({node.context.node_id: (1.0, 1.0) for node in nodes})
+    by_digest = {KEY_SESSION: SESSION, KEY_AWARD_DIGEST: signed.digest, KEY_AWARD_SIGNATURE: signed.signature}
+    wrong = {**by_digest, KEY_AWARD_DIGEST: other.digest}
+    refused(nodes[1].call(ACTION_AWARD, **wrong), ACTION_AWARD)  # not the award it endorsed
+    record(nodes[0].call(ACTION_AWARD, **by_digest))
+    kept = read_award(nodes[0].context)
+    assert kept is not None and kept.won is True and kept.award == signed.encoded
+    never_endorsed = three_nodes()
+    fresh = Session(never_endorsed)
+    fresh.round(ACTION_ADVERTISE, fresh.requests)
+    refused(never_endorsed[0].call(ACTION_AWARD, **by_digest), ACTION_AWARD)
+
+
+def test_an_award_without_this_client_is_recorded_as_lost_and_wipes_the_keys() -> None:
     nodes = three_nodes()
     session = Session(nodes)
     session.round(ACTION_ADVERTISE, session.requests)  # advertised, never masked: keys still held
     node = nodes[0]
     assert read_award(node.context) is None and len(node.secrets()) == 2
+    signed = session.sign({8: (1.0, 1.0), 9: (2.0, 1.0)})
 
-    reply = record(node.call(ACTION_AWARD, **{KEY_SESSION: SESSION, KEY_WON: True, KEY_PAYMENT: 12.5}))
+    record(node.call(ACTION_AWARD, **session.award_fields(signed)))
 
-    assert reply[KEY_ACCEPTED] is True
     award = read_award(node.context)
-    assert award is not None and award.won is True and award.payment == 12.5
+    assert award is not None and award.won is False and award.payment == 0.0 and award.award == signed.encoded
     assert {k for k in node.state() if k.startswith("pass/")} == {"pass/session", "pass/stage"}
     refused(node.call(ACTION_ADVERTISE, **session.requests[1].to_record()), ACTION_ADVERTISE)
 
 
-@pytest.mark.parametrize(
-    "fields",
-    [
-        {KEY_SESSION: SESSION, KEY_WON: 1, KEY_PAYMENT: 1.0},
-        {KEY_SESSION: SESSION, KEY_WON: True, KEY_PAYMENT: float("nan")},
-        {KEY_SESSION: b"flmarket/other", KEY_WON: True, KEY_PAYMENT: 1.0},
-        {KEY_SESSION: SESSION},
-        {},
-    ],
-)
-def test_malformed_awards_give_error_replies_and_still_wipe_the_keys(fields: dict[str, object]) -> None:
+def test_a_closed_market_without_an_award_is_recorded_as_lost() -> None:
     nodes = three_nodes()
     session = Session(nodes)
     session.round(ACTION_ADVERTISE, session.requests)
+    record(nodes[0].call(ACTION_AWARD, **{KEY_SESSION: SESSION}))
+    award = read_award(nodes[0].context)
+    assert award is not None and award.won is False and award.award is None
+    assert nodes[0].secrets() == []
+
+
+@pytest.mark.parametrize("change", ["garbage", "other-key", "unsigned", "other-session", "empty"])
+def test_malformed_awards_give_error_replies_and_still_wipe_the_keys(change: str) -> None:
+    nodes = three_nodes()
+    session = Session(nodes)
+    session.round(ACTION_ADVERTISE, session.requests)
+    signed = session.sign({8: (1.0, 1.0), 9: (2.0, 1.0)})
+    forged = session.sign({8: (1.0, 1.0), 9: (2.0, 1.0)}, key=Ed25519PrivateKey.generate())
+    fields = {
+        "garbage": session.award_fields(signed, **{KEY_AWARD: b"garbage"}),
+        "other-key": session.award_fields(forged),
+        "unsigned": session.award_fields(signed, **{KEY_AWARD_SIGNATURE: b""}),
+        "other-session": session.award_fields(signed, **{KEY_SESSION: b"flmarket/other"}),
+        "empty": {},
+    }[change]
     refused(nodes[0].call(ACTION_AWARD, **fields), ACTION_AWARD)
     assert nodes[0].secrets() == []
     assert read_award(nodes[0].context) is None

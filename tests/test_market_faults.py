@@ -14,10 +14,12 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from adversary import lying_client_app
 from flwr.app import ConfigRecord, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketError, MarketOutcome, MarketPhase
+from flmarket_flwr.market.award import Award
 from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 from flmarket_flwr.market.messages import (
     ACTION_ADVERTISE,
@@ -27,6 +29,7 @@ from flmarket_flwr.market.messages import (
     ACTION_MASK,
     ACTION_SHARE,
     ACTION_UNMASK,
+    KEY_AWARD,
     KEY_COUNTS,
     KEY_NONCE,
     RECORD_KEY,
@@ -270,7 +273,7 @@ def test_too_many_dropouts_at_a_pass_round_are_a_clear_error(
     assert not faults.sent(ACTION_BID), "no sum, no bid"
     awards = faults.sent(ACTION_AWARD)  # every contacted node is told the market closed
     assert {m.metadata.dst_node_id for m in awards} == set(nodes)
-    assert all(m.content.config_records[RECORD_KEY]["won"] is False for m in awards)
+    assert all(KEY_AWARD not in m.content.config_records[RECORD_KEY] for m in awards)  # closed, no award
     if action == ACTION_MASK:
         assert not faults.sent(ACTION_UNMASK), "the session stops before any share is requested"
 
@@ -402,7 +405,8 @@ def test_malformed_score_or_bid_leaves_the_node_out_of_the_auction(corruption: C
     assert outcome.payments == pytest.approx(payments, rel=1e-12)
     awards = {m.metadata.dst_node_id: m for m in grid.sent if m.metadata.message_type == message_type(ACTION_AWARD)}
     assert sorted(awards) == nodes  # the culprit too: its PASS state must be wiped
-    assert awards[culprit].content.config_records[RECORD_KEY]["won"] is False
+    final = Award.decode(awards[culprit].content.config_records[RECORD_KEY][KEY_AWARD])  # type: ignore[arg-type]
+    assert final.bidder(culprit) is None and culprit not in final.winners
 
 
 def test_most_pass_participants_failing_the_bid_step_is_a_clear_error() -> None:
@@ -463,9 +467,11 @@ def test_a_false_score_is_caught_by_the_audit() -> None:
     liar = nodes[0]
     total = np.sum(list(counts.values()), axis=0)
     inflated = 0.99 * score(total, total, len(nodes))
-    faults = Faults().add(ACTION_BID, {liar}, with_field("score", inflated))
-
-    outcome, _ = run_market(counts, faults)
+    faults = Faults()  # records what was sent; the liar stands by its score (it endorses the award that lists it)
+    grid = InProcessGrid(
+        lying_client_app(counts, liar, inflated, CostBasedBid(COST, markup=MARKUP)), list(counts), reply_hook=faults
+    )
+    outcome = MarketPhase(config()).run(grid)
 
     assert liar in [m.metadata.dst_node_id for m in faults.sent(ACTION_AUDIT)]
     assert "claimed score" in outcome.excluded[liar]

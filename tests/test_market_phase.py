@@ -24,6 +24,7 @@ from flmarket_flwr.market import (
     read_award,
     simulated_cost_per_sample,
 )
+from flmarket_flwr.market.award import SignedAward
 from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 from flmarket_flwr.market.messages import RECORD_KEY
 from flmarket_flwr.pricing import cohort_budget, run_auction, score
@@ -220,14 +221,18 @@ def test_awards_are_recorded_in_client_state_and_pass_keys_purged() -> None:
         assert award.payment == outcome.payments[node]
         assert award.score == outcome.scores[node]
         assert award.bid == outcome.bids[node]
+        assert award.award is not None and award.signature is not None and award.buyer_key is not None
+        assert SignedAward(award.award, award.signature).digest == outcome.award_digest  # the receipt verifies
+        assert SignedAward(award.award, award.signature).verify(award.buyer_key).payments[node] == award.payment
         state = context.state.config_records[RECORD_KEY]
         assert {key for key in state if key.startswith("pass/")} <= {
             "pass/session",
             "pass/stage",
             "pass/unmask_requested",
         }
+        public = (state.get("pass/session"), award.buyer_key)  # the buyer's public key is kept with the receipt
         for value in state.values():  # no key material survives the award
-            assert not (isinstance(value, bytes) and len(value) == 32 and value != state.get("pass/session"))
+            assert not (isinstance(value, bytes) and len(value) == 32 and value not in public)
 
 
 def test_a_budget_too_small_for_anyone_gives_no_winners_but_completes() -> None:
@@ -371,8 +376,8 @@ def test_handlers_keep_no_state_outside_context_state() -> None:
     outcome = MarketPhase(config()).run(InProcessGrid(fresh_app, list(counts)))
     reference = MarketPhase(config()).run(InProcessGrid(market_client_app(counts, CostBasedBid(0.05)), list(counts)))
 
-    # Four PASS rounds, the bid and the award for every node, and the audit of each winner.
-    assert len({id(app) for app in loaded}) == len(loaded) == 6 * len(counts) + len(outcome.winners)
+    # Four PASS rounds, the bid, the endorsement and the award for every node, and the audit of each winner.
+    assert len({id(app) for app in loaded}) == len(loaded) == 7 * len(counts) + len(outcome.winners)
     assert outcome.global_counts == reference.global_counts
     assert outcome.winners == reference.winners
     assert outcome.payments == reference.payments

@@ -1,4 +1,4 @@
-"""Hostile or broken replies, fuzzed against the server side of the market phase, at each of its seven steps.
+"""Hostile or broken replies, fuzzed against the server side of the market phase, at each of its eight steps.
 
 Every case runs the whole market phase (``MarketPhase.run``) over real ClientApps on an
 in-process grid; :class:`FuzzGrid` lets a case rewrite, drop, duplicate or add the replies the
@@ -9,7 +9,8 @@ honest auction, so that its audit reply is fuzzed too. A case passes when:
 * the phase neither raises nor hangs (no case here leaves too few clients for a ``MarketError``);
 * a node whose reply is malformed is excluded, with a reason naming the step (or ``PASS``, for what
   the protocol object itself refuses), logged at WARNING (the award step has nothing to exclude
-  from: a bad acknowledgement is logged);
+  from: a bad acknowledgement is logged); a score or bid changed in transit is not what the client sent, so the
+  client refuses to endorse the award that lists it, and is excluded at the endorse step;
 * replies the server must ignore (second replies, replies from a node other than the one asked,
   replies to unknown messages) change nothing;
 * the sum is exact over the nodes whose masked input counts, and the outcome is the one computed
@@ -49,6 +50,7 @@ from flmarket_flwr.market.messages import (
     ACTION_AUDIT,
     ACTION_AWARD,
     ACTION_BID,
+    ACTION_ENDORSE,
     ACTION_MASK,
     ACTION_SHARE,
     ACTION_SURVIVORS,
@@ -57,6 +59,7 @@ from flmarket_flwr.market.messages import (
     KEY_ACCEPTED,
     KEY_BID,
     KEY_COUNTS,
+    KEY_ENDORSEMENT,
     KEY_NONCE,
     KEY_SCORE,
     RECORD_KEY,
@@ -84,6 +87,7 @@ FIELDS = {
     ACTION_MASK: ("masked_counts", "counts_commitment"),
     ACTION_UNMASK: ("survivor_indices", "survivor_shares", "dropped_indices", "dropped_shares"),
     ACTION_BID: (KEY_SCORE, KEY_BID),
+    ACTION_ENDORSE: (KEY_ENDORSEMENT,),
     ACTION_AUDIT: (KEY_COUNTS, KEY_NONCE),
     ACTION_AWARD: (KEY_ACCEPTED,),
 }
@@ -233,7 +237,8 @@ OTHER_STEPS_CONTENT = {  # a well-formed reply of the next step, for each step
         "dropped_shares": [bytes(44)],
     },
     ACTION_UNMASK: {KEY_SCORE: 1.0, KEY_BID: 1.0},
-    ACTION_BID: {KEY_COUNTS: [1] * NUM_CLASSES, KEY_NONCE: bytes(32)},
+    ACTION_BID: {KEY_ENDORSEMENT: bytes(64)},
+    ACTION_ENDORSE: {KEY_COUNTS: [1] * NUM_CLASSES, KEY_NONCE: bytes(32)},
     ACTION_AUDIT: {KEY_ACCEPTED: True},
 }
 
@@ -435,7 +440,8 @@ def expected(
     """``(N_s, winners, payments, bidders left)`` of the audited auction, as the server runs it.
 
     Bids above the budget stay (paid 0) but are left out of the auction; payments are capped at the
-    budget; a winner whose claimed score is not its true score fails its audit and the auction runs again.
+    budget; a winner whose claimed score or bid is not the one it sent (changed in transit) refuses to endorse
+    the award, and the award is re-issued without it. A loser's claim stands in the award.
     """
     total = np.sum([COUNTS[n] for n in pass_nodes], axis=0)
     true = {n: true_score_and_bid(n, pass_nodes) for n in bidders}
@@ -452,7 +458,7 @@ def expected(
         result = run_auction([claims[n][0] for n in in_auction], [claims[n][1] for n in in_auction], BUDGET)
         winners = [in_auction[i] for i in result.winners]
         payments.update({n: min(float(result.payments[i]), BUDGET) for i, n in enumerate(in_auction)})
-        liars = [n for n in winners if not math.isclose(claims[n][0], true[n][0], rel_tol=1e-9, abs_tol=1e-12)]
+        liars = [n for n in winners if claims[n] != true[n]]
         if not liars:
             return total, winners, payments, left
         left = [n for n in left if n not in liars]
@@ -470,8 +476,9 @@ def run_case(case: Case, caplog, once: bool = False):
     assert np.isfinite(payments).all() and (payments >= 0).all() and (payments <= BUDGET).all()
     assert math.isfinite(outcome.total_payment) and outcome.total_payment <= BUDGET * (1 + 1e-12)
     assert set(outcome.excluded) <= {case.node}, f"an honest node was excluded: {outcome.excluded}"
+    endorse = (ACTION_ENDORSE + ":",) if case.step == ACTION_BID else ()  # the award lists what it did not send
     for node, reason in outcome.excluded.items():
-        assert reason.startswith((case.step + ":", "PASS:")), reason
+        assert reason.startswith((case.step + ":", "PASS:", *endorse)), reason
         assert f"excluding node {node} (" in caplog.text
     return outcome, grid
 
@@ -500,8 +507,8 @@ def test_corpus_case(name: str, caplog) -> None:
         total, winners, payments, bidders = expected(in_sum, others)
         assert outcome.pass_participants == in_sum
     else:
-        assert outcome.excluded == {}
         claimed = {case.node: case.claimed} if case.claimed != (None, None) else None
+        assert outcome.excluded.keys() == ({case.node} if claimed else set())  # it refused the award listing it
         total, winners, payments, bidders = expected(NODES, NODES, claimed)
         assert outcome.pass_participants == NODES
     assert outcome.global_counts == [int(c) for c in total]

@@ -8,11 +8,17 @@ Usage::
 The client enforces its own disclosure rules, whatever the server asks:
 
 * its label-count vector ``N_e`` is never sent during PASS (the server gets public keys, encrypted
-  shares of other clients' secrets, and ``Y_e``, which is uniform on its own); as a *winner* it
-  opens its counts commitment to the buyer once, for the audit of its score, and only when offered
-  a payment at least its bid (``audit=False`` makes it refuse, and then it cannot be paid). Its
-  score and bid are functions of its counts and are sent: ``CostBasedBid`` reveals ``N_e`` to anyone
-  who knows its cost (README "Threat model");
+  shares of other clients' secrets, and ``Y_e``, which is uniform on its own). It opens its counts
+  commitment to the buyer once, for the audit of its score, and only as a *winner* of a signed award
+  (:mod:`flmarket_flwr.market.award`): the buyer's terms (budget, cohort cap, its Ed25519 key; with
+  ``buyer_key`` pinned by the node) come with the advertisement, before PASS; after the auction the
+  client checks the buyer-signed award (its own score and bid as sent, the winners and payments those
+  of ``run_auction`` over the listed bids under the terms) and endorses it; it opens only for the
+  latest award it endorsed, that pays it at least its bid, and with a directory that ``t`` other
+  members endorsed (so the buyer cannot show different bidders different awards). The signed award
+  is its receipt (:func:`read_award`). ``audit=False`` makes it refuse, and then it cannot be paid.
+  Its score and bid are functions of its counts and are sent: ``CostBasedBid`` reveals ``N_e`` to
+  anyone who knows its cost (README "Threat model");
 * at most one released PASS session per run: a client joins a fresh session of the same run (the
   server's re-run after a session failed before releasing anything) only if it was never asked to
   unmask nor to bid in that run, and after an unmask request it refuses every later session, so the
@@ -35,7 +41,7 @@ The client enforces its own disclosure rules, whatever the server asks:
   transcript hash; a global count below its own is refused (with ``noise``: below its own by more than
   the noise's tail);
 * private key material lives only in ``context.state`` and is deleted once it has masked, on every
-  refusal, and at the award (which the server sends to every node it contacted);
+  refusal, and at the final award (which the server sends to every node it contacted);
 * error replies say only which step was refused; the details go to the client's own log. One
   exception: when the app's own ``get_label_counts`` raises, the reply names that exception (type and
   message), so the server can report the root cause instead of a protocol symptom.
@@ -57,6 +63,15 @@ from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
+from flmarket_flwr.market.award import (
+    Award,
+    AwardTerms,
+    SignedAward,
+    check_award,
+    count_endorsements,
+    endorsement_threshold,
+    unpack_endorsements,
+)
 from flmarket_flwr.market.bidding import DEFAULT_COST_PER_SAMPLE, BidPolicy, CostBasedBid
 from flmarket_flwr.market.ledger import BudgetExhausted, LedgerError, ReleaseLedger
 from flmarket_flwr.market.messages import (
@@ -64,13 +79,22 @@ from flmarket_flwr.market.messages import (
     ACTION_AUDIT,
     ACTION_AWARD,
     ACTION_BID,
+    ACTION_ENDORSE,
     ACTION_MASK,
     ACTION_SHARE,
     ACTION_SURVIVORS,
     ACTION_UNMASK,
     KEY_ACCEPTED,
+    KEY_AWARD,
+    KEY_AWARD_DIGEST,
+    KEY_AWARD_SIGNATURE,
     KEY_BID,
+    KEY_BUDGET,
+    KEY_BUYER_KEY,
+    KEY_COHORT_CAP,
     KEY_COUNTS,
+    KEY_ENDORSEMENT,
+    KEY_ENDORSEMENTS,
     KEY_GLOBAL_COUNTS,
     KEY_NONCE,
     KEY_NUM_CLIENTS,
@@ -93,6 +117,7 @@ from flmarket_flwr.pass_protocol import (
     SkellamNoise,
     bitmap_to_indices,
     roster_fingerprint,
+    sign_award_endorsement,
     validate_counts,
 )
 from flmarket_flwr.pass_protocol.primitives import is_integer
@@ -114,6 +139,7 @@ GraphFn = Callable[[Context], bool]
 RosterFloorFn = Callable[[Context], int]
 ToleranceFn = Callable[[Context], int]
 NoiseFn = Callable[[Context], SkellamNoise | None]
+BuyerKeyFn = Callable[[Context], bytes | None]
 
 _PASS_PREFIX = "pass/"
 _STAGE = "stage"
@@ -127,6 +153,12 @@ _KEPT_AFTER_CLOSE = ("session", "stage", "unmask_requested")
 """What a closed PASS state keeps: enough to refuse a second session once asked to unmask in this one."""
 _EARLIER_SESSIONS = "pass-earlier-sessions"
 """The PASS sessions of this run that this client left before it was asked to unmask (never joined again)."""
+_ENDORSED = "endorsed-award"
+_ENDORSED_SIGNATURE = "endorsed-award-signature"
+_ENDORSED_WON = "endorsed-award-won"
+_ENDORSED_PAYMENT = "endorsed-award-payment"
+"""The latest award this client endorsed, the buyer's signature on it (what an audit must show), and what it
+gives this client (read back when the final award is named by its digest, without decoding it again)."""
 _CLOSED_PASS_STAGE = 99
 """A PASS stage no protocol step accepts: the session is over for this client."""
 
@@ -153,12 +185,23 @@ class MarketAward:
         The score it reported (``None`` if it never reached the bid step).
     bid : float or None
         The bid it reported.
+    award : bytes or None
+        The buyer-signed award's canonical encoding (:class:`~flmarket_flwr.market.award.Award`), the client's
+        receipt; ``None`` if the market closed without one.
+    signature : bytes or None
+        The buyer's Ed25519 signature on ``award``.
+    buyer_key : bytes or None
+        The buyer's Ed25519 public key (32 bytes) from the terms announced before PASS, which ``signature``
+        verifies under (:meth:`~flmarket_flwr.market.award.SignedAward.verify`).
     """
 
     won: bool
     payment: float
     score: float | None
     bid: float | None
+    award: bytes | None = None
+    signature: bytes | None = None
+    buyer_key: bytes | None = None
 
 
 def read_award(context: Context) -> MarketAward | None:
@@ -179,11 +222,15 @@ def read_award(context: Context) -> MarketAward | None:
         return None
     score = record.get(KEY_SCORE)
     bid = record.get(KEY_BID)
+    award, signature, buyer_key = record.get(KEY_AWARD), record.get(KEY_AWARD_SIGNATURE), record.get(KEY_BUYER_KEY)
     return MarketAward(
         won=bool(record[KEY_WON]),
         payment=float(record.get(KEY_PAYMENT, 0.0)),  # type: ignore[arg-type]
         score=None if score is None else float(score),  # type: ignore[arg-type]
         bid=None if bid is None else float(bid),  # type: ignore[arg-type]
+        award=award if isinstance(award, bytes) else None,
+        signature=signature if isinstance(signature, bytes) else None,
+        buyer_key=buyer_key if isinstance(buyer_key, bytes) else None,
     )
 
 
@@ -200,11 +247,12 @@ def register_market_handlers(
     noise: NoiseFn | None = None,
     complete_graph: bool | GraphFn = False,
     split_tolerance: int | ToleranceFn = 0,
+    buyer_key: bytes | BuyerKeyFn | None = None,
 ) -> None:
     """Add the market's ``query`` handlers to an existing ``ClientApp``.
 
     Registers ``query.market_advertise``, ``market_share``, ``market_mask``, ``market_survivors``,
-    ``market_unmask`` (PASS), ``market_bid``, ``market_audit`` and ``market_award``.
+    ``market_unmask`` (PASS), ``market_bid``, ``market_endorse``, ``market_audit`` and ``market_award``.
 
     Parameters
     ----------
@@ -218,8 +266,9 @@ def register_market_handlers(
     bid_policy : BidPolicy, optional
         The client's bid policy; defaults to ``CostBasedBid(DEFAULT_COST_PER_SAMPLE)``.
     audit : bool (default: True)
-        Whether, as a winner offered at least its bid, the client opens its counts commitment to the
-        buyer (once). With ``False`` it refuses, and a market that audits will not pay it.
+        Whether, as a winner of the latest buyer-signed award it endorsed, paid at least its bid (and with
+        ``directory`` endorsed by ``t`` other members), the client opens its counts commitment to the buyer
+        (once). With ``False`` it refuses, and a market that audits will not pay it.
     identity_key : Callable[[Context], Ed25519PrivateKey | None], optional
         The client's long-term identity key, to sign its PASS key advertisement.
     directory : Callable[[Context], IdentityDirectory | None], optional
@@ -267,6 +316,11 @@ def register_market_handlers(
         colluding neighbour when ``k`` is even and none when it is odd. The price: its secrets then need ``t``
         surviving neighbours, so fewer of them may drop out (it refuses a graph too sparse for the setting).
         The app reads node config ``pass-split-tolerance``.
+    buyer_key : bytes or Callable[[Context], bytes | None], optional
+        The buyer's Ed25519 public key (32 raw bytes) this node trusts, from its own configuration: it refuses
+        an advertisement whose terms name another key (or none). Without it the client takes the key the terms
+        announce, before PASS, and holds the buyer to it (every award must verify under it). The app reads node
+        config ``market-buyer-key`` (64 hex digits).
 
     Raises
     ------
@@ -274,13 +328,16 @@ def register_market_handlers(
         If one of the actions is already registered on ``app``, or ``app`` uses a ``client_fn``.
     TypeError
         If ``complete_graph`` is neither a bool nor a callable (a string such as ``"false"`` must not pass),
-        or ``min_participants`` or ``split_tolerance`` neither an int (a bool is not one) nor a callable.
+        or ``min_participants`` or ``split_tolerance`` neither an int (a bool is not one) nor a callable,
+        or ``buyer_key`` neither 32 bytes nor a callable.
     """
     if not (isinstance(complete_graph, bool) or callable(complete_graph)):
         raise TypeError(f"complete_graph must be a bool or a callable of the context, got {complete_graph!r}")
     for name, value in (("min_participants", min_participants), ("split_tolerance", split_tolerance)):
         if not (is_integer(value) or callable(value)):
             raise TypeError(f"{name} must be an int or a callable of the context, got {value!r}")
+    if not (buyer_key is None or callable(buyer_key) or (isinstance(buyer_key, bytes) and len(buyer_key) == 32)):
+        raise TypeError(f"buyer_key must be 32 bytes (a raw Ed25519 public key) or a callable, got {buyer_key!r}")
     handlers = _MarketHandlers(
         get_label_counts=get_label_counts,
         bid_policy=bid_policy if bid_policy is not None else CostBasedBid(DEFAULT_COST_PER_SAMPLE),
@@ -292,6 +349,7 @@ def register_market_handlers(
         noise=noise if noise is not None else (lambda context: None),
         complete_graph=complete_graph if callable(complete_graph) else (lambda context: complete_graph),
         split_tolerance=split_tolerance if callable(split_tolerance) else (lambda context: split_tolerance),
+        buyer_key=buyer_key if callable(buyer_key) else (lambda context: buyer_key),
     )
     app.query(ACTION_ADVERTISE)(handlers.advertise)
     app.query(ACTION_SHARE)(handlers.share)
@@ -299,6 +357,7 @@ def register_market_handlers(
     app.query(ACTION_SURVIVORS)(handlers.survivors)
     app.query(ACTION_UNMASK)(handlers.unmask)
     app.query(ACTION_BID)(handlers.bid)
+    app.query(ACTION_ENDORSE)(handlers.endorse)
     app.query(ACTION_AUDIT)(handlers.audit)
     app.query(ACTION_AWARD)(handlers.award)
 
@@ -318,6 +377,7 @@ class _MarketHandlers:
         noise: NoiseFn,
         complete_graph: GraphFn,
         split_tolerance: ToleranceFn,
+        buyer_key: BuyerKeyFn,
     ) -> None:
         self._get_label_counts = get_label_counts
         self._bid_policy = bid_policy
@@ -329,10 +389,11 @@ class _MarketHandlers:
         self._noise = noise
         self._complete_graph = complete_graph
         self._split_tolerance = split_tolerance
+        self._buyer_key = buyer_key
 
     # --- PASS ----------------------------------------------------------------------------------
     def advertise(self, message: Message, context: Context) -> Message:
-        """PASS round 1: make the session's key pairs (private halves stay in ``context.state``).
+        """PASS round 1: take the market's terms and make the session's key pairs (private halves stay local).
 
         A new session of the same run is joined only if this client released nothing in the earlier one
         (:func:`_leave_unreleased_session`).
@@ -345,6 +406,7 @@ class _MarketHandlers:
             return _refusal(message, ACTION_ADVERTISE, err)
 
         def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
+            terms = self._announced_terms(request, context)
             counts = self._label_counts(context)
             advert = client.advertise(
                 request,
@@ -360,6 +422,11 @@ class _MarketHandlers:
             if ledger is not None:
                 ledger.records()  # a ledger that cannot be read fails closed, before anything is sent
                 reply[KEY_ROSTER_WANTED] = True  # the roster's node ids come with the share request
+            if terms is not None:
+                set_values(
+                    _state_record(context),
+                    {KEY_BUDGET: terms.budget, KEY_COHORT_CAP: terms.cohort_cap, KEY_BUYER_KEY: terms.buyer_key},
+                )
             return reply
 
         return self._pass_step(message, context, ACTION_ADVERTISE, step)
@@ -470,8 +537,50 @@ class _MarketHandlers:
         state[KEY_BID] = bid
         return _reply(message, config_record({KEY_SCORE: score, KEY_BID: bid}))
 
+    def endorse(self, message: Message, context: Context) -> Message:
+        """Check the buyer-signed award against this client's own session, terms, score and bid; endorse it."""
+        state = _state_record(context)
+        try:
+            request = _request(message)
+            _check_session(request, state)
+            if state.get(_STAGE) not in (_STAGE_BID, _STAGE_AUDITED):
+                raise _RequestError("no bid of this client for an award to list")
+            signed, award = _verified_award(request, state)
+            previous = _endorsed_award(state)
+            pass_state = _pass_state(state)
+            check_award(
+                award,
+                run_id=int(context.run_id),
+                session=pass_state[_SESSION],
+                transcript=pass_state["transcript"],
+                terms=_stored_terms(state),
+                node_id=int(context.node_id),
+                score=float(state[KEY_SCORE]),  # type: ignore[arg-type]
+                bid=float(state[KEY_BID]),  # type: ignore[arg-type]
+                previous=None if previous is None else Award.decode(previous.encoded),
+            )
+            identity_key = self._identity_key(context)
+            endorsement = b"" if identity_key is None else sign_award_endorsement(identity_key, signed.digest)
+        except (PassError, ValueError, TypeError, KeyError) as err:
+            return _refusal(message, ACTION_ENDORSE, err)
+        own = award.bidder(int(context.node_id))
+        set_values(
+            state,
+            {
+                _ENDORSED: signed.encoded,
+                _ENDORSED_SIGNATURE: signed.signature,
+                _ENDORSED_WON: own is not None and own.node_id in award.winners,
+                _ENDORSED_PAYMENT: 0.0 if own is None else own.payment,
+            },
+        )
+        return _reply(message, config_record({KEY_ENDORSEMENT: endorsement}))
+
     def audit(self, message: Message, context: Context) -> Message:
-        """As a winner offered at least its bid, open the counts commitment to the buyer, once."""
+        """As a winner of the latest award it endorsed, paid at least its bid, open the counts commitment, once.
+
+        With a directory the award must also carry ``t`` valid endorsements of other members
+        (:func:`~flmarket_flwr.market.award.endorsement_threshold`): the buyer showed them the same award.
+        """
         state = _state_record(context)
         try:
             request = _request(message)
@@ -480,11 +589,22 @@ class _MarketHandlers:
                 raise _RequestError("this client does not open its counts for audits")
             if state.get(_STAGE) != _STAGE_BID:
                 raise _RequestError("no bid to audit, or already audited")
-            payment = request.get(KEY_PAYMENT)
-            if isinstance(payment, bool) or not isinstance(payment, (int, float)) or not math.isfinite(payment):
-                raise _RequestError(f"'{KEY_PAYMENT}' must be a finite float")
-            if payment < float(state[KEY_BID]):  # type: ignore[arg-type]
-                raise _RequestError(f"the offered payment {payment} is below this client's bid {state[KEY_BID]!r}")
+            endorsed = _endorsed_award(state)
+            if endorsed is None or request.get(KEY_AWARD) != endorsed.encoded:
+                raise _RequestError("the audit does not show the latest award this client endorsed")
+            award = Award.decode(endorsed.encoded)
+            node_id = int(context.node_id)
+            own = award.bidder(node_id)
+            if own is None or node_id not in award.winners or own.payment < own.bid:
+                raise _RequestError("this client is not a winner paid at least its bid in the award it endorsed")
+            directory = self._directory(context)
+            if directory is not None:
+                pass_state = _pass_state(state)
+                needed = endorsement_threshold(int(pass_state["degree"]), int(pass_state["survivor_count"]))
+                endorsements = unpack_endorsements(request.get(KEY_ENDORSEMENTS))  # type: ignore[arg-type]
+                valid = count_endorsements(endorsed.digest, endorsements, directory, node_id)
+                if valid < needed:
+                    raise _RequestError(f"only {valid} other members endorsed the award, {needed} are needed")
             nonce = _pass_state(state).get("nonce")
             if not isinstance(nonce, bytes):
                 raise _RequestError("no counts commitment to open")
@@ -495,17 +615,30 @@ class _MarketHandlers:
         return _reply(message, config_record({KEY_COUNTS: [int(c) for c in counts], KEY_NONCE: nonce}))
 
     def award(self, message: Message, context: Context) -> Message:
-        """Record the outcome and wipe what is left of the PASS state (the market is over)."""
+        """Record the outcome from the buyer-signed final award (the receipt) and wipe what is left of PASS.
+
+        A client that endorsed the final award is sent its digest and the signature instead, and takes the award
+        it holds. Without an award (the market aborted) the client records that it lost.
+        """
         state = _state_record(context)
         try:
             request = _request(message)
             _check_session(request, state)
-            won = request.get(KEY_WON)
-            payment = request.get(KEY_PAYMENT)
-            if not isinstance(won, bool):
-                raise _RequestError(f"'{KEY_WON}' must be a bool")
-            if isinstance(payment, bool) or not isinstance(payment, (int, float)) or not math.isfinite(payment):
-                raise _RequestError(f"'{KEY_PAYMENT}' must be a finite float")
+            won, payment, signed = False, 0.0, None
+            if request.get(KEY_AWARD) is None and request.get(KEY_AWARD_DIGEST) is not None:
+                signed = _held_award(request, state)  # checked when this client endorsed it
+                won, payment = bool(state[_ENDORSED_WON]), float(state[_ENDORSED_PAYMENT])  # type: ignore[arg-type]
+            elif request.get(KEY_AWARD) is not None:
+                signed, award = _verified_award(request, state)
+                if (award.run_id, award.session) != (int(context.run_id), _pass_state(state)[_SESSION]):
+                    raise _RequestError("the award is not for this client's run and PASS session")
+                if award.terms != _stored_terms(state):
+                    raise _RequestError("the award's terms are not those announced at the advertisement")
+                own = award.bidder(int(context.node_id))
+                if own is not None and (own.score, own.bid) != (state.get(KEY_SCORE), state.get(KEY_BID)):
+                    raise _RequestError("the award does not list this client's score and bid as it sent them")
+                won = own is not None and own.node_id in award.winners
+                payment = 0.0 if own is None else own.payment
         except (ValueError, TypeError, KeyError) as err:
             _close_pass_state(state)
             return _refusal(message, ACTION_AWARD, err)
@@ -513,9 +646,21 @@ class _MarketHandlers:
         state[_STAGE] = _STAGE_CLOSED
         state[KEY_WON] = won
         state[KEY_PAYMENT] = float(payment)
+        if signed is not None:
+            state[KEY_AWARD] = signed.encoded
+            state[KEY_AWARD_SIGNATURE] = signed.signature
         return _reply(message, config_record({KEY_ACCEPTED: True}))
 
     # --- Helpers -------------------------------------------------------------------------------
+    def _announced_terms(self, request: Mapping[str, Any], context: Context) -> AwardTerms | None:
+        """The market's terms in an advertise request (``None`` if it has none); a pinned buyer key must match."""
+        fields = (request.get(KEY_BUDGET), request.get(KEY_COHORT_CAP), request.get(KEY_BUYER_KEY))
+        terms = None if all(value is None for value in fields) else AwardTerms(*fields)  # type: ignore[arg-type]
+        pinned = self._buyer_key(context)
+        if pinned is not None and (terms is None or terms.buyer_key != pinned):
+            raise _RequestError("the market's terms do not name the buyer key this node pinned")
+        return terms
+
     def _ledger_members(self, context: Context, bitmap: object) -> list[bytes]:
         """The ledger's identities of the PASS indices in ``bitmap``: directory keys if any, else node ids."""
         roster = _state_record(context).get(_LEDGER_ROSTER)
@@ -551,6 +696,36 @@ def _check_session(request: ConfigRecord, state: ConfigRecord) -> None:
     session = _pass_state(state).get(_SESSION)
     if not isinstance(session, bytes) or request.get(KEY_SESSION) != session:
         raise _RequestError("the request is not for the PASS session this client took part in")
+
+
+def _verified_award(request: ConfigRecord, state: ConfigRecord) -> tuple[SignedAward, Award]:
+    """The request's award and the award itself, verified under the buyer key of the stored terms."""
+    signed = SignedAward(request.get(KEY_AWARD), request.get(KEY_AWARD_SIGNATURE))  # type: ignore[arg-type]
+    return signed, signed.verify(_stored_terms(state).buyer_key)
+
+
+def _held_award(request: ConfigRecord, state: ConfigRecord) -> SignedAward:
+    """The award this client endorsed last, which the request names by its digest and signature."""
+    held = _endorsed_award(state)
+    named = (request.get(KEY_AWARD_DIGEST), request.get(KEY_AWARD_SIGNATURE))
+    if held is None or (held.digest, held.signature) != named:
+        raise _RequestError("the award named by its digest is not the one this client endorsed")
+    return held
+
+
+def _stored_terms(state: ConfigRecord) -> AwardTerms:
+    """The terms announced at this client's advertisement."""
+    if KEY_BUYER_KEY not in state:
+        raise _RequestError("no market terms were announced at the advertisement: no award can bind the buyer")
+    return AwardTerms(state[KEY_BUDGET], state[KEY_COHORT_CAP], state[KEY_BUYER_KEY])  # type: ignore[arg-type]
+
+
+def _endorsed_award(state: ConfigRecord) -> SignedAward | None:
+    """The latest award this client endorsed (verified then), or ``None``."""
+    encoded = state.get(_ENDORSED)
+    if not isinstance(encoded, bytes):
+        return None
+    return SignedAward(encoded, state[_ENDORSED_SIGNATURE])  # type: ignore[arg-type]
 
 
 def _int_list_field(record: ConfigRecord, key: str) -> list[int]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from flmarket_flwr.market.ledger import RosterHistory
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, SkellamNoise
@@ -101,6 +102,12 @@ class MarketConfig:
         client has sent a share of any secret) is run again, as a fresh session without the clients it named
         (a client garbling its shares, a dropout that left a secret short of its threshold). Each session is
         bounded by ``timeout`` per round; a client asked to unmask in one session refuses any later one.
+    buyer_key : Ed25519PrivateKey, optional
+        The buyer's signing key. Its public half is announced with the market's terms (budget, cohort cap)
+        in the PASS advertisement, and it signs the award (:mod:`flmarket_flwr.market.award`), which the
+        clients check and endorse before any winner opens its counts. Nodes may pin its public half
+        (node config ``market-buyer-key``) and then refuse any other. ``None`` (default): a fresh key per
+        market, its public half logged.
     """
 
     budget: float
@@ -123,6 +130,7 @@ class MarketConfig:
     roster_history: RosterHistory | None = None
     security: str = "semi-honest"
     pass_reruns: int = 2
+    buyer_key: Ed25519PrivateKey | None = None
 
     def __post_init__(self) -> None:
         """Validate every field; apply the secure profile's settings (``security="malicious"``)."""
@@ -170,6 +178,8 @@ class MarketConfig:
     def step_timeout(self, num_nodes: int) -> float:
         """Seconds a message round to ``num_nodes`` nodes may take: ``timeout + timeout_per_node * num_nodes``."""
         return self.timeout + self.timeout_per_node * num_nodes
+        if self.buyer_key is not None and not isinstance(self.buyer_key, Ed25519PrivateKey):
+            raise TypeError(f"buyer_key must be an Ed25519PrivateKey or None, got {type(self.buyer_key).__name__}")
 
     @property
     def noise_tolerance(self) -> int:
@@ -209,7 +219,8 @@ class MarketOutcome:
     winners : list[int]
         Node ids of the winners, in the auction's selection order.
     participants : list[int]
-        Node ids of the auction's bidders (valid score and bid, not caught lying), ascending.
+        Node ids of the final award's bidders (valid score and bid, not caught lying, not a winner that refused
+        to endorse), ascending; a loser that did not endorse stays one, its reason in ``excluded``.
     scores, bids, payments : dict[int, float]
         Per bidder (payments are ``0.0`` for losers, each at most ``budget``).
     total_payment : float
@@ -240,6 +251,9 @@ class MarketOutcome:
     pass_sessions : list[PassSession]
         Every PASS session run, in order: more than one when a session failed before releasing anything
         and was run again without the clients it named (:attr:`MarketConfig.pass_reruns`).
+    award_digest : bytes
+        SHA-256 of the final buyer-signed award (:class:`~flmarket_flwr.market.award.Award`) that every
+        contacted node was sent; ``b""`` if none was made.
     """
 
     winners: list[int]
@@ -290,6 +304,8 @@ class MarketOutcome:
             by_step[step] = by_step.get(step, 0) + 1
         return ", ".join(f"{count} at {step}" for step, count in by_step.items())
 
+    award_digest: bytes = b""
+
     @property
     def within_budget(self) -> bool:
         """Whether the total payment is within the budget (always in budget mode)."""
@@ -316,6 +332,7 @@ class MarketOutcome:
             "audited": list(self.audited),
             "award_acknowledged": list(self.award_acknowledged),
             "pass_sessions": [dataclasses.asdict(session) for session in self.pass_sessions],
+            "award_digest": self.award_digest.hex(),
             "timings": dict(self.timings),
         }
 

@@ -7,8 +7,8 @@ step is a Flower ``query`` message (message type ``query.<action>``):
 Action                Server -> client                            Client -> server (reply)
 ====================  ==========================================  ==========================================
 ``market_advertise``  session, PASS index, ``C``, count bound,    cipher and mask public keys (32 bytes
-                      graph-seed commitment, roster fingerprint   each), Ed25519 signature (or empty);
-                                                                  with a release ledger: ``roster-wanted``
+                      graph-seed commitment, roster fingerprint;  each), Ed25519 signature (or empty);
+                      the terms: budget, cohort cap, buyer key    with a release ledger: ``roster-wanted``
 ``market_share``      participants, graph seed, the neighbours'   one encrypted share pair per neighbour,
                       keys (and signatures, node ids); to the     and a digest of each pair
                       clients that asked, the roster's node ids
@@ -22,8 +22,14 @@ Action                Server -> client                            Client -> serv
 ``market_unmask``     survivors, dropped (and the neighbours'     self-mask shares of survivors, key
                       signatures on them)                         shares of the dropped
 ``market_bid``        session, ``N_s``, ``E``, transcript hash    score, bid
-``market_audit``      session, offered payment                    the counts and the commitment nonce
-``market_award``      session, won, payment                       accepted
+``market_endorse``    session, the award and the buyer's          Ed25519 endorsement of the award's digest
+                      signature on it                             (empty without an identity key)
+``market_audit``      session, the award, its signature and the   the counts and the commitment nonce
+                      endorsements (node id + signature each)
+``market_award``      session, the final award and its            accepted
+                      signature (to a client that endorsed it:
+                      its digest instead of the award; none if
+                      the market aborted)
 ====================  ==========================================  ==========================================
 
 The helpers below turn one reply into typed values or raise :class:`ReplyError` with a reason that the
@@ -43,14 +49,23 @@ __all__ = [
     "ACTION_AUDIT",
     "ACTION_AWARD",
     "ACTION_BID",
+    "ACTION_ENDORSE",
     "ACTION_MASK",
     "ACTION_SHARE",
     "ACTION_SURVIVORS",
     "ACTION_UNMASK",
     "KEY_ACCEPTED",
+    "KEY_AWARD",
+    "KEY_AWARD_DIGEST",
+    "KEY_AWARD_SIGNATURE",
     "KEY_BID",
+    "KEY_BUDGET",
+    "KEY_BUYER_KEY",
+    "KEY_COHORT_CAP",
     "KEY_COUNTS",
     "KEY_GLOBAL_COUNTS",
+    "KEY_ENDORSEMENT",
+    "KEY_ENDORSEMENTS",
     "KEY_NONCE",
     "KEY_NUM_CLIENTS",
     "KEY_PAYMENT",
@@ -75,6 +90,7 @@ ACTION_MASK: Final = "market_mask"
 ACTION_SURVIVORS: Final = "market_survivors"
 ACTION_UNMASK: Final = "market_unmask"
 ACTION_BID: Final = "market_bid"
+ACTION_ENDORSE: Final = "market_endorse"
 ACTION_AUDIT: Final = "market_audit"
 ACTION_AWARD: Final = "market_award"
 ACTIONS: Final = (
@@ -84,6 +100,7 @@ ACTIONS: Final = (
     ACTION_SURVIVORS,
     ACTION_UNMASK,
     ACTION_BID,
+    ACTION_ENDORSE,
     ACTION_AUDIT,
     ACTION_AWARD,
 )
@@ -110,6 +127,19 @@ KEY_NONCE: Final = "nonce"
 KEY_WON: Final = "won"
 KEY_PAYMENT: Final = "payment"
 KEY_ACCEPTED: Final = "accepted"
+KEY_BUDGET: Final = "terms-budget"
+KEY_COHORT_CAP: Final = "terms-cohort-cap"
+KEY_BUYER_KEY: Final = "terms-buyer-key"
+"""Advertise step: the market's terms (:class:`~flmarket_flwr.market.award.AwardTerms`), fixed before PASS."""
+KEY_AWARD: Final = "award"
+KEY_AWARD_SIGNATURE: Final = "award-signature"
+"""Endorse, audit and award steps: the award's canonical encoding and the buyer's signature on it."""
+KEY_AWARD_DIGEST: Final = "award-digest"
+"""Award step, to a client that endorsed the final award: its digest, in place of the award the client holds."""
+KEY_ENDORSEMENT: Final = "endorsement"
+KEY_ENDORSEMENTS: Final = "endorsements"
+"""Endorse reply: one signature on the award's digest; audit request: all of them, packed
+(:func:`~flmarket_flwr.market.award.pack_endorsements`)."""
 
 
 class ReplyError(ValueError):

@@ -100,12 +100,18 @@ class PassRounds:
         The market phase, which sends the messages and keeps the exclusions.
     session : bytes
         A fresh, unpredictable session id.
+    terms : Mapping[str, Any], optional
+        The market's terms (budget, cohort cap, buyer key: :mod:`flmarket_flwr.market.award`), sent with
+        every advertise request so that they are fixed before any count is summed.
     """
 
-    def __init__(self, config: MarketConfig, messenger: Messenger, session: bytes) -> None:
+    def __init__(
+        self, config: MarketConfig, messenger: Messenger, session: bytes, terms: Mapping[str, Any] | None = None
+    ) -> None:
         self._messenger = messenger
         self._config = config
         self._session = session
+        self._terms = dict(terms or {})
         self._server = self._protocol(run_id=0)
         self.unmask_requested = False
         """Whether the unmask round was reached (some client may have sent shares): no second session then."""
@@ -134,7 +140,7 @@ class PassRounds:
         server.noise_slack = self._config.noise_tolerance
         try:
             requests: Mapping[int, Any] = server.advertise_requests(list(nodes))
-            adverts = self._round(grid, ACTION_ADVERTISE, requests)
+            adverts = self._round(grid, ACTION_ADVERTISE, requests, self._terms, to=set(requests))
             wanting = {index for index, advert in adverts.items() if advert.get(KEY_ROSTER_WANTED) is True}
             node_ids = [server.node_of[index] for index in sorted(server.node_of)]
             roster = {KEY_ROSTER_NODE_IDS: np.asarray(node_ids, dtype=">u8").tobytes()}  # one shared bytes object

@@ -11,12 +11,16 @@ Steps (each a round of Flower ``query`` messages, see :mod:`flmarket_flwr.market
 2. Broadcast ``N_s``, ``E`` and the session's transcript hash; each client returns its score and
    bid (``query.market_bid``). The market aborts if most PASS participants fail this step.
 3. Run the auction (:func:`flmarket_flwr.pricing.run_auction`, the product's one selection rule:
-   the total payment is within the budget in every mode); every winner opens its counts
-   commitment to the buyer (``query.market_audit``); a winner whose counts do not match its
-   commitment, or whose claimed score is not the score of those counts, is excluded and the auction
-   runs again without it.
-4. Tell every node that took part in any step whether it won and what it is paid
-   (``query.market_award``), which also makes each client wipe what is left of its PASS state.
+   the total payment is within the budget in every mode) and sign its award with the buyer key
+   (:mod:`flmarket_flwr.market.award`; the terms, budget, cohort cap and key, went out with the PASS
+   advertisement). Every bidder checks and endorses the award (``query.market_endorse``); a winner that
+   does not is dropped and the award re-issued. Every new winner then opens its counts commitment to the
+   buyer against that award and the endorsements (``query.market_audit``); a winner whose counts do not
+   match its commitment, or whose claimed score is not the score of those counts, is excluded and the
+   award re-issued without it (endorsed again, then its new winners audited).
+4. Send every node that took part in any step the final signed award (``query.market_award``), its
+   receipt of who won and what each is paid, which also makes each client wipe what is left of its PASS
+   state.
 
 Every step is bounded by :meth:`MarketConfig.step_timeout` whatever the transport does underneath. A node
 whose reply is missing, an error or malformed is excluded with the reason logged at WARNING and kept in
@@ -35,11 +39,13 @@ from dataclasses import dataclass
 from logging import ERROR, INFO, WARNING
 from typing import Any, NoReturn
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import ConfigRecord, Message
 from flwr.app.typing import ConfigRecordValues
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from flmarket_flwr.market.award import Award, AwardTerms, SignedAward, build_award, pack_endorsements, sign_award
 from flmarket_flwr.market.client import LABEL_COUNTS_FAILED
 from flmarket_flwr.market.config import MarketConfig, MarketOutcome, PassSession
 from flmarket_flwr.market.errors import MarketError
@@ -48,12 +54,19 @@ from flmarket_flwr.market.messages import (
     ACTION_AUDIT,
     ACTION_AWARD,
     ACTION_BID,
+    ACTION_ENDORSE,
+    KEY_AWARD,
+    KEY_AWARD_DIGEST,
+    KEY_AWARD_SIGNATURE,
+    KEY_BUDGET,
+    KEY_BUYER_KEY,
+    KEY_COHORT_CAP,
+    KEY_ENDORSEMENT,
+    KEY_ENDORSEMENTS,
     KEY_GLOBAL_COUNTS,
     KEY_NUM_CLIENTS,
-    KEY_PAYMENT,
     KEY_SESSION,
     KEY_TRANSCRIPT,
-    KEY_WON,
     ReplyError,
     read_config,
 )
@@ -62,20 +75,19 @@ from flmarket_flwr.market.records import config_record
 from flmarket_flwr.market.replies import check_opening, highest_possible_score, read_score_and_bid
 from flmarket_flwr.market.transport import exchange
 from flmarket_flwr.nodes import wait_for_nodes
-from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS
-from flmarket_flwr.pricing import run_auction
+from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, verify_award_endorsement
 
 __all__ = ["MarketConfig", "MarketError", "MarketOutcome", "MarketPhase"]
 
 
 @dataclass
-class _Award:
-    """The audited auction's result: who bids, who wins, what each is paid."""
+class _Outcome:
+    """The audited auction's result: the final signed award and the winners that passed their audit."""
 
-    bidders: list[int]
-    winners: list[int]
-    payments: dict[int, float]
+    award: Award
+    signed: SignedAward
     audited: list[int]
+    endorsers: set[int]
 
 
 class MarketPhase:
@@ -97,6 +109,7 @@ class MarketPhase:
         self._session = b""
         self.pass_sessions: list[PassSession] = []
         """The PASS sessions of the last :meth:`run`, in order."""
+        self._buyer_key = config.buyer_key if config.buyer_key is not None else Ed25519PrivateKey.generate()
 
     # --- Public API ----------------------------------------------------------------------------
     def run(self, grid: Grid) -> MarketOutcome:
@@ -125,6 +138,13 @@ class MarketPhase:
         self._invited = []
         self._session = b""
         self.pass_sessions = []
+        self._buyer_key = self.config.buyer_key if self.config.buyer_key is not None else Ed25519PrivateKey.generate()
+        if self.config.buyer_key is None:
+            log(
+                INFO,
+                "Market: buyer key of this market (fresh; MarketConfig.buyer_key keeps one): %s",
+                self.terms.buyer_key.hex(),
+            )
         timings: dict[str, float] = {}
         started = time.perf_counter()
         try:
@@ -133,22 +153,24 @@ class MarketPhase:
             pass_result = self._timed(timings, "pass", lambda: self.run_pass(grid, nodes))
             self._record_release(pass_result.participants)
             bids = self._timed(timings, "bid", lambda: self.collect_bids(grid, pass_result))
-            award = self._timed(timings, "auction", lambda: self._audited_auction(grid, pass_result, bids))
+            result = self._timed(timings, "auction", lambda: self._audited_auction(grid, pass_result, bids))
         except MarketError as err:
             log(WARNING, "Market: aborted (%s)", err)
-            self._close(grid, {}, set())
+            self._close(grid, None, set())
             timings["total"] = time.perf_counter() - started
             err.outcome = MarketOutcome.failed(str(err), self.config.budget, self._invited, self._excluded, timings)
             err.outcome.pass_sessions = list(self.pass_sessions)
             raise
-        acknowledged = self._timed(timings, "award", lambda: self._close(grid, award.payments, set(award.winners)))
+        acknowledged = self._timed(timings, "award", lambda: self._close(grid, result.signed, result.endorsers))
         timings["total"] = time.perf_counter() - started
 
+        award = result.award
+        bidders = [bidder.node_id for bidder in award.bidders]
         outcome = MarketOutcome(
-            winners=award.winners,
-            participants=award.bidders,
-            scores={node: bids[node][0] for node in award.bidders},
-            bids={node: bids[node][1] for node in award.bidders},
+            winners=list(award.winners),
+            participants=bidders,
+            scores={node: bids[node][0] for node in bidders},
+            bids={node: bids[node][1] for node in bidders},
             payments=award.payments,
             total_payment=math.fsum(award.payments.values()),  # exact: independent of the node-id order
             budget=float(self.config.budget),
@@ -158,15 +180,16 @@ class MarketPhase:
             pass_participants=list(pass_result.participants),
             num_winners=self.config.num_winners,
             award_acknowledged=acknowledged,
-            audited=award.audited,
+            audited=result.audited,
             invited=sorted(self._invited),
             pass_sessions=list(self.pass_sessions),
+            award_digest=result.signed.digest,
         )
         log(
             INFO,
             "Market: %d winners of %d bidders (%d invited, %d excluded%s), total payment %.4g (budget %.4g)",
             len(award.winners),
-            len(award.bidders),
+            len(bidders),
             len(self._invited),
             len(self._excluded),
             f": {outcome.exclusion_summary()}" if self._excluded else "",
@@ -174,6 +197,12 @@ class MarketPhase:
             outcome.budget,
         )
         return outcome
+
+    @property
+    def terms(self) -> AwardTerms:
+        """The market's terms, announced with the PASS advertisement: budget, cohort cap (0: none), buyer key."""
+        public = self._buyer_key.public_key().public_bytes_raw()
+        return AwardTerms(float(self.config.budget), self.config.num_winners or 0, public)
 
     # --- Step 0: nodes -------------------------------------------------------------------------
     def wait_for_nodes(self, grid: Grid) -> list[int]:
@@ -273,7 +302,9 @@ class MarketPhase:
         roster = sorted(nodes)
         while True:
             self._session = f"{self.config.session_label}/pass/".encode() + secrets.token_bytes(16)
-            rounds = PassRounds(self.config, self, self._session)
+            terms = self.terms
+            announced = {KEY_BUDGET: terms.budget, KEY_COHORT_CAP: terms.cohort_cap, KEY_BUYER_KEY: terms.buyer_key}
+            rounds = PassRounds(self.config, self, self._session, announced)
             try:
                 result = rounds.run(grid, roster)
             except MarketError as err:
@@ -360,67 +391,101 @@ class MarketPhase:
             )
 
     # --- Step 3: audited auction ---------------------------------------------------------------
-    def _audited_auction(self, grid: Grid, pass_result: PassResult, bids: Mapping[int, tuple[float, float]]) -> _Award:
-        """Run the auction; audit new winners; drop the liars and run it again until every winner holds."""
+    def _audited_auction(
+        self, grid: Grid, pass_result: PassResult, bids: Mapping[int, tuple[float, float]]
+    ) -> _Outcome:
+        """Sign the award, have it endorsed, audit its new winners; re-issue it without the winners that refuse
+        or fail, until every winner holds.
+
+        A loser that does not endorse stays a (losing) bidder of the award, with the reason logged: only winners
+        may leave a re-issued award (the clients refuse any other change).
+        """
         bidders = dict(bids)
         audited: list[int] = []
         while True:
-            nodes = sorted(bidders)
-            winners, payments = self._run_auction(nodes, bidders)
-            pending = [node for node in winners if node not in audited]
+            award = self._award(grid, pass_result, bidders)
+            signed = sign_award(award, self._buyer_key)
+            endorsements = self._endorse(grid, signed, [bidder.node_id for bidder in award.bidders])
+            refusing = [node for node in award.winners if node not in endorsements]
+            if refusing:
+                for node in refusing:
+                    del bidders[node]
+                continue
+            pending = [node for node in award.winners if node not in audited]
             if not self.config.audit_winners or not pending:
-                return _Award(bidders=nodes, winners=winners, payments=payments, audited=audited)
-            honest = self._audit(grid, pass_result, {node: payments[node] for node in pending}, bidders)
+                break
+            honest = self._audit(grid, pass_result, signed, endorsements, pending, bidders)
             audited.extend(node for node in pending if node in honest)
+            if honest >= set(pending):
+                break
             for node in pending:
                 if node not in honest:
                     del bidders[node]
+        audited = [node for node in audited if node in award.winners]  # an audited winner may have left since
+        return _Outcome(award=award, signed=signed, audited=audited, endorsers=set(endorsements))
 
-    def _run_auction(
-        self, bidders: Sequence[int], bids: Mapping[int, tuple[float, float]]
-    ) -> tuple[list[int], dict[int, float]]:
-        """Winners (selection order) and payments by the product's one rule, :func:`~flmarket_flwr.pricing.run_auction`.
+    def _award(self, grid: Grid, pass_result: PassResult, bids: Mapping[int, tuple[float, float]]) -> Award:
+        """The award of the auction over ``bids`` under the market's terms (:func:`.award.build_award`).
 
         A cohort cap larger than the bidders left (some were excluded on the way) is lowered to their number.
         """
-        nodes = list(bidders)
-        payments = {node: 0.0 for node in nodes}
-        if not nodes:
-            return [], payments
         cap = self.config.num_winners
-        if cap is not None and cap > len(nodes):
+        if cap is not None and bids and cap > len(bids):
             log(
                 WARNING,
                 "Market: %d bidders left for a cohort of %d; capping the cohort at %d",
-                len(nodes),
+                len(bids),
                 cap,
-                len(nodes),
+                len(bids),
             )
-            cap = len(nodes)
         try:
-            result = run_auction(
-                [bids[node][0] for node in nodes],
-                [bids[node][1] for node in nodes],
-                self.config.budget,
-                num_winners=cap,
-            )
+            return build_award(int(grid.run.run_id), pass_result.session, pass_result.transcript, self.terms, bids)
         except ValueError as err:  # every score and bid was validated on arrival; kept as a clear error all the same
             raise MarketError(f"the auction rejected its input: {err}") from err
-        payments.update({node: float(result.payments[position]) for position, node in enumerate(nodes)})
-        return [nodes[int(i)] for i in result.winners], payments
+
+    def _endorse(self, grid: Grid, signed: SignedAward, bidders: Sequence[int]) -> dict[int, bytes]:
+        """Send the signed award to every bidder not yet excluded; return ``{node: endorsement}`` of those that
+        endorse it (with a directory: a valid signature on its digest; without: any well-formed reply)."""
+        record: dict[str, ConfigRecordValues] = {
+            KEY_SESSION: self._session,
+            KEY_AWARD: signed.encoded,
+            KEY_AWARD_SIGNATURE: signed.signature,
+        }
+        requests = {node: config_record(record) for node in bidders if not self.is_excluded(node)}
+        replies = self.exchange(grid, ACTION_ENDORSE, requests)
+
+        def read(reply: Message, node: int) -> bytes:
+            endorsement = read_config(reply).get(KEY_ENDORSEMENT)
+            if not isinstance(endorsement, bytes):
+                raise ReplyError(f"'{KEY_ENDORSEMENT}' must be bytes")
+            directory = self.config.directory
+            if directory is not None:
+                try:
+                    verify_award_endorsement(directory.key_of(node), endorsement, signed.digest)
+                except ValueError as err:
+                    raise ReplyError(f"no valid endorsement of the award: {err}") from err
+            return endorsement
+
+        return self.validated(ACTION_ENDORSE, requests, replies, read, pass_node=True)
 
     def _audit(
         self,
         grid: Grid,
         pass_result: PassResult,
-        offers: Mapping[int, float],
+        signed: SignedAward,
+        endorsements: Mapping[int, bytes],
+        winners: Sequence[int],
         bids: Mapping[int, tuple[float, float]],
     ) -> set[int]:
-        """Ask each tentative winner to open its counts commitment; return those that hold."""
-        requests = {
-            node: config_record({KEY_SESSION: pass_result.session, KEY_PAYMENT: float(payment)})
-            for node, payment in offers.items()
+        """Ask each new winner to open its counts commitment against the award and its endorsements; return
+        those that hold."""
+        record: dict[str, ConfigRecordValues] = {
+            KEY_SESSION: pass_result.session,
+            KEY_AWARD: signed.encoded,
+            KEY_AWARD_SIGNATURE: signed.signature,
+            KEY_ENDORSEMENTS: pack_endorsements({node: sig for node, sig in endorsements.items() if sig}),
         }
+        requests = {node: config_record(record) for node in winners}
         replies = self.exchange(grid, ACTION_AUDIT, requests)
 
         def check(reply: Message, node: int) -> None:
@@ -430,20 +495,22 @@ class MarketPhase:
         return set(opened)
 
     # --- Step 4: awards ------------------------------------------------------------------------
-    def _close(self, grid: Grid, payments: Mapping[int, float], winners: set[int]) -> list[int]:
-        """Tell every contacted node its award (``won=False`` but for the winners); return the acknowledging bidders."""
-        session = self._session
-        requests = {
-            node: config_record(
-                {KEY_SESSION: session, KEY_WON: node in winners, KEY_PAYMENT: float(payments.get(node, 0.0))}
-            )
-            for node in sorted(self._contacted)
-        }
+    def _close(self, grid: Grid, signed: SignedAward | None, endorsers: set[int]) -> list[int]:
+        """Send every contacted node the final signed award (none if the market aborted; to its ``endorsers``,
+        which hold it, only its digest); return the bidders that acknowledge it."""
+        record: dict[str, ConfigRecordValues] = {KEY_SESSION: self._session}
+        held: dict[str, ConfigRecordValues] = dict(record)
+        bidders: list[int] = []
+        if signed is not None:
+            record.update({KEY_AWARD: signed.encoded, KEY_AWARD_SIGNATURE: signed.signature})
+            held.update({KEY_AWARD_DIGEST: signed.digest, KEY_AWARD_SIGNATURE: signed.signature})
+            bidders = [bidder.node_id for bidder in Award.decode(signed.encoded).bidders]
+        requests = {node: config_record(held if node in endorsers else record) for node in sorted(self._contacted)}
         if not requests:
             return []
         replies = self.exchange(grid, ACTION_AWARD, requests)
         acknowledged = []
-        for node in sorted(payments):
+        for node in bidders:
             reply = replies.get(node)
             try:
                 if reply is None:

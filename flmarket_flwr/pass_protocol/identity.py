@@ -11,7 +11,9 @@ Each client holds a long-term Ed25519 identity key; the public halves are distri
   Bonawitz et al. 2017), bound to the same run, session and roster;
 * each share ciphertext it sends, with the digest of the shares inside (:func:`sign_share_ciphertext`), so
   that a garbage ciphertext is its own and the server cannot forge one in its name (a receiver reveals its
-  channel secret to accuse a sender only for a validly signed ciphertext, :mod:`.secagg`).
+  channel secret to accuse a sender only for a validly signed ciphertext, :mod:`.secagg`);
+* the digest of the market's award it checked (:func:`sign_award_endorsement`): a winner opens its counts only
+  for an award that ``t`` other members endorsed (:mod:`flmarket_flwr.market.award`).
 
 Without a directory the server is trusted to relay keys and survivor sets faithfully (semi-honest server
 only); with one, it can no longer substitute keys or replay them, and a client unmasks only for a set that ``t``
@@ -51,6 +53,9 @@ SIGNATURE_LENGTH: Final[int] = 64
 _ADVERT_LABEL: Final[bytes] = b"flmarket-pass/v2/advertisement/run-roster"
 _SURVIVORS_LABEL: Final[bytes] = b"flmarket-pass/v2/survivor-set"
 _CIPHERTEXT_LABEL: Final[bytes] = b"flmarket-pass/v2/share-ciphertext"
+_ENDORSEMENT_LABEL: Final[bytes] = b"flmarket/v1/award-endorsement"
+AWARD_DIGEST_LENGTH: Final[int] = 32
+"""Bytes of an award digest (SHA-256, :meth:`flmarket_flwr.market.award.Award.digest`)."""
 ROSTER_LENGTH: Final[int] = 32
 """Bytes of a roster fingerprint (SHA-256)."""
 _DIRECTORY_VERSION: Final[int] = 1
@@ -253,6 +258,24 @@ def verify_share_ciphertext(
         sender, receiver, ciphertext, digest, run_id=run_id, session=session, roster=roster
     )
     _verify(identity_public_key, signature, message, f"share ciphertext {sender} -> {receiver}")
+
+
+def award_endorsement_message(award_digest: bytes) -> bytes:
+    """The bytes a bidder signs to endorse an award: domain label and the award's digest (which binds its run,
+    session, transcript, terms, bidders, winners and payments)."""
+    if not isinstance(award_digest, bytes) or len(award_digest) != AWARD_DIGEST_LENGTH:
+        raise ValueError(f"an award digest must be {AWARD_DIGEST_LENGTH} bytes")
+    return _field(_ENDORSEMENT_LABEL) + award_digest
+
+
+def sign_award_endorsement(identity_private_key: Ed25519PrivateKey, award_digest: bytes) -> bytes:
+    """Ed25519 signature (64 bytes) over :func:`award_endorsement_message`."""
+    return identity_private_key.sign(award_endorsement_message(award_digest))
+
+
+def verify_award_endorsement(identity_public_key: bytes, signature: bytes, award_digest: bytes) -> None:
+    """Check an endorsement; ``ValueError`` unless it verifies for exactly this award digest."""
+    _verify(identity_public_key, signature, award_endorsement_message(award_digest), "award endorsement")
 
 
 def _verify(identity_public_key: bytes, signature: bytes, message: bytes, what: str) -> None:
