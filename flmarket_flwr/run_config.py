@@ -138,7 +138,8 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
            _one_of(("semi_honest", "malicious")), "semi-honest or malicious"),
     AppKey("audit-winners", True, "winners open their PASS counts commitment to the buyer before payment",
            "server"),
-    AppKey("identity-directory", "", 'path of the buyer\'s directory of client identity keys (JSON); "" for none',
+    AppKey("identity-directory", "", 'path of the directory of the nodes\' identity keys they pin (JSON; needed by '
+           'market-security=malicious); "" for none',
            "server"),
     AppKey("buyer-key", "", "path of the buyer's Ed25519 key (PEM) that signs the award; nodes may pin its public "
            'half (node config market-buyer-key); "" for a fresh key per market (logged)', "server"),

@@ -54,7 +54,7 @@ class ServerSettings:
     ``selector`` (``"flmarket"``); ``model``; the market's ``budget``, ``num_selected`` (0: the budget
     decides; n > 0: at most n winners, within the budget), ``market_timeout``, ``wait_for_nodes_timeout``,
     ``min_market_clients``, ``neighbours`` (PASS graph: ``"auto"``, ``"all"`` or a degree k), ``audit_winners``,
-    ``identity_directory`` (path of the buyer's directory of client identity keys; "" for none),
+    ``identity_directory`` (path of the directory of the nodes' identity keys they pin; "" for none),
     ``buyer_key`` (path of the buyer's Ed25519 PEM key that signs the award; "" for a fresh one per market),
     ``roster_history`` (path of the buyer's record of its markets' members, to plan rosters; "" for none),
     ``settle_on_delivery`` (pay each winner pro rata to the rounds it delivered, not in full at selection);

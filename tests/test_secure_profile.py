@@ -109,15 +109,25 @@ def test_explicit_settings_within_the_profile_are_kept(node: dict[str, Any]) -> 
     assert privacy_budget_of(ctx) == PrivacyBudget(2.0)
 
 
-def test_the_buyers_side_runs_the_complete_graph_with_noise() -> None:
-    config = MarketConfig(budget=10.0, num_classes=3, security="malicious")
+def test_the_buyers_side_runs_the_complete_graph_with_noise_against_the_pinned_directory(tmp_path: Path) -> None:
+    directory = IdentityDirectory({node: generate_identity()[1] for node in (1, 2, 3)})
+    secure = {"budget": 10.0, "num_classes": 3, "security": "malicious", "directory": directory}
+    config = MarketConfig(**secure)
     assert config.neighbours == "all" and config.noise is not None and config.noise.epsilon == SECURE_PROFILE_EPSILON
     own = SkellamNoise(0.5)
-    assert MarketConfig(budget=10.0, num_classes=3, security="malicious", noise=own).noise is own
+    assert MarketConfig(**secure, noise=own).noise is own
     assert MarketConfig(budget=10.0, num_classes=3).neighbours == "auto"  # the default profile is unchanged
     with pytest.raises(ValueError, match="complete graph"):
-        MarketConfig(budget=10.0, num_classes=3, security="malicious", neighbours=8)
+        MarketConfig(**secure, neighbours=8)
+    with pytest.raises(ValueError, match="needs the directory"):
+        MarketConfig(budget=10.0, num_classes=3, security="malicious")
     with pytest.raises(ValueError, match="security must be one of"):
         MarketConfig(budget=10.0, num_classes=3, security="paranoid")
-    strategy = FLMarket(FedAvg(), budget=10.0, num_classes=3, security="malicious")
+    (tmp_path / "directory.json").write_text(directory.to_json())
+    strategy = FLMarket(
+        FedAvg(), budget=10.0, num_classes=3, security="malicious", directory=str(tmp_path / "directory.json")
+    )
     assert strategy.market_config.security == "malicious" and strategy.market_config.neighbours == "all"
+    assert strategy.market_config.directory is not None and strategy.market_config.directory.digest() == (
+        directory.digest()
+    )

@@ -53,7 +53,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from logging import WARNING
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -63,6 +63,7 @@ from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
+from flmarket_flwr.market import node_config
 from flmarket_flwr.market.award import (
     Award,
     AwardTerms,
@@ -110,7 +111,6 @@ from flmarket_flwr.market.messages import (
 )
 from flmarket_flwr.market.records import config_record, set_values
 from flmarket_flwr.pass_protocol import (
-    MIN_PARTICIPANTS,
     IdentityDirectory,
     PassClient,
     PassError,
@@ -242,17 +242,22 @@ def register_market_handlers(
     audit: bool = True,
     identity_key: IdentityFn | None = None,
     directory: DirectoryFn | None = None,
-    min_participants: int | RosterFloorFn = MIN_PARTICIPANTS,
+    min_participants: int | RosterFloorFn | None = None,
     release_ledger: LedgerFn | None = None,
     noise: NoiseFn | None = None,
-    complete_graph: bool | GraphFn = False,
-    split_tolerance: int | ToleranceFn = 0,
+    complete_graph: bool | GraphFn | None = None,
+    split_tolerance: int | ToleranceFn | None = None,
     buyer_key: bytes | BuyerKeyFn | None = None,
 ) -> None:
     """Add the market's ``query`` handlers to an existing ``ClientApp``.
 
     Registers ``query.market_advertise``, ``market_share``, ``market_mask``, ``market_survivors``,
     ``market_unmask`` (PASS), ``market_bid``, ``market_endorse``, ``market_audit`` and ``market_award``.
+
+    Every option left at ``None`` is read from the node's own node config at each message, through the market's
+    node-config schema (:mod:`flmarket_flwr.market.node_config`, ``python -m flmarket_flwr.market.node_config``
+    lists the keys): a SuperNode started with ``market-security='malicious'`` and its identity material runs the
+    secure profile with no change to the app's code. An option given here replaces the node config's.
 
     Parameters
     ----------
@@ -277,7 +282,7 @@ def register_market_handlers(
         cannot substitute or replay keys, and it unmasks only for a survivor set that it signed and
         that at least ``t`` of its neighbours signed too (the consistency round). Recommended: without
         it PASS is secure against a semi-honest server only.
-    min_participants : int or Callable[[Context], int] (default: 3)
+    min_participants : int or Callable[[Context], int], optional
         The smallest PASS roster this client accepts (below 3 counts as 3); refused before it sends a share
         or a masked input. The server chooses whom it invites, so it could show a client a roster of its own
         colluders or sybils and a few others; set this close to the size of the federation you expect (it is
@@ -297,7 +302,7 @@ def register_market_handlers(
         adds Skellam noise to its counts inside its masked input, calibrated from its own setting and the
         roster it sees, so that a server cannot turn it off. Its bid accepts a noisy ``N_s`` within the
         noise's tail. Give the market the same setting (``MarketConfig.noise``).
-    complete_graph : bool or Callable[[Context], bool] (default: False)
+    complete_graph : bool or Callable[[Context], bool], optional
         Take part in PASS only on the complete graph (the market's ``neighbours="all"``). The server assigns
         the PASS indices, so on a sparse graph it can seat a client among ``t`` colluding clients, who then
         open its masked input; on the complete graph that takes ``t`` colluders of the roster, more than
@@ -308,7 +313,7 @@ def register_market_handlers(
         Costs ``O(E)`` work per client instead of ``O(k)``: for markets of up to a few hundred clients whose
         server is not trusted (README "Threat model").
 
-    split_tolerance : int or Callable[[Context], int] (default: 0)
+    split_tolerance : int or Callable[[Context], int], optional
         How many colluding neighbours this client's own secrets withstand when a malicious server splits the
         consistency round (some neighbours told it survived, the others that it dropped): its Shamir
         threshold becomes the least ``t`` with ``2t - k > split_tolerance``
@@ -331,10 +336,10 @@ def register_market_handlers(
         or ``min_participants`` or ``split_tolerance`` neither an int (a bool is not one) nor a callable,
         or ``buyer_key`` neither 32 bytes nor a callable.
     """
-    if not (isinstance(complete_graph, bool) or callable(complete_graph)):
+    if not (complete_graph is None or isinstance(complete_graph, bool) or callable(complete_graph)):
         raise TypeError(f"complete_graph must be a bool or a callable of the context, got {complete_graph!r}")
     for name, value in (("min_participants", min_participants), ("split_tolerance", split_tolerance)):
-        if not (is_integer(value) or callable(value)):
+        if not (value is None or is_integer(value) or callable(value)):
             raise TypeError(f"{name} must be an int or a callable of the context, got {value!r}")
     if not (buyer_key is None or callable(buyer_key) or (isinstance(buyer_key, bytes) and len(buyer_key) == 32)):
         raise TypeError(f"buyer_key must be 32 bytes (a raw Ed25519 public key) or a callable, got {buyer_key!r}")
@@ -342,14 +347,14 @@ def register_market_handlers(
         get_label_counts=get_label_counts,
         bid_policy=bid_policy if bid_policy is not None else CostBasedBid(DEFAULT_COST_PER_SAMPLE),
         audit=audit,
-        identity_key=identity_key if identity_key is not None else (lambda context: None),
-        directory=directory if directory is not None else (lambda context: None),
-        min_participants=min_participants if callable(min_participants) else (lambda context: min_participants),
-        release_ledger=release_ledger if release_ledger is not None else (lambda context: None),
-        noise=noise if noise is not None else (lambda context: None),
-        complete_graph=complete_graph if callable(complete_graph) else (lambda context: complete_graph),
-        split_tolerance=split_tolerance if callable(split_tolerance) else (lambda context: split_tolerance),
-        buyer_key=buyer_key if callable(buyer_key) else (lambda context: buyer_key),
+        identity_key=_option(identity_key, node_config.identity_key_of),
+        directory=_option(directory, node_config.identity_directory_of),
+        min_participants=_option(min_participants, node_config.min_participants_of),
+        release_ledger=_option(release_ledger, node_config.release_ledger_of),
+        noise=_option(noise, node_config.node_noise_of),
+        complete_graph=_option(complete_graph, node_config.complete_graph_of),
+        split_tolerance=_option(split_tolerance, node_config.split_tolerance_of),
+        buyer_key=_option(buyer_key, node_config.buyer_key_of),
     )
     app.query(ACTION_ADVERTISE)(handlers.advertise)
     app.query(ACTION_SHARE)(handlers.share)
@@ -681,6 +686,16 @@ class _MarketHandlers:
             cause = f"{type(err).__name__}: {err}"[:_MAX_CAUSE_CHARS]
             raise _LabelCountsError(f"{LABEL_COUNTS_FAILED}{cause}") from err
         return validate_counts(counts).astype(np.int64)
+
+
+def _option(value: Any, from_node_config: Callable[[Context], Any]) -> Callable[[Context], Any]:
+    """An option of :func:`register_market_handlers` as a callable of the context: a callable as given, a value as
+    a constant, ``None`` as the node config's reader."""
+    if value is None:
+        return from_node_config
+    if callable(value):
+        return cast(Callable[[Context], Any], value)
+    return lambda context: value
 
 
 # --- Request parsing -----------------------------------------------------------------------------

@@ -87,8 +87,9 @@ class MarketConfig:
         set both the same). Here it widens the bound checks by the noise's tail, and ``N_s`` is clipped
         below at 0 before it is scored. ``None`` (default): exact counts.
     security : {"semi-honest", "malicious"} (default: "semi-honest")
-        The buyer's side of the secure profile. ``"malicious"`` runs PASS on the complete graph (``neighbours``
-        ``"auto"`` becomes ``"all"``; a sparse degree is refused) and announces noise on the counts
+        The buyer's side of the secure profile. ``"malicious"`` needs ``directory`` (the one the nodes pin), runs
+        PASS on the complete graph (``neighbours`` ``"auto"`` becomes ``"all"``; a sparse degree is refused) and
+        announces noise on the counts
         (``noise`` defaults to epsilon 1 per release, delta 1e-6), which nodes in the profile add whatever the
         buyer announces. The nodes' side (identity keys, a pinned directory, roster floor, split tolerance,
         budget, ledger) is each node's own: node config ``market-security=malicious``.
@@ -141,6 +142,12 @@ class MarketConfig:
                 raise ValueError(
                     f"security='malicious' runs PASS on the complete graph: neighbours must be 'auto' or 'all', "
                     f"got {self.neighbours!r} (on a sparse graph the server can seat a client among colluders)"
+                )
+            if self.directory is None:
+                raise ValueError(
+                    "security='malicious' needs the directory of the nodes' identity keys (MarketConfig.directory; "
+                    "run config identity-directory; FLMarket(..., directory=...)): the same directory the nodes pin, "
+                    "against which the buyer checks signatures and names the clients that break the protocol"
                 )
             object.__setattr__(self, "neighbours", "all")
             if self.noise is None:

@@ -20,6 +20,7 @@ import inspect
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from logging import ERROR, INFO
+from pathlib import Path
 from typing import Any
 
 import flwr
@@ -33,6 +34,7 @@ from flmarket_flwr.market.delivery import DeliveryLedger
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.grid_view import WinnersGrid
 from flmarket_flwr.market.server import MarketPhase
+from flmarket_flwr.pass_protocol import IdentityDirectory
 
 __all__ = ["FLMarket", "log_market_outcome", "start_on_nodes"]
 
@@ -68,7 +70,8 @@ class FLMarket(Strategy):
         ``None`` (default): the budget alone decides.
     market_config : MarketConfig, optional
         Every market setting at once; then ``budget``, ``num_classes``, ``num_winners``,
-        ``min_clients``, ``market_timeout``, ``wait_for_nodes_timeout`` and ``security`` must be left unset.
+        ``min_clients``, ``market_timeout``, ``wait_for_nodes_timeout``, ``security`` and ``directory`` must be left
+        unset.
     min_clients : int (default: 3)
         Fewest clients the market accepts (PASS with fewer would reveal a client's counts).
     market_timeout : float (default: 60.0)
@@ -88,6 +91,10 @@ class FLMarket(Strategy):
         The buyer's side of the secure profile (:attr:`MarketConfig.security`; default ``"semi-honest"``):
         ``FLMarket(FedAvg(), budget=..., num_classes=..., security="malicious")``, with node config
         ``market-security=malicious`` on each SuperNode (``docs/threat-model.md``).
+    directory : IdentityDirectory, str or Path, optional
+        The directory of the nodes' identity keys (or the path of its JSON file), the same one the nodes pin:
+        with it the buyer checks the nodes' signatures and names those that break the protocol. Required by
+        ``security="malicious"``.
 
     Notes
     -----
@@ -112,6 +119,7 @@ class FLMarket(Strategy):
         absent_timeout: float | None = 600.0,
         settle_on_delivery: bool = False,
         security: str | None = None,
+        directory: IdentityDirectory | str | Path | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(strategy, Strategy):
@@ -124,6 +132,9 @@ class FLMarket(Strategy):
             "timeout": market_timeout,
             "wait_for_nodes_timeout": wait_for_nodes_timeout,
             "security": security,
+            "directory": IdentityDirectory.from_json(Path(directory))
+            if isinstance(directory, (str, Path))
+            else directory,
         }
         if market_config is not None:
             given = sorted(name for name, value in knobs.items() if value is not None)
