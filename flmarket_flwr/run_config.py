@@ -34,6 +34,7 @@ __all__ = [
     "default_as",
     "keys_read_by",
     "market_noise",
+    "markdown_table",
     "neighbours_of",
     "pyproject_table",
     "read",
@@ -272,5 +273,17 @@ def pyproject_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def markdown_table() -> str:
+    """Every key as a Markdown table (key, default, who reads it, meaning, what a value must be): the run-config
+    half of ``docs/configuration.md``, which a test holds equal to this."""
+    lines = ["| key | default | read by | meaning | a value must be |", "| --- | --- | --- | --- | --- |"]
+    for key in APP_KEYS:
+        meaning = key.meaning.replace("|", "\\|")
+        lines.append(f"| `{key.name}` | `{_toml(key.default)}` | {key.reader} | {meaning} | {key.expected or 'any'} |")
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
-    print(pyproject_table(), end="")
+    import sys
+
+    print(markdown_table() if sys.argv[1:] == ["--markdown"] else pyproject_table(), end="")

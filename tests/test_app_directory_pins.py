@@ -72,7 +72,7 @@ def federation(tmp_path: Path) -> Federation:
 
 
 def victim_defences(tmp_path: Path) -> dict[str, object]:
-    """Every roster defence of the victim's node config (README "Threat model")."""
+    """Every roster defence of the victim's node config (docs/threat-model.md)."""
     return {
         "pass-complete-graph": True,
         "pass-min-participants": len(NODES),

@@ -83,7 +83,7 @@ def test_epsilon_matches_a_direct_conversion_at_two_points() -> None:
 
 
 def test_the_readmes_numbers_at_epsilon_one() -> None:
-    """README "Differencing across any number of runs": the compositions, the spread, the tail, the three-run error."""
+    """docs/threat-model.md, "Differencing across any number of runs": the compositions, the spread, the tail, the three-run error."""
     noise = SkellamNoise(1.0, 1e-6)
     assert [round(noise.epsilon_after(k), 2) for k in (1, 2, 3, 10)] == [1.0, 1.45, 1.81, 3.51]
     assert round(noise.target_variance, 1) == 21.6  # 29.7 with Mironov's conversion: 27% less noise
@@ -342,7 +342,7 @@ def test_the_server_apps_market_takes_the_noise_from_the_run_config() -> None:
     assert noise_of({"pass-dp-epsilon": 2.0, "pass-dp-delta": 1e-7}) == SkellamNoise(2.0, 1e-7, 0.5)
 
 
-# --- The noise's own claims, each played against the market (issue 21: README "Threat model") -----------------
+# --- The noise's own claims, each played against the market (issue 21: docs/threat-model.md) -----------------
 
 
 @dataclass(frozen=True)

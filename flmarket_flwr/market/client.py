@@ -18,7 +18,7 @@ The client enforces its own disclosure rules, whatever the server asks:
   members endorsed (so the buyer cannot show different bidders different awards). The signed award
   is its receipt (:func:`read_award`). ``audit=False`` makes it refuse, and then it cannot be paid.
   Its score and bid are functions of its counts and are sent: ``CostBasedBid`` reveals ``N_e`` to
-  anyone who knows its cost (README "Threat model");
+  anyone who knows its cost (docs/threat-model.md);
 * at most one released PASS session per run: a client joins a fresh session of the same run (the
   server's re-run after a session failed before releasing anything) only if it was never asked to
   unmask nor to bid in that run, and after an unmask request it refuses every later session, so the
@@ -60,10 +60,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import ConfigRecord, Context, Error, Message
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
-from flwr.common.logger import log
+from flwr.supercore import log
 from numpy.typing import NDArray
 
-from flmarket_flwr.market import node_config
 from flmarket_flwr.market.award import (
     Award,
     AwardTerms,
@@ -294,7 +293,7 @@ def register_market_handlers(
         and before unmasking records the survivor set (write-ahead) and refuses one that, differenced with a
         sum it released before, isolates fewer than ``min_roster_change`` clients (the two-run attack). The
         members are the directory's identity keys when ``directory`` is given, else the node ids. A ledger
-        that cannot be read fails closed. Recommended in a deployment (README "Threat model"). Before the
+        that cannot be read fails closed. Recommended in a deployment (docs/threat-model.md). Before the
         masked input leaves, the ledger also records the release's privacy cost (the noise's aggregate
         variance; none: exact counts) and, with a budget, refuses the release that would exceed it.
     noise : Callable[[Context], SkellamNoise | None], optional
@@ -311,7 +310,7 @@ def register_market_handlers(
         otherwise a roster of the client, ``t`` colluders and a few others opens its masked input all the
         same. Splitting the consistency round takes only two colluders unless ``split_tolerance`` is raised.
         Costs ``O(E)`` work per client instead of ``O(k)``: for markets of up to a few hundred clients whose
-        server is not trusted (README "Threat model").
+        server is not trusted (docs/threat-model.md).
 
     split_tolerance : int or Callable[[Context], int], optional
         How many colluding neighbours this client's own secrets withstand when a malicious server splits the
@@ -343,6 +342,8 @@ def register_market_handlers(
             raise TypeError(f"{name} must be an int or a callable of the context, got {value!r}")
     if not (buyer_key is None or callable(buyer_key) or (isinstance(buyer_key, bytes) and len(buyer_key) == 32)):
         raise TypeError(f"buyer_key must be 32 bytes (a raw Ed25519 public key) or a callable, got {buyer_key!r}")
+    from flmarket_flwr.market import node_config  # here, so that `python -m ...node_config` runs it once
+
     handlers = _MarketHandlers(
         get_label_counts=get_label_counts,
         bid_policy=bid_policy if bid_policy is not None else CostBasedBid(DEFAULT_COST_PER_SAMPLE),

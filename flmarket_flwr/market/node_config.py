@@ -20,7 +20,7 @@ from typing import Any, Final, NoReturn
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import Context, Error, Message
 from flwr.common.constant import ErrorCode
-from flwr.common.logger import log
+from flwr.supercore import log
 
 from flmarket_flwr.market.config import SECURITY_PROFILES
 from flmarket_flwr.market.config_keys import Scalar, at_least, check_value, one_of, typed_value
@@ -238,6 +238,15 @@ class NodeConfigSchema:
                 f"unknown node-config key(s) {unknown}: python -m flmarket_flwr.market.node_config lists the market's"
             )
         return {key.name: self.value(node_config, key.name) for key in self.keys}
+
+    def markdown(self) -> str:
+        """The keys as a Markdown table (key, type, default, meaning, what a value must be)."""
+        lines = ["| key | type | default | meaning | a value must be |", "| --- | --- | --- | --- | --- |"]
+        for key in self.keys:
+            shown = "(required)" if key.default is None else _shown(key.default)
+            meaning = key.meaning.replace("|", "\\|")
+            lines.append(f"| `{key.name}` | {key.kind.__name__} | `{shown}` | {meaning} | {key.expected or 'any'} |")
+        return "\n".join(lines) + "\n"
 
     def table(self) -> str:
         """The keys as ``--node-config`` takes them, one per line with its default and meaning."""
@@ -497,4 +506,6 @@ def _profile_ledger_dir(context: Context) -> Path:
 
 
 if __name__ == "__main__":
-    print(MARKET_SCHEMA.table(), end="")
+    import sys
+
+    print(MARKET_SCHEMA.markdown() if sys.argv[1:] == ["--markdown"] else MARKET_SCHEMA.table(), end="")

@@ -26,7 +26,7 @@ Every step is bounded by :meth:`MarketConfig.step_timeout` whatever the transpor
 whose reply is missing, an error or malformed is excluded with the reason logged at WARNING and kept in
 :attr:`MarketOutcome.excluded`; what cannot be recovered, or a thin market (fewer than ``min_participation`` of
 the invited nodes left as bidders), stops the phase with :class:`MarketError`, whose ``outcome`` records it.
-The threat model is in the README ("Threat model") and in :mod:`flmarket_flwr.market.pass_rounds`.
+The threat model is in docs/threat-model.md and in :mod:`flmarket_flwr.market.pass_rounds`.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from typing import Any, NoReturn
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import ConfigRecord, Message
 from flwr.app.typing import ConfigRecordValues
-from flwr.common.logger import log
 from flwr.serverapp import Grid
+from flwr.supercore import log
 
 from flmarket_flwr.market.award import Award, AwardTerms, SignedAward, build_award, pack_endorsements, sign_award
 from flmarket_flwr.market.client import LABEL_COUNTS_FAILED

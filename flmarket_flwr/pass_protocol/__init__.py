@@ -33,7 +33,7 @@ the PRG) hides a count completely and the sum is exact; counts are integers in `
 with ``count_bound * E < 2^63`` (:mod:`.primitives`: X25519, HKDF-SHA256 seeds bound to the session and
 the pair, ChaCha20 PRG).
 
-Threat model, in short (details and the test behind each claim: README "Threat model"). Semi-honest
+Threat model, in short (details and the test behind each claim: docs/threat-model.md). Semi-honest
 server: within one session only ``N_s`` over the survivors is released, whatever the dropouts, as long as
 every needed secret keeps ``t`` shares (otherwise :class:`PassError`, never a partial sum); two sessions
 (two runs) with and without a client difference to its counts, exactly unless the clients add noise to

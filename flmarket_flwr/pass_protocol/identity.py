@@ -18,7 +18,7 @@ Each client holds a long-term Ed25519 identity key; the public halves are distri
 Without a directory the server is trusted to relay keys and survivor sets faithfully (semi-honest server
 only); with one, it can no longer substitute keys or replay them, and a client unmasks only for a set that ``t``
 of its neighbours signed (on a sparse graph, clients in different regions can still be shown different sets:
-README "Threat model").
+docs/threat-model.md).
 
 A directory the server can write guards against nothing: it would map other nodes' ids to keys of its own and
 seat a victim among its sybils. A node therefore pins the directory it trusts: by the SHA-256 digest of its

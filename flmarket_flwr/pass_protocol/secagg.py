@@ -8,7 +8,7 @@ keys, masked input, (with identity keys) consistency, unmask (:class:`PassClient
 every message is a dataclass with ``to_record()`` / ``from_record()`` over ``ConfigRecord`` types, and the
 client state is such a record too).
 
-Threat model (README "Threat model" names the test behind each sentence). Semi-honest server: it learns ``N_s``
+Threat model (docs/threat-model.md names the test behind each sentence). Semi-honest server: it learns ``N_s``
 over the survivors of the session and nothing else from it, for any dropout pattern that leaves each needed
 secret ``t`` shares; a second session in another run is a second sum, and the two difference to the counts of
 a client in one and not the other (not prevented here). Malicious server: it cannot get both secrets of one
@@ -28,7 +28,7 @@ threshold, unless the victim's ``split_tolerance`` raised the threshold of its o
 The graph is committed before the keys exist (the server may retry graphs by excluding advertised clients,
 each retry succeeding with probability below ``2^-security_bits``), and the client's ``min_participants``
 floor bounds a roster of colluders. But the server assigns the indices: it can place ``t`` colluders
-around a chosen victim on a sparse graph (README "Threat model"); a client advertised with
+around a chosen victim on a sparse graph (docs/threat-model.md); a client advertised with
 ``complete_graph=True`` refuses any graph but the complete one, where every participant is its neighbour,
 which helps only with a ``min_participants`` near the federation's size (the server also picks the roster).
 The server refuses (fails closed) a sum above ``count_bound * |U3|`` in any class.
