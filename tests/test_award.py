@@ -364,11 +364,13 @@ def play(
     return grid
 
 
-def test_auditing_every_bidder_with_payment_equal_to_bid_opens_nothing() -> None:
-    """Issue 29 item 1: the old audit oracle. No award, or an award no one endorsed: every bidder refuses."""
-    seen: dict[str, set[int]] = {}
+def audit_oracle(seen: dict[str, set[int]]) -> Attack:
+    """Issue 29 item 1, the old audit oracle: audit every bidder with payment = bid (no award), then under a signed
+    award naming everyone a winner, first unendorsed, then after asking everyone to endorse it. ``seen`` gets the
+    bidders, the endorsers and who opened at each step."""
 
     def attack(phase, grid, pass_result, bids):  # type: ignore[no-untyped-def]
+        seen["bidders"] = set(bids)
         old_style = {node: {KEY_SESSION: pass_result.session, KEY_PAYMENT: bid} for node, (_, bid) in bids.items()}
         seen["old"] = opened(send_all(phase, grid, ACTION_AUDIT, old_style))
         everyone = award_for(phase, grid, pass_result, bids)
@@ -388,7 +390,14 @@ def test_auditing_every_bidder_with_payment_equal_to_bid_opens_nothing() -> None
             send_all(phase, grid, ACTION_AUDIT, {n: fields_of(pass_result, signed, {}) for n in bids})
         )
 
-    play(attack)
+    return attack
+
+
+def test_auditing_every_bidder_with_payment_equal_to_bid_opens_nothing() -> None:
+    """No award, or an award no one endorsed: every bidder refuses."""
+    seen: dict[str, set[int]] = {}
+    play(audit_oracle(seen))
+    assert seen.pop("bidders")
     assert seen == {"old": set(), "unendorsed": set(), "endorsers": set(), "endorsed": set()}
 
 

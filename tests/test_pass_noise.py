@@ -83,7 +83,8 @@ def test_epsilon_matches_a_direct_conversion_at_two_points() -> None:
 
 
 def test_the_readmes_numbers_at_epsilon_one() -> None:
-    """docs/threat-model.md, "Differencing across any number of runs": the compositions, the spread, the tail, the three-run error."""
+    """docs/threat-model.md, "Differencing across any number of runs": the compositions, the spread, the tail, the
+    three-run error."""
     noise = SkellamNoise(1.0, 1e-6)
     assert [round(noise.epsilon_after(k), 2) for k in (1, 2, 3, 10)] == [1.0, 1.45, 1.81, 3.51]
     assert round(noise.target_variance, 1) == 21.6  # 29.7 with Mironov's conversion: 27% less noise

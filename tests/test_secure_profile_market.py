@@ -4,7 +4,6 @@ material), and a buyer in the profile, honest or deviating, meets the real handl
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,20 +13,10 @@ import numpy as np
 import pytest
 from adversary import NUM_CLASSES, make_counts
 from flwr.clientapp import ClientApp
-from test_award import (
-    ACTION_AUDIT,
-    KEY_PAYMENT,
-    KEY_SESSION,
-    MaliciousPhase,
-    _AttackDone,
-    award_for,
-    fields_of,
-    opened,
-    send_all,
-)
+from test_award import MaliciousPhase, _AttackDone, audit_oracle
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketError, MarketPhase, register_market_handlers
-from flmarket_flwr.market.award import SignedAward, sign_award
+from flmarket_flwr.market.award import SignedAward
 from flmarket_flwr.market.client import read_award
 from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.pass_protocol import IdentityDirectory, generate_identity, save_identity_key
@@ -112,28 +101,12 @@ def test_the_audit_oracle_against_nodes_in_the_profile_opens_nothing(tmp_path: P
     counts = make_counts(8, seed=12)
     nodes = sorted(counts)
     seen: dict[str, set[int]] = {}
-
-    def attack(phase, grid, pass_result, bids):  # type: ignore[no-untyped-def]
-        old_style = {node: {KEY_SESSION: pass_result.session, KEY_PAYMENT: bid} for node, (_, bid) in bids.items()}
-        seen["no award"] = opened(send_all(phase, grid, ACTION_AUDIT, old_style))
-        everyone = award_for(phase, grid, pass_result, bids)
-        everyone = dataclasses.replace(
-            everyone,
-            winners=tuple(sorted(bids)),
-            bidders=tuple(dataclasses.replace(b, payment=b.bid) for b in everyone.bidders),
-        )
-        signed = sign_award(everyone, phase._buyer_key)  # pylint: disable=protected-access
-        seen["everyone wins, unendorsed"] = opened(
-            send_all(phase, grid, ACTION_AUDIT, {n: fields_of(pass_result, signed, {}) for n in bids})
-        )
-        seen["bidders"] = set(bids)
-
     configs, directory = profile_setup(tmp_path, nodes)
     grid = InProcessGrid(drop_in_app(counts), nodes, node_configs=configs)
     with pytest.raises(_AttackDone):
-        MaliciousPhase(attack, security="malicious", directory=directory, timeout_per_node=0.0).run(grid)
-    assert seen["bidders"] == set(nodes)  # the nodes took part up to the bids
-    assert seen["no award"] == set() and seen["everyone wins, unendorsed"] == set()
+        MaliciousPhase(audit_oracle(seen), security="malicious", directory=directory, timeout_per_node=0.0).run(grid)
+    assert seen.pop("bidders") == set(nodes)  # the nodes took part up to the bids
+    assert seen == {"old": set(), "unendorsed": set(), "endorsers": set(), "endorsed": set()}
 
 
 def test_nodes_in_the_profile_refuse_a_directory_the_buyer_wrote(tmp_path: Path) -> None:
