@@ -592,8 +592,9 @@ def test_register_refuses_a_complete_graph_setting_that_is_not_a_bool() -> None:
         register_market_handlers(ClientApp(), lambda context: np.ones(C), complete_graph="false")  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("floor", ["90", 90.0, True, None], ids=["str", "float", "bool", "none"])
+@pytest.mark.parametrize("floor", ["90", 90.0, True], ids=["str", "float", "bool"])
 def test_register_refuses_a_roster_floor_that_is_neither_an_int_nor_a_callable(floor: object) -> None:
+    """(``None``, the default, reads the node config's ``pass-min-participants`` / ``pass-split-tolerance``.)"""
     with pytest.raises(TypeError, match="min_participants must be an int"):
         register_market_handlers(ClientApp(), lambda context: np.ones(C), min_participants=floor)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="split_tolerance must be an int"):
