@@ -180,15 +180,29 @@ def test_replies_of_a_slow_pull_are_kept_over_the_errors_of_the_re_pulls(duplica
 def test_an_unavailable_error_never_displaces_a_reply_and_a_node_error_is_kept() -> None:
     best: dict[str, SimpleNamespace] = {}
     real, unavailable = _reply("m0", error=False), _reply("m0", error=True)
-    assert transport._keep_best(best, unavailable)  # type: ignore[arg-type]
-    assert transport._keep_best(best, real)  # type: ignore[arg-type]
-    assert not transport._keep_best(best, _reply("m0", error=True))  # type: ignore[arg-type]
+    assert transport._keep_best(best, unavailable, {})  # type: ignore[arg-type]
+    assert transport._keep_best(best, real, {})  # type: ignore[arg-type]
+    assert not transport._keep_best(best, _reply("m0", error=True), {})  # type: ignore[arg-type]
     assert best["m0"] is real
     node_error = SimpleNamespace(
         metadata=SimpleNamespace(reply_to_message_id="m1", src_node_id=7),
         error=SimpleNamespace(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION),
         has_error=lambda: True,
     )
-    assert transport._keep_best(best, node_error)  # type: ignore[arg-type]
-    assert not transport._keep_best(best, _reply("m1", error=True))  # type: ignore[arg-type]
+    assert transport._keep_best(best, node_error, {})  # type: ignore[arg-type]
+    assert not transport._keep_best(best, _reply("m1", error=True), {})  # type: ignore[arg-type]
     assert best["m1"] is node_error
+
+
+def test_a_reply_from_another_node_never_displaces_the_addressed_nodes_reply() -> None:
+    stray = SimpleNamespace(
+        metadata=SimpleNamespace(reply_to_message_id="m0", src_node_id=99), error=None, has_error=lambda: False
+    )
+    genuine = SimpleNamespace(
+        metadata=SimpleNamespace(reply_to_message_id="m0", src_node_id=7), error=None, has_error=lambda: False
+    )
+    best: dict[str, SimpleNamespace] = {}
+    assert transport._keep_best(best, stray, {"m0": 7})  # type: ignore[arg-type]
+    assert transport._keep_best(best, genuine, {"m0": 7})  # type: ignore[arg-type]
+    assert not transport._keep_best(best, stray, {"m0": 7})  # type: ignore[arg-type]
+    assert best["m0"] is genuine

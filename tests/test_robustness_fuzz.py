@@ -282,9 +282,12 @@ BAD_SCORES = [
     -1.0, -5e-324, -(2**63), -1e308, 1e308, 1e30, 2**63 - 1, 2**64 - 1, math.nan, math.inf, -math.inf,
     True, False, "1.0", b"1", [1.0], [],
 ]  # fmt: skip
+OUT_OF_RANGE = [5e-324, 1e-300, 1e308]  # beyond the auction's [1e-100, 1e100]: refused
 BAD_BIDS = [0, 0.0, -0.0, -1.0, -5e-324, -1e308, -(2**63), math.nan, math.inf, -math.inf, True, "2.0", b"2", [2.0]]
-EXTREME_VALID_BIDS = [5e-324, 1e-300, 1e308, 2**63 - 1, 2**64 - 1, 1, BUDGET, BUDGET * (1 + 1e-15)]  # > 0, finite
-EXTREME_VALID_SCORES = [0, 0.0, 5e-324, 1e-300]  # below the highest possible score: accepted
+BAD_BIDS += OUT_OF_RANGE
+BAD_SCORES += [5e-324, 1e-300]  # a positive score below the auction's range
+EXTREME_VALID_BIDS = [1e-100, 1e100, 2**63 - 1, 2**64 - 1, 1, BUDGET, BUDGET * (1 + 1e-15)]  # within its range
+EXTREME_VALID_SCORES = [0, 0.0, 1e-100]  # below the highest possible score: accepted
 VALID_SIGNATURES = [b"", b"x", bytes(64), b"\xff" * 1000]  # no directory: a signature is not checked
 BAD_AUDIT_COUNTS = [
     *NOT_INT_LISTS,

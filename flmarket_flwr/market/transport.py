@@ -114,7 +114,13 @@ def send_and_receive_within(grid: Grid, messages: list[Message], timeout: float)
     then waits, up to the deadline, for that pull). Each id keeps its best reply: the node's reply (or
     its error), then any other error, then "message unavailable".
     """
-    pending = set(grid.push_messages(messages))
+    pushed = list(grid.push_messages(messages))
+    pending = set(pushed)
+    sender_of = {  # who must answer each message (a reply from another node never displaces its reply)
+        message_id: message.metadata.dst_node_id
+        for message_id, message in zip(pushed, messages, strict=False)
+        if isinstance(message, Message)
+    }
     deadline = time.monotonic() + timeout
     best: dict[str, Message] = {}
     pulls: list[_Pull] = []
@@ -132,12 +138,14 @@ def send_and_receive_within(grid: Grid, messages: list[Message], timeout: float)
         arrived = 0
         for pull in [pull for pull in pulls if pull.done]:
             pulls.remove(pull)
-            arrived += sum(_keep_best(best, reply) for reply in pull.replies)
+            arrived += sum(_keep_best(best, reply, sender_of) for reply in pull.replies)
         outstanding = {message_id for pull in pulls for message_id in pull.ids}
         pending = {
             message_id
             for message_id in pending
-            if message_id not in best or (_rank(best[message_id]) == 0 and message_id in outstanding)
+            if message_id not in best
+            or _rank(best[message_id], sender_of) < 0
+            or (_rank(best[message_id], sender_of) == 0 and message_id in outstanding)
         }
         if last:
             break
@@ -153,21 +161,24 @@ def send_and_receive_within(grid: Grid, messages: list[Message], timeout: float)
     return list(best.values())
 
 
-def _rank(reply: Message) -> int:
-    """How much a reply tells: 2 the node's reply or its error, 1 another error, 0 Flower's "message unavailable"."""
+def _rank(reply: Message, sender_of: Mapping[str, int]) -> int:
+    """How much a reply tells: 2 the node's reply or its error, 1 another error, 0 Flower's "message unavailable",
+    -1 a reply from a node other than the one addressed (kept only to be reported, if nothing else comes)."""
     if not reply.has_error():
-        return 2
+        expected = sender_of.get(reply.metadata.reply_to_message_id)
+        return -1 if expected is not None and reply.metadata.src_node_id != expected else 2
     if reply.error.code == ErrorCode.MESSAGE_UNAVAILABLE:
         return 0
     return 1 if reply.metadata.src_node_id in _TRANSPORT_NODE_IDS else 2
 
 
-def _keep_best(best: dict[str, Message], reply: Message) -> bool:
+def _keep_best(best: dict[str, Message], reply: Message, sender_of: Mapping[str, int]) -> bool:
     """Keep ``reply`` as its id's reply unless a better (or equal) one is kept; return whether it was kept."""
     message_id = reply.metadata.reply_to_message_id
     kept = best.get(message_id)
-    if kept is not None and _rank(kept) >= _rank(reply):
-        if _rank(reply) == 2:
+    rank = _rank(reply, sender_of)
+    if kept is not None and _rank(kept, sender_of) >= rank:
+        if rank == 2:
             log(WARNING, "Market: ignoring a second reply to message %s", message_id)
         return False
     best[message_id] = reply
