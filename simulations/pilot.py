@@ -406,6 +406,7 @@ def main(argv: list[str] | None = None) -> None:
     if not records:
         parser.error(f"no RS result.json under {[str(f) for f in args.folders]}")
     rows = headroom_rows(records)
+    partitions = partitions_of(records, range(args.budget_seeds))
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, args.out / "pilot.csv")
     text = [
@@ -423,7 +424,11 @@ def main(argv: list[str] | None = None) -> None:
         "",
         f"## The budget mode: R as a fraction of the total bid (selection only, seeds 0-{args.budget_seeds - 1})",
         "",
-        *budget_lines(budget_rows(partitions_of(records, range(args.budget_seeds)), args.budget_fractions)),
+        *budget_lines(budget_rows(partitions, args.budget_fractions)),
+        "",
+        f"## The cohort-capped mode: the same R, at most {args.market_k} winners (selection only)",
+        "",
+        *budget_lines(budget_rows(partitions, args.budget_fractions, num_selected=args.market_k)),
         "",
     ]
     (args.out / "pilot.md").write_text("\n".join(text), encoding="utf-8")
