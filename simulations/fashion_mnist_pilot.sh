@@ -10,7 +10,7 @@
 # on all clients (RS draws every client); RS at k = 5, 10 is one random k-subset per partition (seed).
 # Phases in order of value (a stopped pilot still answers the most): Dirichlet 0.1 at d6 (k = 5, 10, 20); Dirichlet
 # 0.2 at d6, seeds 0-4; Dirichlet 0.1 at d4 and d5 at k = 5 and 20 (the chosen cohort size); the rest of the seeds,
-# k = 10 at d4-d5, and 5 local steps at Dirichlet 0.1, d6.
+# k = 10 at d4-d5, 5 local steps at Dirichlet 0.1, d6; seeds 10-19 at d4-d6, k = 5 and 20.
 set -euo pipefail
 root=results/fashion_mnist_pilot
 raw=$root/raw
@@ -36,3 +36,5 @@ run dir0.1_steps10 --alpha 0.1 --local-steps 10 --distribution d5 --num-selected
 run dir0.2_steps10 --alpha 0.2 --local-steps 10 --distribution d6 --num-selected 5 10 20 --seed "${all_seeds[@]}"
 run dir0.1_steps10 --alpha 0.1 --local-steps 10 --distribution d4 d5 --num-selected 10 --seed "${all_seeds[@]}"
 run dir0.1_steps5 --alpha 0.1 --local-steps 5 --distribution d6 --num-selected 5 10 20 --seed "${all_seeds[@]}"
+# More partitions for the chosen setting's paired sd (the power calculation): seeds 10-19 at k = 5 and 20.
+run dir0.1_steps10 --alpha 0.1 --local-steps 10 --distribution d4 d5 d6 --num-selected 5 20 --seed $(seq 10 19)

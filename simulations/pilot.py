@@ -73,8 +73,9 @@ class HeadroomRow:  # pylint: disable=too-many-instance-attributes
         Mean, sample sd, minimum and maximum of the paired differences.
     at_least_5 : int
         Pairs whose difference is at least 5 points.
-    premise_alpha : float
-        The score's ``alpha = N_s / (E C)`` of the setting (the same for every seed: the class sizes are fixed).
+    premise_alpha : tuple of float
+        The least and largest ``alpha = N_s / (E C)`` over the row's partitions (one value per distribution: the
+        class sizes are fixed by the schedule).
     """
 
     setting: dict[str, Any]
@@ -89,7 +90,7 @@ class HeadroomRow:  # pylint: disable=too-many-instance-attributes
     low: float
     high: float
     at_least_5: int
-    premise_alpha: float
+    premise_alpha: tuple[float, float]
 
 
 def _config(record: Record) -> Mapping[str, Any]:
@@ -124,32 +125,39 @@ def _premise_alpha(record: Record) -> float:
     return float(score_alpha(counts, int(record["num_clients"])))
 
 
-def headroom_rows(records: Sequence[Record]) -> list[HeadroomRow]:
-    """All clients (RS at ``k = E``) minus RS at each smaller ``k``, paired by seed, per setting and endpoint.
+def headroom_rows(records: Sequence[Record], pool_distributions: bool = False) -> list[HeadroomRow]:
+    """All clients (RS at ``k = E``) minus RS at each smaller ``k``, paired by partition, per setting and endpoint.
+
+    The unit of pairing is the partition, (distribution, seed). ``pool_distributions`` pools the distributions of
+    a setting into one row (its ``distribution`` then names them, e.g. ``d4+d5+d6``).
 
     Raises
     ------
     ValueError
-        A record of another selector (the pilot runs RS only), or two runs of one (setting, k, seed).
+        A record of another selector (the pilot runs RS only), or two runs of one (setting, k, partition).
     """
-    runs: dict[tuple[Any, ...], dict[int, dict[int, Record]]] = defaultdict(lambda: defaultdict(dict))
+    Unit = tuple[str, int]
+    runs: dict[tuple[Any, ...], dict[int, dict[Unit, Record]]] = defaultdict(lambda: defaultdict(dict))
     for record in records:
         if record["selector"] != "rs":
             raise ValueError(f"the pilot pairs RS runs only, got selector {record['selector']!r}")
-        by_seed = runs[setting_key(record)][int(record["num_selected"])]
-        if int(record["seed"]) in by_seed:
-            raise ValueError(f"two runs of {setting_key(record)}, k={record['num_selected']}, seed={record['seed']}")
-        by_seed[int(record["seed"])] = record
+        key = setting_key(record)
+        unit = (str(key[-1]), int(record["seed"]))
+        by_unit = runs[key[:-1] if pool_distributions else key][int(record["num_selected"])]
+        if unit in by_unit:
+            raise ValueError(f"two runs of {key}, k={record['num_selected']}, seed={record['seed']}")
+        by_unit[unit] = record
     rows = []
     for key in sorted(runs, key=str):
         num_clients = int(key[1])
         everyone = runs[key].get(num_clients, {})
         for k in sorted(size for size in runs[key] if size < num_clients):
-            seeds = sorted(set(everyone) & set(runs[key][k]))
-            if not seeds:
+            units = sorted(set(everyone) & set(runs[key][k]))
+            if not units:
                 continue
+            full_key = (*key, "+".join(sorted({d for d, _ in units}))) if pool_distributions else key
             for name in ENDPOINTS:
-                rows.append(_row(key, k, name, [everyone[s] for s in seeds], [runs[key][k][s] for s in seeds]))
+                rows.append(_row(full_key, k, name, [everyone[u] for u in units], [runs[key][k][u] for u in units]))
     return rows
 
 
@@ -158,6 +166,7 @@ def _row(key: tuple[Any, ...], k: int, name: str, everyone: list[Record], subset
     subset_values = np.array([endpoint(r, name) for r in subset])
     differences = all_values - subset_values
     differences = differences[np.isfinite(differences)]
+    alphas = [_premise_alpha(r) for r in everyone]
     return HeadroomRow(
         setting=dict(zip(SETTING_FIELDS, key[2:], strict=True)),
         num_selected=k,
@@ -171,7 +180,7 @@ def _row(key: tuple[Any, ...], k: int, name: str, everyone: list[Record], subset
         low=float(differences.min()) if differences.size else math.nan,
         high=float(differences.max()) if differences.size else math.nan,
         at_least_5=int(np.count_nonzero(differences >= 5.0)),
-        premise_alpha=_premise_alpha(everyone[0]),
+        premise_alpha=(min(alphas), max(alphas)),
     )
 
 
@@ -341,6 +350,11 @@ def _f(value: float, digits: int = 1) -> str:
     return "nan" if not math.isfinite(value) else f"{value:+.{digits}f}" if digits == 1 else f"{value:.{digits}f}"
 
 
+def _alpha(bounds: tuple[float, float]) -> str:
+    low, high = bounds
+    return f"{low:.0f}" if round(low) == round(high) else f"{low:.0f}-{high:.0f}"
+
+
 def headroom_lines(rows: Sequence[HeadroomRow], effect: float = 3.0) -> list[str]:
     """The headroom table in Markdown (differences in accuracy points; partitions for ``effect`` at 80% power)."""
     lines = [
@@ -352,7 +366,8 @@ def headroom_lines(rows: Sequence[HeadroomRow], effect: float = 3.0) -> list[str
         s = row.setting
         needed = partitions_for(row.sd, effect) if math.isfinite(row.sd) and row.sd > 0 else "-"
         lines.append(
-            f"| {s['alpha']:g} | {s['local_steps']} | {s['rounds']} | {s['distribution']} | {row.premise_alpha:.0f} "
+            f"| {s['alpha']:g} | {s['local_steps']} | {s['rounds']} | {s['distribution']} "
+            f"| {_alpha(row.premise_alpha)} "
             f"| {row.num_selected} of {row.num_clients} | {row.endpoint} | {row.partitions} | {row.all_mean:.1f} "
             f"| {row.subset_mean:.1f} | **{_f(row.mean)}** | {_f(row.sd, 2)} | {_f(row.low)} to {_f(row.high)} "
             f"| {row.at_least_5} | {needed} |"
@@ -387,7 +402,7 @@ def write_csv(rows: Sequence[HeadroomRow], path: Path) -> None:
         for row in rows:
             needed = partitions_for(row.sd) if math.isfinite(row.sd) and row.sd > 0 else ""
             writer.writerow(
-                [*(row.setting[name] for name in SETTING_FIELDS), f"{row.premise_alpha:.1f}", row.num_selected,
+                [*(row.setting[name] for name in SETTING_FIELDS), _alpha(row.premise_alpha), row.num_selected,
                  row.num_clients, row.endpoint, row.partitions, f"{row.all_mean:.2f}", f"{row.subset_mean:.2f}",
                  f"{row.mean:.2f}", f"{row.sd:.2f}", f"{row.low:.2f}", f"{row.high:.2f}", row.at_least_5, needed]
             )  # fmt: skip
@@ -405,7 +420,8 @@ def main(argv: list[str] | None = None) -> None:
     records = [r for r in records_from_dirs(args.folders) if r["selector"] == "rs"]
     if not records:
         parser.error(f"no RS result.json under {[str(f) for f in args.folders]}")
-    rows = headroom_rows(records)
+    pooled = [row for row in headroom_rows(records, pool_distributions=True) if "+" in row.setting["distribution"]]
+    rows = headroom_rows(records) + pooled
     partitions = partitions_of(records, range(args.budget_seeds))
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, args.out / "pilot.csv")

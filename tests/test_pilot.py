@@ -64,7 +64,24 @@ def test_headroom_pairs_all_clients_with_each_subset_by_seed() -> None:
     assert final.mean == pytest.approx(25.0) and final.sd == pytest.approx(np.std([20.0, 30.0], ddof=1))
     assert (final.low, final.high, final.at_least_5) == (pytest.approx(20.0), pytest.approx(30.0), 2)
     assert auc.mean == pytest.approx(np.mean([70 - 50, 60 - 40])) and final.all_mean == pytest.approx(75.0)
-    assert final.premise_alpha == pytest.approx(1000 / (20 * 10))
+    assert final.premise_alpha == pytest.approx((1000 / (20 * 10),) * 2)
+
+
+def test_pooled_headroom_pairs_by_distribution_and_seed() -> None:
+    def on(distribution: str, record: dict) -> dict:
+        config = record["engine"]["config"] | {"distribution": distribution}
+        return record | {"engine": record["engine"] | {"config": config}}
+
+    records = [
+        on("d4", _record(20, 0, [0.8])),
+        on("d4", _record(5, 0, [0.5])),
+        on("d6", _record(20, 0, [0.7])),  # the same seed on another distribution: another partition
+        on("d6", _record(5, 0, [0.6])),
+    ]
+    assert [row.partitions for row in headroom_rows(records)] == [1, 1, 1, 1]
+    pooled = {row.endpoint: row for row in headroom_rows(records, pool_distributions=True)}
+    assert pooled["final"].setting["distribution"] == "d4+d6" and pooled["final"].partitions == 2
+    assert pooled["final"].mean == pytest.approx(20.0) and pooled["final"].low == pytest.approx(10.0)
 
 
 def test_headroom_refuses_other_selectors_and_duplicate_runs() -> None:
