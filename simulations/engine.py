@@ -4,9 +4,11 @@ One job = partition, selection, then FedAvg rounds on the selected clients, all 
 
 * **Selection** calls :mod:`flmarket_flwr.pricing` directly: FLMarket is the product's one rule,
   :func:`~flmarket_flwr.pricing.run_auction` on :func:`~flmarket_flwr.pricing.flmarket_scores` (``num_selected``
-  a cohort cap, ``0`` for the budget alone; the budget from :func:`auction_budget`), where PASS's
+  a cohort cap, ``0`` for the budget alone; the budget from :func:`auction_budget`, e.g. a fixed fraction of the
+  total bid), where PASS's
   output is replaced by the plain sum of the clients' label counts (PASS returns exactly that sum,
-  mod 2^64, see ``tests/test_pass_protocol.py``); RS, QBS, DICE and DDS are ``select_clients``.
+  mod 2^64, see ``tests/test_pass_protocol.py``); RS, QBS, DICE and DDS are ``select_clients`` (in the budget
+  mode, ``num_selected=0`` with ``budget_fraction``, as many clients as FLMarket buys on the same partition).
   ``market="protocol"`` runs FLMarket's real market phase instead (:class:`~flmarket_flwr.market.MarketPhase`:
   PASS, the clients' own scores and bids, the auction) over an in-process Grid of market clients, and its
   time counts as selection time: the run time to compare with S-FedAvg.
@@ -20,10 +22,11 @@ One job = partition, selection, then FedAvg rounds on the selected clients, all 
   ``flmarket_flwr.task.train``: whole epochs (``local_steps=0``, the Flower app's protocol, bit-for-bit its
   train handler) or a fixed number of steps with gradient-norm clipping (its ``steps`` and ``clip_norm``).
 * **Protocol**: accuracy on the held-out test set after every round; final accuracy = mean of the last
-  ``final_window`` rounds; plateau criterion: that mean minus the mean of the ``final_window`` rounds
-  before it, within ``plateau_tolerance``; a run whose weights or loss turn non-finite is stopped and
-  marked ``diverged`` (final accuracy NaN), one that falls more than ``collapse_drop`` below its best
-  window is marked ``collapsed``: both are counted by :mod:`simulations.stats`, never averaged in.
+  ``final_window`` rounds; ``auc_accuracy`` = mean accuracy over all rounds run (the area under the
+  accuracy curve per round, the endpoint of a fixed round budget); plateau criterion: that mean minus the mean
+  of the ``final_window`` rounds before it, within ``plateau_tolerance``; a run whose weights or loss turn
+  non-finite is stopped and marked ``diverged`` (final accuracy NaN), one that falls more than ``collapse_drop``
+  below its best window is marked ``collapsed``: both are counted by :mod:`simulations.stats`, never averaged in.
 * **Paired seeds**: ``seed`` fixes the partition, the initial model, RS's draw and the mini-batch order,
   identically for every selector. Bids (``bid_policy``): ``volume`` (primary: ``c N_e (1 + markup)`` at
   one shared per-sample cost ``c``), ``constant`` (every client bids 1) or ``random`` (the Flower app's
@@ -68,6 +71,7 @@ __all__ = [
     "EngineConfig",
     "Federation",
     "ShapleyCohort",
+    "auc_accuracy",
     "auction_budget",
     "bids_for",
     "data_config",
@@ -137,8 +141,12 @@ class EngineConfig:  # pylint: disable=too-many-instance-attributes
     num_clients, distribution, schedule, alpha, seed
         Federation: ``E``, global distribution ``d1..d7``, pruning schedule, Dirichlet concentration, seed.
     selector, num_selected, budget
-        Selector name; cohort size (``0``: FLMarket's budget-driven auction; S-FedAvg: clients sampled
-        per round); auction budget ``R`` (``> 0``, the app's ``budget``).
+        Selector name; cohort size (``0``: FLMarket's budget-driven auction, and a baseline takes as many
+        clients as that auction buys, which needs ``budget_fraction``; S-FedAvg: clients sampled per round);
+        auction budget ``R`` (``> 0``, the app's ``budget``).
+    budget_fraction
+        ``> 0``: the auction's budget is this fraction of the sum of all clients' bids, fixed before selection
+        (it takes precedence over ``budget`` and ``cohort_budget``); ``0``: not used.
     neighbours, audit_winners
         The PASS graph and the winners' audit of ``market="protocol"`` (app keys).
     cohort_budget
@@ -175,6 +183,7 @@ class EngineConfig:  # pylint: disable=too-many-instance-attributes
     selector: str = _default("selector", str)
     num_selected: int = _default("num-selected", int)
     budget: float = _default("budget", float)
+    budget_fraction: float = 0.0
     cohort_budget: bool = True
     market: str = "direct"
     neighbours: str = _default("neighbours", str)
@@ -211,8 +220,15 @@ class EngineConfig:  # pylint: disable=too-many-instance-attributes
             raise ValueError(f"market must be one of {MARKET_MODES}, got {self.market!r}")
         if self.market == "protocol" and self.bid_policy == "random":
             raise ValueError("market='protocol' runs the clients' bid policies: use bid_policy volume or constant")
-        if self.num_selected < 0 or (self.num_selected == 0 and self.selector != "flmarket"):
-            raise ValueError(f"{self.selector} needs num_selected >= 1, got {self.num_selected}")
+        if not (math.isfinite(self.budget_fraction) and self.budget_fraction >= 0):
+            raise ValueError(f"budget_fraction must be finite and >= 0, got {self.budget_fraction}")
+        if self.num_selected == 0 and self.selector == "sfedavg":
+            raise ValueError("sfedavg needs num_selected >= 1 (clients sampled per round)")
+        if self.num_selected == 0 and self.selector != "flmarket" and not self.budget_fraction:
+            raise ValueError(
+                f"{self.selector} needs num_selected >= 1, or num_selected=0 with budget_fraction > 0 "
+                "(as many clients as FLMarket buys)"
+            )
         if self.rounds < 1 or self.final_window < 1:
             raise ValueError("rounds and final_window must be >= 1")
         if self.min_rounds and not 2 * self.final_window <= self.min_rounds <= self.rounds:
@@ -334,11 +350,7 @@ def select(cfg: EngineConfig, federation: Federation) -> tuple[list[int], dict[s
     if cfg.selector == "sfedavg":
         raise ValueError("S-FedAvg samples its clients during training, not before: see ShapleyCohort")
     if cfg.selector != "flmarket":
-        extra: dict[str, Any] = {"volume_weight": cfg.dice_volume_weight}
-        if cfg.selector == "dds":
-            extra = {"embeddings": _embeddings(federation, cfg.seed), "diversity_weight": cfg.dds_diversity_weight}
-        chosen = select_clients(cfg.selector, counts, cfg.num_selected, seed=cfg.seed, **extra)
-        return [int(p) for p in chosen], {}
+        return _select_baseline(cfg, federation)
     bids = bids_for(cfg, counts)
     scores = flmarket_scores(counts)
     budget = auction_budget(cfg, scores, bids)
@@ -362,13 +374,40 @@ def select(cfg: EngineConfig, federation: Federation) -> tuple[list[int], dict[s
     return positions, market
 
 
-def auction_budget(cfg: EngineConfig, scores: np.ndarray, bids: np.ndarray) -> float:
-    """The budget ``R`` of FLMarket's auction: ``cfg.budget``, or the least budget that buys the cohort.
+def _select_baseline(cfg: EngineConfig, federation: Federation) -> tuple[list[int], dict[str, Any]]:
+    """RS, QBS, DICE or DDS: ``num_selected`` clients, or (``0``) as many as FLMarket's auction buys here.
 
-    With ``cohort_budget`` and a cohort (``num_selected > 0``) the budget is
+    The second is the budget mode's matched cohort: FLMarket's auction at the same bids and budget
+    (:func:`auction_budget`) on the same partition, its winner count recorded as ``matched_cohort``.
+    """
+    counts = federation.label_counts
+    size, matched = cfg.num_selected, {}
+    if not size:
+        bids = bids_for(cfg, counts)
+        scores = flmarket_scores(counts)
+        budget = auction_budget(cfg, scores, bids)
+        size = len(run_auction(scores, bids, budget).winners)
+        matched = {"matched_cohort": size, "budget": budget, "bid_policy": cfg.bid_policy}
+        if not size:
+            return [], matched
+    extra: dict[str, Any] = {"volume_weight": cfg.dice_volume_weight}
+    if cfg.selector == "dds":
+        extra = {"embeddings": _embeddings(federation, cfg.seed), "diversity_weight": cfg.dds_diversity_weight}
+    chosen = select_clients(cfg.selector, counts, size, seed=cfg.seed, **extra)
+    return [int(p) for p in chosen], matched
+
+
+def auction_budget(cfg: EngineConfig, scores: np.ndarray, bids: np.ndarray) -> float:
+    """The budget ``R`` of FLMarket's auction: a fraction of the total bid, ``cfg.budget``, or the cohort's least.
+
+    With ``budget_fraction > 0``, ``R = budget_fraction * sum(bids)`` (all clients' bids), fixed before any
+    selection: the budget mode in which the budget, not a cohort size, decides how many clients win. Otherwise,
+    with ``cohort_budget`` and a cohort (``num_selected > 0``) the budget is
     :func:`~flmarket_flwr.pricing.cohort_budget` of the ``num_selected`` first positive-score clients (fewer if
     fewer score above zero), so FLMarket buys a full cohort when one exists and still pays within the budget.
     """
+    if cfg.budget_fraction > 0:
+        return float(cfg.budget_fraction * np.sum(bids))
     if not (cfg.cohort_budget and cfg.num_selected):
         return float(cfg.budget)
     buyable = min(cfg.num_selected, int(np.count_nonzero(scores > 0)))
@@ -621,6 +660,14 @@ def _plateau_delta(accuracies: np.ndarray, window: int) -> float:
     return float(accuracies[-window:].mean() - accuracies[-2 * window : -window].mean())
 
 
+def auc_accuracy(accuracies: Sequence[float] | np.ndarray) -> float:
+    """Mean test accuracy over the rounds run (round 0, the initial model, excluded): the area under the
+    accuracy-per-round curve divided by the rounds; NaN when no round ran or one is not finite.
+    """
+    values = np.asarray(accuracies, dtype=np.float64)
+    return float(values.mean()) if values.size and np.all(np.isfinite(values)) else math.nan
+
+
 def _plateau_reached(cfg: EngineConfig, rounds: Sequence[Mapping[str, Any]]) -> bool:
     accuracies = np.array([r["accuracy"] for r in rounds], dtype=np.float64)
     return bool(abs(_plateau_delta(accuracies, cfg.final_window)) <= cfg.plateau_tolerance)
@@ -639,6 +686,7 @@ def _protocol(cfg: EngineConfig, training: _Training) -> dict[str, Any]:
         "final_accuracy": final,
         "final_window": window,
         "last_accuracy": float(accuracies[-1]) if accuracies.size else math.nan,
+        "auc_accuracy": math.nan if diverged else auc_accuracy(accuracies),
         "plateau_delta": delta,
         "plateau_tolerance": cfg.plateau_tolerance,
         "plateau_reached": bool(abs(delta) <= cfg.plateau_tolerance),
@@ -690,8 +738,10 @@ def run_engine(cfg: EngineConfig, run_config: Mapping[str, Any] | None = None) -
         },
     )
     result["engine"] = {"name": "inprocess", "config": asdict(cfg), "bought_nobody": not selected, **protocol}
-    if market:
+    if market and cfg.selector == "flmarket":
         result["market"] = market
+    elif market:
+        result["engine"]["matched"] = market  # a baseline's cohort matched to FLMarket's auction
     if sfedavg:
         result["sfedavg"] = sfedavg.history()
         result["timings"]["valuation_s"] = result["sfedavg"]["valuation_s"]
@@ -701,6 +751,7 @@ def run_engine(cfg: EngineConfig, run_config: Mapping[str, Any] | None = None) -
 # --- Hydra and command line ----------------------------------------------------------------------------------------
 _ENGINE_KEYS = (
     "market",
+    "budget_fraction",
     "cohort_budget",
     "bid_policy",
     "cost_per_sample",

@@ -1,0 +1,113 @@
+"""The engine's fixed-budget market mode and its round-budget endpoint.
+
+``budget_fraction`` fixes the auction's budget at a fraction of the total bid before selection; a baseline with
+``num_selected=0`` in that mode takes as many clients as FLMarket's auction buys on the same partition (the
+matched cohort); ``auc_accuracy`` is the mean accuracy over the rounds run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flmarket_flwr.pricing import flmarket_scores, run_auction
+from simulations.engine import (
+    EngineConfig,
+    _protocol,
+    _Training,
+    auc_accuracy,
+    auction_budget,
+    bids_for,
+    load_federation,
+    run_engine,
+    select,
+)
+
+BUDGET_MODE = EngineConfig(
+    dataset="digits", test_per_class=30, distribution="d6", seed=3, num_selected=0, budget_fraction=0.2
+)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("bid_policy", ["volume", "constant"])
+@given(fraction=st.floats(min_value=0.01, max_value=2.0))
+@settings(max_examples=40, deadline=None)
+def test_budget_fraction_fixes_r_at_that_share_of_the_total_bid(bid_policy: str, fraction: float) -> None:
+    cfg = replace(BUDGET_MODE, bid_policy=bid_policy, budget_fraction=fraction, num_selected=5)
+    counts = load_federation(cfg).label_counts
+    bids = bids_for(cfg, counts)
+    budget = auction_budget(cfg, flmarket_scores(counts), bids)
+    assert budget == pytest.approx(fraction * bids.sum())  # the cohort's least budget is not used
+    positions, market = select(cfg, load_federation(cfg))
+    assert market["budget"] == pytest.approx(budget) and market["total_payment"] <= budget * (1 + 1e-12)
+    assert len(positions) <= 5
+
+
+@pytest.mark.parametrize("selector", ["rs", "qbs", "dice", "dds"])
+@pytest.mark.parametrize("bid_policy", ["volume", "constant"])
+def test_a_baseline_in_budget_mode_takes_as_many_clients_as_flmarket_buys(selector: str, bid_policy: str) -> None:
+    cfg = replace(BUDGET_MODE, bid_policy=bid_policy)
+    federation = load_federation(cfg)
+    winners, market = select(cfg, federation)
+    chosen, matched = select(replace(cfg, selector=selector), federation)
+    assert len(chosen) == len(winners) == matched["matched_cohort"] >= 1
+    assert matched["budget"] == pytest.approx(market["budget"])
+    fixed, _ = select(replace(cfg, selector=selector, num_selected=len(winners)), federation)
+    assert chosen == fixed  # the same selector, told the count
+
+
+def test_a_baseline_matched_to_an_auction_that_buys_nobody_buys_nobody() -> None:
+    cfg = replace(BUDGET_MODE, budget_fraction=1e-9, selector="rs")
+    counts = load_federation(cfg).label_counts
+    bids = bids_for(cfg, counts)
+    assert not run_auction(
+        flmarket_scores(counts), bids, auction_budget(cfg, flmarket_scores(counts), bids)
+    ).winners.size
+    chosen, matched = select(cfg, load_federation(cfg))
+    assert chosen == [] and matched["matched_cohort"] == 0
+
+
+def test_budget_mode_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="budget_fraction"):
+        EngineConfig(budget_fraction=-0.1)
+    with pytest.raises(ValueError, match="budget_fraction"):
+        EngineConfig(budget_fraction=math.inf)
+    with pytest.raises(ValueError, match="num_selected >= 1, or num_selected=0 with budget_fraction"):
+        EngineConfig(selector="rs", num_selected=0)
+    with pytest.raises(ValueError, match="num-selected=-1"):
+        EngineConfig(num_selected=-1)
+
+
+def test_a_matched_baseline_run_records_the_match() -> None:
+    cfg = replace(BUDGET_MODE, selector="qbs", rounds=2, local_steps=1, final_window=1)
+    result = run_engine(cfg)
+    matched = result["engine"]["matched"]
+    assert len(result["selected_partitions"]) == matched["matched_cohort"] and "market" not in result
+
+
+def test_auc_accuracy_is_the_mean_over_the_rounds_run() -> None:
+    assert auc_accuracy([0.2, 0.4, 0.9]) == pytest.approx(0.5)
+    assert math.isnan(auc_accuracy([])) and math.isnan(auc_accuracy([0.5, math.nan]))
+    cfg = EngineConfig(final_window=2)
+    rounds = [{"accuracy": a} for a in (0.1, 0.2, 0.4, 0.6, 0.8)]  # round 0 (the initial model) first
+    summary = _protocol(cfg, _Training(rounds=rounds))
+    assert summary["auc_accuracy"] == pytest.approx(0.5) and summary["final_accuracy"] == pytest.approx(0.7)
+    diverged = _protocol(cfg, _Training(rounds=[{"accuracy": 0.3}, {"accuracy": math.nan}], diverged_at=2))
+    assert math.isnan(diverged["auc_accuracy"])
+
+
+def test_a_fixed_round_budget_run_records_its_auc() -> None:
+    cfg = replace(BUDGET_MODE, selector="rs", num_selected=3, rounds=3, local_steps=1, final_window=1)
+    result = run_engine(cfg)
+    accuracies = [r["accuracy"] for r in result["rounds"][1:]]
+    assert result["engine"]["auc_accuracy"] == pytest.approx(np.mean(accuracies))
