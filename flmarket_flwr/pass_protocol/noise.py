@@ -129,11 +129,12 @@ def composed_epsilon(variances: Sequence[float], delta: float, l1: float = 1.0, 
 
         eps(alpha) <= alpha D2^2 / (2 mu) + min(((2 alpha - 1) D2^2 + 6 D1) / (4 mu^2), 3 D1 / (2 mu))
 
-    It never lies below (tested: the Renyi divergence of two shifted Skellam laws computed from the
-    exact pmf, at orders 2 to 20). Releases
-    compose by adding their curves (RDP composition); the conversion to ``(epsilon, delta)`` is Google's
-    ``dp-accounting`` (``dp_accounting.rdp.compute_epsilon``: Canonne, Kamath and Steinke's conversion, tighter
-    than Mironov's ``min_alpha eps(alpha) + log(1/delta) / (alpha - 1)``).
+    It never lies below the Renyi divergence of two shifted Skellam laws computed from the exact pmf (tested at
+    orders 2 to 20: 2 to 3.6 times the truth at variance 2, within 15% at 30, 1% at 300). Releases compose by
+    adding their curves (RDP composition); the conversion to ``(epsilon, delta)`` is Google's ``dp-accounting``
+    (``dp_accounting.rdp.compute_epsilon``: Canonne, Kamath and Steinke's conversion, tighter than Mironov's
+    ``min_alpha eps(alpha) + log(1/delta) / (alpha - 1)``: at variance 30 and ``delta = 1e-6``, 0.832 where
+    Mironov's gives 0.994).
     """
     if any(not v >= 0 for v in variances):
         raise ValueError(f"variances must be >= 0, got {list(variances)}")
