@@ -1,7 +1,8 @@
 """The market without Flower: PASS, scores, bids and the auction over a partitioned data set.
 
-Run ``python -m flmarket_flwr.demo`` (see ``--help``). Every step uses the library's public API the way a
-non-Flower integration would (:func:`run_demo` lists the steps).
+Run ``python -m flmarket_flwr.demo`` (see ``--help``). Using the library's public API the way a non-Flower
+integration would, it partitions the bundled digits data over ``E`` clients, sums their label counts with
+PASS, has each client score itself and bid its cost, and runs the reverse auction (details: ``run_demo``).
 """
 
 from __future__ import annotations
