@@ -1,48 +1,10 @@
-"""ClientApp of the FLMarket Flower app.
+"""ClientApp of the FLMarket Flower app: one ``ClientApp`` for the market and for training.
 
-One ``ClientApp`` serves every phase of a run:
-
-* **Market** (``query.market_*`` messages): registered with
-  :func:`~flmarket_flwr.market.register_market_handlers`. The client's label
-  counts ``N_e`` come from its partition; its bid is its (simulated,
-  heterogeneous) cost per sample times ``N_e``, plus a markup
-  (:func:`simulated_cost_bid`). The server only ever sees them masked (PASS).
-  A node started with ``--node-config "... identity-key='<pem>' identity-directory='<json>'"``
-  and a pin (``identity-directory-digest`` or ``identity-directory-signer``) signs its PASS key
-  advertisement and checks its neighbours' against the directory it pins (:func:`identity_key_of`,
-  :func:`identity_directory_of`). With ``market-ledger-dir='<dir>'`` in its node config it keeps
-  a release ledger there and refuses a market whose members differ too little from one it already
-  released a sum for (:func:`release_ledger_of`); with ``pass-complete-graph=true`` it takes part in
-  PASS only on the complete graph (:func:`complete_graph_of`), and with ``pass-min-participants=<n>``
-  only in a roster of at least ``n`` nodes (:func:`min_participants_of`); with
-  ``pass-split-tolerance=<c>`` its secrets withstand ``c`` colluding neighbours in a split consistency
-  round (:func:`split_tolerance_of`); with ``pass-dp-total-epsilon=<e>`` it refuses a release that would
-  take its composed epsilon past ``e`` (:func:`privacy_budget_of`, kept in its release ledger); with
-  ``market-buyer-key=<64 hex digits>`` it takes part only in a market whose terms name that buyer key,
-  which must sign the award before the node opens its counts (:func:`buyer_key_of`).
-* No other query: the baselines' raw-statistics query (RS, QBS, DICE, DDS) is answered
-  only by the experiments' ClientApp (:mod:`simulations.apps`), never by this one.
-* **Training** (``train`` / ``evaluate`` messages): plain local SGD on the
-  client's partition with the configured model, on CUDA when available.
-
-Every node-config key is declared once (:data:`NODE_CONFIG`: the market's keys,
-:mod:`flmarket_flwr.market.node_config`, and the app's own); a node config with an unknown key, a
-run-config key or a value that cannot work is refused at the first message (:class:`NodeConfigCheck`).
-
-The client's partition is ``node_config["partition-id"]`` out of
-``node_config["num-partitions"]`` (set by the simulation engine, or by
-``flower-supernode --node-config "partition-id=0 num-partitions=3"`` in a
-deployment).
-
-:func:`build_client_app` builds the app; ``app`` is the one that ``flwr run`` loads.
-``build_client_app(run_config)`` lays a fixed run config over the one Flower hands
-the app (:class:`RunConfigOverride`): :mod:`simulations.run` uses it to run a job's
-config through ``flwr.simulation.run_simulation``, which takes no run config.
-
-In a deployment every message runs in a fresh process, so this module keeps
-its import light for the market messages: the model (and with it ``torch``) is
-imported by the ``train`` and ``evaluate`` handlers only, and the label counts
-are computed once and then kept in ``context.state``.
+Market messages go to :func:`~flmarket_flwr.market.register_market_handlers` with the partition's label
+counts and a simulated cost bid; ``train`` / ``evaluate`` run local SGD on the partition
+(``node_config["partition-id"]`` of ``"num-partitions"``). Every node-config key is declared once
+(:data:`NODE_CONFIG`) and a bad node config is refused at the first message; :func:`build_client_app`
+describes the keys (docs/configuration.md). ``app`` is the one that ``flwr run`` loads.
 """
 
 from __future__ import annotations
@@ -338,6 +300,52 @@ def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
     -------
     ClientApp
         A new app.
+
+    Notes
+    -----
+    One ``ClientApp`` serves every phase of a run:
+
+    * **Market** (``query.market_*`` messages): registered with
+      :func:`~flmarket_flwr.market.register_market_handlers`. The client's label
+      counts ``N_e`` come from its partition; its bid is its (simulated,
+      heterogeneous) cost per sample times ``N_e``, plus a markup
+      (:func:`simulated_cost_bid`). The server only ever sees them masked (PASS).
+      A node started with ``--node-config "... identity-key='<pem>' identity-directory='<json>'"``
+      and a pin (``identity-directory-digest`` or ``identity-directory-signer``) signs its PASS key
+      advertisement and checks its neighbours' against the directory it pins (:func:`identity_key_of`,
+      :func:`identity_directory_of`). With ``market-ledger-dir='<dir>'`` in its node config it keeps
+      a release ledger there and refuses a market whose members differ too little from one it already
+      released a sum for (:func:`release_ledger_of`); with ``pass-complete-graph=true`` it takes part in
+      PASS only on the complete graph (:func:`complete_graph_of`), and with ``pass-min-participants=<n>``
+      only in a roster of at least ``n`` nodes (:func:`min_participants_of`); with
+      ``pass-split-tolerance=<c>`` its secrets withstand ``c`` colluding neighbours in a split consistency
+      round (:func:`split_tolerance_of`); with ``pass-dp-total-epsilon=<e>`` it refuses a release that would
+      take its composed epsilon past ``e`` (:func:`privacy_budget_of`, kept in its release ledger); with
+      ``market-buyer-key=<64 hex digits>`` it takes part only in a market whose terms name that buyer key,
+      which must sign the award before the node opens its counts (:func:`buyer_key_of`).
+    * No other query: the baselines' raw-statistics query (RS, QBS, DICE, DDS) is answered
+      only by the experiments' ClientApp (:mod:`simulations.apps`), never by this one.
+    * **Training** (``train`` / ``evaluate`` messages): plain local SGD on the
+      client's partition with the configured model, on CUDA when available.
+
+    Every node-config key is declared once (:data:`NODE_CONFIG`: the market's keys,
+    :mod:`flmarket_flwr.market.node_config`, and the app's own); a node config with an unknown key, a
+    run-config key or a value that cannot work is refused at the first message (:class:`NodeConfigCheck`).
+
+    The client's partition is ``node_config["partition-id"]`` out of
+    ``node_config["num-partitions"]`` (set by the simulation engine, or by
+    ``flower-supernode --node-config "partition-id=0 num-partitions=3"`` in a
+    deployment).
+
+    :func:`build_client_app` builds the app; ``app`` is the one that ``flwr run`` loads.
+    ``build_client_app(run_config)`` lays a fixed run config over the one Flower hands
+    the app (:class:`RunConfigOverride`): :mod:`simulations.run` uses it to run a job's
+    config through ``flwr.simulation.run_simulation``, which takes no run config.
+
+    In a deployment every message runs in a fresh process, so this module keeps
+    its import light for the market messages: the model (and with it ``torch``) is
+    imported by the ``train`` and ``evaluate`` handlers only, and the label counts
+    are computed once and then kept in ``context.state``.
     """
     mods: list[Any] = [NodeConfigCheck(NODE_CONFIG)]
     client = ClientApp(mods=[*mods, RunConfigOverride(run_config)] if run_config else mods)

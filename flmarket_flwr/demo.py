@@ -1,17 +1,8 @@
 """The market without Flower: PASS, scores, bids and the auction over a partitioned data set.
 
-Run ``python -m flmarket_flwr.demo`` (see ``--help``). Every step uses the library's public API
-the way a non-Flower integration would:
-
-1. partition the bundled digits data over ``E`` clients (global distribution ``dN``, Dirichlet);
-2. PASS v2 (:class:`~flmarket_flwr.pass_protocol.PassClient` and
-   :class:`~flmarket_flwr.pass_protocol.PassServer`, driven in this process): each client double-masks its
-   label counts (a self-mask and pairwise X25519/ChaCha20 masks with its graph neighbours, both secrets
-   Shamir-shared), and the server unmasks the exact global counts, never a client's own;
-3. each client scores itself from its own counts, the global counts and ``E``, and bids its cost
-   (a per-sample cost drawn per client, times its data volume, plus a markup);
-4. the reverse auction (:func:`~flmarket_flwr.pricing.run_auction`, the rule the market phase applies)
-   selects winners within the budget and pays each its critical value.
+Run ``python -m flmarket_flwr.demo`` (see ``--help``). Using the library's public API the way a non-Flower
+integration would, it partitions the bundled digits data over ``E`` clients, sums their label counts with
+PASS, has each client score itself and bid its cost, and runs the reverse auction (details: ``run_demo``).
 """
 
 from __future__ import annotations
@@ -78,7 +69,23 @@ def secure_global_counts(label_counts: np.ndarray, session: bytes, count_bound: 
 def run_demo(
     num_clients: int, distribution: str, budget: float, seed: int, markup: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, AuctionResult]:
-    """Partition, aggregate, score, bid and auction; return every intermediate result."""
+    """Partition, aggregate, score, bid and auction; return every intermediate result.
+
+    Notes
+    -----
+    Run ``python -m flmarket_flwr.demo`` (see ``--help``). Every step uses the library's public API
+    the way a non-Flower integration would:
+
+    1. partition the bundled digits data over ``E`` clients (global distribution ``dN``, Dirichlet);
+    2. PASS v2 (:class:`~flmarket_flwr.pass_protocol.PassClient` and
+       :class:`~flmarket_flwr.pass_protocol.PassServer`, driven in this process): each client double-masks its
+       label counts (a self-mask and pairwise X25519/ChaCha20 masks with its graph neighbours, both secrets
+       Shamir-shared), and the server unmasks the exact global counts, never a client's own;
+    3. each client scores itself from its own counts, the global counts and ``E``, and bids its cost
+       (a per-sample cost drawn per client, times its data volume, plus a markup);
+    4. the reverse auction (:func:`~flmarket_flwr.pricing.run_auction`, the rule the market phase applies)
+       selects winners within the budget and pays each its critical value.
+    """
     _, labels = load_digits_arrays()
     train_indices, _ = train_test_split_balanced(labels, seed=seed)
     partition = make_partition(labels[train_indices], num_clients, distribution=distribution, seed=seed)

@@ -1,32 +1,8 @@
-"""Models used by the FLMarket Flower app.
+"""Models of the FLMarket Flower app, built by name with :func:`build_model`.
 
-Four architectures, built by name with :func:`build_model`:
-
-``"digits_cnn"`` (default) -- :class:`DigitsCNN`
-    A small CNN for the 8x8 grey-scale images of scikit-learn's bundled ``digits``
-    data set (the embedded app that runs everywhere offline). About 38k parameters;
-    trains in milliseconds per batch on one CPU core.
-``"fmnist_cnn"`` -- :class:`FashionCNN`
-    A small CNN for 28x28 grey-scale images (Fashion-MNIST, ``dataset=fashion_mnist``): two
-    strided convolutions and a two-layer head, 106,122 parameters for 10 classes.
-``"resnet56"`` -- :class:`ResNet56`
-    The CIFAR variant of ResNet-56 (He et al., 2016, section 4.2) used by the paper
-    for CIFAR-10 and CINIC-10 (3x32x32 images, 10 classes). With the default option-A
-    shortcuts it has 853,018 parameters, the paper's "0.85 M".
-``"deap_cnn"`` -- :class:`DeapCNN`
-    The three-layer 1-D CNN the paper trains on the peripheral physiological signals
-    of DEAP (8 channels, a window of ``L`` samples; 2 or 4 classes). About 37k parameters.
-
-Model weights travel between the ServerApp and the ClientApps as Flower
-``ArrayRecord`` objects: use :func:`get_arrays` / :func:`set_arrays` (thin wrappers
-around ``ArrayRecord(model.state_dict())`` and ``ArrayRecord.to_torch_state_dict()``).
-
-Batch normalisation
-    :class:`ResNet56` and :class:`DeapCNN` use batch normalisation (as the originals do);
-    its running statistics are buffers of the ``state_dict``, so they travel in the
-    ``ArrayRecord`` and FedAvg averages them like the weights. Flower's averaging turns the
-    integer ``num_batches_tracked`` buffers into floats; :func:`set_arrays` casts them back
-    (``load_state_dict`` copies into the existing buffers).
+``digits_cnn`` (default), ``fmnist_cnn``, ``resnet56`` (the paper's, for CIFAR-10 and CINIC-10) and
+``deap_cnn`` (the paper's, for DEAP). Weights travel as Flower ``ArrayRecord`` s through :func:`get_arrays` /
+:func:`set_arrays`, which also restores the batch-norm counters FedAvg turns into floats.
 """
 
 from collections.abc import Callable, Sequence
@@ -393,6 +369,24 @@ def build_model(name: str = "digits_cnn", num_classes: int = 10, **options: obje
     ------
     ValueError
         If ``name`` is not a known model, or ``num_classes < 1``.
+
+    Notes
+    -----
+    Four architectures, built by name with :func:`build_model`:
+
+    ``"digits_cnn"`` (default) -- :class:`DigitsCNN`
+        A small CNN for the 8x8 grey-scale images of scikit-learn's bundled ``digits``
+        data set (the embedded app that runs everywhere offline). About 38k parameters.
+    ``"fmnist_cnn"`` -- :class:`FashionCNN`
+        A small CNN for 28x28 grey-scale images (Fashion-MNIST, ``dataset=fashion_mnist``): two
+        strided convolutions and a two-layer head, 106,122 parameters for 10 classes.
+    ``"resnet56"`` -- :class:`ResNet56`
+        The CIFAR variant of ResNet-56 (He et al., 2016, section 4.2) used by the paper
+        for CIFAR-10 and CINIC-10 (3x32x32 images, 10 classes). With the default option-A
+        shortcuts it has 853,018 parameters, the paper's "0.85 M".
+    ``"deap_cnn"`` -- :class:`DeapCNN`
+        The three-layer 1-D CNN the paper trains on the peripheral physiological signals
+        of DEAP (8 channels, a window of ``L`` samples; 2 or 4 classes). About 37k parameters.
     """
     key = _canonical_name(name)
     if key not in _REGISTRY:
@@ -424,5 +418,14 @@ def set_arrays(model: nn.Module, arrays: ArrayRecord) -> None:
     arrays : ArrayRecord
         Record built from a ``state_dict`` of the same architecture. Values are cast to
         the dtype of the model's own tensors (FedAvg turns integer buffers into floats).
+
+    Notes
+    -----
+    Batch normalisation
+        :class:`ResNet56` and :class:`DeapCNN` use batch normalisation (as the originals do);
+        its running statistics are buffers of the ``state_dict``, so they travel in the
+        ``ArrayRecord`` and FedAvg averages them like the weights. Flower's averaging turns the
+        integer ``num_batches_tracked`` buffers into floats; :func:`set_arrays` casts them back
+        (``load_state_dict`` copies into the existing buffers).
     """
     model.load_state_dict(arrays.to_torch_state_dict(), strict=True)

@@ -1,46 +1,10 @@
-"""Data, training and evaluation helpers of the FLMarket Flower app.
+"""Data, training and evaluation helpers of the FLMarket Flower app, free of any Flower message handling.
 
-Everything a ClientApp or the ServerApp needs to turn the run config into tensors
-and to train or evaluate a model lives here, free of any Flower message handling:
-
-* :class:`DataConfig` collects the data keys of the run config (data set and its
-  local folder, number of clients, global distribution, Dirichlet ``alpha``, seed,
-  test-set size, server-side validation split).
-* :func:`load_partition` / :func:`partition_label_counts` give a client its
-  training tensors and its per-class counts ``N_e`` (the market's input);
-  :func:`load_test_set` gives the server its held-out test set and
-  :func:`load_validation_set` its validation split (S-FedAvg values clients on it).
-  The raw data set, the splits and the partition are computed once per process and
-  cached (a Ray actor, a SuperExec-spawned ClientApp process or the ServerApp
-  process each keep their own copy).
-* :func:`data_embedding` is the small summary of a client's inputs, through a fixed
-  feature extractor, that the DDS baseline selector asks for (see :func:`embed_inputs`).
-* :func:`build_task_model` builds the configured model for the configured data set.
-* :func:`train` / :func:`evaluate` run plain mini-batch SGD and evaluation on
-  in-memory tensors: no ``DataLoader``, no worker processes, which is the fastest
-  option for data sets of this size on a CPU.
-
-Data sets come from :func:`flmarket_flwr.data.registry.load_dataset`: ``digits``
-(bundled, offline, the default), ``fashion_mnist`` (Debian's ``dataset-fashion-mnist``
-folder unless ``data-root`` names another), ``cifar10``, ``cinic10`` and ``deap`` (read
-from the local folder ``data-root``; nothing is downloaded). Images of CIFAR-10 and CINIC-10
-are standardised per channel with the registry's constants, once, at load time.
-
-Splits, in this order, all seeded by ``seed``:
-
-1. the data set's own held-out test set (digits: ``test-per-class`` per class);
-2. ``val-per-class`` samples per class of the training set become the server's
-   validation split (``0``, the default: none, and the training pool is exactly
-   the data set's training set). Every selector sees the same pool for a given
-   ``val-per-class``: set the same value for runs that are compared;
-3. the rest, the training pool, is partitioned over the clients
-   (:func:`~flmarket_flwr.data.partition.make_partition`).
-
-``torch`` is imported inside the functions that need tensors, not at module level:
-in a deployment every message runs in a fresh ClientApp process, and the four
-market messages only need the label counts. Skipping torch's import (about 2 s
-on a 2-core CPU) there cut the market phase of the 3-node loopback deployment
-test from 46 s to 34 s.
+:class:`DataConfig` reads the data keys of the run config; :func:`load_partition`,
+:func:`partition_label_counts`, :func:`load_test_set` and :func:`load_validation_set` turn it into tensors
+and counts (cached per process); :func:`train` / :func:`evaluate` run mini-batch SGD and evaluation on
+in-memory tensors. The data sets, the order of the splits and why ``torch`` is imported lazily are in
+:class:`DataConfig`.
 """
 
 from __future__ import annotations
@@ -140,6 +104,27 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
     schedule : str
         Pruning schedule of the global distributions: ``"geometric"`` (default) or ``"linear"``
         (the paper's Table 2; see :mod:`flmarket_flwr.data.partition`).
+
+    Notes
+    -----
+    Data sets come from :func:`flmarket_flwr.data.registry.load_dataset`: ``digits``
+    (bundled, offline, the default), ``fashion_mnist`` (Debian's ``dataset-fashion-mnist``
+    folder unless ``data-root`` names another), ``cifar10``, ``cinic10`` and ``deap`` (read
+    from the local folder ``data-root``; nothing is downloaded). Images of CIFAR-10 and CINIC-10
+    are standardised per channel with the registry's constants, once, at load time.
+
+    Splits, in this order, all seeded by ``seed``:
+
+    1. the data set's own held-out test set (digits: ``test-per-class`` per class);
+    2. ``val-per-class`` samples per class of the training set become the server's
+       validation split (``0``, the default: none, and the training pool is exactly
+       the data set's training set). Every selector sees the same pool for a given
+       ``val-per-class``: set the same value for runs that are compared;
+    3. the rest, the training pool, is partitioned over the clients
+       (:func:`~flmarket_flwr.data.partition.make_partition`).
+
+    ``torch`` is imported inside the functions that need tensors, not at module level: in a deployment
+    every message runs in a fresh ClientApp process, and the market messages only need the label counts.
     """
 
     dataset: str = default_as("dataset", str)

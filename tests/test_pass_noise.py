@@ -48,7 +48,7 @@ def exact_skellam_rdp(alpha: int, variance: float) -> float:
 def test_the_rdp_bound_lies_above_the_numeric_renyi_divergence_and_close_to_it(alpha: int, variance: float) -> None:
     exact, bound = exact_skellam_rdp(alpha, variance), skellam_rdp(alpha, variance)
     assert exact <= bound
-    if variance == 2:  # the docstring's "2 to 3.6 times the truth at variance 2"
+    if variance == 2:  # composed_epsilon's docstring: "2 to 3.6 times the truth at variance 2"
         assert 2 * exact <= bound <= 3.6 * exact
     if variance >= 30:  # the discretisation surcharge fades: within 15% of the truth at 30, 1% at 300
         assert bound <= (1.15 if variance < 300 else 1.01) * exact

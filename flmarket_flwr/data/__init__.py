@@ -1,16 +1,9 @@
-"""Data sets and federated partitions.
+"""Data sets and federated partitions: one loader per data set, the paper's partition, one entry point.
 
-* :mod:`flmarket_flwr.data.partition` — the paper's two-step partition: a globally
-  imbalanced distribution ``d1`` ... ``d7``, then a per-class Dirichlet split.
-* :mod:`flmarket_flwr.data.digits` — scikit-learn's bundled ``digits``, the offline
-  default data set; :mod:`flmarket_flwr.data.digits_xl` — a derived, larger digits set
-  (held-out originals, deformed training copies) in the paper's score regime.
-* :mod:`flmarket_flwr.data.cifar10`, :mod:`flmarket_flwr.data.cinic10`,
-  :mod:`flmarket_flwr.data.deap` — the paper's data sets, read from local folders in
-  their official formats (nothing is downloaded).
-* :mod:`flmarket_flwr.data.fashion_mnist` — Fashion-MNIST from its gzipped IDX files (Debian's
-  ``dataset-fashion-mnist`` by default): a real data set in the paper's score regime that installs offline.
-* :mod:`flmarket_flwr.data.registry` — :func:`load_dataset`, one entry point for all.
+:func:`~flmarket_flwr.data.registry.load_dataset` loads any data set by name (``digits``, the offline
+default, ``digits_xl``, ``fashion_mnist``, ``cifar10``, ``cinic10``, ``deap``); nothing is downloaded.
+:func:`~flmarket_flwr.data.partition.make_partition` splits a training pool over the clients the paper's
+way (a global distribution ``d1`` ... ``d7``, then a per-class Dirichlet split).
 """
 
 from flmarket_flwr.data.digits import (

@@ -1,17 +1,7 @@
 """Restricted reader of the Python 2 pickles that CIFAR-10 and DEAP ship.
 
-The official "CIFAR-10 python version" batches and DEAP's ``data_preprocessed_python``
-files are Python 2 ``cPickle`` files holding a ``dict`` of numpy arrays, lists and
-strings. They are read here with ``encoding="latin1"`` (numpy's recommended setting
-for Python 2 pickles: a Python 2 ``str`` becomes a ``str`` whose code points are the
-raw bytes, which numpy turns back into the array's buffer) and with a restricted
-unpickler: only the few globals that such files need (numpy's array and dtype
-reconstructors, and ``_codecs.encode`` that Python 3 uses for ``bytes`` at protocol
-2) may be loaded, so a foreign or malicious file raises ``ValueError`` instead of
-running code.
-
-Keys may come back as ``str`` (Python 2 files) or ``bytes`` (Python 3 files written
-with ``bytes`` keys); :func:`load_pickled_dict` returns them all as ``str``.
+Only the globals such files need may be loaded, so a foreign or malicious file raises ``ValueError`` instead
+of running code (:func:`load_pickled_dict`).
 """
 
 from __future__ import annotations
@@ -84,6 +74,14 @@ def load_pickled_dict(path: Path) -> dict[str, Any]:
     ValueError
         If the file is not a readable pickle of a ``dict``, or needs globals other
         than numpy's array reconstructors.
+
+    Notes
+    -----
+    The files are read with ``encoding="latin1"`` (numpy's setting for Python 2 pickles: a Python 2 ``str``
+    becomes a ``str`` whose code points are the raw bytes, which numpy turns back into the array's buffer) and
+    with a restricted unpickler: only numpy's array and dtype reconstructors and ``_codecs.encode`` (which
+    Python 3 uses for ``bytes`` at protocol 2) may be loaded. Keys come back as ``str`` whether the file
+    wrote ``str`` or ``bytes`` keys.
     """
     with open(path, "rb") as handle:
         try:

@@ -1,21 +1,7 @@
-"""CIFAR-10 from the official "CIFAR-10 python version" folder.
+"""CIFAR-10 from the official "CIFAR-10 python version" folder (nothing is downloaded).
 
-Nothing is downloaded: download ``cifar-10-python.tar.gz`` from
-https://www.cs.toronto.edu/~kriz/cifar.html yourself, extract it (``tar -xzf
-cifar-10-python.tar.gz``) and pass the resulting ``cifar-10-batches-py`` folder, or
-the folder that contains it, as ``root``::
-
-    root/cifar-10-batches-py/data_batch_1 ... data_batch_5   (10,000 images each)
-    root/cifar-10-batches-py/test_batch                      (10,000 images)
-    root/cifar-10-batches-py/batches.meta                    (class names)
-
-Each batch is a Python 2 pickle of a ``dict`` whose ``data`` entry is a ``uint8``
-array of shape ``(N, 3072)``: each row is one 32x32 colour image stored as three
-row-major channel planes, red (1,024 values), then green, then blue; ``labels`` is a
-list of ``N`` ints in ``0 .. 9``. :func:`load_cifar10` returns the images channels
-first, ``float32`` in ``[0, 1]`` (pixel / 255), with ``int64`` labels; normalising
-with :data:`CIFAR10_MEAN` / :data:`CIFAR10_STD` (:func:`normalize_images`) is left to
-the training code.
+Pass the extracted ``cifar-10-batches-py`` folder, or its parent, as ``root``; :func:`load_cifar10` says
+what it reads and returns. Normalising with :func:`normalize_images` is left to the training code.
 """
 
 from __future__ import annotations
@@ -169,6 +155,14 @@ def load_cifar10(
         If the folder or one of the split's batch files is missing.
     ValueError
         On an unknown split or a corrupt batch file (the message names the file).
+
+    Notes
+    -----
+    Download ``cifar-10-python.tar.gz`` from https://www.cs.toronto.edu/~kriz/cifar.html and extract it. Each
+    batch is a Python 2 pickle of a ``dict`` whose ``data`` entry is a ``uint8`` array of shape ``(N, 3072)``:
+    each row is one 32x32 colour image stored as three row-major channel planes (red, green, blue, 1,024
+    values each); ``labels`` is a list of ``N`` ints in ``0 .. 9``. Images are returned channels first,
+    pixel / 255.
     """
     if split not in CIFAR10_SPLITS:
         raise ValueError(f"CIFAR-10 split must be one of {sorted(CIFAR10_SPLITS)}, got {split!r}")

@@ -1,31 +1,8 @@
-"""CINIC-10 from the official folder of PNG files.
+"""CINIC-10 from the official folder of PNG files (nothing is downloaded).
 
-Nothing is downloaded: download ``CINIC-10.tar.gz`` (https://github.com/BayesWatch/cinic-10,
-files at https://datashare.ed.ac.uk/handle/10283/3192) yourself, extract it and pass
-the extracted folder as ``root``. The official layout is::
-
-    root/train/<class>/*.png     (9,000 images per class)
-    root/valid/<class>/*.png     (9,000 images per class)
-    root/test/<class>/*.png      (9,000 images per class)
-
-with ``<class>`` one of ``airplane automobile bird cat deer dog frog horse ship
-truck`` (labels ``0 .. 9`` in that order, the CIFAR-10 order). ``root`` may also be
-the parent of a ``CINIC-10`` folder with that layout. Every image is a 32x32 PNG;
-a few are greyscale and are converted to RGB (the grey value repeated in the three
-channels). Files are read in sorted file-name order within each class, classes in
-label order, so the result is deterministic.
-
-Reading and caching
--------------------
-The full set has 270,000 PNGs (90,000 per split); decoding one split takes a while,
-so the files are decoded by a pool of threads (Pillow releases the GIL while it
-decodes) and the result can be cached on disk: with ``cache=True``,
-:func:`load_cinic10` stores the decoded split as an uncompressed ``.npz`` (``uint8``,
-about 277 MB per split) named ``cinic10-<split>.npz`` in ``cache_dir``, by default the
-CINIC-10 folder itself (next to ``train/``, ``valid/``, ``test/``). The cache records a
-fingerprint of the split's file list (relative names and sizes); a later call reuses
-it when the fingerprint still matches and rebuilds it otherwise (also when it is
-unreadable). A cache that cannot be written (read-only folder) only gives a warning.
+Pass the extracted folder (``train/``, ``valid/``, ``test/``, one sub-folder per class), or its parent, as
+``root``. :func:`load_cinic10` decodes a split deterministically and can cache it on disk; its docstring
+gives the layout and the cache rules.
 """
 
 from __future__ import annotations
@@ -239,8 +216,7 @@ def load_cinic10(
     split : {"train", "valid", "test"}, default "train"
         The split.
     cache : bool, default False
-        Reuse (or create) the decoded split as ``cinic10-<split>.npz`` (see the module
-        docstring).
+        Reuse (or create) the decoded split as ``cinic10-<split>.npz`` (see the notes below).
     cache_dir : str or path-like, optional
         Folder of the cache (created if needed); default: the CINIC-10 folder.
     num_workers : int, optional
@@ -261,6 +237,19 @@ def load_cinic10(
     ValueError
         On an unknown split, a bad ``num_workers``, or an unreadable or wrongly sized
         image (the message names the file).
+
+    Notes
+    -----
+    Download ``CINIC-10.tar.gz`` (https://github.com/BayesWatch/cinic-10) and extract it. The layout is
+    ``root/<split>/<class>/*.png`` with ``<class>`` one of ``airplane automobile bird cat deer dog frog horse
+    ship truck`` (labels ``0 .. 9``, the CIFAR-10 order); every image is a 32x32 PNG, a greyscale one is
+    converted to RGB. Files are read in sorted file-name order within each class, classes in label order, so
+    the result is deterministic; a pool of threads decodes them.
+
+    With ``cache=True`` the decoded split is stored as an uncompressed ``cinic10-<split>.npz`` (``uint8``) in
+    ``cache_dir``. The cache records a fingerprint of the split's file list (relative names and sizes); a later
+    call reuses it when the fingerprint matches and rebuilds it otherwise (also when it is unreadable). A cache
+    that cannot be written only gives a warning.
     """
     workers = _check_workers(num_workers)
     paths, labels = list_cinic10_files(root, split)

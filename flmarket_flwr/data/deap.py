@@ -1,41 +1,9 @@
-"""DEAP peripheral physiological signals from the official preprocessed Python files.
+"""DEAP peripheral physiological signals from the official preprocessed Python files (nothing is downloaded).
 
-Nothing is downloaded: DEAP is distributed after signing its end-user licence
-(https://www.eecs.qmul.ac.uk/mmv/datasets/deap/). Download ``data_preprocessed_python.zip``,
-extract it, and pass the ``data_preprocessed_python`` folder, or the folder that
-contains it, as ``root``::
-
-    root/data_preprocessed_python/s01.dat ... s32.dat
-
-Each ``sNN.dat`` is a Python 2 pickle of a ``dict`` with ``data``, an array of shape
-``(40 trials, 40 channels, 8064 samples)`` (128 Hz, 63 s: a 3 s pre-trial baseline,
-then the 60 s trial), and ``labels``, an array ``(40, 4)`` of the self-assessed
-valence, arousal, dominance and liking ratings in ``[1, 9]``. Any number of trials is
-accepted (the channel count and the trial length must be the official ones).
-
-What the loader returns
------------------------
-* **Channels**: the 8 peripheral channels, indices 32..39 (:data:`PERIPHERAL_CHANNEL_NAMES`:
-  hEOG, vEOG, zEMG, tEMG, GSR, respiration belt, plethysmograph, temperature); the 32
-  EEG channels are not used (the paper trains on peripheral signals).
-* **Windows**: the 3 s baseline (384 samples) is dropped; the remaining 60 s (7,680
-  samples) are cut into consecutive non-overlapping windows of ``window_seconds``
-  (default 4 s = 512 samples, 15 windows per trial); samples left over at the end of
-  a trial (when the window does not divide 60 s) are dropped. Each window inherits
-  its trial's label.
-* **Standardisation** (default on): per subject and per channel, over all of the
-  subject's kept samples (every trial and window), ``(x - mean) / std`` (a constant
-  channel becomes zeros). This removes between-subject offsets and gains, as is usual
-  for peripheral signals; it uses no label.
-* **Labels**: binary (``num_classes=2``) for one rating dimension: ``1`` (high) when
-  the rating is above 5 (:data:`HIGH_RATING_THRESHOLD`), else ``0`` (low). Quaternary
-  (``label="valence_arousal"``, ``num_classes=4``): the valence x arousal quadrant,
-  ``0`` HVHA, ``1`` HVLA, ``2`` LVHA, ``3`` LVLA (:data:`QUADRANT_NAMES`; H = rating
-  above 5, L = at most 5).
-
-DEAP has no official test split; :func:`deap_train_test_split` holds out whole trials
-(all windows of a trial on the same side, so windows of one trial never leak between
-training and test) chosen per subject by seed.
+Pass the ``data_preprocessed_python`` folder (``s01.dat`` ... ``s32.dat``, after signing DEAP's licence), or
+its parent, as ``root``. :func:`load_deap_windows` cuts the 8 peripheral channels into labelled windows;
+:func:`deap_train_test_split` holds out whole trials, so windows of one trial never leak between training
+and test. Their docstrings give the channels, windows, standardisation and labels.
 """
 
 from __future__ import annotations
@@ -340,7 +308,7 @@ def load_deap_windows(
         The ``data_preprocessed_python`` folder, or the folder that contains it.
     label : str, default "valence_arousal"
         ``"valence"``, ``"arousal"``, ``"dominance"``, ``"liking"`` (binary) or
-        ``"valence_arousal"`` (quadrants); see the module docstring.
+        ``"valence_arousal"`` (quadrants); see the notes below.
     num_classes : int, optional
         2 or 4; must agree with ``label`` (inferred when omitted).
     window_seconds : float, default 4.0
@@ -349,7 +317,7 @@ def load_deap_windows(
     subjects : iterable of int, optional
         Subject numbers ``1 .. 32``; default: every ``sNN.dat`` in the folder.
     standardize : bool, default True
-        Standardise each channel per subject (see the module docstring).
+        Standardise each channel per subject (see the notes below).
 
     Returns
     -------
@@ -362,6 +330,22 @@ def load_deap_windows(
         If the folder or a requested subject's file is missing.
     ValueError
         On invalid options or a corrupt file (the message names the file).
+
+    Notes
+    -----
+    Each ``sNN.dat`` is a Python 2 pickle of a ``dict`` with ``data`` ``(trials, 40 channels, 8064 samples)``
+    (128 Hz, 63 s: a 3 s pre-trial baseline, then the 60 s trial) and ``labels`` ``(trials, 4)``: valence,
+    arousal, dominance and liking ratings in ``[1, 9]``. Any number of trials is accepted.
+
+    * Channels: the 8 peripheral channels, indices 32..39 (:data:`PERIPHERAL_CHANNEL_NAMES`); the 32 EEG
+      channels are not used.
+    * Windows: the 3 s baseline is dropped; the 60 s trial is cut into consecutive non-overlapping windows of
+      ``window_seconds`` (samples left over at the end are dropped). Each window inherits its trial's label.
+    * Standardisation (default on): per subject and per channel, over all of the subject's kept samples,
+      ``(x - mean) / std`` (a constant channel becomes zeros); it uses no label.
+    * Labels: binary for one rating dimension, ``1`` when the rating is above 5
+      (:data:`HIGH_RATING_THRESHOLD`), else ``0``; quaternary (``"valence_arousal"``): the valence x arousal
+      quadrant, ``0`` HVHA, ``1`` HVLA, ``2`` LVHA, ``3`` LVLA (:data:`QUADRANT_NAMES`; H = above 5).
     """
     classes = _check_label(label, num_classes)
     window = _window_samples(window_seconds)

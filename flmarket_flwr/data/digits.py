@@ -1,13 +1,7 @@
-"""scikit-learn's bundled ``digits``: the offline default data set.
+"""scikit-learn's bundled ``digits`` (1,797 8x8 images, 10 classes): the offline default data set.
 
-``sklearn.datasets.load_digits`` ships with scikit-learn (no download): 1,797 real
-8x8 grey-scale images of hand-written digits, 10 classes, 174..183 images per class,
-pixel values 0..16. It lets the whole pipeline (market, then federated training of a
-small CNN) run anywhere, offline, in seconds.
-
-A balanced held-out test set is taken first (:func:`train_test_split_balanced`); the
-rest is the training pool that :func:`flmarket_flwr.data.partition.make_partition`
-splits over the clients.
+A balanced held-out test set is taken first (:func:`train_test_split_balanced`); the rest is the training
+pool that :func:`flmarket_flwr.data.partition.make_partition` splits over the clients.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
-"""``digits_xl``: a derived digits data set large enough for the paper's score regime.
+"""``digits_xl``: a data set derived from scikit-learn's digits, large enough for the paper's score regime.
 
-A data set *derived* from scikit-learn's bundled 8x8 ``digits`` (not a real one): the test set is
-held out first, ``test_per_class`` real images per class; every remaining (training) original is
-kept and joined by ``variants_per_image`` deformed copies made with the InfiMNIST recipe (Loosli et
-al. 2007): a random affine map (rotation, scale, shear, shift), an elastic displacement field
-(Simard et al. 2003: uniform noise smoothed by a Gaussian) and additive pixel noise. The test set
-holds only held-out originals, so no training image derives from a test image (each image carries
-its source id in ``train_groups`` / ``test_groups``). With the defaults, 124 to 133 originals per
-class times 12 give about 1,500 training images per class: the score's ``alpha = N_s / (E C)`` is
-74 at ``d1`` with 20 clients and 15 with 100, against 2 to 7 on plain digits.
-
-The arrays are deterministic in ``generation_seed`` and the options, generated on first use in
-about a second (one vectorised ``scipy.ndimage.map_coordinates`` call) and cached as ``.npz`` under
-``$FLMARKET_CACHE_DIR`` (default ``~/.cache/flmarket``). Deformation strength: 0.75 of
-:data:`REFERENCE_STRENGTH`, chosen with ``simulations/premise.py`` (:data:`CHOSEN_STRENGTH_FACTOR`).
+Real originals per class are held out as the test set first; each remaining original is kept and joined by
+deformed copies (the InfiMNIST recipe: random affine map, elastic field, pixel noise), so no training image
+derives from a test image (``train_groups`` / ``test_groups`` name each image's source). The arrays are
+deterministic in ``generation_seed`` and the options, generated on first use and cached under
+``$FLMARKET_CACHE_DIR`` (:func:`load_digits_xl`).
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
-"""Fashion-MNIST (Xiao et al., 2017) from its four gzipped IDX files.
+"""Fashion-MNIST (Xiao et al., 2017) from its four gzipped IDX files (nothing is downloaded).
 
-A real data set in the paper's score regime that installs offline: Debian's ``dataset-fashion-mnist``
-package (``apt-get install dataset-fashion-mnist``, MIT licence) puts the official files in
-:data:`DEBIAN_FASHION_MNIST_DIR`, the default folder; ``root`` (the app's ``data-root``) overrides it::
-
-    root/train-images-idx3-ubyte.gz   60,000 images, 28x28, uint8
-    root/train-labels-idx1-ubyte.gz   60,000 labels, 0 .. 9
-    root/t10k-images-idx3-ubyte.gz    10,000 images (the official test set)
-    root/t10k-labels-idx1-ubyte.gz    10,000 labels
-
-An IDX file is a big-endian header, two zero bytes, a type code (``0x08``: unsigned byte), the number
-of dimensions and each dimension as a 4-byte unsigned integer, followed by the values in C order.
-:func:`read_idx` parses it with numpy; :func:`load_fashion_mnist` checks the header of each file (magic
-number, type, shape) and that labels lie in ``0 .. 9`` and match the images in number, and returns the
-images as ``float32`` in ``[0, 1]``, ``(N, 1, 28, 28)``, with ``int64`` labels. Nothing is downloaded.
-Files already decompressed (the same names without ``.gz``) are read as well.
+The default folder is Debian's ``dataset-fashion-mnist`` package (:data:`DEBIAN_FASHION_MNIST_DIR`); ``root``
+(the app's ``data-root``) overrides it. :func:`read_idx` parses one IDX file and :func:`load_fashion_mnist`
+checks each file's header and labels before it returns a split.
 """
 
 from __future__ import annotations

@@ -1,90 +1,10 @@
-"""Label-based federated partitions: imbalanced global distribution, then Dirichlet.
+"""Label-based federated partitions (the paper's set-up): an imbalanced global distribution, then Dirichlet.
 
-The FLMarket paper (section "FL Training Set Up" and the appendix "The example of
-generating training dataset") builds each client's data in two steps:
-
-1. **Global distribution.** Classes are pruned to turn the balanced data set into a
-   globally imbalanced one: ``d1`` (balanced) ... ``d6`` (most imbalanced), plus
-   ``d7`` (even more imbalanced, used for CINIC-10). :func:`global_distribution_indices`.
-2. **Dirichlet split.** Each class of the global distribution is spread over the
-   ``E`` clients with a Dirichlet(``alpha`` = 0.5) draw. :func:`dirichlet_split`.
-
-:func:`make_partition` chains both and returns a :class:`Partition` with the
-per-client index arrays and the ``(E, C)`` label-count matrix (the ``N_e`` that the
-market's PASS and scoring steps use).
-
-Pruning schedule
-----------------
-The paper only says classes are "randomly pruned", incrementally from D2 to D6.
-We fix a documented, deterministic schedule:
-
-* every class is first cut down to the size ``m`` of the smallest (present) class,
-  so ``d1`` is exactly balanced even when the raw data is not (``digits`` has
-  174..183 samples per class);
-* the ``C`` classes are ranked by a permutation drawn from ``seed``; the class at
-  rank ``r`` (``0 .. C - 1``) keeps ``round(m * rho_d ** (r / (C - 1)))`` samples,
-  at least 1. The kept fraction decays geometrically from 1 (rank 0) down to the
-  level's minimum keep ratio ``rho_d`` (:data:`MIN_KEEP_RATIO`);
-* which samples of a class are kept is a seeded random choice. The class ranking and
-  the order in which each class's samples are dropped depend on ``seed`` only, not on
-  the level, so the levels are nested: for one seed, the samples kept at ``d{k+1}``
-  are a subset of those kept at ``d{k}`` ("we incrementally remove data").
-
-With 5,000 samples per class (CIFAR-10) this gives a largest/smallest class ratio of
-1, 2, 4, 10, 20, 50 and 100 for ``d1`` ... ``d7``, and total sizes of 50,000, 36,226,
-27,518, 20,434, 17,027, 13,999 and 12,408 samples. On the digits training pool
-(144..153 per class) the ratios are 1, 2, 4, 10.3, 20.6, 48 and 144 (rounding).
-The ratio table is the brief's; we kept it because the resulting ratios are round,
-strictly increasing numbers (the paper gives no numbers for its levels).
-
-Linear schedule (``schedule="linear"``, opt-in; the geometric one stays the default): the
-paper's Table 2 column sums for its four rarest CIFAR-10 classes at D6 are 2,000, 1,500,
-1,000 and 500 of 5,000, i.e. 40, 30, 20 and 10%: equal steps, smallest class at 10%. Here
-the class at rank ``r`` keeps ``1 - (1 - rho_d) * r / (C - 1)`` of the balanced size, with
-``rho_d`` (:data:`LINEAR_MIN_KEEP_RATIO`) falling in equal steps from 1 at ``d1`` to 0.1 at
-``d6`` (``d7``: 0.05). At ``d6`` with 10 classes that is 100, 90, ..., 10%: Table 2's tail
-exactly. Ranking and sample order are the geometric schedule's, so the levels stay nested.
-
-Dirichlet split
----------------
-For each class present among the global-distribution indices, the class's indices are
-shuffled, a proportion vector ``p ~ Dir(alpha * 1_E)`` is drawn, and the shuffled
-indices are cut at ``floor(cumsum(p) * n_c)``. When some client ends up with fewer
-than ``min_samples_per_client`` samples, all proportions are redrawn (at most
-``max_attempts`` times), which is the rule of Flower's ``DirichletPartitioner``
-without its optional ``self_balancing``.
-
-The default minimum is 1 sample: every client then has something to train on,
-whichever selector (random selection included) picks it. Pass 0 to accept empty
-clients and keep the plain Dirichlet statistics. The redraws condition the split on
-the minimum; that is free when the pool is large (CIFAR-10, 100 clients: the first
-draw passes) but not for tiny pools with many clients: on the digits training pool
-with 100 clients a draw passes with probability ~8.5% at ``d5``, ~0.56% at ``d6`` and
-~0.055% at ``d7`` (measured over 20,000 draws). Hence the generous default of 10,000
-attempts (about 0.1 ms each, so at most ~1 s before the error), with which digits
-with 100 clients partitions at ``d5``, ``d6`` and ``d7`` for each of 50 seeds tried.
-
-Why not ``flwr_datasets.partitioner.DirichletPartitioner``
-----------------------------------------------------------
-It implements the same per-class Dirichlet scheme, but it needs a Hugging Face
-``datasets.Dataset`` (a dependency the core path does not otherwise need), it splits
-each class in storage order (shuffling only afterwards) and it caps the redraws at 10
-attempts. Measured on 50,000 labels (10 classes x 5,000), 100 clients, alpha 0.5,
-minimum partition size 1, median of 7 runs on the 2-core development machine
-(flwr-datasets 0.6.1, datasets 4.8.5): building the ``datasets.Dataset`` takes ~2 ms,
-but the partitioning then takes **0.6 to 1.2 s** (depending on machine load), nearly
-all of it in ``np.array(dataset["label"])``, which with ``datasets`` 4 iterates
-the lazy column row by row. This module's numpy implementation takes **~4 ms** for
-the split and **~7 ms** for the whole :func:`make_partition` (pruning included).
-So we keep a small numpy implementation of the same scheme: no extra dependency, any
-1-D integer label array (digits, CIFAR-10, CINIC-10, DEAP), ~150x faster.
-
-Seeds
------
-All randomness comes from :func:`numpy.random.default_rng` seeded with
-``[seed, stream]``, one stream for pruning and one for the split, so changing
-``alpha`` or the number of clients never changes which samples the global
-distribution keeps. Same arguments (and numpy version), same partition.
+:func:`global_distribution_indices` prunes the data set to ``d1`` (balanced) ... ``d7`` (most imbalanced),
+:func:`dirichlet_split` spreads each class over the ``E`` clients, and :func:`make_partition` chains both
+into a :class:`Partition` (per-client indices and the ``(E, C)`` label counts the market uses). The levels
+are nested and every draw is seeded; the schedules are in :func:`global_distribution_indices`, the redraw
+rule in :func:`dirichlet_split`, the seeds in :func:`make_partition`.
 """
 
 from __future__ import annotations
@@ -139,7 +59,7 @@ LINEAR_MIN_KEEP_RATIO: Final[dict[str, float]] = {
 from 1 at ``d1`` to 0.1 at ``d6``, the paper's Table 2 tail; ``d7`` halves it again)."""
 
 SCHEDULES: Final[tuple[str, ...]] = ("geometric", "linear")
-"""Names of the pruning schedules (see the module docstring)."""
+"""Names of the pruning schedules (see :func:`global_distribution_indices`)."""
 
 DEFAULT_SCHEDULE: Final[str] = "geometric"
 """The schedule used unless another is asked for."""
@@ -261,7 +181,7 @@ def keep_fractions(distribution: str, num_ranked: int, schedule: str = DEFAULT_S
     num_ranked : int
         Number of ranked classes.
     schedule : str, default "geometric"
-        ``"geometric"`` or ``"linear"`` (see the module docstring).
+        ``"geometric"`` or ``"linear"`` (see :func:`global_distribution_indices`).
 
     Returns
     -------
@@ -290,7 +210,7 @@ def global_distribution_indices(
 ) -> IndexArray:
     """Indices kept by pruning the data set to a global distribution.
 
-    See the module docstring for the schedule. Classes absent from ``labels`` stay
+    The schedule is in the notes below. Classes absent from ``labels`` stay
     absent; the others are balanced to the smallest present class, then pruned.
 
     Parameters
@@ -315,6 +235,22 @@ def global_distribution_indices(
     ------
     ValueError
         On an unknown distribution, invalid labels or an invalid seed.
+
+    Notes
+    -----
+    The paper only says classes are "randomly pruned", incrementally from D2 to D6; the schedule is fixed here:
+
+    * every class is first cut down to the size ``m`` of the smallest present class, so ``d1`` is exactly
+      balanced even when the raw data is not;
+    * the ``C`` classes are ranked by a permutation drawn from ``seed``. Geometric schedule (the default): the
+      class at rank ``r`` keeps ``round(m * rho_d ** (r / (C - 1)))`` samples, at least 1, with ``rho_d`` the
+      level's minimum keep ratio (:data:`MIN_KEEP_RATIO`; largest/smallest class ratio 1, 2, 4, 10, 20, 50 and
+      100 for ``d1`` ... ``d7``). Linear schedule (``schedule="linear"``): the class at rank ``r`` keeps
+      ``1 - (1 - rho_d) * r / (C - 1)`` of ``m``, with ``rho_d`` (:data:`LINEAR_MIN_KEEP_RATIO`) falling in
+      equal steps from 1 at ``d1`` to 0.1 at ``d6`` (``d7``: 0.05), the tail of the paper's Table 2;
+    * which samples of a class are kept is a seeded random choice. The ranking and the order in which each
+      class's samples are dropped depend on ``seed`` only, not on the level, so the levels are nested: for one
+      seed, the samples kept at ``d{k+1}`` are a subset of those kept at ``d{k}``.
     """
     name = _normalise_distribution(distribution)
     array, _ = as_label_array(labels, num_classes)
@@ -377,6 +313,13 @@ def dirichlet_split(
     ValueError
         On invalid arguments, when fewer than ``num_clients * min_samples_per_client``
         samples are given, or when no draw met the minimum within ``max_attempts``.
+
+    Notes
+    -----
+    This is the rule of Flower's ``DirichletPartitioner`` without its ``self_balancing``, on any 1-D integer
+    label array. The redraws condition the split on the minimum: free for large pools, but a tiny pool over
+    many clients needs many attempts, hence the generous default of ``max_attempts``. Pass
+    ``min_samples_per_client=0`` to accept empty clients and keep the plain Dirichlet statistics.
     """
     array, _ = as_label_array(labels)
     subset = _as_index_array(indices, len(array))
@@ -441,6 +384,12 @@ def make_partition(
     ------
     ValueError
         On invalid arguments or an unsatisfiable minimum client size.
+
+    Notes
+    -----
+    All randomness comes from :func:`numpy.random.default_rng` seeded with ``[seed, stream]``, one stream for
+    pruning and one for the split, so changing ``alpha`` or the number of clients never changes which samples
+    the global distribution keeps. Same arguments (and numpy version), same partition.
     """
     array, classes = as_label_array(labels, num_classes)
     name = _normalise_distribution(distribution)

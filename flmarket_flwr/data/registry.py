@@ -1,45 +1,7 @@
-"""One entry point for every data set: :func:`load_dataset`.
+"""One entry point for every data set: :func:`load_dataset` (training set and held-out set, by name).
 
-========== ========================= ============================================ =======================
-name       data                      test set                                     root
-========== ========================= ============================================ =======================
-digits     scikit-learn's bundled    balanced held-out set, ``test_per_class``    not needed (ignored)
-           8x8 digits, 10 classes    (default 30) per class, drawn by ``seed``
-digits_xl  digits plus deformed      held-out real originals, ``test_per_class``  optional: the cache
-           copies (derived, see      (default 50) per class, drawn by             folder of the generated
-           :mod:`.digits_xl`)        ``generation_seed`` (not ``seed``)           arrays
-digits_xl  digits_xl upsampled to    as ``digits_xl``                             as ``digits_xl``
-_rgb32     3x32x32 (ResNet-56's
-           input shape)
-cifar10    CIFAR-10, 10 classes      the official ``test_batch`` (10,000)         ``cifar-10-batches-py``
-                                                                                  or its parent
-cinic10    CINIC-10, 10 classes      official ``test/`` (``split="test"``) or     CINIC-10 folder or its
-                                     ``valid/`` (``split="valid"``), 90,000       parent
-deap       DEAP peripheral signals,  whole trials held out per subject,           ``data_preprocessed_python``
-           2 or 4 classes            ``test_fraction`` (default 0.2) by ``seed``  or its parent
-fashion    Fashion-MNIST, 28x28      the official ``t10k`` files (10,000)         optional: the IDX folder
-_mnist     grey-scale, 10 classes                                                 (default: Debian's
-                                                                                  ``dataset-fashion-mnist``)
-========== ========================= ============================================ =======================
-
-Options (keyword arguments after ``seed``):
-
-* ``digits``: ``test_per_class``.
-* ``digits_xl``: ``test_per_class``, ``variants_per_image``, ``generation_seed``, ``strength``, ``cache_dir``
-  (see :func:`~flmarket_flwr.data.digits_xl.load_digits_xl`); ``train_groups`` / ``test_groups`` hold
-  each image's source original, for leakage checks.
-* ``digits_xl_rgb32``: as ``digits_xl``; each image bilinearly resized to 32x32 and repeated over 3 channels
-  (:func:`~flmarket_flwr.data.digits_xl.upsample_to_rgb`).
-* ``cifar10``, ``fashion_mnist``: none.
-* ``cinic10``: ``cache``, ``cache_dir``, ``num_workers`` (see :func:`~flmarket_flwr.data.cinic10.load_cinic10`)
-  and ``include_valid`` (default ``False``; ``True`` trains on ``train/`` + ``valid/``, 180,000 images,
-  and needs ``split="test"``).
-* ``deap``: ``label`` (default ``"valence_arousal"``, 4 classes), ``num_classes``, ``window_seconds``
-  (default 4), ``subjects``, ``standardize`` (see :func:`~flmarket_flwr.data.deap.load_deap_windows`)
-  and ``test_fraction``.
-
-``seed`` only matters where the test set is drawn (``digits``, ``deap``); the official
-splits ignore it, so callers may always pass it.
+Its docstring tables each data set's test split, ``root`` folder and options; ``seed`` only matters where
+the test set is drawn (``digits``, ``deap``), so callers may always pass it. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -157,7 +119,7 @@ def load_dataset(
     ----------
     name : str
         ``"digits"``, ``"digits_xl"``, ``"digits_xl_rgb32"``, ``"cifar10"``, ``"cinic10"``, ``"deap"`` or
-        ``"fashion_mnist"`` (see the module table).
+        ``"fashion_mnist"`` (see the notes below).
     root : str or path-like, optional
         Local data folder; required for ``cifar10``, ``cinic10`` and ``deap`` (an empty string counts as
         not given; ``fashion_mnist`` then reads Debian's folder). Nothing is ever downloaded.
@@ -182,6 +144,49 @@ def load_dataset(
         On an option the data set does not accept.
     FileNotFoundError
         If the data folder or its files are missing (the message says what to put where).
+
+    Notes
+    -----
+    ========== ========================= ============================================ =======================
+    name       data                      test set                                     root
+    ========== ========================= ============================================ =======================
+    digits     scikit-learn's bundled    balanced held-out set, ``test_per_class``    not needed (ignored)
+               8x8 digits, 10 classes    (default 30) per class, drawn by ``seed``
+    digits_xl  digits plus deformed      held-out real originals, ``test_per_class``  optional: the cache
+               copies (derived, see      (default 50) per class, drawn by             folder of the generated
+               :mod:`.digits_xl`)        ``generation_seed`` (not ``seed``)           arrays
+    digits_xl  digits_xl upsampled to    as ``digits_xl``                             as ``digits_xl``
+    _rgb32     3x32x32 (ResNet-56's
+               input shape)
+    cifar10    CIFAR-10, 10 classes      the official ``test_batch`` (10,000)         ``cifar-10-batches-py``
+                                                                                      or its parent
+    cinic10    CINIC-10, 10 classes      official ``test/`` (``split="test"``) or     CINIC-10 folder or its
+                                         ``valid/`` (``split="valid"``), 90,000       parent
+    deap       DEAP peripheral signals,  whole trials held out per subject,           ``data_preprocessed_python``
+               2 or 4 classes            ``test_fraction`` (default 0.2) by ``seed``  or its parent
+    fashion    Fashion-MNIST, 28x28      the official ``t10k`` files (10,000)         optional: the IDX folder
+    _mnist     grey-scale, 10 classes                                                 (default: Debian's
+                                                                                      ``dataset-fashion-mnist``)
+    ========== ========================= ============================================ =======================
+
+    Options (keyword arguments after ``seed``):
+
+    * ``digits``: ``test_per_class``.
+    * ``digits_xl``: ``test_per_class``, ``variants_per_image``, ``generation_seed``, ``strength``, ``cache_dir``
+      (see :func:`~flmarket_flwr.data.digits_xl.load_digits_xl`); ``train_groups`` / ``test_groups`` hold
+      each image's source original, for leakage checks.
+    * ``digits_xl_rgb32``: as ``digits_xl``; each image bilinearly resized to 32x32 and repeated over 3 channels
+      (:func:`~flmarket_flwr.data.digits_xl.upsample_to_rgb`).
+    * ``cifar10``, ``fashion_mnist``: none.
+    * ``cinic10``: ``cache``, ``cache_dir``, ``num_workers`` (see :func:`~flmarket_flwr.data.cinic10.load_cinic10`)
+      and ``include_valid`` (default ``False``; ``True`` trains on ``train/`` + ``valid/``, 180,000 images,
+      and needs ``split="test"``).
+    * ``deap``: ``label`` (default ``"valence_arousal"``, 4 classes), ``num_classes``, ``window_seconds``
+      (default 4), ``subjects``, ``standardize`` (see :func:`~flmarket_flwr.data.deap.load_deap_windows`)
+      and ``test_fraction``.
+
+    ``seed`` only matters where the test set is drawn (``digits``, ``deap``); the official
+    splits ignore it, so callers may always pass it.
     """
     key = canonical_dataset_name(name)
     unknown = sorted(set(options) - set(DATASET_OPTIONS[key]))

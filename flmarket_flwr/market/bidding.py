@@ -1,22 +1,8 @@
 """Bid policies: how a client prices its data in the reverse auction.
 
-A bid policy is any callable ``(label_counts, score, context) -> float``
-(:class:`BidPolicy`). It runs on the client, after the client has computed its
-own score from the broadcast global counts, and must return a finite bid
-``> 0``; the server excludes any other bid from the auction.
-
-The auction is truthful: bidding the true cost (``markup=0``) is a dominant
-strategy. A positive markup models clients that ask for a margin anyway.
-
-A client without data has nothing to sell: :class:`CostBasedBid` raises
-:class:`NoBidError` for it, the client handler turns that into an error reply,
-and the server leaves the client out of the auction with that reason.
-
-What a bid reveals to the buyer: :class:`CostBasedBid` and :class:`SimulatedCostBid`
-bid ``cost x N_e x (1 + markup)``, so anyone who knows the cost learns the data volume
-``N_e`` exactly (the simulated cost is a public hash of partition id and seed);
-:class:`BucketedCostBid` prices ``N_e`` rounded up to a geometric bucket, so the bid
-reveals only the bucket (``N_e`` within a factor ``ratio``).
+A bid policy is any callable ``(label_counts, score, context) -> float`` (:class:`BidPolicy`) that returns a
+finite bid ``> 0``. The auction is truthful, so bidding the true cost (``markup=0``) is a dominant strategy.
+What each policy's bid reveals about the data volume is in its class docstring (docs/threat-model.md).
 """
 
 from __future__ import annotations
@@ -66,6 +52,20 @@ class BidPolicy(Protocol):
     -------
     float
         The bid ``b_e``, finite and ``> 0``.
+
+    Notes
+    -----
+    A bid policy is any callable ``(label_counts, score, context) -> float``
+    (:class:`BidPolicy`). It runs on the client, after the client has computed its
+    own score from the broadcast global counts, and must return a finite bid
+    ``> 0``; the server excludes any other bid from the auction.
+
+    The auction is truthful: bidding the true cost (``markup=0``) is a dominant
+    strategy. A positive markup models clients that ask for a margin anyway.
+
+    A client without data has nothing to sell: :class:`CostBasedBid` raises
+    :class:`NoBidError` for it, the client handler turns that into an error reply,
+    and the server leaves the client out of the auction with that reason.
     """
 
     def __call__(self, label_counts: NDArray[np.int64], score: float, context: Context) -> float:
@@ -120,6 +120,14 @@ class CostBasedBid:
     ------
     NoBidError
         When called for a client with ``N_e = 0``.
+
+    Notes
+    -----
+    What a bid reveals to the buyer: :class:`CostBasedBid` and :class:`SimulatedCostBid`
+    bid ``cost x N_e x (1 + markup)``, so anyone who knows the cost learns the data volume
+    ``N_e`` exactly (the simulated cost is a public hash of partition id and seed);
+    :class:`BucketedCostBid` prices ``N_e`` rounded up to a geometric bucket, so the bid
+    reveals only the bucket (``N_e`` within a factor ``ratio``).
     """
 
     cost_per_sample: float

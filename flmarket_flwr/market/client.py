@@ -5,46 +5,10 @@ Usage::
     app = ClientApp()
     register_market_handlers(app, get_label_counts=my_label_counts, bid_policy=CostBasedBid(0.01))
 
-The client enforces its own disclosure rules, whatever the server asks:
-
-* its label-count vector ``N_e`` is never sent during PASS (the server gets public keys, encrypted
-  shares of other clients' secrets, and ``Y_e``, which is uniform on its own). It opens its counts
-  commitment to the buyer once, for the audit of its score, and only as a *winner* of a signed award
-  (:mod:`flmarket_flwr.market.award`): the buyer's terms (budget, cohort cap, its Ed25519 key; with
-  ``buyer_key`` pinned by the node) come with the advertisement, before PASS; after the auction the
-  client checks the buyer-signed award (its own score and bid as sent, the winners and payments those
-  of ``run_auction`` over the listed bids under the terms) and endorses it; it opens only for the
-  latest award it endorsed, that pays it at least its bid, and with a directory that ``t`` other
-  members endorsed (so the buyer cannot show different bidders different awards). The signed award
-  is its receipt (:func:`read_award`). ``audit=False`` makes it refuse, and then it cannot be paid.
-  Its score and bid are functions of its counts and are sent: ``CostBasedBid`` reveals ``N_e`` to
-  anyone who knows its cost (docs/threat-model.md);
-* at most one released PASS session per run: a client joins a fresh session of the same run (the
-  server's re-run after a session failed before releasing anything) only if it was never asked to
-  unmask nor to bid in that run, and after an unmask request it refuses every later session, so the
-  server never gets two sums of one run to difference; each step is answered once, in order. Two runs are two sums:
-  with a ``release_ledger`` (:mod:`flmarket_flwr.market.ledger`) the client records the members of
-  every sum it releases, in its own directory, and refuses to unmask for a survivor set that,
-  differenced with an earlier one, would isolate fewer than ``min_roster_change`` clients. That rule
-  does not stop colluders who leave with a victim; the noise does: before its masked input leaves, the
-  ledger records the release's privacy cost and refuses it past the node's total budget, if it has one;
-* with an identity key and a ``directory`` (the secure set-up) its advert is signed under the run,
-  the session and the roster, its neighbours' adverts are checked the same way, and it unmasks only
-  for the survivor set it signed, with ``t`` of its neighbours' signatures on it (the consistency
-  round); without them the server is trusted to relay keys and sets (semi-honest server only);
-* a neighbour whose shares do not open is accused, not fatal: the client masks without it and sends
-  that edge's channel secret with a proof of it, which opens the edge's two share pairs (both of which
-  the accused holds) and nothing else; only when the accused proved possession of its cipher key, and
-  with a directory only for a ciphertext its sender signed; left with fewer than ``t`` senders by its
-  accusations it withdraws, sending them without a masked input;
-* it bids once, for the session whose sum it took part in, with that session's ``E`` and
-  transcript hash; a global count below its own is refused (with ``noise``: below its own by more than
-  the noise's tail);
-* private key material lives only in ``context.state`` and is deleted once it has masked, on every
-  refusal, and at the final award (which the server sends to every node it contacted);
-* error replies say only which step was refused; the details go to the client's own log. One
-  exception: when the app's own ``get_label_counts`` raises, the reply names that exception (type and
-  message), so the server can report the root cause instead of a protocol symptom.
+The client enforces its own disclosure rules whatever the server asks: it never sends its counts during
+PASS, releases at most one sum per run, opens its counts only as a winner of an award it checked and
+endorsed, and wipes its keys; the rules are listed in :func:`register_market_handlers` (tests:
+docs/threat-model.md).
 """
 
 from __future__ import annotations
@@ -334,6 +298,49 @@ def register_market_handlers(
         If ``complete_graph`` is neither a bool nor a callable (a string such as ``"false"`` must not pass),
         or ``min_participants`` or ``split_tolerance`` neither an int (a bool is not one) nor a callable,
         or ``buyer_key`` neither 32 bytes nor a callable.
+
+    Notes
+    -----
+    The client enforces its own disclosure rules, whatever the server asks:
+
+    * its label-count vector ``N_e`` is never sent during PASS (the server gets public keys, encrypted
+      shares of other clients' secrets, and ``Y_e``, which is uniform on its own). It opens its counts
+      commitment to the buyer once, for the audit of its score, and only as a *winner* of a signed award
+      (:mod:`flmarket_flwr.market.award`): the buyer's terms (budget, cohort cap, its Ed25519 key; with
+      ``buyer_key`` pinned by the node) come with the advertisement, before PASS; after the auction the
+      client checks the buyer-signed award (its own score and bid as sent, the winners and payments those
+      of ``run_auction`` over the listed bids under the terms) and endorses it; it opens only for the
+      latest award it endorsed, that pays it at least its bid, and with a directory that ``t`` other
+      members endorsed (so the buyer cannot show different bidders different awards). The signed award
+      is its receipt (:func:`read_award`). ``audit=False`` makes it refuse, and then it cannot be paid.
+      Its score and bid are functions of its counts and are sent: ``CostBasedBid`` reveals ``N_e`` to
+      anyone who knows its cost (docs/threat-model.md);
+    * at most one released PASS session per run: a client joins a fresh session of the same run (the
+      server's re-run after a session failed before releasing anything) only if it was never asked to
+      unmask nor to bid in that run, and after an unmask request it refuses every later session, so the
+      server never gets two sums of one run to difference; each step is answered once, in order. Two runs are two sums:
+      with a ``release_ledger`` (:mod:`flmarket_flwr.market.ledger`) the client records the members of
+      every sum it releases, in its own directory, and refuses to unmask for a survivor set that,
+      differenced with an earlier one, would isolate fewer than ``min_roster_change`` clients. That rule
+      does not stop colluders who leave with a victim; the noise does: before its masked input leaves, the
+      ledger records the release's privacy cost and refuses it past the node's total budget, if it has one;
+    * with an identity key and a ``directory`` (the secure set-up) its advert is signed under the run,
+      the session and the roster, its neighbours' adverts are checked the same way, and it unmasks only
+      for the survivor set it signed, with ``t`` of its neighbours' signatures on it (the consistency
+      round); without them the server is trusted to relay keys and sets (semi-honest server only);
+    * a neighbour whose shares do not open is accused, not fatal: the client masks without it and sends
+      that edge's channel secret with a proof of it, which opens the edge's two share pairs (both of which
+      the accused holds) and nothing else; only when the accused proved possession of its cipher key, and
+      with a directory only for a ciphertext its sender signed; left with fewer than ``t`` senders by its
+      accusations it withdraws, sending them without a masked input;
+    * it bids once, for the session whose sum it took part in, with that session's ``E`` and
+      transcript hash; a global count below its own is refused (with ``noise``: below its own by more than
+      the noise's tail);
+    * private key material lives only in ``context.state`` and is deleted once it has masked, on every
+      refusal, and at the final award (which the server sends to every node it contacted);
+    * error replies say only which step was refused; the details go to the client's own log. One
+      exception: when the app's own ``get_label_counts`` raises, the reply names that exception (type and
+      message), so the server can report the root cause instead of a protocol symptom.
     """
     if not (complete_graph is None or isinstance(complete_graph, bool) or callable(complete_graph)):
         raise TypeError(f"complete_graph must be a bool or a callable of the context, got {complete_graph!r}")

@@ -5,34 +5,9 @@ Usage::
     outcome = MarketPhase(config).run(grid)
     result = strategy.start(grid=WinnersGrid(grid, outcome.winners, seed=42), initial_arrays=arrays)
 
-:class:`WinnersGrid` is a :class:`flwr.serverapp.Grid` that wraps the ``Grid`` given to the
-``ServerApp``. Message-API strategies (``FedAvg``, ``FedProx``, ``FedAdam``, ...) only sample
-nodes from ``grid.get_node_ids()`` and send through ``grid.send_and_receive``; the view shows
-them the winners only and refuses any message to another node, so they run unchanged.
-
-Seeded sampling
-    Flower's strategies sample with ``random.sample`` on Python's module-level generator
-    (``flwr.serverapp.strategy.strategy_utils.sample_nodes``), which no argument seeds. With
-    ``seed=...``, every ``get_node_ids()`` call of the view reseeds that module-level generator
-    from a private stream started at ``seed``, just before the strategy draws its sample from
-    the returned list: the cohorts of every round are then a function of ``seed`` alone, whatever
-    else consumed randomness in between. This touches the global ``random`` state (and only it;
-    numpy and torch generators are left alone). With ``seed=None`` (default) nothing is reseeded.
-
-Reply order
-    ``send_and_receive`` returns the replies in the view's node order (the order given at
-    construction, e.g. the auction's), not in arrival order. A strategy sums the replies' arrays
-    in the order it gets them, and a floating-point sum depends on that order: arrival order (or
-    node-id order: Flower's simulation draws node ids at random each run) would make the global
-    model differ in its last bits from run to run, and the accuracy with it.
-
-Strategy settings
-    A strategy waits, forever, until ``min_available_nodes`` (and ``min_train_nodes`` /
-    ``min_evaluate_nodes``) nodes are visible. Through this view only winners are visible: keep
-    those settings ``<= len(outcome.winners)``. If every winner leaves, no setting can be met:
-    the view then raises :class:`NoWinnerConnectedError` from ``get_node_ids()`` once no winner
-    has been connected for ``absent_timeout`` seconds, so the strategy stops instead of waiting
-    forever.
+:class:`WinnersGrid` shows a Message-API strategy the winners only and refuses any message to another
+node, so the strategy runs unchanged; its docstring gives the seeded sampling, the reply order and the
+strategy settings to keep ``<= len(outcome.winners)``.
 """
 
 from __future__ import annotations
@@ -85,6 +60,32 @@ class WinnersGrid(Grid):
         If ``node_ids`` is empty, or ``absent_timeout`` is negative.
     TypeError
         If a node id is not an int.
+
+    Notes
+    -----
+    Seeded sampling
+        Flower's strategies sample with ``random.sample`` on Python's module-level generator
+        (``flwr.serverapp.strategy.strategy_utils.sample_nodes``), which no argument seeds. With
+        ``seed=...``, every ``get_node_ids()`` call of the view reseeds that module-level generator
+        from a private stream started at ``seed``, just before the strategy draws its sample from
+        the returned list: the cohorts of every round are then a function of ``seed`` alone, whatever
+        else consumed randomness in between. This touches the global ``random`` state (and only it;
+        numpy and torch generators are left alone). With ``seed=None`` (default) nothing is reseeded.
+
+    Reply order
+        ``send_and_receive`` returns the replies in the view's node order (the order given at
+        construction, e.g. the auction's), not in arrival order. A strategy sums the replies' arrays
+        in the order it gets them, and a floating-point sum depends on that order: arrival order (or
+        node-id order: Flower's simulation draws node ids at random each run) would make the global
+        model differ in its last bits from run to run, and the accuracy with it.
+
+    Strategy settings
+        A strategy waits, forever, until ``min_available_nodes`` (and ``min_train_nodes`` /
+        ``min_evaluate_nodes``) nodes are visible. Through this view only winners are visible: keep
+        those settings ``<= len(outcome.winners)``. If every winner leaves, no setting can be met:
+        the view then raises :class:`NoWinnerConnectedError` from ``get_node_ids()`` once no winner
+        has been connected for ``absent_timeout`` seconds, so the strategy stops instead of waiting
+        forever.
     """
 
     def __init__(
@@ -233,7 +234,7 @@ class WinnersGrid(Grid):
     ) -> Iterable[Message]:
         """Send messages (all to nodes of the view, or none at all) and wait for the replies.
 
-        The replies come back in the view's node order (see the module docstring), a list.
+        The replies come back in the view's node order (see the notes of :class:`WinnersGrid`), a list.
 
         Raises
         ------

@@ -1,27 +1,8 @@
 """An in-process ``Grid`` that runs a real ``ClientApp`` per node: no Ray, no SuperLink.
 
-Production code runs on it (the experiments engine's ``market="protocol"``, the benchmarks) as well as
-the tests.
-
-:class:`InProcessGrid` delivers every message the way Flower's runtimes do, only synchronously
-and in one process:
-
-* each message crosses Flower's own wire format (the object-tree ``deflate``/``inflate`` used by
-  the SuperLink), in both directions, so only what a ``RecordDict`` can really carry arrives;
-* each node keeps its ``Context`` as serialised protobuf bytes and gets a freshly deserialised
-  ``Context`` for every message (deployment runs each message in a fresh process, so state that
-  is not in ``context.state`` is lost, exactly as there); the bytes are those of Flower's
-  ``context_to_proto``, made and read by :mod:`flmarket_flwr.market.records` without Flower's
-  per-item overhead;
-* a ``ClientApp`` exception becomes an error reply (``ErrorCode.CLIENT_APP_RAISED_EXCEPTION``)
-  and the node's context is not updated, as in Flower's simulation and deployment runtimes.
-
-Test hooks: ``reply_hook(instruction, reply)`` may replace a reply or drop it (return ``None``:
-the server sees a timeout); :attr:`InProcessGrid.received_wire` holds the serialised bytes of
-every reply the server received, for privacy checks; replies come back in shuffled order.
-
-Constructing the grid sets Flower's process-wide ``TaskIdentity`` to a ServerApp identity
-(as ``flwr.simulation.run_simulation`` does), so ``Message(...)`` can be built in tests.
+:class:`InProcessGrid` delivers every message the way Flower's runtimes do (Flower's wire format both ways,
+a freshly deserialised ``Context`` per message, an exception as an error reply), only synchronously and in
+one process. The experiments engine, the benchmarks and the tests run on it.
 """
 
 from __future__ import annotations
@@ -115,6 +96,28 @@ class InProcessGrid(Grid):
         Called with each (instruction, reply); returns the reply to deliver or ``None``.
     shuffle_seed : int or None (default: 0)
         Seed of the shuffling of each batch of replies; ``None`` keeps sending order.
+
+    Notes
+    -----
+    :class:`InProcessGrid` delivers every message the way Flower's runtimes do, only synchronously
+    and in one process:
+
+    * each message crosses Flower's own wire format (the object-tree ``deflate``/``inflate`` used by
+      the SuperLink), in both directions, so only what a ``RecordDict`` can really carry arrives;
+    * each node keeps its ``Context`` as serialised protobuf bytes and gets a freshly deserialised
+      ``Context`` for every message (deployment runs each message in a fresh process, so state that
+      is not in ``context.state`` is lost, exactly as there); the bytes are those of Flower's
+      ``context_to_proto``, made and read by :mod:`flmarket_flwr.market.records` without Flower's
+      per-item overhead;
+    * a ``ClientApp`` exception becomes an error reply (``ErrorCode.CLIENT_APP_RAISED_EXCEPTION``)
+      and the node's context is not updated, as in Flower's simulation and deployment runtimes.
+
+    Test hooks: ``reply_hook(instruction, reply)`` may replace a reply or drop it (return ``None``:
+    the server sees a timeout); :attr:`InProcessGrid.received_wire` holds the serialised bytes of
+    every reply the server received, for privacy checks; replies come back in shuffled order.
+
+    Constructing the grid sets Flower's process-wide ``TaskIdentity`` to a ServerApp identity
+    (as ``flwr.simulation.run_simulation`` does), so ``Message(...)`` can be built in tests.
     """
 
     def __init__(  # pylint: disable=too-many-arguments

@@ -1,30 +1,10 @@
 """A node's release ledger: refuse a PASS sum that, differenced with one it already released, isolates a few clients.
 
-PASS releases one sum per run, but two runs are two sums: ``N_s(run 1) - N_s(run 2)`` is the total of the
-clients in one member set and not the other, and a victim present in run 1 and absent from run 2 is isolated
-exactly. The victim never sees run 2; the clients that take part in both do, and each keeps, in a directory of
-its own (:class:`ReleaseLedger`), one record per sum it helped release: the run id, the session and the
-hashed member set. Before it releases again it checks the new member set ``N`` against every earlier one
-``P``: the difference of the two sums is ``sum(P \\ N) - sum(N \\ P)``, and a server that knows the counts of
-one side (sybils, colluders) learns the other side's total, so each one-sided difference must be empty or hold
-at least ``min_roster_change`` members (:func:`isolates_a_small_group`). Default 3, the smallest sum PASS
-releases at all.
-
-Writes are atomic (a temporary file, ``fsync``, ``os.replace``) and serialised between processes by a lock
-file; the record is written *before* the release (write-ahead), so a crash never loses one. A ledger that
-cannot be read or written fails closed: :class:`LedgerError` naming the file, and the node releases nothing.
-The buyer's side is :class:`RosterHistory`: the member sets of the sums its own markets released, from which
-:func:`plan_roster` leaves out the few clients whose presence would make some ledger refuse, so that a market
-under churn runs over fewer clients instead of being refused (``MarketConfig(roster_history=...)``).
-
-The ledger does not stop colluders: two clients of the server's that leave together with a victim make a
-one-sided change of 3, which the rule allows, and ``N_s(1) - N_s(2)`` minus their own counts is the victim's.
-What bounds that attack is the noise (:mod:`flmarket_flwr.pass_protocol.noise`), composed over releases: the
-ledger also records each release's privacy cost (:meth:`ReleaseLedger.spend`, write-ahead, when the client's
-masked input is about to leave) and, given the node's :class:`~flmarket_flwr.pass_protocol.noise.PrivacyBudget`,
-refuses the release that would take the composed ``epsilon`` past it (:class:`BudgetExhausted`).
-Pure Python, no Flower, standard library only at import: the market client calls it
-(:func:`flmarket_flwr.market.register_market_handlers`); the budget brings its own accountant.
+:class:`ReleaseLedger` keeps, in the node's own directory, one write-ahead record per sum it released and the
+privacy each release spent, and refuses a release that :func:`isolates_a_small_group` or that would exceed the
+node's :class:`~flmarket_flwr.pass_protocol.noise.PrivacyBudget`; it fails closed. The buyer's side,
+:class:`RosterHistory` and :func:`plan_roster`, leaves out the clients a ledger would refuse. Pure Python, no
+Flower (docs/threat-model.md).
 """
 
 from __future__ import annotations
@@ -177,7 +157,7 @@ def plan_roster(
 
 
 class ReleaseLedger:
-    """The releases of one node, persisted in ``directory`` (one directory per node, never shared).
+    r"""The releases of one node, persisted in ``directory`` (one directory per node, never shared).
 
     Parameters
     ----------
@@ -188,6 +168,34 @@ class ReleaseLedger:
     budget : PrivacyBudget, optional
         The node's total ``(epsilon, delta)`` over all its releases; :meth:`spend` refuses a release past it.
         ``None``: spends are recorded, none is refused.
+
+    Notes
+    -----
+    PASS releases one sum per run, but two runs are two sums: ``N_s(run 1) - N_s(run 2)`` is the total of the
+    clients in one member set and not the other, and a victim present in run 1 and absent from run 2 is isolated
+    exactly. The victim never sees run 2; the clients that take part in both do, and each keeps, in a directory of
+    its own (:class:`ReleaseLedger`), one record per sum it helped release: the run id, the session and the
+    hashed member set. Before it releases again it checks the new member set ``N`` against every earlier one
+    ``P``: the difference of the two sums is ``sum(P \ N) - sum(N \ P)``, and a server that knows the counts of
+    one side (sybils, colluders) learns the other side's total, so each one-sided difference must be empty or hold
+    at least ``min_roster_change`` members (:func:`isolates_a_small_group`). Default 3, the smallest sum PASS
+    releases at all.
+
+    Writes are atomic (a temporary file, ``fsync``, ``os.replace``) and serialised between processes by a lock
+    file; the record is written *before* the release (write-ahead), so a crash never loses one. A ledger that
+    cannot be read or written fails closed: :class:`LedgerError` naming the file, and the node releases nothing.
+    The buyer's side is :class:`RosterHistory`: the member sets of the sums its own markets released, from which
+    :func:`plan_roster` leaves out the few clients whose presence would make some ledger refuse, so that a market
+    under churn runs over fewer clients instead of being refused (``MarketConfig(roster_history=...)``).
+
+    The ledger does not stop colluders: two clients of the server's that leave together with a victim make a
+    one-sided change of 3, which the rule allows, and ``N_s(1) - N_s(2)`` minus their own counts is the victim's.
+    What bounds that attack is the noise (:mod:`flmarket_flwr.pass_protocol.noise`), composed over releases: the
+    ledger also records each release's privacy cost (:meth:`ReleaseLedger.spend`, write-ahead, when the client's
+    masked input is about to leave) and, given the node's :class:`~flmarket_flwr.pass_protocol.noise.PrivacyBudget`,
+    refuses the release that would take the composed ``epsilon`` past it (:class:`BudgetExhausted`).
+    Pure Python, no Flower, standard library only at import: the market client calls it
+    (:func:`flmarket_flwr.market.register_market_handlers`); the budget brings its own accountant.
     """
 
     def __init__(

@@ -1,39 +1,9 @@
 """Wire format of the market phase: message types, record keys and reply validation.
 
-Every market message, in both directions, carries one ``ConfigRecord`` under :data:`RECORD_KEY`. Each
-step is a Flower ``query`` message (message type ``query.<action>``):
-
-====================  ==========================================  ==========================================
-Action                Server -> client                            Client -> server (reply)
-====================  ==========================================  ==========================================
-``market_advertise``  session, PASS index, ``C``, count bound,    cipher and mask public keys (32 bytes
-                      graph-seed commitment, roster fingerprint;  each), Ed25519 signature (or empty);
-                      the terms: budget, cohort cap, buyer key    with a release ledger: ``roster-wanted``
-``market_share``      participants, graph seed, the neighbours'   one encrypted share pair per neighbour,
-                      keys (and signatures, node ids); to the     and a digest of each pair
-                      clients that asked, the roster's node ids
-                      (in index order)
-``market_mask``       the share ciphertexts addressed to it,      masked counts ``Y_e`` (``C`` little-endian
-                      their digests and signatures                uint64 words), counts commitment, the
-                                                                  senders whose shares did not open, each
-                                                                  with the proven channel secret
-``market_survivors``  survivors, dropped (only with an identity    Ed25519 signature on that set
-                      directory: the consistency round)
-``market_unmask``     survivors, dropped (and the neighbours'     self-mask shares of survivors, key
-                      signatures on them)                         shares of the dropped
-``market_bid``        session, ``N_s``, ``E``, transcript hash    score, bid
-``market_endorse``    session, the award and the buyer's          Ed25519 endorsement of the award's digest
-                      signature on it                             (empty without an identity key)
-``market_audit``      session, the award, its signature and the   the counts and the commitment nonce
-                      endorsements (node id + signature each)
-``market_award``      session, the final award and its            accepted
-                      signature (to a client that endorsed it:
-                      its digest instead of the award; none if
-                      the market aborted)
-====================  ==========================================  ==========================================
-
-The helpers below turn one reply into typed values or raise :class:`ReplyError` with a reason that the
-server logs before excluding the node.
+Every market message, in both directions, carries one ``ConfigRecord`` under :data:`RECORD_KEY`; each step is
+a Flower ``query`` message ``query.<action>`` (:func:`message_type` lists the actions and what each carries).
+The helpers turn one reply into typed values or raise :class:`ReplyError` with a reason that the server logs
+before excluding the node.
 """
 
 from __future__ import annotations
@@ -158,6 +128,40 @@ def message_type(action: str) -> str:
     -------
     str
         The message type, e.g. ``"query.market_bid"``.
+
+    Notes
+    -----
+    Every market message, in both directions, carries one ``ConfigRecord`` under :data:`RECORD_KEY`. Each
+    step is a Flower ``query`` message (message type ``query.<action>``):
+
+    ====================  ==========================================  ==========================================
+    Action                Server -> client                            Client -> server (reply)
+    ====================  ==========================================  ==========================================
+    ``market_advertise``  session, PASS index, ``C``, count bound,    cipher and mask public keys (32 bytes
+                          graph-seed commitment, roster fingerprint;  each), Ed25519 signature (or empty);
+                          the terms: budget, cohort cap, buyer key    with a release ledger: ``roster-wanted``
+    ``market_share``      participants, graph seed, the neighbours'   one encrypted share pair per neighbour,
+                          keys (and signatures, node ids); to the     and a digest of each pair
+                          clients that asked, the roster's node ids
+                          (in index order)
+    ``market_mask``       the share ciphertexts addressed to it,      masked counts ``Y_e`` (``C`` little-endian
+                          their digests and signatures                uint64 words), counts commitment, the
+                                                                      senders whose shares did not open, each
+                                                                      with the proven channel secret
+    ``market_survivors``  survivors, dropped (only with an identity    Ed25519 signature on that set
+                          directory: the consistency round)
+    ``market_unmask``     survivors, dropped (and the neighbours'     self-mask shares of survivors, key
+                          signatures on them)                         shares of the dropped
+    ``market_bid``        session, ``N_s``, ``E``, transcript hash    score, bid
+    ``market_endorse``    session, the award and the buyer's          Ed25519 endorsement of the award's digest
+                          signature on it                             (empty without an identity key)
+    ``market_audit``      session, the award, its signature and the   the counts and the commitment nonce
+                          endorsements (node id + signature each)
+    ``market_award``      session, the final award and its            accepted
+                          signature (to a client that endorsed it:
+                          its digest instead of the award; none if
+                          the market aborted)
+    ====================  ==========================================  ==========================================
     """
     if action not in ACTIONS:
         raise ValueError(f"unknown market action {action!r}; expected one of {ACTIONS}")

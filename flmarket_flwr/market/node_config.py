@@ -1,9 +1,9 @@
-"""The market's node-config schema: each key a SuperNode's operator sets for the market, once, with its type,
-default, check and meaning; the readers of those keys; and a ``ClientApp`` mod that refuses a node config with
-an unknown key, a run-config key, or a value that cannot work.
+"""The market's node-config schema, the readers of its keys, and a ``ClientApp`` mod that checks a node config.
 
-An app declares its own keys and builds its schema (``MARKET_SCHEMA.extended(app_keys, run_config_keys=...)``);
-``python -m flmarket_flwr.market.node_config`` prints the market's keys.
+Each key is one a SuperNode's operator sets for the market, with its type, default, check and meaning. The mod
+refuses an unknown key, a run-config key, or a value that cannot work. An app declares its own keys and builds
+its schema (``MARKET_SCHEMA.extended(app_keys, run_config_keys=...)``); ``python -m
+flmarket_flwr.market.node_config`` prints the market's keys.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """PASS over Flower messages: the server's rounds of :class:`~flmarket_flwr.pass_protocol.PassServer`.
 
-Each round sends one ``query`` message per client (``market_advertise``, ``market_share``,
-``market_mask``, with an identity directory the consistency round ``market_survivors``, and
-``market_unmask``) whose ``ConfigRecord`` is the
-protocol message's own record, and feeds the valid replies back to the pure protocol object, which builds
-the next round. A node whose reply is missing, an error or malformed leaves PASS at that round with a
-logged reason; the dropped clients' masks are recovered from Shamir shares, never by a second sum, and a
-session that cannot finish safely stops with :class:`MarketError`. Whether it stopped before any unmask
-request went out (:attr:`PassRounds.unmask_requested`) decides whether the market phase may run a fresh
-session without the clients it named: no client has then released anything.
+:class:`PassRounds` sends each round's ``query`` message to every client (the protocol message's own
+``ConfigRecord``) and feeds the valid replies back to the pure protocol object, which builds the next round.
+A node whose reply is missing, an error or malformed leaves PASS at that round with a logged reason.
 """
 
 from __future__ import annotations
@@ -103,6 +97,18 @@ class PassRounds:
     terms : Mapping[str, Any], optional
         The market's terms (budget, cohort cap, buyer key: :mod:`flmarket_flwr.market.award`), sent with
         every advertise request so that they are fixed before any count is summed.
+
+    Notes
+    -----
+    Each round sends one ``query`` message per client (``market_advertise``, ``market_share``,
+    ``market_mask``, with an identity directory the consistency round ``market_survivors``, and
+    ``market_unmask``) whose ``ConfigRecord`` is the
+    protocol message's own record, and feeds the valid replies back to the pure protocol object, which builds
+    the next round. A node whose reply is missing, an error or malformed leaves PASS at that round with a
+    logged reason; the dropped clients' masks are recovered from Shamir shares, never by a second sum, and a
+    session that cannot finish safely stops with :class:`MarketError`. Whether it stopped before any unmask
+    request went out (:attr:`PassRounds.unmask_requested`) decides whether the market phase may run a fresh
+    session without the clients it named: no client has then released anything.
     """
 
     def __init__(

@@ -1,23 +1,10 @@
 """Flower ``ConfigRecord`` s built, read and serialised without Flower's per-item overhead; same rules, same bytes.
 
-The market moves tens of thousands of records per phase (one per message and per client state). Flower's
-``ConfigRecord.__setitem__`` type-checks every value through several layers of ``typing`` calls (about 15 us
-per item), its deserialisation builds each record through that same ``__setitem__``, and its serialisation
-tries every allowed type in turn. The helpers below apply **the same checks** (a ``str`` key; a scalar of
-``bool``, ``int``, ``float``, ``str`` or ``bytes``; a list whose items are all instances of its first item's
-type, that type being one of those) in one pass, and write the checked values into the record; the
-serialisers give **byte for byte** the protobuf Flower's :mod:`flwr.common.serde` gives (a test compares
-them), falling back to Flower's own functions for every case they do not handle themselves.
-
-The same holds for a node's ``Context`` (:func:`context_to_bytes` gives ``context_to_proto``'s bytes) and
-for Flower's wire format, the object tree of a message (:func:`deflate_message` gives what Flower's grids
-push, deflating each object once; :func:`inflate_message` reads it back as Flower does).
-
-Flower is pinned (``constraints.txt``); this module uses some of its internals: the record's storage
-``record.__dict__["_data"]``, set by Flower's ``TypedDict`` and checked on import (a Flower that changes it gets
-Flower's own ``record[key] = value``, :data:`FAST_STORAGE`), ``_record_value_to_proto`` and
-``_get_computed_object_ids``. ``tests/test_market_records.py`` compares every function here with Flower's own
-on random records, contexts and messages.
+The helpers apply Flower's own checks in one pass (:func:`check_value`) and serialise a record, a node's
+``Context`` (:func:`context_to_bytes`) and a message's object tree (:func:`deflate_message`,
+:func:`inflate_message`) byte for byte as Flower does, falling back to Flower's functions for what they do
+not handle. They rely on a few Flower internals, checked on import (:data:`FAST_STORAGE`);
+``tests/test_market_records.py`` compares every function with Flower's own.
 """
 
 from __future__ import annotations
@@ -117,7 +104,19 @@ def config_record(values: Mapping[str, Any]) -> ConfigRecord:
 
 
 def set_values(record: ConfigRecord, values: Mapping[str, Any]) -> None:
-    """``record[key] = value`` for every item, with Flower's checks made once per item."""
+    """``record[key] = value`` for every item, with Flower's checks made once per item.
+
+    Notes
+    -----
+    The market moves tens of thousands of records per phase (one per message and per client state). Flower's
+    ``ConfigRecord.__setitem__`` type-checks every value through several layers of ``typing`` calls, its deserialisation
+    builds each record through that same ``__setitem__``, and its serialisation
+    tries every allowed type in turn. The helpers below apply **the same checks** (a ``str`` key; a scalar of
+    ``bool``, ``int``, ``float``, ``str`` or ``bytes``; a list whose items are all instances of its first item's
+    type, that type being one of those) in one pass, and write the checked values into the record; the
+    serialisers give **byte for byte** the protobuf Flower's :mod:`flwr.common.serde` gives (a test compares
+    them), falling back to Flower's own functions for every case they do not handle themselves.
+    """
     if not FAST_STORAGE:
         for key, value in values.items():
             record[key] = value
@@ -244,6 +243,14 @@ def deflate_message(message: Message) -> dict[str, bytes]:
     ``no_object_id_recompute()`` (what Flower's grids push), but every object is deflated once (Flower
     deflates each record once for its id, then again for its content) and ``ConfigRecord`` s through
     :func:`config_record_to_proto`. The objects keep their ids, as with Flower.
+
+    Notes
+    -----
+    Flower is pinned (``constraints.txt``); this module uses some of its internals: the record's storage
+    ``record.__dict__["_data"]``, set by Flower's ``TypedDict`` and checked on import (a Flower that changes it gets
+    Flower's own ``record[key] = value``, :data:`FAST_STORAGE`), ``_record_value_to_proto`` and
+    ``_get_computed_object_ids``. ``tests/test_market_records.py`` compares every function here with Flower's own
+    on random records, contexts and messages.
     """
     contents: dict[str, bytes] = {}
     with no_object_id_recompute():

@@ -1,32 +1,10 @@
 """Server side of the market: PASS, scores and bids, the audited reverse auction and the awards, over a ``Grid``.
 
-Steps (each a round of Flower ``query`` messages, see :mod:`flmarket_flwr.market.messages`):
-
-1. Wait for the nodes (bounded), leave out those a ``roster_history`` says would make the clients' release
-   ledgers refuse (:meth:`MarketPhase.planned_roster`), and run PASS over the rest
-   (:mod:`flmarket_flwr.market.pass_rounds`): the server learns the global counts ``N_s`` and each
-   survivor's commitment to its counts, once. A session that fails closed before any unmask request is
-   run again without the clients it named (``pass_reruns`` times at most), so one client cannot stop PASS
-   for everyone; one that fails later stops the market.
-2. Broadcast ``N_s``, ``E`` and the session's transcript hash; each client returns its score and
-   bid (``query.market_bid``). The market aborts if most PASS participants fail this step.
-3. Run the auction (:func:`flmarket_flwr.pricing.run_auction`, the product's one selection rule:
-   the total payment is within the budget in every mode) and sign its award with the buyer key
-   (:mod:`flmarket_flwr.market.award`; the terms, budget, cohort cap and key, went out with the PASS
-   advertisement). Every bidder checks and endorses the award (``query.market_endorse``); a winner that
-   does not is dropped and the award re-issued. Every new winner then opens its counts commitment to the
-   buyer against that award and the endorsements (``query.market_audit``); a winner whose counts do not
-   match its commitment, or whose claimed score is not the score of those counts, is excluded and the
-   award re-issued without it (endorsed again, then its new winners audited).
-4. Send every node that took part in any step the final signed award (``query.market_award``), its
-   receipt of who won and what each is paid, which also makes each client wipe what is left of its PASS
-   state.
-
-Every step is bounded by :meth:`MarketConfig.step_timeout` whatever the transport does underneath. A node
-whose reply is missing, an error or malformed is excluded with the reason logged at WARNING and kept in
-:attr:`MarketOutcome.excluded`; what cannot be recovered, or a thin market (fewer than ``min_participation`` of
-the invited nodes left as bidders), stops the phase with :class:`MarketError`, whose ``outcome`` records it.
-The threat model is in docs/threat-model.md and in :mod:`flmarket_flwr.market.pass_rounds`.
+:class:`MarketPhase` runs the steps, each a round of Flower ``query`` messages
+(:mod:`flmarket_flwr.market.messages`): PASS for the global counts, bids, the auction and its signed award,
+the winners' audit, the final award. A node whose reply is missing, an error or malformed is excluded with a
+logged reason; what cannot be recovered stops the phase with :class:`MarketError`. The steps are listed in
+:class:`MarketPhase`; the threat model is in docs/threat-model.md.
 """
 
 from __future__ import annotations
@@ -97,6 +75,36 @@ class MarketPhase:
     ----------
     config : MarketConfig
         Budget, number of classes, timeouts, and the other settings.
+
+    Notes
+    -----
+    Steps (each a round of Flower ``query`` messages, see :mod:`flmarket_flwr.market.messages`):
+
+    1. Wait for the nodes (bounded), leave out those a ``roster_history`` says would make the clients' release
+       ledgers refuse (:meth:`MarketPhase.planned_roster`), and run PASS over the rest
+       (:mod:`flmarket_flwr.market.pass_rounds`): the server learns the global counts ``N_s`` and each
+       survivor's commitment to its counts, once. A session that fails closed before any unmask request is
+       run again without the clients it named (``pass_reruns`` times at most), so one client cannot stop PASS
+       for everyone; one that fails later stops the market.
+    2. Broadcast ``N_s``, ``E`` and the session's transcript hash; each client returns its score and
+       bid (``query.market_bid``). The market aborts if most PASS participants fail this step.
+    3. Run the auction (:func:`flmarket_flwr.pricing.run_auction`, the product's one selection rule:
+       the total payment is within the budget in every mode) and sign its award with the buyer key
+       (:mod:`flmarket_flwr.market.award`; the terms, budget, cohort cap and key, went out with the PASS
+       advertisement). Every bidder checks and endorses the award (``query.market_endorse``); a winner that
+       does not is dropped and the award re-issued. Every new winner then opens its counts commitment to the
+       buyer against that award and the endorsements (``query.market_audit``); a winner whose counts do not
+       match its commitment, or whose claimed score is not the score of those counts, is excluded and the
+       award re-issued without it (endorsed again, then its new winners audited).
+    4. Send every node that took part in any step the final signed award (``query.market_award``), its
+       receipt of who won and what each is paid, which also makes each client wipe what is left of its PASS
+       state.
+
+    Every step is bounded by :meth:`MarketConfig.step_timeout` whatever the transport does underneath. A node
+    whose reply is missing, an error or malformed is excluded with the reason logged at WARNING and kept in
+    :attr:`MarketOutcome.excluded`; what cannot be recovered, or a thin market (fewer than ``min_participation`` of
+    the invited nodes left as bidders), stops the phase with :class:`MarketError`, whose ``outcome`` records it.
+    The threat model is in docs/threat-model.md and in :mod:`flmarket_flwr.market.pass_rounds`.
     """
 
     def __init__(self, config: MarketConfig) -> None:

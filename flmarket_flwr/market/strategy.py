@@ -6,11 +6,7 @@ Usage, in a ``ServerApp``'s main::
     result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=3)
     strategy.market_outcome  # winners, payments, scores, bids
 
-A strategy that wraps a strategy, like Flower's ``DifferentialPrivacyServerSideFixedClipping``, and
-composes with those wrappers in either order: outermost, its ``start`` runs the market first; wrapped
-(``DifferentialPrivacyServerSideFixedClipping(FLMarket(FedAvg()), ...)``, whose inherited ``start``
-calls the per-round hooks), its first ``configure_train``/``configure_evaluate`` runs the market on
-the grid it is given. Either way the market runs once and only winners are ever sent a message.
+A strategy that wraps a strategy and composes with Flower's wrappers in either order (:class:`FLMarket`).
 """
 
 from __future__ import annotations
@@ -101,6 +97,12 @@ class FLMarket(Strategy):
     A :class:`~flmarket_flwr.market.MarketError` (too few clients connected, PASS failed, no valid
     bid, or nobody won the auction) is logged in one plain line and re-raised: there is nothing to
     train, and a run that trained nobody must not end as a success with an untrained model.
+
+    A strategy that wraps a strategy, like Flower's ``DifferentialPrivacyServerSideFixedClipping``, and
+    composes with those wrappers in either order: outermost, its ``start`` runs the market first; wrapped
+    (``DifferentialPrivacyServerSideFixedClipping(FLMarket(FedAvg()), ...)``, whose inherited ``start``
+    calls the per-round hooks), its first ``configure_train``/``configure_evaluate`` runs the market on
+    the grid it is given. Either way the market runs once and only winners are ever sent a message.
     """
 
     # pylint: disable=too-many-arguments

@@ -1,30 +1,9 @@
 """Proof that an X25519 shared secret is the one behind two public keys (Chaum-Pedersen over edwards25519).
 
-PASS's blame evidence. A receiver whose shares do not open reveals its channel secret with one sender,
-``K = X25519(c, P)`` for its own cipher key ``c`` (public ``A``) and the sender's cipher key ``P``, and
-proves in zero knowledge that the same scalar is behind ``A`` and ``K``: a discrete-log-equality proof on
-the Edwards form of the curve, made non-interactive with SHA-512 (Fiat-Shamir) over a caller's context.
-The server checks it against the two advertised keys alone, so a receiver cannot frame an honest sender
-with a wrong secret, and no party needs a private key to judge.
-
-X25519 keys are Montgomery u-coordinates; each is lifted to the Edwards point with that u and an even x
-(``y = (u - 1) / (u + 1)``). A point and its negative share one u, and ``u(c P) = u(c (-P))``, so the
-lift's sign does not matter. Only points of the prime-order subgroup are accepted (libsodium's
-``crypto_core_ed25519_is_valid_point``, and its scalar multiplications refuse others too): an honest key
-is always one, and with the cofactor a cheating prover could add a small-order point to ``X2`` and grind
-its nonce until the challenge kills it, proving a secret that is not the exchange's. The prover's scalar
-operations are libsodium's (PyNaCl), constant-time; the verifier's work is public.
-
-Each advertised cipher key comes with a Schnorr proof of possession (:func:`prove_possession`), and a
-receiver proves a channel secret only with a sender whose proof verifies: a secret ``c P`` is then one the
-sender could compute itself, never the secret of another edge (a key ``P = lambda C`` made from another
-client's key ``C`` would turn ``c P`` into ``c C``).
-
-The same curve makes a dealer's shares of its mask key verifiable (:func:`share_point`,
-:func:`dealing_matches`): each share ``sigma`` (a scalar mod ``l``) travels with its point ``sigma B``, which
-its receiver checks and the server keeps, and the server checks that the points of a dropped dealer's
-holders lie on one polynomial of degree < ``t`` through the lift of its advertised mask key before it asks
-anyone to unmask; it then rebuilds the key as a scalar and recomputes the exchanges (:func:`scalar_exchange`).
+PASS's blame evidence (:func:`prove_exchange`, :func:`verify_exchange`): a receiver proves the channel secret
+it reveals, so it cannot frame an honest sender, and anyone judges from the advertised keys alone. Also the
+cipher key's proof of possession (:func:`prove_possession`) and the check of a dealer's mask-key shares
+(:func:`share_point`, :func:`dealing_matches`). Only prime-order-subgroup points are accepted.
 """
 
 from __future__ import annotations
@@ -128,6 +107,23 @@ def prove_exchange(private_key: bytes, public_key: bytes, peer_key: bytes, conte
     ------
     ValueError
         ``peer_key`` is not in the prime-order subgroup (then no proof exists; no honest key is).
+
+    Notes
+    -----
+    PASS's blame evidence. A receiver whose shares do not open reveals its channel secret with one sender,
+    ``K = X25519(c, P)`` for its own cipher key ``c`` (public ``A``) and the sender's cipher key ``P``, and
+    proves in zero knowledge that the same scalar is behind ``A`` and ``K``: a discrete-log-equality proof on
+    the Edwards form of the curve, made non-interactive with SHA-512 (Fiat-Shamir) over a caller's context.
+    The server checks it against the two advertised keys alone, so a receiver cannot frame an honest sender
+    with a wrong secret, and no party needs a private key to judge.
+
+    X25519 keys are Montgomery u-coordinates; each is lifted to the Edwards point with that u and an even x
+    (``y = (u - 1) / (u + 1)``). A point and its negative share one u, and ``u(c P) = u(c (-P))``, so the
+    lift's sign does not matter. Only points of the prime-order subgroup are accepted (libsodium's
+    ``crypto_core_ed25519_is_valid_point``, and its scalar multiplications refuse others too): an honest key
+    is always one, and with the cofactor a cheating prover could add a small-order point to ``X2`` and grind
+    its nonce until the challenge kills it, proving a secret that is not the exchange's. The prover's scalar
+    operations are libsodium's (PyNaCl), constant-time; the verifier's work is public.
     """
     lifted = edwards_lift(peer_key)
     if lifted is None:
@@ -210,6 +206,13 @@ def prove_possession(private_key: bytes, public_key: bytes, context: bytes) -> b
     context : bytes
         What the key is advertised for (PASS binds the run, the session and the index): the proof verifies
         only there.
+
+    Notes
+    -----
+    Each advertised cipher key comes with a Schnorr proof of possession (:func:`prove_possession`), and a
+    receiver proves a channel secret only with a sender whose proof verifies: a secret ``c P`` is then one the
+    sender could compute itself, never the secret of another edge (a key ``P = lambda C`` made from another
+    client's key ``C`` would turn ``c P`` into ``c C``).
     """
     c = _scalar(private_key)
     first = sodium.crypto_scalarmult_ed25519_base_noclamp(c)
@@ -261,6 +264,14 @@ def dealing_matches(key: bytes, xs: Sequence[int], points: Sequence[bytes], thre
     exponent with one random parity check (:func:`~flmarket_flwr.pass_protocol.shamir.parity_weights`):
     ``sum_i w_i P_i = -w_0 A``, compared up to sign, where ``A`` lifts the key. False for a key or a point off
     the prime-order subgroup; a wrong dealing passes with probability ``1 / l``.
+
+    Notes
+    -----
+    The same curve makes a dealer's shares of its mask key verifiable (:func:`share_point`,
+    :func:`dealing_matches`): each share ``sigma`` (a scalar mod ``l``) travels with its point ``sigma B``, which
+    its receiver checks and the server keeps, and the server checks that the points of a dropped dealer's
+    holders lie on one polynomial of degree < ``t`` through the lift of its advertised mask key before it asks
+    anyone to unmask; it then rebuilds the key as a scalar and recomputes the exchanges (:func:`scalar_exchange`).
     """
     lifted = edwards_lift(key)
     if (

@@ -1,30 +1,9 @@
-"""Ed25519 signatures of PASS v2: key advertisements and survivor sets, checked against an identity directory.
+"""Ed25519 signatures of PASS v2: key advertisements, survivor sets, share ciphertexts and award endorsements.
 
-Each client holds a long-term Ed25519 identity key; the public halves are distributed out of band in an
-:class:`IdentityDirectory` (node id -> public key). A client signs:
-
-* its two per-session X25519 public keys, bound to the Flower run id, the session, the roster fingerprint
-  the server announced, its PASS index and its node id (:func:`sign_advertisement`); its neighbours verify
-  the signature against their own run id and roster before using the keys, so an advert replayed from
-  another run or shown under another roster is refused;
-* the survivor set it was shown before unmasking (:func:`sign_survivor_set`, the consistency round of
-  Bonawitz et al. 2017), bound to the same run, session and roster;
-* each share ciphertext it sends, with the digest of the shares inside (:func:`sign_share_ciphertext`), so
-  that a garbage ciphertext is its own and the server cannot forge one in its name (a receiver reveals its
-  channel secret to accuse a sender only for a validly signed ciphertext, :mod:`.secagg`);
-* the digest of the market's award it checked (:func:`sign_award_endorsement`): a winner opens its counts only
-  for an award that ``t`` other members endorsed (:mod:`flmarket_flwr.market.award`).
-
-Without a directory the server is trusted to relay keys and survivor sets faithfully (semi-honest server
-only); with one, it can no longer substitute keys or replay them, and a client unmasks only for a set that ``t``
-of its neighbours signed (on a sparse graph, clients in different regions can still be shown different sets:
-docs/threat-model.md).
-
-A directory the server can write guards against nothing: it would map other nodes' ids to keys of its own and
-seat a victim among its sybils. A node therefore pins the directory it trusts: by the SHA-256 digest of its
-canonical bytes (:meth:`IdentityDirectory.digest`), or by the Ed25519 key of a third party that signs those
-bytes (:meth:`IdentityDirectory.signed_by`); :func:`load_directory` refuses any other
-(``python -m flmarket_flwr.pass_protocol.identity_cli`` makes, signs and digests directories).
+Each client holds a long-term identity key; the public halves are distributed out of band in an
+:class:`IdentityDirectory` that each node pins (by digest or a third party's signature,
+:func:`load_directory`): a directory the server can write guards against nothing. Without a directory PASS
+is secure against a semi-honest server only (docs/threat-model.md).
 """
 
 from __future__ import annotations
@@ -384,6 +363,28 @@ class IdentityDirectory(Mapping[int, bytes]):
     JSON format: ``{"version": 1, "keys": {"<node_id>": "<64 hex digits>"}}``, and for a signed directory
     ``"signature": {"signer": "<64 hex digits>", "value": "<128 hex digits>"}``. The signature is not part of
     the mapping: two directories with the same keys are equal, signed or not.
+
+    Notes
+    -----
+    Each client holds a long-term Ed25519 identity key; the public halves are distributed out of band in an
+    :class:`IdentityDirectory` (node id -> public key). A client signs:
+
+    * its two per-session X25519 public keys, bound to the Flower run id, the session, the roster fingerprint
+      the server announced, its PASS index and its node id (:func:`sign_advertisement`); its neighbours verify
+      the signature against their own run id and roster before using the keys, so an advert replayed from
+      another run or shown under another roster is refused;
+    * the survivor set it was shown before unmasking (:func:`sign_survivor_set`, the consistency round of
+      Bonawitz et al. 2017), bound to the same run, session and roster;
+    * each share ciphertext it sends, with the digest of the shares inside (:func:`sign_share_ciphertext`), so
+      that a garbage ciphertext is its own and the server cannot forge one in its name (a receiver reveals its
+      channel secret to accuse a sender only for a validly signed ciphertext, :mod:`.secagg`);
+    * the digest of the market's award it checked (:func:`sign_award_endorsement`): a winner opens its counts only
+      for an award that ``t`` other members endorsed (:mod:`flmarket_flwr.market.award`).
+
+    Without a directory the server is trusted to relay keys and survivor sets faithfully (semi-honest server
+    only); with one, it can no longer substitute keys or replay them, and a client unmasks only for a set that ``t``
+    of its neighbours signed (on a sparse graph, clients in different regions can still be shown different sets:
+    docs/threat-model.md).
     """
 
     def __init__(self, keys: Mapping[int, bytes], signature: DirectorySignature | None = None) -> None:
@@ -551,6 +552,14 @@ def load_directory(
     ValueError
         If the file is not a directory, carries a signature that does not verify, fails a pin, or has no pin
         while ``unpinned`` is false.
+
+    Notes
+    -----
+    A directory the server can write guards against nothing: it would map other nodes' ids to keys of its own and
+    seat a victim among its sybils. A node therefore pins the directory it trusts: by the SHA-256 digest of its
+    canonical bytes (:meth:`IdentityDirectory.digest`), or by the Ed25519 key of a third party that signs those
+    bytes (:meth:`IdentityDirectory.signed_by`); :func:`load_directory` refuses any other
+    (``python -m flmarket_flwr.pass_protocol.identity_cli`` makes, signs and digests directories).
     """
     source = os.fspath(path)
     if digest is None and signer is None and not unpinned:

@@ -1,45 +1,8 @@
 """Distributed Skellam noise on the label counts: each release of ``N_s`` carries a stated ``(epsilon, delta)``.
 
-Each client adds integer noise ``Poisson(v/2) - Poisson(v/2)`` (symmetric Skellam, variance ``v``) to each of
-its class counts before masking. Skellam is closed under summation: the honest clients' noise in ``N_s`` is
-Skellam with the summed variance, whatever the other clients add.
-
-**Neighbouring relation: record level.** Two federations are neighbours when one training sample is added
-to or removed from one client; one class count of ``N_s`` then moves by 1 (``L1 = L2 = 1`` per release).
-This is *not* client-level privacy: one client's whole count vector moves ``N_s`` by up to ``count_bound``
-per class, and the noise here does not hide that (a client's presence in a run still shows in the sum,
-blurred by a standard deviation of a few samples, never by its volume).
-
-**Accounting.** The RDP curve is Agarwal, Kairouz and Liu's bound for the Skellam mechanism ("The Skellam
-Mechanism for Differentially Private Federated Learning", NeurIPS 2021; the same form as Google's reference
-``_skellam_rdp`` in the ``distributed_dp`` code, scale 1): for aggregate per-coordinate variance ``mu`` and
-integer order ``alpha > 1``::
-
-    eps(alpha) <= alpha D2^2 / (2 mu) + min(((2 alpha - 1) D2^2 + 6 D1) / (4 mu^2), 3 D1 / (2 mu))
-
-The tests check that it never lies below the Renyi divergence of two shifted Skellam laws computed from the
-exact pmf (at orders 2 to 20: 2 to 3.6 times the truth at variance 2, within 15% at 30, 1% at 300). Releases
-compose by adding their curves (RDP composition); the conversion to ``(epsilon, delta)`` is Google's
-``dp-accounting`` (``dp_accounting.rdp.compute_epsilon``: Canonne, Kamath and Steinke's conversion, tighter
-than Mironov's ``min_alpha eps(alpha) + log(1/delta) / (alpha - 1)``: at variance 30 and ``delta = 1e-6``,
-0.832 where Mironov's gives 0.994).
-
-**A node's total budget.** A node with a release ledger (:mod:`flmarket_flwr.market.ledger`) records the
-aggregate variance each of its releases counted on and refuses one that would take the composed ``epsilon``
-of all of them past its :class:`PrivacyBudget`. Differencing two releases (colluders leaving together with a
-victim, which no ledger rule prevents) is post-processing: it learns what their composition allows, no more.
-The budget counts the calibrated target of each release: it holds while the honest-survivor assumption below
-does.
-
-**Who must be honest.** The noise is calibrated so that the honest survivors alone reach the target: a
-client that sees a roster of ``n`` adds variance ``target / ceil(honest_fraction * n)``, so the guarantee
-holds while at least that many honest clients (whose noise the server never sees) survive to the sum. ``n`` is
-the roster the server shows: sybils it adds count, and shrink each honest client's noise (not prevented). With
-``honest_fraction = 1/2`` (the default, the share threshold's majority) the sum carries up to twice the
-target variance when everyone is honest.
-
-Randomness comes from the operating system (``numpy.random.Generator`` seeded from ``os.urandom``), or
-from an injected factory in tests. The noise never leaves the client except inside its masked input.
+Each client adds symmetric Skellam noise to its counts before masking (:class:`SkellamNoise`), calibrated so
+that the honest survivors alone reach the target. The privacy is record level (one training sample), not
+client level; releases compose, and a node's :class:`PrivacyBudget` bounds them all (docs/threat-model.md).
 """
 
 from __future__ import annotations
@@ -156,6 +119,22 @@ def composed_epsilon(variances: Sequence[float], delta: float, l1: float = 1.0, 
         Target ``delta`` in ``(0, 1)``.
     l1, l2 : float
         Sensitivities of each release (record level: 1, 1).
+
+    Notes
+    -----
+    **Accounting.** The RDP curve is Agarwal, Kairouz and Liu's bound for the Skellam mechanism ("The Skellam
+    Mechanism for Differentially Private Federated Learning", NeurIPS 2021; the same form as Google's reference
+    ``_skellam_rdp`` in the ``distributed_dp`` code, scale 1): for aggregate per-coordinate variance ``mu`` and
+    integer order ``alpha > 1``::
+
+        eps(alpha) <= alpha D2^2 / (2 mu) + min(((2 alpha - 1) D2^2 + 6 D1) / (4 mu^2), 3 D1 / (2 mu))
+
+    It never lies below the Renyi divergence of two shifted Skellam laws computed from the exact pmf (tested at
+    orders 2 to 20: 2 to 3.6 times the truth at variance 2, within 15% at 30, 1% at 300). Releases compose by
+    adding their curves (RDP composition); the conversion to ``(epsilon, delta)`` is Google's ``dp-accounting``
+    (``dp_accounting.rdp.compute_epsilon``: Canonne, Kamath and Steinke's conversion, tighter than Mironov's
+    ``min_alpha eps(alpha) + log(1/delta) / (alpha - 1)``: at variance 30 and ``delta = 1e-6``, 0.832 where
+    Mironov's gives 0.994).
     """
     if any(not v >= 0 for v in variances):
         raise ValueError(f"variances must be >= 0, got {list(variances)}")
@@ -221,6 +200,15 @@ class PrivacyBudget:
         The most composed ``epsilon`` the node's releases may reach, finite and ``> 0``.
     delta : float (default: :data:`SECURE_PROFILE_DELTA`)
         The ``delta`` at which the composition is converted.
+
+    Notes
+    -----
+    **A node's total budget.** A node with a release ledger (:mod:`flmarket_flwr.market.ledger`) records the
+    aggregate variance each of its releases counted on and refuses one that would take the composed ``epsilon``
+    of all of them past its :class:`PrivacyBudget`. Differencing two releases (colluders leaving together with a
+    victim, which no ledger rule prevents) is post-processing: it learns what their composition allows, no more.
+    The budget counts the calibrated target of each release: it holds while the honest-survivor assumption below
+    does.
     """
 
     epsilon: float
@@ -257,6 +245,28 @@ class SkellamNoise:
         Share of the roster assumed honest and surviving; their noise alone reaches the target.
     rng : callable, optional
         ``() -> numpy.random.Generator``; default :func:`os_generator`. Only tests inject one.
+
+    Notes
+    -----
+    Each client adds integer noise ``Poisson(v/2) - Poisson(v/2)`` (symmetric Skellam, variance ``v``) to each of
+    its class counts before masking. Skellam is closed under summation: the honest clients' noise in ``N_s`` is
+    Skellam with the summed variance, whatever the other clients add.
+
+    **Neighbouring relation: record level.** Two federations are neighbours when one training sample is added
+    to or removed from one client; one class count of ``N_s`` then moves by 1 (``L1 = L2 = 1`` per release).
+    This is *not* client-level privacy: one client's whole count vector moves ``N_s`` by up to ``count_bound``
+    per class, and the noise here does not hide that (a client's presence in a run still shows in the sum,
+    blurred by a standard deviation of a few samples, never by its volume).
+
+    **Who must be honest.** The noise is calibrated so that the honest survivors alone reach the target: a
+    client that sees a roster of ``n`` adds variance ``target / ceil(honest_fraction * n)``, so the guarantee
+    holds while at least that many honest clients (whose noise the server never sees) survive to the sum. ``n`` is
+    the roster the server shows: sybils it adds count, and shrink each honest client's noise (not prevented). With
+    ``honest_fraction = 1/2`` (the default, the share threshold's majority) the sum carries up to twice the
+    target variance when everyone is honest.
+
+    Randomness comes from the operating system (``numpy.random.Generator`` seeded from ``os.urandom``), or
+    from an injected factory in tests. The noise never leaves the client except inside its masked input.
     """
 
     epsilon: float

@@ -1,13 +1,7 @@
-"""Cryptographic and arithmetic primitives of PASS.
+"""Cryptographic and arithmetic primitives of PASS: pure functions over bytes and numpy arrays.
 
-Everything here is a pure function over bytes and numpy arrays:
-
-* the ring ``Z_{2^64}`` (numpy ``uint64`` with wrapping arithmetic) and the
-  validation of label-count vectors that enter it;
-* X25519 key agreement with public-key validation;
-* the pairwise seed derivation (HKDF-SHA256 bound to the run and the pair);
-* the pseudo-random generator (ChaCha20 keystream read as little-endian
-  ``uint64`` words).
+The ring ``Z_{2^64}`` (numpy ``uint64``, wrapping) and the validation of the counts that enter it; X25519
+with public-key validation; pairwise seeds (HKDF-SHA256 bound to the run and the pair); the ChaCha20 PRG.
 """
 
 from __future__ import annotations

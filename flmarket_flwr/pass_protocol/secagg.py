@@ -1,65 +1,10 @@
 """PASS v2: dropout-robust secure aggregation of label counts on a sparse graph (Bonawitz 2017 + Bell 2020).
 
-Each client masks its counts twice: a self-mask ``PRG(b_e)`` and pairwise masks with its ``k`` graph neighbours
-only. Both secrets (``b_e`` and the mask private key ``s_e``) are Shamir-shared among the neighbours with
-threshold ``t = k // 2 + 1``, so the server removes a dropped client's pairwise masks from ``s_d`` and a
-survivor's self-mask from ``b_u``, and only ONE sum is ever released per session. Rounds: advertise, share
-keys, masked input, (with identity keys) consistency, unmask (:class:`PassClient` and :class:`PassServer`;
-every message is a dataclass with ``to_record()`` / ``from_record()`` over ``ConfigRecord`` types, and the
-client state is such a record too).
-
-Threat model (docs/threat-model.md names the test behind each sentence). Semi-honest server: it learns ``N_s``
-over the survivors of the session and nothing else from it, for any dropout pattern that leaves each needed
-secret ``t`` shares; a second session in another run is a second sum, and the two difference to the counts of
-a client in one and not the other (not prevented here). Malicious server: it cannot get both secrets of one
-client from honest neighbours (each answers once, one kind per peer, and ``2t > k``), but that alone is beside
-the point, since the split-views attack needs only ONE secret per peer: the victim's self-mask seed from
-neighbours told it survived, and each of its peers' mask keys from the peers' neighbours told that peer
-dropped. Without identity keys nothing stops that attack, nor a man in the middle on keys: PASS is then secure
-against a semi-honest server only. With an :class:`~flmarket_flwr.pass_protocol.identity.IdentityDirectory`
-the adverts are signed under the run id, session and roster fingerprint (no substitution, no replay from
-another run, no second roster for a victim), and the consistency round (:meth:`PassClient.sign_survivors`)
-makes every releasing client hold ``t`` neighbour signatures on the one set it signed: on the complete graph
-with no colluder two released sets would need ``2t + 2 > E`` signers, so no split works; on sparse graphs the
-agreement is local to each neighbourhood, and a server that gives whole regions different sets is not ruled
-out by proof. Colluders sign both sets of a split: two of them open a victim's counts at the default
-threshold, unless the victim's ``split_tolerance`` raised the threshold of its own secrets
-(:func:`~flmarket_flwr.pass_protocol.graph.secret_threshold`; ``c`` colluders fail while ``2t - k > c``).
-The graph is committed before the keys exist (the server may retry graphs by excluding advertised clients,
-each retry succeeding with probability below ``2^-security_bits``), and the client's ``min_participants``
-floor bounds a roster of colluders. But the server assigns the indices: it can place ``t`` colluders
-around a chosen victim on a sparse graph (docs/threat-model.md); a client advertised with
-``complete_graph=True`` refuses any graph but the complete one, where every participant is its neighbour,
-which helps only with a ``min_participants`` near the federation's size (the server also picks the roster).
-The server refuses (fails closed) a sum above ``count_bound * |U3|`` in any class.
-
-Verifiable dealing, and one client cannot stop PASS for everyone (issue 29, item 4). Both secrets are shared
-as scalars mod ``l`` (the mask key as its clamped X25519 scalar), at a threshold of at most ``k - 1``
-(:func:`~flmarket_flwr.pass_protocol.graph.max_secret_threshold`), so one lost receiver never leaves a dealer's
-secrets short. Each mask-key share travels with its point ``sigma B`` (in the share digest its dealer signs):
-the receiver checks it, and before asking anyone to unmask the server checks that a dropped dealer's holders'
-points lie on one polynomial of degree < ``t`` through its advertised mask key
-(:func:`~flmarket_flwr.pass_protocol.dleq.dealing_matches`), so a dealer of anything else is named while no
-sum is released (the market then runs a fresh session without it). The self-mask seed gets no such check: it
-is only ever used inside its dealer's own masked input, which nothing binds to anything verifiable, so a
-wrong seed is the same as a wrong ``Y_e`` (input poisoning: the sum leaves its bounds and PASS fails closed
-after the unmask round; a range proof on ``Y_e`` would be needed for both).
-
-Blame, not abort (issue 21, item 3). Each share pair travels under the edge's channel secret
-``X25519(c_u, C_v)`` (one exchange per neighbour, a key per direction). A receiver whose shares do not open
-accuses the sender, masks without it, and sends the secret with a Chaum-Pedersen proof that it is the one
-behind the two advertised cipher keys (:mod:`~flmarket_flwr.pass_protocol.dleq`): the server opens the
-ciphertext it relayed exactly as the accuser had to, and names the sender (it does not open) or the accuser
-(it opens, or the proof fails), without trusting either and without another round. What the secret opens is
-the edge's two share pairs, which the accused holds anyway: a false accusation is worth to a server no more
-than the accuser's own collusion. Every cipher key is advertised with a proof that its maker knows the
-private key, checked by the server at advertise and by an accuser before it proves anything: without it a
-server could have a colluder advertise a multiple of a victim's key and turn each proven secret into the
-secret of that neighbour's edge with the victim. The culprit's masked input is left out (it is treated as
-dropped; an edge its accuser cut carries neither a mask nor shares). With identity keys each ciphertext is signed by its
-sender, and a receiver reveals a secret only for a validly signed ciphertext: a server that forges one gets
-a complaint with no secret (settled by its own copy). Without identity keys a malicious server could forge
-a ciphertext and read the secret, as it could substitute any key: semi-honest server only.
+Each client masks its counts twice, a self-mask and pairwise masks with its ``k`` graph neighbours, and
+Shamir-shares both secrets among them; only ONE sum is ever released per session. :class:`PassClient` and
+:class:`PassServer` run the rounds (advertise, share keys, masked input, with identity keys consistency,
+unmask); every message is a dataclass over ``ConfigRecord`` types. The threat model, verifiable dealing and
+blame rules are in :class:`PassServer` (tests: docs/threat-model.md).
 """
 
 from __future__ import annotations
@@ -587,6 +532,37 @@ class PassClient:
     ----------
     record : mapping, optional
         A state from :meth:`to_record` (a fresh client if omitted).
+
+    Rounds
+    ------
+    Rounds (:class:`PassClient` / :class:`PassServer`; every message and the client state are
+    ``ConfigRecord``-compatible records):
+
+    1. advertise: the server assigns each client an index, a session id, ``C``, a declared count bound,
+       its commitment to the graph seed and a roster fingerprint; each client makes an X25519 cipher key
+       pair and mask key pair and returns the public keys (signed with its Ed25519 identity key if it has
+       one, bound to its own run id, the session and the roster, :mod:`.identity`);
+    2. share keys: the server opens the graph seed; each client checks its neighbourhood in the graph
+       (:mod:`.graph`), Shamir-shares (:mod:`.shamir`, as scalars mod ``l``) its mask private key ``s_e`` and
+       a fresh self-mask seed ``b_e`` among its ``k`` neighbours (threshold ``t = k // 2 + 1``, at most
+       ``k - 1``), encrypted to each, with a digest of each share (:func:`share_digest`; for the mask key its
+       point ``sigma B``, which makes the dealing verifiable against the advertised key) that the receiver
+       checks and the server keeps, so that a corrupted unmask share names the client that returned it and a
+       mis-dealt mask key names its dealer before anyone unmasks; each ciphertext is encrypted under the
+       edge's channel secret, ``X25519`` of the two cipher keys (and signed with the identity key, if any);
+    3. masked input: ``Y_e = N_e + PRG(b_e) + sum_v eps_{e,v} PRG(s_{e,v})`` over its neighbours that
+       shared, and a commitment to ``N_e``; the private keys are then wiped; a neighbour whose shares do not
+       open is accused (masked without), with the channel secret and a proof of it (:mod:`.dleq`), and the
+       server opens the ciphertext itself and names whichever of the two lied, with no extra round;
+    4. consistency (only with identity keys): each survivor signs the survivor set it is shown, once;
+    5. unmask: each survivor sends shares of ``b`` for surviving neighbours and of ``s`` for dropped ones,
+       never both for one peer (with identity keys: only for the set it signed, on ``t`` valid signatures of
+       its neighbours on that set); the server removes every mask and obtains ``N_s`` over the survivors.
+
+    Arithmetic is in the ring ``Z_2^64`` (numpy ``uint64``, wrapping), where a mask that is uniform (given
+    the PRG) hides a count completely and the sum is exact; counts are integers in ``[0, count_bound]``
+    with ``count_bound * E < 2^63`` (:mod:`.primitives`: X25519, HKDF-SHA256 seeds bound to the session and
+    the pair, ChaCha20 PRG).
     """
 
     def __init__(self, record: Mapping[str, Any] | None = None) -> None:
@@ -1194,6 +1170,66 @@ class PassServer:
         32-byte graph seed (random by default; only for tests).
     run_id : int (default: 0)
         The Flower run id, bound into every signature (the clients use their own).
+
+    Threat model
+    ------------
+    docs/threat-model.md names the test behind each sentence. Semi-honest server: it learns ``N_s``
+    over the survivors of the session and nothing else from it, for any dropout pattern that leaves each needed
+    secret ``t`` shares; a second session in another run is a second sum, and the two difference to the counts of
+    a client in one and not the other (not prevented here). Malicious server: it cannot get both secrets of one
+    client from honest neighbours (each answers once, one kind per peer, and ``2t > k``), but that alone is beside
+    the point, since the split-views attack needs only ONE secret per peer: the victim's self-mask seed from
+    neighbours told it survived, and each of its peers' mask keys from the peers' neighbours told that peer
+    dropped. Without identity keys nothing stops that attack, nor a man in the middle on keys: PASS is then secure
+    against a semi-honest server only. With an :class:`~flmarket_flwr.pass_protocol.identity.IdentityDirectory`
+    the adverts are signed under the run id, session and roster fingerprint (no substitution, no replay from
+    another run, no second roster for a victim), and the consistency round (:meth:`PassClient.sign_survivors`)
+    makes every releasing client hold ``t`` neighbour signatures on the one set it signed: on the complete graph
+    with no colluder two released sets would need ``2t + 2 > E`` signers, so no split works; on sparse graphs the
+    agreement is local to each neighbourhood, and a server that gives whole regions different sets is not ruled
+    out by proof. Colluders sign both sets of a split: two of them open a victim's counts at the default
+    threshold, unless the victim's ``split_tolerance`` raised the threshold of its own secrets
+    (:func:`~flmarket_flwr.pass_protocol.graph.secret_threshold`; ``c`` colluders fail while ``2t - k > c``).
+    The graph is committed before the keys exist (the server may retry graphs by excluding advertised clients,
+    each retry succeeding with probability below ``2^-security_bits``), and the client's ``min_participants``
+    floor bounds a roster of colluders. But the server assigns the indices: it can place ``t`` colluders
+    around a chosen victim on a sparse graph (docs/threat-model.md); a client advertised with
+    ``complete_graph=True`` refuses any graph but the complete one, where every participant is its neighbour,
+    which helps only with a ``min_participants`` near the federation's size (the server also picks the roster).
+    The server refuses (fails closed) a sum above ``count_bound * |U3|`` in any class.
+
+    Verifiable dealing, and one client cannot stop PASS for everyone. Both secrets are shared
+    as scalars mod ``l`` (the mask key as its clamped X25519 scalar), at a threshold of at most ``k - 1``
+    (:func:`~flmarket_flwr.pass_protocol.graph.max_secret_threshold`), so one lost receiver never leaves a dealer's
+    secrets short. Each mask-key share travels with its point ``sigma B`` (in the share digest its dealer signs):
+    the receiver checks it, and before asking anyone to unmask the server checks that a dropped dealer's holders'
+    points lie on one polynomial of degree < ``t`` through its advertised mask key
+    (:func:`~flmarket_flwr.pass_protocol.dleq.dealing_matches`), so a dealer of anything else is named while no
+    sum is released (the market then runs a fresh session without it). The self-mask seed gets no such check: it
+    is only ever used inside its dealer's own masked input, which nothing binds to anything verifiable, so a
+    wrong seed is the same as a wrong ``Y_e`` (input poisoning: the sum leaves its bounds and PASS fails closed
+    after the unmask round; a range proof on ``Y_e`` would be needed for both).
+
+    Blame, not abort. Each share pair travels under the edge's channel secret
+    ``X25519(c_u, C_v)`` (one exchange per neighbour, a key per direction). A receiver whose shares do not open
+    accuses the sender, masks without it, and sends the secret with a Chaum-Pedersen proof that it is the one
+    behind the two advertised cipher keys (:mod:`~flmarket_flwr.pass_protocol.dleq`): the server opens the
+    ciphertext it relayed exactly as the accuser had to, and names the sender (it does not open) or the accuser
+    (it opens, or the proof fails), without trusting either and without another round. What the secret opens is
+    the edge's two share pairs, which the accused holds anyway: a false accusation is worth to a server no more
+    than the accuser's own collusion. Every cipher key is advertised with a proof that its maker knows the
+    private key, checked by the server at advertise and by an accuser before it proves anything: without it a
+    server could have a colluder advertise a multiple of a victim's key and turn each proven secret into the
+    secret of that neighbour's edge with the victim. The culprit's masked input is left out (it is treated as
+    dropped; an edge its accuser cut carries neither a mask nor shares). With identity keys each ciphertext is signed by
+    its
+    sender, and a receiver reveals a secret only for a validly signed ciphertext: a server that forges one gets
+    a complaint with no secret (settled by its own copy). Without identity keys a malicious server could forge
+    a ciphertext and read the secret, as it could substitute any key: semi-honest server only.
+
+    Also (whatever the keys): a session needs at least 3 clients (with 2, each learns the other's counts); ``E -
+    1`` colluders learn the last client's counts from ``N_s``; a client can commit to false counts, which nothing
+    here detects; the server can always exclude clients or abort.
     """
 
     def __init__(

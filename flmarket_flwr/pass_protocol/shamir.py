@@ -1,13 +1,7 @@
 """Shamir secret sharing: of byte strings over ``F_p``, ``p = 2^32 - 5`` (vectorised), and of scalars mod ``l``.
 
-Byte strings are cut into 3-byte words (each below ``2^24 < p``); every word gets its own random polynomial of
-degree ``t - 1``, so any ``t`` shares reconstruct it exactly and any ``t - 1`` shares are uniform on
-``F_p^(t-1)`` whatever the secret (perfect secrecy per word). Nothing there authenticates shares.
-
-PASS v2 shares each client's mask key and self-mask seed among its graph neighbours (Bonawitz et al. 2017) as
-scalars modulo ``l``, the order of edwards25519's prime-order subgroup (:func:`split_scalars`), so that a share
-``sigma`` has a public image ``sigma B`` and the dealing can be checked in the exponent, Feldman-style
-(:func:`parity_weights`; the curve operations are in :mod:`~flmarket_flwr.pass_protocol.dleq`).
+Any ``t`` shares reconstruct a secret, any ``t - 1`` reveal nothing; nothing here authenticates shares. PASS
+shares its secrets as scalars mod ``l`` (:func:`split_scalars`), so a dealing can be checked in the exponent.
 """
 
 from __future__ import annotations
@@ -169,6 +163,13 @@ def split_scalars(secrets: Sequence[int], xs: Sequence[int], threshold: int) -> 
 
     Every secret gets its own random polynomial ``f`` of degree ``threshold - 1`` with ``f(0)`` the secret; any
     ``threshold`` shares give it back (:func:`reconstruct_scalar`), fewer are uniform whatever it is.
+
+    Notes
+    -----
+    PASS v2 shares each client's mask key and self-mask seed among its graph neighbours (Bonawitz et al. 2017) as
+    scalars modulo ``l``, the order of edwards25519's prime-order subgroup (:func:`split_scalars`), so that a share
+    ``sigma`` has a public image ``sigma B`` and the dealing can be checked in the exponent, Feldman-style
+    (:func:`parity_weights`; the curve operations are in :mod:`~flmarket_flwr.pass_protocol.dleq`).
     """
     points = _check_xs(xs)
     if not 1 <= threshold <= len(points):

@@ -1,55 +1,9 @@
-"""Budget-constrained reverse auction (FLMarket, Algorithm 1), truthful and budget-feasible.
+"""Budget-constrained reverse auction (FLMarket, Algorithm 1): truthful, individually rational, budget-feasible.
 
-Winner selection
-    Clients are ranked by score per bid ``u_e / b_e``, highest first; ties go to the lower input
-    index (a stable, deterministic rule). Walking that list, the client at position ``k`` joins the
-    winner set ``S`` while
-
-    .. math:: u_k > 0 \\quad\\text{and}\\quad b_k \\le \\frac{R}{2} \\cdot \\frac{u_k}{U(S \\cup \\{k\\})},
-
-    where ``U`` sums scores; the first client that fails stops the walk (a zero-score client always
-    fails, so it never wins).
-
-Payment (critical value)
-    For winner ``e``, rebuild the walk over the list without ``e`` (``V^-e``). At each position ``j``
-    up to and including the first one that fails, ``e`` could have taken ``j``'s place with any bid
-    below ``min(lambda_j, beta_j)``, where ``lambda_j = u_e * b_j / u_j`` (``e`` still ranks ahead of
-    ``j``) and ``beta_j = R/2 * u_e / U(S'_{j-1} \\cup \\{e\\})`` (``e`` still passes the budget rule).
-    The payment is the largest of these. When every client of ``V^-e`` passes, the last position is
-    "after everyone", where only ``beta`` applies (the paper's pseudo-code leaves this undefined).
-
-Why the payments are fast
-    Along ``V^-e``, ``lambda_j`` never decreases (the list is sorted by ``b/u`` ascending) and
-    ``beta_j`` never increases (the prefix sum grows), so ``min(lambda_j, beta_j)`` is unimodal and
-    peaks where the two curves cross. The end of each walk is also a threshold: a client ``m``
-    behind ``e`` passes in ``V^-e`` iff ``u_m/b_m >= 2 (U_m - u_e) / R``, whose left side falls and
-    right side rises with ``m``. Both places are found by bisection, vectorised over all winners
-    at once: ``O(E log E)`` for the sort and ``O(K log E)`` for ``K`` winners' payments, instead of
-    the ``O(K E)`` of a direct transcription.
-
-Guarantees (the paper's Theorems, checked by property-based tests): monotone selection, payment
-equal to the critical bid (truthful), ``p_e >= b_e`` (individually rational), ``sum p_e <= R``
-(budget-feasible).
-
-Eligibility
-    A bid above the budget can never be paid, so such a client is left out of the ranking: it
-    neither wins nor stops the walk nor moves anyone's critical value (Algorithm 1 would let it
-    stop the walk). Whether a client is eligible depends on its own bid only, so truthfulness holds.
-
-Cohort cap (``num_winners=n``)
-    The same walk, stopped after ``n`` winners: a client joins while it passes the budget rule
-    *and* fewer than ``n`` clients joined before it. Selection stays monotone (a lower bid moves a
-    client up the ranking, past fewer and a subset of the clients it followed, so it still passes
-    and still finds fewer than ``n`` ahead). Its critical value is the same maximum of
-    ``min(lambda_j, beta_j)``, taken only over the positions ``j <= n - 1`` (``e`` must find fewer
-    than ``n`` others ahead of it).
-
-    Budget-feasible in total. Each capped winner is an uncapped winner (the capped winners are a
-    prefix of the uncapped ones), and its capped payment is a maximum over a subset of the
-    positions of its uncapped payment, so it is at most that payment. Hence
-    ``sum_capped p_e <= sum_uncapped p_e <= R`` (the uncapped mechanism is budget-feasible,
-    Theorem 3 of the paper). The price of the guarantee: with a budget that binds, fewer than
-    ``n`` clients win. :func:`cohort_budget` gives the least budget that buys a full cohort.
+:func:`run_auction` ranks clients by score per bid, admits them while they pass the budget rule, and pays
+each winner its critical value, in ``O(E log E)``; an optional cohort cap keeps every guarantee.
+:func:`cohort_budget` gives the least budget that buys a full cohort. The rules, the payment and the proofs
+are in :func:`run_auction` and docs/mechanism.md.
 """
 
 from __future__ import annotations
@@ -320,10 +274,10 @@ def _cohort_size(num_winners: object, num_clients: int) -> int:
 
 
 def run_auction(scores: ArrayLike, bids: ArrayLike, budget: float, *, num_winners: int | None = None) -> AuctionResult:
-    """Select winners and pay each its critical value: FLMarket's selection rule, the one the product applies.
+    r"""Select winners and pay each its critical value: FLMarket's selection rule, the one the product applies.
 
     Algorithm 1 over the eligible clients (bid at most the budget), optionally capped at
-    ``num_winners`` winners (see the module docstring). Zero-score clients never win; the total
+    ``num_winners`` winners (see the notes below). Zero-score clients never win; the total
     payment is at most ``budget`` in every mode, and so is every payment.
 
     Parameters
@@ -348,6 +302,59 @@ def run_auction(scores: ArrayLike, bids: ArrayLike, budget: float, *, num_winner
         Non-finite or non-positive bids, negative or non-finite scores, ``budget <= 0``, a positive
         score, a bid or the budget outside :data:`VALUE_RANGE`, mismatched lengths, or ``num_winners``
         not in ``[1, E]``.
+
+    Notes
+    -----
+    Winner selection
+        Clients are ranked by score per bid ``u_e / b_e``, highest first; ties go to the lower input
+        index (a stable, deterministic rule). Walking that list, the client at position ``k`` joins the
+        winner set ``S`` while
+
+        .. math:: u_k > 0 \quad\text{and}\quad b_k \le \frac{R}{2} \cdot \frac{u_k}{U(S \cup \{k\})},
+
+        where ``U`` sums scores; the first client that fails stops the walk (a zero-score client always
+        fails, so it never wins).
+
+    Payment (critical value)
+        For winner ``e``, rebuild the walk over the list without ``e`` (``V^-e``). At each position ``j``
+        up to and including the first one that fails, ``e`` could have taken ``j``'s place with any bid
+        below ``min(lambda_j, beta_j)``, where ``lambda_j = u_e * b_j / u_j`` (``e`` still ranks ahead of
+        ``j``) and ``beta_j = R/2 * u_e / U(S'_{j-1} \cup \{e\})`` (``e`` still passes the budget rule).
+        The payment is the largest of these. When every client of ``V^-e`` passes, the last position is
+        "after everyone", where only ``beta`` applies (the paper's pseudo-code leaves this undefined).
+
+    Why the payments are fast
+        Along ``V^-e``, ``lambda_j`` never decreases (the list is sorted by ``b/u`` ascending) and
+        ``beta_j`` never increases (the prefix sum grows), so ``min(lambda_j, beta_j)`` is unimodal and
+        peaks where the two curves cross. The end of each walk is also a threshold: a client ``m``
+        behind ``e`` passes in ``V^-e`` iff ``u_m/b_m >= 2 (U_m - u_e) / R``, whose left side falls and
+        right side rises with ``m``. Both places are found by bisection, vectorised over all winners
+        at once: ``O(E log E)`` for the sort and ``O(K log E)`` for ``K`` winners' payments, instead of
+        the ``O(K E)`` of a direct transcription.
+
+    Guarantees (the paper's Theorems, checked by property-based tests): monotone selection, payment
+    equal to the critical bid (truthful), ``p_e >= b_e`` (individually rational), ``sum p_e <= R``
+    (budget-feasible).
+
+    Eligibility
+        A bid above the budget can never be paid, so such a client is left out of the ranking: it
+        neither wins nor stops the walk nor moves anyone's critical value (Algorithm 1 would let it
+        stop the walk). Whether a client is eligible depends on its own bid only, so truthfulness holds.
+
+    Cohort cap (``num_winners=n``)
+        The same walk, stopped after ``n`` winners: a client joins while it passes the budget rule
+        *and* fewer than ``n`` clients joined before it. Selection stays monotone (a lower bid moves a
+        client up the ranking, past fewer and a subset of the clients it followed, so it still passes
+        and still finds fewer than ``n`` ahead). Its critical value is the same maximum of
+        ``min(lambda_j, beta_j)``, taken only over the positions ``j <= n - 1`` (``e`` must find fewer
+        than ``n`` others ahead of it).
+
+        Budget-feasible in total. Each capped winner is an uncapped winner (the capped winners are a
+        prefix of the uncapped ones), and its capped payment is a maximum over a subset of the
+        positions of its uncapped payment, so it is at most that payment. Hence
+        ``sum_capped p_e <= sum_uncapped p_e <= R`` (the uncapped mechanism is budget-feasible,
+        Theorem 3 of the paper). The price of the guarantee: with a budget that binds, fewer than
+        ``n`` clients win. :func:`cohort_budget` gives the least budget that buys a full cohort.
     """
     score_array, bid_array, budget_value = _validate(scores, bids, budget)
     cap = score_array.size if num_winners is None else _cohort_size(num_winners, score_array.size)

@@ -1,23 +1,7 @@
-"""Data value score of a client (FLMarket, section 3.2).
+"""Data value score of a client (FLMarket, section 3.2): :func:`score`, built from :func:`theta` and :func:`phi`.
 
-The score of client ``e`` is
-
-.. math::
-
-    u_e = \\sum_{c=1}^{C} \\theta_c \\, \\phi(n_e^c), \\qquad
-    \\theta_c = 1 - n_s^c / N_s, \\qquad
-    \\phi(x) = \\sum_{t=1}^{x} -\\ln \\min(t / \\alpha, 1), \\qquad
-    \\alpha = N_s / (E \\cdot C).
-
-Every term of ``phi`` with ``t >= alpha`` is ``-ln(1) = 0``, so ``phi`` saturates at
-``m = min(x, floor(alpha))`` and has the closed form
-
-.. math::
-
-    \\phi(x) = \\sum_{t=1}^{m} (\\ln \\alpha - \\ln t) = m \\ln \\alpha - \\ln \\Gamma(m + 1).
-
-This module evaluates that closed form with a vectorised ``ln(m!)`` (a table, then Stirling's series): no
-loop over samples or clients, so counts in the millions and ``(100_000, 100)`` count matrices cost one vectorised pass.
+The score rewards a client for holding classes that are rare in the global counts, up to the saturation
+point ``alpha = N_s / (E C)``; it is evaluated in closed form, vectorised (formula: :func:`score`).
 """
 
 from __future__ import annotations
@@ -179,7 +163,7 @@ def phi(counts: ArrayLike, alpha_value: float) -> NDArray[np.float64] | float:
 def score(
     local_counts: ArrayLike, global_counts: ArrayLike, num_clients: int, *, exact_global: bool = True
 ) -> NDArray[np.float64] | float:
-    """Data value score ``u_e = sum_c theta_c * phi(n_e^c)`` of one client or of many.
+    r"""Data value score ``u_e = sum_c theta_c * phi(n_e^c)`` of one client or of many.
 
     Parameters
     ----------
@@ -203,6 +187,28 @@ def score(
     ValueError
         Negative, non-integer or non-finite counts; shapes that do not agree; a local count above
         the global count of its class (with ``exact_global``); ``num_clients < 1``; all-zero global counts.
+
+    Notes
+    -----
+    The score of client ``e`` is
+
+    .. math::
+
+        u_e = \sum_{c=1}^{C} \theta_c \, \phi(n_e^c), \qquad
+        \theta_c = 1 - n_s^c / N_s, \qquad
+        \phi(x) = \sum_{t=1}^{x} -\ln \min(t / \alpha, 1), \qquad
+        \alpha = N_s / (E \cdot C).
+
+    Every term of ``phi`` with ``t >= alpha`` is ``-ln(1) = 0``, so ``phi`` saturates at
+    ``m = min(x, floor(alpha))`` and has the closed form
+
+    .. math::
+
+        \phi(x) = \sum_{t=1}^{m} (\ln \alpha - \ln t) = m \ln \alpha - \ln \Gamma(m + 1).
+
+    It is evaluated in that closed form with a vectorised ``ln(m!)`` (a table, then Stirling's series): no
+    loop over samples or clients, so counts in the millions and ``(100_000, 100)`` count matrices cost one vectorised
+    pass.
     """
     global_array = _global_counts(global_counts)
     local = _as_counts(local_counts, "local_counts")

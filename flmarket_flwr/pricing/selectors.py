@@ -1,38 +1,8 @@
-"""Pre-training client selectors: FLMarket and the baselines of the paper's section 5.
+"""Pre-training client selectors: FLMarket and the baselines of the paper's section 5 (RS, QBS, DICE, DDS).
 
-Every selector sees only what a pre-training market sees, the per-class label counts of the
-``E`` candidate clients (plus, where a method needs them, bids or dataset embeddings), and has
-the same signature::
-
-    select_<name>(label_counts, num_selected, *, seed=0, **extra) -> positions
-
-where ``label_counts`` is an ``(E, C)`` integer array (``n_e^c``: samples of class ``c`` held by
-client ``e``) and the result holds ``num_selected`` distinct row positions in selection
-(priority) order (FLMarket: at most ``num_selected``, see below). Selectors are deterministic
-given their inputs and ``seed``; only RS uses the seed. Keywords meant for another selector
-(``bids``, ``embeddings``, ...) are accepted and ignored, so one set of keywords can drive every
-selector; an unknown keyword is an error.
-
-Selectors (``SELECTORS`` maps the names to the functions)
-
-``flmarket``
-    Data value score ``u_e`` (:func:`~flmarket_flwr.pricing.score.score`) and the product's
-    reverse auction with a cohort cap: clients ranked by ``u_e / b_e``. The one selector that may
-    return fewer than ``num_selected`` positions: zero-score clients never win.
-``rs``
-    Random selection: a uniformly random subset.
-``qbs``
-    Quantity-based selection (Zeng et al. 2020, FMore): largest data volume ``N_e`` first.
-``dice``
-    DICE (Saha et al. 2022): highest data quality from the volume ratio and the standard
-    deviation of the per-class volumes. A reconstruction: DICE has no public code.
-``dds``
-    Diversity-driven selection (Li et al. 2021): statistical homogeneity to the uniform label
-    distribution plus content diversity of dataset embeddings, chosen greedily. A
-    reconstruction: DDS has no public code.
-
-Clients that hold no data at all rank after every client with data in QBS, DICE and DDS (ties
-by lower position); in FLMarket their score is zero, so they come last in the auction order.
+Every selector sees only the ``(E, C)`` label counts (plus bids or embeddings where a method needs them),
+shares one signature and is deterministic given its inputs and ``seed``; ``SELECTORS`` maps names to
+functions and :func:`select_clients` runs one by name (its docstring gives the contract and each method).
 """
 
 from __future__ import annotations
@@ -565,6 +535,42 @@ def select_clients(
     ------
     ValueError
         An unknown selector name (the message lists the known ones).
+
+    Notes
+    -----
+    Every selector sees only what a pre-training market sees, the per-class label counts of the
+    ``E`` candidate clients (plus, where a method needs them, bids or dataset embeddings), and has
+    the same signature::
+
+        select_<name>(label_counts, num_selected, *, seed=0, **extra) -> positions
+
+    where ``label_counts`` is an ``(E, C)`` integer array (``n_e^c``: samples of class ``c`` held by
+    client ``e``) and the result holds ``num_selected`` distinct row positions in selection
+    (priority) order (FLMarket: at most ``num_selected``, see below). Selectors are deterministic
+    given their inputs and ``seed``; only RS uses the seed. Keywords meant for another selector
+    (``bids``, ``embeddings``, ...) are accepted and ignored, so one set of keywords can drive every
+    selector; an unknown keyword is an error.
+
+    Selectors (``SELECTORS`` maps the names to the functions)
+
+    ``flmarket``
+        Data value score ``u_e`` (:func:`~flmarket_flwr.pricing.score.score`) and the product's
+        reverse auction with a cohort cap: clients ranked by ``u_e / b_e``. The one selector that may
+        return fewer than ``num_selected`` positions: zero-score clients never win.
+    ``rs``
+        Random selection: a uniformly random subset.
+    ``qbs``
+        Quantity-based selection (Zeng et al. 2020, FMore): largest data volume ``N_e`` first.
+    ``dice``
+        DICE (Saha et al. 2022): highest data quality from the volume ratio and the standard
+        deviation of the per-class volumes. A reconstruction: DICE has no public code.
+    ``dds``
+        Diversity-driven selection (Li et al. 2021): statistical homogeneity to the uniform label
+        distribution plus content diversity of dataset embeddings, chosen greedily. A
+        reconstruction: DDS has no public code.
+
+    Clients that hold no data at all rank after every client with data in QBS, DICE and DDS (ties
+    by lower position); in FLMarket their score is zero, so they come last in the auction order.
     """
     if not isinstance(name, str):
         raise TypeError(f"selector name must be a str, got {type(name).__name__}")

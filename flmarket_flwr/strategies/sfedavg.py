@@ -1,59 +1,9 @@
-"""S-FedAvg: Shapley-value-based client sampling, the paper's in-training baseline.
+"""S-FedAvg: Shapley-value-based client sampling, the paper's in-training baseline, as a Flower strategy.
 
-Reconstruction of *Shapley values based Federated Averaging* (S-FedAvg) from
-Nagalapatti & Narayanam, "Game of Gradients: Mitigating Irrelevant Clients in Federated
-Learning", AAAI 2021 (Algorithms 1 and 2), as a Flower Message-API strategy. The FLMarket
-paper (section 5.3) compares against it with 5 of 20 clients sampled every round.
-
-The algorithm, round ``t``
---------------------------
-1. **Sample.** The server keeps a relevance value ``phi_e`` per node, initially uniform
-   (``1 / K``, ``K`` the number of nodes when the strategy first sees them). It samples
-   ``m = num_train_nodes`` distinct nodes with probabilities
-   ``P_phi = softmax(phi / temperature)`` over the connected nodes (the paper: plain
-   ``softmax(phi)``, i.e. ``temperature = 1``), by successive draws without replacement
-   from a seeded ``numpy.random.Generator``.
-2. **Train.** The sampled nodes train locally and reply, as in FedAvg.
-3. **Value.** A cooperative game whose players are the replying nodes' updates: the
-   value ``v(X)`` of a coalition ``X`` is ``validation_fn`` (accuracy on a server-side
-   validation set) of the model obtained by FedAvg-averaging only the models of ``X``,
-   weighted by their example counts; ``v(empty)`` is the value of the round's global
-   model ``theta_t`` (the model "built from no update"). Each replying node's Shapley
-   value ``sv_e`` is estimated with :func:`estimate_shapley`.
-4. **Update.** ``phi_e <- alpha * phi_e + beta * sv_e`` for every node that replied
-   (paper: ``alpha = 0.75``, ``beta = 0.25``; here ``alpha_decay`` and
-   ``beta = 1 - alpha_decay`` by default). Other nodes keep their value.
-5. **Aggregate.** The new global model is FedAvg over all replies (the grand coalition).
-
-Estimator and cost
-------------------
-Shapley values are estimated by permutation sampling with optional truncation
-(TMC-Shapley, Ghorbani & Zou 2019): for each of ``num_permutations`` distinct random
-orders of the ``k`` players, walk the order, add one player at a time and credit it with
-the change of ``v``; average over permutations. With ``truncation_tolerance > 0`` a walk
-stops evaluating once ``|v(N) - v(prefix)| <= truncation_tolerance * |v(N)|`` and credits
-the remaining players with 0 (Ghorbani & Zou's truncation, a biased speed-up); with the
-default ``0`` nothing is truncated, which is the plain Monte-Carlo estimator of S-FedAvg's
-Algorithm 2 (Castro et al. 2009). Each coalition's value is cached for the round, so the
-cost is at most ``min(num_permutations * (k - 1) + 2, 2**k)`` calls of ``validation_fn``
-(each on one aggregation of at most ``k`` models) per round, on top of FedAvg. When
-``k! <= num_permutations`` all ``k!`` orders are enumerated instead (no truncation) and the
-values are **exact**; the cache then makes that cost exactly ``2**k`` evaluations.
-
-Deviations from the paper, and choices where it is silent
----------------------------------------------------------
-* Coalition models average the coalition's models weighted by example counts,
-  renormalised within the coalition (the paper's Eq. 4 is not recoverable from its text;
-  this is the FedAvg model the coalition alone would have produced).
-* ``v(empty)`` is the accuracy of ``theta_t``; pass ``empty_coalition_value=0.0`` for the
-  preliminaries' convention ``v(empty) = 0``. The choice shifts every ``sv_e`` of a round
-  by the same ``v(empty) / k``.
-* The permutations are distinct (the paper samples "a set of R permutations"); exact
-  enumeration when ``k! <= num_permutations`` is an addition.
-* Nodes that fail or time out keep their relevance (the paper assumes every sampled client
-  replies). The global step is FedAvg (server learning rate 1).
-* Sampling is over the nodes connected at the time, so nodes may join or leave; a node
-  seen for the first time starts at ``initial_relevance`` (default ``1 / K`` as above).
+A reconstruction of Nagalapatti & Narayanam (AAAI 2021). :class:`SFedAvg` samples nodes by relevance, values each
+round's replies with estimated Shapley values on a
+server-side validation set (:func:`estimate_shapley`) and aggregates with FedAvg. The algorithm, the
+estimator's cost and the deviations from the paper are in :class:`SFedAvg`.
 """
 
 from __future__ import annotations
@@ -274,7 +224,7 @@ def estimate_shapley(
 class RelevanceSampler:
     """S-FedAvg's per-client relevance: sampling by it, valuing a round's updates, updating it.
 
-    Steps 1, 3 and 4 of the algorithm (module docstring) without Flower, over any integer ids
+    Steps 1, 3 and 4 of the algorithm (:class:`SFedAvg`) without Flower, over any integer ids
     (:class:`SFedAvg` uses node ids; the sweeps' in-process engine uses partition ids).
 
     Parameters
@@ -417,7 +367,7 @@ class SFedAvg(FedAvg):
     Samples ``num_train_nodes`` nodes per round with probabilities ``softmax(phi /
     temperature)`` of their relevance ``phi``, aggregates their models with FedAvg, and
     updates the relevance of the nodes that replied with their estimated Shapley value in
-    the round's coalition game (see the module docstring for the algorithm, the
+    the round's coalition game (see the notes below for the algorithm, the
     estimator's cost and the deviations from the paper).
 
     Parameters
@@ -467,6 +417,58 @@ class SFedAvg(FedAvg):
         Round -> every known node's relevance after it (``0``: initial values).
     selection_history : dict[int, list[int]]
         Round -> nodes sampled.
+
+    Notes
+    -----
+    **The algorithm, round ``t``.**
+
+    1. **Sample.** The server keeps a relevance value ``phi_e`` per node, initially uniform
+       (``1 / K``, ``K`` the number of nodes when the strategy first sees them). It samples
+       ``m = num_train_nodes`` distinct nodes with probabilities
+       ``P_phi = softmax(phi / temperature)`` over the connected nodes (the paper: plain
+       ``softmax(phi)``, i.e. ``temperature = 1``), by successive draws without replacement
+       from a seeded ``numpy.random.Generator``.
+    2. **Train.** The sampled nodes train locally and reply, as in FedAvg.
+    3. **Value.** A cooperative game whose players are the replying nodes' updates: the
+       value ``v(X)`` of a coalition ``X`` is ``validation_fn`` (accuracy on a server-side
+       validation set) of the model obtained by FedAvg-averaging only the models of ``X``,
+       weighted by their example counts; ``v(empty)`` is the value of the round's global
+       model ``theta_t`` (the model "built from no update"). Each replying node's Shapley
+       value ``sv_e`` is estimated with :func:`estimate_shapley`.
+    4. **Update.** ``phi_e <- alpha * phi_e + beta * sv_e`` for every node that replied
+       (paper: ``alpha = 0.75``, ``beta = 0.25``; here ``alpha_decay`` and
+       ``beta = 1 - alpha_decay`` by default). Other nodes keep their value.
+    5. **Aggregate.** The new global model is FedAvg over all replies (the grand coalition).
+
+    **Estimator and cost.**
+
+    Shapley values are estimated by permutation sampling with optional truncation
+    (TMC-Shapley, Ghorbani & Zou 2019): for each of ``num_permutations`` distinct random
+    orders of the ``k`` players, walk the order, add one player at a time and credit it with
+    the change of ``v``; average over permutations. With ``truncation_tolerance > 0`` a walk
+    stops evaluating once ``|v(N) - v(prefix)| <= truncation_tolerance * |v(N)|`` and credits
+    the remaining players with 0 (Ghorbani & Zou's truncation, a biased speed-up); with the
+    default ``0`` nothing is truncated, which is the plain Monte-Carlo estimator of S-FedAvg's
+    Algorithm 2 (Castro et al. 2009). Each coalition's value is cached for the round, so the
+    cost is at most ``min(num_permutations * (k - 1) + 2, 2**k)`` calls of ``validation_fn``
+    (each on one aggregation of at most ``k`` models) per round, on top of FedAvg. When
+    ``k! <= num_permutations`` all ``k!`` orders are enumerated instead (no truncation) and the
+    values are **exact**; the cache then makes that cost exactly ``2**k`` evaluations.
+
+    **Deviations from the paper, and choices where it is silent.**
+
+    * Coalition models average the coalition's models weighted by example counts,
+      renormalised within the coalition (the paper's Eq. 4 is not recoverable from its text;
+      this is the FedAvg model the coalition alone would have produced).
+    * ``v(empty)`` is the accuracy of ``theta_t``; pass ``empty_coalition_value=0.0`` for the
+      preliminaries' convention ``v(empty) = 0``. The choice shifts every ``sv_e`` of a round
+      by the same ``v(empty) / k``.
+    * The permutations are distinct (the paper samples "a set of R permutations"); exact
+      enumeration when ``k! <= num_permutations`` is an addition.
+    * Nodes that fail or time out keep their relevance (the paper assumes every sampled client
+      replies). The global step is FedAvg (server learning rate 1).
+    * Sampling is over the nodes connected at the time, so nodes may join or leave; a node
+      seen for the first time starts at ``initial_relevance`` (default ``1 / K`` as above).
     """
 
     # pylint: disable=too-many-arguments,too-many-locals
