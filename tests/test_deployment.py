@@ -14,6 +14,7 @@ chosen SuperNode hang in PASS's ``market_mask`` round) and kills that SuperNode 
 import json
 import os
 import re
+import socket
 import ssl
 import subprocess
 import sys
@@ -473,9 +474,128 @@ def test_supernode_killed_in_pass_is_excluded_without_a_stall(tmp_path: Path, mo
     )
 
 
-def expected_global_counts(partitions: range) -> np.ndarray:
-    """``N_s`` over ``partitions`` of the dropout run's data config (the clients' own partitioning)."""
+def expected_global_counts(partitions: range, num_partitions: int = DROPOUT_NODES) -> np.ndarray:
+    """``N_s`` over ``partitions`` of the d1 runs' data config (the clients' own partitioning), without noise."""
     from flmarket_flwr.task import DataConfig, partition_label_counts  # pylint: disable=import-outside-toplevel
 
-    config = DataConfig.from_run_config({"distribution": "d1"}, {"num-partitions": DROPOUT_NODES})
+    config = DataConfig.from_run_config({"distribution": "d1"}, {"num-partitions": num_partitions})
     return sum(partition_label_counts(p, config) for p in partitions)
+
+
+# --- The guide's secure sequence, run as written ---------------------------------------------
+GUIDE = PROJECT / "docs" / "deployment.md"
+GUIDE_SECTION = "## Recommended: TLS, SuperNode authentication and the secure profile"
+GUIDE_NODES = 6  # the guide's N
+GUIDE_BUDGET = 2000.0  # the guide's run config
+GUIDE_TIMEOUT_S = 480
+
+
+def guide_blocks() -> list[str]:
+    """The bash blocks of the guide's recommended section, in order (the last one is the run)."""
+    section = GUIDE.read_text(encoding="utf-8").split(GUIDE_SECTION, 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.DOTALL)
+    assert len(blocks) >= 2 and "flwr run" in blocks[-1], "the guide's section lost its bash blocks or its run"
+    return blocks
+
+
+def consecutive_free_ports(count: int, attempts: int = 50) -> int:
+    """The first of ``count`` consecutive TCP ports free on 127.0.0.1 right now (the guide's ``NODE_PORT``)."""
+    for _ in range(attempts):
+        first = free_ports(1)[0]
+        if first + count > 65535:
+            continue
+        sockets = []
+        try:
+            for port in range(first, first + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free ports found")
+
+
+def run_guide(root: Path, run_block: str | None = None, timeout_s: float = GUIDE_TIMEOUT_S) -> str:
+    """Run the guide's bash blocks in ``root`` (the last one replaced by ``run_block`` if given); return the output.
+
+    Only the documented placeholders are set: ``APP``, ``VENV``, ``PORT``, ``NODE_PORT`` and the working directory
+    (``PYTHONPATH`` makes the processes import this checkout). Every process the script started is stopped by PID
+    afterwards (the script's own tree while it runs, and the PIDs it recorded), and none may survive.
+    """
+    blocks = guide_blocks()
+    pids_file = root / "started.pids"
+    record = f'echo "$SUPERLINK_PID ${{SUPERNODE_PIDS[*]}}" > "{pids_file}"\n'
+    script = "set -euo pipefail\n" + "\n".join(blocks[:-1]) + record + (run_block or blocks[-1])
+    (root / "guide.sh").write_text(script, encoding="utf-8")
+    superlink_port = free_ports(1)[0]
+    env = {
+        **os.environ,
+        "APP": str(PROJECT),
+        "VENV": str(BIN_DIR.parent),
+        "PORT": str(superlink_port),
+        "NODE_PORT": str(consecutive_free_ports(GUIDE_NODES)),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")])),
+    }
+    env.pop("FLWR_HOME", None)
+    log_path = root / "guide.log"
+    with log_path.open("wb") as log_file:
+        shell = subprocess.Popen(  # pylint: disable=consider-using-with
+            ["bash", str(root / "guide.sh")], cwd=root, env=env, stdout=log_file, stderr=subprocess.STDOUT
+        )
+    try:
+        try:
+            shell.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the guide's sequence did not end within {timeout_s} s\n{guide_logs(root)}")
+    finally:
+        started = [int(pid) for pid in pids_file.read_text().split()] if pids_file.exists() else []
+        stop_pids(process_tree([shell.pid, *started]), grace_s=10.0)
+        try:
+            shell.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        survivors = [pid for pid in process_tree([shell.pid, *started]) if is_alive(pid)]
+        assert not survivors, f"processes survived: {survivors}"
+    output = log_path.read_text(errors="replace")
+    assert shell.returncode == 0, f"the guide's sequence failed ({shell.returncode})\n{guide_logs(root)}"
+    return output
+
+
+def guide_logs(root: Path) -> str:
+    """Tails of the script's, the SuperLink's and the SuperNodes' logs (for failure messages)."""
+    return "\n".join(
+        f"--- {path.name}\n{path.read_text(errors='replace')[-2000:]}" for path in sorted(root.glob("*.log"))
+    )
+
+
+def test_the_guides_secure_sequence_runs_as_written(tmp_path: Path) -> None:
+    """docs/deployment.md's recommended sequence: TLS, SuperNode auth and the secure profile on six SuperNodes.
+
+    The run succeeds with winners within the budget; every node took part in PASS, added the profile's noise
+    (``N_s`` is not the exact sum of the partitions) and kept its ledger, with the release and its privacy spend,
+    under its own ``FLMARKET_HOME``.
+    """
+    output = run_guide(tmp_path)
+    assert "FLMarket run succeeded" in output, guide_logs(tmp_path)
+    assert output.count("pins hold") == GUIDE_NODES, output[-3000:]
+
+    directory = json.loads((tmp_path / "directory.json").read_text())
+    node_ids = sorted(int(node) for node in directory["keys"])
+    market = json.loads((tmp_path / "results" / "secure" / "market.json").read_text())
+    assert market["status"] == "succeeded" and not market["excluded"], market
+    assert market["pass_participants"] == node_ids and len(node_ids) == GUIDE_NODES, market
+    assert market["winners"] and market["within_budget"] and market["total_payment"] <= GUIDE_BUDGET
+    exact = expected_global_counts(range(GUIDE_NODES), GUIDE_NODES).tolist()
+    assert len(market["global_counts"]) == len(exact)
+    assert market["global_counts"] != exact, "N_s is the exact sum: the profile's noise is missing"
+
+    for partition_id in range(GUIDE_NODES):
+        ledgers = list((tmp_path / f"node-{partition_id}" / "ledger").glob("*/release-ledger.json"))
+        assert len(ledgers) == 1, f"node {partition_id}: {ledgers}"
+        ledger = json.loads(ledgers[0].read_text())
+        assert len(ledger["records"]) == 1 and len(ledger["records"][0]["members"]) == GUIDE_NODES, ledger
+        assert len(ledger["spent"]) == 1 and ledger["spent"][0]["variance"] > 0, ledger
