@@ -488,6 +488,7 @@ GUIDE_SECTION = "## Recommended: TLS, SuperNode authentication and the secure pr
 GUIDE_NODES = 6  # the guide's N
 GUIDE_BUDGET = 2000.0  # the guide's run config
 GUIDE_TIMEOUT_S = 480
+ATTACK_APP = Path(__file__).resolve().parent / "attack_app"
 
 
 def guide_blocks() -> list[str]:
@@ -599,3 +600,35 @@ def test_the_guides_secure_sequence_runs_as_written(tmp_path: Path) -> None:
         ledger = json.loads(ledgers[0].read_text())
         assert len(ledger["records"]) == 1 and len(ledger["records"][0]["members"]) == GUIDE_NODES, ledger
         assert len(ledger["spent"]) == 1 and ledger["spent"][0]["variance"] > 0, ledger
+
+
+def test_a_deviating_buyer_gets_no_counts_in_the_secure_profile(tmp_path: Path) -> None:
+    """The guide's deployment with ``tests/attack_app`` as the buyer: PASS and bids honest, then the audit oracle.
+
+    Every bidder is sent ``market_audit`` with payment = bid under no award, under the auction's award signed with
+    another key (offered for endorsement first), and under an award naming everyone a winner, with no
+    endorsements. No node endorses the forged award or opens its counts, and each node's own log says why.
+    """
+    attack_out = tmp_path / "attack.json"
+    run_block = (
+        f'flwr run "{ATTACK_APP}" secure --stream --run-config "market-security=\'malicious\' '
+        f"identity-directory='$PWD/directory.json' expected-nodes=$N attack-out='{attack_out}'\"\n"
+    )
+    output = run_guide(tmp_path, run_block)
+    assert "the deviating buyer's attack is done" in output, guide_logs(tmp_path)
+
+    received = json.loads(attack_out.read_text())
+    bidders = [str(node) for node in received["bidders"]]
+    assert len(bidders) == GUIDE_NODES, received
+    for attack in ("no_award", "other_key_endorse", "other_key", "everyone_wins"):
+        assert sorted(received[attack]) == sorted(bidders), (attack, received[attack])
+        for node, reply in received[attack].items():
+            assert "counts" not in reply["keys"] and "endorsement" not in reply["keys"], (attack, node, reply)
+            assert reply["error"], (attack, node, reply)  # refused, not silently answered
+
+    for partition_id in range(GUIDE_NODES):
+        log_text = (tmp_path / f"supernode-{partition_id}.log").read_text(errors="replace")
+        refusals = re.findall(r"Market request market_audit refused: ([^\n]*)", log_text)
+        assert len(refusals) == 3, (partition_id, refusals, log_text[-3000:])
+        assert all("latest award this client endorsed" in reason for reason in refusals), refusals
+        assert re.search(r"Market request market_endorse refused: [^\n]*sign", log_text), log_text[-3000:]
