@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from processes import free_ports, is_alive, process_tree, stop_pids
+from processes import free_ports, is_alive, proc_table, process_tree, stop_pids
 
 PROJECT = Path(__file__).resolve().parents[1]
 DROPOUT_APP = Path(__file__).resolve().parent / "dropout_app"
@@ -559,8 +559,12 @@ def run_guide(root: Path, run_block: str | None = None, timeout_s: float = GUIDE
             shell.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-        survivors = [pid for pid in process_tree([shell.pid, *started]) if is_alive(pid)]
-        assert not survivors, f"processes survived: {survivors}"
+        deadline = time.monotonic() + 10.0  # a process just sent SIGKILL may take a moment to go
+        while (survivors := [pid for pid in process_tree([shell.pid, *started]) if is_alive(pid)]) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.2)
+        assert not survivors, f"processes survived: {[(pid, proc_table().get(pid)) for pid in survivors]}"
     output = log_path.read_text(errors="replace")
     assert shell.returncode == 0, f"the guide's sequence failed ({shell.returncode})\n{guide_logs(root)}"
     return output
