@@ -36,6 +36,9 @@ SLOW_TESTS = {
     "test_packaging.py::test_the_core_alone_installs_in_a_fresh_venv_and_imports_without_torch",
     "test_packaging.py::test_the_wheel_carries_the_licence_py_typed_and_the_metadata",  # pip builds in isolation
     "test_ray_cluster.py::test_flwr_run_on_an_existing_ray_cluster",
+    # docs/deployment.md's secure sequence, six SuperNodes (the module is slow already): 3 min 48 s, 4 min 9 s at load 7
+    "test_deployment.py::test_the_guides_secure_sequence_runs_as_written",
+    "test_deployment.py::test_a_deviating_buyer_gets_no_counts_in_the_secure_profile",
 }
 
 

@@ -14,6 +14,7 @@ chosen SuperNode hang in PASS's ``market_mask`` round) and kills that SuperNode 
 import json
 import os
 import re
+import socket
 import ssl
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from processes import free_ports, is_alive, process_tree, stop_pids
+from processes import free_ports, is_alive, proc_table, process_tree, stop_pids
 
 PROJECT = Path(__file__).resolve().parents[1]
 DROPOUT_APP = Path(__file__).resolve().parent / "dropout_app"
@@ -473,9 +474,165 @@ def test_supernode_killed_in_pass_is_excluded_without_a_stall(tmp_path: Path, mo
     )
 
 
-def expected_global_counts(partitions: range) -> np.ndarray:
-    """``N_s`` over ``partitions`` of the dropout run's data config (the clients' own partitioning)."""
+def expected_global_counts(partitions: range, num_partitions: int = DROPOUT_NODES) -> np.ndarray:
+    """``N_s`` over ``partitions`` of the d1 runs' data config (the clients' own partitioning), without noise."""
     from flmarket_flwr.task import DataConfig, partition_label_counts  # pylint: disable=import-outside-toplevel
 
-    config = DataConfig.from_run_config({"distribution": "d1"}, {"num-partitions": DROPOUT_NODES})
+    config = DataConfig.from_run_config({"distribution": "d1"}, {"num-partitions": num_partitions})
     return sum(partition_label_counts(p, config) for p in partitions)
+
+
+# --- The guide's secure sequence, run as written ---------------------------------------------
+GUIDE = PROJECT / "docs" / "deployment.md"
+GUIDE_SECTION = "## Recommended: TLS, SuperNode authentication and the secure profile"
+GUIDE_NODES = 6  # the guide's N
+GUIDE_BUDGET = 2000.0  # the guide's run config
+GUIDE_TIMEOUT_S = 480
+ATTACK_APP = Path(__file__).resolve().parent / "attack_app"
+
+
+def guide_blocks() -> list[str]:
+    """The bash blocks of the guide's recommended section, in order (the last one is the run)."""
+    section = GUIDE.read_text(encoding="utf-8").split(GUIDE_SECTION, 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.DOTALL)
+    assert len(blocks) >= 2 and "flwr run" in blocks[-1], "the guide's section lost its bash blocks or its run"
+    return blocks
+
+
+def consecutive_free_ports(count: int, attempts: int = 50) -> int:
+    """The first of ``count`` consecutive TCP ports free on 127.0.0.1 right now (the guide's ``NODE_PORT``)."""
+    for _ in range(attempts):
+        first = free_ports(1)[0]
+        if first + count > 65535:
+            continue
+        sockets = []
+        try:
+            for port in range(first, first + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free ports found")
+
+
+def run_guide(root: Path, run_block: str | None = None, timeout_s: float = GUIDE_TIMEOUT_S) -> str:
+    """Run the guide's bash blocks in ``root`` (the last one replaced by ``run_block`` if given); return the output.
+
+    Only the documented placeholders are set: ``APP``, ``VENV``, ``PORT``, ``NODE_PORT`` and the working directory
+    (``PYTHONPATH`` makes the processes import this checkout). Every process the script started is stopped by PID
+    afterwards (the script's own tree while it runs, and the PIDs it recorded), and none may survive.
+    """
+    blocks = guide_blocks()
+    pids_file = root / "started.pids"
+    record = f'echo "$SUPERLINK_PID ${{SUPERNODE_PIDS[*]}}" > "{pids_file}"\n'
+    script = "set -euo pipefail\n" + "\n".join(blocks[:-1]) + record + (run_block or blocks[-1])
+    (root / "guide.sh").write_text(script, encoding="utf-8")
+    superlink_port = free_ports(1)[0]
+    env = {
+        **os.environ,
+        "APP": str(PROJECT),
+        "VENV": str(BIN_DIR.parent),
+        "PORT": str(superlink_port),
+        "NODE_PORT": str(consecutive_free_ports(GUIDE_NODES)),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")])),
+    }
+    env.pop("FLWR_HOME", None)
+    log_path = root / "guide.log"
+    with log_path.open("wb") as log_file:
+        shell = subprocess.Popen(  # pylint: disable=consider-using-with
+            ["bash", str(root / "guide.sh")], cwd=root, env=env, stdout=log_file, stderr=subprocess.STDOUT
+        )
+    try:
+        try:
+            shell.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the guide's sequence did not end within {timeout_s} s\n{guide_logs(root)}")
+    finally:
+        started = [int(pid) for pid in pids_file.read_text().split()] if pids_file.exists() else []
+        stop_pids(process_tree([shell.pid, *started]), grace_s=10.0)
+        try:
+            shell.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        deadline = time.monotonic() + 10.0  # a process just sent SIGKILL may take a moment to go
+        while (survivors := [pid for pid in process_tree([shell.pid, *started]) if is_alive(pid)]) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.2)
+        assert not survivors, f"processes survived: {[(pid, proc_table().get(pid)) for pid in survivors]}"
+    output = log_path.read_text(errors="replace")
+    assert shell.returncode == 0, f"the guide's sequence failed ({shell.returncode})\n{guide_logs(root)}"
+    return output
+
+
+def guide_logs(root: Path) -> str:
+    """Tails of the script's, the SuperLink's and the SuperNodes' logs (for failure messages)."""
+    return "\n".join(
+        f"--- {path.name}\n{path.read_text(errors='replace')[-2000:]}" for path in sorted(root.glob("*.log"))
+    )
+
+
+def test_the_guides_secure_sequence_runs_as_written(tmp_path: Path) -> None:
+    """docs/deployment.md's recommended sequence: TLS, SuperNode auth and the secure profile on six SuperNodes.
+
+    The run succeeds with winners within the budget; every node took part in PASS, added the profile's noise
+    (``N_s`` is not the exact sum of the partitions) and kept its ledger, with the release and its privacy spend,
+    under its own ``FLMARKET_HOME``.
+    """
+    output = run_guide(tmp_path)
+    assert "FLMarket run succeeded" in output, guide_logs(tmp_path)
+    assert output.count("pins hold") == GUIDE_NODES, output[-3000:]
+
+    directory = json.loads((tmp_path / "directory.json").read_text())
+    node_ids = sorted(int(node) for node in directory["keys"])
+    market = json.loads((tmp_path / "results" / "secure" / "market.json").read_text())
+    assert market["status"] == "succeeded" and not market["excluded"], market
+    assert market["pass_participants"] == node_ids and len(node_ids) == GUIDE_NODES, market
+    assert market["winners"] and market["within_budget"] and market["total_payment"] <= GUIDE_BUDGET
+    exact = expected_global_counts(range(GUIDE_NODES), GUIDE_NODES).tolist()
+    assert len(market["global_counts"]) == len(exact)
+    assert market["global_counts"] != exact, "N_s is the exact sum: the profile's noise is missing"
+
+    for partition_id in range(GUIDE_NODES):
+        ledgers = list((tmp_path / f"node-{partition_id}" / "ledger").glob("*/release-ledger.json"))
+        assert len(ledgers) == 1, f"node {partition_id}: {ledgers}"
+        ledger = json.loads(ledgers[0].read_text())
+        assert len(ledger["records"]) == 1 and len(ledger["records"][0]["members"]) == GUIDE_NODES, ledger
+        assert len(ledger["spent"]) == 1 and ledger["spent"][0]["variance"] > 0, ledger
+
+
+def test_a_deviating_buyer_gets_no_counts_in_the_secure_profile(tmp_path: Path) -> None:
+    """The guide's deployment with ``tests/attack_app`` as the buyer: PASS and bids honest, then the audit oracle.
+
+    Every bidder is sent ``market_audit`` with payment = bid under no award, under the auction's award signed with
+    another key (offered for endorsement first), and under an award naming everyone a winner, with no
+    endorsements. No node endorses the forged award or opens its counts, and each node's own log says why.
+    """
+    attack_out = tmp_path / "attack.json"
+    run_block = (
+        f'flwr run "{ATTACK_APP}" secure --stream --run-config "market-security=\'malicious\' '
+        f"identity-directory='$PWD/directory.json' expected-nodes=$N attack-out='{attack_out}'\"\n"
+    )
+    output = run_guide(tmp_path, run_block)
+    assert "the deviating buyer's attack is done" in output, guide_logs(tmp_path)
+
+    received = json.loads(attack_out.read_text())
+    bidders = [str(node) for node in received["bidders"]]
+    assert len(bidders) == GUIDE_NODES, received
+    for attack in ("no_award", "other_key_endorse", "other_key", "everyone_wins"):
+        assert sorted(received[attack]) == sorted(bidders), (attack, received[attack])
+        for node, reply in received[attack].items():
+            assert "counts" not in reply["keys"] and "endorsement" not in reply["keys"], (attack, node, reply)
+            assert reply["error"], (attack, node, reply)  # refused, not silently answered
+
+    for partition_id in range(GUIDE_NODES):
+        log_text = (tmp_path / f"supernode-{partition_id}.log").read_text(errors="replace")
+        refusals = re.findall(r"Market request market_audit refused: ([^\n]*)", log_text)
+        assert len(refusals) == 3, (partition_id, refusals, log_text[-3000:])
+        assert all("latest award this client endorsed" in reason for reason in refusals), refusals
+        assert re.search(r"Market request market_endorse refused: [^\n]*sign", log_text), log_text[-3000:]
