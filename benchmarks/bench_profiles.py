@@ -21,12 +21,13 @@ message crosses Flower's wire format, every node's ``Context`` is rebuilt from p
 * **SecAgg+**: Flower's ``SecAggPlusWorkflow`` summing the counts at ``k = neighbourhood_size(E)``
   (``bench_secagg.run_secagg``: whole at E <= ``--secagg-whole-max``; above, ``drive_one_secagg_client``: one
   real client through its four stages, server CPU extrapolated; see ``bench_secagg``'s docstring).
-  SecAgg+ is an aggregation only: no bids, auction or award, so the ratio SecAgg+/secure understates what
-  the secure profile's aggregation alone saves.
+  SecAgg+ is an aggregation only (no bids, auction or award) and runs on its sparse graph, the secure profile
+  on the complete one.
 
-Above ``--secure-whole-max``, the secure profile is measured for ``--secure-sample`` clients only: a market
-of all ``E`` nodes is run whole only up to that size, so at E = 1,000 the row reads "not run" and the client
-CPU on the complete graph is taken from ``bench_pass_client --complete`` (see RESULTS.md).
+Above ``--secure-whole-max`` the secure profile is not run: on the complete graph every client deals to and
+checks all ``E - 1`` others, so the federation's work grows as ``E^2`` (E = 1,000 is about 100 times E = 100,
+with ``E (E - 1)`` share ciphertexts in one process). The ratio table then says so; ``benchmarks/RESULTS.md``
+section 1.0f gives what was measured instead.
 
 Client CPU: ``time.process_time`` around each ClientApp call, summed per client, mean over clients. Server
 CPU: the process's CPU over the run minus all clients' CPU. Bytes: serialised replies sent per client.
