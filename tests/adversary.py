@@ -138,3 +138,18 @@ def client_secrets(grid: InProcessGrid, node: int) -> dict[str, Any]:
 def run_market(counts: Mapping[int, np.ndarray], **overrides: Any) -> tuple[InProcessGrid, Any]:
     grid = honest_grid(counts)
     return grid, MarketPhase(market_config(**overrides)).run(grid)
+
+
+def altering(node: int, action: str, change):
+    """A reply hook that lets ``change(record)`` edit ``node``'s reply to ``query.<action>``."""
+
+    def hook(instruction, reply):
+        if (
+            instruction.metadata.dst_node_id == node
+            and instruction.metadata.message_type == f"query.{action}"
+            and not reply.has_error()
+        ):
+            change(reply.content.config_records[RECORD_KEY])
+        return reply
+
+    return hook

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from adversary import (
     NUM_CLASSES,
+    altering,
     client_secrets,
     honest_grid,
     lying_client_app,
@@ -37,21 +38,6 @@ from flmarket_flwr.pass_protocol import (
 from flmarket_flwr.pricing import run_auction, score
 
 POLICY = CostBasedBid(0.01)
-
-
-def altering(node: int, action: str, change):
-    """A reply hook that lets ``change(record)`` edit ``node``'s reply to ``query.<action>``."""
-
-    def hook(instruction, reply):
-        if (
-            instruction.metadata.dst_node_id == node
-            and instruction.metadata.message_type == f"query.{action}"
-            and not reply.has_error()
-        ):
-            change(reply.content.config_records[RECORD_KEY])
-        return reply
-
-    return hook
 
 
 def honest_auction(counts: dict[int, np.ndarray], nodes: list[int], budget: float, num_winners=None):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from adversary import (
     NUM_CLASSES,
+    altering,
     client_secrets,
     honest_grid,
     make_counts,
@@ -26,21 +27,6 @@ from flmarket_flwr.pass_protocol.graph import neighbourhood_size, share_threshol
 from flmarket_flwr.pass_protocol.shamir import random_scalar, scalar_to_bytes
 
 SIZES = [8, 40]
-
-
-def altering(node: int, action: str, change):
-    """A reply hook that lets ``change(record)`` edit ``node``'s reply to ``query.<action>``."""
-
-    def hook(instruction, reply):
-        if (
-            instruction.metadata.dst_node_id == node
-            and instruction.metadata.message_type == f"query.{action}"
-            and not reply.has_error()
-        ):
-            change(reply.content.config_records[RECORD_KEY])
-        return reply
-
-    return hook
 
 
 def _garbled(ciphertext: bytes) -> bytes:
