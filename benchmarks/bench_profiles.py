@@ -63,15 +63,6 @@ from flmarket_flwr.client_app import market_noise_of
 from flmarket_flwr.market import MarketConfig, MarketPhase, register_market_handlers
 from flmarket_flwr.market.bidding import CostBasedBid
 from flmarket_flwr.market.inprocess import InProcessGrid
-from flmarket_flwr.market.node_config import (
-    buyer_key_of,
-    complete_graph_of,
-    identity_directory_of,
-    identity_key_of,
-    min_participants_of,
-    release_ledger_of,
-    split_tolerance_of,
-)
 from flmarket_flwr.pass_protocol import IdentityDirectory, generate_identity, save_identity_key
 
 SIZES = (100, 1_000)
@@ -111,14 +102,7 @@ def profile_client_app(label_counts: dict[int, np.ndarray]) -> ClientApp:
         app,
         get_label_counts=lambda context: label_counts[context.node_id],
         bid_policy=CostBasedBid(0.01),
-        identity_key=identity_key_of,
-        directory=identity_directory_of,
-        release_ledger=release_ledger_of,
-        noise=market_noise_of,
-        complete_graph=complete_graph_of,
-        min_participants=min_participants_of,
-        split_tolerance=split_tolerance_of,
-        buyer_key=buyer_key_of,
+        noise=market_noise_of,  # as the app: the run config's noise too; every other option from the node config
     )
     return app
 
