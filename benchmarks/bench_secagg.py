@@ -274,9 +274,12 @@ def quantization_range(num_clients: int) -> int:
     return 2 ** int(math.floor(math.log2((MODULUS_RANGE - 1) / num_clients)))
 
 
-def secagg_shares(num_clients: int) -> tuple[int, int]:
-    """``(num_shares, reconstruction_threshold)``: ``k`` neighbours plus the client itself, threshold ``t``."""
-    k = matched_degree(num_clients)
+def secagg_shares(num_clients: int, degree: int | None = None) -> tuple[int, int]:
+    """``(num_shares, reconstruction_threshold)``: ``k`` neighbours plus the client itself, threshold ``t``.
+
+    ``k`` is :func:`matched_degree` unless ``degree`` is given (``E - 1``: SecAgg+ on the complete graph).
+    """
+    k = matched_degree(num_clients) if degree is None else degree
     return k + 1, share_threshold(k)
 
 
@@ -326,9 +329,14 @@ def run_secagg(counts: np.ndarray) -> Row:
     return _row("SecAgg+", grid, wall, cpu, secagg_sum(context, num_clients), counts.sum(axis=0), rss)
 
 
-def drive_one_secagg_client(num_clients: int, counts_by_classes: dict[int, np.ndarray]) -> list[Row]:
-    """SecAgg+ for ONE client with its ``k`` real neighbours in a roster of E; see the module docstring."""
-    shares, threshold = secagg_shares(num_clients)
+def drive_one_secagg_client(
+    num_clients: int, counts_by_classes: dict[int, np.ndarray], degree: int | None = None
+) -> list[Row]:
+    """SecAgg+ for ONE client with its ``k`` real neighbours in a roster of E; see the module docstring.
+
+    ``degree``: ``k`` (default :func:`matched_degree`; ``E - 1`` for the complete graph).
+    """
+    shares, threshold = secagg_shares(num_clients, degree)
     me, others = 10_000, [10_001 + i for i in range(shares - 1)]
     current: dict[str, np.ndarray] = {}
     grid = MeasuredGrid(secagg_client_app(lambda context: current["counts"]), [me])

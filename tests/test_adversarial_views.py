@@ -216,8 +216,10 @@ def test_a_client_shown_a_second_set_refuses() -> None:
     assert reply[server.node_of[neighbour]].has_error()
 
 
-@pytest.mark.parametrize("tamper", ["none", "too-few", "forged", "unsigned-first"])
+@pytest.mark.parametrize("tamper", ["none", "too-few", "forged", "forged-spare", "unsigned-first"])
 def test_unmask_needs_t_valid_neighbour_signatures_on_the_signed_set(tamper: str) -> None:
+    """``t`` valid signatures on the signed set are required and enough: a forged one among exactly ``t`` is
+    refused; one forged beside ``t`` valid ones is skipped (a colluder cannot stop the unmask by signing badly)."""
     grid, server, requests = _signed_to_consistency()
     client = server.survivors[0]
     node = server.node_of[client]
@@ -229,11 +231,15 @@ def test_unmask_needs_t_valid_neighbour_signatures_on_the_signed_set(tamper: str
     t = server.threshold
     if tamper == "too-few":
         unmask = dataclasses.replace(unmask, signers=unmask.signers[: t - 1], signatures=unmask.signatures[: t - 1])
-    elif tamper == "forged":
+    elif tamper in ("forged", "forged-spare"):
+        kept = t if tamper == "forged" else t + 1
+        assert len(unmask.signers) >= kept
         forged = bytes([unmask.signatures[0][0] ^ 1]) + unmask.signatures[0][1:]
-        unmask = dataclasses.replace(unmask, signatures=[forged, *unmask.signatures[1:]])
+        unmask = dataclasses.replace(
+            unmask, signers=unmask.signers[:kept], signatures=[forged, *unmask.signatures[1:kept]]
+        )
     reply = send(grid, "market_unmask", {node: unmask.to_record()})[node]
-    assert reply.has_error() == (tamper != "none")
+    assert reply.has_error() == (tamper not in ("none", "forged-spare"))
 
 
 def test_a_signature_that_does_not_verify_excludes_its_sender_and_pass_finishes() -> None:

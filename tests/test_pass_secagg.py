@@ -709,6 +709,21 @@ def test_a_server_that_forges_a_ciphertext_gets_a_complaint_without_the_channel_
     assert "without a valid proof" in session.server.excluded[1] and sender not in session.server.excluded
 
 
+def test_a_ciphertext_that_opens_is_held_whatever_signature_is_relayed_with_it():
+    """A receiver checks a sender's signature only for a ciphertext that does not open: one that opens under
+    the edge's secret and matches its digest came from the sender (the server holds neither cipher key), so a
+    server that strips or forges the signature beside it changes nothing: no accusation, the sum exact."""
+    counts = _counts(np.random.default_rng(33), 7, 3)
+    session = _signed_session(counts, degree=4)
+    requests = session.share(session.advertise())
+    inbox = requests[1]
+    signatures = [bytes(len(inbox.signatures[0])), b"", *inbox.signatures[2:]]
+    requests = {**requests, 1: dataclasses.replace(inbox, signatures=signatures)}
+    requests = session.mask(requests)
+    assert not session.masked[1].accused
+    assert (session.unmask(requests) == session.expected()).all()
+
+
 def test_without_a_directory_a_forging_server_reads_a_victims_counts_through_the_accusations_not_prevented():
     """Why the README calls PASS without identity keys secure against a semi-honest server only (stated, not
     prevented): a server that replaces the victim's ciphertext to each neighbour by garbage makes each of them

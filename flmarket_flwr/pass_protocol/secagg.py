@@ -870,8 +870,10 @@ class PassClient:
         behind the two advertised cipher keys (:func:`~flmarket_flwr.pass_protocol.dleq.prove_exchange`), so
         the server opens the ciphertext it relayed exactly as this client did and names whoever lied. The
         secret opens that edge's two share pairs, both of which the accused holds anyway. With identity keys a
-        ciphertext must carry its sender's signature; one that does not is accused without a secret (the
-        server's own copy decides), so a server that forges a ciphertext learns nothing from the accusation.
+        ciphertext must carry its sender's signature, checked only for one that does not open (a ciphertext
+        that opens under the edge's secret and matches its digest came from the sender: the server knows
+        neither key); an unsigned one is accused without a secret (the server's own copy decides), so a server
+        that forges a ciphertext learns nothing from the accusation.
         Afterwards the client's own private keys, self-mask seed and channel secrets are wiped from the state.
 
         When fewer than ``t`` senders' shares open because some were accused, the client withdraws instead of
@@ -902,14 +904,11 @@ class PassClient:
         held, held_from, accused, proofs = [], [], [], []
         for i, (v, ciphertext) in enumerate(zip(senders, request.ciphertexts, strict=True)):
             digest = request.share_digests[i]
-            if signed and not self._signed_by(v, request.signatures[i], ciphertext, digest):
-                accused.append(v)
-                proofs.append(b"")
-                continue
             both = _unseal(state["channel_secrets"][position[v]], ciphertext, session, v, index, digest)
-            if both is None:
+            if both is None:  # the sender's signature matters only now: an accusation reveals the edge's secret
                 accused.append(v)
-                proofs.append(self._prove_channel(v))
+                forged = signed and not self._signed_by(v, request.signatures[i], ciphertext, digest)
+                proofs.append(b"" if forged else self._prove_channel(v))
                 continue
             held.append(both)
             held_from.append(v)
@@ -1055,7 +1054,11 @@ class PassClient:
         return survivors
 
     def _check_consistency(self, request: UnmaskRequest, survivors: npt.NDArray[np.bool_]) -> None:
-        """With identity keys: the set is the one this client signed, and ``t`` neighbours signed it too."""
+        """With identity keys: the set is the one this client signed, and ``t`` neighbours signed it too.
+
+        The signatures are checked in the order sent until ``t`` are valid: an invalid one is skipped (a
+        colluder's, or the server's), never counted, and named if the client ends short of ``t``.
+        """
         state = self._state
         if state.get("signed_survivors") is None:
             raise PassError("this client unmasks only after signing the survivor set (consistency round)")
@@ -1074,7 +1077,10 @@ class PassClient:
         threshold = share_threshold(state["degree"])
         if len(signers) < threshold:
             raise PassError(f"only {len(signers)} neighbours signed this survivor set, the threshold is {threshold}")
+        valid, refused = 0, []
         for v, signature in zip(signers, request.signatures, strict=True):
+            if valid == threshold:  # t neighbours' word on this one set is the whole check
+                break
             try:
                 verify_survivor_set(
                     state["identity_keys"][position[v]],
@@ -1087,7 +1093,14 @@ class PassClient:
                     participants=state["participants"],
                 )
             except ValueError as error:
-                raise PassError(f"neighbour {v} did not sign this survivor set: {error}") from error
+                refused.append(f"neighbour {v}: {error}")
+                continue
+            valid += 1
+        if valid < threshold:
+            raise PassError(
+                f"only {valid} valid neighbour signatures on this survivor set, the threshold is {threshold} "
+                f"({'; '.join(refused)})"
+            )
 
     # Round 4 -----------------------------------------------------------------
     def unmask(self, request: UnmaskRequest | Mapping[str, Any]) -> UnmaskReply:
