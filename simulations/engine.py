@@ -16,7 +16,7 @@ One job = partition, selection, then FedAvg rounds on the selected clients, all 
   the weights by sample count the way ``flwr.serverapp.strategy.FedAvg`` does (float32 arrays, weights
   ``n_e / sum n``). **S-FedAvg** (``selector="sfedavg"``, the in-training baseline) instead samples
   ``num_selected`` of all clients every round with the strategy's own
-  :class:`~flmarket_flwr.strategies.RelevanceSampler` (seeded as :class:`~flmarket_flwr.strategies.SFedAvg`
+  :class:`~simulations.baselines.RelevanceSampler` (seeded as :class:`~simulations.baselines.SFedAvg`
   with ``seed``), values the round's updates on the server's validation split (``val_per_class``) and
   updates their relevance, exactly as the Flower strategy does. Local training is
   ``flmarket_flwr.task.train``: whole epochs (``local_steps=0``, the Flower app's protocol, bit-for-bit its
@@ -515,8 +515,8 @@ class _Training:
 class ShapleyCohort:
     """S-FedAvg's cohort: sampled every round by relevance, its updates valued on the validation split.
 
-    The relevance, the sampling and the Shapley estimate are :class:`~flmarket_flwr.strategies.RelevanceSampler`,
-    seeded as :class:`~flmarket_flwr.strategies.SFedAvg` is with ``seed`` (its first two streams) and with its
+    The relevance, the sampling and the Shapley estimate are :class:`~simulations.baselines.RelevanceSampler`,
+    seeded as :class:`~simulations.baselines.SFedAvg` is with ``seed`` (its first two streams) and with its
     defaults (10 permutations, ``phi <- 0.75 phi + 0.25 sv``, temperature 1, initial relevance ``1 / E``).
     The value of a coalition is the validation accuracy of the FedAvg of its members' models (sample-weighted,
     renormalised); the empty coalition's is the round's incoming global model's.
@@ -533,7 +533,7 @@ class ShapleyCohort:
 
     def __init__(self, num_clients: int, num_sampled: int, seed: int) -> None:
         # pylint: disable=import-outside-toplevel
-        from flmarket_flwr.strategies import RelevanceSampler
+        from simulations.baselines import RelevanceSampler
 
         sampling_seed, shapley_seed, _ = np.random.SeedSequence(seed).spawn(3)
         self.candidates = list(range(num_clients))

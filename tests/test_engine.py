@@ -355,9 +355,9 @@ def test_sfedavg_samples_and_values_as_flowers_sfedavg_strategy() -> None:
     from flwr.app import ArrayRecord, ConfigRecord
 
     from flmarket_flwr.models import build_model
-    from flmarket_flwr.strategies import SFedAvg
     from flmarket_flwr.task import load_validation_set
     from simulations.apps import make_validation_fn
+    from simulations.baselines import SFedAvg
 
     cfg = SFEDAVG
     engine = run_engine(cfg)["sfedavg"]["rounds"]

@@ -5,7 +5,7 @@
   Flower-free relevance state (sampling, valuation, update), which the sweeps' engine uses too.
 """
 
-from flmarket_flwr.strategies.sfedavg import (
+from simulations.baselines.sfedavg import (
     RelevanceSampler,
     SFedAvg,
     SFedAvgRound,
