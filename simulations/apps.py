@@ -26,7 +26,6 @@ from flmarket_flwr import client_app, server_app
 from flmarket_flwr.market import MarketConfig, MarketPhase, WinnersGrid
 from flmarket_flwr.market.strategy import start_on_nodes
 from flmarket_flwr.models import set_arrays
-from flmarket_flwr.pricing import select_clients
 from flmarket_flwr.server_app import ServerSettings
 from flmarket_flwr.task import (
     EMBEDDING_DIM,
@@ -38,6 +37,7 @@ from flmarket_flwr.task import (
     resolve_device,
 )
 from simulations.baselines import SFedAvg
+from simulations.baselines.selectors import select_clients
 from simulations.selector_stats import ACTION_SELECTOR_STATS, answer_selector_stats, collect_selector_stats
 
 __all__ = [

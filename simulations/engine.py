@@ -3,9 +3,9 @@
 One job = partition, selection, then FedAvg rounds on the selected clients, all in this process:
 
 * **Selection** calls :mod:`flmarket_flwr.pricing` directly: FLMarket is the product's one rule,
-  :func:`~flmarket_flwr.pricing.run_auction` on :func:`~flmarket_flwr.pricing.flmarket_scores` (``num_selected``
-  a cohort cap, ``0`` for the budget alone; the budget from :func:`auction_budget`, e.g. a fixed fraction of the
-  total bid), where PASS's
+  :func:`~flmarket_flwr.pricing.run_auction` on :func:`~simulations.baselines.selectors.flmarket_scores`
+  (``num_selected`` a cohort cap, ``0`` for the budget alone; the budget from :func:`auction_budget`, e.g. a
+  fixed fraction of the total bid), where PASS's
   output is replaced by the plain sum of the clients' label counts (PASS returns exactly that sum,
   mod 2^64, see ``tests/test_pass_protocol.py``); RS, QBS, DICE and DDS are ``select_clients`` (in the budget
   mode, ``num_selected=0`` with ``budget_fraction``, as many clients as FLMarket buys on the same partition).
@@ -55,10 +55,10 @@ import numpy as np
 
 from flmarket_flwr import task
 from flmarket_flwr.market.bidding import cost_based_bid, simulated_cost_per_sample
-from flmarket_flwr.pricing import cohort_budget, flmarket_scores, run_auction, select_clients
-from flmarket_flwr.pricing.selectors import DDS_DIVERSITY_WEIGHT, DICE_VOLUME_WEIGHT
+from flmarket_flwr.pricing import cohort_budget, run_auction
 from flmarket_flwr.run_config import DEFAULTS, Scalar, ScalarType, check_values, default_as, neighbours_of
 from flmarket_flwr.task import DataConfig
+from simulations.baselines.selectors import DDS_DIVERSITY_WEIGHT, DICE_VOLUME_WEIGHT, flmarket_scores, select_clients
 from simulations.record import job_record
 
 if TYPE_CHECKING:

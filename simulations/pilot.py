@@ -28,8 +28,9 @@ import numpy as np
 from scipy import integrate
 from scipy import stats as scipy_stats
 
-from flmarket_flwr.pricing import auction_order, flmarket_scores, run_auction, select_clients
+from flmarket_flwr.pricing import auction_order, run_auction
 from flmarket_flwr.pricing.score import alpha as score_alpha
+from simulations.baselines.selectors import flmarket_scores, select_clients
 from simulations.engine import EngineConfig, auc_accuracy, auction_budget, bids_for
 from simulations.stats import Record, records_from_dirs
 

@@ -19,7 +19,6 @@ import torch
 from flmarket_flwr.client_app import build_client_app
 from flmarket_flwr.market import MarketConfig, MarketPhase, WinnersGrid
 from flmarket_flwr.market.inprocess import InProcessGrid
-from flmarket_flwr.pricing import select_clients
 from flmarket_flwr.task import (
     DataConfig,
     all_label_counts,
@@ -27,6 +26,7 @@ from flmarket_flwr.task import (
     load_partition,
     train,
 )
+from simulations.baselines.selectors import select_clients
 from simulations.config import app_config_defaults
 from simulations.engine import (
     EngineConfig,
