@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar, cast
 
-from flmarket_flwr.data.partition import DISTRIBUTIONS, SCHEDULES
-from flmarket_flwr.data.registry import DATASET_NAMES, canonical_dataset_name
+from flmarket_flwr.app.data.partition import DISTRIBUTIONS, SCHEDULES
+from flmarket_flwr.app.data.registry import DATASET_NAMES, canonical_dataset_name
 from flmarket_flwr.market.config_keys import Scalar, check_value, typed_value
 from flmarket_flwr.market.config_keys import at_least as _at_least
 from flmarket_flwr.market.config_keys import one_of as _one_of

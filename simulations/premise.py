@@ -3,7 +3,7 @@ flatten at a few hundred images per class, as on CIFAR-10?
 
 The score's ``phi`` stops rewarding a client's volume of a class at ``alpha`` samples; that only makes
 sense where a model gains little from more than a few hundred images per class. For each deformation
-strength (a factor on :data:`~flmarket_flwr.data.digits_xl.REFERENCE_STRENGTH`), each number of training
+strength (a factor on :data:`~flmarket_flwr.app.data.digits_xl.REFERENCE_STRENGTH`), each number of training
 images per class and each seed, this trains the digits CNN centrally (``flmarket_flwr.task.train``, a
 fixed budget of SGD steps, then a short phase at a tenth of the rate) and evaluates it on the held-out real
 originals. Writes
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from flmarket_flwr.data.digits_xl import REFERENCE_STRENGTH, load_digits_xl
-from flmarket_flwr.data.registry import load_dataset
+from flmarket_flwr.app.data.digits_xl import REFERENCE_STRENGTH, load_digits_xl
+from flmarket_flwr.app.data.registry import load_dataset
 
 __all__ = ["PREMISE_MODELS", "learning_curve_point", "main"]
 

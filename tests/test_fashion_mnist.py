@@ -18,9 +18,9 @@ from fixtures_datasets import FASHION_FILES, idx_bytes, write_fashion_mnist, wri
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flmarket_flwr.data import LoadedDataset, load_dataset, make_partition
-from flmarket_flwr.data import fashion_mnist as fmnist
-from flmarket_flwr.data.fashion_mnist import (
+from flmarket_flwr.app.data import LoadedDataset, load_dataset, make_partition
+from flmarket_flwr.app.data import fashion_mnist as fmnist
+from flmarket_flwr.app.data.fashion_mnist import (
     DEBIAN_PACKAGE,
     FASHION_MNIST_CLASS_NAMES,
     load_fashion_mnist,
