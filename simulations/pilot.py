@@ -312,9 +312,9 @@ def budget_rows(
 def partitions_of(records: Sequence[Record], seeds: Sequence[int]) -> dict[tuple[Any, ...], np.ndarray]:
     """The label counts of every (data set, clients, Dirichlet, distribution) of ``records`` at ``seeds``.
 
-    Computed with the app's own loader (:func:`flmarket_flwr.task.all_label_counts`): no training needed.
+    Computed with the app's own loader (:func:`flmarket_flwr.app.task.all_label_counts`): no training needed.
     """
-    from flmarket_flwr import task  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.app import task  # pylint: disable=import-outside-toplevel
     from simulations.engine import data_config  # pylint: disable=import-outside-toplevel
 
     found: dict[tuple[Any, ...], np.ndarray] = {}

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
-from flmarket_flwr import client_app, server_app
+from flmarket_flwr.app import client_app, server_app
+from flmarket_flwr.app.task import EMBEDDING_DIM, DataConfig, all_label_counts, data_embedding
 from flmarket_flwr.market.inprocess import InProcessGrid
-from flmarket_flwr.task import EMBEDDING_DIM, DataConfig, all_label_counts, data_embedding
 from simulations import apps
 from simulations.baselines.selectors import select_clients
 

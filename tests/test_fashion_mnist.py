@@ -27,8 +27,8 @@ from flmarket_flwr.app.data.fashion_mnist import (
     read_idx,
     resolve_fashion_mnist_dir,
 )
+from flmarket_flwr.app.task import DataConfig
 from flmarket_flwr.pricing import alpha
-from flmarket_flwr.task import DataConfig
 
 # sha256 of the four decompressed files of Debian's dataset-fashion-mnist 0.0~git20200523.55506a9-1,
 # the data behind results/fashion_mnist/.

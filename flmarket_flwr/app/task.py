@@ -27,7 +27,7 @@ from flmarket_flwr.app.data.registry import (
     canonical_dataset_name,
     load_dataset,
 )
-from flmarket_flwr.run_config import check_values, default_as, keys_read_by, read
+from flmarket_flwr.app.run_config import check_values, default_as, keys_read_by, read
 
 if TYPE_CHECKING:
     import torch
@@ -308,7 +308,7 @@ def build_task_model(name: str, config: DataConfig) -> nn.Module:
 
     Uses the global torch RNG: seed it first for reproducible initial weights.
     """
-    from flmarket_flwr.models import build_model  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.app.models import build_model  # pylint: disable=import-outside-toplevel
 
     options: dict[str, Any] = {}
     if name.strip().lower().replace("-", "_") == "deap_cnn":
@@ -433,7 +433,7 @@ def data_embedding(partition_id: int, config: DataConfig, dim: int = EMBEDDING_D
 
     :func:`embed_inputs` of the client's (standardised where the data set has constants) inputs: a client
     sends ``dim`` numbers instead of its data. It is still a summary of the client's raw data: the DDS
-    baseline has none of FLMarket's privacy (see :mod:`flmarket_flwr.server_app`).
+    baseline has none of FLMarket's privacy (see :mod:`flmarket_flwr.app.server_app`).
 
     Returns
     -------
