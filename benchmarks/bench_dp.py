@@ -5,7 +5,7 @@ Fashion-MNIST, which needs Debian's ``dataset-fashion-mnist``; ``--noise-seed k`
 over the same partitions, 0 being the default).
 
 For each data set, global distribution and seed it partitions the training labels over ``E = 20`` clients
-as the app does (:func:`~flmarket_flwr.data.make_partition`), scores every client against the exact ``N_s``
+as the app does (:func:`~flmarket_flwr.app.data.make_partition`), scores every client against the exact ``N_s``
 and bids its simulated cost (``cost x N_e x 1.2``, as the app's ``SimulatedCostBid``), and takes the
 auction's winners three ways: a cohort cap of 5 and of 10 with an ample budget (the paper's 5 / 10 of 20:
 the head of the ``u / b`` order), and no cap with a budget ``R`` of 30% of all the bids (the budget rule
@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from flmarket_flwr.data import load_dataset, make_partition
+from flmarket_flwr.app.data import load_dataset, make_partition
 from flmarket_flwr.market.bidding import cost_based_bid, simulated_cost_per_sample
 from flmarket_flwr.pass_protocol import SkellamNoise
 from flmarket_flwr.pass_protocol.noise import skellam_epsilon, skellam_variance_for

@@ -4,7 +4,7 @@ Run: ``.venv/bin/python -m benchmarks.bench_local_step`` (about 1 min; ``--resne
 
 The sweeps' cost is local training: a digits_xl job of ``k`` selected clients runs ``k * 20`` steps a round
 for 30 to 100 rounds, so the time of one step (batch 32, SGD with momentum, gradient clipping at 5, exactly
-as :func:`flmarket_flwr.task.train` does it) sets the sweep's wall time. Side by side, in one process:
+as :func:`flmarket_flwr.app.task.train` does it) sets the sweep's wall time. Side by side, in one process:
 
 * ``digits_cnn`` as the engine runs it (float32, PyTorch's default oneDNN convolutions);
 * the same model in ``channels_last`` memory format;
@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
-from flmarket_flwr.models import build_model
+from flmarket_flwr.app.models import build_model
 
 BATCH = 32
 CLIP_NORM = 5.0
@@ -49,7 +49,7 @@ def _onednn(enabled: bool) -> Iterator[None]:
 
 
 def _step_fn(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, bf16: bool) -> Callable[[], None]:
-    """One training step as ``flmarket_flwr.task.train`` takes it (optionally under bfloat16 autocast)."""
+    """One training step as ``flmarket_flwr.app.task.train`` takes it (optionally under bfloat16 autocast)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     criterion = nn.CrossEntropyLoss()
 

@@ -23,7 +23,7 @@ clients: every score is 0 and the market selects nobody).
   training, the replies and the aggregation; the server-side evaluation is not in it), round 1
   (cold: the actors import torch) and the mean of the later rounds (warm);
 * **bare compute**: the winners' local training run here directly with
-  :func:`flmarket_flwr.task.train` (same partitions, model, epochs, batch size, learning rate and
+  :func:`flmarket_flwr.app.task.train` (same partitions, model, epochs, batch size, learning rate and
   seeds, one thread, after one untimed warm-up), summed; the ideal round on ``W`` workers is the
   longest-first schedule of those times. Flower's overhead per round = warm round - that ideal.
   The clients' own timing of their training inside the ClientApp (train-audit files, warm
@@ -54,7 +54,7 @@ WARM_RUNS = 3
 
 
 def app_config(num_clients: int, results: Path, rounds: int) -> dict:
-    from flmarket_flwr.run_config import DEFAULTS  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.app.run_config import DEFAULTS  # pylint: disable=import-outside-toplevel
 
     config: dict = dict(DEFAULTS)
     config.update(
@@ -76,8 +76,8 @@ def app_config(num_clients: int, results: Path, rounds: int) -> dict:
 
 def market_config(config: dict, num_clients: int) -> MarketConfig:
     """The market settings the app derives from ``config`` (budget, classes, cohort) for ``num_clients`` nodes."""
+    from flmarket_flwr.app.task import DataConfig, num_classes  # pylint: disable=import-outside-toplevel
     from flmarket_flwr.market import MarketConfig  # pylint: disable=import-outside-toplevel
-    from flmarket_flwr.task import DataConfig, num_classes  # pylint: disable=import-outside-toplevel
 
     return MarketConfig(
         budget=float(config["budget"]),
@@ -98,8 +98,8 @@ def run_in_simulation(config: dict, num_clients: int, workers: int) -> float:
     from flwr.serverapp import Grid, ServerApp  # pylint: disable=import-outside-toplevel
     from flwr.simulation import run_simulation  # pylint: disable=import-outside-toplevel
 
-    from flmarket_flwr import server_app  # pylint: disable=import-outside-toplevel
-    from flmarket_flwr.client_app import build_client_app  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.app import server_app  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.app.client_app import build_client_app  # pylint: disable=import-outside-toplevel
 
     server = ServerApp()
 
@@ -131,7 +131,7 @@ def market_in_process(config: dict, num_clients: int) -> tuple[dict[str, float],
     is the fastest of ``WARM_RUNS`` (wall time on a shared machine only grows with the load); each run also
     records its process CPU (``"cpu"``), which the load hardly changes.
     """
-    from flmarket_flwr.client_app import build_client_app  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.app.client_app import build_client_app  # pylint: disable=import-outside-toplevel
     from flmarket_flwr.market import MarketPhase  # pylint: disable=import-outside-toplevel
     from flmarket_flwr.market.inprocess import InProcessGrid  # pylint: disable=import-outside-toplevel
 
@@ -151,7 +151,7 @@ def bare_training(config: dict, partitions: list[int], num_clients: int) -> dict
     """Each partition's local training of round 1, run here directly (no Flower), in seconds."""
     import torch  # pylint: disable=import-outside-toplevel
 
-    from flmarket_flwr.task import (  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.app.task import (  # pylint: disable=import-outside-toplevel
         DataConfig,
         build_task_model,
         configure_torch_threads,

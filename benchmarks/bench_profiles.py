@@ -59,7 +59,7 @@ from benchmarks.bench_secagg import (
     node_ids,
     run_secagg,
 )
-from flmarket_flwr.client_app import market_noise_of
+from flmarket_flwr.app.client_app import market_noise_of
 from flmarket_flwr.market import MarketConfig, MarketPhase, register_market_handlers
 from flmarket_flwr.market.bidding import CostBasedBid
 from flmarket_flwr.market.inprocess import InProcessGrid

@@ -22,14 +22,10 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
-from flmarket_flwr import client_app, server_app
-from flmarket_flwr.market import MarketConfig, MarketPhase, WinnersGrid
-from flmarket_flwr.market.strategy import start_on_nodes
-from flmarket_flwr.models import set_arrays
-from flmarket_flwr.pricing import select_clients
-from flmarket_flwr.server_app import ServerSettings
-from flmarket_flwr.strategies import SFedAvg
-from flmarket_flwr.task import (
+from flmarket_flwr.app import client_app, server_app
+from flmarket_flwr.app.models import set_arrays
+from flmarket_flwr.app.server_app import ServerSettings
+from flmarket_flwr.app.task import (
     EMBEDDING_DIM,
     DataConfig,
     build_task_model,
@@ -38,6 +34,10 @@ from flmarket_flwr.task import (
     num_classes,
     resolve_device,
 )
+from flmarket_flwr.market import MarketConfig, MarketPhase, WinnersGrid
+from flmarket_flwr.market.strategy import start_on_nodes
+from simulations.baselines import SFedAvg
+from simulations.baselines.selectors import select_clients
 from simulations.selector_stats import ACTION_SELECTOR_STATS, answer_selector_stats, collect_selector_stats
 
 __all__ = [
@@ -97,7 +97,7 @@ class PreTrainingSelection(Strategy):
 
     @classmethod
     def factory(cls, settings: ServerSettings, data_config: DataConfig, num_nodes: int) -> PreTrainingSelection:
-        """:data:`~flmarket_flwr.server_app.StrategyFactory` for the baselines: FedAvg on the selection."""
+        """:data:`~flmarket_flwr.app.server_app.StrategyFactory` for the baselines: FedAvg on the selection."""
         del num_nodes
         return cls(server_app.fedavg(settings), settings, num_classes(data_config))
 
@@ -190,7 +190,7 @@ class RecordedSFedAvg(SFedAvg):
 
     @classmethod
     def factory(cls, settings: ServerSettings, data_config: DataConfig, num_nodes: int) -> RecordedSFedAvg:
-        """:data:`~flmarket_flwr.server_app.StrategyFactory` for ``selector="sfedavg"``."""
+        """:data:`~flmarket_flwr.app.server_app.StrategyFactory` for ``selector="sfedavg"``."""
         if data_config.val_per_class < 1:
             raise ValueError(
                 "run-config key val-per-class: S-FedAvg values clients on a server-side validation split; "

@@ -2,7 +2,7 @@
 
 One source of truth
 -------------------
-The Flower app's keys, types, defaults and checks are :data:`flmarket_flwr.run_config.APP_KEYS`.
+The Flower app's keys, types, defaults and checks are :data:`flmarket_flwr.app.run_config.APP_KEYS`.
 Hydra reads them as a structured config (``app_schema``, registered here on import, first in
 ``conf/config.yaml``'s defaults list): a top-level key's default and type come from the schema, so an
 override of the wrong type fails at composition. The group options (``dataset``, ``model``, ...)
@@ -28,7 +28,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from flmarket_flwr.run_config import APP_KEYS, DEFAULTS, check_run_config
+from flmarket_flwr.app.run_config import APP_KEYS, DEFAULTS, check_run_config
 
 __all__ = [
     "CONF_DIR",

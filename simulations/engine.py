@@ -3,9 +3,9 @@
 One job = partition, selection, then FedAvg rounds on the selected clients, all in this process:
 
 * **Selection** calls :mod:`flmarket_flwr.pricing` directly: FLMarket is the product's one rule,
-  :func:`~flmarket_flwr.pricing.run_auction` on :func:`~flmarket_flwr.pricing.flmarket_scores` (``num_selected``
-  a cohort cap, ``0`` for the budget alone; the budget from :func:`auction_budget`, e.g. a fixed fraction of the
-  total bid), where PASS's
+  :func:`~flmarket_flwr.pricing.run_auction` on :func:`~simulations.baselines.selectors.flmarket_scores`
+  (``num_selected`` a cohort cap, ``0`` for the budget alone; the budget from :func:`auction_budget`, e.g. a
+  fixed fraction of the total bid), where PASS's
   output is replaced by the plain sum of the clients' label counts (PASS returns exactly that sum,
   mod 2^64, see ``tests/test_pass_protocol.py``); RS, QBS, DICE and DDS are ``select_clients`` (in the budget
   mode, ``num_selected=0`` with ``budget_fraction``, as many clients as FLMarket buys on the same partition).
@@ -16,10 +16,10 @@ One job = partition, selection, then FedAvg rounds on the selected clients, all 
   the weights by sample count the way ``flwr.serverapp.strategy.FedAvg`` does (float32 arrays, weights
   ``n_e / sum n``). **S-FedAvg** (``selector="sfedavg"``, the in-training baseline) instead samples
   ``num_selected`` of all clients every round with the strategy's own
-  :class:`~flmarket_flwr.strategies.RelevanceSampler` (seeded as :class:`~flmarket_flwr.strategies.SFedAvg`
+  :class:`~simulations.baselines.RelevanceSampler` (seeded as :class:`~simulations.baselines.SFedAvg`
   with ``seed``), values the round's updates on the server's validation split (``val_per_class``) and
   updates their relevance, exactly as the Flower strategy does. Local training is
-  ``flmarket_flwr.task.train``: whole epochs (``local_steps=0``, the Flower app's protocol, bit-for-bit its
+  ``flmarket_flwr.app.task.train``: whole epochs (``local_steps=0``, the Flower app's protocol, bit-for-bit its
   train handler) or a fixed number of steps with gradient-norm clipping (its ``steps`` and ``clip_norm``).
 * **Protocol**: accuracy on the held-out test set after every round; final accuracy = mean of the last
   ``final_window`` rounds; ``auc_accuracy`` = mean accuracy over all rounds run (the area under the
@@ -53,12 +53,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flmarket_flwr import task
+from flmarket_flwr.app import task
+from flmarket_flwr.app.run_config import DEFAULTS, Scalar, ScalarType, check_values, default_as, neighbours_of
+from flmarket_flwr.app.task import DataConfig
 from flmarket_flwr.market.bidding import cost_based_bid, simulated_cost_per_sample
-from flmarket_flwr.pricing import cohort_budget, flmarket_scores, run_auction, select_clients
-from flmarket_flwr.pricing.selectors import DDS_DIVERSITY_WEIGHT, DICE_VOLUME_WEIGHT
-from flmarket_flwr.run_config import DEFAULTS, Scalar, ScalarType, check_values, default_as, neighbours_of
-from flmarket_flwr.task import DataConfig
+from flmarket_flwr.pricing import cohort_budget, run_auction
+from simulations.baselines.selectors import DDS_DIVERSITY_WEIGHT, DICE_VOLUME_WEIGHT, flmarket_scores, select_clients
 from simulations.record import job_record
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ SWEEP_DEFAULTS: dict[str, Scalar] = {
     "momentum": 0.9,
     "device": "cpu",
 }
-"""The app keys whose engine default differs from the app's (:mod:`flmarket_flwr.run_config`): the sweeps'
+"""The app keys whose engine default differs from the app's (:mod:`flmarket_flwr.app.run_config`): the sweeps'
 protocol (digits_xl, a cohort of 10, fixed local steps at batch 32 until the plateau, on the CPU)."""
 
 ENGINE_IGNORES = frozenset(
@@ -131,7 +131,7 @@ class EngineConfig:  # pylint: disable=too-many-instance-attributes
     """One in-process job.
 
     The fields that are app keys (:data:`APP_KEY_OF_FIELD`) take their types, defaults (but
-    :data:`SWEEP_DEFAULTS`) and checks from the app's schema, :mod:`flmarket_flwr.run_config`; the others are
+    :data:`SWEEP_DEFAULTS`) and checks from the app's schema, :mod:`flmarket_flwr.app.run_config`; the others are
     the engine's own protocol.
 
     Attributes
@@ -305,7 +305,7 @@ def _federation(config: DataConfig) -> Federation:
 def load_federation(cfg: EngineConfig) -> Federation:
     """The clients' tensors and label counts and the test set for ``cfg`` (cached per process).
 
-    Everything comes from :mod:`flmarket_flwr.task`, the loader the Flower app's ClientApps and ServerApp use:
+    Everything comes from :mod:`flmarket_flwr.app.task`, the loader the Flower app's ClientApps and ServerApp use:
     the data set's test set, then ``val_per_class`` per class for a validation split, then the partition of the rest.
     """
     return _federation(data_config(cfg))
@@ -333,7 +333,7 @@ def bids_for(cfg: EngineConfig, label_counts: np.ndarray) -> np.ndarray:
 
 def _embeddings(federation: Federation, seed: int) -> np.ndarray:
     """DDS's client embeddings: the app's fixed feature extractor on each client's inputs (``task.embed_inputs``)."""
-    from flmarket_flwr.task import embed_inputs  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.app.task import embed_inputs  # pylint: disable=import-outside-toplevel
 
     return np.stack([embed_inputs(images.numpy(), seed=seed) for images, _ in federation.client_data])
 
@@ -453,7 +453,7 @@ def run_market_protocol(cfg: EngineConfig, label_counts: np.ndarray, budget: flo
 
 # --- Training ------------------------------------------------------------------------------------------------------
 def _build_model(cfg: EngineConfig, federation: Federation) -> nn.Module:
-    from flmarket_flwr.models import build_model  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.app.models import build_model  # pylint: disable=import-outside-toplevel
 
     options = {"in_channels": federation.input_shape[0]} if cfg.model.replace("-", "_") == "deap_cnn" else {}
     return build_model(cfg.model, num_classes=federation.num_classes, **options)
@@ -475,7 +475,7 @@ def fedavg(states: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float])
 
 
 def _local_update(cfg: EngineConfig, model: nn.Module, data: TensorPair, seed: int, device: torch.device) -> float:
-    from flmarket_flwr.task import train  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.app.task import train  # pylint: disable=import-outside-toplevel
 
     steps = cfg.local_steps if cfg.local_steps > 0 else None  # None: whole epochs, unclipped, as the Flower app
     return train(
@@ -515,8 +515,8 @@ class _Training:
 class ShapleyCohort:
     """S-FedAvg's cohort: sampled every round by relevance, its updates valued on the validation split.
 
-    The relevance, the sampling and the Shapley estimate are :class:`~flmarket_flwr.strategies.RelevanceSampler`,
-    seeded as :class:`~flmarket_flwr.strategies.SFedAvg` is with ``seed`` (its first two streams) and with its
+    The relevance, the sampling and the Shapley estimate are :class:`~simulations.baselines.RelevanceSampler`,
+    seeded as :class:`~simulations.baselines.SFedAvg` is with ``seed`` (its first two streams) and with its
     defaults (10 permutations, ``phi <- 0.75 phi + 0.25 sv``, temperature 1, initial relevance ``1 / E``).
     The value of a coalition is the validation accuracy of the FedAvg of its members' models (sample-weighted,
     renormalised); the empty coalition's is the round's incoming global model's.
@@ -533,7 +533,7 @@ class ShapleyCohort:
 
     def __init__(self, num_clients: int, num_sampled: int, seed: int) -> None:
         # pylint: disable=import-outside-toplevel
-        from flmarket_flwr.strategies import RelevanceSampler
+        from simulations.baselines import RelevanceSampler
 
         sampling_seed, shapley_seed, _ = np.random.SeedSequence(seed).spawn(3)
         self.candidates = list(range(num_clients))
@@ -589,7 +589,7 @@ def _fedavg_rounds(cfg: EngineConfig, federation: Federation, cohort: Sequence[i
     """
     import torch  # pylint: disable=import-outside-toplevel
 
-    from flmarket_flwr.task import evaluate, resolve_device  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.app.task import evaluate, resolve_device  # pylint: disable=import-outside-toplevel
 
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)  # The initial model: as the ServerApp builds it.

@@ -28,8 +28,9 @@ import numpy as np
 from scipy import integrate
 from scipy import stats as scipy_stats
 
-from flmarket_flwr.pricing import auction_order, flmarket_scores, run_auction, select_clients
+from flmarket_flwr.pricing import auction_order, run_auction
 from flmarket_flwr.pricing.score import alpha as score_alpha
+from simulations.baselines.selectors import flmarket_scores, select_clients
 from simulations.engine import EngineConfig, auc_accuracy, auction_budget, bids_for
 from simulations.stats import Record, records_from_dirs
 
@@ -311,9 +312,9 @@ def budget_rows(
 def partitions_of(records: Sequence[Record], seeds: Sequence[int]) -> dict[tuple[Any, ...], np.ndarray]:
     """The label counts of every (data set, clients, Dirichlet, distribution) of ``records`` at ``seeds``.
 
-    Computed with the app's own loader (:func:`flmarket_flwr.task.all_label_counts`): no training needed.
+    Computed with the app's own loader (:func:`flmarket_flwr.app.task.all_label_counts`): no training needed.
     """
-    from flmarket_flwr import task  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.app import task  # pylint: disable=import-outside-toplevel
     from simulations.engine import data_config  # pylint: disable=import-outside-toplevel
 
     found: dict[tuple[Any, ...], np.ndarray] = {}

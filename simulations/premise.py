@@ -3,8 +3,8 @@ flatten at a few hundred images per class, as on CIFAR-10?
 
 The score's ``phi`` stops rewarding a client's volume of a class at ``alpha`` samples; that only makes
 sense where a model gains little from more than a few hundred images per class. For each deformation
-strength (a factor on :data:`~flmarket_flwr.data.digits_xl.REFERENCE_STRENGTH`), each number of training
-images per class and each seed, this trains the digits CNN centrally (``flmarket_flwr.task.train``, a
+strength (a factor on :data:`~flmarket_flwr.app.data.digits_xl.REFERENCE_STRENGTH`), each number of training
+images per class and each seed, this trains the digits CNN centrally (``flmarket_flwr.app.task.train``, a
 fixed budget of SGD steps, then a short phase at a tenth of the rate) and evaluates it on the held-out real
 originals. Writes
 ``results/digits_xl/premise.csv`` and ``premise.png``::
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from flmarket_flwr.data.digits_xl import REFERENCE_STRENGTH, load_digits_xl
-from flmarket_flwr.data.registry import load_dataset
+from flmarket_flwr.app.data.digits_xl import REFERENCE_STRENGTH, load_digits_xl
+from flmarket_flwr.app.data.registry import load_dataset
 
 __all__ = ["PREMISE_MODELS", "learning_curve_point", "main"]
 
@@ -107,8 +107,8 @@ def learning_curve_point(  # pylint: disable=too-many-arguments,too-many-positio
     """
     import torch  # pylint: disable=import-outside-toplevel
 
-    from flmarket_flwr.models import build_model  # pylint: disable=import-outside-toplevel
-    from flmarket_flwr.task import evaluate, train  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.app.models import build_model  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.app.task import evaluate, train  # pylint: disable=import-outside-toplevel
 
     train_images, train_labels, test_images, test_labels = _arrays(dataset, factor)
     rows = _subset(train_labels, per_class, seed)

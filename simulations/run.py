@@ -320,7 +320,7 @@ def summarize(job_dir: Path, run_config: dict[str, Any], wall_s: float, num_clie
         See the module docstring.
     """
     # pylint: disable=import-outside-toplevel
-    from flmarket_flwr.task import DataConfig, all_label_counts
+    from flmarket_flwr.app.task import DataConfig, all_label_counts
     from simulations.record import job_record
 
     history = json.loads((job_dir / "history.json").read_text(encoding="utf-8"))

@@ -42,8 +42,8 @@ def answer_selector_stats(msg: Message, context: Context) -> Message:
     Not private: the server sees every client's counts. Register it only in an experiments ClientApp.
     """
     # pylint: disable-next=import-outside-toplevel
-    from flmarket_flwr.client_app import data_config_of, label_counts, partition_id_of
-    from flmarket_flwr.task import EMBEDDING_DIM, data_embedding  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.app.client_app import data_config_of, label_counts, partition_id_of
+    from flmarket_flwr.app.task import EMBEDDING_DIM, data_embedding  # pylint: disable=import-outside-toplevel
 
     request = msg.content.config_records.get(STATS_RECORD_KEY, ConfigRecord())
     reply = ConfigRecord({KEY_LABEL_COUNTS: [int(c) for c in label_counts(context)]})

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from flmarket_flwr.pricing.selectors import DDS_DIVERSITY_WEIGHT, DICE_VOLUME_WEIGHT
 from simulations import stats
+from simulations.baselines.selectors import DDS_DIVERSITY_WEIGHT, DICE_VOLUME_WEIGHT
 from simulations.record import IMBALANCED
 from simulations.record import PRE_TRAINING_SELECTORS as SELECTORS
 from simulations.record import SELECTOR_LABELS as LABELS

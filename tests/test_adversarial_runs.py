@@ -222,7 +222,7 @@ def test_three_runs_over_a_partition_still_isolate_a_client_not_prevented(tmp_pa
 
 def test_the_apps_clients_keep_the_ledger_named_by_their_node_config(tmp_path: Path) -> None:
     """The Flower app path: ``market-ledger-dir`` in each SuperNode's node config turns the ledger on."""
-    from flmarket_flwr.client_app import build_client_app
+    from flmarket_flwr.app.client_app import build_client_app
 
     nodes = [101, 202, 303, 404, 505]
 
@@ -290,8 +290,8 @@ def test_an_unreadable_roster_history_stops_the_market_before_any_message(tmp_pa
 
 
 def test_the_server_app_reads_the_roster_history_from_the_run_config(tmp_path: Path) -> None:
-    from flmarket_flwr.server_app import ServerSettings, _market_config
-    from flmarket_flwr.task import DataConfig
+    from flmarket_flwr.app.server_app import ServerSettings, _market_config
+    from flmarket_flwr.app.task import DataConfig
 
     path = tmp_path / "history.json"
     settings = ServerSettings.from_run_config({"roster-history": str(path)})

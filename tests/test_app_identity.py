@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from flmarket_flwr.client_app import build_client_app
+from flmarket_flwr.app.client_app import build_client_app
 from flmarket_flwr.market import MarketConfig, MarketPhase
 from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.messages import RECORD_KEY
@@ -109,8 +109,8 @@ def test_a_node_pinning_the_buyer_key_takes_part_only_under_that_key(tmp_path: P
 
 
 def test_the_server_app_reads_the_buyer_key_from_the_run_config(tmp_path: Path) -> None:
-    from flmarket_flwr.server_app import ServerSettings, _market_config
-    from flmarket_flwr.task import DataConfig
+    from flmarket_flwr.app.server_app import ServerSettings, _market_config
+    from flmarket_flwr.app.task import DataConfig
 
     key, public = generate_identity()
     save_identity_key(key, tmp_path / "buyer.pem")

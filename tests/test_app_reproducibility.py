@@ -17,8 +17,8 @@ import pytest
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
-from flmarket_flwr.client_app import build_client_app  # noqa: E402
-from flmarket_flwr.server_app import build_server_app  # noqa: E402
+from flmarket_flwr.app.client_app import build_client_app  # noqa: E402
+from flmarket_flwr.app.server_app import build_server_app  # noqa: E402
 from simulations.run import simulate_in_process  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parents[1]

@@ -2,7 +2,7 @@
 
 * the pre-training baselines (RS, QBS, DICE, DDS) get the clients' raw label counts (and
   DDS embeddings) in one ``query.selector_stats`` round, select exactly what
-  :func:`~flmarket_flwr.pricing.select_clients` selects on those counts, and only the
+  :func:`~simulations.baselines.selectors.select_clients` selects on those counts, and only the
   selected nodes ever receive a train or evaluate message;
 * FLMarket never sends that query (the server learns the counts only through PASS);
 * S-FedAvg trains at most ``num-selected`` nodes per round and needs a validation split.
@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
-from flmarket_flwr import client_app, server_app
+from flmarket_flwr.app import client_app, server_app
+from flmarket_flwr.app.task import EMBEDDING_DIM, DataConfig, all_label_counts, data_embedding
 from flmarket_flwr.market.inprocess import InProcessGrid
-from flmarket_flwr.pricing import select_clients
-from flmarket_flwr.task import EMBEDDING_DIM, DataConfig, all_label_counts, data_embedding
 from simulations import apps
+from simulations.baselines.selectors import select_clients
 
 PROJECT = Path(__file__).resolve().parents[1]
 NODE_IDS = [101, 202, 303, 404, 505, 606]

@@ -32,7 +32,7 @@ import pytest
 from flwr.app import Context, RecordDict
 from processes import pids_with_cmdline, process_tree, stop_pids
 
-from flmarket_flwr import client_app, server_app
+from flmarket_flwr.app import client_app, server_app
 from flmarket_flwr.market import MarketError
 from flmarket_flwr.market.inprocess import InProcessGrid
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from flmarket_flwr import task
-from flmarket_flwr.task import DataConfig, load_test_set
+from flmarket_flwr.app import task
+from flmarket_flwr.app.task import DataConfig, load_test_set
 
 
 @pytest.mark.parametrize("dataset", ["digits", "cifar10", "cinic10", "deap"])

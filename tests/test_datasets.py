@@ -25,7 +25,7 @@ from fixtures_datasets import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flmarket_flwr.data import (
+from flmarket_flwr.app.data import (
     CIFAR10_MEAN,
     CIFAR10_STD,
     LoadedDataset,
@@ -36,10 +36,10 @@ from flmarket_flwr.data import (
     load_deap_windows,
     normalize_images,
 )
-from flmarket_flwr.data import cinic10 as cinic10_module
-from flmarket_flwr.data import deap as deap_module
-from flmarket_flwr.data.cifar10 import load_cifar10_label_names, read_cifar10_batch
-from flmarket_flwr.data.deap import deap_train_test_split, ratings_to_labels
+from flmarket_flwr.app.data import cinic10 as cinic10_module
+from flmarket_flwr.app.data import deap as deap_module
+from flmarket_flwr.app.data.cifar10 import load_cifar10_label_names, read_cifar10_batch
+from flmarket_flwr.app.data.deap import deap_train_test_split, ratings_to_labels
 
 # --------------------------------------------------------------------------- fixtures
 

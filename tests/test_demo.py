@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flmarket_flwr.demo import main, run_demo, secure_global_counts
+from flmarket_flwr.app.demo import main, run_demo, secure_global_counts
 from flmarket_flwr.pass_protocol import PassError
 from flmarket_flwr.pricing import run_auction, score
 

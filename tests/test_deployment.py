@@ -476,7 +476,7 @@ def test_supernode_killed_in_pass_is_excluded_without_a_stall(tmp_path: Path, mo
 
 def expected_global_counts(partitions: range, num_partitions: int = DROPOUT_NODES) -> np.ndarray:
     """``N_s`` over ``partitions`` of the d1 runs' data config (the clients' own partitioning), without noise."""
-    from flmarket_flwr.task import DataConfig, partition_label_counts  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.app.task import DataConfig, partition_label_counts  # pylint: disable=import-outside-toplevel
 
     config = DataConfig.from_run_config({"distribution": "d1"}, {"num-partitions": num_partitions})
     return sum(partition_label_counts(p, config) for p in partitions)

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flmarket_flwr.data import DISTRIBUTIONS, load_digits_arrays, make_partition, train_test_split_balanced
-from flmarket_flwr.data import digits as digits_module
+from flmarket_flwr.app.data import DISTRIBUTIONS, load_digits_arrays, make_partition, train_test_split_balanced
+from flmarket_flwr.app.data import digits as digits_module
 
 
 def test_digits_arrays_have_the_expected_shape_dtype_and_range() -> None:

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
-from flmarket_flwr.data import load_dataset, load_digits_arrays, make_partition
-from flmarket_flwr.data.digits_xl import (
+from flmarket_flwr.app.data import load_dataset, load_digits_arrays, make_partition
+from flmarket_flwr.app.data.digits_xl import (
     DEFAULT_STRENGTH,
     DigitsXL,
     deform,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from flmarket_flwr.app.run_config import DEFAULTS, markdown_table
 from flmarket_flwr.market.node_config import MARKET_SCHEMA
-from flmarket_flwr.run_config import DEFAULTS, markdown_table
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -19,7 +19,7 @@ def _between(text: str, start: str, end: str) -> str:
 
 def test_the_configuration_reference_is_the_schemas_tables() -> None:
     text = (PROJECT / "docs" / "configuration.md").read_text()
-    hint = "regenerate with python -m flmarket_flwr.run_config --markdown / ...market.node_config --markdown"
+    hint = "regenerate with python -m flmarket_flwr.app.run_config --markdown / ...market.node_config --markdown"
     assert _between(text, "<!-- run-config table: generated -->", "<!-- end of run-config table -->") == (
         markdown_table()
     ), hint

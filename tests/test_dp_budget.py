@@ -315,7 +315,7 @@ def test_the_app_reads_the_total_budget_from_the_node_config(tmp_path: Path) -> 
 def test_the_apps_supernode_with_a_total_budget_takes_part_until_it_is_spent(tmp_path: Path) -> None:
     """The Flower app path: ``pass-dp-epsilon=1`` in the run config, ``pass-dp-total-epsilon=1.5`` (and a ledger
     directory) in one SuperNode's node config: it masks in two runs (1.45 spent) and refuses the third."""
-    from flmarket_flwr.client_app import build_client_app
+    from flmarket_flwr.app.client_app import build_client_app
 
     nodes = [101, 202, 303, 404, 505]
     configs: dict[int, dict[str, int | str | float]] = {

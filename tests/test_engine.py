@@ -16,17 +16,17 @@ import numpy as np
 import pytest
 import torch
 
-from flmarket_flwr.client_app import build_client_app
-from flmarket_flwr.market import MarketConfig, MarketPhase, WinnersGrid
-from flmarket_flwr.market.inprocess import InProcessGrid
-from flmarket_flwr.pricing import select_clients
-from flmarket_flwr.task import (
+from flmarket_flwr.app.client_app import build_client_app
+from flmarket_flwr.app.task import (
     DataConfig,
     all_label_counts,
     data_embedding,
     load_partition,
     train,
 )
+from flmarket_flwr.market import MarketConfig, MarketPhase, WinnersGrid
+from flmarket_flwr.market.inprocess import InProcessGrid
+from simulations.baselines.selectors import select_clients
 from simulations.config import app_config_defaults
 from simulations.engine import (
     EngineConfig,
@@ -165,8 +165,8 @@ def test_one_round_matches_flowers_fedavg_through_the_train_handler() -> None:
     from flwr.app import ArrayRecord, ConfigRecord
     from flwr.serverapp.strategy import FedAvg
 
-    from flmarket_flwr.models import build_model
-    from flmarket_flwr.task import evaluate
+    from flmarket_flwr.app.models import build_model
+    from flmarket_flwr.app.task import evaluate
 
     cfg = replace(
         SETTINGS[0], selector="qbs", local_steps=0, local_epochs=2, rounds=1, batch_size=16, learning_rate=0.1
@@ -299,7 +299,7 @@ def test_engine_config_reads_the_apps_schema() -> None:
     """The engine's app keys take the app's defaults (but the sweep protocol's) and the app's checks."""
     from dataclasses import fields
 
-    from flmarket_flwr.run_config import DEFAULTS
+    from flmarket_flwr.app.run_config import DEFAULTS
     from simulations.engine import APP_KEY_OF_FIELD, SWEEP_DEFAULTS
 
     defaults = EngineConfig()
@@ -354,10 +354,10 @@ def test_sfedavg_samples_and_values_as_flowers_sfedavg_strategy() -> None:
     """Engine S-FedAvg against the Flower strategy on the app's ClientApp: same samples, same Shapley values."""
     from flwr.app import ArrayRecord, ConfigRecord
 
-    from flmarket_flwr.models import build_model
-    from flmarket_flwr.strategies import SFedAvg
-    from flmarket_flwr.task import load_validation_set
+    from flmarket_flwr.app.models import build_model
+    from flmarket_flwr.app.task import load_validation_set
     from simulations.apps import make_validation_fn
+    from simulations.baselines import SFedAvg
 
     cfg = SFEDAVG
     engine = run_engine(cfg)["sfedavg"]["rounds"]

@@ -16,7 +16,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flmarket_flwr.pricing import flmarket_scores, run_auction
+from flmarket_flwr.pricing import run_auction
+from simulations.baselines.selectors import flmarket_scores
 from simulations.engine import (
     EngineConfig,
     _protocol,

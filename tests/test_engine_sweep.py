@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from flmarket_flwr.pricing import select_clients
-from flmarket_flwr.task import embed_inputs
+from flmarket_flwr.app.task import embed_inputs
 from simulations import engine as engine_module
+from simulations.baselines.selectors import select_clients
 from simulations.engine import EngineConfig, _plateau_delta, load_federation, run_engine, select
 from simulations.sweep_report import build_sweep_report, in_training_lines, split_primary
 

@@ -1,4 +1,4 @@
-"""The app's one config schema (``flmarket_flwr/run_config.py``) and everything that reads it.
+"""The app's one config schema (``flmarket_flwr/app/run_config.py``) and everything that reads it.
 
 ``[tool.flwr.app.config]`` in ``pyproject.toml`` is what ``flwr run .`` uses: it must be the schema's table,
 verbatim. Hydra's ``conf/`` reads the schema as a structured config: the default composition maps to exactly
@@ -15,9 +15,9 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
 
-from flmarket_flwr.run_config import APP_KEYS, DEFAULTS, check_run_config, pyproject_table
-from flmarket_flwr.server_app import ServerSettings
-from flmarket_flwr.task import DataConfig
+from flmarket_flwr.app.run_config import APP_KEYS, DEFAULTS, check_run_config, pyproject_table
+from flmarket_flwr.app.server_app import ServerSettings
+from flmarket_flwr.app.task import DataConfig
 from simulations.apps import experiment_strategies
 from simulations.config import CONF_DIR, GROUP_KEYS, app_config_defaults, to_run_config
 from simulations.progress import count_jobs, format_line
@@ -38,9 +38,9 @@ def options(group: str) -> list[str]:
 
 
 def test_pyproject_holds_the_schema_table_verbatim() -> None:
-    """``python -m flmarket_flwr.run_config`` prints pyproject's table: keys, values, types and comments."""
+    """``python -m flmarket_flwr.app.run_config`` prints pyproject's table: keys, values, types and comments."""
     text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8")
-    assert pyproject_table() in text, "regenerate [tool.flwr.app.config] with `python -m flmarket_flwr.run_config`"
+    assert pyproject_table() in text, "regenerate [tool.flwr.app.config] with `python -m flmarket_flwr.app.run_config`"
     assert app_config_defaults() == DEFAULTS
     assert all(type(app_config_defaults()[key]) is type(value) for key, value in DEFAULTS.items())
 

@@ -18,17 +18,17 @@ from fixtures_datasets import FASHION_FILES, idx_bytes, write_fashion_mnist, wri
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flmarket_flwr.data import LoadedDataset, load_dataset, make_partition
-from flmarket_flwr.data import fashion_mnist as fmnist
-from flmarket_flwr.data.fashion_mnist import (
+from flmarket_flwr.app.data import LoadedDataset, load_dataset, make_partition
+from flmarket_flwr.app.data import fashion_mnist as fmnist
+from flmarket_flwr.app.data.fashion_mnist import (
     DEBIAN_PACKAGE,
     FASHION_MNIST_CLASS_NAMES,
     load_fashion_mnist,
     read_idx,
     resolve_fashion_mnist_dir,
 )
+from flmarket_flwr.app.task import DataConfig
 from flmarket_flwr.pricing import alpha
-from flmarket_flwr.task import DataConfig
 
 # sha256 of the four decompressed files of Debian's dataset-fashion-mnist 0.0~git20200523.55506a9-1,
 # the data behind results/fashion_mnist/.

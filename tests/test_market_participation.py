@@ -13,7 +13,7 @@ from flwr.app import Context, Message, RecordDict
 from flwr.serverapp.strategy import FedAvg
 from test_app_simulation import app_run_config
 
-from flmarket_flwr import client_app, server_app
+from flmarket_flwr.app import client_app, server_app
 from flmarket_flwr.market import FLMarket, MarketConfig, MarketError, MarketPhase
 from flmarket_flwr.market.inprocess import InProcessGrid
 

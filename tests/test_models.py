@@ -6,7 +6,7 @@ from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from torch import nn
 
-from flmarket_flwr.models import (
+from flmarket_flwr.app.models import (
     MODEL_NAMES,
     DeapCNN,
     DigitsCNN,

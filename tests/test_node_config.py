@@ -13,7 +13,8 @@ from flwr.app import Context, RecordDict
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flmarket_flwr.client_app import NODE_CONFIG, build_client_app
+from flmarket_flwr.app.client_app import NODE_CONFIG, build_client_app
+from flmarket_flwr.app.run_config import APP_KEYS
 from flmarket_flwr.market import MarketConfig, MarketPhase
 from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.node_config import (
@@ -27,7 +28,6 @@ from flmarket_flwr.market.node_config import (
 )
 from flmarket_flwr.pass_protocol import IdentityDirectory, SkellamNoise, generate_identity
 from flmarket_flwr.pass_protocol.noise import PrivacyBudget
-from flmarket_flwr.run_config import APP_KEYS
 
 KEY = generate_identity()[1].hex()
 BAD_VALUES: dict[str, list[Any]] = {
@@ -191,7 +191,8 @@ def test_the_schema_and_the_directory_tool_import_without_the_app_stack() -> Non
     """The core install reads node config: neither module pulls torch, scipy, Ray or the app's run config."""
     code = (
         "import sys, flmarket_flwr.market.node_config, flmarket_flwr.pass_protocol.identity_cli\n"
-        "heavy = ('torch', 'scipy', 'sklearn', 'ray', 'hydra', 'flmarket_flwr.run_config', 'flmarket_flwr.task')\n"
+        "heavy = ('torch', 'scipy', 'sklearn', 'ray', 'hydra',\n"
+        "         'flmarket_flwr.app.run_config', 'flmarket_flwr.app.task')\n"
         "print(sorted(m for m in heavy if m in sys.modules))"
     )
     root = Path(__file__).resolve().parents[1]

@@ -1,5 +1,6 @@
 """What a Flower user installs: a light plugin (Flower, numpy, cryptography, PyNaCl, dp-accounting; never torch or
-Hydra), a wheel with its licence and type information, and a FAB (``flwr build``) that holds the app only."""
+Hydra), a wheel with its licence and type information and without the example app, and a FAB (``flwr build``) that
+holds the app (and the plugin it imports) only."""
 
 from __future__ import annotations
 
@@ -122,6 +123,9 @@ def test_the_wheel_carries_the_licence_py_typed_and_the_metadata(tmp_path: Path)
         fields = archive.read(metadata).decode().split("\n\n", 1)[0].splitlines()
     assert "flmarket_flwr/py.typed" in names
     assert {name.split("/")[0] for name in names if ".dist-info/" not in name} == {"flmarket_flwr"}  # no experiments
+    modules = {name for name in names if name.endswith(".py")}
+    assert {name.split("/")[1] for name in modules} == {"__init__.py", "nodes.py", *(p.split(".")[1] for p in PLUGIN)}
+    assert not [name for name in names if name.startswith("flmarket_flwr/app/")]  # the example app is the FAB's
     assert "License-Expression: Apache-2.0" in fields and "Classifier: Typing :: Typed" in fields
     assert any(field.startswith("Project-URL: Paper, ") for field in fields)
 

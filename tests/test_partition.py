@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
-from flmarket_flwr.data import (
+from flmarket_flwr.app.data import (
     DISTRIBUTIONS,
     MIN_KEEP_RATIO,
     Partition,

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from flmarket_flwr.data import (
+from flmarket_flwr.app.data import (
     DISTRIBUTIONS,
     LINEAR_MIN_KEEP_RATIO,
     global_distribution_indices,

@@ -256,8 +256,8 @@ def test_a_noisy_market_runs_end_to_end_and_its_winners_pass_the_audit() -> None
 
 def test_the_apps_clients_add_the_run_configs_noise_and_a_node_ceiling_refuses_a_larger_epsilon() -> None:
     """The Flower app path: ``pass-dp-epsilon`` in the run config; ``pass-dp-max-epsilon`` in a node's config."""
-    from flmarket_flwr.client_app import build_client_app
-    from flmarket_flwr.run_config import market_noise
+    from flmarket_flwr.app.client_app import build_client_app
+    from flmarket_flwr.app.run_config import market_noise
 
     nodes = [101, 202, 303, 404, 505]
     configs = {node: {"partition-id": i, "num-partitions": len(nodes)} for i, node in enumerate(nodes)}
@@ -333,7 +333,7 @@ def test_with_noise_on_a_poisoned_sum_is_still_refused_above_and_below(poison: i
 
 
 def test_the_server_apps_market_takes_the_noise_from_the_run_config() -> None:
-    from flmarket_flwr.server_app import ServerSettings, _market_config, data_config_of
+    from flmarket_flwr.app.server_app import ServerSettings, _market_config, data_config_of
 
     def noise_of(run_config: dict[str, float]) -> SkellamNoise | None:
         settings = ServerSettings.from_run_config(run_config)

@@ -221,7 +221,7 @@ def test_concurrent_conflicting_releases_let_exactly_one_through(tmp_path: Path)
 
 # --- The app's node config -------------------------------------------------------------------------
 def test_the_app_reads_the_ledger_from_the_node_config(tmp_path: Path) -> None:
-    from flmarket_flwr.client_app import release_ledger_of
+    from flmarket_flwr.app.client_app import release_ledger_of
 
     def context(node_config: dict) -> Context:  # type: ignore[type-arg]
         return Context(1, 5, node_config, RecordDict(), {})
@@ -233,7 +233,7 @@ def test_the_app_reads_the_ledger_from_the_node_config(tmp_path: Path) -> None:
 
 
 def test_the_app_reads_the_complete_graph_requirement_from_the_node_config() -> None:
-    from flmarket_flwr.client_app import complete_graph_of
+    from flmarket_flwr.app.client_app import complete_graph_of
 
     def context(node_config: dict) -> Context:  # type: ignore[type-arg]
         return Context(1, 5, node_config, RecordDict(), {})
@@ -247,7 +247,7 @@ def test_the_app_reads_the_complete_graph_requirement_from_the_node_config() -> 
 
 
 def test_the_app_reads_the_roster_floor_and_the_split_tolerance_from_the_node_config() -> None:
-    from flmarket_flwr.client_app import min_participants_of, split_tolerance_of
+    from flmarket_flwr.app.client_app import min_participants_of, split_tolerance_of
 
     def context(node_config: dict) -> Context:  # type: ignore[type-arg]
         return Context(1, 5, node_config, RecordDict(), {})

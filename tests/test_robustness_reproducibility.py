@@ -18,7 +18,7 @@ import pytest
 import torch
 from flwr.app import Context, RecordDict
 
-from flmarket_flwr import client_app, server_app
+from flmarket_flwr.app import client_app, server_app
 from flmarket_flwr.market.inprocess import InProcessGrid
 
 PROJECT = Path(__file__).resolve().parents[1]

@@ -8,14 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from flmarket_flwr.pricing import (
+from flmarket_flwr.pricing import cohort_budget, run_auction, score
+from simulations.baselines.selectors import (
     SELECTORS,
-    cohort_budget,
     dds_homogeneity,
     dice_quality,
     flmarket_scores,
-    run_auction,
-    score,
     select_clients,
     select_dds,
     select_dice,

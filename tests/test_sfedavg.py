@@ -24,16 +24,16 @@ from flwr.serverapp.strategy import Result
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flmarket_flwr.app.models import DigitsCNN, get_arrays
+from flmarket_flwr.app.task import evaluate
 from flmarket_flwr.market.inprocess import InProcessGrid
-from flmarket_flwr.models import DigitsCNN, get_arrays
-from flmarket_flwr.strategies import (
+from simulations.apps import make_validation_fn
+from simulations.baselines import (
     SFedAvg,
     estimate_shapley,
     sample_without_replacement,
     softmax,
 )
-from flmarket_flwr.task import evaluate
-from simulations.apps import make_validation_fn
 
 TARGET = np.linspace(-1.0, 1.0, 16)
 NODES = list(range(101, 111))

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from flmarket_flwr.models import build_model
-from flmarket_flwr.task import (
+from flmarket_flwr.app.models import build_model
+from flmarket_flwr.app.task import (
     DataConfig,
     all_label_counts,
     evaluate,

@@ -19,7 +19,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
-from flmarket_flwr.client_app import (
+from flmarket_flwr.app.client_app import (
     evaluate_local,
     identity_directory_of,
     identity_key_of,
@@ -59,7 +59,7 @@ def pad_mask_reply(msg: Message, context: Context, call_next) -> Message:
 
 
 app = ClientApp(mods=[hang_in_mask, pad_mask_reply])
-register_market_handlers(  # as flmarket_flwr.client_app.build_client_app does
+register_market_handlers(  # as flmarket_flwr.app.client_app.build_client_app does
     app,
     get_label_counts=label_counts,
     bid_policy=simulated_cost_bid,

@@ -1,5 +1,5 @@
 """The product's ServerApp, unchanged."""
 
-from flmarket_flwr.server_app import app
+from flmarket_flwr.app.server_app import app
 
 __all__ = ["app"]

@@ -1,7 +1,7 @@
 """The app's run-config schema: every key once, with its type, default, check and meaning.
 
 ``[tool.flwr.app.config]`` in ``pyproject.toml`` (what ``flwr run`` reads) restates :data:`APP_KEYS`
-(``python -m flmarket_flwr.run_config`` prints the block; a test holds the two equal). The ServerApp, the
+(``python -m flmarket_flwr.app.run_config`` prints the block; a test holds the two equal). The ServerApp, the
 ClientApp, the data config, Hydra's ``conf/`` (a structured config built from this table) and the
 experiments engine all read their keys, defaults and checks from here.
 """
@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar, cast
 
-from flmarket_flwr.data.partition import DISTRIBUTIONS, SCHEDULES
-from flmarket_flwr.data.registry import DATASET_NAMES, canonical_dataset_name
+from flmarket_flwr.app.data.partition import DISTRIBUTIONS, SCHEDULES
+from flmarket_flwr.app.data.registry import DATASET_NAMES, canonical_dataset_name
 from flmarket_flwr.market.config_keys import Scalar, check_value, typed_value
 from flmarket_flwr.market.config_keys import at_least as _at_least
 from flmarket_flwr.market.config_keys import one_of as _one_of
@@ -95,7 +95,7 @@ def _device_ok(value: str) -> bool:
 
 
 def _model_ok(value: str) -> bool:
-    from flmarket_flwr.models import MODEL_NAMES  # pylint: disable=import-outside-toplevel  # torch: only when checked
+    from flmarket_flwr.app.models import MODEL_NAMES  # pylint: disable=import-outside-toplevel  # torch: only when checked
 
     return value.lower().replace("-", "_") in MODEL_NAMES
 

@@ -21,6 +21,18 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.app.typing import MetricRecordValues
 from flwr.clientapp import ClientApp
 
+from flmarket_flwr.app.run_config import DEFAULTS, market_noise, read
+from flmarket_flwr.app.task import (
+    DataConfig,
+    build_task_model,
+    configure_torch_threads,
+    evaluate,
+    load_partition,
+    partition_label_counts,
+    resolve_device,
+    training_seed,
+)
+from flmarket_flwr.app.task import train as train_model
 from flmarket_flwr.market import SimulatedCostBid, read_award, register_market_handlers
 from flmarket_flwr.market.config_keys import at_least
 from flmarket_flwr.market.node_config import (
@@ -37,18 +49,6 @@ from flmarket_flwr.market.node_config import (
     split_tolerance_of,
 )
 from flmarket_flwr.pass_protocol import SkellamNoise
-from flmarket_flwr.run_config import DEFAULTS, market_noise, read
-from flmarket_flwr.task import (
-    DataConfig,
-    build_task_model,
-    configure_torch_threads,
-    evaluate,
-    load_partition,
-    partition_label_counts,
-    resolve_device,
-    training_seed,
-)
-from flmarket_flwr.task import train as train_model
 
 if TYPE_CHECKING:
     import torch
@@ -145,7 +145,7 @@ def train(msg: Message, context: Context) -> Message:
     """Train the received global model on the local partition."""
     import torch  # pylint: disable=C0415,redefined-outer-name
 
-    from flmarket_flwr.models import set_arrays  # pylint: disable=C0415
+    from flmarket_flwr.app.models import set_arrays  # pylint: disable=C0415
 
     configure_torch_threads(read(context.run_config, "torch-threads"))
     partition_id = partition_id_of(context)
@@ -189,7 +189,7 @@ def train(msg: Message, context: Context) -> Message:
 
 def evaluate_local(msg: Message, context: Context) -> Message:
     """Evaluate the received global model on the local partition."""
-    from flmarket_flwr.models import set_arrays  # pylint: disable=C0415
+    from flmarket_flwr.app.models import set_arrays  # pylint: disable=C0415
 
     configure_torch_threads(read(context.run_config, "torch-threads"))
     data_config = data_config_of(context)

@@ -1,7 +1,7 @@
 """scikit-learn's bundled ``digits`` (1,797 8x8 images, 10 classes): the offline default data set.
 
 A balanced held-out test set is taken first (:func:`train_test_split_balanced`); the rest is the training
-pool that :func:`flmarket_flwr.data.partition.make_partition` splits over the clients.
+pool that :func:`flmarket_flwr.app.data.partition.make_partition` splits over the clients.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Final
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flmarket_flwr.data.partition import _check_positive_int, _check_seed, as_label_array
+from flmarket_flwr.app.data.partition import _check_positive_int, _check_seed, as_label_array
 
 __all__ = [
     "DEFAULT_TEST_PER_CLASS",

@@ -1,17 +1,17 @@
 """Data sets and federated partitions: one loader per data set, the paper's partition, one entry point.
 
-:func:`~flmarket_flwr.data.registry.load_dataset` loads any data set by name (``digits``, the offline
+:func:`~flmarket_flwr.app.data.registry.load_dataset` loads any data set by name (``digits``, the offline
 default, ``digits_xl``, ``fashion_mnist``, ``cifar10``, ``cinic10``, ``deap``); nothing is downloaded.
-:func:`~flmarket_flwr.data.partition.make_partition` splits a training pool over the clients the paper's
+:func:`~flmarket_flwr.app.data.partition.make_partition` splits a training pool over the clients the paper's
 way (a global distribution ``d1`` ... ``d7``, then a per-class Dirichlet split).
 """
 
-from flmarket_flwr.data.digits import (
+from flmarket_flwr.app.data.digits import (
     DEFAULT_TEST_PER_CLASS,
     load_digits_arrays,
     train_test_split_balanced,
 )
-from flmarket_flwr.data.partition import (
+from flmarket_flwr.app.data.partition import (
     DEFAULT_ALPHA,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MIN_SAMPLES_PER_CLIENT,
@@ -48,9 +48,15 @@ __all__ = [
     "train_test_split_balanced",
 ]
 
-from flmarket_flwr.data.cifar10 import CIFAR10_CLASS_NAMES, CIFAR10_MEAN, CIFAR10_STD, load_cifar10, normalize_images
-from flmarket_flwr.data.cinic10 import CINIC10_CLASS_NAMES, CINIC10_MEAN, CINIC10_STD, load_cinic10
-from flmarket_flwr.data.deap import (
+from flmarket_flwr.app.data.cifar10 import (
+    CIFAR10_CLASS_NAMES,
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+    load_cifar10,
+    normalize_images,
+)
+from flmarket_flwr.app.data.cinic10 import CINIC10_CLASS_NAMES, CINIC10_MEAN, CINIC10_STD, load_cinic10
+from flmarket_flwr.app.data.deap import (
     PERIPHERAL_CHANNEL_NAMES,
     QUADRANT_NAMES,
     DeapWindows,
@@ -58,9 +64,9 @@ from flmarket_flwr.data.deap import (
     load_deap,
     load_deap_windows,
 )
-from flmarket_flwr.data.digits_xl import DigitsXL, load_digits_xl
-from flmarket_flwr.data.fashion_mnist import FASHION_MNIST_CLASS_NAMES, load_fashion_mnist
-from flmarket_flwr.data.registry import DATASET_NAMES, LoadedDataset, load_dataset
+from flmarket_flwr.app.data.digits_xl import DigitsXL, load_digits_xl
+from flmarket_flwr.app.data.fashion_mnist import FASHION_MNIST_CLASS_NAMES, load_fashion_mnist
+from flmarket_flwr.app.data.registry import DATASET_NAMES, LoadedDataset, load_dataset
 
 __all__ += [
     "CIFAR10_CLASS_NAMES",

@@ -1,6 +1,6 @@
 """The market without Flower: PASS, scores, bids and the auction over a partitioned data set.
 
-Run ``python -m flmarket_flwr.demo`` (see ``--help``). Using the library's public API the way a non-Flower
+Run ``python -m flmarket_flwr.app.demo`` (see ``--help``). Using the library's public API the way a non-Flower
 integration would, it partitions the bundled digits data over ``E`` clients, sums their label counts with
 PASS, has each client score itself and bid its cost, and runs the reverse auction (details: ``run_demo``).
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from flmarket_flwr.data import DISTRIBUTIONS, load_digits_arrays, make_partition, train_test_split_balanced
+from flmarket_flwr.app.data import DISTRIBUTIONS, load_digits_arrays, make_partition, train_test_split_balanced
 from flmarket_flwr.market.bidding import cost_based_bid, simulated_cost_per_sample
 from flmarket_flwr.pass_protocol import PassClient, PassServer
 from flmarket_flwr.pricing import AuctionResult, run_auction, score
@@ -73,7 +73,7 @@ def run_demo(
 
     Notes
     -----
-    Run ``python -m flmarket_flwr.demo`` (see ``--help``). Every step uses the library's public API
+    Run ``python -m flmarket_flwr.app.demo`` (see ``--help``). Every step uses the library's public API
     the way a non-Flower integration would:
 
     1. partition the bundled digits data over ``E`` clients (global distribution ``dN``, Dirichlet);

@@ -21,9 +21,9 @@ from flwr.app import ArrayRecord, MetricRecord
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
+from flmarket_flwr.app.models import set_arrays
+from flmarket_flwr.app.task import evaluate
 from flmarket_flwr.market import FLMarket
-from flmarket_flwr.models import set_arrays
-from flmarket_flwr.task import evaluate
 
 __all__ = ["CentralEvaluation", "RoundRecord", "make_run_dir", "save_results", "selection_of"]
 

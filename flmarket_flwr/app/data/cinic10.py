@@ -18,7 +18,7 @@ from typing import Final
 import numpy as np
 from numpy.typing import NDArray
 
-from flmarket_flwr.data.cifar10 import CIFAR10_CLASS_NAMES
+from flmarket_flwr.app.data.cifar10 import CIFAR10_CLASS_NAMES
 
 __all__ = [
     "CINIC10_CLASS_NAMES",

@@ -17,17 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flmarket_flwr.data.digits import NUM_CLASSES as DIGITS_NUM_CLASSES
-from flmarket_flwr.data.digits import train_test_split_balanced
-from flmarket_flwr.data.partition import Partition, make_partition
-from flmarket_flwr.data.registry import (
+from flmarket_flwr.app.data.digits import NUM_CLASSES as DIGITS_NUM_CLASSES
+from flmarket_flwr.app.data.digits import train_test_split_balanced
+from flmarket_flwr.app.data.partition import Partition, make_partition
+from flmarket_flwr.app.data.registry import (
     DATASET_NAMES,
     DATASET_OPTIONS,
     LoadedDataset,
     canonical_dataset_name,
     load_dataset,
 )
-from flmarket_flwr.run_config import check_values, default_as, keys_read_by, read
+from flmarket_flwr.app.run_config import check_values, default_as, keys_read_by, read
 
 if TYPE_CHECKING:
     import torch
@@ -103,11 +103,11 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
         split (``0``: none). S-FedAvg needs one.
     schedule : str
         Pruning schedule of the global distributions: ``"geometric"`` (default) or ``"linear"``
-        (the paper's Table 2; see :mod:`flmarket_flwr.data.partition`).
+        (the paper's Table 2; see :mod:`flmarket_flwr.app.data.partition`).
 
     Notes
     -----
-    Data sets come from :func:`flmarket_flwr.data.registry.load_dataset`: ``digits``
+    Data sets come from :func:`flmarket_flwr.app.data.registry.load_dataset`: ``digits``
     (bundled, offline, the default), ``fashion_mnist`` (Debian's ``dataset-fashion-mnist``
     folder unless ``data-root`` names another), ``cifar10``, ``cinic10`` and ``deap`` (read
     from the local folder ``data-root``; nothing is downloaded). Images of CIFAR-10 and CINIC-10
@@ -121,7 +121,7 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
        the data set's training set). Every selector sees the same pool for a given
        ``val-per-class``: set the same value for runs that are compared;
     3. the rest, the training pool, is partitioned over the clients
-       (:func:`~flmarket_flwr.data.partition.make_partition`).
+       (:func:`~flmarket_flwr.app.data.partition.make_partition`).
 
     ``torch`` is imported inside the functions that need tensors, not at module level: in a deployment
     every message runs in a fresh ClientApp process, and the market messages only need the label counts.
@@ -308,7 +308,7 @@ def build_task_model(name: str, config: DataConfig) -> nn.Module:
 
     Uses the global torch RNG: seed it first for reproducible initial weights.
     """
-    from flmarket_flwr.models import build_model  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.app.models import build_model  # pylint: disable=import-outside-toplevel
 
     options: dict[str, Any] = {}
     if name.strip().lower().replace("-", "_") == "deap_cnn":
@@ -433,7 +433,7 @@ def data_embedding(partition_id: int, config: DataConfig, dim: int = EMBEDDING_D
 
     :func:`embed_inputs` of the client's (standardised where the data set has constants) inputs: a client
     sends ``dim`` numbers instead of its data. It is still a summary of the client's raw data: the DDS
-    baseline has none of FLMarket's privacy (see :mod:`flmarket_flwr.server_app`).
+    baseline has none of FLMarket's privacy (see :mod:`flmarket_flwr.app.server_app`).
 
     Returns
     -------

@@ -14,9 +14,9 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
-from flmarket_flwr.data import cifar10, cinic10, deap, digits_xl, fashion_mnist
-from flmarket_flwr.data.digits import DEFAULT_TEST_PER_CLASS, load_digits_arrays, train_test_split_balanced
-from flmarket_flwr.data.digits import NUM_CLASSES as DIGITS_NUM_CLASSES
+from flmarket_flwr.app.data import cifar10, cinic10, deap, digits_xl, fashion_mnist
+from flmarket_flwr.app.data.digits import DEFAULT_TEST_PER_CLASS, load_digits_arrays, train_test_split_balanced
+from flmarket_flwr.app.data.digits import NUM_CLASSES as DIGITS_NUM_CLASSES
 
 __all__ = ["DATASET_NAMES", "DATASET_OPTIONS", "LoadedDataset", "canonical_dataset_name", "load_dataset"]
 
@@ -173,16 +173,16 @@ def load_dataset(
 
     * ``digits``: ``test_per_class``.
     * ``digits_xl``: ``test_per_class``, ``variants_per_image``, ``generation_seed``, ``strength``, ``cache_dir``
-      (see :func:`~flmarket_flwr.data.digits_xl.load_digits_xl`); ``train_groups`` / ``test_groups`` hold
+      (see :func:`~flmarket_flwr.app.data.digits_xl.load_digits_xl`); ``train_groups`` / ``test_groups`` hold
       each image's source original, for leakage checks.
     * ``digits_xl_rgb32``: as ``digits_xl``; each image bilinearly resized to 32x32 and repeated over 3 channels
-      (:func:`~flmarket_flwr.data.digits_xl.upsample_to_rgb`).
+      (:func:`~flmarket_flwr.app.data.digits_xl.upsample_to_rgb`).
     * ``cifar10``, ``fashion_mnist``: none.
-    * ``cinic10``: ``cache``, ``cache_dir``, ``num_workers`` (see :func:`~flmarket_flwr.data.cinic10.load_cinic10`)
+    * ``cinic10``: ``cache``, ``cache_dir``, ``num_workers`` (see :func:`~flmarket_flwr.app.data.cinic10.load_cinic10`)
       and ``include_valid`` (default ``False``; ``True`` trains on ``train/`` + ``valid/``, 180,000 images,
       and needs ``split="test"``).
     * ``deap``: ``label`` (default ``"valence_arousal"``, 4 classes), ``num_classes``, ``window_seconds``
-      (default 4), ``subjects``, ``standardize`` (see :func:`~flmarket_flwr.data.deap.load_deap_windows`)
+      (default 4), ``subjects``, ``standardize`` (see :func:`~flmarket_flwr.app.data.deap.load_deap_windows`)
       and ``test_fraction``.
 
     ``seed`` only matters where the test set is drawn (``digits``, ``deap``); the official
@@ -202,7 +202,9 @@ def load_dataset(
 def _require_root(name: str, root: str | os.PathLike[str] | None) -> str | os.PathLike[str]:
     """Return ``root`` or explain that a local folder is needed."""
     if root is None:
-        raise ValueError(f"{name!r} is read from a local folder: pass root=<folder> (see flmarket_flwr.data.{name})")
+        raise ValueError(
+            f"{name!r} is read from a local folder: pass root=<folder> (see flmarket_flwr.app.data.{name})"
+        )
     return root
 
 
@@ -239,7 +241,7 @@ def _load_digits_xl(
 def _load_digits_xl_rgb32(
     root: str | os.PathLike[str] | None, split: str, seed: int, options: dict[str, Any]
 ) -> LoadedDataset:
-    """``digits_xl`` upsampled to ``3 x 32 x 32`` (:func:`~flmarket_flwr.data.digits_xl.upsample_to_rgb`)."""
+    """``digits_xl`` upsampled to ``3 x 32 x 32`` (:func:`~flmarket_flwr.app.data.digits_xl.upsample_to_rgb`)."""
     data = _load_digits_xl(root, split, seed, options)
     train_images = digits_xl.upsample_to_rgb(data.train_images)
     return replace(

@@ -13,7 +13,7 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
-from flmarket_flwr.data._legacy_pickle import load_pickled_dict
+from flmarket_flwr.app.data._legacy_pickle import load_pickled_dict
 
 __all__ = [
     "CIFAR10_CLASS_NAMES",

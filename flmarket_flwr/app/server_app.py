@@ -3,7 +3,7 @@
 :func:`main` checks the whole run config first (a bad key or value stops the run at once, naming the
 key), then runs ``FLMarket(FedAvg(...))`` (:class:`~flmarket_flwr.market.FLMarket`) with a server-side
 evaluation of the global model every round, and writes the results
-(:mod:`flmarket_flwr.app_results`). The last line of every run says ``FLMarket run succeeded: results
+(:mod:`flmarket_flwr.app.results`). The last line of every run says ``FLMarket run succeeded: results
 in <dir>`` or ``FLMarket run FAILED: <reason>``.
 
 The experiments (:mod:`simulations.apps`) plug their baseline selectors in through
@@ -25,12 +25,9 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, Result, Strategy
 from flwr.supercore import log
 
-from flmarket_flwr.app_results import CentralEvaluation, make_run_dir, save_results
-from flmarket_flwr.market import FLMarket, MarketConfig, MarketError, MarketPhase, RosterHistory
-from flmarket_flwr.nodes import connected_nodes
-from flmarket_flwr.pass_protocol import IdentityDirectory, load_identity_key
-from flmarket_flwr.run_config import check_run_config, default_as, market_noise, neighbours_of, read
-from flmarket_flwr.task import (
+from flmarket_flwr.app.results import CentralEvaluation, make_run_dir, save_results
+from flmarket_flwr.app.run_config import check_run_config, default_as, market_noise, neighbours_of, read
+from flmarket_flwr.app.task import (
     DataConfig,
     build_task_model,
     configure_torch_threads,
@@ -38,6 +35,9 @@ from flmarket_flwr.task import (
     num_classes,
     resolve_device,
 )
+from flmarket_flwr.market import FLMarket, MarketConfig, MarketError, MarketPhase, RosterHistory
+from flmarket_flwr.nodes import connected_nodes
+from flmarket_flwr.pass_protocol import IdentityDirectory, load_identity_key
 
 __all__ = ["ServerSettings", "StrategyFactory", "app", "build_server_app", "data_config_of", "fedavg", "main", "run"]
 
@@ -49,7 +49,7 @@ NODE_PROBE_S = 2.0
 @dataclass(frozen=True)
 class ServerSettings:
     """The ServerApp's keys of the run config, typed; each key's default, check and meaning is in
-    :data:`flmarket_flwr.run_config.APP_KEYS` (``-`` there for ``_`` here).
+    :data:`flmarket_flwr.app.run_config.APP_KEYS` (``-`` there for ``_`` here).
 
     ``selector`` (``"flmarket"``); ``model``; the market's ``budget``, ``num_selected`` (0: the budget
     decides; n > 0: at most n winners, within the budget), ``market_timeout``, ``wait_for_nodes_timeout``,
@@ -101,7 +101,7 @@ class ServerSettings:
     def from_run_config(
         cls, run_config: Mapping[str, Any], selectors: tuple[str, ...] = ("flmarket",)
     ) -> ServerSettings:
-        """Check the whole run config (:func:`~flmarket_flwr.run_config.check_run_config`) and keep the server's keys.
+        """Check the whole run config (:func:`~flmarket_flwr.app.run_config.check_run_config`); keep the server's keys.
 
         Raises
         ------
@@ -136,7 +136,7 @@ StrategyFactory = Callable[[ServerSettings, DataConfig, int], Strategy]
 """Experiments hook: ``(settings, data config, number of nodes) -> strategy`` for one more ``selector``.
 
 The strategy must offer ``selection_record() -> dict`` and ``result_files() -> dict`` (see
-:func:`flmarket_flwr.app_results.save_results`)."""
+:func:`flmarket_flwr.app.results.save_results`)."""
 
 
 def fedavg(settings: ServerSettings) -> FedAvg:

@@ -21,8 +21,8 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import ndimage
 
-from flmarket_flwr.data.digits import load_digits_arrays, train_test_split_balanced
-from flmarket_flwr.data.partition import _check_non_negative_int, _check_positive_int
+from flmarket_flwr.app.data.digits import load_digits_arrays, train_test_split_balanced
+from flmarket_flwr.app.data.partition import _check_non_negative_int, _check_positive_int
 
 __all__ = [
     "CACHE_ENV",
