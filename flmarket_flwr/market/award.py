@@ -24,8 +24,8 @@ import numpy as np
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from flmarket_flwr.pass_protocol import share_threshold, verify_award_endorsement
-from flmarket_flwr.pass_protocol.identity import IDENTITY_KEY_LENGTH, SIGNATURE_LENGTH
+from flmarket_flwr.pass_protocol.graph import share_threshold
+from flmarket_flwr.pass_protocol.identity import IDENTITY_KEY_LENGTH, SIGNATURE_LENGTH, verify_award_endorsement
 from flmarket_flwr.pricing import run_auction
 
 __all__ = [
