@@ -38,7 +38,7 @@ from flmarket_flwr.pass_protocol.messages import (
     UnmaskRequest,
 )
 from flmarket_flwr.pass_protocol.primitives import derive_pair_seed, expand_seed
-from flmarket_flwr.pass_protocol.server import PassServer
+from flmarket_flwr.pass_protocol.server import PassServer, Step
 
 FLOOR = {"security_bits": 0, "bad_fraction": 0.01}  # client floor low enough for any test degree
 STAGES = ("advertise", "share", "mask", "unmask")
@@ -188,10 +188,10 @@ def test_sum_is_exact_or_refused_under_dropouts_at_every_round(case):
         requests = session.mask(requests, drops["mask"])
     except PassError:
         server = session.server
-        if server._step == 4:  # receive_masked refused: the oracle must agree, and no share was requested
+        if server.state.step == Step.UNMASK:  # receive_masked refused: the oracle agrees, no share was requested
             assert not _recoverable(server, set(server.survivors))
         else:
-            assert len(server.adverts if server._step == 2 else server.u2) < 3
+            assert len(server.adverts if server.state.step == Step.SHARES else server.u2) < 3
         return
     responders = set(requests) - drops["unmask"]
     if _recoverable(session.server, responders):
@@ -235,7 +235,7 @@ def test_worst_allowed_exactly_t_shares_for_one_survivor():
     requests = session.mask(requests, after_mask)
     replies = {i: session._call(i, "unmask", r.to_record()) for i, r in requests.items() if i not in during_unmask}
     session.server.receive_unmask(replies)
-    assert len(session.server._b_shares[victim]) == t
+    assert len(session.server.state.b_shares[victim]) == t
     assert (session.server.finish() == session.expected()).all()
 
 
@@ -261,7 +261,7 @@ def test_too_many_dropouts_stop_before_any_share_is_requested():
     survivors = {i: r for i, r in requests.items() if i not in lost}
     with pytest.raises(PassError, match="threshold"):
         session.mask(survivors)
-    assert not session.server._b_shares and not session.server._s_shares
+    assert not session.server.state.b_shares and not session.server.state.s_shares
     # a server that asks anyway: the victim refuses, it has fewer than t surviving neighbours
     u3 = sorted(set(requests) - lost)
     with pytest.raises(PassError, match="neighbours survived"):
@@ -732,8 +732,9 @@ def test_without_a_directory_a_forging_server_reads_a_victims_counts_through_the
         context = channel.accusation_context(0, server.roster, server.session, w, victim)
         keys = (server.adverts[w].cipher_public_key, server.adverts[victim].cipher_public_key)
         secret = verify_exchange(*keys, session.masked[w].proofs[0], context)
-        ciphertext, _ = server._ciphertexts[victim, w]  # what the victim really sent w
-        pairs.append((w, channel.unseal(secret, ciphertext, server.session, victim, w, server._digests[victim, w])))
+        ciphertext, _ = server.state.ciphertexts[victim, w]  # what the victim really sent w
+        digest = server.state.digests[victim, w]
+        pairs.append((w, channel.unseal(secret, ciphertext, server.session, victim, w, digest)))
     t = server.threshold
 
     def rebuild(half: int) -> bytes:
@@ -912,7 +913,7 @@ def _split_the_consistency_round(size: int, colluders: int, victim_tolerance: in
     held = {  # what each client holds of the victim's two secrets (wiped once it unmasks)
         i: session.states[i]["held_shares"][session.states[i]["held_from"].index(victim)] for i in range(2, size + 1)
     }
-    t = server._thresholds[victim]
+    t = server.state.thresholds[victim]
     honest = [i for i in range(2 + colluders, size + 1)]
     group_a, group_b = honest[: max(t - colluders, 0)], honest[max(t - colluders, 0) :]
     everyone = list(range(1, size + 1))
@@ -926,7 +927,7 @@ def _split_the_consistency_round(size: int, colluders: int, victim_tolerance: in
             where = {"run_id": 0, "session": server.session, "roster": server.roster}
             key = session.identities[999 + c]
             signed[c] = sign_survivor_set(
-                key, view.survivors, view.dropped, participants=server._participants_bitmap, **where
+                key, view.survivors, view.dropped, participants=server.state.participants, **where
             )
     b_shares, s_shares = [], []
     for group, view, signed in zip((group_a, group_b), views, signatures, strict=True):
@@ -1000,7 +1001,7 @@ def test_a_raised_split_tolerance_costs_dropouts_and_keeps_the_sum_exact():
             for i, r in session.requests.items()
         }
         requests = session.share(session.server.receive_advertisements(replies))
-        assert session.server._thresholds == {i: 6 if i == 1 else 5 for i in range(1, 11)}
+        assert session.server.state.thresholds == {i: 6 if i == 1 else 5 for i in range(1, 11)}
         if exact:
             assert (session.unmask(session.mask(requests, drop=drops)) == session.expected()).all()
         else:

@@ -8,8 +8,10 @@ longer finish safely raises :class:`~flmarket_flwr.pass_protocol.encoding.PassEr
 from __future__ import annotations
 
 import dataclasses
+import enum
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -74,6 +76,73 @@ from flmarket_flwr.pass_protocol.primitives import (
     load_public_key,
     ring_sum,
 )
+
+
+class Step(enum.IntEnum):
+    """The server's next call in a session; each call runs only at its own step."""
+
+    ADVERTISE = 0
+    """:meth:`PassServer.advertise_requests`."""
+    ADVERTISEMENTS = 1
+    """:meth:`PassServer.receive_advertisements`."""
+    SHARES = 2
+    """:meth:`PassServer.receive_shares`."""
+    MASKED = 3
+    """:meth:`PassServer.receive_masked`."""
+    UNMASK = 4
+    """:meth:`PassServer.receive_signatures` (with a directory), then :meth:`PassServer.receive_unmask`."""
+    FINISH = 5
+    """:meth:`PassServer.finish`."""
+    DONE = 6
+
+
+@dataclass
+class ServerState:
+    """What one :class:`PassServer` session has gathered, round by round; keys are PASS indices."""
+
+    masked_sum: npt.NDArray[np.uint64]
+    """The survivors' masked inputs summed in ``Z_2^64`` (set when the inputs close)."""
+    step: Step = Step.ADVERTISE
+    awaiting_signatures: bool = False
+    """The consistency round is open (a directory, after the masked inputs)."""
+    # Round 1
+    roster: bytes = b""
+    """The roster fingerprint every advert binds."""
+    node_of: dict[int, int] = field(default_factory=dict)
+    index_of: dict[int, int] = field(default_factory=dict)
+    excluded: dict[int, str] = field(default_factory=dict)
+    """Each client that left the protocol, and why."""
+    adverts: dict[int, Advertisement] = field(default_factory=dict)
+    participants: bytes = b""
+    """U1 as a roster bitmap."""
+    graph: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    degree: int = 0
+    threshold: int = 0
+    # Round 2
+    thresholds: dict[int, int] = field(default_factory=dict)
+    """Each dealer's own Shamir threshold (its split tolerance may raise it)."""
+    u2: list[int] = field(default_factory=list)
+    digests: dict[tuple[int, int], bytes] = field(default_factory=dict)
+    """(dealer, holder): the dealer's share-pair digest."""
+    ciphertexts: dict[tuple[int, int], tuple[bytes, bytes]] = field(default_factory=dict)
+    """(dealer, holder): the ciphertext relayed and its signature."""
+    # Round 3
+    masked: dict[int, MaskedInput] = field(default_factory=dict)
+    accusations: dict[tuple[int, int], bytes] = field(default_factory=dict)
+    """(accuser, accused): the accuser's proof, or ``b""``."""
+    culprits: set[int] = field(default_factory=set)
+    """Named by a judgement: their masked inputs are not used."""
+    wronged: set[int] = field(default_factory=set)
+    """Withdrew because every sender it accused was convicted."""
+    cut: set[tuple[int, int]] = field(default_factory=set)
+    """(holder, dealer): no mask and no shares on that edge."""
+    survivors: list[int] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)
+    commitments: dict[int, bytes] = field(default_factory=dict)
+    transcript: bytes = b""
+    # Round 4
+    b_shares: dict[int, list[tuple[int, bytes]]] = field(default_factory=dict)
+    s_shares: dict[int, list[tuple[int, bytes]]] = field(default_factory=dict)
 
 
 class PassServer:
@@ -148,64 +217,40 @@ class PassServer:
         self._degree_override, self._security_bits, self._bad_fraction = degree, security_bits, bad_fraction
         self.directory = directory
         self.run_id = int(run_id)
-        self.roster = b""
-        self._participants_bitmap = b""
-        self._awaiting_signatures = False
         self._server_seed = server_seed if server_seed is not None else os.urandom(GRAPH_SEED_LENGTH)
         self.graph_commitment = commit_graph_seed(self._server_seed)
-        self.node_of: dict[int, int] = {}
-        self.index_of: dict[int, int] = {}
-        self.excluded: dict[int, str] = {}
-        self.adverts: dict[int, Advertisement] = {}
-        self.graph: dict[int, tuple[int, ...]] = {}
-        self.degree = 0
-        self.threshold = 0
-        self._thresholds: dict[int, int] = {}  # each dealer's own (its split tolerance may raise it)
-        self.u2: list[int] = []
-        self.survivors: list[int] = []
-        self.dropped: list[int] = []
-        self.commitments: dict[int, bytes] = {}
-        self.transcript = b""
         self.noise_slack = 0
         """Noise allowed beyond ``[0, count_bound * |U3|]`` in a class of the sum (0: the clients add none)."""
-        self._masked_sum = np.zeros(num_classes, dtype=np.uint64)
-        self._b_shares: dict[int, list[tuple[int, bytes]]] = {}
-        self._s_shares: dict[int, list[tuple[int, bytes]]] = {}
-        self._digests: dict[tuple[int, int], bytes] = {}  # (dealer, holder) -> the dealer's share-pair digest
-        self._ciphertexts: dict[tuple[int, int], tuple[bytes, bytes]] = {}  # (dealer, holder) -> (ciphertext, sig)
-        self._masked: dict[int, MaskedInput] = {}
-        self._accusations: dict[tuple[int, int], bytes] = {}  # (accuser, accused) -> the accuser's proof or b""
-        self._culprits: set[int] = set()  # named by an accusation's judgement: their masked inputs are not used
-        self._wronged: set[int] = set()  # withdrew because every sender it accused was convicted
-        self._cut: set[tuple[int, int]] = set()  # (holder, dealer): no mask and no shares on that edge
-        self._step = 0
+        self.state = ServerState(masked_sum=np.zeros(num_classes, dtype=np.uint64))
+        """What this session has gathered so far (read it; the rounds alone change it)."""
 
-    def _advance(self, step: int, name: str) -> None:
-        if self._step != step:
-            raise PassError(f"{name} called out of order (step {self._step}, expected {step})")
-        self._step = step + 1
+    def _advance(self, step: Step, name: str) -> None:
+        """Move past ``step``, or :class:`PassError` if the session is not there."""
+        if self.state.step != step:
+            raise PassError(f"{name} called out of order (step {int(self.state.step)}, expected {int(step)})")
+        self.state.step = Step(step + 1)
 
     def _exclude(self, index: int, reason: str) -> None:
-        self.excluded.setdefault(index, reason)
+        self.state.excluded.setdefault(index, reason)
 
     # Round 1 -----------------------------------------------------------------
     def advertise_requests(self, node_ids: Sequence[int]) -> dict[int, AdvertiseRequest]:
         """Assign indices ``1..E`` to ``node_ids`` (in the given order) and build the advertise requests."""
-        self._advance(0, "advertise_requests")
+        self._advance(Step.ADVERTISE, "advertise_requests")
         if len(set(node_ids)) != len(node_ids):
             raise ValueError("node ids must be distinct")
         if not MIN_PARTICIPANTS <= len(node_ids) <= MAX_PARTICIPANTS:
             raise PassError(f"PASS v2 needs {MIN_PARTICIPANTS} to {MAX_PARTICIPANTS} clients, got {len(node_ids)}")
         if self.count_bound * len(node_ids) >= COUNT_LIMIT:
             raise ValueError(f"count_bound * E must be < 2**63, got {self.count_bound} * {len(node_ids)}")
-        self.node_of = {i + 1: int(node) for i, node in enumerate(node_ids)}
-        self.index_of = {node: index for index, node in self.node_of.items()}
-        self.roster = roster_fingerprint(self.run_id, self.session, list(node_ids))
+        self.state.node_of = {i + 1: int(node) for i, node in enumerate(node_ids)}
+        self.state.index_of = {node: index for index, node in self.state.node_of.items()}
+        self.state.roster = roster_fingerprint(self.run_id, self.session, list(node_ids))
         return {
             index: AdvertiseRequest(
-                self.session, index, node, self.num_classes, self.count_bound, self.graph_commitment, self.roster
+                self.session, index, node, self.num_classes, self.count_bound, self.graph_commitment, self.state.roster
             )
-            for index, node in self.node_of.items()
+            for index, node in self.state.node_of.items()
         }
 
     def _degree_for(self, size: int) -> int:
@@ -220,7 +265,7 @@ class PassServer:
             load_public_key(advert.cipher_public_key, index)
             load_public_key(advert.mask_public_key, index)
             if self.directory is not None:
-                node = self.node_of[index]
+                node = self.state.node_of[index]
                 verify_advertisement(
                     self.directory.key_of(node),
                     advert.signature,
@@ -230,7 +275,7 @@ class PassServer:
                     advert.cipher_public_key,
                     advert.mask_public_key,
                     run_id=self.run_id,
-                    roster=self.roster,
+                    roster=self.state.roster,
                 )
             possession = possession_context(self.run_id, self.session, index)
             if not verify_possession(advert.cipher_public_key, advert.cipher_key_proof, possession):
@@ -246,8 +291,8 @@ class PassServer:
         self, replies: Mapping[int, Advertisement | Mapping[str, Any]]
     ) -> dict[int, ShareKeysRequest]:
         """Validate the adverts (U1), open the graph seed, and build each client's share-keys request."""
-        self._advance(1, "receive_advertisements")
-        adverts = {i: a for i, r in replies.items() if i in self.node_of and (a := self._valid_advert(i, r))}
+        self._advance(Step.ADVERTISEMENTS, "receive_advertisements")
+        adverts = {i: a for i, r in replies.items() if i in self.state.node_of and (a := self._valid_advert(i, r))}
         owners: dict[int, list[int]] = {}
         for i, advert in adverts.items():
             for key in {montgomery_u(advert.cipher_public_key), montgomery_u(advert.mask_public_key)}:
@@ -258,27 +303,27 @@ class PassServer:
             for i in clash:
                 self._exclude(i, "advertisement reuses a public key")
                 adverts.pop(i, None)
-        for i in self.node_of:
+        for i in self.state.node_of:
             if i not in adverts:
                 self._exclude(i, "no advertisement")
         participants = sorted(adverts)
         if len(participants) < MIN_PARTICIPANTS:
             raise PassError(f"only {len(participants)} clients advertised valid keys, PASS needs {MIN_PARTICIPANTS}")
-        self.adverts = adverts
-        self.degree = self._degree_for(len(participants))
-        self.threshold = share_threshold(self.degree)
+        self.state.adverts = adverts
+        self.state.degree = self._degree_for(len(participants))
+        self.state.threshold = share_threshold(self.state.degree)
         seed = derive_graph_seed(self._server_seed, roster_digest(self.session, participants))
-        self.graph = mask_graph(seed, participants, self.degree)
+        self.state.graph = mask_graph(seed, participants, self.state.degree)
         requests, roster = {}, indices_to_bitmap(participants)
-        self._participants_bitmap = roster
+        self.state.participants = roster
         for u in participants:
-            neighbours = list(self.graph[u])
+            neighbours = list(self.state.graph[u])
             requests[u] = ShareKeysRequest(
                 server_seed=self._server_seed,
                 participants=roster,
-                degree=self.degree,
+                degree=self.state.degree,
                 neighbours=neighbours,
-                neighbour_node_ids=[self.node_of[v] for v in neighbours],
+                neighbour_node_ids=[self.state.node_of[v] for v in neighbours],
                 cipher_public_keys=[adverts[v].cipher_public_key for v in neighbours],
                 mask_public_keys=[adverts[v].mask_public_key for v in neighbours],
                 signatures=[adverts[v].signature for v in neighbours],
@@ -289,10 +334,10 @@ class PassServer:
     # Round 2 -----------------------------------------------------------------
     def receive_shares(self, replies: Mapping[int, ShareKeysReply | Mapping[str, Any]]) -> dict[int, MaskRequest]:
         """Keep the clients that sent one well-formed ciphertext per neighbour (U2); route the ciphertexts."""
-        self._advance(2, "receive_shares")
+        self._advance(Step.SHARES, "receive_shares")
         sent: dict[int, ShareKeysReply] = {}
         for u, reply in replies.items():
-            if u not in self.graph:
+            if u not in self.state.graph:
                 continue
             try:
                 reply = ShareKeysReply.coerce(reply)
@@ -300,7 +345,7 @@ class PassServer:
                 self._exclude(u, str(error))
                 continue
             if (
-                reply.receivers != list(self.graph[u])
+                reply.receivers != list(self.state.graph[u])
                 or len(reply.ciphertexts) != len(reply.receivers)
                 or len(reply.share_digests) != len(reply.receivers)
                 or any(len(c) != CIPHERTEXT_BYTES for c in reply.ciphertexts)
@@ -309,23 +354,23 @@ class PassServer:
             ):
                 self._exclude(u, "share-keys reply does not hold one ciphertext and one digest per neighbour")
                 continue
-            if not self.threshold <= reply.threshold <= max_secret_threshold(self.degree):
+            if not self.state.threshold <= reply.threshold <= max_secret_threshold(self.state.degree):
                 self._exclude(
                     u,
-                    f"its announced threshold {reply.threshold} is outside [{self.threshold}, "
-                    f"{max_secret_threshold(self.degree)}]: its secrets would not survive one receiver's loss",
+                    f"its announced threshold {reply.threshold} is outside [{self.state.threshold}, "
+                    f"{max_secret_threshold(self.state.degree)}]: its secrets would not survive one receiver's loss",
                 )
                 continue
             sent[u] = reply
-            self._thresholds[u] = reply.threshold
-        for u in self.graph:
+            self.state.thresholds[u] = reply.threshold
+        for u in self.state.graph:
             if u not in sent:
                 self._exclude(u, "no share-keys reply")
-        self.u2 = sorted(sent)
-        if len(self.u2) < MIN_PARTICIPANTS:
-            raise PassError(f"only {len(self.u2)} clients shared their keys, PASS needs {MIN_PARTICIPANTS}")
-        inbox: dict[int, MaskRequest] = {u: MaskRequest([], [], [], []) for u in self.u2}
-        for u in self.u2:  # senders in increasing order, so each inbox is sorted
+        self.state.u2 = sorted(sent)
+        if len(self.state.u2) < MIN_PARTICIPANTS:
+            raise PassError(f"only {len(self.state.u2)} clients shared their keys, PASS needs {MIN_PARTICIPANTS}")
+        inbox: dict[int, MaskRequest] = {u: MaskRequest([], [], [], []) for u in self.state.u2}
+        for u in self.state.u2:  # senders in increasing order, so each inbox is sorted
             signatures = sent[u].signatures or [b""] * len(sent[u].receivers)
             for v, ciphertext, digest, signature in zip(
                 sent[u].receivers, sent[u].ciphertexts, sent[u].share_digests, signatures, strict=True
@@ -335,8 +380,8 @@ class PassServer:
                     inbox[v].ciphertexts.append(ciphertext)
                     inbox[v].share_digests.append(digest)
                     inbox[v].signatures.append(signature)  # b"" if unsigned: a client with a directory complains
-                    self._digests[u, v] = digest
-                    self._ciphertexts[u, v] = (ciphertext, signature)
+                    self.state.digests[u, v] = digest
+                    self.state.ciphertexts[u, v] = (ciphertext, signature)
         return inbox
 
     # Round 3 -----------------------------------------------------------------
@@ -349,8 +394,8 @@ class PassServer:
         to sign, for :meth:`receive_signatures`). Each accusation is settled here from the evidence it carries
         (:meth:`_judge`): blame costs no extra round, and the accused need not be online.
         """
-        self._advance(3, "receive_masked")
-        u2 = set(self.u2)
+        self._advance(Step.MASKED, "receive_masked")
+        u2 = set(self.state.u2)
         withdrawals: list[int] = []
         for u, reply in replies.items():
             if u not in u2:
@@ -366,7 +411,7 @@ class PassServer:
             ):
                 self._exclude(u, "masked input has the wrong size")
                 continue
-            senders = {v for v in self.graph[u] if (v, u) in self._ciphertexts}
+            senders = {v for v in self.state.graph[u] if (v, u) in self.state.ciphertexts}
             if (
                 not strictly_increasing(reply.accused)
                 or not set(reply.accused) <= senders
@@ -377,24 +422,25 @@ class PassServer:
             if withdrawn:
                 withdrawals.append(u)
             else:
-                self._masked[u] = reply
+                self.state.masked[u] = reply
             for v, proof in zip(reply.accused, reply.proofs, strict=True):
-                self._accusations[u, v] = proof
-        for (u, v), proof in sorted(self._accusations.items()):
+                self.state.accusations[u, v] = proof
+        for (u, v), proof in sorted(self.state.accusations.items()):
             self._judge(u, v, proof)
         for u in withdrawals:  # after the judging: a false accuser is named for that, not for withdrawing
-            self._exclude(u, f"withdrew: fewer than {self.threshold} neighbours' shares opened at it")
-            if u not in self._culprits and all(v in self._culprits for (w, v) in self._accusations if w == u):
-                self._wronged.add(u)
+            self._exclude(u, f"withdrew: fewer than {self.state.threshold} neighbours' shares opened at it")
+            culprits = self.state.culprits
+            if u not in culprits and all(v in culprits for (w, v) in self.state.accusations if w == u):
+                self.state.wronged.add(u)
         return self._close_inputs()
 
     def _judge(self, accuser: int, accused: int, proof: bytes) -> None:
         """Name whichever of ``accuser`` and ``accused`` deviated (:func:`~.blame.judge_accusation`); it leaves
         PASS (its masked input is unused)."""
-        if accused in self._culprits:
+        if accused in self.state.culprits:
             return  # already named: its masked input is out either way
         # An accuser named for another accusation is still heard: its proof is evidence whoever gives it.
-        ciphertext, signature = self._ciphertexts[accused, accuser]
+        ciphertext, signature = self.state.ciphertexts[accused, accuser]
         directory = self.directory
         culprit, reason = judge_accusation(
             accuser,
@@ -402,54 +448,120 @@ class PassServer:
             proof,
             ciphertext=ciphertext,
             signature=signature,
-            digest=self._digests[accused, accuser],
-            accuser_cipher_key=self.adverts[accuser].cipher_public_key,
-            accused_cipher_key=self.adverts[accused].cipher_public_key,
-            accused_identity_key=None if directory is None else directory.key_of(self.node_of[accused]),
+            digest=self.state.digests[accused, accuser],
+            accuser_cipher_key=self.state.adverts[accuser].cipher_public_key,
+            accused_cipher_key=self.state.adverts[accused].cipher_public_key,
+            accused_identity_key=None if directory is None else directory.key_of(self.state.node_of[accused]),
             session=self.session,
             run_id=self.run_id,
-            roster=self.roster,
+            roster=self.state.roster,
         )
         self._blame(culprit, reason)
 
     def _blame(self, index: int, reason: str) -> None:
         """Name ``index`` as one who deviated: it leaves PASS (its masked input is not used), and the reason
         replaces any earlier one (a convicted dealer may have been excluded as a mere dropout first)."""
-        self._culprits.add(index)
-        self.excluded[index] = reason
+        self.state.culprits.add(index)
+        self.state.excluded[index] = reason
+
+    # What the session produced, for the glue ---------------------------------
+    @property
+    def roster(self) -> bytes:
+        """The roster fingerprint every advert binds (after :meth:`advertise_requests`)."""
+        return self.state.roster
+
+    @property
+    def node_of(self) -> dict[int, int]:
+        """PASS index -> Flower node id."""
+        return self.state.node_of
+
+    @property
+    def index_of(self) -> dict[int, int]:
+        """Flower node id -> PASS index."""
+        return self.state.index_of
+
+    @property
+    def excluded(self) -> dict[int, str]:
+        """Each client that left the protocol, and why."""
+        return self.state.excluded
+
+    @property
+    def adverts(self) -> dict[int, Advertisement]:
+        """The valid advertisements (U1)."""
+        return self.state.adverts
+
+    @property
+    def graph(self) -> dict[int, tuple[int, ...]]:
+        """Each participant's neighbours in the mask graph."""
+        return self.state.graph
+
+    @property
+    def degree(self) -> int:
+        """The graph degree ``k``."""
+        return self.state.degree
+
+    @property
+    def threshold(self) -> int:
+        """The session's Shamir threshold ``t``."""
+        return self.state.threshold
+
+    @property
+    def u2(self) -> list[int]:
+        """The clients that shared their keys."""
+        return self.state.u2
+
+    @property
+    def survivors(self) -> list[int]:
+        """U3: the clients whose masked inputs are in the sum."""
+        return self.state.survivors
+
+    @property
+    def dropped(self) -> list[int]:
+        """U2 less U3."""
+        return self.state.dropped
+
+    @property
+    def commitments(self) -> dict[int, bytes]:
+        """Each survivor's counts commitment."""
+        return self.state.commitments
+
+    @property
+    def transcript(self) -> bytes:
+        """``survivor_transcript`` of U3."""
+        return self.state.transcript
 
     @property
     def culprits(self) -> frozenset[int]:
         """The clients named for a deviation (garbage or mis-dealt shares, a false accusation)."""
-        return frozenset(self._culprits)
+        return frozenset(self.state.culprits)
 
     @property
     def wronged(self) -> frozenset[int]:
         """Clients that withdrew only because senders convicted of garbage shares left them short of ``t``:
         excluded from this session through no fault of their own (a fresh session may take them back)."""
-        return frozenset(self._wronged)
+        return frozenset(self.state.wronged)
 
     def _close_inputs(self) -> dict[int, UnmaskRequest] | dict[int, ConsistencyRequest]:
         """Fix U3 (masked inputs less the named culprits) and build the next round's requests."""
-        masked = {u: reply for u, reply in self._masked.items() if u not in self._culprits}
-        self.survivors = sorted(masked)
-        self.dropped = sorted(set(self.u2) - set(masked))
-        for d in self.dropped:
+        masked = {u: reply for u, reply in self.state.masked.items() if u not in self.state.culprits}
+        self.state.survivors = sorted(masked)
+        self.state.dropped = sorted(set(self.state.u2) - set(masked))
+        for d in self.state.dropped:
             self._exclude(d, "no masked input")
         # An accuser that is still in masked without its accused: that edge carries no mask and no shares.
-        self._cut = {(u, v) for (u, v) in self._accusations if u in masked}
+        self.state.cut = {(u, v) for (u, v) in self.state.accusations if u in masked}
         self._check_recoverable()
         self._check_dealing()
-        vectors = np.stack([np.frombuffer(masked[u].masked_counts, dtype="<u8") for u in self.survivors])
-        self._masked_sum = ring_sum(vectors.astype(np.uint64))
-        self.commitments = {u: masked[u].counts_commitment for u in self.survivors}
-        self.transcript = survivor_transcript(self.session, self.survivors)
-        request = UnmaskRequest.of(self.survivors, self.dropped)
+        vectors = np.stack([np.frombuffer(masked[u].masked_counts, dtype="<u8") for u in self.state.survivors])
+        self.state.masked_sum = ring_sum(vectors.astype(np.uint64))
+        self.state.commitments = {u: masked[u].counts_commitment for u in self.state.survivors}
+        self.state.transcript = survivor_transcript(self.session, self.state.survivors)
+        request = UnmaskRequest.of(self.state.survivors, self.state.dropped)
         if self.directory is not None:
-            self._awaiting_signatures = True
+            self.state.awaiting_signatures = True
             view = ConsistencyRequest(request.survivors, request.dropped)
-            return {u: view for u in self.survivors}
-        return {u: request for u in self.survivors}
+            return {u: view for u in self.state.survivors}
+        return {u: request for u in self.state.survivors}
 
     # Consistency round -------------------------------------------------------
     def receive_signatures(
@@ -461,15 +573,15 @@ class PassServer:
         is not asked to unmask; its masked input stays in the sum). A signer with fewer than ``t`` signing
         neighbours will refuse to unmask; :meth:`finish` then tells whether enough shares came back.
         """
-        if self._step != 4 or not self._awaiting_signatures:
+        if self.state.step != Step.UNMASK or not self.state.awaiting_signatures:
             raise PassError("receive_signatures called out of order (it follows receive_masked with a directory)")
-        self._awaiting_signatures = False
+        self.state.awaiting_signatures = False
         directory = self.directory
         if directory is None:
             raise PassError("the consistency round needs the identity directory")
-        view = UnmaskRequest.of(self.survivors, self.dropped)
+        view = UnmaskRequest.of(self.state.survivors, self.state.dropped)
         signed: dict[int, bytes] = {}
-        for u in self.survivors:
+        for u in self.state.survivors:
             reply = replies.get(u)
             if reply is None:
                 self._exclude(u, "no signature on the survivor set")
@@ -477,14 +589,14 @@ class PassServer:
             try:
                 signature = ConsistencyReply.coerce(reply).signature
                 verify_survivor_set(
-                    directory.key_of(self.node_of[u]),
+                    directory.key_of(self.state.node_of[u]),
                     signature,
                     view.survivors,
                     view.dropped,
                     run_id=self.run_id,
                     session=self.session,
-                    roster=self.roster,
-                    participants=self._participants_bitmap,
+                    roster=self.state.roster,
+                    participants=self.state.participants,
                 )
             except ValueError as error:  # PassError is a ValueError
                 self._exclude(u, f"survivor-set signature refused: {error}")
@@ -494,22 +606,22 @@ class PassServer:
             raise PassError(f"only {len(signed)} survivors signed the survivor set, PASS needs {MIN_PARTICIPANTS}")
         requests = {}
         for u in sorted(signed):
-            signers = [v for v in self.graph[u] if v in signed]
+            signers = [v for v in self.state.graph[u] if v in signed]
             requests[u] = dataclasses.replace(view, signers=signers, signatures=[signed[v] for v in signers])
         return requests
 
     def _check_recoverable(self) -> None:
         """``PassError`` unless ``|U3| >= 3`` and each survivor and dropped client keeps ``t`` surviving neighbours."""
-        if len(self.survivors) < MIN_PARTICIPANTS:
+        if len(self.state.survivors) < MIN_PARTICIPANTS:
             raise PassError(f"only {len(self.survivors)} clients sent masked input, PASS needs {MIN_PARTICIPANTS}")
-        alive = set(self.survivors)
-        for u in self.survivors + self.dropped:
+        alive = set(self.state.survivors)
+        for u in self.state.survivors + self.state.dropped:
             left = len(self._holders(u, alive))
-            if not left and u not in alive and any((v, u) in self._cut for v in self.graph[u]):
+            if not left and u not in alive and any((v, u) in self.state.cut for v in self.state.graph[u]):
                 continue  # every surviving neighbour accused it: none masked with it, nothing to rebuild
-            if left < self._thresholds[u]:
+            if left < self.state.thresholds[u]:
                 raise PassError(
-                    f"client {u} keeps only {left} surviving neighbours, the threshold is {self._thresholds[u]}: "
+                    f"client {u} keeps only {left} surviving neighbours, the threshold is {self.state.thresholds[u]}: "
                     "its secret cannot be rebuilt, the session stops before any share is requested"
                 )
 
@@ -522,11 +634,12 @@ class PassServer:
         else and then withheld its masked input is thus named before any unmask request, when the market
         can still run a fresh session without it, rather than after everyone unmasked.
         """
-        alive = set(self.survivors)
-        for d in self.dropped:
+        alive = set(self.state.survivors)
+        for d in self.state.dropped:
             holders = self._holders(d, alive)
-            points = [self._digests[d, v][:32] for v in holders]
-            if holders and not dealing_matches(self.adverts[d].mask_public_key, holders, points, self._thresholds[d]):
+            points = [self.state.digests[d, v][:32] for v in holders]
+            advertised = self.state.adverts[d].mask_public_key
+            if holders and not dealing_matches(advertised, holders, points, self.state.thresholds[d]):
                 self._blame(d, "its mask-key shares do not rebuild its advertised mask key: mis-dealt shares")
                 raise PassError(
                     f"client {d} dealt shares that do not rebuild its advertised mask key: the session stops "
@@ -535,15 +648,15 @@ class PassServer:
 
     def _holders(self, dealer: int, alive: set[int]) -> list[int]:
         """The surviving neighbours that hold ``dealer``'s shares (and masked with it): all but its accusers."""
-        return [v for v in self.graph[dealer] if v in alive and (v, dealer) not in self._cut]
+        return [v for v in self.state.graph[dealer] if v in alive and (v, dealer) not in self.state.cut]
 
     # Round 4 -----------------------------------------------------------------
     def receive_unmask(self, replies: Mapping[int, UnmaskReply | Mapping[str, Any]]) -> None:
         """Store the well-formed unmask replies (shares of ``b`` for survivors, of ``s`` for dropped clients)."""
-        if self._awaiting_signatures:
+        if self.state.awaiting_signatures:
             raise PassError("receive_unmask called before receive_signatures")
-        self._advance(4, "receive_unmask")
-        alive, gone = set(self.survivors), set(self.dropped)
+        self._advance(Step.UNMASK, "receive_unmask")
+        alive, gone = set(self.state.survivors), set(self.state.dropped)
         for v, reply in replies.items():
             if v not in alive:
                 continue
@@ -552,7 +665,7 @@ class PassServer:
             except PassError as error:
                 self._exclude(v, str(error))
                 continue
-            neighbours = set(self.graph[v])
+            neighbours = set(self.state.graph[v])
             groups = (
                 (reply.survivor_indices, reply.survivor_shares, alive),
                 (reply.dropped_indices, reply.dropped_shares, gone),
@@ -566,18 +679,18 @@ class PassServer:
             ):
                 self._exclude(v, "unmask reply names peers or shares it should not")
                 continue
-            forged = forged_share(self.session, v, reply, self._digests)
+            forged = forged_share(self.session, v, reply, self.state.digests)
             if forged is not None:
                 self._exclude(v, forged)
                 continue
             for u, share in zip(reply.survivor_indices, reply.survivor_shares, strict=True):
-                self._b_shares.setdefault(u, []).append((v, share))
+                self.state.b_shares.setdefault(u, []).append((v, share))
             for d, share in zip(reply.dropped_indices, reply.dropped_shares, strict=True):
-                self._s_shares.setdefault(d, []).append((v, share))
+                self.state.s_shares.setdefault(d, []).append((v, share))
 
     def _rebuild(self, owner: int, shares: list[tuple[int, bytes]], what: str) -> bytes:
         """The secret (a scalar mod ``l``, 32 bytes) behind ``t`` of ``owner``'s shares, each checked at unmask."""
-        threshold = self._thresholds[owner]
+        threshold = self.state.thresholds[owner]
         if len(shares) < threshold:
             raise PassError(f"only {len(shares)} shares of {what} of client {owner}, the threshold is {threshold}")
         try:  # any t: each matched its dealer's digest or point (_forged_share)
@@ -596,28 +709,30 @@ class PassServer:
             :attr:`noise_slack` the sum is decoded signed (two's complement) and may leave
             ``[0, count_bound * |U3|]`` by that much.
         """
-        self._advance(5, "finish")
-        total = self._masked_sum.copy()
-        for u in self.survivors:
-            total -= expand_seed(self._rebuild(u, self._b_shares.get(u, []), "the self-mask seed"), self.num_classes)
-        alive = set(self.survivors)
-        for d in self.dropped:
+        self._advance(Step.FINISH, "finish")
+        total = self.state.masked_sum.copy()
+        for u in self.state.survivors:
+            seed = self._rebuild(u, self.state.b_shares.get(u, []), "the self-mask seed")
+            total -= expand_seed(seed, self.num_classes)
+        alive = set(self.state.survivors)
+        for d in self.state.dropped:
             holders = self._holders(d, alive)
             if not holders:  # every surviving neighbour accused it: none masked with it
                 continue
-            scalar = self._rebuild(d, self._s_shares.get(d, []), "the mask key")
-            advertised = self.adverts[d].mask_public_key
+            scalar = self._rebuild(d, self.state.s_shares.get(d, []), "the mask key")
+            advertised = self.state.adverts[d].mask_public_key
             if public_key_of_scalar(scalar) != montgomery_u(advertised).to_bytes(32, "little"):
                 raise PassError(f"the rebuilt mask key of client {d} does not match its advertised key")
             for v in holders:  # v masked with +eps_{v,d} PRG; eps_{v,d} = -eps_{d,v}
-                total += scalar_pair_mask(scalar, self.adverts[v].mask_public_key, self.session, d, v, self.num_classes)
+                peer_key = self.state.adverts[v].mask_public_key
+                total += scalar_pair_mask(scalar, peer_key, self.session, d, v, self.num_classes)
         signed = total.view(np.int64)  # two's complement: clients' noise can take a class below zero
-        bound, slack = self.count_bound * len(self.survivors), self.noise_slack
+        bound, slack = self.count_bound * len(self.state.survivors), self.noise_slack
         if (signed > bound + slack).any() or (signed < -slack).any():
             raise PassError(
                 f"the sum exceeds count_bound * |U3| = {bound} in some class (or leaves it, or 0, by more than "
                 f"the noise slack {slack}): refused"
             )
-        self._b_shares.clear()
-        self._s_shares.clear()
+        self.state.b_shares.clear()
+        self.state.s_shares.clear()
         return signed.copy()
