@@ -20,6 +20,7 @@ FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
     "list[int]": lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
     "list[bytes]": lambda v: isinstance(v, list) and all(isinstance(x, bytes) for x in v),
 }
+"""Each ``ConfigRecord`` value type a PASS record may hold, by its annotation, and the check of a value against it."""
 
 
 class _Record:
