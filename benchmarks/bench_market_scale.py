@@ -49,7 +49,7 @@ from flwr.app import Message
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase
 from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app, wire_roundtrip
-from flmarket_flwr.pass_protocol import neighbourhood_size
+from flmarket_flwr.pass_protocol.graph import neighbourhood_size
 
 MAX_COUNT = 200
 FLOOR_SAMPLE = 20_000

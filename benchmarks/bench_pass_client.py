@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from flmarket_flwr.pass_protocol import MaskRequest, PassClient, PassServer, UnmaskRequest
+from flmarket_flwr.pass_protocol import PassClient, PassServer
+from flmarket_flwr.pass_protocol.messages import MaskRequest, UnmaskRequest
 
 
 def _timed(states: dict[int, dict], index: int, call: Any, cpu: dict[int, float]) -> Any:

@@ -16,7 +16,8 @@ import argparse
 
 import numpy as np
 
-from flmarket_flwr.pass_protocol import MaskRequest, PassClient, PassServer, UnmaskRequest
+from flmarket_flwr.pass_protocol import PassClient, PassServer
+from flmarket_flwr.pass_protocol.messages import MaskRequest, UnmaskRequest
 
 
 def run(num_clients: int, degree: int, repeat: int) -> None:

@@ -100,7 +100,7 @@ from flwr.supercore.primitives.asymmetric import (
 
 from flmarket_flwr.market import MarketConfig, MarketPhase, register_market_handlers
 from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app, wire_roundtrip
-from flmarket_flwr.pass_protocol import neighbourhood_size, share_threshold
+from flmarket_flwr.pass_protocol.graph import neighbourhood_size, share_threshold
 
 SIZES = (100, 1_000, 10_000)
 QUICK_SIZES = (100,)

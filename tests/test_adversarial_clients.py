@@ -26,15 +26,10 @@ from flwr.clientapp import ClientApp
 from flmarket_flwr.market import CostBasedBid, MarketError, MarketPhase, register_market_handlers
 from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.messages import RECORD_KEY
-from flmarket_flwr.pass_protocol import (
-    MaskRequest,
-    PassClient,
-    UnmaskRequest,
-    bitmap_to_indices,
-    sign_share_ciphertext,
-    sign_survivor_set,
-    verify_survivor_set,
-)
+from flmarket_flwr.pass_protocol import PassClient
+from flmarket_flwr.pass_protocol.encoding import bitmap_to_indices
+from flmarket_flwr.pass_protocol.identity import sign_share_ciphertext, sign_survivor_set, verify_survivor_set
+from flmarket_flwr.pass_protocol.messages import MaskRequest, UnmaskRequest
 from flmarket_flwr.pricing import run_auction, score
 
 POLICY = CostBasedBid(0.01)
@@ -268,7 +263,7 @@ def _lying_receiver(monkeypatch, node: int, how_many: int) -> None:
     honest_mask_input = PassClient.mask_input
 
     def mask_input(self, request, noise=None):
-        if self.to_record()["node_id"] != node:
+        if self.state.node_id != node:
             return honest_mask_input(self, request, noise)
         senders = MaskRequest.coerce(request).senders[:how_many]
         proofs = [self._prove_channel(v) for v in senders]  # before the honest step wipes the cipher key

@@ -21,9 +21,11 @@ from adversary import (
 from flmarket_flwr.market import MarketError, MarketPhase
 from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.messages import RECORD_KEY
-from flmarket_flwr.pass_protocol import PassClient, PassServer, UnmaskRequest, secagg
+from flmarket_flwr.pass_protocol import PassClient, PassServer
+from flmarket_flwr.pass_protocol import client as client_module
 from flmarket_flwr.pass_protocol.dleq import share_point
 from flmarket_flwr.pass_protocol.graph import neighbourhood_size, share_threshold
+from flmarket_flwr.pass_protocol.messages import UnmaskRequest
 from flmarket_flwr.pass_protocol.shamir import random_scalar, scalar_to_bytes
 
 SIZES = [8, 40]
@@ -165,16 +167,16 @@ def test_a_client_refused_at_unmask_still_refuses_a_later_session() -> None:
 def _dealing_a_random_value(monkeypatch, node: int) -> None:
     """Make ``node``'s real client deal shares of a random scalar instead of its mask key. Each share comes with
     its true point, so every receiver's check passes: only the dealing as a whole is wrong."""
-    honest_share_keys, honest_scalar = PassClient.share_keys, secagg.mask_scalar
+    honest_share_keys, honest_scalar = PassClient.share_keys, client_module.mask_scalar
 
     def share_keys(self, request, directory=None, identity_key=None):
-        if self.to_record()["node_id"] != node:
+        if self.state.node_id != node:
             return honest_share_keys(self, request, directory, identity_key)
-        monkeypatch.setattr(secagg, "mask_scalar", lambda private_key: scalar_to_bytes(random_scalar()))
+        monkeypatch.setattr(client_module, "mask_scalar", lambda private_key: scalar_to_bytes(random_scalar()))
         try:
             return honest_share_keys(self, request, directory, identity_key)
         finally:
-            monkeypatch.setattr(secagg, "mask_scalar", honest_scalar)
+            monkeypatch.setattr(client_module, "mask_scalar", honest_scalar)
 
     monkeypatch.setattr(PassClient, "share_keys", share_keys)
 

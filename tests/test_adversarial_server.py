@@ -27,15 +27,11 @@ from flmarket_flwr import pass_protocol
 from flmarket_flwr.market import CostBasedBid, MarketPhase, register_market_handlers
 from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.messages import RECORD_KEY
-from flmarket_flwr.pass_protocol import (
-    IdentityDirectory,
-    PassServer,
-    UnmaskRequest,
-    expand_seed,
-    generate_identity,
-    share_threshold,
-)
-from flmarket_flwr.pass_protocol.secagg import _scalar_pair_mask, rebuild_secret
+from flmarket_flwr.pass_protocol import IdentityDirectory, PassServer, generate_identity
+from flmarket_flwr.pass_protocol.channel import rebuild_secret, scalar_pair_mask
+from flmarket_flwr.pass_protocol.graph import share_threshold
+from flmarket_flwr.pass_protocol.messages import UnmaskRequest
+from flmarket_flwr.pass_protocol.primitives import expand_seed
 from flmarket_flwr.pricing import score
 
 GENERIC = "flmarket: market_bid: request refused"
@@ -124,7 +120,7 @@ def _strip_pairwise_masks(server: PassServer, victim: int, mask_key: bytes, mask
     """What the server gets from ``Y_victim`` once it knows the victim's mask key (a scalar mod l)."""
     out = masked.copy()
     for v in server.graph[victim]:
-        out = out - _scalar_pair_mask(
+        out = out - scalar_pair_mask(
             mask_key, server.adverts[v].mask_public_key, server.session, victim, v, NUM_CLASSES
         )
     return out

@@ -33,18 +33,9 @@ from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import CostBasedBid, MarketPhase, register_market_handlers
 from flmarket_flwr.market.inprocess import InProcessGrid
-from flmarket_flwr.pass_protocol import (
-    MIN_PARTICIPANTS,
-    ConsistencyRequest,
-    IdentityDirectory,
-    MaskRequest,
-    PassError,
-    PassServer,
-    UnmaskRequest,
-    expand_seed,
-    generate_identity,
-    roster_fingerprint,
-)
+from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, PassError, PassServer, generate_identity
+from flmarket_flwr.pass_protocol.channel import rebuild_secret, scalar_pair_mask
+from flmarket_flwr.pass_protocol.encoding import roster_fingerprint
 from flmarket_flwr.pass_protocol.graph import (
     derive_graph_seed,
     mask_graph,
@@ -52,7 +43,8 @@ from flmarket_flwr.pass_protocol.graph import (
     roster_digest,
     share_threshold,
 )
-from flmarket_flwr.pass_protocol.secagg import _scalar_pair_mask, rebuild_secret
+from flmarket_flwr.pass_protocol.messages import ConsistencyRequest, MaskRequest, UnmaskRequest
+from flmarket_flwr.pass_protocol.primitives import expand_seed
 
 BOUND = 10**9
 
@@ -155,7 +147,7 @@ def _recover(attack: SplitViews) -> np.ndarray | None:
     victim_key = server.adverts[victim].mask_public_key
     for peer in attack.peers:  # the peer's mask key rebuilt as a scalar: its exchange with the victim's key
         key = _rebuild(attack.s_shares[peer], t)
-        value = value + _scalar_pair_mask(key, victim_key, server.session, peer, victim, NUM_CLASSES)
+        value = value + scalar_pair_mask(key, victim_key, server.session, peer, victim, NUM_CLASSES)
     return value
 
 
@@ -399,7 +391,7 @@ def _open_with_colluders(
     mask_key = _rebuild(s_shares, t)  # a scalar mod l
     for peer in server.graph[victim]:
         peer_key = server.adverts[peer].mask_public_key
-        value = value - _scalar_pair_mask(mask_key, peer_key, server.session, victim, peer, NUM_CLASSES)
+        value = value - scalar_pair_mask(mask_key, peer_key, server.session, victim, peer, NUM_CLASSES)
     return value
 
 

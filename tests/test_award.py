@@ -51,7 +51,8 @@ from flmarket_flwr.market.messages import (
 )
 from flmarket_flwr.market.pass_rounds import PassResult
 from flmarket_flwr.market.records import config_record
-from flmarket_flwr.pass_protocol import generate_identity, sign_award_endorsement
+from flmarket_flwr.pass_protocol import generate_identity
+from flmarket_flwr.pass_protocol.identity import sign_award_endorsement
 from flmarket_flwr.pricing import run_auction
 
 BUYER = Ed25519PrivateKey.generate()

@@ -57,7 +57,8 @@ from flmarket_flwr.market.messages import (
     RECORD_KEY,
     message_type,
 )
-from flmarket_flwr.pass_protocol import MaskedInput, PassServer, SkellamNoise, counts_commitment
+from flmarket_flwr.pass_protocol import PassServer, SkellamNoise, counts_commitment
+from flmarket_flwr.pass_protocol.messages import MaskedInput
 from flmarket_flwr.pricing import score
 
 C = 5

@@ -35,7 +35,7 @@ from flmarket_flwr.market.messages import (
     RECORD_KEY,
     message_type,
 )
-from flmarket_flwr.pass_protocol import bitmap_to_indices
+from flmarket_flwr.pass_protocol.encoding import bitmap_to_indices
 from flmarket_flwr.pricing import run_auction, score
 
 NUM_CLASSES = 6

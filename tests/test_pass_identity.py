@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flmarket_flwr.pass_protocol.encoding import indices_to_bitmap
 from flmarket_flwr.pass_protocol.identity import (
     IdentityDirectory,
     advertisement_message,
@@ -19,7 +20,6 @@ from flmarket_flwr.pass_protocol.identity import (
     verify_advertisement,
     verify_survivor_set,
 )
-from flmarket_flwr.pass_protocol.secagg import indices_to_bitmap
 
 CIPHER, MASK = b"\x11" * 32, b"\x22" * 32
 ROSTER, OTHER_ROSTER = b"\x44" * 32, b"\x55" * 32

@@ -20,21 +20,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2
 
-from flmarket_flwr.pass_protocol import (
+from flmarket_flwr.pass_protocol import PassClient, PassError, PassServer
+from flmarket_flwr.pass_protocol.messages import MaskedInput
+from flmarket_flwr.pass_protocol.primitives import (
     COUNT_LIMIT,
     PROTOCOL_LABEL,
-    MaskedInput,
-    PassClient,
-    PassError,
-    PassServer,
     derive_pair_seed,
     expand_seed,
+    hkdf_sha256,
     load_public_key,
     pair_info,
     pairwise_sign,
     validate_counts,
 )
-from flmarket_flwr.pass_protocol.primitives import hkdf_sha256
 
 SESSION = b"test-run-1"
 ZERO_KEY = bytes(32)  # a low-order point: every X25519 exchange with it gives zeros

@@ -12,8 +12,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nacl import bindings as sodium
 
-from flmarket_flwr.pass_protocol import dleq, secagg
+from flmarket_flwr.pass_protocol import channel, dleq, messages
+from flmarket_flwr.pass_protocol import server as server_module
+from flmarket_flwr.pass_protocol.client import PassClient
 from flmarket_flwr.pass_protocol.dleq import edwards_lift, mask_scalar, public_key_of_scalar, verify_exchange
+from flmarket_flwr.pass_protocol.encoding import (
+    SHARE_BYTES,
+    PassError,
+    bitmap_to_indices,
+    counts_commitment,
+    indices_to_bitmap,
+    survivor_transcript,
+)
 from flmarket_flwr.pass_protocol.graph import share_threshold
 from flmarket_flwr.pass_protocol.identity import (
     IdentityDirectory,
@@ -21,20 +31,14 @@ from flmarket_flwr.pass_protocol.identity import (
     sign_advertisement,
     sign_survivor_set,
 )
-from flmarket_flwr.pass_protocol.primitives import derive_pair_seed, expand_seed
-from flmarket_flwr.pass_protocol.secagg import (
+from flmarket_flwr.pass_protocol.messages import (
     Advertisement,
     ConsistencyRequest,
-    PassClient,
-    PassError,
-    PassServer,
     ShareKeysRequest,
     UnmaskRequest,
-    bitmap_to_indices,
-    counts_commitment,
-    indices_to_bitmap,
-    survivor_transcript,
 )
+from flmarket_flwr.pass_protocol.primitives import derive_pair_seed, expand_seed
+from flmarket_flwr.pass_protocol.server import PassServer, Step
 
 FLOOR = {"security_bits": 0, "bad_fraction": 0.01}  # client floor low enough for any test degree
 STAGES = ("advertise", "share", "mask", "unmask")
@@ -64,7 +68,7 @@ class Session:
         self.floor = floor
         self.requests = self.server.advertise_requests([1000 + i for i in range(size)])
         self.states: dict[int, dict] = {i: PassClient().to_record() for i in self.requests}
-        self.masked: dict[int, secagg.MaskedInput] = {}
+        self.masked: dict[int, messages.MaskedInput] = {}
 
     def _call(self, index, method, *args, **kwargs):
         client = PassClient.from_record(self.states[index])
@@ -107,7 +111,7 @@ class Session:
                 continue  # a client that refuses is a dropout
         for i, change in (tamper or {}).items():
             replies[i] = change(replies[i])
-        self.masked = {i: secagg.MaskedInput.from_record(r) for i, r in replies.items()}
+        self.masked = {i: messages.MaskedInput.from_record(r) for i, r in replies.items()}
         return self.server.receive_masked(replies)
 
     def unmask(self, requests, drop=()):
@@ -184,10 +188,10 @@ def test_sum_is_exact_or_refused_under_dropouts_at_every_round(case):
         requests = session.mask(requests, drops["mask"])
     except PassError:
         server = session.server
-        if server._step == 4:  # receive_masked refused: the oracle must agree, and no share was requested
+        if server.state.step == Step.UNMASK:  # receive_masked refused: the oracle agrees, no share was requested
             assert not _recoverable(server, set(server.survivors))
         else:
-            assert len(server.adverts if server._step == 2 else server.u2) < 3
+            assert len(server.adverts if server.state.step == Step.SHARES else server.u2) < 3
         return
     responders = set(requests) - drops["unmask"]
     if _recoverable(session.server, responders):
@@ -231,7 +235,7 @@ def test_worst_allowed_exactly_t_shares_for_one_survivor():
     requests = session.mask(requests, after_mask)
     replies = {i: session._call(i, "unmask", r.to_record()) for i, r in requests.items() if i not in during_unmask}
     session.server.receive_unmask(replies)
-    assert len(session.server._b_shares[victim]) == t
+    assert len(session.server.state.b_shares[victim]) == t
     assert (session.server.finish() == session.expected()).all()
 
 
@@ -257,7 +261,7 @@ def test_too_many_dropouts_stop_before_any_share_is_requested():
     survivors = {i: r for i, r in requests.items() if i not in lost}
     with pytest.raises(PassError, match="threshold"):
         session.mask(survivors)
-    assert not session.server._b_shares and not session.server._s_shares
+    assert not session.server.state.b_shares and not session.server.state.s_shares
     # a server that asks anyway: the victim refuses, it has fewer than t surviving neighbours
     u3 = sorted(set(requests) - lost)
     with pytest.raises(PassError, match="neighbours survived"):
@@ -364,7 +368,7 @@ def _strip_pairwise_masks(session, x, mask_key):
     value = np.frombuffer(session.masked[x].masked_counts, dtype="<u8").astype(np.uint64)
     for v in server.graph[x]:
         if v in server.u2:
-            value = value - secagg._scalar_pair_mask(
+            value = value - channel.scalar_pair_mask(
                 mask_key, server.adverts[v].mask_public_key, b"run-1", x, v, classes
             )
     return value
@@ -384,7 +388,7 @@ def test_fake_dropout_gives_the_mask_key_but_never_the_counts(seed):
         reply = session._call(v, "unmask", UnmaskRequest.of(u3, [x]).to_record())
         assert x not in reply["survivor_indices"]
         shares += [(v, s) for d, s in zip(reply["dropped_indices"], reply["dropped_shares"], strict=True) if d == x]
-    mask_key = secagg.rebuild_secret(shares)  # a scalar mod l
+    mask_key = channel.rebuild_secret(shares)  # a scalar mod l
     assert public_key_of_scalar(mask_key) == session.server.adverts[x].mask_public_key
     recovered = _strip_pairwise_masks(session, x, mask_key)
     assert (recovered == counts[x - 1].astype(np.uint64) + expand_seed(self_seed, 6)).all()  # N_x + PRG(b_x)
@@ -419,7 +423,7 @@ def test_pairwise_mask_depends_on_the_private_keys():
     a_pub, b_pub = a.public_key().public_bytes_raw(), b.public_key().public_bytes_raw()
 
     def pair_mask(key, peer_key, session, own, peer):  # the server's, from a key rebuilt as a scalar mod l
-        return secagg._scalar_pair_mask(mask_scalar(key.private_bytes_raw()), peer_key, session, own, peer, 8)
+        return channel.scalar_pair_mask(mask_scalar(key.private_bytes_raw()), peer_key, session, own, peer, 8)
 
     mask_ab = pair_mask(a, b_pub, b"run", 1, 2)
     mask_ba = pair_mask(b, a_pub, b"run", 2, 1)
@@ -574,7 +578,7 @@ def test_a_client_that_requires_the_complete_graph_refuses_any_other(size, degre
         with pytest.raises(PassError, match="only on the complete graph"):
             session._call(1, "share_keys", request)
     else:
-        assert len(secagg.ShareKeysReply.from_record(session._call(1, "share_keys", request)).receivers) == size - 1
+        assert len(messages.ShareKeysReply.from_record(session._call(1, "share_keys", request)).receivers) == size - 1
 
 
 def test_server_excludes_duplicate_keys_and_garbage_replies():
@@ -740,21 +744,22 @@ def test_without_a_directory_a_forging_server_reads_a_victims_counts_through_the
     pairs = []
     for w in server.graph[victim]:
         assert session.masked[w].accused == [victim]
-        context = secagg.accusation_context(0, server.roster, server.session, w, victim)
+        context = channel.accusation_context(0, server.roster, server.session, w, victim)
         keys = (server.adverts[w].cipher_public_key, server.adverts[victim].cipher_public_key)
         secret = verify_exchange(*keys, session.masked[w].proofs[0], context)
-        ciphertext, _ = server._ciphertexts[victim, w]  # what the victim really sent w
-        pairs.append((w, secagg._unseal(secret, ciphertext, server.session, victim, w, server._digests[victim, w])))
+        ciphertext, _ = server.state.ciphertexts[victim, w]  # what the victim really sent w
+        digest = server.state.digests[victim, w]
+        pairs.append((w, channel.unseal(secret, ciphertext, server.session, victim, w, digest)))
     t = server.threshold
 
     def rebuild(half: int) -> bytes:
         size = len(pairs[0][1]) // 2  # each pair: the mask-key share, then the self-mask-seed share
-        return secagg.rebuild_secret([(w, both[half * size : (half + 1) * size]) for w, both in pairs[:t]])
+        return channel.rebuild_secret([(w, both[half * size : (half + 1) * size]) for w, both in pairs[:t]])
 
     value = np.frombuffer(session.masked[victim].masked_counts, dtype="<u8") - expand_seed(rebuild(1), 3)
     mask_key = rebuild(0)  # a scalar mod l
     for peer in server.graph[victim]:
-        value = value - secagg._scalar_pair_mask(
+        value = value - channel.scalar_pair_mask(
             mask_key, server.adverts[peer].mask_public_key, server.session, victim, peer, 3
         )
     assert np.array_equal(value, counts[0].astype(np.uint64))
@@ -777,7 +782,7 @@ def test_without_identity_keys_a_garbage_ciphertext_is_judged_from_the_proven_se
     requests = session.mask(requests)
     proof = session.masked[2].proofs[session.masked[2].accused.index(sender)]
     adverts = session.server.adverts
-    context = secagg.accusation_context(0, session.server.roster, session.server.session, 2, sender)
+    context = channel.accusation_context(0, session.server.roster, session.server.session, 2, sender)
     secret = verify_exchange(adverts[2].cipher_public_key, adverts[sender].cipher_public_key, proof, context)
     assert secret == cipher_key.exchange(X25519PublicKey.from_public_bytes(adverts[sender].cipher_public_key))
     assert "garbage shares" in session.server.excluded[sender]
@@ -852,7 +857,7 @@ def test_a_colluder_advertising_a_multiple_of_a_victims_cipher_key_gets_no_chann
             run_id=0,
             roster=server.roster,
         )
-    assert not dleq.verify_possession(related, forged["cipher_key_proof"], secagg.possession_context(0, b"run-1", 2))
+    assert not dleq.verify_possession(related, forged["cipher_key_proof"], channel.possession_context(0, b"run-1", 2))
     honest = PassServer(b"run-1", 3, session.bound, degree=9, directory=server.directory)
     honest.advertise_requests([1000 + i for i in range(10)])
     assert honest._valid_advert(colluder, forged) is None
@@ -860,7 +865,7 @@ def test_a_colluder_advertising_a_multiple_of_a_victims_cipher_key_gets_no_chann
 
     replies[colluder] = forged
     with monkeypatch.context() as relaying:  # a server that checks no proof of possession
-        relaying.setattr(secagg, "verify_possession", lambda *args: True)
+        relaying.setattr(server_module, "verify_possession", lambda *args: True)
         requests = server.receive_advertisements(replies)
     assert colluder in requests and victim in requests
     with contextlib.suppress(PassError):  # what this deviating server then decides does not matter here
@@ -886,7 +891,7 @@ def test_a_receiver_left_below_its_threshold_by_accused_senders_withdraws_with_i
     assert (withdrawal.masked_counts, withdrawal.counts_commitment, withdrawal.accused) == (b"", b"", senders)
     adverts = session.server.adverts
     for v, proof in zip(senders, withdrawal.proofs, strict=True):
-        context = secagg.accusation_context(0, session.server.roster, session.server.session, 1, v)
+        context = channel.accusation_context(0, session.server.roster, session.server.session, 1, v)
         assert verify_exchange(adverts[1].cipher_public_key, adverts[v].cipher_public_key, proof, context)
         assert "garbage shares" in session.server.excluded[v]
     assert "withdrew" in session.server.excluded[1]
@@ -923,7 +928,7 @@ def _split_the_consistency_round(size: int, colluders: int, victim_tolerance: in
     held = {  # what each client holds of the victim's two secrets (wiped once it unmasks)
         i: session.states[i]["held_shares"][session.states[i]["held_from"].index(victim)] for i in range(2, size + 1)
     }
-    t = server._thresholds[victim]
+    t = server.state.thresholds[victim]
     honest = [i for i in range(2 + colluders, size + 1)]
     group_a, group_b = honest[: max(t - colluders, 0)], honest[max(t - colluders, 0) :]
     everyone = list(range(1, size + 1))
@@ -937,7 +942,7 @@ def _split_the_consistency_round(size: int, colluders: int, victim_tolerance: in
             where = {"run_id": 0, "session": server.session, "roster": server.roster}
             key = session.identities[999 + c]
             signed[c] = sign_survivor_set(
-                key, view.survivors, view.dropped, participants=server._participants_bitmap, **where
+                key, view.survivors, view.dropped, participants=server.state.participants, **where
             )
     b_shares, s_shares = [], []
     for group, view, signed in zip((group_a, group_b), views, signatures, strict=True):
@@ -945,21 +950,21 @@ def _split_the_consistency_round(size: int, colluders: int, victim_tolerance: in
             others = sorted(v for v in signed if v != i)
             request = dataclasses.replace(view, signers=others, signatures=[signed[v] for v in others])
             try:
-                reply = secagg.UnmaskReply.from_record(session._call(i, "unmask", request.to_record()))
+                reply = messages.UnmaskReply.from_record(session._call(i, "unmask", request.to_record()))
             except PassError:
                 continue  # too few signatures on its view: it releases nothing
             if victim in reply.survivor_indices:
                 b_shares.append((i, reply.survivor_shares[reply.survivor_indices.index(victim)]))
             else:
                 s_shares.append((i, reply.dropped_shares[reply.dropped_indices.index(victim)]))
-    size_of_share = secagg._SHARE_BYTES
+    size_of_share = SHARE_BYTES
     for c in pooled:
         s_shares.append((c, held[c][:size_of_share]))
         b_shares.append((c, held[c][size_of_share:]))
     every_share = [(i, both[:size_of_share]) for i, both in held.items()]  # for the test's own check only
 
     def rebuild(shares, threshold=t):
-        return secagg.rebuild_secret(shares[:threshold])
+        return channel.rebuild_secret(shares[:threshold])
 
     mask_key = rebuild(every_share)  # the victim's real mask key, wiped at the victim once it masked
     opened = None
@@ -968,7 +973,7 @@ def _split_the_consistency_round(size: int, colluders: int, victim_tolerance: in
         key = rebuild(s_shares)  # a scalar mod l
         for peer in server.graph[victim]:
             peer_key = server.adverts[peer].mask_public_key
-            value = value - secagg._scalar_pair_mask(key, peer_key, server.session, victim, peer, 3)
+            value = value - channel.scalar_pair_mask(key, peer_key, server.session, victim, peer, 3)
         opened = value
     return counts[0], t, b_shares, s_shares, mask_key, opened
 
@@ -993,7 +998,7 @@ def test_a_victim_whose_split_tolerance_covers_the_colluders_keeps_its_counts(si
     )
     assert t == (size - 1 + 2) // 2 + 1 > share_threshold(size - 1)
     assert len(b_shares) >= t > len(s_shares) and opened is None
-    guess = secagg.rebuild_secret(s_shares)  # all it has, as if they were enough
+    guess = channel.rebuild_secret(s_shares)  # all it has, as if they were enough
     assert guess != mask_key
 
 
@@ -1011,7 +1016,7 @@ def test_a_raised_split_tolerance_costs_dropouts_and_keeps_the_sum_exact():
             for i, r in session.requests.items()
         }
         requests = session.share(session.server.receive_advertisements(replies))
-        assert session.server._thresholds == {i: 6 if i == 1 else 5 for i in range(1, 11)}
+        assert session.server.state.thresholds == {i: 6 if i == 1 else 5 for i in range(1, 11)}
         if exact:
             assert (session.unmask(session.mask(requests, drop=drops)) == session.expected()).all()
         else:

@@ -64,7 +64,7 @@ from flmarket_flwr.market.messages import (
     KEY_SCORE,
     RECORD_KEY,
 )
-from flmarket_flwr.pass_protocol import load_public_key
+from flmarket_flwr.pass_protocol.primitives import load_public_key
 from flmarket_flwr.pricing import run_auction, score
 
 NUM_CLASSES = 5

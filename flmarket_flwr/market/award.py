@@ -24,8 +24,8 @@ import numpy as np
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from flmarket_flwr.pass_protocol import share_threshold, verify_award_endorsement
-from flmarket_flwr.pass_protocol.identity import IDENTITY_KEY_LENGTH, SIGNATURE_LENGTH
+from flmarket_flwr.pass_protocol.graph import share_threshold
+from flmarket_flwr.pass_protocol.identity import IDENTITY_KEY_LENGTH, SIGNATURE_LENGTH, verify_award_endorsement
 from flmarket_flwr.pricing import run_auction
 
 __all__ = [
@@ -335,7 +335,7 @@ def check_award(
 def endorsement_threshold(degree: int, survivors: int) -> int:
     """Endorsements a winner needs from other members: the consistency round's ``t``, and at least half the sum's.
 
-    ``t = k // 2 + 1`` (:func:`~flmarket_flwr.pass_protocol.share_threshold`) is a majority on the complete
+    ``t = k // 2 + 1`` (:func:`~flmarket_flwr.pass_protocol.graph.share_threshold`) is a majority on the complete
     graph; on a sparse graph it is local, so it is raised to ``E // 2``: two awards each endorsed by the
     winner and ``E // 2`` others need ``2 (E // 2 + 1) > E`` honest endorsers, more than the sum's members.
     """

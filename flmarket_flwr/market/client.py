@@ -73,17 +73,10 @@ from flmarket_flwr.market.messages import (
     make_content,
 )
 from flmarket_flwr.market.records import config_record, set_values
-from flmarket_flwr.pass_protocol import (
-    IdentityDirectory,
-    PassClient,
-    PassError,
-    SkellamNoise,
-    bitmap_to_indices,
-    roster_fingerprint,
-    sign_award_endorsement,
-    validate_counts,
-)
-from flmarket_flwr.pass_protocol.primitives import is_integer
+from flmarket_flwr.pass_protocol import IdentityDirectory, PassClient, PassError, SkellamNoise
+from flmarket_flwr.pass_protocol.encoding import bitmap_to_indices, roster_fingerprint
+from flmarket_flwr.pass_protocol.identity import sign_award_endorsement
+from flmarket_flwr.pass_protocol.primitives import is_integer, validate_counts
 from flmarket_flwr.pricing import score as compute_score
 
 __all__ = ["ERROR_PREFIX", "MarketAward", "read_award", "register_market_handlers"]
@@ -109,11 +102,8 @@ _STAGE = "stage"
 _STAGE_BID = "bid"
 _STAGE_AUDITED = "audited"
 _STAGE_CLOSED = "closed"
-_SESSION = "session"
 _LEDGER_ROSTER = "ledger-roster"
 """The roster's node ids in PASS-index order (big-endian uint64 words), from the share request, for the ledger."""
-_KEPT_AFTER_CLOSE = ("session", "stage", "unmask_requested")
-"""What a closed PASS state keeps: enough to refuse a second session once asked to unmask in this one."""
 _EARLIER_SESSIONS = "pass-earlier-sessions"
 """The PASS sessions of this run that this client left before it was asked to unmask (never joined again)."""
 _ENDORSED = "endorsed-award"
@@ -122,8 +112,6 @@ _ENDORSED_WON = "endorsed-award-won"
 _ENDORSED_PAYMENT = "endorsed-award-payment"
 """The latest award this client endorsed, the buyer's signature on it (what an audit must show), and what it
 gives this client (read back when the final award is named by its digest, without decoding it again)."""
-_CLOSED_PASS_STAGE = 99
-"""A PASS stage no protocol step accepts: the session is over for this client."""
 
 
 class _RequestError(ValueError):
@@ -449,9 +437,7 @@ class _MarketHandlers:
 
         def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
             if self._release_ledger(context) is not None:  # the roster's node ids, checked against what it signed
-                signed = client.to_record()
-                shown = {key: signed[key] for key in ("session", "roster", "index", "node_id")}
-                roster = _checked_roster({**shown, KEY_ROSTER_NODE_IDS: request.get(KEY_ROSTER_NODE_IDS)}, context)
+                roster = _checked_roster(client, request.get(KEY_ROSTER_NODE_IDS), context)
                 _state_record(context)[_LEDGER_ROSTER] = roster
             return client.share_keys(request, self._directory(context), self._identity_key(context)).to_record()
 
@@ -463,15 +449,14 @@ class _MarketHandlers:
         def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
             ledger, noise, drawn = self._release_ledger(context), self._noise(context), None
             if ledger is not None:  # before Y_e leaves: the participants U1 must pass already
-                state = client.to_record()
-                members = self._ledger_members(context, state.get("participants", b""))
-                ledger.check(int(context.run_id), bytes(state["session"]), members)
+                members = self._ledger_members(context, client.state.participants)
+                ledger.check(int(context.run_id), client.state.session, members)
                 # write-ahead: the release's privacy cost, refused past the node's budget (0: exact counts)
                 ledger.spend(
-                    int(context.run_id), bytes(state["session"]), noise.target_variance if noise is not None else 0.0
+                    int(context.run_id), client.state.session, noise.target_variance if noise is not None else 0.0
                 )
             if noise is not None:  # calibrated on the roster U1 this client was shown
-                drawn = noise.sample(int(client.to_record()["num_classes"]), client.participant_count)
+                drawn = noise.sample(client.state.num_classes, client.participant_count)
             return client.mask_input(request, drawn).to_record()
 
         return self._pass_step(message, context, ACTION_MASK, step)
@@ -492,7 +477,7 @@ class _MarketHandlers:
             ledger = self._release_ledger(context)
             if ledger is not None:  # write-ahead: the survivors U3 recorded before the shares leave
                 members = self._ledger_members(context, request["survivors"])
-                ledger.record_release(int(context.run_id), bytes(client.to_record()["session"]), members)
+                ledger.record_release(int(context.run_id), client.state.session, members)
             return reply
 
         return self._pass_step(message, context, ACTION_UNMASK, step)
@@ -506,15 +491,15 @@ class _MarketHandlers:
     ) -> Message:
         """Run one PASS step on the client's stored protocol state; on any refusal wipe that state."""
         state = _state_record(context)
-        client = PassClient.from_record(_pass_state(state))
+        client = _pass_client(state)
         try:
             request = dict(_request(message).items())
             reply = step(client, request)
         except (PassError, ValueError, TypeError, KeyError) as err:
-            _store_pass_state(state, client.to_record())  # what the refused step marked (an unmask request) ...
-            _close_pass_state(state)  # ... outlives the wipe
+            client.close()  # what the refused step marked (an unmask request) outlives the wipe
+            _store_pass_client(state, client)
             return _refusal(message, action, err)
-        _store_pass_state(state, client.to_record())
+        _store_pass_client(state, client)
         return _reply(message, config_record(reply))
 
     # --- Market --------------------------------------------------------------------------------
@@ -523,7 +508,7 @@ class _MarketHandlers:
         state = _state_record(context)
         try:
             request = _request(message)
-            client = PassClient.from_record(_pass_state(state))
+            client = _pass_client(state)
             _check_session(request, state)
             if client.transcript is None or state.get(_STAGE) is not None:
                 raise _RequestError("no completed PASS session to bid for, or already bid")
@@ -538,7 +523,7 @@ class _MarketHandlers:
             if global_counts.shape != counts.shape or np.any(global_counts + tolerance < counts):
                 raise _RequestError("the global counts cannot be the sum this client took part in")
             num_clients = int(client.survivor_count or 0)  # the request named the same E (checked above)
-            if int(global_counts.max()) > _pass_state(state)["count_bound"] * num_clients + tolerance:
+            if int(global_counts.max()) > client.state.count_bound * num_clients + tolerance:
                 raise _RequestError("the global counts exceed the session's declared bound")
             score = float(compute_score(counts, global_counts, num_clients, exact_global=noise is None))
             bid = _checked_bid(self._bid_policy(counts, score, context))
@@ -560,12 +545,12 @@ class _MarketHandlers:
                 raise _RequestError("no bid of this client for an award to list")
             signed, award = _verified_award(request, state)
             previous = _endorsed_award(state)
-            pass_state = _pass_state(state)
+            client = _pass_client(state)
             check_award(
                 award,
                 run_id=int(context.run_id),
-                session=pass_state[_SESSION],
-                transcript=pass_state["transcript"],
+                session=client.state.session,
+                transcript=client.state.transcript,
                 terms=_stored_terms(state),
                 node_id=int(context.node_id),
                 score=float(state[KEY_SCORE]),  # type: ignore[arg-type]
@@ -612,14 +597,14 @@ class _MarketHandlers:
                 raise _RequestError("this client is not a winner paid at least its bid in the award it endorsed")
             directory = self._directory(context)
             if directory is not None:
-                pass_state = _pass_state(state)
-                needed = endorsement_threshold(int(pass_state["degree"]), int(pass_state["survivor_count"]))
+                client = _pass_client(state)
+                needed = endorsement_threshold(client.state.degree, client.state.survivor_count)
                 endorsements = unpack_endorsements(request.get(KEY_ENDORSEMENTS))  # type: ignore[arg-type]
                 valid = count_endorsements(endorsed.digest, endorsements, directory, node_id)
                 if valid < needed:
                     raise _RequestError(f"only {valid} other members endorsed the award, {needed} are needed")
-            nonce = _pass_state(state).get("nonce")
-            if not isinstance(nonce, bytes):
+            nonce = _pass_client(state).counts_nonce
+            if not nonce:
                 raise _RequestError("no counts commitment to open")
             counts = self._label_counts(context)
         except (PassError, ValueError, TypeError, KeyError) as err:
@@ -643,7 +628,7 @@ class _MarketHandlers:
                 won, payment = bool(state[_ENDORSED_WON]), float(state[_ENDORSED_PAYMENT])  # type: ignore[arg-type]
             elif request.get(KEY_AWARD) is not None:
                 signed, award = _verified_award(request, state)
-                if (award.run_id, award.session) != (int(context.run_id), _pass_state(state)[_SESSION]):
+                if (award.run_id, award.session) != (int(context.run_id), _pass_client(state).session):
                     raise _RequestError("the award is not for this client's run and PASS session")
                 if award.terms != _stored_terms(state):
                     raise _RequestError("the award's terms are not those announced at the advertisement")
@@ -716,8 +701,8 @@ def _request(message: Message) -> ConfigRecord:
 
 def _check_session(request: ConfigRecord, state: ConfigRecord) -> None:
     """The request must name the one PASS session this client took part in."""
-    session = _pass_state(state).get(_SESSION)
-    if not isinstance(session, bytes) or request.get(KEY_SESSION) != session:
+    session = _pass_client(state).session
+    if not session or request.get(KEY_SESSION) != session:
         raise _RequestError("the request is not for the PASS session this client took part in")
 
 
@@ -762,17 +747,16 @@ def _int_list_field(record: ConfigRecord, key: str) -> list[int]:
     return [int(v) for v in value]
 
 
-def _checked_roster(request: Mapping[str, Any], context: Context) -> bytes:
+def _checked_roster(client: PassClient, packed: object, context: Context) -> bytes:
     """The roster's node ids (as sent), checked against the fingerprint this client signed and its own place in it."""
-    run_id = int(context.run_id)
-    packed = request.get(KEY_ROSTER_NODE_IDS)
+    run_id, signed = int(context.run_id), client.state
     if not isinstance(packed, bytes) or not packed or len(packed) % 8:
         raise _RequestError(f"'{KEY_ROSTER_NODE_IDS}' must be node ids as uint64 words (needed by the release ledger)")
     nodes = [int(node) for node in np.frombuffer(packed, dtype=">u8")]
-    if roster_fingerprint(run_id, request["session"], nodes) != request["roster"]:
+    if roster_fingerprint(run_id, signed.session, nodes) != signed.roster:
         raise _RequestError("the roster's node ids do not match the roster fingerprint")
-    index = request["index"]
-    if not 0 < index <= len(nodes) or nodes[index - 1] != request["node_id"] or len(set(nodes)) != len(nodes):
+    index = signed.index
+    if not 0 < index <= len(nodes) or nodes[index - 1] != signed.node_id or len(set(nodes)) != len(nodes):
         raise _RequestError("the roster does not list this client at its index, or repeats a node")
     return packed
 
@@ -795,16 +779,19 @@ def _state_record(context: Context) -> ConfigRecord:
     return record
 
 
-def _pass_state(state: ConfigRecord) -> dict[str, Any]:
-    """The PASS protocol state kept under ``pass/`` keys."""
-    return {key[len(_PASS_PREFIX) :]: value for key, value in state.items() if key.startswith(_PASS_PREFIX)}
+def _pass_client(state: ConfigRecord) -> PassClient:
+    """The PASS client whose state is kept under ``pass/`` keys (a fresh one if none)."""
+    return PassClient.from_record(
+        {key[len(_PASS_PREFIX) :]: value for key, value in state.items() if key.startswith(_PASS_PREFIX)}
+    )
 
 
-def _store_pass_state(state: ConfigRecord, record: Mapping[str, Any]) -> None:
-    """Replace the PASS state by ``record`` (keys the protocol wiped disappear)."""
+def _store_pass_client(state: ConfigRecord, client: PassClient | None) -> None:
+    """Replace the PASS state by ``client``'s (keys the protocol wiped disappear); ``None`` leaves none."""
     for key in [k for k in state if k.startswith(_PASS_PREFIX)]:
         del state[key]
-    set_values(state, {_PASS_PREFIX + key: value for key, value in record.items()})
+    if client is not None:
+        set_values(state, {_PASS_PREFIX + key: value for key, value in client.to_record().items()})
 
 
 def _leave_unreleased_session(state: ConfigRecord, request: ConfigRecord) -> None:
@@ -822,11 +809,11 @@ def _leave_unreleased_session(state: ConfigRecord, request: ConfigRecord) -> Non
     _RequestError
         This client was asked to unmask or bid in this run, or the session is one it left before.
     """
-    earlier = _pass_state(state)
+    earlier = _pass_client(state)
     session = request.get(KEY_SESSION)
-    if not isinstance(earlier.get(_SESSION), bytes) or session == earlier[_SESSION]:
+    if not earlier.session or session == earlier.session:
         return
-    if earlier.get("unmask_requested") or state.get(_STAGE) is not None:
+    if earlier.unmask_requested or state.get(_STAGE) is not None:
         raise _RequestError(
             "asked to unmask or bid in an earlier PASS session of this run: a second sum could be differenced with it"
         )
@@ -834,15 +821,15 @@ def _leave_unreleased_session(state: ConfigRecord, request: ConfigRecord) -> Non
     left = [s for s in kept if isinstance(s, bytes)] if isinstance(kept, list) else []
     if session in left:
         raise _RequestError("a PASS session this client already left")
-    _store_pass_state(state, {})  # the earlier keys, seeds and held shares go with it
-    state[_EARLIER_SESSIONS] = [*left, earlier[_SESSION]]
+    _store_pass_client(state, None)  # the earlier keys, seeds and held shares go with it
+    state[_EARLIER_SESSIONS] = [*left, earlier.session]
 
 
 def _close_pass_state(state: ConfigRecord) -> None:
-    """Wipe every secret of the PASS session; keep only what makes the client refuse a second one."""
-    kept = {key: value for key, value in _pass_state(state).items() if key in _KEPT_AFTER_CLOSE}
-    kept["stage"] = _CLOSED_PASS_STAGE
-    _store_pass_state(state, kept)
+    """Wipe every secret of the PASS session (:meth:`PassClient.close`); keep what refuses a second one."""
+    client = _pass_client(state)
+    client.close()
+    _store_pass_client(state, client)
 
 
 # --- Replies -------------------------------------------------------------------------------------

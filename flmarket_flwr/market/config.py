@@ -72,7 +72,7 @@ class MarketConfig:
     neighbours : int or str (default: "auto")
         PASS masking graph: ``"all"`` masks with every other client (the paper's PASS), an int
         ``k`` with ``k`` neighbours of a random graph, ``"auto"`` picks ``k`` from the number of
-        clients (:func:`flmarket_flwr.pass_protocol.neighbourhood_size`; the complete graph for small E).
+        clients (:func:`flmarket_flwr.pass_protocol.graph.neighbourhood_size`; the complete graph for small E).
     directory : IdentityDirectory, optional
         The buyer's directory of client identity keys (node id -> Ed25519 public key). With it the
         server drops any unsigned or wrongly signed key advertisement; the clients check their

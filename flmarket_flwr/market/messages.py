@@ -79,7 +79,7 @@ ACTIONS: Final = (
 RECORD_KEY: Final = "flmarket"
 """Key of the single ``ConfigRecord`` in every market message (and in the client's state).
 
-The four PASS steps carry the fields of the :mod:`flmarket_flwr.pass_protocol.secagg` messages
+The four PASS steps carry the fields of the :mod:`flmarket_flwr.pass_protocol.messages` dataclasses
 (``to_record()``); the keys below are those of the bid, audit and award steps."""
 
 KEY_ROSTER_NODE_IDS: Final = "roster-node-ids"

@@ -53,7 +53,8 @@ from flmarket_flwr.market.records import config_record
 from flmarket_flwr.market.replies import check_opening, highest_possible_score, read_score_and_bid
 from flmarket_flwr.market.transport import exchange
 from flmarket_flwr.nodes import wait_for_nodes
-from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, verify_award_endorsement
+from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS
+from flmarket_flwr.pass_protocol.identity import verify_award_endorsement
 
 __all__ = ["MarketConfig", "MarketError", "MarketOutcome", "MarketPhase"]
 

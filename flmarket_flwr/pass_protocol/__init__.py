@@ -1,142 +1,35 @@
 """PASS: privacy-aware secret sharing of per-class label counts (FLMarket, section 4).
 
 The server learns the global counts ``N_s = sum_e N_e`` of the clients that complete one session, never a
-client's own ``N_e``: secure aggregation with double masking on a sparse graph (:mod:`.secagg`), with
-optional Ed25519 identity keys (:mod:`.identity`) and distributed noise (:mod:`.noise`). The rounds are in
-:class:`PassClient`; what each party can and cannot learn is in :class:`PassServer` and, with the test
-behind each claim, in docs/threat-model.md.
+client's own ``N_e``: secure aggregation with double masking on a sparse graph, with optional Ed25519 identity
+keys (:mod:`.identity`) and distributed noise (:mod:`.noise`). :class:`PassClient` and :class:`PassServer` run the
+rounds (:mod:`.client`, :mod:`.server`) over the messages in :mod:`.messages`; what each party can and cannot
+learn, with the test behind each claim, is in docs/threat-model.md.
 """
 
-from flmarket_flwr.pass_protocol.graph import (
-    commit_graph_seed,
-    derive_graph_seed,
-    mask_graph,
-    neighbourhood_size,
-    neighbours_of,
-    roster_digest,
-    share_threshold,
-)
+from flmarket_flwr.pass_protocol.client import PassClient
+from flmarket_flwr.pass_protocol.encoding import PassError, counts_commitment
 from flmarket_flwr.pass_protocol.identity import (
-    DirectorySignature,
     IdentityDirectory,
-    advertisement_message,
-    award_endorsement_message,
     generate_identity,
     load_directory,
     load_identity_key,
     save_identity_key,
-    sign_advertisement,
-    sign_award_endorsement,
-    sign_share_ciphertext,
-    sign_survivor_set,
-    survivor_set_message,
-    verify_advertisement,
-    verify_award_endorsement,
-    verify_share_ciphertext,
-    verify_survivor_set,
 )
 from flmarket_flwr.pass_protocol.noise import SkellamNoise
-from flmarket_flwr.pass_protocol.primitives import (
-    COUNT_LIMIT,
-    MASK_DTYPE,
-    MIN_PARTICIPANTS,
-    PROTOCOL_LABEL,
-    PUBLIC_KEY_LENGTH,
-    derive_pair_seed,
-    expand_seed,
-    load_public_key,
-    pair_info,
-    pairwise_sign,
-    public_key_fingerprint,
-    validate_counts,
-)
-from flmarket_flwr.pass_protocol.secagg import (
-    Advertisement,
-    AdvertiseRequest,
-    ConsistencyReply,
-    ConsistencyRequest,
-    MaskedInput,
-    MaskRequest,
-    PassClient,
-    PassError,
-    PassServer,
-    ShareKeysReply,
-    ShareKeysRequest,
-    UnmaskReply,
-    UnmaskRequest,
-    bitmap_to_indices,
-    counts_commitment,
-    indices_to_bitmap,
-    roster_fingerprint,
-    share_digest,
-    survivor_transcript,
-)
-from flmarket_flwr.pass_protocol.shamir import (
-    reconstruct_secrets,
-    share_from_bytes,
-    share_to_bytes,
-    split_secrets,
-)
+from flmarket_flwr.pass_protocol.primitives import MIN_PARTICIPANTS
+from flmarket_flwr.pass_protocol.server import PassServer
 
 __all__ = [
-    "SkellamNoise",
-    "COUNT_LIMIT",
-    "MASK_DTYPE",
     "MIN_PARTICIPANTS",
-    "PROTOCOL_LABEL",
-    "PUBLIC_KEY_LENGTH",
-    "derive_pair_seed",
-    "expand_seed",
-    "load_public_key",
-    "pair_info",
-    "pairwise_sign",
-    "public_key_fingerprint",
-    "validate_counts",
-    "Advertisement",
-    "AdvertiseRequest",
-    "ConsistencyReply",
-    "ConsistencyRequest",
-    "DirectorySignature",
     "IdentityDirectory",
-    "MaskedInput",
-    "MaskRequest",
     "PassClient",
     "PassError",
     "PassServer",
-    "ShareKeysReply",
-    "ShareKeysRequest",
-    "UnmaskReply",
-    "UnmaskRequest",
-    "advertisement_message",
-    "award_endorsement_message",
-    "bitmap_to_indices",
-    "commit_graph_seed",
+    "SkellamNoise",
     "counts_commitment",
-    "derive_graph_seed",
     "generate_identity",
     "load_directory",
     "load_identity_key",
     "save_identity_key",
-    "indices_to_bitmap",
-    "mask_graph",
-    "neighbourhood_size",
-    "neighbours_of",
-    "roster_digest",
-    "roster_fingerprint",
-    "reconstruct_secrets",
-    "share_digest",
-    "share_from_bytes",
-    "share_threshold",
-    "share_to_bytes",
-    "sign_advertisement",
-    "sign_award_endorsement",
-    "sign_share_ciphertext",
-    "sign_survivor_set",
-    "split_secrets",
-    "survivor_set_message",
-    "survivor_transcript",
-    "verify_advertisement",
-    "verify_award_endorsement",
-    "verify_share_ciphertext",
-    "verify_survivor_set",
 ]

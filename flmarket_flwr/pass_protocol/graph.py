@@ -41,7 +41,7 @@ def derive_graph_seed(server_seed: bytes, roster_digest: bytes) -> bytes:
     """Graph seed ``H(label || server_seed || roster_digest)``.
 
     ``roster_digest`` is what the clients can check: in PASS v2 it is :func:`roster_digest` of the sorted
-    participant indices (see ``secagg``'s module docstring for why not the keys).
+    participant indices (the graph seed is committed before any key exists).
     """
     if not isinstance(server_seed, bytes) or len(server_seed) != GRAPH_SEED_LENGTH:
         raise ValueError(f"server seed must be {GRAPH_SEED_LENGTH} bytes")

@@ -136,7 +136,7 @@ def survivor_set_message(
 ) -> bytes:
     """The bytes a client signs in the consistency round: its run, session, roster, ``U1`` and the set it was shown.
 
-    ``participants``, ``survivors`` and ``dropped`` are roster bitmaps (``secagg.indices_to_bitmap``).
+    ``participants``, ``survivors`` and ``dropped`` are roster bitmaps (``encoding.indices_to_bitmap``).
     """
     for name, value in (("participants", participants), ("survivors", survivors), ("dropped", dropped)):
         if not isinstance(value, bytes):
@@ -377,7 +377,7 @@ class IdentityDirectory(Mapping[int, bytes]):
       Bonawitz et al. 2017), bound to the same run, session and roster;
     * each share ciphertext it sends, with the digest of the shares inside (:func:`sign_share_ciphertext`), so
       that a garbage ciphertext is its own and the server cannot forge one in its name (a receiver reveals its
-      channel secret to accuse a sender only for a validly signed ciphertext, :mod:`.secagg`);
+      channel secret to accuse a sender only for a validly signed ciphertext, :mod:`.client`);
     * the digest of the market's award it checked (:func:`sign_award_endorsement`): a winner opens its counts only
       for an award that ``t`` other members endorsed (:mod:`flmarket_flwr.market.award`).
 

@@ -1,0 +1,823 @@
+"""PASS v2, the client's side: its rounds (:class:`PassClient`) and its typed state (:class:`ClientState`).
+
+The state holds the session's keys until they are wiped; :meth:`ClientState.to_record` and
+:meth:`ClientState.from_record` are the one place it is turned into, and read back from, a ``ConfigRecord``-
+compatible record, so that each round may run in a fresh process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from flmarket_flwr.pass_protocol.channel import (
+    accusation_context,
+    noise_words,
+    possession_context,
+    seal,
+    signed_mask,
+    unseal,
+)
+from flmarket_flwr.pass_protocol.dleq import (
+    mask_scalar,
+    montgomery_u,
+    prove_exchange,
+    prove_possession,
+    verify_possession,
+)
+from flmarket_flwr.pass_protocol.encoding import (
+    MAX_PARTICIPANTS,
+    SHARE_BYTES,
+    PassError,
+    bitmap_array,
+    bitmap_bits,
+    counts_commitment,
+    in_bitmap,
+    pair_digest,
+    strictly_increasing,
+    survivor_transcript,
+)
+from flmarket_flwr.pass_protocol.graph import (
+    DEFAULT_BAD_FRACTION,
+    DEFAULT_SECURITY_BITS,
+    check_degree,
+    commit_graph_seed,
+    derive_graph_seed,
+    neighbourhood_size,
+    neighbours_of,
+    roster_digest,
+    secret_threshold,
+    share_threshold,
+)
+from flmarket_flwr.pass_protocol.identity import (
+    ROSTER_LENGTH,
+    IdentityDirectory,
+    sign_advertisement,
+    sign_share_ciphertext,
+    sign_survivor_set,
+    verify_advertisement,
+    verify_share_ciphertext,
+    verify_survivor_set,
+)
+from flmarket_flwr.pass_protocol.messages import (
+    FIELD_CHECKS,
+    Advertisement,
+    AdvertiseRequest,
+    ConsistencyReply,
+    ConsistencyRequest,
+    MaskedInput,
+    MaskRequest,
+    ShareKeysReply,
+    ShareKeysRequest,
+    UnmaskReply,
+    UnmaskRequest,
+)
+from flmarket_flwr.pass_protocol.primitives import (
+    MIN_PARTICIPANTS,
+    derive_pair_seed,
+    exchange_shared_secret,
+    expand_seed,
+    is_integer,
+    parse_public_key,
+    validate_counts,
+    validate_public_key_bytes,
+)
+from flmarket_flwr.pass_protocol.shamir import random_scalar, scalar_to_bytes, split_scalars
+
+
+class Stage(enum.IntEnum):
+    """Where a client is in its one PASS session; each step runs only from the stage before it."""
+
+    NEW = 0
+    ADVERTISED = 1
+    SHARED = 2
+    MASKED = 3
+    UNMASKED = 4
+    WITHDRAWN = 5
+    CLOSED = 99
+    """Closed by :meth:`PassClient.close`: no step runs again in this session."""
+
+
+@dataclass(slots=True)
+class ClientState:
+    """Everything one client keeps between PASS rounds; empty (the default) for what it does not hold.
+
+    Secrets (private keys, the self-mask seed, pair seeds, channel secrets) live here from
+    :meth:`PassClient.advertise` to :meth:`PassClient.mask_input`, held shares until :meth:`PassClient.unmask`;
+    :meth:`PassClient.close` keeps only the session and whether an unmask was requested.
+    """
+
+    stage: int = Stage.NEW
+    # Round 1: the server's terms, this client's own floors, its key pairs and counts
+    session: bytes = b""
+    index: int = 0
+    node_id: int = 0
+    num_classes: int = 0
+    count_bound: int = 0
+    graph_commitment: bytes = b""
+    run_id: int = 0
+    roster: bytes = b""
+    counts: bytes = b""
+    cipher_private_key: bytes = b""
+    mask_private_key: bytes = b""
+    cipher_public_key: bytes = b""
+    mask_public_key: bytes = b""
+    min_security_bits: int = 0
+    max_bad_fraction_ppm: int = 0
+    min_participants: int = 0
+    complete_graph: bool = False
+    split_tolerance: int = 0
+    # Round 2: the graph, the neighbours and the per-edge secrets
+    self_seed: bytes = b""
+    degree: int = 0
+    participants: bytes = b""
+    neighbours: list[int] = field(default_factory=list)
+    pair_seeds: list[bytes] = field(default_factory=list)
+    channel_secrets: list[bytes] = field(default_factory=list)
+    neighbour_cipher_keys: list[bytes] = field(default_factory=list)
+    neighbour_cipher_proofs: list[bytes] = field(default_factory=list)
+    identity_keys: list[bytes] = field(default_factory=list)
+    """The neighbours' identity keys (with a directory only): the client then requires the consistency round."""
+    # Round 3: the commitment, the shares held and whom this client accused
+    nonce: bytes = b""
+    commitment: bytes = b""
+    held_from: list[int] = field(default_factory=list)
+    held_shares: list[bytes] = field(default_factory=list)
+    accused: list[int] = field(default_factory=list)
+    # Consistency round and round 4
+    view_requested: bool = False
+    signed_survivors: bytes = b""
+    signed_dropped: bytes = b""
+    unmask_requested: bool = False
+    transcript: bytes = b""
+    survivor_count: int = 0
+
+    def update(self, **changes: Any) -> None:
+        """Set these fields (a name that is not a field raises ``AttributeError``)."""
+        for name, value in changes.items():
+            setattr(self, name, value)
+
+    def to_record(self) -> dict[str, Any]:
+        """The state as ``str -> bytes | int | bool | list[int] | list[bytes]``: the stage and every field that is
+        not at its default (a ``ConfigRecord`` list must not be empty; a missing field reads back as its default).
+
+        Holds private keys until they are wiped: store it only where the node keeps its own secrets.
+        """
+        record: dict[str, Any] = {"stage": int(self.stage)}
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            default = item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
+            if item.name != "stage" and value != default:
+                record[item.name] = list(value) if isinstance(value, list) else value
+        return record
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> ClientState:
+        """Read a state written by :meth:`to_record`; :class:`PassError` naming an unknown or mistyped key."""
+        types = {item.name: str(item.type) for item in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
+        for key, value in record.items():
+            if key not in types:
+                raise PassError(f"the PASS client state has no key {key!r}")
+            value = list(value) if isinstance(value, tuple) else value
+            if not FIELD_CHECKS[types[key]](value):
+                raise PassError(f"the PASS client state's {key!r} must be {types[key]}")
+            values[key] = value
+        if values.get("stage", Stage.NEW) not in set(Stage):
+            raise PassError(f"the PASS client state's stage {values['stage']!r} is not a stage")
+        return cls(**values)
+
+
+class PassClient:
+    """One client's side of PASS v2; all its state (keys included) is a :class:`ClientState`.
+
+    Parameters
+    ----------
+    record : mapping, optional
+        A state from :meth:`to_record` (a fresh client if omitted).
+
+    Rounds
+    ------
+    Rounds (:class:`PassClient` / :class:`~flmarket_flwr.pass_protocol.server.PassServer`; every message and the
+    client state are ``ConfigRecord``-compatible records):
+
+    1. advertise: the server assigns each client an index, a session id, ``C``, a declared count bound,
+       its commitment to the graph seed and a roster fingerprint; each client makes an X25519 cipher key
+       pair and mask key pair and returns the public keys (signed with its Ed25519 identity key if it has
+       one, bound to its own run id, the session and the roster, :mod:`.identity`);
+    2. share keys: the server opens the graph seed; each client checks its neighbourhood in the graph
+       (:mod:`.graph`), Shamir-shares (:mod:`.shamir`, as scalars mod ``l``) its mask private key ``s_e`` and
+       a fresh self-mask seed ``b_e`` among its ``k`` neighbours (threshold ``t = k // 2 + 1``, at most
+       ``k - 1``), encrypted to each, with a digest of each share
+       (:func:`~flmarket_flwr.pass_protocol.encoding.share_digest`; for the mask key its point ``sigma B``,
+       which makes the dealing verifiable against the advertised key) that the receiver checks and the server
+       keeps, so that a corrupted unmask share names the client that returned it and a mis-dealt mask key names
+       its dealer before anyone unmasks; each ciphertext is encrypted under the edge's channel secret,
+       ``X25519`` of the two cipher keys (and signed with the identity key, if any);
+    3. masked input: ``Y_e = N_e + PRG(b_e) + sum_v eps_{e,v} PRG(s_{e,v})`` over its neighbours that
+       shared, and a commitment to ``N_e``; the private keys are then wiped; a neighbour whose shares do not
+       open is accused (masked without), with the channel secret and a proof of it (:mod:`.dleq`), and the
+       server opens the ciphertext itself and names whichever of the two lied, with no extra round;
+    4. consistency (only with identity keys): each survivor signs the survivor set it is shown, once;
+    5. unmask: each survivor sends shares of ``b`` for surviving neighbours and of ``s`` for dropped ones,
+       never both for one peer (with identity keys: only for the set it signed, on ``t`` valid signatures of
+       its neighbours on that set); the server removes every mask and obtains ``N_s`` over the survivors.
+
+    Arithmetic is in the ring ``Z_2^64`` (numpy ``uint64``, wrapping), where a mask that is uniform (given
+    the PRG) hides a count completely and the sum is exact; counts are integers in ``[0, count_bound]``
+    with ``count_bound * E < 2^63`` (:mod:`.primitives`: X25519, HKDF-SHA256 seeds bound to the session and
+    the pair, ChaCha20 PRG).
+    """
+
+    def __init__(self, record: Mapping[str, Any] | None = None) -> None:
+        self._state = ClientState.from_record(record or {})
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> PassClient:
+        """Restore a client from :meth:`to_record` (a fresh process between rounds)."""
+        return cls(record)
+
+    def to_record(self) -> dict[str, Any]:
+        """The state as a record (:meth:`ClientState.to_record`); holds private keys until they are wiped."""
+        return self._state.to_record()
+
+    @property
+    def state(self) -> ClientState:
+        """This client's state, to read (the protocol's steps alone change it)."""
+        return self._state
+
+    @property
+    def session(self) -> bytes | None:
+        """The session this client advertised in (``None`` before :meth:`advertise`)."""
+        return self._state.session or None
+
+    @property
+    def transcript(self) -> bytes | None:
+        """``survivor_transcript`` of the sum this client contributed to (after unmask)."""
+        return self._state.transcript or None
+
+    @property
+    def survivor_count(self) -> int | None:
+        """``|U3|`` (after unmask)."""
+        return self._state.survivor_count or None
+
+    @property
+    def participant_count(self) -> int:
+        """``|U1|``, the roster this client was shown at share keys; :class:`PassError` before :meth:`share_keys`."""
+        participants = self._state.participants
+        if not participants:
+            raise PassError("no roster yet: share_keys has not run")
+        return int(bitmap_bits(participants).sum())
+
+    @property
+    def counts_nonce(self) -> bytes | None:
+        """Nonce of the counts commitment (kept private; revealed only for an audit)."""
+        return self._state.nonce or None
+
+    @property
+    def unmask_requested(self) -> bool:
+        """Whether this client was asked to unmask in its session (answered or refused): it joins no other."""
+        return bool(self._state.unmask_requested)
+
+    def close(self) -> None:
+        """End the session for this client: wipe every key, seed, share and count; keep only the session and
+        whether an unmask was requested, so that no step of this session runs again."""
+        self._state = ClientState(
+            stage=Stage.CLOSED, session=self._state.session, unmask_requested=self._state.unmask_requested
+        )
+
+    def _require(self, stage: Stage, step: str) -> ClientState:
+        """The state, or :class:`PassError` unless the client is at ``stage``."""
+        if self._state.stage != stage:
+            raise PassError(f"{step} is not allowed now (protocol stage {int(self._state.stage)}, need {int(stage)})")
+        return self._state
+
+    def advertise(
+        self,
+        request: AdvertiseRequest | Mapping[str, Any],
+        counts: npt.ArrayLike,
+        *,
+        identity_key: Ed25519PrivateKey | None = None,
+        security_bits: int = DEFAULT_SECURITY_BITS,
+        bad_fraction: float = DEFAULT_BAD_FRACTION,
+        min_participants: int = MIN_PARTICIPANTS,
+        run_id: int = 0,
+        complete_graph: bool = False,
+        split_tolerance: int = 0,
+    ) -> Advertisement:
+        """Make the session's cipher and mask key pairs and return the public keys (signed if ``identity_key``).
+
+        ``security_bits`` / ``bad_fraction`` are this client's own floor on the graph degree, and
+        ``min_participants`` its floor on ``|U1|`` (from its config, not from the server): it later refuses a
+        sparser graph than :func:`neighbourhood_size` gives, or a roster smaller than that floor (a malicious
+        server could otherwise show a victim a roster of colluders only). ``run_id`` is the run this client
+        is in, from its own runtime (Flower's ``context.run_id``), never from the server: the signature binds
+        it with the session and the announced roster fingerprint. With ``complete_graph`` the client later
+        refuses any graph but the complete one (``k = |U1| - 1``): the server assigns the indices, so on a
+        sparse graph it can seat this client among ``t`` colluders; on the complete graph every participant
+        is its neighbour, and its secrets need ``t`` colluders of all of them (at ``O(|U1|)`` work).
+        ``split_tolerance`` is how many colluding neighbours its own secrets must withstand when a server
+        splits the consistency round (:func:`~flmarket_flwr.pass_protocol.graph.secret_threshold`); it raises
+        their Shamir threshold, and the client refuses a graph too sparse for it.
+        """
+        request = AdvertiseRequest.coerce(request)
+        if self._state.stage != Stage.NEW:
+            raise PassError(
+                f"this client already advertised (session {self._state.session.hex()[:16]}): one PASS session per run"
+            )
+        if not request.session or not 1 <= request.count_bound or request.num_classes < 1:
+            raise PassError("advertise request needs a session, num_classes >= 1 and count_bound >= 1")
+        if len(request.graph_commitment) != 32 or not 0 < request.index <= MAX_PARTICIPANTS:
+            raise PassError(
+                f"advertise request needs a 32-byte graph commitment and an index in [1, {MAX_PARTICIPANTS}]"
+            )
+        if not is_integer(split_tolerance) or split_tolerance < 0:
+            raise PassError(f"split_tolerance must be an integer >= 0, got {split_tolerance!r}")
+        if not is_integer(min_participants):
+            raise PassError(f"min_participants must be an integer, got {min_participants!r}")
+        if len(request.roster) != ROSTER_LENGTH or not 0 <= run_id < 2**64:
+            raise PassError(f"advertise request needs a {ROSTER_LENGTH}-byte roster fingerprint (and a valid run id)")
+        values = validate_counts(counts)
+        if values.shape != (request.num_classes,):
+            raise PassError(f"counts have {values.size} classes, the session has {request.num_classes}")
+        if int(values.max()) > request.count_bound:
+            raise PassError(f"a class count {int(values.max())} exceeds the declared count_bound {request.count_bound}")
+        cipher_key, mask_key = X25519PrivateKey.generate(), X25519PrivateKey.generate()
+        cipher_public = cipher_key.public_key().public_bytes_raw()
+        mask_public = mask_key.public_key().public_bytes_raw()
+        possession = prove_possession(
+            cipher_key.private_bytes_raw(),
+            cipher_public,
+            possession_context(run_id, request.session, request.index),
+        )
+        signature = b""
+        if identity_key is not None:
+            signature = sign_advertisement(
+                identity_key,
+                request.session,
+                request.index,
+                request.node_id,
+                cipher_public,
+                mask_public,
+                run_id=run_id,
+                roster=request.roster,
+            )
+        self._state.update(
+            stage=Stage.ADVERTISED,
+            session=request.session,
+            index=request.index,
+            node_id=request.node_id,
+            num_classes=request.num_classes,
+            count_bound=request.count_bound,
+            graph_commitment=request.graph_commitment,
+            run_id=int(run_id),
+            roster=request.roster,
+            counts=values.astype("<u8").tobytes(),
+            cipher_private_key=cipher_key.private_bytes_raw(),
+            mask_private_key=mask_key.private_bytes_raw(),
+            cipher_public_key=cipher_public,
+            mask_public_key=mask_public,
+            min_security_bits=int(security_bits),
+            max_bad_fraction_ppm=round(bad_fraction * 1_000_000),
+            min_participants=max(int(min_participants), MIN_PARTICIPANTS),
+            complete_graph=bool(complete_graph),
+            split_tolerance=int(split_tolerance),
+        )
+        return Advertisement(cipher_public, mask_public, signature, possession)
+
+    # Round 2 -----------------------------------------------------------------
+    def share_keys(
+        self,
+        request: ShareKeysRequest | Mapping[str, Any],
+        directory: IdentityDirectory | None = None,
+        identity_key: Ed25519PrivateKey | None = None,
+    ) -> ShareKeysReply:
+        """Check the graph and the neighbours' keys, then send each neighbour its encrypted shares of ``s_e, b_e``.
+
+        With ``directory`` every neighbour's advertisement must carry a valid signature for its node id, this
+        run, this session and the roster this client was shown; the client then also requires the consistency
+        round before it unmasks (:meth:`sign_survivors`, :meth:`unmask`). Each share pair is encrypted under
+        the edge's channel secret (``X25519`` of the two cipher keys, one exchange per neighbour, kept until
+        :meth:`mask_input` opens the neighbour's pair with it), and signed with ``identity_key`` if given.
+        """
+        request = ShareKeysRequest.coerce(request)
+        state = self._require(Stage.ADVERTISED, "share_keys")
+        session, index = state.session, state.index
+        if commit_graph_seed(request.server_seed) != state.graph_commitment:
+            raise PassError("the server seed does not match the graph commitment")
+        participants = bitmap_array(request.participants)
+        if not in_bitmap(request.participants, index):
+            raise PassError("the participants do not include this client")
+        if len(participants) < state.min_participants:
+            raise PassError(
+                f"this client needs at least {state.min_participants} participants, got {len(participants)}"
+            )
+        k = request.degree
+        try:
+            check_degree(k, len(participants))
+        except ValueError as error:
+            raise PassError(str(error)) from error
+        floor = neighbourhood_size(
+            len(participants),
+            security_bits=state.min_security_bits,
+            bad_fraction=state.max_bad_fraction_ppm / 1_000_000,
+        )
+        if k < floor:
+            raise PassError(f"degree {k} is below this client's floor {floor} for {len(participants)} participants")
+        if state.complete_graph and k != len(participants) - 1:
+            raise PassError(
+                f"this client takes part only on the complete graph (degree {len(participants) - 1}), got {k}"
+            )
+        seed = derive_graph_seed(request.server_seed, roster_digest(session, participants))
+        neighbours = list(neighbours_of(seed, participants, k, index))
+        columns = (
+            request.neighbour_node_ids,
+            request.cipher_public_keys,
+            request.mask_public_keys,
+            request.signatures,
+            request.cipher_key_proofs,
+        )
+        if request.neighbours != neighbours or any(len(column) != k for column in columns):
+            raise PassError("the neighbours sent are not this client's neighbourhood in the committed graph")
+        try:
+            threshold = secret_threshold(k, state.split_tolerance)
+        except ValueError as error:
+            raise PassError(str(error)) from error
+        pair_seeds, channel_secrets = self._check_neighbour_keys(request, directory)
+        self_seed = scalar_to_bytes(random_scalar())
+        key = int.from_bytes(mask_scalar(state.mask_private_key), "little")
+        rows = split_scalars([key, int.from_bytes(self_seed, "little")], neighbours, threshold)
+        ciphertexts, digests, signatures = [], [], []
+        for v, secret, (key_share, seed_share) in zip(neighbours, channel_secrets, rows, strict=True):
+            both = scalar_to_bytes(key_share) + scalar_to_bytes(seed_share)
+            ciphertexts.append(seal(secret, session, index, v, both))
+            digests.append(pair_digest(session, index, v, both))
+            if identity_key is not None:
+                signatures.append(
+                    sign_share_ciphertext(
+                        identity_key,
+                        index,
+                        v,
+                        ciphertexts[-1],
+                        digests[-1],
+                        run_id=state.run_id,
+                        session=session,
+                        roster=state.roster,
+                    )
+                )
+        state.update(
+            stage=Stage.SHARED,
+            self_seed=self_seed,
+            degree=k,
+            participants=request.participants,
+            neighbours=neighbours,
+            pair_seeds=pair_seeds,
+            channel_secrets=channel_secrets,
+            neighbour_cipher_keys=list(request.cipher_public_keys),
+            neighbour_cipher_proofs=list(request.cipher_key_proofs),
+        )
+        if directory is not None:  # the neighbours' identity keys, for the consistency round
+            state.identity_keys = [directory.key_of(node) for node in request.neighbour_node_ids]
+        return ShareKeysReply(
+            receivers=neighbours,
+            ciphertexts=ciphertexts,
+            share_digests=digests,
+            threshold=threshold,
+            signatures=signatures,
+        )
+
+    def _check_neighbour_keys(
+        self, request: ShareKeysRequest, directory: IdentityDirectory | None
+    ) -> tuple[list[bytes], list[bytes]]:
+        """Keys valid and pairwise distinct (own keys included); signatures valid when a directory is given.
+
+        Each key is validated by the one exchange this client makes with it (a low-order point gives the
+        all-zero secret, which the exchange refuses). Returns each neighbour's pairwise mask seed and the
+        edge's channel secret: two X25519 exchanges per neighbour, the whole of this client's key agreement.
+        """
+        state = self._state
+        mask_key = X25519PrivateKey.from_private_bytes(state.mask_private_key)
+        cipher_key = X25519PrivateKey.from_private_bytes(state.cipher_private_key)
+        pair_seeds, channel_secrets = [], []
+        session, index = state.session, state.index
+        seen = {montgomery_u(state.cipher_public_key), montgomery_u(state.mask_public_key)}
+        for v, node_id, cipher_public, mask_public, signature in zip(
+            request.neighbours,
+            request.neighbour_node_ids,
+            request.cipher_public_keys,
+            request.mask_public_keys,
+            request.signatures,
+            strict=True,
+        ):
+            try:
+                validate_public_key_bytes(cipher_public, v)
+                validate_public_key_bytes(mask_public, v)
+                channel_secrets.append(exchange_shared_secret(cipher_key, parse_public_key(cipher_public, v), v))
+                mask_secret = exchange_shared_secret(mask_key, parse_public_key(mask_public, v), v)
+                pair_seeds.append(derive_pair_seed(mask_secret, session, index, v))
+                if directory is not None:
+                    if node_id == state.node_id:
+                        raise ValueError(f"neighbour {v} claims this client's node id {node_id}")
+                    verify_advertisement(
+                        directory.key_of(node_id),
+                        signature,
+                        session,
+                        v,
+                        node_id,
+                        cipher_public,
+                        mask_public,
+                        run_id=state.run_id,
+                        roster=state.roster,
+                    )
+            except (TypeError, ValueError) as error:
+                raise PassError(f"neighbour {v} refused: {error}") from error
+            keys = {montgomery_u(cipher_public), montgomery_u(mask_public)}
+            if len(keys) != 2 or keys & seen:
+                raise PassError(f"neighbour {v} reuses a public key already in this session")
+            seen |= keys
+        if directory is not None and len(set(request.neighbour_node_ids)) != len(request.neighbour_node_ids):
+            raise PassError("two neighbours claim one node id")
+        return pair_seeds, channel_secrets
+
+    # Round 3 -----------------------------------------------------------------
+    def mask_input(
+        self,
+        request: MaskRequest | Mapping[str, Any],
+        noise: npt.ArrayLike | None = None,
+    ) -> MaskedInput:
+        """Open the shares held for neighbours in U2 and return ``Y_e``, the counts commitment and any accusations.
+
+        A neighbour whose shares do not open (:func:`unseal`) is accused, not fatal: this client masks without
+        it and holds nothing for it, and sends the edge's channel secret with a proof that it is the one
+        behind the two advertised cipher keys (:func:`~flmarket_flwr.pass_protocol.dleq.prove_exchange`), so
+        the server opens the ciphertext it relayed exactly as this client did and names whoever lied. The
+        secret opens that edge's two share pairs, both of which the accused holds anyway. With identity keys a
+        ciphertext must carry its sender's signature, checked only for one that does not open (a ciphertext
+        that opens under the edge's secret and matches its digest came from the sender: the server knows
+        neither key); an unsigned one is accused without a secret (the server's own copy decides), so a server
+        that forges a ciphertext learns nothing from the accusation.
+        Afterwards the client's own private keys, self-mask seed and channel secrets are wiped from the state.
+
+        When fewer than ``t`` senders' shares open because some were accused, the client withdraws instead of
+        masking with too few neighbours: it sends its accusations alone (empty ``masked_counts`` and
+        ``counts_commitment``), so that ``k - t + 1`` colluders who garble their shares to one client get
+        themselves named rather than it silently refused; the server treats it as dropped. With fewer than
+        ``t`` and no one to accuse it raises :class:`PassError`.
+
+        ``noise`` (signed integers, one per class; :mod:`~flmarket_flwr.pass_protocol.noise`) is added to the
+        counts inside ``Y_e`` (mod 2^64) and kept nowhere; the counts commitment binds the exact counts.
+        """
+        request = MaskRequest.coerce(request)
+        state = self._require(Stage.SHARED, "mask_input")
+        session, index, neighbours = state.session, state.index, state.neighbours
+        senders = request.senders
+        threshold = share_threshold(state.degree)
+        signed = bool(state.identity_keys)
+        if (
+            not strictly_increasing(senders)
+            or not set(senders) <= set(neighbours)
+            or len(senders) != len(request.ciphertexts)
+            or len(senders) != len(request.share_digests)
+            or len(request.signatures) != (len(senders) if signed else len(request.signatures))
+        ):
+            raise PassError("the senders must be distinct neighbours of this client, one ciphertext and digest each")
+        position = {v: i for i, v in enumerate(neighbours)}
+        held, held_from, accused, proofs = [], [], [], []
+        for i, (v, ciphertext) in enumerate(zip(senders, request.ciphertexts, strict=True)):
+            digest = request.share_digests[i]
+            both = unseal(state.channel_secrets[position[v]], ciphertext, session, v, index, digest)
+            if both is None:  # the sender's signature matters only now: an accusation reveals the edge's secret
+                accused.append(v)
+                forged = signed and not self._signed_by(v, request.signatures[i], ciphertext, digest)
+                proofs.append(b"" if forged else self._prove_channel(v))
+                continue
+            held.append(both)
+            held_from.append(v)
+        if len(held_from) < threshold:
+            if not accused:  # too few senders, and none to blame: the server knows who sent nothing
+                raise PassError(f"only {len(held_from)} neighbours' shares opened here, the threshold is {threshold}")
+            self._wipe_secrets()  # withdraw, naming who made it: no masked input, accusations only
+            state.update(stage=Stage.WITHDRAWN, accused=accused)
+            return MaskedInput(b"", b"", accused, proofs)
+        num_classes = state.num_classes
+        counts = np.frombuffer(state.counts, dtype="<u8").astype(np.uint64)
+        masked = counts + expand_seed(state.self_seed, num_classes)
+        if noise is not None:  # distributed DP: signed noise wraps mod 2^64 and is decoded signed by the server
+            masked += noise_words(noise, num_classes)
+        for v in held_from:
+            masked += signed_mask(state.pair_seeds[position[v]], index, v, num_classes)
+        nonce = os.urandom(32)
+        commitment = counts_commitment(session, index, counts, nonce)
+        self._wipe_secrets()
+        state.update(
+            stage=Stage.MASKED,
+            nonce=nonce,
+            commitment=commitment,
+            held_from=held_from,
+            held_shares=held,
+            accused=accused,
+        )
+        return MaskedInput(masked.astype("<u8").tobytes(), commitment, accused, proofs)
+
+    def _wipe_secrets(self) -> None:
+        """Delete the private keys, the self-mask seed and every edge's secrets: nothing of them is needed now."""
+        self._state.update(
+            cipher_private_key=b"",
+            mask_private_key=b"",
+            self_seed=b"",
+            pair_seeds=[],
+            channel_secrets=[],
+            neighbour_cipher_keys=[],
+            neighbour_cipher_proofs=[],
+        )
+
+    def _signed_by(self, sender: int, signature: bytes, ciphertext: bytes, digest: bytes) -> bool:
+        """Whether ``sender``'s identity key signed this ciphertext and digest (run, session, roster bound)."""
+        state = self._state
+        try:
+            verify_share_ciphertext(
+                state.identity_keys[state.neighbours.index(sender)],
+                signature,
+                sender,
+                state.index,
+                ciphertext,
+                digest,
+                run_id=state.run_id,
+                session=state.session,
+                roster=state.roster,
+            )
+        except ValueError:
+            return False
+        return True
+
+    def _prove_channel(self, accused: int) -> bytes:
+        """The channel secret with ``accused`` and its proof, bound to this run, roster, session and edge.
+
+        ``b""`` (nothing revealed) unless the accused's cipher key came with a valid proof of possession: a
+        key made as a multiple of another client's key would otherwise turn the secret proven here into the
+        secret of another edge. The server checked every advertised proof, so an honest relay never gets here
+        with a bad one; a server that relays one is the party deviating.
+        """
+        state = self._state
+        run_id, roster, session = state.run_id, state.roster, state.session
+        position = state.neighbours.index(accused)
+        peer_key = state.neighbour_cipher_keys[position]
+        possession = state.neighbour_cipher_proofs[position]
+        if not verify_possession(peer_key, possession, possession_context(run_id, session, accused)):
+            return b""
+        context = accusation_context(run_id, roster, session, state.index, accused)
+        return prove_exchange(state.cipher_private_key, state.cipher_public_key, peer_key, context)
+
+    # Consistency round (with identity keys) ------------------------------------
+    def sign_survivors(
+        self, request: ConsistencyRequest | Mapping[str, Any], identity_key: Ed25519PrivateKey | None
+    ) -> ConsistencyReply:
+        """Sign the survivor set the server shows, once, after the same checks as :meth:`unmask`.
+
+        The signature binds the run, the session, the roster fingerprint, ``U1`` and the set; the client
+        keeps the set and later unmasks only for exactly that set (Bonawitz et al. 2017's consistency check).
+        """
+        request = ConsistencyRequest.coerce(request)
+        state = self._require(Stage.MASKED, "sign_survivors")
+        if state.view_requested or state.unmask_requested:
+            raise PassError("this client already signed a survivor set in this session")
+        state.view_requested = True
+        if identity_key is None:
+            raise PassError("this client has no identity key to sign a survivor set with")
+        self._check_view(request.survivors, request.dropped)
+        signature = sign_survivor_set(
+            identity_key,
+            request.survivors,
+            request.dropped,
+            run_id=state.run_id,
+            session=state.session,
+            roster=state.roster,
+            participants=state.participants,
+        )
+        state.update(signed_survivors=request.survivors, signed_dropped=request.dropped)
+        return ConsistencyReply(signature)
+
+    def _check_view(self, survivors_bitmap: bytes, dropped_bitmap: bytes) -> npt.NDArray[np.bool_]:
+        """``PassError`` unless the survivor/dropped split is one this client can answer; return the survivor bits.
+
+        Vectorised over the roster bitmaps (``E / 8`` bytes each): no Python work per participant, only per
+        neighbour. ``bits[i - 1]`` is True for a survivor ``i``.
+        """
+        state = self._state
+        size = 8 * max(len(survivors_bitmap), len(dropped_bitmap), len(state.participants))
+        survivors = bitmap_bits(survivors_bitmap, size)
+        dropped = bitmap_bits(dropped_bitmap, size)
+        participants = bitmap_bits(state.participants, size)
+        for name, group in (("survivors", survivors), ("dropped", dropped)):
+            if bool((group & ~participants).any()):
+                raise PassError(f"{name} must be participants")
+        if bool((survivors & dropped).any()):
+            raise PassError("a client cannot be both a survivor and dropped")
+        if not survivors[state.index - 1]:
+            raise PassError("this client sent its masked input but is not listed as a survivor")
+        count = int(np.count_nonzero(survivors))
+        if count < MIN_PARTICIPANTS:
+            raise PassError(f"only {count} survivors, PASS needs {MIN_PARTICIPANTS}")
+        neighbours = np.asarray(state.neighbours, dtype=np.int64) - 1
+        alive, gone = survivors[neighbours], dropped[neighbours]
+        accused = set(state.accused)
+        answered = {int(v) + 1 for v in neighbours[alive | gone]}
+        if answered != set(state.held_from) | accused:
+            raise PassError("survivors and dropped do not match the neighbours that completed key sharing")
+        if any(survivors[v - 1] for v in accused):
+            raise PassError("a neighbour whose shares did not open here cannot be a survivor (no mask with it)")
+        threshold = share_threshold(state.degree)
+        if int(np.count_nonzero(alive)) < threshold:
+            raise PassError(f"only {int(np.count_nonzero(alive))} neighbours survived, the threshold is {threshold}")
+        return survivors
+
+    def _check_consistency(self, request: UnmaskRequest, survivors: npt.NDArray[np.bool_]) -> None:
+        """With identity keys: the set is the one this client signed, and ``t`` neighbours signed it too.
+
+        The signatures are checked in the order sent until ``t`` are valid: an invalid one is skipped (a
+        colluder's, or the server's), never counted, and named if the client ends short of ``t``.
+        """
+        state = self._state
+        if not state.signed_survivors:
+            raise PassError("this client unmasks only after signing the survivor set (consistency round)")
+        if (request.survivors, request.dropped) != (state.signed_survivors, state.signed_dropped):
+            raise PassError("the survivor set differs from the one this client signed: two views, refused")
+        neighbours = state.neighbours
+        position = {v: i for i, v in enumerate(neighbours)}
+        signers = request.signers
+        if (
+            not strictly_increasing(signers)
+            or not set(signers) <= set(neighbours)
+            or not all(survivors[v - 1] for v in signers)
+            or len(signers) != len(request.signatures)
+        ):
+            raise PassError("the signers must be distinct surviving neighbours, one signature each")
+        threshold = share_threshold(state.degree)
+        if len(signers) < threshold:
+            raise PassError(f"only {len(signers)} neighbours signed this survivor set, the threshold is {threshold}")
+        valid, refused = 0, []
+        for v, signature in zip(signers, request.signatures, strict=True):
+            if valid == threshold:  # t neighbours' word on this one set is the whole check
+                break
+            try:
+                verify_survivor_set(
+                    state.identity_keys[position[v]],
+                    signature,
+                    request.survivors,
+                    request.dropped,
+                    run_id=state.run_id,
+                    session=state.session,
+                    roster=state.roster,
+                    participants=state.participants,
+                )
+            except ValueError as error:
+                refused.append(f"neighbour {v}: {error}")
+                continue
+            valid += 1
+        if valid < threshold:
+            raise PassError(
+                f"only {valid} valid neighbour signatures on this survivor set, the threshold is {threshold} "
+                f"({'; '.join(refused)})"
+            )
+
+    # Round 4 -----------------------------------------------------------------
+    def unmask(self, request: UnmaskRequest | Mapping[str, Any]) -> UnmaskReply:
+        """Answer the server's survivor/dropout split once: ``b`` shares of survivors, ``s`` shares of dropped.
+
+        Any request after the first (answered or refused) is refused. With identity keys (a directory at
+        :meth:`share_keys`) the split must be the one this client signed in the consistency round, and carry
+        valid signatures on it from at least ``t`` of its neighbours.
+        """
+        request = UnmaskRequest.coerce(request)
+        if self._state.stage == Stage.UNMASKED or self._state.unmask_requested:
+            raise PassError("this client already received an unmask request in this session")
+        self._require(Stage.MASKED, "unmask")
+        state = self._state
+        state.unmask_requested = True
+        survivors = self._check_view(request.survivors, request.dropped)
+        if state.identity_keys:
+            self._check_consistency(request, survivors)
+        reply = UnmaskReply([], [], [], [])
+        for v, both in zip(state.held_from, state.held_shares, strict=True):
+            if survivors[v - 1]:
+                reply.survivor_indices.append(v)
+                reply.survivor_shares.append(both[SHARE_BYTES:])  # share of b_v
+            else:
+                reply.dropped_indices.append(v)
+                reply.dropped_shares.append(both[:SHARE_BYTES])  # share of s_v
+        state.update(
+            held_shares=[],
+            stage=Stage.UNMASKED,
+            transcript=survivor_transcript(state.session, np.flatnonzero(survivors) + 1),
+            survivor_count=int(np.count_nonzero(survivors)),
+        )
+        return reply
