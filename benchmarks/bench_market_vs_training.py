@@ -36,6 +36,7 @@ The number of clients is the federation's (``num_supernodes`` of ``run_simulatio
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -76,17 +77,12 @@ def app_config(num_clients: int, results: Path, rounds: int) -> dict:
 
 def market_config(config: dict, num_clients: int) -> MarketConfig:
     """The market settings the app derives from ``config`` (budget, classes, cohort) for ``num_clients`` nodes."""
-    from flmarket_flwr.market import MarketConfig  # pylint: disable=import-outside-toplevel
-    from flmarket_flwr.task import DataConfig, num_classes  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.server_app import ServerSettings, market_config_of  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.task import DataConfig  # pylint: disable=import-outside-toplevel
 
-    return MarketConfig(
-        budget=float(config["budget"]),
-        num_classes=num_classes(DataConfig.from_run_config(config, {"num-partitions": num_clients})),
-        num_winners=int(config["num-selected"]) or None,
-        expected_nodes=num_clients,
-        wait_for_nodes_timeout=120.0,
-        poll_interval=0.2,
-    )
+    data_config = DataConfig.from_run_config(config, {"num-partitions": num_clients})
+    app_market = market_config_of(ServerSettings.from_run_config(config), data_config, run_id=0)
+    return dataclasses.replace(app_market, expected_nodes=num_clients, poll_interval=0.2)
 
 
 def run_in_simulation(config: dict, num_clients: int, workers: int) -> float:
