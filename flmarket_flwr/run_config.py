@@ -255,7 +255,8 @@ def schema_class(
     """A frozen dataclass with a typed field per run-config key, its default the schema's: a boundary's settings.
 
     Subclass it to add methods (``class ServerSettings(schema_class("ServerSettings", keys_read_by("server")))``);
-    its fields are never written out by hand, so a key is named in :data:`APP_KEYS` only.
+    its fields are never written out by hand, so a key is named in :data:`APP_KEYS` only. A subclass with a
+    ``__post_init__`` must be decorated ``@dataclass(frozen=True)`` too, or its ``__init__`` will not call it.
 
     Parameters
     ----------
