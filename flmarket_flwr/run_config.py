@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar, cast
 
-from flmarket_flwr.data.partition import DISTRIBUTIONS, SCHEDULES
+from flmarket_flwr.data.partition import DEFAULT_SCHEDULE, DISTRIBUTIONS, SCHEDULES
 from flmarket_flwr.data.registry import DATASET_NAMES, canonical_dataset_name
+from flmarket_flwr.market.bidding import SimulatedCostBid
 from flmarket_flwr.market.config import MarketConfig
 from flmarket_flwr.market.config_keys import Scalar, check_value, typed_value
 from flmarket_flwr.market.config_keys import at_least as _at_least
@@ -91,14 +92,16 @@ def field_name(key: str) -> str:
     return key.replace("-", "_")
 
 
-_MARKET_DEFAULTS: Final = {item.name: item.default for item in dataclasses.fields(MarketConfig)}
+def _default_of(cls: type, name: str) -> Scalar:
+    """The default of dataclass ``cls``'s field ``name``: the one default of a key the plugin also takes."""
+    (value,) = [item.default for item in dataclasses.fields(cls) if item.name == name]
+    assert isinstance(value, (bool, int, float, str)), name
+    return value
 
 
 def _market_default(name: str) -> Scalar:
-    """The default of :class:`~flmarket_flwr.market.MarketConfig` field ``name``: a market key's one default."""
-    value = _MARKET_DEFAULTS[name]
-    assert isinstance(value, (bool, int, float, str)), name
-    return value
+    """The default of :class:`~flmarket_flwr.market.MarketConfig` field ``name``."""
+    return _default_of(MarketConfig, name)
 
 
 def _dataset_ok(value: str) -> bool:
@@ -130,8 +133,8 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
     AppKey("data-root", "", 'local data folder; "" for digits, digits_xl and fashion_mnist', "data"),
     AppKey("distribution", "d4", "global label distribution d1 (balanced) ... d7", "data",
            _one_of(DISTRIBUTIONS), f"one of {list(DISTRIBUTIONS)}"),
-    AppKey("schedule", "geometric", "pruning schedule of d1..d7: geometric, or linear (the paper's Table 2)", "data",
-           _one_of(SCHEDULES), f"one of {list(SCHEDULES)}"),
+    AppKey("schedule", DEFAULT_SCHEDULE, "pruning schedule of d1..d7: geometric, or linear (the paper's Table 2)",
+           "data", _one_of(SCHEDULES), f"one of {list(SCHEDULES)}"),
     AppKey("alpha", 0.5, "Dirichlet concentration of the per-class split over the clients", "data", _positive, "> 0"),
     AppKey("test-per-class", 30, "server-side balanced test set (digits: 300 images)", "data", _at_least(1), ">= 1"),
     AppKey("val-per-class", 0, "server-side validation split from the training set (S-FedAvg needs > 0)", "data",
@@ -143,9 +146,12 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
     AppKey("budget", 600.0, "the buyer's budget R: total payments never exceed it", "server", _positive, "> 0"),
     AppKey("num-selected", 0, "0: the budget decides; n > 0: at most n winners, within the budget", "server",
            _at_least(0), ">= 0 (0: the budget decides)"),
-    AppKey("cost-low", 0.5, "simulated cost per sample, uniform in [cost-low, cost-high)", "client", _positive, "> 0"),
-    AppKey("cost-high", 1.5, "upper end of the simulated cost per sample", "client", _positive, "> 0"),
-    AppKey("bid-markup", 0.2, "bid = cost x N_e x (1 + markup)", "client", _at_least(0), ">= 0"),
+    AppKey("cost-low", _default_of(SimulatedCostBid, "low"),
+           "simulated cost per sample, uniform in [cost-low, cost-high)", "client", _positive, "> 0"),
+    AppKey("cost-high", _default_of(SimulatedCostBid, "high"), "upper end of the simulated cost per sample", "client",
+           _positive, "> 0"),
+    AppKey("bid-markup", _default_of(SimulatedCostBid, "markup"), "bid = cost x N_e x (1 + markup)", "client",
+           _at_least(0), ">= 0"),
     AppKey("market-timeout", _market_default("timeout"), "base seconds per market message round", "server",
            _positive, "> 0"),
     AppKey("market-timeout-per-node", _market_default("timeout_per_node"),
