@@ -147,6 +147,7 @@ def bare_training(config: dict, partitions: list[int], num_clients: int) -> dict
     """Each partition's local training of round 1, run here directly (no Flower), in seconds."""
     import torch  # pylint: disable=import-outside-toplevel
 
+    from flmarket_flwr.server_app import ServerSettings  # pylint: disable=import-outside-toplevel
     from flmarket_flwr.task import (  # pylint: disable=import-outside-toplevel
         DataConfig,
         build_task_model,
@@ -158,19 +159,20 @@ def bare_training(config: dict, partitions: list[int], num_clients: int) -> dict
 
     configure_torch_threads(1)
     data_config = DataConfig.from_run_config(config, {"num-partitions": num_clients})
+    settings = ServerSettings.from_run_config(config)
     times = {}
     for partition in [partitions[0], *partitions]:  # the first, untimed, warms torch and the data caches up
-        model = build_task_model(str(config["model"]), data_config)
+        model = build_task_model(settings.model, data_config)
         data = load_partition(partition, data_config)
         started = time.perf_counter()
         train(
             model,
             data,
-            epochs=int(config["local-epochs"]),
-            lr=float(config["learning-rate"]),
+            epochs=settings.local_epochs,
+            lr=settings.learning_rate,
             device=torch.device("cpu"),
-            batch_size=int(config["batch-size"]),
-            momentum=float(config["momentum"]),
+            batch_size=settings.batch_size,
+            momentum=settings.momentum,
             seed=training_seed(data_config.seed, partition, 1),
         )
         times[partition] = time.perf_counter() - started
