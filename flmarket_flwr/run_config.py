@@ -1,9 +1,10 @@
 """The app's run-config schema: every key once, with its type, default, check and meaning.
 
 ``[tool.flwr.app.config]`` in ``pyproject.toml`` (what ``flwr run`` reads) restates :data:`APP_KEYS`
-(``python -m flmarket_flwr.run_config`` prints the block; a test holds the two equal). The ServerApp, the
-ClientApp, the data config, Hydra's ``conf/`` (a structured config built from this table) and the
-experiments engine all read their keys, defaults and checks from here.
+(``python -m flmarket_flwr.run_config`` prints the block; a test holds the two equal). Each boundary's settings
+(the ServerApp's, the ClientApp's, the data config, the train message, the engine's job) is a
+:func:`schema_class` dataclass generated from it; Hydra's ``conf/`` reads it as a structured config. The keys
+the plugin also takes (the market's, the simulated bids') default to the plugin's own defaults.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal, TypeVar, cast
+from typing import Any, Final, Literal, TypeVar
 
 from flmarket_flwr.data.partition import DEFAULT_SCHEDULE, DISTRIBUTIONS, SCHEDULES
 from flmarket_flwr.data.registry import DATASET_NAMES, canonical_dataset_name
@@ -31,11 +32,9 @@ __all__ = [
     "TRAIN_MESSAGE_KEYS",
     "AppKey",
     "Scalar",
-    "ScalarType",
     "check_run_config",
     "check_values",
     "default",
-    "default_as",
     "field_name",
     "keys_read_by",
     "market_noise",
@@ -49,7 +48,6 @@ __all__ = [
     "typed",
 ]
 
-ScalarType = TypeVar("ScalarType", bool, int, float, str)
 SettingsType = TypeVar("SettingsType")
 Reader = Literal["data", "server", "client", "both"]
 
@@ -216,14 +214,6 @@ DEFAULTS: Final[dict[str, Scalar]] = {key.name: key.default for key in APP_KEYS}
 def default(name: str) -> Scalar:
     """The default of run-config key ``name``."""
     return _BY_NAME[name].default
-
-
-def default_as(name: str, kind: type[ScalarType], overrides: Mapping[str, Scalar] | None = None) -> ScalarType:
-    """The default of key ``name`` (``overrides[name]`` if given there), which must be a ``kind`` (typed fields)."""
-    value = overrides[name] if overrides is not None and name in overrides else _BY_NAME[name].default
-    if type(value) is not kind:
-        raise TypeError(f"run-config key {name}: default {value!r} is not a {kind.__name__}")
-    return cast(ScalarType, value)
 
 
 def keys_read_by(*readers: Reader) -> tuple[str, ...]:
