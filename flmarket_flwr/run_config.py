@@ -251,8 +251,8 @@ def schema_class(
     """A frozen dataclass with a typed field per run-config key, its default the schema's: a boundary's settings.
 
     Subclass it to add methods (``class ServerSettings(schema_class("ServerSettings", keys_read_by("server")))``);
-    its fields are never written out by hand, so a key is named in :data:`APP_KEYS` only. A subclass with a
-    ``__post_init__`` must be decorated ``@dataclass(frozen=True)`` too, or its ``__init__`` will not call it.
+    its fields are never written out by hand, so a key is named in :data:`APP_KEYS` only. Every instance runs
+    its ``check()`` method when made (nothing, unless a subclass overrides it with its own rules).
 
     Parameters
     ----------
@@ -275,7 +275,17 @@ def schema_class(
         value = typed(key, overrides[key]) if overrides is not None and key in overrides else default(key)
         key_fields.append((field_name(key), type(default(key)), dataclasses.field(default=value)))
     own = [(field, kind, dataclasses.field(default=value)) for field, kind, value in extra]
-    return dataclasses.make_dataclass(name, [*key_fields, *own], frozen=True)
+    namespace = {"__post_init__": _run_check, "check": _check_nothing}
+    return dataclasses.make_dataclass(name, [*key_fields, *own], frozen=True, namespace=namespace)
+
+
+def _run_check(self: Any) -> None:
+    self.check()
+
+
+def _check_nothing(self: Any) -> None:
+    """Raise ``ValueError`` for settings that cannot work together (the keys' own checks are :func:`check_values`)."""
+    del self
 
 
 def settings_from(cls: type[SettingsType], run_config: Mapping[str, Any], **extra: Any) -> SettingsType:

@@ -185,8 +185,7 @@ _EngineFields: Any = schema_class(
 )
 
 
-@dataclass(frozen=True)
-class EngineConfig(_EngineFields):  # its own __init__, which runs __post_init__
+class EngineConfig(_EngineFields):
     """One in-process job.
 
     A field per app key of :data:`ENGINE_APP_KEYS`, its type, default (but :data:`SWEEP_DEFAULTS`) and check
@@ -229,8 +228,8 @@ class EngineConfig(_EngineFields):  # its own __init__, which runs __post_init__
         Torch device and intra-op threads.
     """
 
-    def __post_init__(self) -> None:
-        """Reject settings the engine cannot run (the app keys by the app's own checks)."""
+    def check(self) -> None:
+        """Reject settings the engine cannot run (the app keys by the app's own checks); run at construction."""
         check_values({key: getattr(self, field_name(key)) for key in ENGINE_APP_KEYS} | {ROUNDS_KEY: self.rounds})
         if self.bid_policy not in BID_POLICIES:
             raise ValueError(f"bid_policy must be one of {BID_POLICIES}, got {self.bid_policy!r}")
