@@ -36,6 +36,7 @@ The number of clients is the federation's (``num_supernodes`` of ``run_simulatio
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -76,17 +77,12 @@ def app_config(num_clients: int, results: Path, rounds: int) -> dict:
 
 def market_config(config: dict, num_clients: int) -> MarketConfig:
     """The market settings the app derives from ``config`` (budget, classes, cohort) for ``num_clients`` nodes."""
-    from flmarket_flwr.app.task import DataConfig, num_classes  # pylint: disable=import-outside-toplevel
-    from flmarket_flwr.market import MarketConfig  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.app.server_app import ServerSettings, market_config_of  # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.app.task import DataConfig  # pylint: disable=import-outside-toplevel
 
-    return MarketConfig(
-        budget=float(config["budget"]),
-        num_classes=num_classes(DataConfig.from_run_config(config, {"num-partitions": num_clients})),
-        num_winners=int(config["num-selected"]) or None,
-        expected_nodes=num_clients,
-        wait_for_nodes_timeout=120.0,
-        poll_interval=0.2,
-    )
+    data_config = DataConfig.from_run_config(config, {"num-partitions": num_clients})
+    app_market = market_config_of(ServerSettings.from_run_config(config), data_config, run_id=0)
+    return dataclasses.replace(app_market, expected_nodes=num_clients, poll_interval=0.2)
 
 
 def run_in_simulation(config: dict, num_clients: int, workers: int) -> float:
@@ -151,6 +147,7 @@ def bare_training(config: dict, partitions: list[int], num_clients: int) -> dict
     """Each partition's local training of round 1, run here directly (no Flower), in seconds."""
     import torch  # pylint: disable=import-outside-toplevel
 
+    from flmarket_flwr.app.server_app import ServerSettings  # pylint: disable=import-outside-toplevel
     from flmarket_flwr.app.task import (  # pylint: disable=import-outside-toplevel
         DataConfig,
         build_task_model,
@@ -162,19 +159,20 @@ def bare_training(config: dict, partitions: list[int], num_clients: int) -> dict
 
     configure_torch_threads(1)
     data_config = DataConfig.from_run_config(config, {"num-partitions": num_clients})
+    settings = ServerSettings.from_run_config(config)
     times = {}
     for partition in [partitions[0], *partitions]:  # the first, untimed, warms torch and the data caches up
-        model = build_task_model(str(config["model"]), data_config)
+        model = build_task_model(settings.model, data_config)
         data = load_partition(partition, data_config)
         started = time.perf_counter()
         train(
             model,
             data,
-            epochs=int(config["local-epochs"]),
-            lr=float(config["learning-rate"]),
+            epochs=settings.local_epochs,
+            lr=settings.learning_rate,
             device=torch.device("cpu"),
-            batch_size=int(config["batch-size"]),
-            momentum=float(config["momentum"]),
+            batch_size=settings.batch_size,
+            momentum=settings.momentum,
             seed=training_seed(data_config.seed, partition, 1),
         )
         times[partition] = time.perf_counter() - started

@@ -34,8 +34,9 @@ from flmarket_flwr.app.task import (
     num_classes,
     resolve_device,
 )
-from flmarket_flwr.market import MarketConfig, MarketPhase, WinnersGrid
+from flmarket_flwr.market import WinnersGrid
 from flmarket_flwr.market.strategy import start_on_nodes
+from flmarket_flwr.nodes import connected_nodes
 from simulations.baselines import SFedAvg
 from simulations.baselines.selectors import select_clients
 from simulations.selector_stats import ACTION_SELECTOR_STATS, answer_selector_stats, collect_selector_stats
@@ -120,10 +121,7 @@ class PreTrainingSelection(Strategy):
     def select(self, grid: Grid) -> list[int]:
         """Ask every node for its statistics and run the selector; record what it saw."""
         settings = self.settings
-        waiting = MarketConfig(
-            budget=1.0, num_classes=1, wait_for_nodes_timeout=settings.wait_for_nodes_timeout, poll_interval=0.2
-        )
-        nodes = MarketPhase(waiting).wait_for_nodes(grid)
+        nodes = connected_nodes(grid)  # the ServerApp waited for them (server_app.run)
         want_embedding = settings.selector == "dds"
         counts, embeddings, excluded = collect_selector_stats(
             grid,

@@ -54,8 +54,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flmarket_flwr.app import task
-from flmarket_flwr.app.run_config import DEFAULTS, Scalar, ScalarType, check_values, default_as, neighbours_of
-from flmarket_flwr.app.task import DataConfig
+from flmarket_flwr.app.run_config import (
+    DEFAULTS,
+    Scalar,
+    check_values,
+    default,
+    field_name,
+    neighbours_of,
+    schema_class,
+    typed,
+)
+from flmarket_flwr.app.task import DEFAULT_NUM_CLIENTS, DataConfig
 from flmarket_flwr.market.bidding import cost_based_bid, simulated_cost_per_sample
 from flmarket_flwr.pricing import cohort_budget, run_auction
 from simulations.baselines.selectors import DDS_DIVERSITY_WEIGHT, DICE_VOLUME_WEIGHT, flmarket_scores, select_clients
@@ -121,18 +130,67 @@ JOB_IDENTITY = ("selector", "dataset", "model", "distribution", "num_clients", "
 """The fields that name a job in its record."""
 
 
-def _default(app_key: str, kind: type[ScalarType]) -> ScalarType:
-    """The engine's default of an app key: :data:`SWEEP_DEFAULTS`, else the app's."""
-    return default_as(app_key, kind, SWEEP_DEFAULTS)
+ENGINE_APP_KEYS = (
+    "dataset",
+    "data-root",
+    "test-per-class",
+    "val-per-class",
+    "model",
+    "distribution",
+    "schedule",
+    "alpha",
+    "seed",
+    "selector",
+    "num-selected",
+    "budget",
+    "neighbours",
+    "audit-winners",
+    "cost-low",
+    "cost-high",
+    "bid-markup",
+    "local-epochs",
+    "batch-size",
+    "learning-rate",
+    "momentum",
+    "device",
+    "torch-threads",
+)
+"""The app keys the engine implements (a field each, :func:`~flmarket_flwr.app.run_config.field_name`), besides
+``num-server-rounds``, its :attr:`EngineConfig.rounds`; any other set to a non-default value is refused."""
+
+ROUNDS_KEY = "num-server-rounds"
+"""The app key of :attr:`EngineConfig.rounds` (the engine's records and scripts call it ``rounds``)."""
+
+_EngineFields: Any = schema_class(
+    "EngineConfig",
+    ENGINE_APP_KEYS,
+    overrides=SWEEP_DEFAULTS,
+    extra=[
+        ("num_clients", int, DEFAULT_NUM_CLIENTS),
+        ("budget_fraction", float, 0.0),
+        ("cohort_budget", bool, True),
+        ("market", str, "direct"),
+        ("dice_volume_weight", float, DICE_VOLUME_WEIGHT),
+        ("dds_diversity_weight", float, DDS_DIVERSITY_WEIGHT),
+        ("bid_policy", str, "volume"),
+        ("cost_per_sample", float, 1.0),
+        ("rounds", int, typed(ROUNDS_KEY, SWEEP_DEFAULTS.get(ROUNDS_KEY, default(ROUNDS_KEY)))),
+        ("min_rounds", int, 0),
+        ("local_steps", int, 20),
+        ("clip_norm", float, 5.0),
+        ("final_window", int, 10),
+        ("plateau_tolerance", float, 0.01),
+        ("collapse_drop", float, 0.3),
+    ],
+)
 
 
-@dataclass(frozen=True)
-class EngineConfig:  # pylint: disable=too-many-instance-attributes
+class EngineConfig(_EngineFields):
     """One in-process job.
 
-    The fields that are app keys (:data:`APP_KEY_OF_FIELD`) take their types, defaults (but
-    :data:`SWEEP_DEFAULTS`) and checks from the app's schema, :mod:`flmarket_flwr.app.run_config`; the others are
-    the engine's own protocol.
+    A field per app key of :data:`ENGINE_APP_KEYS`, its type, default (but :data:`SWEEP_DEFAULTS`) and check
+    the app's schema's (:mod:`flmarket_flwr.app.run_config`), and ``rounds`` (``num-server-rounds``); the others
+    are the engine's own protocol.
 
     Attributes
     ----------
@@ -170,48 +228,9 @@ class EngineConfig:  # pylint: disable=too-many-instance-attributes
         Torch device and intra-op threads.
     """
 
-    dataset: str = _default("dataset", str)
-    data_root: str = _default("data-root", str)
-    test_per_class: int = _default("test-per-class", int)
-    val_per_class: int = _default("val-per-class", int)
-    model: str = _default("model", str)
-    num_clients: int = 20
-    distribution: str = _default("distribution", str)
-    schedule: str = _default("schedule", str)
-    alpha: float = _default("alpha", float)
-    seed: int = _default("seed", int)
-    selector: str = _default("selector", str)
-    num_selected: int = _default("num-selected", int)
-    budget: float = _default("budget", float)
-    budget_fraction: float = 0.0
-    cohort_budget: bool = True
-    market: str = "direct"
-    neighbours: str = _default("neighbours", str)
-    audit_winners: bool = _default("audit-winners", bool)
-    dice_volume_weight: float = DICE_VOLUME_WEIGHT
-    dds_diversity_weight: float = DDS_DIVERSITY_WEIGHT
-    bid_policy: str = "volume"
-    cost_per_sample: float = 1.0
-    cost_low: float = _default("cost-low", float)
-    cost_high: float = _default("cost-high", float)
-    bid_markup: float = _default("bid-markup", float)
-    rounds: int = _default("num-server-rounds", int)
-    min_rounds: int = 0
-    local_steps: int = 20
-    local_epochs: int = _default("local-epochs", int)
-    batch_size: int = _default("batch-size", int)
-    learning_rate: float = _default("learning-rate", float)
-    momentum: float = _default("momentum", float)
-    clip_norm: float = 5.0
-    final_window: int = 10
-    plateau_tolerance: float = 0.01
-    collapse_drop: float = 0.3
-    device: str = _default("device", str)
-    torch_threads: int = _default("torch-threads", int)
-
-    def __post_init__(self) -> None:
-        """Reject settings the engine cannot run (the app keys by the app's own checks)."""
-        check_values({app_key: getattr(self, name) for name, app_key in APP_KEY_OF_FIELD.items()})
+    def check(self) -> None:
+        """Reject settings the engine cannot run (the app keys by the app's own checks); run at construction."""
+        check_values({key: getattr(self, field_name(key)) for key in ENGINE_APP_KEYS} | {ROUNDS_KEY: self.rounds})
         if self.bid_policy not in BID_POLICIES:
             raise ValueError(f"bid_policy must be one of {BID_POLICIES}, got {self.bid_policy!r}")
         if self.selector == "sfedavg" and self.val_per_class < 1:
@@ -233,13 +252,6 @@ class EngineConfig:  # pylint: disable=too-many-instance-attributes
             raise ValueError("rounds and final_window must be >= 1")
         if self.min_rounds and not 2 * self.final_window <= self.min_rounds <= self.rounds:
             raise ValueError("min_rounds must be 0 or lie in [2 * final_window, rounds]")
-
-
-APP_KEY_OF_FIELD: dict[str, str] = {
-    "rounds": "num-server-rounds",
-    **{item.name: key for item in fields(EngineConfig) if (key := item.name.replace("_", "-")) in DEFAULTS},
-}
-"""The :class:`EngineConfig` fields that are app keys (their types, defaults and checks are the app's)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -274,17 +286,7 @@ class Federation:
 # --- Data ----------------------------------------------------------------------------------------------------------
 def data_config(cfg: EngineConfig) -> DataConfig:
     """The Flower app's data config for ``cfg``: the engine reads its data through the app's own loader."""
-    config = DataConfig(
-        dataset=cfg.dataset,
-        num_clients=cfg.num_clients,
-        distribution=cfg.distribution,
-        alpha=float(cfg.alpha),
-        seed=cfg.seed,
-        test_per_class=cfg.test_per_class,
-        data_root=cfg.data_root,
-        val_per_class=cfg.val_per_class,
-        schedule=cfg.schedule,
-    )
+    config = DataConfig(**{item.name: getattr(cfg, item.name) for item in fields(DataConfig)})
     config.validate()
     return config
 
@@ -766,12 +768,12 @@ _ENGINE_KEYS = (
 )
 
 
-def config_from_hydra(cfg: Any) -> EngineConfig:
+def config_from_hydra(cfg: Any, run_config: Mapping[str, Any] | None = None) -> EngineConfig:
     """The :class:`EngineConfig` of a composed Hydra job config (``conf/``; engine keys under ``sim.engine``).
 
     The app keys come through :func:`simulations.config.to_run_config`, the one mapping from Hydra to the
-    app's run config; an app key the engine cannot honour (``fraction-train`` below 1, ...) is an error
-    naming it, never a silent difference from the Flower path.
+    app's run config (give it as ``run_config`` when the caller has it already); an app key the engine cannot
+    honour (``fraction-train`` below 1, ...) is an error naming it, never a silent difference from the Flower path.
     """
     from omegaconf import OmegaConf  # pylint: disable=import-outside-toplevel
 
@@ -779,15 +781,14 @@ def config_from_hydra(cfg: Any) -> EngineConfig:
 
     container = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, Mapping) else cfg
     assert isinstance(container, Mapping)
-    run_config = to_run_config(cfg)
-    unsupported = {
-        key: value
-        for key, value in run_config.items()
-        if key not in APP_KEY_OF_FIELD.values() and key not in ENGINE_IGNORES and value != DEFAULTS[key]
-    }
+    if run_config is None:
+        run_config = to_run_config(cfg)
+    implemented = {*ENGINE_APP_KEYS, ROUNDS_KEY, *ENGINE_IGNORES}
+    unsupported = {key: value for key, value in run_config.items() if key not in implemented and value != DEFAULTS[key]}
     if unsupported:
         raise ValueError(f"the in-process engine does not implement app key(s) {unsupported}: use engine=flower")
-    values: dict[str, Any] = {field: run_config[key] for field, key in APP_KEY_OF_FIELD.items()}
+    values: dict[str, Any] = {field_name(key): run_config[key] for key in ENGINE_APP_KEYS}
+    values["rounds"] = run_config[ROUNDS_KEY]
     values["device"] = "cpu" if values["device"] == "auto" else values["device"]
     values["num_clients"] = container["federation"]["num_clients"]
     engine = dict((container.get("sim") or {}).get("engine") or {})
@@ -800,7 +801,8 @@ def run_job_inprocess(cfg: Any) -> dict[str, Any]:
     from simulations.config import to_run_config  # pylint: disable=import-outside-toplevel
 
     started = time.perf_counter()
-    result = run_engine(config_from_hydra(cfg), run_config=to_run_config(cfg))
+    run_config = to_run_config(cfg)
+    result = run_engine(config_from_hydra(cfg, run_config), run_config=run_config)
     result["timings"]["job_wall_s"] = time.perf_counter() - started
     return result
 

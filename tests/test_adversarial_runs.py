@@ -290,14 +290,14 @@ def test_an_unreadable_roster_history_stops_the_market_before_any_message(tmp_pa
 
 
 def test_the_server_app_reads_the_roster_history_from_the_run_config(tmp_path: Path) -> None:
-    from flmarket_flwr.app.server_app import ServerSettings, _market_config
+    from flmarket_flwr.app.server_app import ServerSettings, market_config_of
     from flmarket_flwr.app.task import DataConfig
 
     path = tmp_path / "history.json"
     settings = ServerSettings.from_run_config({"roster-history": str(path)})
-    config = _market_config(settings, DataConfig.from_run_config({}), num_nodes=5, run_id=1)
+    config = market_config_of(settings, DataConfig.from_run_config({}), run_id=1)
     assert isinstance(config.roster_history, RosterHistory) and config.roster_history.path == path
-    default = _market_config(ServerSettings.from_run_config({}), DataConfig.from_run_config({}), 5, 1)
+    default = market_config_of(ServerSettings.from_run_config({}), DataConfig.from_run_config({}), 1)
     assert default.roster_history is None
 
 

@@ -109,14 +109,14 @@ def test_a_node_pinning_the_buyer_key_takes_part_only_under_that_key(tmp_path: P
 
 
 def test_the_server_app_reads_the_buyer_key_from_the_run_config(tmp_path: Path) -> None:
-    from flmarket_flwr.app.server_app import ServerSettings, _market_config
+    from flmarket_flwr.app.server_app import ServerSettings, market_config_of
     from flmarket_flwr.app.task import DataConfig
 
     key, public = generate_identity()
     save_identity_key(key, tmp_path / "buyer.pem")
     settings = ServerSettings.from_run_config({"buyer-key": str(tmp_path / "buyer.pem")})
-    config = _market_config(settings, DataConfig.from_run_config({}), num_nodes=5, run_id=1)
+    config = market_config_of(settings, DataConfig.from_run_config({}), run_id=1)
     assert config.buyer_key is not None and config.buyer_key.public_key().public_bytes_raw() == public
     assert MarketPhase(config).terms.buyer_key == public
-    default = _market_config(ServerSettings.from_run_config({}), DataConfig.from_run_config({}), 5, 1)
+    default = market_config_of(ServerSettings.from_run_config({}), DataConfig.from_run_config({}), 1)
     assert default.buyer_key is None

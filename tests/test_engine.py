@@ -299,17 +299,19 @@ def test_engine_config_reads_the_apps_schema() -> None:
     """The engine's app keys take the app's defaults (but the sweep protocol's) and the app's checks."""
     from dataclasses import fields
 
-    from flmarket_flwr.app.run_config import DEFAULTS
-    from simulations.engine import APP_KEY_OF_FIELD, SWEEP_DEFAULTS
+    from flmarket_flwr.app.run_config import DEFAULTS, field_name
+    from simulations.engine import ENGINE_APP_KEYS, ROUNDS_KEY, SWEEP_DEFAULTS
 
     defaults = EngineConfig()
-    for name, key in APP_KEY_OF_FIELD.items():
-        assert getattr(defaults, name) == SWEEP_DEFAULTS.get(key, DEFAULTS[key]), name
-    assert set(APP_KEY_OF_FIELD) <= {field.name for field in fields(EngineConfig)}
-    for bad in ({"budget": -1.0}, {"alpha": 0.0}, {"neighbours": "1"}, {"distribution": "d9"}, {"momentum": 1.5}):
-        key = APP_KEY_OF_FIELD[next(iter(bad))]
+    for key in ENGINE_APP_KEYS:
+        assert getattr(defaults, field_name(key)) == SWEEP_DEFAULTS.get(key, DEFAULTS[key]), key
+    assert defaults.rounds == SWEEP_DEFAULTS.get(ROUNDS_KEY, DEFAULTS[ROUNDS_KEY])
+    assert {field_name(key) for key in ENGINE_APP_KEYS} <= {field.name for field in fields(EngineConfig)}
+    bad_values = {"budget": -1.0, "alpha": 0.0, "neighbours": "1", "distribution": "d9", "momentum": 1.5, "rounds": 0}
+    for name, value in bad_values.items():
+        key = ROUNDS_KEY if name == "rounds" else name.replace("_", "-")
         with pytest.raises(ValueError, match=f"run-config key {key}="):
-            EngineConfig(**bad)  # type: ignore[arg-type]
+            EngineConfig(**{name: value})
     with pytest.raises(ValueError, match="cost-low/cost-high"):
         EngineConfig(cost_low=2.0, cost_high=1.0)
 

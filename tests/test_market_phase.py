@@ -356,7 +356,7 @@ def test_config_defaults() -> None:
     assert cfg.directory is None
     assert cfg.audit_winners is True
     assert cfg.timeout == 60.0
-    assert cfg.wait_for_nodes_timeout == 60.0
+    assert cfg.wait_for_nodes_timeout == 120.0  # the app key wait-for-nodes-timeout reads this one default
     assert cfg.expected_nodes is None
     assert cfg.session_label == "flmarket"
     with pytest.raises(AttributeError):

@@ -333,11 +333,11 @@ def test_with_noise_on_a_poisoned_sum_is_still_refused_above_and_below(poison: i
 
 
 def test_the_server_apps_market_takes_the_noise_from_the_run_config() -> None:
-    from flmarket_flwr.app.server_app import ServerSettings, _market_config, data_config_of
+    from flmarket_flwr.app.server_app import ServerSettings, data_config_of, market_config_of
 
     def noise_of(run_config: dict[str, float]) -> SkellamNoise | None:
         settings = ServerSettings.from_run_config(run_config)
-        return _market_config(settings, data_config_of(run_config), 5, run_id=1).noise
+        return market_config_of(settings, data_config_of(run_config), run_id=1).noise
 
     assert noise_of({}) is None
     assert noise_of({"pass-dp-epsilon": 2.0, "pass-dp-delta": 1e-7}) == SkellamNoise(2.0, 1e-7, 0.5)

@@ -21,7 +21,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.app.typing import MetricRecordValues
 from flwr.clientapp import ClientApp
 
-from flmarket_flwr.app.run_config import DEFAULTS, market_noise, read
+from flmarket_flwr.app.run_config import (
+    DEFAULTS,
+    TRAIN_MESSAGE_KEYS,
+    keys_read_by,
+    market_noise,
+    schema_class,
+    settings_from,
+)
 from flmarket_flwr.app.task import (
     DataConfig,
     build_task_model,
@@ -65,6 +72,24 @@ APP_NODE_KEYS: Final[tuple[NodeKey, ...]] = (
 
 NODE_CONFIG: Final = MARKET_SCHEMA.extended(APP_NODE_KEYS, run_config_keys=DEFAULTS)
 """Every node-config key of the app; a run-config key given as node config is refused by name."""
+
+
+_ClientFields: Any = schema_class("ClientSettings", keys_read_by("data", "client", "both"))
+_TrainFields: Any = schema_class("TrainSettings", TRAIN_MESSAGE_KEYS)
+
+
+class ClientSettings(_ClientFields):
+    """The run config as the ClientApp reads it: a field per key of :data:`~flmarket_flwr.app.run_config.APP_KEYS`
+    read by the data config, the client or both apps, typed (the ServerApp checks the values)."""
+
+
+class TrainSettings(_TrainFields):
+    """A train message's local-training settings (its ``config`` record, else the run config's)."""
+
+
+def settings_of(context: Context) -> ClientSettings:
+    """The run config of ``context`` as :class:`ClientSettings` (read at each message: overrides apply)."""
+    return settings_from(ClientSettings, context.run_config)
 
 
 def partition_id_of(context: Context) -> int:
@@ -126,19 +151,16 @@ def simulated_cost_bid(label_counts: np.ndarray, score: float, context: Context)
     ``b_e = cost_e * N_e * (1 + bid-markup)``, ``cost_e`` drawn in ``[cost-low, cost-high)`` from the
     client's partition id and ``seed``; read at bid time, so ``--run-config`` overrides apply.
     """
-    config = context.run_config
+    settings = settings_of(context)
     policy = SimulatedCostBid(
-        seed=read(config, "seed"),
-        low=read(config, "cost-low"),
-        high=read(config, "cost-high"),
-        markup=read(config, "bid-markup"),
+        seed=settings.seed, low=settings.cost_low, high=settings.cost_high, markup=settings.bid_markup
     )
     return policy(label_counts, score, context)
 
 
 def model_name_of(context: Context) -> str:
     """The model to train, from the run config (``model`` key)."""
-    return str(read(context.run_config, "model"))
+    return str(settings_of(context).model)
 
 
 def train(msg: Message, context: Context) -> Message:
@@ -147,27 +169,29 @@ def train(msg: Message, context: Context) -> Message:
 
     from flmarket_flwr.app.models import set_arrays  # pylint: disable=C0415
 
-    configure_torch_threads(read(context.run_config, "torch-threads"))
+    settings = settings_of(context)
+    configure_torch_threads(settings.torch_threads)
     partition_id = partition_id_of(context)
     data_config = data_config_of(context)
     config: dict[str, Any] = dict(msg.content.config_records.get("config", ConfigRecord()))
+    local = settings_from(TrainSettings, {**context.run_config, **config})
     server_round = int(config.get("server-round", 0))
 
     model = build_task_model(model_name_of(context), data_config)
     set_arrays(model, msg.content.array_records["arrays"])
     data = load_partition(partition_id, data_config)
-    device = resolve_device(read(context.run_config, "device"))
+    device = resolve_device(settings.device)
     seed = training_seed(data_config.seed, partition_id, server_round)
     torch.manual_seed(seed)  # Dropout and any other draw from torch's global generator: same run, same model.
     started = time.perf_counter()
     train_loss = train_model(
         model,
         data,
-        epochs=int(config.get("local-epochs", read(context.run_config, "local-epochs"))),
-        lr=float(config.get("learning-rate", read(context.run_config, "learning-rate"))),
+        epochs=local.local_epochs,
+        lr=local.learning_rate,
         device=device,
-        batch_size=int(config.get("batch-size", read(context.run_config, "batch-size"))),
-        momentum=float(config.get("momentum", read(context.run_config, "momentum"))),
+        batch_size=local.batch_size,
+        momentum=local.momentum,
         seed=seed,
     )
     train_time = time.perf_counter() - started
@@ -191,12 +215,13 @@ def evaluate_local(msg: Message, context: Context) -> Message:
     """Evaluate the received global model on the local partition."""
     from flmarket_flwr.app.models import set_arrays  # pylint: disable=C0415
 
-    configure_torch_threads(read(context.run_config, "torch-threads"))
+    settings = settings_of(context)
+    configure_torch_threads(settings.torch_threads)
     data_config = data_config_of(context)
-    model = build_task_model(model_name_of(context), data_config)
+    model = build_task_model(settings.model, data_config)
     set_arrays(model, msg.content.array_records["arrays"])
     data = load_partition(partition_id_of(context), data_config)
-    device = resolve_device(read(context.run_config, "device"))
+    device = resolve_device(settings.device)
     loss, accuracy = evaluate(model, data, device)
     metrics: dict[str, MetricRecordValues] = {
         "eval_loss": 0.0 if math.isnan(loss) else loss,
@@ -220,7 +245,7 @@ def _record_training(  # pylint: disable=too-many-arguments,too-many-positional-
     tests use it to check, from the client side, that only the market's winners
     ever trained.
     """
-    log_dir = str(read(context.run_config, "train-log-dir"))
+    log_dir = str(settings_of(context).train_log_dir)
     if not log_dir:
         return
     folder = Path(log_dir).expanduser() / f"run-{context.run_id}"
@@ -279,11 +304,8 @@ def market_noise_of(context: Context) -> SkellamNoise | None:
     Refused below the node's own ceiling, ``pass-dp-max-epsilon`` in its node config; in the secure profile the
     node adds the profile's noise when the run announces none (:func:`~flmarket_flwr.market.node_config.node_noise_of`).
     """
-    noise = market_noise(
-        read(context.run_config, "pass-dp-epsilon"),
-        read(context.run_config, "pass-dp-delta"),
-        read(context.run_config, "pass-dp-honest-fraction"),
-    )
+    settings = settings_of(context)
+    noise = market_noise(settings.pass_dp_epsilon, settings.pass_dp_delta, settings.pass_dp_honest_fraction)
     return node_noise_of(context, noise)
 
 

@@ -1,21 +1,25 @@
 """The app's run-config schema: every key once, with its type, default, check and meaning.
 
 ``[tool.flwr.app.config]`` in ``pyproject.toml`` (what ``flwr run`` reads) restates :data:`APP_KEYS`
-(``python -m flmarket_flwr.app.run_config`` prints the block; a test holds the two equal). The ServerApp, the
-ClientApp, the data config, Hydra's ``conf/`` (a structured config built from this table) and the
-experiments engine all read their keys, defaults and checks from here.
+(``python -m flmarket_flwr.app.run_config`` prints the block; a test holds the two equal). Each boundary's settings
+(the ServerApp's, the ClientApp's, the data config, the train message, the engine's job) is a
+:func:`schema_class` dataclass generated from it; Hydra's ``conf/`` reads it as a structured config. The keys
+the plugin also takes (the market's, the simulated bids') default to the plugin's own defaults.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal, TypeVar, cast
+from typing import Any, Final, Literal, TypeVar
 
-from flmarket_flwr.app.data.partition import DISTRIBUTIONS, SCHEDULES
+from flmarket_flwr.app.data.partition import DEFAULT_SCHEDULE, DISTRIBUTIONS, SCHEDULES
 from flmarket_flwr.app.data.registry import DATASET_NAMES, canonical_dataset_name
+from flmarket_flwr.market.bidding import SimulatedCostBid
+from flmarket_flwr.market.config import MarketConfig
 from flmarket_flwr.market.config_keys import Scalar, check_value, typed_value
 from flmarket_flwr.market.config_keys import at_least as _at_least
 from flmarket_flwr.market.config_keys import one_of as _one_of
@@ -25,23 +29,26 @@ from flmarket_flwr.pass_protocol.noise import SkellamNoise
 __all__ = [
     "APP_KEYS",
     "DEFAULTS",
+    "TRAIN_MESSAGE_KEYS",
     "AppKey",
     "Scalar",
-    "ScalarType",
     "check_run_config",
     "check_values",
     "default",
-    "default_as",
+    "field_name",
     "keys_read_by",
     "market_noise",
     "markdown_table",
     "neighbours_of",
     "pyproject_table",
     "read",
+    "schema_class",
+    "settings_from",
+    "train_message_config",
     "typed",
 ]
 
-ScalarType = TypeVar("ScalarType", bool, int, float, str)
+SettingsType = TypeVar("SettingsType")
 Reader = Literal["data", "server", "client", "both"]
 
 
@@ -75,7 +82,24 @@ class AppKey:
     @property
     def field(self) -> str:
         """The key as a Python name (``num-selected`` -> ``num_selected``)."""
-        return self.name.replace("-", "_")
+        return field_name(self.name)
+
+
+def field_name(key: str) -> str:
+    """A run-config key as a Python name (``num-selected`` -> ``num_selected``): the one place names change."""
+    return key.replace("-", "_")
+
+
+def _default_of(cls: type, name: str) -> Scalar:
+    """The default of dataclass ``cls``'s field ``name``: the one default of a key the plugin also takes."""
+    (value,) = [item.default for item in dataclasses.fields(cls) if item.name == name]
+    assert isinstance(value, (bool, int, float, str)), name
+    return value
+
+
+def _market_default(name: str) -> Scalar:
+    """The default of :class:`~flmarket_flwr.market.MarketConfig` field ``name``."""
+    return _default_of(MarketConfig, name)
 
 
 def _dataset_ok(value: str) -> bool:
@@ -107,8 +131,8 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
     AppKey("data-root", "", 'local data folder; "" for digits, digits_xl and fashion_mnist', "data"),
     AppKey("distribution", "d4", "global label distribution d1 (balanced) ... d7", "data",
            _one_of(DISTRIBUTIONS), f"one of {list(DISTRIBUTIONS)}"),
-    AppKey("schedule", "geometric", "pruning schedule of d1..d7: geometric, or linear (the paper's Table 2)", "data",
-           _one_of(SCHEDULES), f"one of {list(SCHEDULES)}"),
+    AppKey("schedule", DEFAULT_SCHEDULE, "pruning schedule of d1..d7: geometric, or linear (the paper's Table 2)",
+           "data", _one_of(SCHEDULES), f"one of {list(SCHEDULES)}"),
     AppKey("alpha", 0.5, "Dirichlet concentration of the per-class split over the clients", "data", _positive, "> 0"),
     AppKey("test-per-class", 30, "server-side balanced test set (digits: 300 images)", "data", _at_least(1), ">= 1"),
     AppKey("val-per-class", 0, "server-side validation split from the training set (S-FedAvg needs > 0)", "data",
@@ -120,25 +144,31 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
     AppKey("budget", 600.0, "the buyer's budget R: total payments never exceed it", "server", _positive, "> 0"),
     AppKey("num-selected", 0, "0: the budget decides; n > 0: at most n winners, within the budget", "server",
            _at_least(0), ">= 0 (0: the budget decides)"),
-    AppKey("cost-low", 0.5, "simulated cost per sample, uniform in [cost-low, cost-high)", "client", _positive, "> 0"),
-    AppKey("cost-high", 1.5, "upper end of the simulated cost per sample", "client", _positive, "> 0"),
-    AppKey("bid-markup", 0.2, "bid = cost x N_e x (1 + markup)", "client", _at_least(0), ">= 0"),
-    AppKey("market-timeout", 60.0, "base seconds per market message round", "server", _positive, "> 0"),
-    AppKey("market-timeout-per-node", 1.0, "seconds added to a market round's deadline per node it addresses",
-           "server", lambda value: 0.0 <= value < math.inf, ">= 0 and finite"),
-    AppKey("market-min-participation", 0.5, "least fraction of the invited nodes left as bidders, or the market fails",
-           "server", lambda value: 0.0 < value <= 1.0, "in (0, 1]"),
-    AppKey("wait-for-nodes-timeout", 120.0, "seconds to wait for the SuperNodes to connect", "server",
+    AppKey("cost-low", _default_of(SimulatedCostBid, "low"),
+           "simulated cost per sample, uniform in [cost-low, cost-high)", "client", _positive, "> 0"),
+    AppKey("cost-high", _default_of(SimulatedCostBid, "high"), "upper end of the simulated cost per sample", "client",
            _positive, "> 0"),
-    AppKey("min-market-clients", 3, "fewest clients PASS runs with", "server", _at_least(3),
-           ">= 3 (PASS with 2 reveals a client's counts)"),
-    AppKey("neighbours", "auto", 'PASS masking graph: "auto", "all", or a degree "k"', "server", _neighbours_ok,
-           "'auto', 'all' or a degree k >= 2 (as a string)"),
-    AppKey("market-security", "semi-honest", "the buyer's profile: semi-honest, or malicious (the secure profile: "
-           "complete graph, noise; each node sets market-security in its node config)", "server",
+    AppKey("bid-markup", _default_of(SimulatedCostBid, "markup"), "bid = cost x N_e x (1 + markup)", "client",
+           _at_least(0), ">= 0"),
+    AppKey("market-timeout", _market_default("timeout"), "base seconds per market message round", "server",
+           _positive, "> 0"),
+    AppKey("market-timeout-per-node", _market_default("timeout_per_node"),
+           "seconds added to a market round's deadline per node it addresses",
+           "server", lambda value: 0.0 <= value < math.inf, ">= 0 and finite"),
+    AppKey("market-min-participation", _market_default("min_participation"),
+           "least fraction of the invited nodes left as bidders, or the market fails",
+           "server", lambda value: 0.0 < value <= 1.0, "in (0, 1]"),
+    AppKey("wait-for-nodes-timeout", _market_default("wait_for_nodes_timeout"),
+           "seconds to wait for the SuperNodes to connect", "server", _positive, "> 0"),
+    AppKey("min-market-clients", _market_default("min_clients"), "fewest clients PASS runs with", "server",
+           _at_least(3), ">= 3 (PASS with 2 reveals a client's counts)"),
+    AppKey("neighbours", _market_default("neighbours"), 'PASS masking graph: "auto", "all", or a degree "k"',
+           "server", _neighbours_ok, "'auto', 'all' or a degree k >= 2 (as a string)"),
+    AppKey("market-security", _market_default("security"), "the buyer's profile: semi-honest, or malicious (the "
+           "secure profile: complete graph, noise; each node sets market-security in its node config)", "server",
            _one_of(("semi_honest", "malicious")), "semi-honest or malicious"),
-    AppKey("audit-winners", True, "winners open their PASS counts commitment to the buyer before payment",
-           "server"),
+    AppKey("audit-winners", _market_default("audit_winners"),
+           "winners open their PASS counts commitment to the buyer before payment", "server"),
     AppKey("identity-directory", "", 'path of the directory of the nodes\' identity keys they pin (JSON; needed by '
            'market-security=malicious); "" for none',
            "server"),
@@ -166,7 +196,7 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
     AppKey("momentum", 0.5, "local SGD momentum", "server", lambda value: 0.0 <= value < 1.0, "in [0, 1)"),
     AppKey("round-timeout", 600.0, "seconds per FedAvg round", "server", _positive, "> 0"),
     AppKey("device", "auto", "auto | cpu | cuda | cuda:<i>", "both", _device_ok, "auto, cpu, cuda or cuda:<i>"),
-    AppKey("torch-threads", 1, "torch intra-op threads per ClientApp (0: torch default)", "client", _at_least(0),
+    AppKey("torch-threads", 1, "torch intra-op threads per ClientApp (0: torch default)", "both", _at_least(0),
            ">= 0"),
     # Results.
     AppKey("results-dir", "results/runs", "<results-dir>/<run-name>/; relative: under the ServerApp user's home",
@@ -184,14 +214,6 @@ DEFAULTS: Final[dict[str, Scalar]] = {key.name: key.default for key in APP_KEYS}
 def default(name: str) -> Scalar:
     """The default of run-config key ``name``."""
     return _BY_NAME[name].default
-
-
-def default_as(name: str, kind: type[ScalarType], overrides: Mapping[str, Scalar] | None = None) -> ScalarType:
-    """The default of key ``name`` (``overrides[name]`` if given there), which must be a ``kind`` (typed fields)."""
-    value = overrides[name] if overrides is not None and name in overrides else _BY_NAME[name].default
-    if type(value) is not kind:
-        raise TypeError(f"run-config key {name}: default {value!r} is not a {kind.__name__}")
-    return cast(ScalarType, value)
 
 
 def keys_read_by(*readers: Reader) -> tuple[str, ...]:
@@ -217,6 +239,79 @@ def typed(name: str, value: Any) -> Scalar:
 def read(run_config: Mapping[str, Any], name: str) -> Any:
     """Key ``name`` of ``run_config``, typed, or its default when absent."""
     return typed(name, run_config[name]) if name in run_config else default(name)
+
+
+def schema_class(
+    name: str,
+    keys: Iterable[str],
+    *,
+    extra: Sequence[tuple[str, type, Any]] = (),
+    overrides: Mapping[str, Scalar] | None = None,
+) -> Any:
+    """A frozen dataclass with a typed field per run-config key, its default the schema's: a boundary's settings.
+
+    Subclass it to add methods (``class ServerSettings(schema_class("ServerSettings", keys_read_by("server")))``);
+    its fields are never written out by hand, so a key is named in :data:`APP_KEYS` only. Every instance runs
+    its ``check()`` method when made (nothing, unless a subclass overrides it with its own rules).
+
+    Parameters
+    ----------
+    name : str
+        The class name (give the subclass's, for its ``repr``).
+    keys : iterable of str
+        Run-config keys, each a field named by :func:`field_name`, typed and defaulted by the schema.
+    extra : sequence of (name, type, default)
+        Fields of the boundary's own, not run-config keys, after the keys'.
+    overrides : Mapping[str, Scalar], optional
+        Other defaults for some keys (a profile), each checked as the key's type.
+
+    Returns
+    -------
+    type
+        The dataclass (``frozen=True``): hashable, comparable, ``asdict``-able.
+    """
+    key_fields = []
+    for key in keys:
+        value = typed(key, overrides[key]) if overrides is not None and key in overrides else default(key)
+        key_fields.append((field_name(key), type(default(key)), dataclasses.field(default=value)))
+    own = [(field, kind, dataclasses.field(default=value)) for field, kind, value in extra]
+    namespace = {"__post_init__": _run_check, "check": _check_nothing}
+    return dataclasses.make_dataclass(name, [*key_fields, *own], frozen=True, namespace=namespace)
+
+
+def _run_check(self: Any) -> None:
+    self.check()
+
+
+def _check_nothing(self: Any) -> None:
+    """Raise ``ValueError`` for settings that cannot work together (the keys' own checks are :func:`check_values`)."""
+    del self
+
+
+def settings_from(cls: type[SettingsType], run_config: Mapping[str, Any], **extra: Any) -> SettingsType:
+    """An instance of a :func:`schema_class` class read from ``run_config``: each key typed, absent ones at default.
+
+    Only typed (:func:`read`), not checked: check the whole run config once where it enters
+    (:func:`check_run_config`). ``extra`` sets the class's own fields.
+
+    Raises
+    ------
+    ValueError
+        A value of the wrong type, naming the key.
+    """
+    keys = {key.field: key.name for key in APP_KEYS}
+    values = {item.name: read(run_config, keys[item.name]) for item in dataclasses.fields(cls) if item.name in keys}  # type: ignore[arg-type]
+    return cls(**values, **extra)
+
+
+TRAIN_MESSAGE_KEYS: Final = ("local-epochs", "batch-size", "learning-rate", "momentum")
+"""The keys the ServerApp sends in each train message's ``config`` record (the ClientApp reads them from there)."""
+
+
+def train_message_config(settings: object) -> dict[str, Any]:
+    """The train message's ``config`` record: the :data:`TRAIN_MESSAGE_KEYS` fields of ``settings`` (a
+    :func:`schema_class` instance that has them)."""
+    return {name: getattr(settings, field_name(name)) for name in TRAIN_MESSAGE_KEYS}
 
 
 def check_values(values: Mapping[str, Any]) -> None:

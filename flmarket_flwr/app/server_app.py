@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 from logging import ERROR, INFO
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,15 @@ from flwr.serverapp.strategy import FedAvg, Result, Strategy
 from flwr.supercore import log
 
 from flmarket_flwr.app.results import CentralEvaluation, make_run_dir, save_results
-from flmarket_flwr.app.run_config import check_run_config, default_as, market_noise, neighbours_of, read
+from flmarket_flwr.app.run_config import (
+    check_run_config,
+    keys_read_by,
+    market_noise,
+    neighbours_of,
+    schema_class,
+    settings_from,
+    train_message_config,
+)
 from flmarket_flwr.app.task import (
     DataConfig,
     build_task_model,
@@ -36,66 +44,28 @@ from flmarket_flwr.app.task import (
     resolve_device,
 )
 from flmarket_flwr.market import FLMarket, MarketConfig, MarketError, MarketPhase, RosterHistory
-from flmarket_flwr.nodes import connected_nodes
 from flmarket_flwr.pass_protocol import IdentityDirectory, load_identity_key
 
-__all__ = ["ServerSettings", "StrategyFactory", "app", "build_server_app", "data_config_of", "fedavg", "main", "run"]
+__all__ = [
+    "ServerSettings",
+    "StrategyFactory",
+    "app",
+    "build_server_app",
+    "data_config_of",
+    "fedavg",
+    "main",
+    "market_config_of",
+    "run",
+]
 
-NODE_PROBE_S = 2.0
-"""Seconds to find out how many SuperNodes the federation has before failing fast on too few."""
+
+_ServerFields: Any = schema_class("ServerSettings", keys_read_by("data", "server", "both"))
 
 
-# pylint: disable=too-many-instance-attributes
-@dataclass(frozen=True)
-class ServerSettings:
-    """The ServerApp's keys of the run config, typed; each key's default, check and meaning is in
-    :data:`flmarket_flwr.app.run_config.APP_KEYS` (``-`` there for ``_`` here).
-
-    ``selector`` (``"flmarket"``); ``model``; the market's ``budget``, ``num_selected`` (0: the budget
-    decides; n > 0: at most n winners, within the budget), ``market_timeout``, ``wait_for_nodes_timeout``,
-    ``min_market_clients``, ``neighbours`` (PASS graph: ``"auto"``, ``"all"`` or a degree k), ``audit_winners``,
-    ``identity_directory`` (path of the directory of the nodes' identity keys they pin; "" for none),
-    ``buyer_key`` (path of the buyer's Ed25519 PEM key that signs the award; "" for a fresh one per market),
-    ``roster_history`` (path of the buyer's record of its markets' members, to plan rosters; "" for none),
-    ``settle_on_delivery`` (pay each winner pro rata to the rounds it delivered, not in full at selection);
-    ``pass_dp_epsilon``, ``pass_dp_delta``, ``pass_dp_honest_fraction`` (distributed DP on ``N_s``, 0: off);
-    FedAvg's ``num_server_rounds``, ``fraction_train``,
-    ``fraction_evaluate``, ``round_timeout`` and the clients' ``local_epochs``, ``batch_size``,
-    ``learning_rate``, ``momentum``; ``seed`` (initial model, sampling); ``device`` of the server-side
-    evaluation; ``results_dir`` and ``run_name`` (empty: ``<time>_run-<id>``).
-    """
-
-    selector: str = default_as("selector", str)
-    model: str = default_as("model", str)
-    budget: float = default_as("budget", float)
-    num_selected: int = default_as("num-selected", int)
-    num_server_rounds: int = default_as("num-server-rounds", int)
-    local_epochs: int = default_as("local-epochs", int)
-    batch_size: int = default_as("batch-size", int)
-    learning_rate: float = default_as("learning-rate", float)
-    momentum: float = default_as("momentum", float)
-    fraction_train: float = default_as("fraction-train", float)
-    fraction_evaluate: float = default_as("fraction-evaluate", float)
-    seed: int = default_as("seed", int)
-    device: str = default_as("device", str)
-    results_dir: str = default_as("results-dir", str)
-    run_name: str = default_as("run-name", str)
-    market_timeout: float = default_as("market-timeout", float)
-    market_timeout_per_node: float = default_as("market-timeout-per-node", float)
-    market_min_participation: float = default_as("market-min-participation", float)
-    wait_for_nodes_timeout: float = default_as("wait-for-nodes-timeout", float)
-    min_market_clients: int = default_as("min-market-clients", int)
-    neighbours: str = default_as("neighbours", str)
-    audit_winners: bool = default_as("audit-winners", bool)
-    market_security: str = default_as("market-security", str)
-    identity_directory: str = default_as("identity-directory", str)
-    buyer_key: str = default_as("buyer-key", str)
-    roster_history: str = default_as("roster-history", str)
-    settle_on_delivery: bool = default_as("settle-on-delivery", bool)
-    pass_dp_epsilon: float = default_as("pass-dp-epsilon", float)
-    pass_dp_delta: float = default_as("pass-dp-delta", float)
-    pass_dp_honest_fraction: float = default_as("pass-dp-honest-fraction", float)
-    round_timeout: float = default_as("round-timeout", float)
+class ServerSettings(_ServerFields):
+    """The run config as the ServerApp reads it, typed: a field per key of
+    :data:`~flmarket_flwr.app.run_config.APP_KEYS` read by the data config, the server or both apps (``-`` there for
+    ``_`` here), with the schema's defaults."""
 
     @classmethod
     def from_run_config(
@@ -108,8 +78,7 @@ class ServerSettings:
         ValueError
             Naming the key, the bad value and what to do, for the first problem found.
         """
-        values = check_run_config(run_config)
-        settings = cls(**{field.name: values[field.name.replace("_", "-")] for field in fields(cls)})
+        settings = settings_from(cls, check_run_config(run_config))
         settings.validate(selectors)
         return settings
 
@@ -179,21 +148,21 @@ def _run(grid: Grid, context: Context, strategies: dict[str, StrategyFactory]) -
     started = time.perf_counter()
     settings = ServerSettings.from_run_config(context.run_config, ("flmarket", *strategies))
     data_config = data_config_of(context.run_config)
-    configure_torch_threads(read(context.run_config, "torch-threads"))
+    configure_torch_threads(settings.torch_threads)
     torch.manual_seed(settings.seed)
     model = build_task_model(settings.model, data_config)
     evaluation = CentralEvaluation(
         build_task_model(settings.model, data_config), load_test_set(data_config), resolve_device(settings.device)
     )
     run_dir = make_run_dir(settings.results_dir, settings.run_name, context.run_id)
-    num_nodes = _count_nodes(grid, settings)
-    if settings.selector == "flmarket":
-        market = _market_config(settings, data_config, num_nodes, context.run_id)
+    market = market_config_of(settings, data_config, context.run_id)
+    if settings.selector == "flmarket":  # its market phase waits for the nodes
         strategy: Strategy = FLMarket(
             fedavg(settings), market_config=market, seed=settings.seed, settle_on_delivery=settings.settle_on_delivery
         )
-    else:
-        strategy = strategies[settings.selector](settings, data_config, num_nodes)
+    else:  # a baseline: the one wait, by the market's rule (enough nodes for the run, then settled)
+        nodes = MarketPhase(market).wait_for_nodes(grid)
+        strategy = strategies[settings.selector](settings, data_config, len(nodes))
     try:
         result = _start(strategy, grid, settings, model, evaluation)
     except MarketError:
@@ -220,41 +189,13 @@ def _start(
         initial_arrays=ArrayRecord(model.state_dict()),
         num_rounds=settings.num_server_rounds,
         timeout=settings.round_timeout,
-        train_config=ConfigRecord(
-            {
-                "local-epochs": settings.local_epochs,
-                "batch-size": settings.batch_size,
-                "learning-rate": settings.learning_rate,
-                "momentum": settings.momentum,
-            }
-        ),
+        train_config=ConfigRecord(train_message_config(settings)),
         evaluate_config=ConfigRecord(),
         evaluate_fn=evaluation,
     )
 
 
-def _count_nodes(grid: Grid, settings: ServerSettings) -> int:
-    """How many SuperNodes are connected, once their number settles; 0 if none yet (a deployment starting).
-
-    Fails fast, with the fix, when some nodes are connected but fewer than PASS needs (Flower's default
-    simulation federation has 2).
-    """
-    probe = MarketConfig(
-        budget=1.0,
-        num_classes=1,
-        min_clients=settings.min_market_clients,
-        wait_for_nodes_timeout=min(NODE_PROBE_S, settings.wait_for_nodes_timeout),
-        poll_interval=0.5,
-    )
-    try:
-        return len(MarketPhase(probe).wait_for_nodes(grid))
-    except MarketError:
-        if not connected_nodes(grid):
-            return 0
-        raise
-
-
-def _market_config(settings: ServerSettings, data_config: DataConfig, num_nodes: int, run_id: int) -> MarketConfig:
+def market_config_of(settings: ServerSettings, data_config: DataConfig, run_id: int) -> MarketConfig:
     """The market phase's settings for this run."""
     return MarketConfig(
         budget=settings.budget,
@@ -273,7 +214,6 @@ def _market_config(settings: ServerSettings, data_config: DataConfig, num_nodes:
         timeout_per_node=settings.market_timeout_per_node,
         min_participation=settings.market_min_participation,
         wait_for_nodes_timeout=settings.wait_for_nodes_timeout,
-        expected_nodes=num_nodes if num_nodes >= settings.min_market_clients else None,
         session_label=f"flmarket-run-{run_id}",
         noise=market_noise(settings.pass_dp_epsilon, settings.pass_dp_delta, settings.pass_dp_honest_fraction),
     )

@@ -9,8 +9,8 @@ in-memory tensors. The data sets, the order of the splits and why ``torch`` is i
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +27,7 @@ from flmarket_flwr.app.data.registry import (
     canonical_dataset_name,
     load_dataset,
 )
-from flmarket_flwr.app.run_config import check_values, default_as, keys_read_by, read
+from flmarket_flwr.app.run_config import check_values, field_name, keys_read_by, schema_class, settings_from
 
 if TYPE_CHECKING:
     import torch
@@ -74,36 +74,19 @@ _DIGITS_INPUT_SHAPE = (1, 8, 8)
 
 _DATA_KEYS = keys_read_by("data")
 """The run-config keys of :class:`DataConfig` (all but ``num_clients``, which is the federation's)."""
+DEFAULT_NUM_CLIENTS = 20
+"""Partitions of the training pool when neither the node config (``num-partitions``) nor the caller says."""
 
 
-@dataclass(frozen=True)
-class DataConfig:  # pylint: disable=too-many-instance-attributes
+_DataConfigFields: Any = schema_class("DataConfig", _DATA_KEYS, extra=[("num_clients", int, DEFAULT_NUM_CLIENTS)])
+
+
+class DataConfig(_DataConfigFields):
     """How the data set is split between the server's test set and the clients.
 
-    Attributes
-    ----------
-    dataset : str
-        Data set name: ``"digits"`` (bundled), ``"fashion_mnist"``, ``"cifar10"``, ``"cinic10"`` or ``"deap"``.
-    num_clients : int
-        Number of partitions ``E`` of the training pool.
-    distribution : str
-        Global label distribution, ``"d1"`` (balanced) ... ``"d7"``.
-    alpha : float
-        Dirichlet concentration of the per-class split over the clients.
-    seed : int
-        Seed of the splits and of the partition.
-    test_per_class : int
-        Digits only: samples per class held out for the server's balanced test set
-        (the other data sets have an official or subject-wise test split).
-    data_root : str
-        Local folder of the data set (``""`` for digits, which is bundled, and for Fashion-MNIST from
-        Debian's package folder).
-    val_per_class : int
-        Samples per class taken from the training set for the server's validation
-        split (``0``: none). S-FedAvg needs one.
-    schedule : str
-        Pruning schedule of the global distributions: ``"geometric"`` (default) or ``"linear"``
-        (the paper's Table 2; see :mod:`flmarket_flwr.app.data.partition`).
+    A field per ``data`` key of :data:`~flmarket_flwr.app.run_config.APP_KEYS` (``-`` there for ``_`` here; their
+    defaults, checks and meanings are there), then ``num_clients``: the number of partitions ``E`` of the
+    training pool (the federation's, node config ``num-partitions``).
 
     Notes
     -----
@@ -127,16 +110,6 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
     every message runs in a fresh ClientApp process, and the market messages only need the label counts.
     """
 
-    dataset: str = default_as("dataset", str)
-    num_clients: int = 20
-    distribution: str = default_as("distribution", str)
-    alpha: float = default_as("alpha", float)
-    seed: int = default_as("seed", int)
-    test_per_class: int = default_as("test-per-class", int)
-    data_root: str = default_as("data-root", str)
-    val_per_class: int = default_as("val-per-class", int)
-    schedule: str = default_as("schedule", str)
-
     @classmethod
     def from_run_config(
         cls,
@@ -148,9 +121,7 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
         Parameters
         ----------
         run_config : Mapping[str, Any]
-            The run config (``context.run_config``); keys ``dataset``, ``data-root``,
-            ``num-clients``, ``distribution``, ``alpha``, ``seed``,
-            ``test-per-class``, ``val-per-class`` and ``schedule`` are read when present.
+            The run config (``context.run_config``): its data keys, and ``num-clients`` when present.
         node_config : Mapping[str, Any], optional
             The node config (``context.node_config``) of a ClientApp. When it
             carries ``num-partitions`` (always the case in simulation, and in a
@@ -163,11 +134,11 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
         DataConfig
             The resolved, validated data config.
         """
-        num_clients = int(run_config.get("num-clients", cls.num_clients))
+        num_clients = int(run_config.get("num-clients", DEFAULT_NUM_CLIENTS))
         if node_config is not None and "num-partitions" in node_config:
             num_clients = int(node_config["num-partitions"])
-        data_keys = {name.replace("-", "_"): read(run_config, name) for name in _DATA_KEYS}
-        config = cls(**{**data_keys, "num_clients": num_clients, "distribution": data_keys["distribution"].lower()})
+        config: DataConfig = settings_from(cls, run_config, num_clients=num_clients)
+        config = dataclasses.replace(config, distribution=config.distribution.lower())
         config.validate()
         return config
 
@@ -186,7 +157,7 @@ class DataConfig:  # pylint: disable=too-many-instance-attributes
             )
         if self.num_clients < 1:
             raise ValueError(f"num-clients must be >= 1, got {self.num_clients}")
-        check_values({name: getattr(self, name.replace("-", "_")) for name in _DATA_KEYS})
+        check_values({name: getattr(self, field_name(name)) for name in _DATA_KEYS})
 
     @property
     def dataset_name(self) -> str:

@@ -51,7 +51,7 @@ class MarketConfig:
     timeout_per_node : float (default: 1.0)
         Seconds added to a round's deadline per node it addresses (:meth:`step_timeout`): a large federation
         on busy machines needs longer to answer, and a fixed deadline timed most of it out.
-    wait_for_nodes_timeout : float (default: 60.0)
+    wait_for_nodes_timeout : float (default: 120.0)
         Longest wait for nodes to connect before the market starts.
     stall_timeout : float (default: 5.0)
         The wait ends early, with an error that names the fix, when some nodes but fewer than
@@ -118,7 +118,7 @@ class MarketConfig:
     min_participation: float = 0.5
     timeout: float = 60.0
     timeout_per_node: float = 1.0
-    wait_for_nodes_timeout: float = 60.0
+    wait_for_nodes_timeout: float = 120.0
     stall_timeout: float = 5.0
     expected_nodes: int | None = None
     session_label: str = "flmarket"
@@ -181,12 +181,12 @@ class MarketConfig:
         if self.roster_history is not None and not isinstance(self.roster_history, RosterHistory):
             raise TypeError(f"roster_history must be a RosterHistory, got {type(self.roster_history).__name__}")
         check_int("pass_reruns", self.pass_reruns, minimum=0)
+        if self.buyer_key is not None and not isinstance(self.buyer_key, Ed25519PrivateKey):
+            raise TypeError(f"buyer_key must be an Ed25519PrivateKey or None, got {type(self.buyer_key).__name__}")
 
     def step_timeout(self, num_nodes: int) -> float:
         """Seconds a message round to ``num_nodes`` nodes may take: ``timeout + timeout_per_node * num_nodes``."""
         return self.timeout + self.timeout_per_node * num_nodes
-        if self.buyer_key is not None and not isinstance(self.buyer_key, Ed25519PrivateKey):
-            raise TypeError(f"buyer_key must be an Ed25519PrivateKey or None, got {type(self.buyer_key).__name__}")
 
     @property
     def noise_tolerance(self) -> int:

@@ -11,6 +11,7 @@ A strategy that wraps a strategy and composes with Flower's wrappers in either o
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Iterator
@@ -61,19 +62,10 @@ class FLMarket(Strategy):
         Budget ``R > 0`` of the reverse auction. Required unless ``market_config`` is given.
     num_classes : int, optional
         Number of classes ``C``. Required unless ``market_config`` is given.
-    num_winners : int, optional
-        Cohort cap: at most ``num_winners`` winners, within the budget (fewer when it binds).
-        ``None`` (default): the budget alone decides.
     market_config : MarketConfig, optional
-        Every market setting at once; then ``budget``, ``num_classes``, ``num_winners``,
-        ``min_clients``, ``market_timeout``, ``wait_for_nodes_timeout``, ``security`` and ``directory`` must be left
-        unset.
-    min_clients : int (default: 3)
-        Fewest clients the market accepts (PASS with fewer would reveal a client's counts).
-    market_timeout : float (default: 60.0)
-        Seconds to wait for the replies of one market message round.
-    wait_for_nodes_timeout : float (default: 60.0)
-        Longest wait for nodes to connect before the market starts.
+        Every market setting (cohort cap, timeouts, PASS graph, ...); then ``budget``, ``num_classes``,
+        ``security`` and ``directory`` must be left unset. Those four are a drop-in's shorthand for
+        ``MarketConfig(budget=..., num_classes=..., security=..., directory=...)``, the rest at its defaults.
     seed : int or None (default: 0)
         Seeds the wrapped strategy's node sampling among the winners (see ``WinnersGrid``).
     absent_timeout : float or None (default: 600.0)
@@ -112,11 +104,7 @@ class FLMarket(Strategy):
         *,
         budget: float | None = None,
         num_classes: int | None = None,
-        num_winners: int | None = None,
         market_config: MarketConfig | None = None,
-        min_clients: int | None = None,
-        market_timeout: float | None = None,
-        wait_for_nodes_timeout: float | None = None,
         seed: int | None = 0,
         absent_timeout: float | None = 600.0,
         settle_on_delivery: bool = False,
@@ -126,26 +114,18 @@ class FLMarket(Strategy):
         super().__init__()
         if not isinstance(strategy, Strategy):
             raise TypeError(f"strategy must be a flwr Strategy, got {type(strategy).__name__}")
-        knobs = {
-            "budget": budget,
-            "num_classes": num_classes,
-            "num_winners": num_winners,
-            "min_clients": min_clients,
-            "timeout": market_timeout,
-            "wait_for_nodes_timeout": wait_for_nodes_timeout,
-            "security": security,
-            "directory": IdentityDirectory.from_json(Path(directory))
-            if isinstance(directory, (str, Path))
-            else directory,
-        }
-        if market_config is not None:
-            given = sorted(name for name, value in knobs.items() if value is not None)
-            if given:
-                raise ValueError(f"give either market_config or {given}, not both")
-        else:
+        shorthand = {"budget": budget, "num_classes": num_classes, "security": security, "directory": directory}
+        given = sorted(name for name, value in shorthand.items() if value is not None)
+        if market_config is not None and given:
+            raise ValueError(f"give either market_config or {given}, not both")
+        if market_config is None:
             if budget is None or num_classes is None:
                 raise ValueError("FLMarket needs budget and num_classes (or a market_config)")
-            market_config = MarketConfig(**{name: value for name, value in knobs.items() if value is not None})  # type: ignore[arg-type]
+            if isinstance(directory, (str, Path)):
+                directory = IdentityDirectory.from_json(Path(directory))
+            market_config = MarketConfig(budget, num_classes, directory=directory)
+            if security is not None:
+                market_config = dataclasses.replace(market_config, security=security)
         self.strategy = strategy
         self.market_config = market_config
         self.seed = seed
