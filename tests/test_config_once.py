@@ -37,7 +37,7 @@ from simulations.engine import ENGINE_APP_KEYS, EngineConfig
 
 PROJECT = Path(__file__).resolve().parents[1]
 PACKAGE = PROJECT / "flmarket_flwr"
-SCHEMA_MODULE = PACKAGE / "run_config.py"
+SCHEMA_MODULE = PACKAGE / "app" / "run_config.py"
 NODE_SCHEMA_MODULE = PACKAGE / "market" / "node_config.py"
 PLUGIN_SOURCES = {"MarketConfig", "SimulatedCostBid"}
 """The plugin's classes whose field defaults the schema reads (a key's one default lives there)."""
