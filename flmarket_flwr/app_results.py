@@ -114,7 +114,7 @@ def selection_of(strategy: Strategy) -> tuple[dict[str, Any], dict[str, Any]]:
     assert outcome is not None
     selection = {
         "selector": "flmarket",
-        "selected": list(outcome.winners),
+        "selected": outcome.cohort,
         "candidates": list(outcome.participants),
         "label_counts": None,  # the server never sees them: PASS gives their sum only
         "excluded": {str(node): reason for node, reason in outcome.excluded.items()},

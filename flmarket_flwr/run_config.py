@@ -20,6 +20,7 @@ from flmarket_flwr.market.config_keys import Scalar, check_value, typed_value
 from flmarket_flwr.market.config_keys import at_least as _at_least
 from flmarket_flwr.market.config_keys import one_of as _one_of
 from flmarket_flwr.market.config_keys import positive as _positive
+from flmarket_flwr.market.membership import parse_node_ids
 from flmarket_flwr.pass_protocol.noise import SkellamNoise
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "keys_read_by",
     "market_noise",
     "markdown_table",
+    "membership_of",
     "neighbours_of",
     "pyproject_table",
     "read",
@@ -88,6 +90,14 @@ def _dataset_ok(value: str) -> bool:
 
 def _neighbours_ok(value: str) -> bool:
     return value in ("auto", "all") or (value.isdigit() and int(value) >= 2)
+
+
+def _node_ids_ok(value: str) -> bool:
+    try:
+        parse_node_ids("", value)
+    except ValueError:
+        return False
+    return True
 
 
 def _device_ok(value: str) -> bool:
@@ -146,6 +156,13 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
            'half (node config market-buyer-key); "" for a fresh key per market (logged)', "server"),
     AppKey("roster-history", "", "path of the buyer's record of its markets' members (JSON): each market leaves out "
            'the few clients the nodes\' release ledgers would refuse it for; "" for none', "server"),
+    AppKey("market-include", "", "node ids that must train, outside the auction, each paid market-include-payment "
+           'charged against the budget before the auction runs ("12, 345"); "" for none', "server", _node_ids_ok,
+           "comma-separated node ids, like '12, 345'"),
+    AppKey("market-include-payment", 0.0, "fixed payment of each market-include node", "server",
+           lambda value: 0.0 <= value < math.inf, ">= 0 and finite"),
+    AppKey("market-exclude", "", 'node ids the market never invites ("12, 345"); "" for none', "server",
+           _node_ids_ok, "comma-separated node ids, like '12, 345'"),
     AppKey("settle-on-delivery", False, "true: each winner is paid pro rata to the rounds it delivered", "server"),
     AppKey("pass-dp-epsilon", 0.0, "distributed DP on N_s: record-level epsilon per market, 0 = off (exact N_s)",
            "both", lambda value: 0.0 <= value < math.inf, ">= 0 and finite (0: off)"),
@@ -202,6 +219,13 @@ def keys_read_by(*readers: Reader) -> tuple[str, ...]:
 def market_noise(epsilon: float, delta: float, honest_fraction: float) -> SkellamNoise | None:
     """The market's noise setting from keys ``pass-dp-epsilon``, ``-delta`` and ``-honest-fraction`` (None: off)."""
     return SkellamNoise(epsilon, delta, honest_fraction) if epsilon > 0 else None
+
+
+def membership_of(include: str, include_payment: float, exclude: str) -> tuple[dict[int, float], tuple[int, ...]]:
+    """The market's include and exclude lists from keys ``market-include``, ``-include-payment``, ``-exclude``:
+    ``({included node: its fixed payment}, excluded nodes)``; a ``ValueError`` names the key of a bad list."""
+    included = parse_node_ids("market-include", include)
+    return dict.fromkeys(included, float(include_payment)), parse_node_ids("market-exclude", exclude)
 
 
 def neighbours_of(value: str) -> int | str:

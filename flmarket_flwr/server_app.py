@@ -29,7 +29,14 @@ from flmarket_flwr.app_results import CentralEvaluation, make_run_dir, save_resu
 from flmarket_flwr.market import FLMarket, MarketConfig, MarketError, MarketPhase, RosterHistory
 from flmarket_flwr.nodes import connected_nodes
 from flmarket_flwr.pass_protocol import IdentityDirectory, load_identity_key
-from flmarket_flwr.run_config import check_run_config, default_as, market_noise, neighbours_of, read
+from flmarket_flwr.run_config import (
+    check_run_config,
+    default_as,
+    market_noise,
+    membership_of,
+    neighbours_of,
+    read,
+)
 from flmarket_flwr.task import (
     DataConfig,
     build_task_model,
@@ -57,6 +64,8 @@ class ServerSettings:
     ``identity_directory`` (path of the directory of the nodes' identity keys they pin; "" for none),
     ``buyer_key`` (path of the buyer's Ed25519 PEM key that signs the award; "" for a fresh one per market),
     ``roster_history`` (path of the buyer's record of its markets' members, to plan rosters; "" for none),
+    ``market_include``, ``market_include_payment`` and ``market_exclude`` (nodes that train outside the auction for
+    a fixed payment, and nodes never invited);
     ``settle_on_delivery`` (pay each winner pro rata to the rounds it delivered, not in full at selection);
     ``pass_dp_epsilon``, ``pass_dp_delta``, ``pass_dp_honest_fraction`` (distributed DP on ``N_s``, 0: off);
     FedAvg's ``num_server_rounds``, ``fraction_train``,
@@ -91,6 +100,9 @@ class ServerSettings:
     identity_directory: str = default_as("identity-directory", str)
     buyer_key: str = default_as("buyer-key", str)
     roster_history: str = default_as("roster-history", str)
+    market_include: str = default_as("market-include", str)
+    market_include_payment: float = default_as("market-include-payment", float)
+    market_exclude: str = default_as("market-exclude", str)
     settle_on_delivery: bool = default_as("settle-on-delivery", bool)
     pass_dp_epsilon: float = default_as("pass-dp-epsilon", float)
     pass_dp_delta: float = default_as("pass-dp-delta", float)
@@ -256,7 +268,10 @@ def _count_nodes(grid: Grid, settings: ServerSettings) -> int:
 
 def _market_config(settings: ServerSettings, data_config: DataConfig, num_nodes: int, run_id: int) -> MarketConfig:
     """The market phase's settings for this run."""
+    include, exclude = membership_of(settings.market_include, settings.market_include_payment, settings.market_exclude)
     return MarketConfig(
+        include=include,
+        exclude=exclude,
         budget=settings.budget,
         num_classes=num_classes(data_config),
         num_winners=settings.num_selected or None,

@@ -28,6 +28,7 @@ from flmarket_flwr.market.client import LABEL_COUNTS_FAILED
 from flmarket_flwr.market.config import MarketConfig, MarketOutcome, PassSession
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.ledger import LedgerError
+from flmarket_flwr.market.membership import auction_budget, plan_membership
 from flmarket_flwr.market.messages import (
     ACTION_AUDIT,
     ACTION_AWARD,
@@ -115,6 +116,7 @@ class MarketPhase:
         self._contacted: set[int] = set()
         self._invited: list[int] = []
         self._session = b""
+        self._included: dict[int, float] = {}
         self.pass_sessions: list[PassSession] = []
         """The PASS sessions of the last :meth:`run`, in order."""
         self._buyer_key = config.buyer_key if config.buyer_key is not None else Ed25519PrivateKey.generate()
@@ -145,6 +147,7 @@ class MarketPhase:
         self._contacted = set()
         self._invited = []
         self._session = b""
+        self._included = {}
         self.pass_sessions = []
         self._buyer_key = self.config.buyer_key if self.config.buyer_key is not None else Ed25519PrivateKey.generate()
         if self.config.buyer_key is None:
@@ -156,7 +159,8 @@ class MarketPhase:
         timings: dict[str, float] = {}
         started = time.perf_counter()
         try:
-            nodes = self.planned_roster(self._timed(timings, "wait_for_nodes", lambda: self.wait_for_nodes(grid)))
+            connected = self._timed(timings, "wait_for_nodes", lambda: self.wait_for_nodes(grid))
+            nodes = self.planned_roster(self.admitted(connected))
             self._invited = list(nodes)
             pass_result = self._timed(timings, "pass", lambda: self.run_pass(grid, nodes))
             self._record_release(pass_result.participants)
@@ -179,8 +183,8 @@ class MarketPhase:
             participants=bidders,
             scores={node: bids[node][0] for node in bidders},
             bids={node: bids[node][1] for node in bidders},
-            payments=award.payments,
-            total_payment=math.fsum(award.payments.values()),  # exact: independent of the node-id order
+            payments={**award.payments, **self._included},
+            total_payment=math.fsum([*award.payments.values(), *self._included.values()]),  # exact, in any order
             budget=float(self.config.budget),
             global_counts=[int(c) for c in pass_result.global_counts],
             excluded=dict(self._excluded),
@@ -192,12 +196,15 @@ class MarketPhase:
             invited=sorted(self._invited),
             pass_sessions=list(self.pass_sessions),
             award_digest=result.signed.digest,
+            included=dict(self._included),
         )
         log(
             INFO,
-            "Market: %d winners of %d bidders (%d invited, %d excluded%s), total payment %.4g (budget %.4g)",
+            "Market: %d winners of %d bidders, %d included (%d invited, %d excluded%s), total payment %.4g "
+            "(budget %.4g)",
             len(award.winners),
             len(bidders),
+            len(self._included),
             len(self._invited),
             len(self._excluded),
             f": {outcome.exclusion_summary()}" if self._excluded else "",
@@ -208,9 +215,11 @@ class MarketPhase:
 
     @property
     def terms(self) -> AwardTerms:
-        """The market's terms, announced with the PASS advertisement: budget, cohort cap (0: none), buyer key."""
+        """The market's terms, announced with the PASS advertisement: the auction's budget (``R`` less the included
+        nodes' payments), cohort cap (0: none), buyer key."""
         public = self._buyer_key.public_key().public_bytes_raw()
-        return AwardTerms(float(self.config.budget), self.config.num_winners or 0, public)
+        budget = auction_budget(self.config.budget, self._included.values())
+        return AwardTerms(budget, self.config.num_winners or 0, public)
 
     # --- Step 0: nodes -------------------------------------------------------------------------
     def wait_for_nodes(self, grid: Grid) -> list[int]:
@@ -252,6 +261,44 @@ class MarketPhase:
                 cfg.wait_for_nodes_timeout,
             )
         return nodes
+
+    def admitted(self, nodes: Sequence[int]) -> list[int]:
+        """``nodes`` less the buyer's included and excluded nodes (:attr:`MarketConfig.include` / ``exclude``).
+
+        The included nodes and their fixed payments are kept for the award (the auction's budget is what they
+        leave); neither kind is sent any market message. Without either list, ``nodes`` unchanged.
+
+        Raises
+        ------
+        MarketError
+            An included or excluded node not connected, or fewer than ``min_clients`` (or than ``num_winners``)
+            nodes left for the auction; each names the run-config key.
+        """
+        cfg = self.config
+        if not cfg.include and not cfg.exclude:
+            return list(nodes)
+        try:
+            plan = plan_membership(nodes, cfg.include, cfg.exclude, cfg.budget)
+        except ValueError as err:
+            raise MarketError(str(err)) from err
+        self._included = plan.included
+        for node in plan.excluded:
+            log(INFO, "Market: node %d is never invited (MarketConfig.exclude, run config market-exclude)", node)
+        if plan.included:
+            log(
+                INFO,
+                "Market: %d node(s) included outside the auction, paid %.4g in all; the auction's budget is %.4g",
+                len(plan.included),
+                math.fsum(plan.included.values()),
+                self.terms.budget,
+            )
+        self.require_enough(plan.invited, "the nodes left for the auction after market-include and market-exclude")
+        if cfg.num_winners is not None and cfg.num_winners > len(plan.invited):
+            raise MarketError(
+                f"num_winners (run config: num-selected) is {cfg.num_winners} but only {len(plan.invited)} nodes are "
+                "left for the auction after market-include and market-exclude"
+            )
+        return plan.invited
 
     def planned_roster(self, nodes: Sequence[int]) -> list[int]:
         """``nodes`` less those that would let this sum be differenced to a small group (``roster_history``).
@@ -447,7 +494,9 @@ class MarketPhase:
                 len(bids),
             )
         try:
-            return build_award(int(grid.run.run_id), pass_result.session, pass_result.transcript, self.terms, bids)
+            return build_award(
+                int(grid.run.run_id), pass_result.session, pass_result.transcript, self.terms, bids, self._included
+            )
         except ValueError as err:  # every score and bid was validated on arrival; kept as a clear error all the same
             raise MarketError(f"the auction rejected its input: {err}") from err
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from logging import ERROR, INFO
 from pathlib import Path
@@ -43,7 +43,8 @@ class FLMarket(Strategy):
     The market phase runs PASS (the server learns the sum of the clients' label counts, never one
     client's), collects each client's score and bid, runs the truthful budget-feasible reverse
     auction and sends the awards; the outcome is kept in :attr:`market_outcome`. Then the wrapped
-    strategy sees only a :class:`~flmarket_flwr.market.WinnersGrid`: no other node ever receives a
+    strategy sees only a :class:`~flmarket_flwr.market.WinnersGrid` of the winners and the nodes the buyer
+    included (:attr:`MarketConfig.include`, :attr:`MarketOutcome.cohort`): no other node ever receives a
     train or evaluate message.
 
     The market runs in :meth:`start` when ``FLMarket`` is the outermost strategy, and in the first
@@ -66,8 +67,8 @@ class FLMarket(Strategy):
         ``None`` (default): the budget alone decides.
     market_config : MarketConfig, optional
         Every market setting at once; then ``budget``, ``num_classes``, ``num_winners``,
-        ``min_clients``, ``market_timeout``, ``wait_for_nodes_timeout``, ``security`` and ``directory`` must be left
-        unset.
+        ``min_clients``, ``market_timeout``, ``wait_for_nodes_timeout``, ``security``, ``directory``, ``include``
+        and ``exclude`` must be left unset.
     min_clients : int (default: 3)
         Fewest clients the market accepts (PASS with fewer would reveal a client's counts).
     market_timeout : float (default: 60.0)
@@ -91,6 +92,11 @@ class FLMarket(Strategy):
         The directory of the nodes' identity keys (or the path of its JSON file), the same one the nodes pin:
         with it the buyer checks the nodes' signatures and names those that break the protocol. Required by
         ``security="malicious"``.
+    include : Mapping[int, float], optional
+        Nodes that must train, node id -> fixed payment, outside the auction; the payments are charged against
+        ``budget`` before it runs (:attr:`MarketConfig.include`).
+    exclude : Iterable[int], optional
+        Node ids never invited (:attr:`MarketConfig.exclude`).
 
     Notes
     -----
@@ -122,6 +128,8 @@ class FLMarket(Strategy):
         settle_on_delivery: bool = False,
         security: str | None = None,
         directory: IdentityDirectory | str | Path | None = None,
+        include: Mapping[int, float] | None = None,
+        exclude: Iterable[int] | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(strategy, Strategy):
@@ -137,6 +145,8 @@ class FLMarket(Strategy):
             "directory": IdentityDirectory.from_json(Path(directory))
             if isinstance(directory, (str, Path))
             else directory,
+            "include": None if include is None else dict(include),
+            "exclude": None if exclude is None else tuple(exclude),
         }
         if market_config is not None:
             given = sorted(name for name, value in knobs.items() if value is not None)
@@ -221,7 +231,7 @@ class FLMarket(Strategy):
             outcome = MarketPhase(self.market_config).run(grid)
             self.market_outcome = outcome
             log_market_outcome(outcome)
-            if not outcome.winners:
+            if not outcome.cohort:
                 raise MarketError(
                     f"no client won the auction ({len(outcome.participants)} bidders, budget "
                     f"{outcome.budget:.4g}): nothing to train. Raise the budget, or look at the bids in the market log"
@@ -231,9 +241,9 @@ class FLMarket(Strategy):
                 self.market_outcome = err.outcome
             log(ERROR, "FLMarket: the market phase failed: %s", err)
             raise
-        self.delivery = DeliveryLedger(outcome.winners)
+        self.delivery = DeliveryLedger(outcome.cohort)
         self._winners_grid = WinnersGrid(
-            grid, outcome.winners, seed=self.seed, absent_timeout=self.absent_timeout, on_exchange=self.delivery.record
+            grid, outcome.cohort, seed=self.seed, absent_timeout=self.absent_timeout, on_exchange=self.delivery.record
         )
         return self._winners_grid
 
@@ -391,6 +401,8 @@ def log_market_outcome(outcome: MarketOutcome) -> None:
         len(outcome.winners),
         len(outcome.excluded),
     )
+    for node_id, payment in outcome.included.items():
+        log(INFO, "\t│\t├── node %s: included, fixed payment %.2f", node_id, float(payment))
     for node_id in outcome.winners:
         log(
             INFO,
