@@ -122,6 +122,8 @@ _ENDORSED_WON = "endorsed-award-won"
 _ENDORSED_PAYMENT = "endorsed-award-payment"
 """The latest award this client endorsed, the buyer's signature on it (what an audit must show), and what it
 gives this client (read back when the final award is named by its digest, without decoding it again)."""
+_EARLIER_AWARDS = "market-earlier-awards"
+"""The receipts of this run's earlier markets (award, signature, award, signature, ...), kept across re-launches."""
 _CLOSED_PASS_STAGE = 99
 """A PASS stage no protocol step accepts: the session is over for this client."""
 
@@ -413,7 +415,7 @@ class _MarketHandlers:
         """
         state = _state_record(context)
         try:
-            _leave_unreleased_session(state, _request(message))
+            _leave_unreleased_session(state, _request(message), self._release_ledger(context))
         except _RequestError as err:
             _close_pass_state(state)
             return _refusal(message, ACTION_ADVERTISE, err)
@@ -807,7 +809,7 @@ def _store_pass_state(state: ConfigRecord, record: Mapping[str, Any]) -> None:
     set_values(state, {_PASS_PREFIX + key: value for key, value in record.items()})
 
 
-def _leave_unreleased_session(state: ConfigRecord, request: ConfigRecord) -> None:
+def _leave_unreleased_session(state: ConfigRecord, request: ConfigRecord, ledger: ReleaseLedger | None) -> None:
     """Wipe the earlier PASS session of this run to join the new one ``request`` names, if that is safe.
 
     The server runs a fresh session when one failed before releasing anything. Two sums of one run
@@ -817,18 +819,28 @@ def _leave_unreleased_session(state: ConfigRecord, request: ConfigRecord) -> Non
     removed. A session once left is never joined again. The first session, or the same one again (which the
     protocol refuses as a second advertisement), passes through untouched.
 
+    A market re-launched in the same run (the earlier market closed: its award, or its abort, received) is
+    joined only by a node whose release ledger has a privacy budget: each release then carries the node's noise,
+    is composed into its ``epsilon`` and refused past the budget, and is checked against the earlier releases'
+    members (:meth:`_MarketHandlers.mask`). The earlier market's receipt is kept (:data:`_EARLIER_AWARDS`).
+
     Raises
     ------
     _RequestError
-        This client was asked to unmask or bid in this run, or the session is one it left before.
+        This client was asked to unmask or bid in this run and may not join a re-launch, or the session is one
+        it left before.
     """
     earlier = _pass_state(state)
     session = request.get(KEY_SESSION)
     if not isinstance(earlier.get(_SESSION), bytes) or session == earlier[_SESSION]:
         return
     if earlier.get("unmask_requested") or state.get(_STAGE) is not None:
+        if state.get(_STAGE) == _STAGE_CLOSED and ledger is not None and ledger.budget is not None:
+            _start_relaunched_market(state)
+            return
         raise _RequestError(
             "asked to unmask or bid in an earlier PASS session of this run: a second sum could be differenced with it"
+            " (a re-launched market is joined only with a release ledger and a privacy budget: the secure profile)"
         )
     kept = state.get(_EARLIER_SESSIONS, [])
     left = [s for s in kept if isinstance(s, bytes)] if isinstance(kept, list) else []
@@ -836,6 +848,20 @@ def _leave_unreleased_session(state: ConfigRecord, request: ConfigRecord) -> Non
         raise _RequestError("a PASS session this client already left")
     _store_pass_state(state, {})  # the earlier keys, seeds and held shares go with it
     state[_EARLIER_SESSIONS] = [*left, earlier[_SESSION]]
+
+
+def _start_relaunched_market(state: ConfigRecord) -> None:
+    """Clear the closed market's state for a re-launched one; keep its receipt in :data:`_EARLIER_AWARDS`."""
+    receipt = state.get(KEY_AWARD), state.get(KEY_AWARD_SIGNATURE)
+    kept = state.get(_EARLIER_AWARDS, [])
+    receipts = [item for item in kept if isinstance(item, bytes)] if isinstance(kept, list) else []
+    if isinstance(receipt[0], bytes) and isinstance(receipt[1], bytes):
+        receipts += [receipt[0], receipt[1]]
+    _store_pass_state(state, {})
+    for key in [key for key in state if key not in (_EARLIER_AWARDS,)]:
+        del state[key]
+    if receipts:
+        state[_EARLIER_AWARDS] = receipts
 
 
 def _close_pass_state(state: ConfigRecord) -> None:
