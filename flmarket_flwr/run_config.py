@@ -21,6 +21,7 @@ from flmarket_flwr.market.config_keys import at_least as _at_least
 from flmarket_flwr.market.config_keys import one_of as _one_of
 from flmarket_flwr.market.config_keys import positive as _positive
 from flmarket_flwr.market.membership import parse_node_ids
+from flmarket_flwr.market.relaunch import RelaunchPolicy
 from flmarket_flwr.pass_protocol.noise import SkellamNoise
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "neighbours_of",
     "pyproject_table",
     "read",
+    "relaunch_of",
     "typed",
 ]
 
@@ -163,6 +165,13 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
            lambda value: 0.0 <= value < math.inf, ">= 0 and finite"),
     AppKey("market-exclude", "", 'node ids the market never invites ("12, 345"); "" for none', "server",
            _node_ids_ok, "comma-separated node ids, like '12, 345'"),
+    AppKey("market-relaunch-every", 0, "run the market again every n rounds, in the same run (0: off; nodes join "
+           "a re-launch only with a privacy budget: the secure profile)", "server", _at_least(0), ">= 0 (0: off)"),
+    AppKey("market-relaunch-churn", 0.0, "run the market again when more than this fraction of the nodes joined or "
+           "left since the last one (0: off)", "server", lambda value: 0.0 <= value < math.inf,
+           ">= 0 and finite (0: off)"),
+    AppKey("market-relaunch-min-cohort", 0, "run the market again when fewer of its cohort are connected (0: off)",
+           "server", _at_least(0), ">= 0 (0: off)"),
     AppKey("settle-on-delivery", False, "true: each winner is paid pro rata to the rounds it delivered", "server"),
     AppKey("pass-dp-epsilon", 0.0, "distributed DP on N_s: record-level epsilon per market, 0 = off (exact N_s)",
            "both", lambda value: 0.0 <= value < math.inf, ">= 0 and finite (0: off)"),
@@ -226,6 +235,12 @@ def membership_of(include: str, include_payment: float, exclude: str) -> tuple[d
     ``({included node: its fixed payment}, excluded nodes)``; a ``ValueError`` names the key of a bad list."""
     included = parse_node_ids("market-include", include)
     return dict.fromkeys(included, float(include_payment)), parse_node_ids("market-exclude", exclude)
+
+
+def relaunch_of(every: int, churn: float, min_cohort: int) -> RelaunchPolicy | None:
+    """The re-launch policy from keys ``market-relaunch-every``, ``-churn`` and ``-min-cohort`` (None: all off)."""
+    policy = RelaunchPolicy(every_rounds=every, churn_fraction=churn, min_cohort=min_cohort)
+    return policy if policy.enabled else None
 
 
 def neighbours_of(value: str) -> int | str:

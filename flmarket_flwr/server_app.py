@@ -36,6 +36,7 @@ from flmarket_flwr.run_config import (
     membership_of,
     neighbours_of,
     read,
+    relaunch_of,
 )
 from flmarket_flwr.task import (
     DataConfig,
@@ -65,7 +66,8 @@ class ServerSettings:
     ``buyer_key`` (path of the buyer's Ed25519 PEM key that signs the award; "" for a fresh one per market),
     ``roster_history`` (path of the buyer's record of its markets' members, to plan rosters; "" for none),
     ``market_include``, ``market_include_payment`` and ``market_exclude`` (nodes that train outside the auction for
-    a fixed payment, and nodes never invited);
+    a fixed payment, and nodes never invited); ``market_relaunch_every``, ``market_relaunch_churn`` and
+    ``market_relaunch_min_cohort`` (when to run the market again in the run);
     ``settle_on_delivery`` (pay each winner pro rata to the rounds it delivered, not in full at selection);
     ``pass_dp_epsilon``, ``pass_dp_delta``, ``pass_dp_honest_fraction`` (distributed DP on ``N_s``, 0: off);
     FedAvg's ``num_server_rounds``, ``fraction_train``,
@@ -103,6 +105,9 @@ class ServerSettings:
     market_include: str = default_as("market-include", str)
     market_include_payment: float = default_as("market-include-payment", float)
     market_exclude: str = default_as("market-exclude", str)
+    market_relaunch_every: int = default_as("market-relaunch-every", int)
+    market_relaunch_churn: float = default_as("market-relaunch-churn", float)
+    market_relaunch_min_cohort: int = default_as("market-relaunch-min-cohort", int)
     settle_on_delivery: bool = default_as("settle-on-delivery", bool)
     pass_dp_epsilon: float = default_as("pass-dp-epsilon", float)
     pass_dp_delta: float = default_as("pass-dp-delta", float)
@@ -201,8 +206,15 @@ def _run(grid: Grid, context: Context, strategies: dict[str, StrategyFactory]) -
     num_nodes = _count_nodes(grid, settings)
     if settings.selector == "flmarket":
         market = _market_config(settings, data_config, num_nodes, context.run_id)
+        relaunch = relaunch_of(
+            settings.market_relaunch_every, settings.market_relaunch_churn, settings.market_relaunch_min_cohort
+        )
         strategy: Strategy = FLMarket(
-            fedavg(settings), market_config=market, seed=settings.seed, settle_on_delivery=settings.settle_on_delivery
+            fedavg(settings),
+            market_config=market,
+            seed=settings.seed,
+            settle_on_delivery=settings.settle_on_delivery,
+            relaunch=relaunch,
         )
     else:
         strategy = strategies[settings.selector](settings, data_config, num_nodes)
