@@ -20,6 +20,8 @@ from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.relaunch import RELAUNCH_METRIC, RelaunchPolicy
 from flmarket_flwr.pass_protocol import IdentityDirectory
 from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_DELTA, SkellamNoise, composed_epsilon
+from flmarket_flwr.run_config import relaunch_of
+from flmarket_flwr.server_app import ServerSettings
 
 INITIAL = ArrayRecord({"w": Array(np.zeros(3))})
 TRAIN = ConfigRecord({"lr": 0.1})
@@ -194,3 +196,42 @@ def test_with_the_default_roster_floor_the_nodes_ledgers_refuse_the_differencing
         MarketPhase(market(directory, exclude=(nodes[0],))).run(grid)
     reasons = caught.value.outcome.excluded  # type: ignore[union-attr]
     assert set(reasons) == set(nodes[1:]) and all("refused by the node's release ledger" in r for r in reasons.values())
+
+
+def test_on_churn_the_relaunch_invites_the_nodes_that_joined_and_replaces_a_winner_that_left(tmp_path: Path) -> None:
+    """Nodes join after round 2 and a winner is killed (its replies lost, it leaves the grid): the churn policy
+    re-launches before round 3, over the new federation, and the cohort is whole again. The nodes' roster floor
+    is 1 here: a departure between two releases is what their ledgers refuse by default (the noise composes)."""
+    grid, counts, directory = secure_grid(tmp_path, 9, total_epsilon=4.0, **{"market-min-roster-change": 1})
+    nodes = sorted(counts)
+    grid.connected = nodes[:6]
+    killed: set[int] = set()
+    grid.reply_hook = lambda message, reply: None if message.metadata.dst_node_id in killed else reply
+
+    class Churn(FedAvg):
+        def aggregate_train(self, server_round, replies):  # type: ignore[no-untyped-def]
+            if server_round == 2:
+                winner = strategy.markets[0].outcome.winners[0]
+                killed.add(winner)
+                grid.connected = [node for node in nodes if node != winner]
+            return super().aggregate_train(server_round, replies)
+
+    strategy = FLMarket(
+        Churn(fraction_evaluate=0.0), market_config=market(directory, num_winners=3),
+        relaunch=RelaunchPolicy(churn_fraction=0.3), absent_timeout=None,
+    )  # fmt: skip
+    strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=4, train_config=TRAIN, timeout=5.0)
+
+    first, second = (entry.outcome for entry in strategy.markets)
+    assert strategy.markets[1].first_round == 3 and "3 node(s) joined and 1 left" in strategy.markets[1].reason
+    assert set(first.invited) == set(nodes[:6])
+    assert set(second.invited) == set(nodes) - killed and set(nodes[6:]) <= set(second.pass_participants)
+    assert len(second.cohort) == 3 and not killed & set(second.cohort)
+    assert asked(strategy.markets[1]) == dict.fromkeys(second.cohort, 2)
+
+
+def test_the_run_config_keys_make_the_policy() -> None:
+    assert relaunch_of(0, 0.0, 0) is None
+    assert relaunch_of(5, 0.25, 2) == RelaunchPolicy(every_rounds=5, churn_fraction=0.25, min_cohort=2)
+    settings = ServerSettings.from_run_config({"market-relaunch-every": 4, "market-include": "7", "budget": 50.0})
+    assert (settings.market_relaunch_every, settings.market_include) == (4, "7")
