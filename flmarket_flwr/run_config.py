@@ -20,7 +20,7 @@ from flmarket_flwr.market.config_keys import Scalar, check_value, typed_value
 from flmarket_flwr.market.config_keys import at_least as _at_least
 from flmarket_flwr.market.config_keys import one_of as _one_of
 from flmarket_flwr.market.config_keys import positive as _positive
-from flmarket_flwr.market.membership import parse_node_ids
+from flmarket_flwr.market.membership import Member, parse_node_ids
 from flmarket_flwr.market.relaunch import RelaunchPolicy
 from flmarket_flwr.pass_protocol.noise import SkellamNoise
 
@@ -158,13 +158,14 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
            'half (node config market-buyer-key); "" for a fresh key per market (logged)', "server"),
     AppKey("roster-history", "", "path of the buyer's record of its markets' members (JSON): each market leaves out "
            'the few clients the nodes\' release ledgers would refuse it for; "" for none', "server"),
-    AppKey("market-include", "", "node ids that must train, outside the auction, each paid market-include-payment "
-           'charged against the budget before the auction runs ("12, 345"); "" for none', "server", _node_ids_ok,
-           "comma-separated node ids, like '12, 345'"),
+    AppKey("market-include", "", "nodes that must train, outside the auction, each paid market-include-payment "
+           'charged against the budget before the auction runs: ids or tags ("12, 345, tag:partner"; a tag is node '
+           'config market-tag); "" for none', "server", _node_ids_ok,
+           "comma-separated node ids or tag:<label>, like '12, tag:partner'"),
     AppKey("market-include-payment", 0.0, "fixed payment of each market-include node", "server",
            lambda value: 0.0 <= value < math.inf, ">= 0 and finite"),
-    AppKey("market-exclude", "", 'node ids the market never invites ("12, 345"); "" for none', "server",
-           _node_ids_ok, "comma-separated node ids, like '12, 345'"),
+    AppKey("market-exclude", "", 'nodes the market never invites: ids or tags ("12, tag:rival"); "" for none',
+           "server", _node_ids_ok, "comma-separated node ids or tag:<label>, like '12, tag:rival'"),
     AppKey("market-relaunch-every", 0, "run the market again every n rounds, in the same run (0: off; nodes join "
            "a re-launch only with a privacy budget: the secure profile)", "server", _at_least(0), ">= 0 (0: off)"),
     AppKey("market-relaunch-churn", 0.0, "run the market again when more than this fraction of the nodes joined or "
@@ -230,9 +231,10 @@ def market_noise(epsilon: float, delta: float, honest_fraction: float) -> Skella
     return SkellamNoise(epsilon, delta, honest_fraction) if epsilon > 0 else None
 
 
-def membership_of(include: str, include_payment: float, exclude: str) -> tuple[dict[int, float], tuple[int, ...]]:
+def membership_of(include: str, include_payment: float, exclude: str) -> tuple[dict[Member, float], tuple[Member, ...]]:
     """The market's include and exclude lists from keys ``market-include``, ``-include-payment``, ``-exclude``:
-    ``({included node: its fixed payment}, excluded nodes)``; a ``ValueError`` names the key of a bad list."""
+    ``({included node id or tag: its fixed payment}, excluded node ids and tags)``; a ``ValueError`` names the key
+    of a bad list."""
     included = parse_node_ids("market-include", include)
     return dict.fromkeys(included, float(include_payment)), parse_node_ids("market-exclude", exclude)
 

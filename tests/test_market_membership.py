@@ -44,9 +44,12 @@ def test_run_config_lists_are_parsed_and_bad_entries_name_the_key() -> None:
     assert parse_node_ids("market-include", "") == ()
     assert parse_node_ids("market-include", " 12, 345 ") == (12, 345)
     assert membership_of("12, 345", 7.5, "9") == ({12: 7.5, 345: 7.5}, (9,))
-    with pytest.raises(ValueError, match=r"market-exclude=.*'x' is not a node id"):
+    assert membership_of("12, tag:partner", 2.0, "tag:rival") == ({12: 2.0, "partner": 2.0}, ("rival",))
+    with pytest.raises(ValueError, match=r"market-exclude=.*'x' is neither a node id nor tag:<label>"):
         membership_of("", 0.0, "1, x")
-    with pytest.raises(ValueError, match="market-include=.*node 3 is listed twice"):
+    with pytest.raises(ValueError, match=r"market-include=.*'tag:' is neither"):
+        membership_of("tag:", 0.0, "")
+    with pytest.raises(ValueError, match="market-include=.*3 is listed twice"):
         membership_of("3, 3", 0.0, "")
     with pytest.raises(ValueError, match="run-config key market-include="):
         check_run_config({"market-include": "12; 13"})
@@ -56,8 +59,10 @@ def test_run_config_lists_are_parsed_and_bad_entries_name_the_key() -> None:
 
 
 def test_a_node_in_both_lists_is_refused_naming_both_keys() -> None:
-    with pytest.raises(ValueError, match=r"node\(s\) \[5\] are in both include \(run config market-include\) and "):
+    with pytest.raises(ValueError, match=r"\[5\] are in both include \(run config market-include\) and "):
         config(include={5: 1.0, 6: 1.0}, exclude=(5,))
+    with pytest.raises(ValueError, match=r"\['p'\] are in both include"):
+        config(include={"p": 1.0}, exclude=("p",))
 
 
 @pytest.mark.parametrize("payments", [{1: 50.0, 2: 50.0}, {1: 100.0}, {1: 70.0, 2: 40.0}])
@@ -200,3 +205,37 @@ def test_flmarket_takes_include_and_exclude_as_arguments() -> None:
     assert np.isclose(auction_budget(10.0, [1.0, 2.0]), 7.0)
     plan = plan_membership([1, 2, 3, 4, 5], {2: 1.0}, [4], 10.0)
     assert (plan.included, plan.invited, plan.excluded) == ({2: 1.0}, [1, 3, 5], [4])
+
+
+# --- By tag: the node's declared market-tag ----------------------------------------------------------
+def test_tags_are_resolved_against_the_connected_nodes_declarations() -> None:
+    tags = {1: "partner", 2: "partner", 3: "rival", 4: "", 5: ""}
+    plan = plan_membership([1, 2, 3, 4, 5], {"partner": 2.0, 1: 3.0}, ["rival"], 10.0, tags)
+    assert (plan.included, plan.invited, plan.excluded) == ({1: 3.0, 2: 2.0}, [4, 5], [3])  # the id's payment wins
+    with pytest.raises(ValueError, match=r"market-include\): no connected node declares the tag\(s\) \['gone'\]"):
+        plan_membership([1, 2, 3], {"gone": 1.0}, [], 10.0, tags)
+    with pytest.raises(ValueError, match=r"node\(s\) \[3\] are both included and excluded"):
+        plan_membership([1, 2, 3], {3: 1.0}, ["rival"], 10.0, tags)
+    with pytest.raises(ValueError, match="leaves no budget"):
+        plan_membership([1, 2, 3], {"partner": 5.0}, [], 10.0, tags)
+
+
+def test_a_market_includes_and_excludes_by_tag_and_a_node_silent_at_the_tags_step_is_left_out() -> None:
+    counts = make_counts(9, seed=6)
+    nodes = sorted(counts)
+    declared = {nodes[0]: "partner", nodes[1]: "rival", nodes[2]: "rival"}
+    silent = nodes[3]
+    configs = {node: {"market-tag": declared.get(node, "")} for node in nodes}
+
+    def hook(message, reply):  # type: ignore[no-untyped-def]
+        return None if message.metadata.dst_node_id == silent else reply
+
+    grid = InProcessGrid(market_client_app(counts), nodes, node_configs=configs, reply_hook=hook)
+    outcome = MarketPhase(config(include={"partner": 4.0}, exclude=("rival",), timeout=0.5)).run(grid)
+
+    assert outcome.included == {nodes[0]: 4.0}
+    assert outcome.invited == nodes[4:] and outcome.excluded[silent].startswith("market_tags: no reply")
+    asked = {m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type == "query.market_tags"}
+    assert asked == set(nodes)
+    others = {m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type != "query.market_tags"}
+    assert others == set(nodes[4:])  # the included, the rivals and the silent node get nothing else

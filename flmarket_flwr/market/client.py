@@ -47,6 +47,7 @@ from flmarket_flwr.market.messages import (
     ACTION_MASK,
     ACTION_SHARE,
     ACTION_SURVIVORS,
+    ACTION_TAGS,
     ACTION_UNMASK,
     KEY_ACCEPTED,
     KEY_AWARD,
@@ -67,6 +68,7 @@ from flmarket_flwr.market.messages import (
     KEY_ROSTER_WANTED,
     KEY_SCORE,
     KEY_SESSION,
+    KEY_TAG,
     KEY_TRANSCRIPT,
     KEY_WON,
     RECORD_KEY,
@@ -217,7 +219,8 @@ def register_market_handlers(
     """Add the market's ``query`` handlers to an existing ``ClientApp``.
 
     Registers ``query.market_advertise``, ``market_share``, ``market_mask``, ``market_survivors``,
-    ``market_unmask`` (PASS), ``market_bid``, ``market_endorse``, ``market_audit`` and ``market_award``.
+    ``market_unmask`` (PASS), ``market_bid``, ``market_endorse``, ``market_audit``, ``market_award`` and
+    ``market_tags`` (the node's ``market-tag``, for a buyer that includes or excludes nodes by tag).
 
     Every option left at ``None`` is read from the node's own node config at each message, through the market's
     node-config schema (:mod:`flmarket_flwr.market.node_config`, ``python -m flmarket_flwr.market.node_config``
@@ -375,6 +378,20 @@ def register_market_handlers(
     app.query(ACTION_ENDORSE)(handlers.endorse)
     app.query(ACTION_AUDIT)(handlers.audit)
     app.query(ACTION_AWARD)(handlers.award)
+    app.query(ACTION_TAGS)(_tags_handler(node_config.market_tag_of))
+
+
+def _tags_handler(tag_of: Callable[[Context], str]) -> Callable[[Message, Context], Message]:
+    """The tags step: reply with the node's ``market-tag`` (no market state is read or kept)."""
+
+    def tags(message: Message, context: Context) -> Message:
+        try:
+            tag = tag_of(context)
+        except ValueError as err:
+            return _refusal(message, ACTION_TAGS, err)
+        return _reply(message, config_record({KEY_TAG: tag}))
+
+    return tags
 
 
 class _MarketHandlers:

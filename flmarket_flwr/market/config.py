@@ -14,7 +14,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from flmarket_flwr.market.ledger import RosterHistory
-from flmarket_flwr.market.membership import check_membership
+from flmarket_flwr.market.membership import Member, check_membership
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, SkellamNoise
 from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_DELTA, SECURE_PROFILE_EPSILON
 from flmarket_flwr.pricing.auction import VALUE_RANGE
@@ -111,14 +111,16 @@ class MarketConfig:
         clients check and endorse before any winner opens its counts. Nodes may pin its public half
         (node config ``market-buyer-key``) and then refuse any other. ``None`` (default): a fresh key per
         market, its public half logged.
-    include : Mapping[int, float], optional
-        Nodes that must train, by node id -> the fixed payment each is paid
+    include : Mapping[int | str, float], optional
+        Nodes that must train, by node id (an int) or by the tag they declare (a str: node config
+        ``market-tag``, the node's own word) -> the fixed payment each is paid
         (:mod:`~flmarket_flwr.market.membership`). They take no part in PASS or the auction; their payments are
         charged against ``budget`` before the auction runs, which then runs over the other nodes with
         ``R' = budget - sum(payments)`` (so it stays truthful, and all payments together stay within
         ``budget``); the award records them. Each must be connected when the market runs. Default: none.
-    exclude : tuple[int, ...], optional
-        Node ids the market never invites (each must be connected when the market runs: a typo is an error).
+    exclude : tuple[int | str, ...], optional
+        Nodes the market never invites, by id (each must be connected when the market runs: a typo is an error)
+        or by tag.
         A node in both lists, or included payments that leave no budget, is a ``ValueError`` naming the list.
     """
 
@@ -143,8 +145,8 @@ class MarketConfig:
     security: str = "semi-honest"
     pass_reruns: int = 2
     buyer_key: Ed25519PrivateKey | None = None
-    include: Mapping[int, float] = field(default_factory=dict)
-    exclude: tuple[int, ...] = ()
+    include: Mapping[Member, float] = field(default_factory=dict)
+    exclude: tuple[Member, ...] = ()
 
     def __post_init__(self) -> None:
         """Validate every field; apply the secure profile's settings (``security="malicious"``)."""
@@ -196,7 +198,11 @@ class MarketConfig:
         check_int("pass_reruns", self.pass_reruns, minimum=0)
         object.__setattr__(self, "include", dict(self.include))
         check_membership(self.include, list(self.exclude), self.budget)
-        object.__setattr__(self, "exclude", tuple(sorted(set(self.exclude))))
+        ids, tags = (
+            sorted({m for m in self.exclude if isinstance(m, int)}),
+            sorted({m for m in self.exclude if isinstance(m, str)}),
+        )
+        object.__setattr__(self, "exclude", (*ids, *tags))
 
     def step_timeout(self, num_nodes: int) -> float:
         """Seconds a message round to ``num_nodes`` nodes may take: ``timeout + timeout_per_node * num_nodes``."""

@@ -28,12 +28,13 @@ from flmarket_flwr.market.client import LABEL_COUNTS_FAILED
 from flmarket_flwr.market.config import MarketConfig, MarketOutcome, PassSession
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.ledger import LedgerError
-from flmarket_flwr.market.membership import auction_budget, plan_membership
+from flmarket_flwr.market.membership import auction_budget, names_a_tag, plan_membership
 from flmarket_flwr.market.messages import (
     ACTION_AUDIT,
     ACTION_AWARD,
     ACTION_BID,
     ACTION_ENDORSE,
+    ACTION_TAGS,
     KEY_AWARD,
     KEY_AWARD_DIGEST,
     KEY_AWARD_SIGNATURE,
@@ -45,6 +46,7 @@ from flmarket_flwr.market.messages import (
     KEY_GLOBAL_COUNTS,
     KEY_NUM_CLIENTS,
     KEY_SESSION,
+    KEY_TAG,
     KEY_TRANSCRIPT,
     ReplyError,
     read_config,
@@ -160,7 +162,7 @@ class MarketPhase:
         started = time.perf_counter()
         try:
             connected = self._timed(timings, "wait_for_nodes", lambda: self.wait_for_nodes(grid))
-            nodes = self.planned_roster(self.admitted(connected))
+            nodes = self.planned_roster(self.admitted(grid, connected))
             self._invited = list(nodes)
             pass_result = self._timed(timings, "pass", lambda: self.run_pass(grid, nodes))
             self._record_release(pass_result.participants)
@@ -262,11 +264,12 @@ class MarketPhase:
             )
         return nodes
 
-    def admitted(self, nodes: Sequence[int]) -> list[int]:
+    def admitted(self, grid: Grid, nodes: Sequence[int]) -> list[int]:
         """``nodes`` less the buyer's included and excluded nodes (:attr:`MarketConfig.include` / ``exclude``).
 
         The included nodes and their fixed payments are kept for the award (the auction's budget is what they
-        leave); neither kind is sent any market message. Without either list, ``nodes`` unchanged.
+        leave); neither kind is sent any market message but, when a list names a tag, the tags query
+        (:meth:`collect_tags`), whose silent nodes are left out. Without either list, ``nodes`` unchanged.
 
         Raises
         ------
@@ -277,8 +280,11 @@ class MarketPhase:
         cfg = self.config
         if not cfg.include and not cfg.exclude:
             return list(nodes)
+        tags = self.collect_tags(grid, nodes) if names_a_tag(cfg.include, cfg.exclude) else None
         try:
-            plan = plan_membership(nodes, cfg.include, cfg.exclude, cfg.budget)
+            plan = plan_membership(
+                list(nodes) if tags is None else sorted(tags), cfg.include, cfg.exclude, cfg.budget, tags
+            )
         except ValueError as err:
             raise MarketError(str(err)) from err
         self._included = plan.included
@@ -299,6 +305,22 @@ class MarketPhase:
                 "left for the auction after market-include and market-exclude"
             )
         return plan.invited
+
+    def collect_tags(self, grid: Grid, nodes: Sequence[int]) -> dict[int, str]:
+        """Ask ``nodes`` for their ``market-tag``; return ``{node: tag}`` of those that answer (``""``: none).
+
+        A node that does not answer is excluded with the reason and left out of this market: an exclude by tag
+        must not be dodged by staying silent.
+        """
+
+        def read(reply: Message) -> str:
+            tag = read_config(reply).get(KEY_TAG)
+            if not isinstance(tag, str):
+                raise ReplyError(f"'{KEY_TAG}' must be a str")
+            return tag.strip()
+
+        requests = {node: config_record({}) for node in nodes}
+        return dict(self.validated(ACTION_TAGS, requests, self.exchange(grid, ACTION_TAGS, requests), read))
 
     def planned_roster(self, nodes: Sequence[int]) -> list[int]:
         """``nodes`` less those that would let this sum be differenced to a small group (``roster_history``).

@@ -31,6 +31,7 @@ from flmarket_flwr.market.config import MarketConfig, MarketOutcome
 from flmarket_flwr.market.delivery import DeliveryLedger
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.grid_view import WinnersGrid
+from flmarket_flwr.market.membership import Member
 from flmarket_flwr.market.relaunch import RELAUNCH_METRIC, RelaunchPolicy
 from flmarket_flwr.market.server import MarketPhase
 from flmarket_flwr.pass_protocol import IdentityDirectory
@@ -95,11 +96,11 @@ class FLMarket(Strategy):
         The directory of the nodes' identity keys (or the path of its JSON file), the same one the nodes pin:
         with it the buyer checks the nodes' signatures and names those that break the protocol. Required by
         ``security="malicious"``.
-    include : Mapping[int, float], optional
-        Nodes that must train, node id -> fixed payment, outside the auction; the payments are charged against
-        ``budget`` before it runs (:attr:`MarketConfig.include`).
-    exclude : Iterable[int], optional
-        Node ids never invited (:attr:`MarketConfig.exclude`).
+    include : Mapping[int | str, float], optional
+        Nodes that must train, node id or tag (node config ``market-tag``) -> fixed payment, outside the auction;
+        the payments are charged against ``budget`` before it runs (:attr:`MarketConfig.include`).
+    exclude : Iterable[int | str], optional
+        Nodes never invited, by id or tag (:attr:`MarketConfig.exclude`).
     relaunch : RelaunchPolicy, optional
         Run the market again between rounds (:class:`~flmarket_flwr.market.relaunch.RelaunchPolicy`: every N
         rounds, on churn, on a shrunken cohort; a wrapped strategy may also ask, with the metric
@@ -139,8 +140,8 @@ class FLMarket(Strategy):
         settle_on_delivery: bool = False,
         security: str | None = None,
         directory: IdentityDirectory | str | Path | None = None,
-        include: Mapping[int, float] | None = None,
-        exclude: Iterable[int] | None = None,
+        include: Mapping[Member, float] | None = None,
+        exclude: Iterable[Member] | None = None,
         relaunch: RelaunchPolicy | None = None,
     ) -> None:
         super().__init__()
