@@ -83,8 +83,9 @@ class MarketPhase:
     -----
     Steps (each a round of Flower ``query`` messages, see :mod:`flmarket_flwr.market.messages`):
 
-    1. Wait for the nodes (bounded), leave out those a ``roster_history`` says would make the clients' release
-       ledgers refuse (:meth:`MarketPhase.planned_roster`), and run PASS over the rest
+    1. Wait for the nodes (bounded), set aside the buyer's included and excluded nodes (:meth:`MarketPhase.admitted`;
+       by tag, after asking every node its ``market-tag``), leave out those a ``roster_history`` says would make the
+       clients' release ledgers refuse (:meth:`MarketPhase.planned_roster`), and run PASS over the rest
        (:mod:`flmarket_flwr.market.pass_rounds`): the server learns the global counts ``N_s`` and each
        survivor's commitment to its counts, once. A session that fails closed before any unmask request is
        run again without the clients it named (``pass_reruns`` times at most), so one client cannot stop PASS

@@ -54,7 +54,8 @@ class FLMarket(Strategy):
     The market runs in :meth:`start` when ``FLMarket`` is the outermost strategy, and in the first
     :meth:`configure_train` or :meth:`configure_evaluate` when another wrapper (Flower's
     differential-privacy strategies, say) sits outside it and drives the rounds with the inherited
-    ``Strategy.start``: the guarantee holds in any nesting order, and the market runs once.
+    ``Strategy.start``: the guarantee holds in any nesting order, and the market runs once (again between
+    rounds only with a ``relaunch`` policy).
 
     Parameters
     ----------
@@ -120,7 +121,8 @@ class FLMarket(Strategy):
     composes with those wrappers in either order: outermost, its ``start`` runs the market first; wrapped
     (``DifferentialPrivacyServerSideFixedClipping(FLMarket(FedAvg()), ...)``, whose inherited ``start``
     calls the per-round hooks), its first ``configure_train``/``configure_evaluate`` runs the market on
-    the grid it is given. Either way the market runs once and only winners are ever sent a message.
+    the grid it is given. Either way the market runs once (without a ``relaunch`` policy) and only the cohort
+    (winners and included nodes) is ever sent a train or evaluate message.
     """
 
     # pylint: disable=too-many-arguments
