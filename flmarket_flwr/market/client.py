@@ -323,7 +323,10 @@ def register_market_handlers(
     * at most one released PASS session per run: a client joins a fresh session of the same run (the
       server's re-run after a session failed before releasing anything) only if it was never asked to
       unmask nor to bid in that run, and after an unmask request it refuses every later session, so the
-      server never gets two sums of one run to difference; each step is answered once, in order. Two runs are two sums:
+      server never gets two sums of one run to difference; each step is answered once, in order. The one
+      exception: a market re-launched in the same run after the earlier one closed (``FLMarket``'s ``relaunch``)
+      is joined by a client whose release ledger has a privacy budget (the secure profile), each release then
+      charged to that budget as below. Two runs are two sums:
       with a ``release_ledger`` (:mod:`flmarket_flwr.market.ledger`) the client records the members of
       every sum it releases, in its own directory, and refuses to unmask for a survivor set that,
       differenced with an earlier one, would isolate fewer than ``min_roster_change`` clients. That rule
