@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, MetricRecord
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
 from test_grid_view import NUM_CLASSES, make_counts, training_app
 from test_secure_profile_market import profile_setup
 from test_strategy import receivers
@@ -235,3 +235,18 @@ def test_the_run_config_keys_make_the_policy() -> None:
     assert relaunch_of(5, 0.25, 2) == RelaunchPolicy(every_rounds=5, churn_fraction=0.25, min_cohort=2)
     settings = ServerSettings.from_run_config({"market-relaunch-every": 4, "market-include": "7", "budget": 50.0})
     assert (settings.market_relaunch_every, settings.market_include) == (4, "7")
+
+
+def test_a_relaunch_works_inside_a_dp_wrapper(tmp_path: Path) -> None:
+    """DP(FLMarket(FedAvg)): the outer wrapper drives the rounds; FLMarket's hooks re-run the market all the same."""
+    grid, _, directory = secure_grid(tmp_path, 6, total_epsilon=4.0)
+    market_strategy = FLMarket(
+        FedAvg(fraction_evaluate=0.0), market_config=market(directory, num_winners=3), relaunch=RelaunchPolicy(1)
+    )
+    outer = DifferentialPrivacyServerSideFixedClipping(
+        market_strategy, noise_multiplier=0.1, clipping_norm=10.0, num_sampled_clients=3
+    )
+    outer.start(grid=grid, initial_arrays=INITIAL, num_rounds=2, train_config=TRAIN)
+    assert [entry.outcome.status for entry in market_strategy.markets] == ["succeeded", "succeeded"]
+    expected = market_strategy.markets[0].outcome.cohort + market_strategy.markets[1].outcome.cohort
+    assert sorted(receivers(grid, MessageType.TRAIN)) == sorted(expected)
