@@ -643,7 +643,7 @@ def test_a_loser_that_does_not_endorse_stays_a_losing_bidder() -> None:
 @pytest.mark.parametrize("value", [math.nan, math.inf, -0.0], ids=["nan", "inf", "negative-zero"])
 def test_an_encoding_listing_a_non_finite_or_non_canonical_number_is_refused(value: float) -> None:
     award = build_award(1, b"s", b"t", TERMS, {5: (2.0, 1.0), 6: (1.0, 1.0)})
-    first_row = len(build_award(1, b"s", b"t", TERMS, {}).encode()) - 8  # the header, then the bidders' rows
+    first_row = len(build_award(1, b"s", b"t", TERMS, {}).encode()) - 16  # less the winners' and included's counts
     encoded = bytearray(award.encode())
     encoded[first_row + 8 : first_row + 16] = struct.pack(">d", value)  # the first bidder's score
     with pytest.raises(AwardError, match="finite"):

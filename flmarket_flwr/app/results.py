@@ -114,7 +114,7 @@ def selection_of(strategy: Strategy) -> tuple[dict[str, Any], dict[str, Any]]:
     assert outcome is not None
     selection = {
         "selector": "flmarket",
-        "selected": list(outcome.winners),
+        "selected": outcome.cohort,
         "candidates": list(outcome.participants),
         "label_counts": None,  # the server never sees them: PASS gives their sum only
         "excluded": {str(node): reason for node, reason in outcome.excluded.items()},
@@ -123,7 +123,9 @@ def selection_of(strategy: Strategy) -> tuple[dict[str, Any], dict[str, Any]]:
     }
     delivery = strategy.delivery_report()
     selection["delivered"] = [int(node) for node, record in delivery["winners"].items() if record["delivered"] > 0]
-    return selection, {"market.json": {**outcome.to_dict(), "delivery": delivery}}
+    settled = {str(node): owed for node, owed in strategy.settled_across_markets().items()}
+    record = {**outcome.to_dict(), "delivery": delivery, "markets": strategy.markets_report(), "settled": settled}
+    return selection, {"market.json": record}
 
 
 # pylint: disable=too-many-arguments

@@ -24,6 +24,8 @@ from flmarket_flwr.market.config_keys import Scalar, check_value, typed_value
 from flmarket_flwr.market.config_keys import at_least as _at_least
 from flmarket_flwr.market.config_keys import one_of as _one_of
 from flmarket_flwr.market.config_keys import positive as _positive
+from flmarket_flwr.market.membership import Member, parse_node_ids
+from flmarket_flwr.market.relaunch import RelaunchPolicy
 from flmarket_flwr.pass_protocol.noise import SkellamNoise
 
 __all__ = [
@@ -39,9 +41,11 @@ __all__ = [
     "keys_read_by",
     "market_noise",
     "markdown_table",
+    "membership_of",
     "neighbours_of",
     "pyproject_table",
     "read",
+    "relaunch_of",
     "schema_class",
     "settings_from",
     "train_message_config",
@@ -114,6 +118,14 @@ def _neighbours_ok(value: str) -> bool:
     return value in ("auto", "all") or (value.isdigit() and int(value) >= 2)
 
 
+def _node_ids_ok(value: str) -> bool:
+    try:
+        parse_node_ids("", value)
+    except ValueError:
+        return False
+    return True
+
+
 def _device_ok(value: str) -> bool:
     return re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", value) is not None
 
@@ -176,6 +188,21 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
            'half (node config market-buyer-key); "" for a fresh key per market (logged)', "server"),
     AppKey("roster-history", "", "path of the buyer's record of its markets' members (JSON): each market leaves out "
            'the few clients the nodes\' release ledgers would refuse it for; "" for none', "server"),
+    AppKey("market-include", "", "nodes that must train, outside the auction, each paid market-include-payment "
+           'charged against the budget before the auction runs: ids or tags ("12, 345, tag:partner"; a tag is node '
+           'config market-tag); "" for none', "server", _node_ids_ok,
+           "comma-separated node ids or tag:<label>, like '12, tag:partner'"),
+    AppKey("market-include-payment", 0.0, "fixed payment of each market-include node", "server",
+           lambda value: 0.0 <= value < math.inf, ">= 0 and finite"),
+    AppKey("market-exclude", "", 'nodes the market never invites: ids or tags ("12, tag:rival"); "" for none',
+           "server", _node_ids_ok, "comma-separated node ids or tag:<label>, like '12, tag:rival'"),
+    AppKey("market-relaunch-every", 0, "run the market again every n rounds, in the same run (0: off; nodes join "
+           "a re-launch only with a privacy budget: the secure profile)", "server", _at_least(0), ">= 0 (0: off)"),
+    AppKey("market-relaunch-churn", 0.0, "run the market again when more than this fraction of the nodes joined or "
+           "left since the last one (0: off)", "server", lambda value: 0.0 <= value < math.inf,
+           ">= 0 and finite (0: off)"),
+    AppKey("market-relaunch-min-cohort", 0, "run the market again when fewer of its cohort are connected (0: off)",
+           "server", _at_least(0), ">= 0 (0: off)"),
     AppKey("settle-on-delivery", False, "true: each winner is paid pro rata to the rounds it delivered", "server"),
     AppKey("pass-dp-epsilon", 0.0, "distributed DP on N_s: record-level epsilon per market, 0 = off (exact N_s)",
            "both", lambda value: 0.0 <= value < math.inf, ">= 0 and finite (0: off)"),
@@ -224,6 +251,20 @@ def keys_read_by(*readers: Reader) -> tuple[str, ...]:
 def market_noise(epsilon: float, delta: float, honest_fraction: float) -> SkellamNoise | None:
     """The market's noise setting from keys ``pass-dp-epsilon``, ``-delta`` and ``-honest-fraction`` (None: off)."""
     return SkellamNoise(epsilon, delta, honest_fraction) if epsilon > 0 else None
+
+
+def membership_of(include: str, include_payment: float, exclude: str) -> tuple[dict[Member, float], tuple[Member, ...]]:
+    """The market's include and exclude lists from keys ``market-include``, ``-include-payment``, ``-exclude``:
+    ``({included node id or tag: its fixed payment}, excluded node ids and tags)``; a ``ValueError`` names the key
+    of a bad list."""
+    included = parse_node_ids("market-include", include)
+    return dict.fromkeys(included, float(include_payment)), parse_node_ids("market-exclude", exclude)
+
+
+def relaunch_of(every: int, churn: float, min_cohort: int) -> RelaunchPolicy | None:
+    """The re-launch policy from keys ``market-relaunch-every``, ``-churn`` and ``-min-cohort`` (None: all off)."""
+    policy = RelaunchPolicy(every_rounds=every, churn_fraction=churn, min_cohort=min_cohort)
+    return policy if policy.enabled else None
 
 
 def neighbours_of(value: str) -> int | str:

@@ -30,7 +30,9 @@ from flmarket_flwr.app.run_config import (
     check_run_config,
     keys_read_by,
     market_noise,
+    membership_of,
     neighbours_of,
+    relaunch_of,
     schema_class,
     settings_from,
     train_message_config,
@@ -157,8 +159,15 @@ def _run(grid: Grid, context: Context, strategies: dict[str, StrategyFactory]) -
     run_dir = make_run_dir(settings.results_dir, settings.run_name, context.run_id)
     market = market_config_of(settings, data_config, context.run_id)
     if settings.selector == "flmarket":  # its market phase waits for the nodes
+        relaunch = relaunch_of(
+            settings.market_relaunch_every, settings.market_relaunch_churn, settings.market_relaunch_min_cohort
+        )
         strategy: Strategy = FLMarket(
-            fedavg(settings), market_config=market, seed=settings.seed, settle_on_delivery=settings.settle_on_delivery
+            fedavg(settings),
+            market_config=market,
+            seed=settings.seed,
+            settle_on_delivery=settings.settle_on_delivery,
+            relaunch=relaunch,
         )
     else:  # a baseline: the one wait, by the market's rule (enough nodes for the run, then settled)
         nodes = MarketPhase(market).wait_for_nodes(grid)
@@ -197,7 +206,10 @@ def _start(
 
 def market_config_of(settings: ServerSettings, data_config: DataConfig, run_id: int) -> MarketConfig:
     """The market phase's settings for this run."""
+    include, exclude = membership_of(settings.market_include, settings.market_include_payment, settings.market_exclude)
     return MarketConfig(
+        include=include,
+        exclude=exclude,
         budget=settings.budget,
         num_classes=num_classes(data_config),
         num_winners=settings.num_selected or None,

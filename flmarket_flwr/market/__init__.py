@@ -26,6 +26,7 @@ from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.grid_view import NoWinnerConnectedError, WinnersGrid
 from flmarket_flwr.market.labels import label_counts
 from flmarket_flwr.market.ledger import ReleaseLedger, RosterHistory, plan_roster
+from flmarket_flwr.market.relaunch import RelaunchPolicy
 from flmarket_flwr.market.server import MarketPhase
 from flmarket_flwr.market.strategy import FLMarket
 
@@ -44,6 +45,7 @@ __all__ = [
     "MarketPhase",
     "NoBidError",
     "NoWinnerConnectedError",
+    "RelaunchPolicy",
     "ReleaseLedger",
     "RosterHistory",
     "SimulatedCostBid",

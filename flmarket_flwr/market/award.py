@@ -49,6 +49,8 @@ _SIGNATURE_LABEL: Final[bytes] = b"flmarket/v1/award-signature"
 _ENDORSEMENT_BYTES: Final[int] = 8 + SIGNATURE_LENGTH
 _BIDDER_ROW: Final = np.dtype([("node", ">u8"), ("score", ">f8"), ("bid", ">f8"), ("payment", ">f8")])
 """One bidder in the encoding: node id, score, bid, payment (big-endian uint64 and IEEE-754 doubles)."""
+_INCLUDED_ROW: Final = np.dtype([("node", ">u8"), ("payment", ">f8")])
+"""One included node in the encoding: node id and its fixed payment."""
 _PAYMENT_REL_TOL: Final[float] = 1e-9
 """A listed payment must equal the one recomputed here to this relative tolerance (floating-point paths may
 differ between machines); the winners must be the same exactly, and the payments' sum at most ``R``."""
@@ -130,6 +132,9 @@ class Award:
         Every bidder of this auction, ascending node id.
     winners : tuple[int, ...]
         The winners' node ids, in selection order.
+    included : tuple[tuple[int, float], ...]
+        The nodes the buyer included outside the auction and their fixed payments, ascending node id (none
+        by default). They are no bidders; the terms' budget is what their payments left for the auction.
     """
 
     run_id: int
@@ -138,6 +143,7 @@ class Award:
     terms: AwardTerms
     bidders: tuple[Bidder, ...]
     winners: tuple[int, ...]
+    included: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         """Validate the structure (not the auction: :func:`check_award` does that)."""
@@ -155,6 +161,15 @@ class Award:
             raise AwardError("the bidders must be Bidder entries in strictly ascending node id")
         if len(set(self.winners)) != len(self.winners) or not set(self.winners) <= set(nodes):
             raise AwardError("the winners must be distinct bidders")
+        for node, payment in self.included:
+            if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < 2**64:
+                raise AwardError(f"an included node id must be an int in [0, 2**64), got {node!r}")
+            if isinstance(payment, bool) or not isinstance(payment, (int, float)) or not 0 <= payment < math.inf:
+                raise AwardError(f"included node {node}: its payment must be finite and >= 0, got {payment!r}")
+        object.__setattr__(self, "included", tuple((node, float(pay) + 0.0) for node, pay in self.included))
+        listed = [node for node, _ in self.included]
+        if listed != sorted(set(listed)) or set(listed) & set(nodes):
+            raise AwardError("the included nodes must be in strictly ascending node id, and no bidders")
 
     def encode(self) -> bytes:
         """The canonical encoding: fixed-width fields, length-prefixed bytes and counted lists (injective)."""
@@ -170,6 +185,8 @@ class Award:
         parts.append(np.array(rows, dtype=_BIDDER_ROW).tobytes())
         parts.append(struct.pack(">Q", len(self.winners)))
         parts.append(np.array(self.winners, dtype=">u8").tobytes())
+        parts.append(struct.pack(">Q", len(self.included)))
+        parts.append(np.array(list(self.included), dtype=_INCLUDED_ROW).tobytes())
         return b"".join(parts)
 
     @classmethod
@@ -186,6 +203,10 @@ class Award:
         terms = AwardTerms(budget, cap, reader.take(IDENTITY_KEY_LENGTH))
         table = np.frombuffer(reader.take(_BIDDER_ROW.itemsize * reader.count(_BIDDER_ROW.itemsize)), _BIDDER_ROW)
         winners = tuple(np.frombuffer(reader.take(8 * reader.count(8)), dtype=">u8").tolist())
+        rows = np.frombuffer(reader.take(_INCLUDED_ROW.itemsize * reader.count(_INCLUDED_ROW.itemsize)), _INCLUDED_ROW)
+        if np.any(np.signbit(rows["payment"])):  # a negative payment, or a negative zero (one encoding per value)
+            raise AwardError("the award lists an included node's payment below 0 (or a negative zero)")
+        included = tuple(zip(rows["node"].tolist(), rows["payment"].tolist(), strict=True))
         reader.end()
         numbers = np.stack([table["score"], table["bid"], table["payment"]])
         if not np.isfinite(numbers).all() or np.any((numbers == 0) & np.signbit(numbers)):
@@ -193,8 +214,8 @@ class Award:
         nodes = table["node"]
         if not bool(np.all(nodes[1:] > nodes[:-1])):
             raise AwardError("the bidders must be in strictly ascending node id")
-        rows = zip(nodes.tolist(), *numbers.tolist(), strict=True)  # checked above, vectorised: no per-row checks
-        return cls(run_id, session, transcript, terms, tuple(_listed(*row) for row in rows), winners)
+        bidders = zip(nodes.tolist(), *numbers.tolist(), strict=True)  # checked above, vectorised: no per-row checks
+        return cls(run_id, session, transcript, terms, tuple(_listed(*row) for row in bidders), winners, included)
 
     def digest(self) -> bytes:
         """SHA-256 of the encoding: what the bidders endorse."""
@@ -206,7 +227,7 @@ class Award:
 
     @property
     def payments(self) -> dict[int, float]:
-        """Node id -> payment, for every bidder."""
+        """Node id -> payment, for every bidder (the included nodes' are in :attr:`included`)."""
         return {bidder.node_id: bidder.payment for bidder in self.bidders}
 
 
@@ -276,12 +297,19 @@ def settle(terms: AwardTerms, bids: Sequence[tuple[int, float, float]]) -> tuple
 
 
 def build_award(
-    run_id: int, session: bytes, transcript: bytes, terms: AwardTerms, bids: Mapping[int, tuple[float, float]]
+    run_id: int,
+    session: bytes,
+    transcript: bytes,
+    terms: AwardTerms,
+    bids: Mapping[int, tuple[float, float]],
+    included: Mapping[int, float] | None = None,
 ) -> Award:
-    """The award of the auction over ``bids`` (node -> ``(score, bid)``), by :func:`settle`."""
+    """The award of the auction over ``bids`` (node -> ``(score, bid)``), by :func:`settle`, recording the
+    ``included`` nodes (node -> fixed payment, outside the auction: ``terms.budget`` is what they left)."""
     winners, payments = settle(terms, [(node, score, bid) for node, (score, bid) in bids.items()])
     bidders = tuple(Bidder(node, *bids[node], payments[node]) for node in sorted(bids))
-    return Award(run_id, session, transcript, terms, bidders, winners)
+    fixed = tuple((node, float(payment)) for node, payment in sorted((included or {}).items()))
+    return Award(run_id, session, transcript, terms, bidders, winners, fixed)
 
 
 def check_award(
@@ -301,7 +329,8 @@ def check_award(
     The run, session, transcript and terms are its own; its score and bid are listed exactly as it sent
     them; the winners and payments are :func:`settle` over the listed bidders (so the total is within
     ``R`` and every payment is a critical value). A re-issued award (``previous``: the last one it
-    endorsed) lists a strict subset of the previous bidders, and leaves out only winners of it.
+    endorsed) lists a strict subset of the previous bidders, leaves out only winners of it, and lists the same
+    included nodes.
 
     Raises
     ------
@@ -330,6 +359,8 @@ def check_award(
         nodes, earlier = {b.node_id for b in award.bidders}, {b.node_id for b in previous.bidders}
         if not nodes < earlier or not earlier - nodes <= set(previous.winners):
             raise AwardError("a re-issued award must drop some winners of the previous one, and only winners")
+        if award.included != previous.included:
+            raise AwardError("a re-issued award must list the same included nodes and payments as the previous one")
 
 
 def endorsement_threshold(degree: int, survivors: int) -> int:

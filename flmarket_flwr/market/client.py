@@ -47,6 +47,7 @@ from flmarket_flwr.market.messages import (
     ACTION_MASK,
     ACTION_SHARE,
     ACTION_SURVIVORS,
+    ACTION_TAGS,
     ACTION_UNMASK,
     KEY_ACCEPTED,
     KEY_AWARD,
@@ -67,6 +68,7 @@ from flmarket_flwr.market.messages import (
     KEY_ROSTER_WANTED,
     KEY_SCORE,
     KEY_SESSION,
+    KEY_TAG,
     KEY_TRANSCRIPT,
     KEY_WON,
     RECORD_KEY,
@@ -112,6 +114,8 @@ _ENDORSED_WON = "endorsed-award-won"
 _ENDORSED_PAYMENT = "endorsed-award-payment"
 """The latest award this client endorsed, the buyer's signature on it (what an audit must show), and what it
 gives this client (read back when the final award is named by its digest, without decoding it again)."""
+_EARLIER_AWARDS = "market-earlier-awards"
+"""The receipts of this run's earlier markets (award, signature, award, signature, ...), kept across re-launches."""
 
 
 class _RequestError(ValueError):
@@ -203,7 +207,8 @@ def register_market_handlers(
     """Add the market's ``query`` handlers to an existing ``ClientApp``.
 
     Registers ``query.market_advertise``, ``market_share``, ``market_mask``, ``market_survivors``,
-    ``market_unmask`` (PASS), ``market_bid``, ``market_endorse``, ``market_audit`` and ``market_award``.
+    ``market_unmask`` (PASS), ``market_bid``, ``market_endorse``, ``market_audit``, ``market_award`` and
+    ``market_tags`` (the node's ``market-tag``, for a buyer that includes or excludes nodes by tag).
 
     Every option left at ``None`` is read from the node's own node config at each message, through the market's
     node-config schema (:mod:`flmarket_flwr.market.node_config`, ``python -m flmarket_flwr.market.node_config``
@@ -306,7 +311,10 @@ def register_market_handlers(
     * at most one released PASS session per run: a client joins a fresh session of the same run (the
       server's re-run after a session failed before releasing anything) only if it was never asked to
       unmask nor to bid in that run, and after an unmask request it refuses every later session, so the
-      server never gets two sums of one run to difference; each step is answered once, in order. Two runs are two sums:
+      server never gets two sums of one run to difference; each step is answered once, in order. The one
+      exception: a market re-launched in the same run after the earlier one closed (``FLMarket``'s ``relaunch``)
+      is joined by a client whose release ledger has a privacy budget (the secure profile), each release then
+      charged to that budget as below. Two runs are two sums:
       with a ``release_ledger`` (:mod:`flmarket_flwr.market.ledger`) the client records the members of
       every sum it releases, in its own directory, and refuses to unmask for a survivor set that,
       differenced with an earlier one, would isolate fewer than ``min_roster_change`` clients. That rule
@@ -361,6 +369,20 @@ def register_market_handlers(
     app.query(ACTION_ENDORSE)(handlers.endorse)
     app.query(ACTION_AUDIT)(handlers.audit)
     app.query(ACTION_AWARD)(handlers.award)
+    app.query(ACTION_TAGS)(_tags_handler(node_config.market_tag_of))
+
+
+def _tags_handler(tag_of: Callable[[Context], str]) -> Callable[[Message, Context], Message]:
+    """The tags step: reply with the node's ``market-tag`` (no market state is read or kept)."""
+
+    def tags(message: Message, context: Context) -> Message:
+        try:
+            tag = tag_of(context)
+        except ValueError as err:
+            return _refusal(message, ACTION_TAGS, err)
+        return _reply(message, config_record({KEY_TAG: tag}))
+
+    return tags
 
 
 class _MarketHandlers:
@@ -401,7 +423,7 @@ class _MarketHandlers:
         """
         state = _state_record(context)
         try:
-            _leave_unreleased_session(state, _request(message))
+            _leave_unreleased_session(state, _request(message), self._release_ledger(context))
         except _RequestError as err:
             _close_pass_state(state)
             return _refusal(message, ACTION_ADVERTISE, err)
@@ -794,7 +816,7 @@ def _store_pass_client(state: ConfigRecord, client: PassClient | None) -> None:
         set_values(state, {_PASS_PREFIX + key: value for key, value in client.to_record().items()})
 
 
-def _leave_unreleased_session(state: ConfigRecord, request: ConfigRecord) -> None:
+def _leave_unreleased_session(state: ConfigRecord, request: ConfigRecord, ledger: ReleaseLedger | None) -> None:
     """Wipe the earlier PASS session of this run to join the new one ``request`` names, if that is safe.
 
     The server runs a fresh session when one failed before releasing anything. Two sums of one run
@@ -804,18 +826,28 @@ def _leave_unreleased_session(state: ConfigRecord, request: ConfigRecord) -> Non
     removed. A session once left is never joined again. The first session, or the same one again (which the
     protocol refuses as a second advertisement), passes through untouched.
 
+    A market re-launched in the same run (the earlier market closed: its award, or its abort, received) is
+    joined only by a node whose release ledger has a privacy budget: each release then carries the node's noise,
+    is composed into its ``epsilon`` and refused past the budget, and is checked against the earlier releases'
+    members (:meth:`_MarketHandlers.mask`). The earlier market's receipt is kept (:data:`_EARLIER_AWARDS`).
+
     Raises
     ------
     _RequestError
-        This client was asked to unmask or bid in this run, or the session is one it left before.
+        This client was asked to unmask or bid in this run and may not join a re-launch, or the session is one
+        it left before.
     """
     earlier = _pass_client(state)
     session = request.get(KEY_SESSION)
     if not earlier.session or session == earlier.session:
         return
     if earlier.unmask_requested or state.get(_STAGE) is not None:
+        if state.get(_STAGE) == _STAGE_CLOSED and ledger is not None and ledger.budget is not None:
+            _start_relaunched_market(state)
+            return
         raise _RequestError(
             "asked to unmask or bid in an earlier PASS session of this run: a second sum could be differenced with it"
+            " (a re-launched market is joined only with a release ledger and a privacy budget: the secure profile)"
         )
     kept = state.get(_EARLIER_SESSIONS, [])
     left = [s for s in kept if isinstance(s, bytes)] if isinstance(kept, list) else []
@@ -823,6 +855,20 @@ def _leave_unreleased_session(state: ConfigRecord, request: ConfigRecord) -> Non
         raise _RequestError("a PASS session this client already left")
     _store_pass_client(state, None)  # the earlier keys, seeds and held shares go with it
     state[_EARLIER_SESSIONS] = [*left, earlier.session]
+
+
+def _start_relaunched_market(state: ConfigRecord) -> None:
+    """Clear the closed market's state for a re-launched one; keep its receipt in :data:`_EARLIER_AWARDS`."""
+    receipt = state.get(KEY_AWARD), state.get(KEY_AWARD_SIGNATURE)
+    kept = state.get(_EARLIER_AWARDS, [])
+    receipts = [item for item in kept if isinstance(item, bytes)] if isinstance(kept, list) else []
+    if isinstance(receipt[0], bytes) and isinstance(receipt[1], bytes):
+        receipts += [receipt[0], receipt[1]]
+    _store_pass_client(state, None)
+    for key in [key for key in state if key not in (_EARLIER_AWARDS,)]:
+        del state[key]
+    if receipts:
+        state[_EARLIER_AWARDS] = receipts
 
 
 def _close_pass_state(state: ConfigRecord) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -13,6 +14,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from flmarket_flwr.market.ledger import RosterHistory
+from flmarket_flwr.market.membership import Member, check_membership
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, SkellamNoise
 from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_DELTA, SECURE_PROFILE_EPSILON
 from flmarket_flwr.pricing.auction import VALUE_RANGE
@@ -109,6 +111,17 @@ class MarketConfig:
         clients check and endorse before any winner opens its counts. Nodes may pin its public half
         (node config ``market-buyer-key``) and then refuse any other. ``None`` (default): a fresh key per
         market, its public half logged.
+    include : Mapping[int | str, float], optional
+        Nodes that must train, by node id (an int) or by the tag they declare (a str: node config
+        ``market-tag``, the node's own word) -> the fixed payment each is paid
+        (:mod:`~flmarket_flwr.market.membership`). They take no part in PASS or the auction; their payments are
+        charged against ``budget`` before the auction runs, which then runs over the other nodes with
+        ``R' = budget - sum(payments)`` (so it stays truthful, and all payments together stay within
+        ``budget``); the award records them. Each must be connected when the market runs. Default: none.
+    exclude : tuple[int | str, ...], optional
+        Nodes the market never invites, by id (each must be connected when the market runs: a typo is an error)
+        or by tag.
+        A node in both lists, or included payments that leave no budget, is a ``ValueError`` naming the list.
     """
 
     budget: float
@@ -132,6 +145,8 @@ class MarketConfig:
     security: str = "semi-honest"
     pass_reruns: int = 2
     buyer_key: Ed25519PrivateKey | None = None
+    include: Mapping[Member, float] = field(default_factory=dict)
+    exclude: tuple[Member, ...] = ()
 
     def __post_init__(self) -> None:
         """Validate every field; apply the secure profile's settings (``security="malicious"``)."""
@@ -183,6 +198,13 @@ class MarketConfig:
         check_int("pass_reruns", self.pass_reruns, minimum=0)
         if self.buyer_key is not None and not isinstance(self.buyer_key, Ed25519PrivateKey):
             raise TypeError(f"buyer_key must be an Ed25519PrivateKey or None, got {type(self.buyer_key).__name__}")
+        object.__setattr__(self, "include", dict(self.include))
+        check_membership(self.include, list(self.exclude), self.budget)
+        ids, tags = (
+            sorted({m for m in self.exclude if isinstance(m, int)}),
+            sorted({m for m in self.exclude if isinstance(m, str)}),
+        )
+        object.__setattr__(self, "exclude", (*ids, *tags))
 
     def step_timeout(self, num_nodes: int) -> float:
         """Seconds a message round to ``num_nodes`` nodes may take: ``timeout + timeout_per_node * num_nodes``."""
@@ -261,6 +283,9 @@ class MarketOutcome:
     award_digest : bytes
         SHA-256 of the final buyer-signed award (:class:`~flmarket_flwr.market.award.Award`) that every
         contacted node was sent; ``b""`` if none was made.
+    included : dict[int, float]
+        The nodes the buyer included (:attr:`MarketConfig.include`) -> their fixed payment, also in ``payments``
+        and ``total_payment``; they train with the winners (:attr:`cohort`) but took no part in the auction.
     """
 
     winners: list[int]
@@ -281,6 +306,7 @@ class MarketOutcome:
     status: str = "succeeded"
     reason: str = ""
     invited: list[int] = field(default_factory=list)
+    included: dict[int, float] = field(default_factory=dict)
 
     @classmethod
     def failed(
@@ -314,6 +340,11 @@ class MarketOutcome:
     award_digest: bytes = b""
 
     @property
+    def cohort(self) -> list[int]:
+        """The nodes that train: the included nodes (ascending), then the winners in selection order."""
+        return sorted(self.included) + [node for node in self.winners if node not in self.included]
+
+    @property
     def within_budget(self) -> bool:
         """Whether the total payment is within the budget (always in budget mode)."""
         return self.total_payment <= self.budget * (1.0 + 1e-12)
@@ -325,6 +356,7 @@ class MarketOutcome:
             "reason": self.reason,
             "invited": list(self.invited),
             "winners": list(self.winners),
+            "included": dict(self.included),
             "participants": list(self.participants),
             "pass_participants": list(self.pass_participants),
             "scores": dict(self.scores),

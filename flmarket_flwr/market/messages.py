@@ -23,6 +23,7 @@ __all__ = [
     "ACTION_MASK",
     "ACTION_SHARE",
     "ACTION_SURVIVORS",
+    "ACTION_TAGS",
     "ACTION_UNMASK",
     "KEY_ACCEPTED",
     "KEY_AWARD",
@@ -63,6 +64,8 @@ ACTION_BID: Final = "market_bid"
 ACTION_ENDORSE: Final = "market_endorse"
 ACTION_AUDIT: Final = "market_audit"
 ACTION_AWARD: Final = "market_award"
+ACTION_TAGS: Final = "market_tags"
+"""Before a market whose buyer includes or excludes nodes by tag: each connected node says its ``market-tag``."""
 ACTIONS: Final = (
     ACTION_ADVERTISE,
     ACTION_SHARE,
@@ -73,6 +76,7 @@ ACTIONS: Final = (
     ACTION_ENDORSE,
     ACTION_AUDIT,
     ACTION_AWARD,
+    ACTION_TAGS,
 )
 
 # --- Record keys ---------------------------------------------------------------------------------
@@ -86,6 +90,8 @@ KEY_ROSTER_NODE_IDS: Final = "roster-node-ids"
 KEY_ROSTER_WANTED: Final = "roster-wanted"
 """Advertise step: the roster's node ids in PASS-index order, as big-endian uint64 words (``8 E`` bytes: one item,
 not ``E``, for Flower's record checks); their ``roster_fingerprint`` is the request's ``roster``."""
+KEY_TAG: Final = "tag"
+"""Tags step reply: the node's ``market-tag`` (``""``: none)."""
 KEY_SESSION: Final = "session"
 KEY_GLOBAL_COUNTS: Final = "global-counts"
 KEY_NUM_CLIENTS: Final = "num-clients"

@@ -52,6 +52,7 @@ __all__ = [
     "complete_graph_of",
     "identity_directory_of",
     "identity_key_of",
+    "market_tag_of",
     "min_participants_of",
     "node_noise_of",
     "noise_ceiling_of",
@@ -162,6 +163,9 @@ MARKET_NODE_KEYS: Final[tuple[NodeKey, ...]] = (
             'signed the directory; "" for none', _public_key_or_empty, 'an Ed25519 public key in 64 hex digits, or ""'),
     NodeKey("identity-directory-unpinned", bool, False, "true: take the directory with neither pin (only where "
             "this node's operator wrote it, never the buyer)"),
+    NodeKey("market-tag", str, "", 'a label the buyer may include or exclude this node by (run config market-include '
+            '/ market-exclude "tag:<label>"); the node\'s own word, sent to the buyer before a market that asks; '
+            '"" for none'),
     NodeKey("market-buyer-key", str, "", 'the buyer\'s Ed25519 public key (64 hex) this node pins; "" for none',
             _public_key_or_empty, 'an Ed25519 public key in 64 hex digits, or ""'),
     # PASS: the rosters and graphs the node takes part in.
@@ -370,6 +374,11 @@ def identity_directory_of(context: Context) -> IdentityDirectory | None:
         pinned = [name for name in keys if _value(context, name)]
         hint = "" if pinned else "; set identity-directory-digest or identity-directory-signer"
         raise ValueError(f"node-config {'/'.join(pinned) or 'identity-directory'}: {error}{hint}") from error
+
+
+def market_tag_of(context: Context) -> str:
+    """The node's ``market-tag`` (``""``: none)."""
+    return str(_value(context, "market-tag"))
 
 
 def buyer_key_of(context: Context) -> bytes | None:

@@ -28,11 +28,13 @@ from flmarket_flwr.market.client import LABEL_COUNTS_FAILED
 from flmarket_flwr.market.config import MarketConfig, MarketOutcome, PassSession
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.ledger import LedgerError
+from flmarket_flwr.market.membership import auction_budget, names_a_tag, plan_membership
 from flmarket_flwr.market.messages import (
     ACTION_AUDIT,
     ACTION_AWARD,
     ACTION_BID,
     ACTION_ENDORSE,
+    ACTION_TAGS,
     KEY_AWARD,
     KEY_AWARD_DIGEST,
     KEY_AWARD_SIGNATURE,
@@ -44,6 +46,7 @@ from flmarket_flwr.market.messages import (
     KEY_GLOBAL_COUNTS,
     KEY_NUM_CLIENTS,
     KEY_SESSION,
+    KEY_TAG,
     KEY_TRANSCRIPT,
     ReplyError,
     read_config,
@@ -81,8 +84,9 @@ class MarketPhase:
     -----
     Steps (each a round of Flower ``query`` messages, see :mod:`flmarket_flwr.market.messages`):
 
-    1. Wait for the nodes (bounded), leave out those a ``roster_history`` says would make the clients' release
-       ledgers refuse (:meth:`MarketPhase.planned_roster`), and run PASS over the rest
+    1. Wait for the nodes (bounded), set aside the buyer's included and excluded nodes (:meth:`MarketPhase.admitted`;
+       by tag, after asking every node its ``market-tag``), leave out those a ``roster_history`` says would make the
+       clients' release ledgers refuse (:meth:`MarketPhase.planned_roster`), and run PASS over the rest
        (:mod:`flmarket_flwr.market.pass_rounds`): the server learns the global counts ``N_s`` and each
        survivor's commitment to its counts, once. A session that fails closed before any unmask request is
        run again without the clients it named (``pass_reruns`` times at most), so one client cannot stop PASS
@@ -116,6 +120,7 @@ class MarketPhase:
         self._contacted: set[int] = set()
         self._invited: list[int] = []
         self._session = b""
+        self._included: dict[int, float] = {}
         self.pass_sessions: list[PassSession] = []
         """The PASS sessions of the last :meth:`run`, in order."""
         self._buyer_key = config.buyer_key if config.buyer_key is not None else Ed25519PrivateKey.generate()
@@ -146,6 +151,7 @@ class MarketPhase:
         self._contacted = set()
         self._invited = []
         self._session = b""
+        self._included = {}
         self.pass_sessions = []
         self._buyer_key = self.config.buyer_key if self.config.buyer_key is not None else Ed25519PrivateKey.generate()
         if self.config.buyer_key is None:
@@ -157,7 +163,8 @@ class MarketPhase:
         timings: dict[str, float] = {}
         started = time.perf_counter()
         try:
-            nodes = self.planned_roster(self._timed(timings, "wait_for_nodes", lambda: self.wait_for_nodes(grid)))
+            connected = self._timed(timings, "wait_for_nodes", lambda: self.wait_for_nodes(grid))
+            nodes = self.planned_roster(self.admitted(grid, connected))
             self._invited = list(nodes)
             pass_result = self._timed(timings, "pass", lambda: self.run_pass(grid, nodes))
             self._record_release(pass_result.participants)
@@ -180,8 +187,8 @@ class MarketPhase:
             participants=bidders,
             scores={node: bids[node][0] for node in bidders},
             bids={node: bids[node][1] for node in bidders},
-            payments=award.payments,
-            total_payment=math.fsum(award.payments.values()),  # exact: independent of the node-id order
+            payments={**award.payments, **self._included},
+            total_payment=math.fsum([*award.payments.values(), *self._included.values()]),  # exact, in any order
             budget=float(self.config.budget),
             global_counts=[int(c) for c in pass_result.global_counts],
             excluded=dict(self._excluded),
@@ -193,12 +200,15 @@ class MarketPhase:
             invited=sorted(self._invited),
             pass_sessions=list(self.pass_sessions),
             award_digest=result.signed.digest,
+            included=dict(self._included),
         )
         log(
             INFO,
-            "Market: %d winners of %d bidders (%d invited, %d excluded%s), total payment %.4g (budget %.4g)",
+            "Market: %d winners of %d bidders, %d included (%d invited, %d excluded%s), total payment %.4g "
+            "(budget %.4g)",
             len(award.winners),
             len(bidders),
+            len(self._included),
             len(self._invited),
             len(self._excluded),
             f": {outcome.exclusion_summary()}" if self._excluded else "",
@@ -209,9 +219,11 @@ class MarketPhase:
 
     @property
     def terms(self) -> AwardTerms:
-        """The market's terms, announced with the PASS advertisement: budget, cohort cap (0: none), buyer key."""
+        """The market's terms, announced with the PASS advertisement: the auction's budget (``R`` less the included
+        nodes' payments), cohort cap (0: none), buyer key."""
         public = self._buyer_key.public_key().public_bytes_raw()
-        return AwardTerms(float(self.config.budget), self.config.num_winners or 0, public)
+        budget = auction_budget(self.config.budget, self._included.values())
+        return AwardTerms(budget, self.config.num_winners or 0, public)
 
     # --- Step 0: nodes -------------------------------------------------------------------------
     def wait_for_nodes(self, grid: Grid) -> list[int]:
@@ -253,6 +265,64 @@ class MarketPhase:
                 cfg.wait_for_nodes_timeout,
             )
         return nodes
+
+    def admitted(self, grid: Grid, nodes: Sequence[int]) -> list[int]:
+        """``nodes`` less the buyer's included and excluded nodes (:attr:`MarketConfig.include` / ``exclude``).
+
+        The included nodes and their fixed payments are kept for the award (the auction's budget is what they
+        leave); neither kind is sent any market message but, when a list names a tag, the tags query
+        (:meth:`collect_tags`), whose silent nodes are left out. Without either list, ``nodes`` unchanged.
+
+        Raises
+        ------
+        MarketError
+            An included or excluded node not connected, or fewer than ``min_clients`` (or than ``num_winners``)
+            nodes left for the auction; each names the run-config key.
+        """
+        cfg = self.config
+        if not cfg.include and not cfg.exclude:
+            return list(nodes)
+        tags = self.collect_tags(grid, nodes) if names_a_tag(cfg.include, cfg.exclude) else None
+        try:
+            plan = plan_membership(
+                list(nodes) if tags is None else sorted(tags), cfg.include, cfg.exclude, cfg.budget, tags
+            )
+        except ValueError as err:
+            raise MarketError(str(err)) from err
+        self._included = plan.included
+        for node in plan.excluded:
+            log(INFO, "Market: node %d is never invited (MarketConfig.exclude, run config market-exclude)", node)
+        if plan.included:
+            log(
+                INFO,
+                "Market: %d node(s) included outside the auction, paid %.4g in all; the auction's budget is %.4g",
+                len(plan.included),
+                math.fsum(plan.included.values()),
+                self.terms.budget,
+            )
+        self.require_enough(plan.invited, "the nodes left for the auction after market-include and market-exclude")
+        if cfg.num_winners is not None and cfg.num_winners > len(plan.invited):
+            raise MarketError(
+                f"num_winners (run config: num-selected) is {cfg.num_winners} but only {len(plan.invited)} nodes are "
+                "left for the auction after market-include and market-exclude"
+            )
+        return plan.invited
+
+    def collect_tags(self, grid: Grid, nodes: Sequence[int]) -> dict[int, str]:
+        """Ask ``nodes`` for their ``market-tag``; return ``{node: tag}`` of those that answer (``""``: none).
+
+        A node that does not answer is excluded with the reason and left out of this market: an exclude by tag
+        must not be dodged by staying silent.
+        """
+
+        def read(reply: Message) -> str:
+            tag = read_config(reply).get(KEY_TAG)
+            if not isinstance(tag, str):
+                raise ReplyError(f"'{KEY_TAG}' must be a str")
+            return tag.strip()
+
+        requests = {node: config_record({}) for node in nodes}
+        return dict(self.validated(ACTION_TAGS, requests, self.exchange(grid, ACTION_TAGS, requests), read))
 
     def planned_roster(self, nodes: Sequence[int]) -> list[int]:
         """``nodes`` less those that would let this sum be differenced to a small group (``roster_history``).
@@ -448,7 +518,9 @@ class MarketPhase:
                 len(bids),
             )
         try:
-            return build_award(int(grid.run.run_id), pass_result.session, pass_result.transcript, self.terms, bids)
+            return build_award(
+                int(grid.run.run_id), pass_result.session, pass_result.transcript, self.terms, bids, self._included
+            )
         except ValueError as err:  # every score and bid was validated on arrival; kept as a clear error all the same
             raise MarketError(f"the auction rejected its input: {err}") from err
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from logging import ERROR, INFO
+from dataclasses import dataclass
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +31,12 @@ from flmarket_flwr.market.config import MarketConfig, MarketOutcome
 from flmarket_flwr.market.delivery import DeliveryLedger
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.grid_view import WinnersGrid
+from flmarket_flwr.market.membership import Member
+from flmarket_flwr.market.relaunch import RELAUNCH_METRIC, RelaunchPolicy
 from flmarket_flwr.market.server import MarketPhase
 from flmarket_flwr.pass_protocol import IdentityDirectory
 
-__all__ = ["FLMarket", "log_market_outcome", "start_on_nodes"]
+__all__ = ["FLMarket", "MarketEntry", "log_market_outcome", "start_on_nodes"]
 
 _MIN_NODE_SETTINGS = ("min_available_nodes", "min_train_nodes", "min_evaluate_nodes")
 
@@ -44,13 +47,15 @@ class FLMarket(Strategy):
     The market phase runs PASS (the server learns the sum of the clients' label counts, never one
     client's), collects each client's score and bid, runs the truthful budget-feasible reverse
     auction and sends the awards; the outcome is kept in :attr:`market_outcome`. Then the wrapped
-    strategy sees only a :class:`~flmarket_flwr.market.WinnersGrid`: no other node ever receives a
+    strategy sees only a :class:`~flmarket_flwr.market.WinnersGrid` of the winners and the nodes the buyer
+    included (:attr:`MarketConfig.include`, :attr:`MarketOutcome.cohort`): no other node ever receives a
     train or evaluate message.
 
     The market runs in :meth:`start` when ``FLMarket`` is the outermost strategy, and in the first
     :meth:`configure_train` or :meth:`configure_evaluate` when another wrapper (Flower's
     differential-privacy strategies, say) sits outside it and drives the rounds with the inherited
-    ``Strategy.start``: the guarantee holds in any nesting order, and the market runs once.
+    ``Strategy.start``: the guarantee holds in any nesting order, and the market runs once (again between
+    rounds only with a ``relaunch`` policy).
 
     Parameters
     ----------
@@ -63,9 +68,10 @@ class FLMarket(Strategy):
     num_classes : int, optional
         Number of classes ``C``. Required unless ``market_config`` is given.
     market_config : MarketConfig, optional
-        Every market setting (cohort cap, timeouts, PASS graph, ...); then ``budget``, ``num_classes``,
-        ``security`` and ``directory`` must be left unset. Those four are a drop-in's shorthand for
-        ``MarketConfig(budget=..., num_classes=..., security=..., directory=...)``, the rest at its defaults.
+        Every market setting (cohort cap, timeouts, PASS graph, members, ...); then ``budget``, ``num_classes``,
+        ``security``, ``directory``, ``include`` and ``exclude`` must be left unset. Those are a drop-in's
+        shorthand for ``MarketConfig(budget=..., num_classes=..., security=..., directory=..., include=...,
+        exclude=...)``, the rest at its defaults.
     seed : int or None (default: 0)
         Seeds the wrapped strategy's node sampling among the winners (see ``WinnersGrid``).
     absent_timeout : float or None (default: 600.0)
@@ -83,6 +89,19 @@ class FLMarket(Strategy):
         The directory of the nodes' identity keys (or the path of its JSON file), the same one the nodes pin:
         with it the buyer checks the nodes' signatures and names those that break the protocol. Required by
         ``security="malicious"``.
+    include : Mapping[int | str, float], optional
+        Nodes that must train, node id or tag (node config ``market-tag``) -> fixed payment, outside the auction;
+        the payments are charged against ``budget`` before it runs (:attr:`MarketConfig.include`).
+    exclude : Iterable[int | str], optional
+        Nodes never invited, by id or tag (:attr:`MarketConfig.exclude`).
+    relaunch : RelaunchPolicy, optional
+        Run the market again between rounds (:class:`~flmarket_flwr.market.relaunch.RelaunchPolicy`: every N
+        rounds, on churn, on a shrunken cohort; a wrapped strategy may also ask, with the metric
+        ``market-relaunch`` or :meth:`request_market`). FLMarket then drives the rounds itself (Flower's
+        ``Strategy.start`` over these hooks) and the wrapped strategy goes on, on the same global model, with
+        each new cohort. Each market has its own budget ``R``; :attr:`markets` keeps every one, run or skipped.
+        A market that cannot run (nodes decline a second release of their counts without a privacy budget,
+        too few are left, ...) is skipped with a log line and training goes on with the previous cohort.
 
     Notes
     -----
@@ -94,7 +113,8 @@ class FLMarket(Strategy):
     composes with those wrappers in either order: outermost, its ``start`` runs the market first; wrapped
     (``DifferentialPrivacyServerSideFixedClipping(FLMarket(FedAvg()), ...)``, whose inherited ``start``
     calls the per-round hooks), its first ``configure_train``/``configure_evaluate`` runs the market on
-    the grid it is given. Either way the market runs once and only winners are ever sent a message.
+    the grid it is given. Either way the market runs once (without a ``relaunch`` policy) and only the cohort
+    (winners and included nodes) is ever sent a train or evaluate message.
     """
 
     # pylint: disable=too-many-arguments
@@ -110,11 +130,21 @@ class FLMarket(Strategy):
         settle_on_delivery: bool = False,
         security: str | None = None,
         directory: IdentityDirectory | str | Path | None = None,
+        include: Mapping[Member, float] | None = None,
+        exclude: Iterable[Member] | None = None,
+        relaunch: RelaunchPolicy | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(strategy, Strategy):
             raise TypeError(f"strategy must be a flwr Strategy, got {type(strategy).__name__}")
-        shorthand = {"budget": budget, "num_classes": num_classes, "security": security, "directory": directory}
+        shorthand = {
+            "budget": budget,
+            "num_classes": num_classes,
+            "security": security,
+            "directory": directory,
+            "include": include,
+            "exclude": exclude,
+        }
         given = sorted(name for name, value in shorthand.items() if value is not None)
         if market_config is not None and given:
             raise ValueError(f"give either market_config or {given}, not both")
@@ -123,7 +153,13 @@ class FLMarket(Strategy):
                 raise ValueError("FLMarket needs budget and num_classes (or a market_config)")
             if isinstance(directory, (str, Path)):
                 directory = IdentityDirectory.from_json(Path(directory))
-            market_config = MarketConfig(budget, num_classes, directory=directory)
+            market_config = MarketConfig(
+                budget,
+                num_classes,
+                directory=directory,
+                include=dict(include or {}),
+                exclude=tuple(exclude or ()),
+            )
             if security is not None:
                 market_config = dataclasses.replace(market_config, security=security)
         self.strategy = strategy
@@ -133,10 +169,18 @@ class FLMarket(Strategy):
         if not isinstance(settle_on_delivery, bool):
             raise TypeError(f"settle_on_delivery must be a bool, got {type(settle_on_delivery).__name__}")
         self.settle_on_delivery = settle_on_delivery
+        if relaunch is not None and not isinstance(relaunch, RelaunchPolicy):
+            raise TypeError(f"relaunch must be a RelaunchPolicy or None, got {type(relaunch).__name__}")
+        self.relaunch = relaunch if relaunch is not None and relaunch.enabled else None
         self.market_outcome: MarketOutcome | None = None
         self.delivery: DeliveryLedger | None = None
+        self.markets: list[MarketEntry] = []
+        """Every market of the run, in order: the first, then each re-launch (run, or skipped with its reason)."""
         self._winners_grid: WinnersGrid | None = None
         self._train_messages: dict[int, list[Message]] = {}
+        self._requested = ""
+        self._rounds_at_market = 0
+        self._connected_at_market: set[int] = set()
 
     # pylint: disable=too-many-positional-arguments
     def start(
@@ -170,10 +214,24 @@ class FLMarket(Strategy):
         MarketError
             If the market phase cannot run, or nobody won the auction (logged first).
         """
-        keywords = _start_keywords(self.strategy, {"should_stop": should_stop, **newer})
+        driver: type[Strategy] = Strategy if self.relaunch is not None else type(self.strategy)  # type: ignore[type-abstract]
+        keywords = _start_keywords(driver, {"should_stop": should_stop, **newer})
         log(INFO, "Starting FLMarket: market phase, then %s on the winners", type(self.strategy).__name__)
         self.market_outcome = None
         self._winners_grid = None
+        self.markets = []
+        if self.relaunch is not None:  # the rounds go through this strategy's hooks, which re-run the market
+            return Strategy.start(
+                self,
+                grid=grid,
+                initial_arrays=initial_arrays,
+                num_rounds=num_rounds,
+                timeout=timeout,
+                train_config=train_config,
+                evaluate_config=evaluate_config,
+                evaluate_fn=evaluate_fn,
+                **keywords,
+            )
         view = self.winners_grid(grid)
         return start_on_nodes(
             self.strategy,
@@ -198,24 +256,107 @@ class FLMarket(Strategy):
         if self._winners_grid is not None:
             return self._winners_grid
         try:
-            outcome = MarketPhase(self.market_config).run(grid)
-            self.market_outcome = outcome
-            log_market_outcome(outcome)
-            if not outcome.winners:
-                raise MarketError(
-                    f"no client won the auction ({len(outcome.participants)} bidders, budget "
-                    f"{outcome.budget:.4g}): nothing to train. Raise the budget, or look at the bids in the market log"
-                )
+            outcome = self._run_market(grid, self.market_config)
         except MarketError as err:
             if err.outcome is not None:  # the failed market's record: who was excluded at which step, and why
                 self.market_outcome = err.outcome
             log(ERROR, "FLMarket: the market phase failed: %s", err)
             raise
-        self.delivery = DeliveryLedger(outcome.winners)
+        self._rounds_at_market = 0
+        self._connected_at_market = set(grid.get_node_ids())
+        return self._adopt(grid, outcome, 1, "the first market")
+
+    def request_market(self, reason: str = "requested") -> None:
+        """Ask for a re-launch of the market before the next train round (with a :class:`RelaunchPolicy`)."""
+        self._requested = reason or "requested"
+
+    def _run_market(self, grid: Grid, config: MarketConfig) -> MarketOutcome:
+        """Run one market; :class:`MarketError` (with the outcome) when it fails or selects nobody."""
+        outcome = MarketPhase(config).run(grid)
+        log_market_outcome(outcome)
+        if not outcome.cohort:
+            err = MarketError(
+                f"no client won the auction ({len(outcome.participants)} bidders, budget "
+                f"{outcome.budget:.4g}): nothing to train. Raise the budget, or look at the bids in the market log"
+            )
+            err.outcome = outcome
+            raise err
+        return outcome
+
+    def _adopt(self, grid: Grid, outcome: MarketOutcome, first_round: int, reason: str) -> WinnersGrid:
+        """Make ``outcome``'s cohort the one that trains from ``first_round`` on, with its own delivery ledger."""
+        self.market_outcome = outcome
+        self.delivery = DeliveryLedger(outcome.cohort)
         self._winners_grid = WinnersGrid(
-            grid, outcome.winners, seed=self.seed, absent_timeout=self.absent_timeout, on_exchange=self.delivery.record
+            grid, outcome.cohort, seed=self.seed, absent_timeout=self.absent_timeout, on_exchange=self.delivery.record
         )
+        self.markets.append(MarketEntry(first_round, reason, outcome, self.delivery))
         return self._winners_grid
+
+    def _maybe_relaunch(self, server_round: int, grid: Grid) -> None:
+        """Before train round ``server_round``: run the market again if the policy says so; skip it if it fails."""
+        if self.relaunch is None or self.market_outcome is None:
+            return
+        connected = set(grid.get_node_ids())
+        reason = self.relaunch.reason(
+            rounds_since=server_round - 1 - self._rounds_at_market,
+            connected=connected,
+            at_last_market=self._connected_at_market,
+            cohort=self.market_outcome.cohort,
+            requested=self._requested,
+        )
+        if not reason:
+            return
+        self._requested = ""
+        self._rounds_at_market = server_round - 1
+        self._connected_at_market = connected
+        log(INFO, "FLMarket: re-launching the market before round %d (%s)", server_round, reason)
+        config = dataclasses.replace(  # no wait for the first market's node count; an excluded node may be gone
+            self.market_config,
+            expected_nodes=None,
+            exclude=tuple(node for node in self.market_config.exclude if node in connected),
+        )
+        try:
+            outcome = self._run_market(grid, config)
+        except MarketError as err:
+            record = err.outcome or MarketOutcome.failed(str(err), config.budget, [], {}, {})
+            self.markets.append(MarketEntry(server_round, reason, record, None))
+            log(
+                WARNING,
+                "FLMarket: market %d skipped (%s); training goes on with the previous cohort %s",
+                len(self.markets),
+                err,
+                self.market_outcome.cohort,
+            )
+            return
+        self._adopt(grid, outcome, server_round, reason)
+
+    def markets_report(self) -> list[dict[str, Any]]:
+        """One entry per market of the run (``market.json``'s ``markets``): when and why it ran, its outcome, and
+        its cohort's deliveries and settlement over the rounds it trained (``None`` for a skipped market)."""
+        return [
+            {
+                "market": position,
+                "before_round": entry.first_round,
+                "reason": entry.reason,
+                **entry.outcome.to_dict(),
+                "delivery": None
+                if entry.delivery is None
+                else entry.delivery.to_dict(entry.outcome.payments, on_delivery=self.settle_on_delivery),
+            }
+            for position, entry in enumerate(self.markets, start=1)
+        ]
+
+    def settled_across_markets(self) -> dict[int, float]:
+        """What each node is owed over every market of the run (each market settles its own awards)."""
+        owed: dict[int, float] = {}
+        for entry in self.markets:
+            if entry.delivery is None:
+                continue
+            settled = entry.delivery.settle(entry.outcome.payments, on_delivery=self.settle_on_delivery)
+            for node in entry.delivery.records:
+                owed[node] = owed.get(node, 0.0) + settled.get(node, 0.0)
+        return owed
 
     def delivery_report(self) -> dict[str, Any]:
         """Per winner: train messages sent, updates returned, why not, its award and what it is owed.
@@ -237,7 +378,10 @@ class FLMarket(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """The wrapped strategy's train messages, addressed to winners only (the market runs first, once)."""
+        """The wrapped strategy's train messages, addressed to winners only (the market runs first, and again
+        when the :class:`RelaunchPolicy` says so)."""
+        if self._winners_grid is not None and grid is not self._winners_grid:
+            self._maybe_relaunch(server_round, grid)
         view = self._view_of(grid)
         with _capped_min_nodes(self.strategy, len(view.node_ids)):
             messages = list(self.strategy.configure_train(server_round, arrays, config, view))
@@ -252,7 +396,10 @@ class FLMarket(Strategy):
         sent = self._train_messages.pop(server_round, None)
         if sent is not None and self.delivery is not None:
             self.delivery.record(sent, replies)
-        return self.strategy.aggregate_train(server_round, replies)
+        arrays, metrics = self.strategy.aggregate_train(server_round, replies)
+        if metrics is not None and metrics.get(RELAUNCH_METRIC):
+            self.request_market(f"the wrapped strategy's {RELAUNCH_METRIC} metric")
+        return arrays, metrics
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -271,6 +418,17 @@ class FLMarket(Strategy):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Delegate to the wrapped strategy."""
         return self.strategy.aggregate_evaluate(server_round, replies)
+
+
+@dataclass(frozen=True)
+class MarketEntry:
+    """One market of a run: before which round it ran, why, its outcome, and its cohort's delivery ledger
+    (``None`` for a market that was skipped: its outcome's ``status`` is ``"failed"``, with the reason)."""
+
+    first_round: int
+    reason: str
+    outcome: MarketOutcome
+    delivery: DeliveryLedger | None
 
 
 def start_on_nodes(strategy: Strategy, grid: WinnersGrid, **start_args: Any) -> Result:
@@ -296,12 +454,12 @@ def start_on_nodes(strategy: Strategy, grid: WinnersGrid, **start_args: Any) -> 
     TypeError
         If a keyword with a value other than ``None`` is one ``strategy.start`` does not take.
     """
-    keywords = _start_keywords(strategy, start_args)
+    keywords = _start_keywords(type(strategy), start_args)
     with _capped_min_nodes(strategy, len(grid.node_ids)):
         return strategy.start(grid=grid, **keywords)
 
 
-def _start_keywords(strategy: Strategy, keywords: dict[str, Any]) -> dict[str, Any]:
+def _start_keywords(strategy_type: type[Strategy], keywords: dict[str, Any]) -> dict[str, Any]:
     """The keywords that ``strategy.start`` takes, out of ``keywords``.
 
     Flower adds keywords to ``Strategy.start`` over releases (``should_stop`` in 1.43). A keyword that the
@@ -311,8 +469,8 @@ def _start_keywords(strategy: Strategy, keywords: dict[str, Any]) -> dict[str, A
 
     Parameters
     ----------
-    strategy : Strategy
-        The strategy whose ``start`` is to be called.
+    strategy_type : type[Strategy]
+        The type of the strategy whose ``start`` is to be called.
     keywords : dict[str, Any]
         Keyword arguments meant for it.
 
@@ -326,13 +484,13 @@ def _start_keywords(strategy: Strategy, keywords: dict[str, Any]) -> dict[str, A
     TypeError
         If a keyword with a value other than ``None`` is one ``strategy.start`` does not take.
     """
-    names, takes_any = _start_parameters(type(strategy))
+    names, takes_any = _start_parameters(strategy_type)
     if takes_any:
         return dict(keywords)
     refused = sorted(name for name, value in keywords.items() if name not in names and value is not None)
     if refused:
         raise TypeError(
-            f"{type(strategy).__name__}.start() takes no {', '.join(refused)} in the installed Flower "
+            f"{strategy_type.__name__}.start() takes no {', '.join(refused)} in the installed Flower "
             f"(flwr {flwr.__version__}): upgrade Flower, or leave {', '.join(refused)} unset"
         )
     return {name: value for name, value in keywords.items() if name in names}
@@ -371,6 +529,8 @@ def log_market_outcome(outcome: MarketOutcome) -> None:
         len(outcome.winners),
         len(outcome.excluded),
     )
+    for node_id, payment in outcome.included.items():
+        log(INFO, "\t│\t├── node %s: included, fixed payment %.2f", node_id, float(payment))
     for node_id in outcome.winners:
         log(
             INFO,

@@ -1,0 +1,96 @@
+"""When to run the market again inside one Flower run: every N rounds, on churn, on a shrunken cohort, on request.
+
+:class:`RelaunchPolicy` says whether a re-launch is due before a round, and why; ``FLMarket`` asks it before every
+train round once the first market has run. Pure: no Flower.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["RELAUNCH_METRIC", "RelaunchPolicy"]
+
+RELAUNCH_METRIC: Final = "market-relaunch"
+"""A wrapped strategy asks for a re-launch by returning this key, non-zero, in its aggregated train metrics."""
+
+
+@dataclass(frozen=True)
+class RelaunchPolicy:
+    """When ``FLMarket`` runs the market again between rounds (every criterion at ``0`` is off).
+
+    Parameters
+    ----------
+    every_rounds : int (default: 0)
+        Re-launch every this many rounds after the last market (attempted or run).
+    churn_fraction : float (default: 0.0)
+        Re-launch when the nodes that joined or left since the last market are more than this fraction of the
+        nodes connected then.
+    min_cohort : int (default: 0)
+        Re-launch when fewer than this many of the cohort (winners and included nodes) are connected.
+
+    A wrapped strategy may also ask (:data:`RELAUNCH_METRIC`, or ``FLMarket.request_market``), whatever the
+    criteria. Each re-launch is another PASS release of the global counts: nodes join it only with a release
+    ledger and a privacy budget (the secure profile), which composes the releases' noise.
+    """
+
+    every_rounds: int = 0
+    churn_fraction: float = 0.0
+    min_cohort: int = 0
+
+    def __post_init__(self) -> None:
+        """Check each criterion; a ``ValueError`` names the field (the app's run-config schema names its key)."""
+        for name in ("every_rounds", "min_cohort"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0 (0: off), got {value!r}")
+        churn = self.churn_fraction
+        if isinstance(churn, bool) or not isinstance(churn, (int, float)) or not 0 <= churn < math.inf:
+            raise ValueError(f"churn_fraction must be a finite number >= 0 (0: off), got {churn!r}")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any criterion is on."""
+        return bool(self.every_rounds or self.churn_fraction or self.min_cohort)
+
+    def reason(
+        self,
+        *,
+        rounds_since: int,
+        connected: Collection[int],
+        at_last_market: Collection[int],
+        cohort: Sequence[int],
+        requested: str = "",
+    ) -> str:
+        """Why a re-launch is due before this round (``""``: it is not).
+
+        Parameters
+        ----------
+        rounds_since : int
+            Train rounds since the last market (attempted or run).
+        connected : Collection[int]
+            The nodes connected now.
+        at_last_market : Collection[int]
+            The nodes connected at the last market.
+        cohort : Sequence[int]
+            The nodes the last market selected (winners and included nodes).
+        requested : str
+            Why the wrapped strategy asked for one (``""``: it did not).
+        """
+        if requested:
+            return f"requested: {requested}"
+        if self.every_rounds and rounds_since >= self.every_rounds:
+            return f"{rounds_since} rounds since the last market (market-relaunch-every {self.every_rounds})"
+        now, before = set(connected), set(at_last_market)
+        changed = len(now ^ before)
+        if self.churn_fraction and changed > self.churn_fraction * max(len(before), 1):
+            return (
+                f"{len(now - before)} node(s) joined and {len(before - now)} left of {len(before)} "
+                f"(market-relaunch-churn {self.churn_fraction:g})"
+            )
+        present = len(set(cohort) & now)
+        if self.min_cohort and present < self.min_cohort:
+            return f"{present} of the cohort connected (market-relaunch-min-cohort {self.min_cohort})"
+        return ""
