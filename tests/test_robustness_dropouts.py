@@ -41,6 +41,7 @@ from flmarket_flwr.market.messages import (
     ACTION_BID,
     ACTION_ENDORSE,
     ACTION_SURVIVORS,
+    ACTION_TAGS,
     ACTION_UNMASK,
     ACTIONS,
 )
@@ -52,7 +53,7 @@ MARKUP = 0.2
 TIMEOUT = 0.25  # seconds per message round: small, so that waiting for the departed stays cheap
 SLACK = 1.0  # scheduling slack allowed on top of each bound (a loaded 2-core CI machine)
 ROUND_SLACK = 2.0  # a market round, push to next push, also holds the in-process clients' own PASS work
-STEPS = tuple(a for a in ACTIONS if a != ACTION_SURVIVORS)  # advertise ... award (no consistency round)
+STEPS = tuple(a for a in ACTIONS if a not in (ACTION_SURVIVORS, ACTION_TAGS))  # advertise ... award (no tags step)
 
 
 class PollingGrid(InProcessGrid):
