@@ -1,10 +1,9 @@
-"""Flower ``ConfigRecord`` s built, read and serialised without Flower's per-item overhead; same rules, same bytes.
+"""Flower records built, read and serialised at the market's volume: Flower's checks, Flower's bytes, fewer calls.
 
-The helpers apply Flower's own checks in one pass (:func:`check_value`) and serialise a record, a node's
-``Context`` (:func:`context_to_bytes`) and a message's object tree (:func:`deflate_message`,
-:func:`inflate_message`) byte for byte as Flower does, falling back to Flower's functions for what they do
-not handle. They rely on a few Flower internals, checked on import (:data:`FAST_STORAGE`);
-``tests/test_market_records.py`` compares every function with Flower's own.
+Everything here is Flower's public record API (``ConfigRecord``, ``RecordDict``, ``Message``, ``Context`` and
+their serialisation) except two accelerators, each checked on import and replaced by Flower's own path where a
+Flower lacks it: :data:`FAST_STORAGE` and :data:`FAST_IDS`. ``tests/test_market_records.py`` holds both paths
+byte for byte equal to Flower's.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from flwr.common.serde import (
     metric_record_to_proto,
     user_config_value_to_proto,
 )
-from flwr.common.serde_utils import _record_value_to_proto
 from flwr.proto.message_pb2 import Context as ProtoContext  # pylint: disable=E0611
 from flwr.proto.recorddict_pb2 import (  # pylint: disable=E0611
     BoolList,
@@ -36,9 +34,9 @@ from flwr.proto.recorddict_pb2 import ConfigRecord as ProtoConfigRecord  # pylin
 from flwr.proto.recorddict_pb2 import ConfigRecordValue as ProtoConfigRecordValue  # pylint: disable=E0611
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict  # pylint: disable=E0611
 from flwr.proto.transport_pb2 import Scalar  # pylint: disable=E0611
+from flwr.supercore.inflatable import inflatable_object
 from flwr.supercore.inflatable.inflatable_object import (
     InflatableObject,
-    _get_computed_object_ids,
     add_header_to_object_body,
     get_all_nested_objects,
     get_object_body,
@@ -59,7 +57,7 @@ __all__ = [
 
 _SCALARS = (bool, int, float, str, bytes)
 """Flower's ``ConfigScalar`` types (``typing.get_args(flwr.app.ConfigScalar)``)."""
-_FLOWER_ORDER = [bool, int, float, str, bytes]
+_FLOWER_ORDER: list[type[Any]] = [bool, int, float, str, bytes]
 """Flower's serialiser tries the types in this order (``bool`` first: ``isinstance(True, int)``)."""
 _SCALAR_FIELD = {bool: "bool", int: "sint64", float: "double", str: "string", bytes: "bytes"}
 _LIST_CLASS = {
@@ -76,9 +74,15 @@ def _data(record: ConfigRecord) -> dict[str, Any]:
 
 
 FAST_STORAGE = isinstance(ConfigRecord().__dict__.get("_data"), dict)
-"""Whether this Flower keeps a record's items in ``__dict__['_data']`` (1.41 does). If a later Flower does not,
-:func:`set_values` takes Flower's own ``record[key] = value``: slower, never broken (the market's client and server
-use nothing else here; the in-process grid's serialisers need the storage)."""
+"""Whether this Flower keeps a record's items in ``__dict__['_data']`` (1.41 and 1.42 do): then the checked items
+of :func:`set_values` and the deserialised ones are written there once, without Flower's per-item ``typing`` calls.
+Otherwise Flower's own ``record[key] = value`` and ``ConfigRecord(items)``: slower, the same records."""
+
+_computed_object_ids = getattr(inflatable_object, "_get_computed_object_ids", None)
+FAST_IDS = callable(_computed_object_ids)
+"""Whether this Flower exposes the set of object ids computed under ``no_object_id_recompute()`` (1.41 and 1.42
+do): then :func:`deflate_message` deflates each object once and registers its id there, as ``object_id`` does.
+Otherwise Flower's own ``{i: o.deflate() for i, o in get_all_nested_objects(message).items()}``: the same bytes."""
 
 
 def check_value(key: object, value: object) -> None:
@@ -115,7 +119,7 @@ def set_values(record: ConfigRecord, values: Mapping[str, Any]) -> None:
     ``bool``, ``int``, ``float``, ``str`` or ``bytes``; a list whose items are all instances of its first item's
     type, that type being one of those) in one pass, and write the checked values into the record; the
     serialisers give **byte for byte** the protobuf Flower's :mod:`flwr.common.serde` gives (a test compares
-    them), falling back to Flower's own functions for every case they do not handle themselves.
+    them), with Flower's rule for every value (:func:`_any_value_to_proto`).
     """
     if not FAST_STORAGE:
         for key, value in values.items():
@@ -127,7 +131,7 @@ def set_values(record: ConfigRecord, values: Mapping[str, Any]) -> None:
         data[key] = value
 
 
-# --- Serialisation (identical to flwr.common.serde) --------------------------------------------------
+# --- Serialisation (the protobuf of flwr.common.serde) -----------------------------------------------
 def _value_to_proto(value: Any) -> ProtoConfigRecordValue:
     kind = type(value)
     if kind is list and value:
@@ -140,26 +144,52 @@ def _value_to_proto(value: Any) -> ProtoConfigRecordValue:
     elif kind in _SCALAR_FIELD:
         field = "uint64" if kind is int and value > INT64_MAX_VALUE else _SCALAR_FIELD[kind]
         return ProtoConfigRecordValue(**{field: value})
-    # Empty lists, subclasses, mixed lists: Flower's own rule.
-    return _record_value_to_proto(value, _FLOWER_ORDER, ProtoConfigRecordValue)
+    return _any_value_to_proto(value)
+
+
+def _any_value_to_proto(value: Any) -> ProtoConfigRecordValue:
+    """Flower's rule for any value (``serde_utils._record_value_to_proto``): subclasses, empty and mixed lists.
+
+    The types are tried in Flower's order; the first that the value, or every item of the list, is an instance of
+    gives the field. An ``int`` list may hold ``bool`` s (``ConfigRecord`` accepts ``[1, True]``): they are
+    written as ``1`` and ``0``, the bytes protobuf writes for them, but without protobuf's "Expected an int, got a
+    boolean" warning (an error from protobuf 7.34).
+    """
+    field: dict[str, Any] = {}
+    for kind in _FLOWER_ORDER:
+        if isinstance(value, kind):
+            name = "uint64" if kind is int and value > INT64_MAX_VALUE else _SCALAR_FIELD[kind]
+            field[name] = value
+            return ProtoConfigRecordValue(**field)
+        if isinstance(value, list) and all(isinstance(item, kind) for item in value):
+            list_class, name = _LIST_CLASS[kind]
+            items = [int(item) for item in value] if kind is int else value
+            if kind is int and any(item > INT64_MAX_VALUE for item in items):
+                list_class, name = UintList, "uint_list"
+            field[name] = list_class(vals=items)
+            return ProtoConfigRecordValue(**field)
+    raise TypeError(f"The type of the following value is not allowed in 'ConfigRecordValue':\n{value}")
 
 
 def config_record_to_proto(record: ConfigRecord) -> ProtoConfigRecord:
     """``flwr.common.serde.config_record_to_proto``, same message."""
     item = ProtoConfigRecord.Item
-    return ProtoConfigRecord(items=[item(key=k, value=_value_to_proto(v)) for k, v in _data(record).items()])
+    return ProtoConfigRecord(items=[item(key=k, value=_value_to_proto(v)) for k, v in record.items()])
 
 
 def config_record_from_proto(proto: ProtoConfigRecord) -> ConfigRecord:
     """``flwr.common.serde.config_record_from_proto``: every value a protobuf can hold is a valid item."""
-    record = ConfigRecord()
-    data = _data(record)
+    values = {}
     for item in proto.items:
         value = item.value
         field = value.WhichOneof("value")
         if field is None:
             raise ValueError(f"ConfigRecord item {item.key!r} has no value")
-        data[item.key] = list(getattr(value, field).vals) if field.endswith("list") else getattr(value, field)
+        values[item.key] = list(getattr(value, field).vals) if field.endswith("list") else getattr(value, field)
+    if not FAST_STORAGE:
+        return ConfigRecord(values)
+    record = ConfigRecord()
+    _data(record).update(values)
     return record
 
 
@@ -240,21 +270,15 @@ def deflate_message(message: Message) -> dict[str, bytes]:
     """``{object id: content}`` of the message and all its records, children before parents, as Flower sends them.
 
     Equal to ``{i: o.deflate() for i, o in get_all_nested_objects(message).items()}`` under
-    ``no_object_id_recompute()`` (what Flower's grids push), but every object is deflated once (Flower
-    deflates each record once for its id, then again for its content) and ``ConfigRecord`` s through
-    :func:`config_record_to_proto`. The objects keep their ids, as with Flower.
-
-    Notes
-    -----
-    Flower is pinned (``constraints.txt``); this module uses some of its internals: the record's storage
-    ``record.__dict__["_data"]``, set by Flower's ``TypedDict`` and checked on import (a Flower that changes it gets
-    Flower's own ``record[key] = value``, :data:`FAST_STORAGE`), ``_record_value_to_proto`` and
-    ``_get_computed_object_ids``. ``tests/test_market_records.py`` compares every function here with Flower's own
-    on random records, contexts and messages.
+    ``no_object_id_recompute()`` (what Flower's grids push). With :data:`FAST_IDS` every object is deflated once
+    (Flower deflates each record once for its id, then again for its content) and ``ConfigRecord`` s through
+    :func:`config_record_to_proto`; the objects keep their ids, as with Flower.
     """
-    contents: dict[str, bytes] = {}
     with no_object_id_recompute():
-        _deflate_into(message, contents, _get_computed_object_ids())
+        if not FAST_IDS:
+            return {object_id: obj.deflate() for object_id, obj in get_all_nested_objects(message).items()}
+        contents: dict[str, bytes] = {}
+        _deflate_into(message, contents, _computed_object_ids())  # type: ignore[misc]
     return contents
 
 
