@@ -42,6 +42,7 @@ SLOW_TESTS = {
     # every job of each documented Hydra sweep composed (about 50 s in all); the Ray sweep on a local head
     "test_doc_commands.py::test_every_job_of_the_documented_sweep_composes",
     "test_doc_commands.py::test_the_ray_sweep_without_a_launcher_runs_on_a_local_head",
+    "test_doc_commands.py::test_the_documented_ray_head_starts_and_stops_by_its_folder",
 }
 
 

@@ -21,6 +21,8 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
+import time
 import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -32,6 +34,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig, OmegaConf
+from processes import free_ports, pids_with_cmdline, process_tree, stop_pids
 from test_ray_cluster import RAY, ray_head  # noqa: F401  (the fixture)
 from test_simulations import TINY
 
@@ -298,7 +301,14 @@ RULES = (
     ),
     Rule(r"^\.venv/bin/python -m pytest -q -m \"not slow\"$", check_pytest, ()),
     Rule(r"^flower-superlink --insecure", nothing, ("test_deployment.py::test_market_then_fedavg_in_deployment",)),
-    Rule(r"^ray start --head ", nothing, ("test_ray_cluster.py::test_flwr_run_on_an_existing_ray_cluster",)),
+    Rule(
+        r"^ray start --head |^pids=\$\(pgrep -f -- \"/tmp/ray-|^kill -TERM \$pids; sleep",
+        nothing,
+        (
+            "test_doc_commands.py::test_the_documented_ray_head_starts_and_stops_by_its_folder",
+            "test_ray_cluster.py::test_flwr_run_on_an_existing_ray_cluster",
+        ),
+    ),
     Rule(
         r"^(pgrep -P |kill -TERM |pid=\$\(pgrep -f -- )",
         nothing,
@@ -419,3 +429,51 @@ def test_a_command_no_rule_knows_is_uncovered() -> None:
     assert rule_of(Command("test", 0, ".venv/bin/python -m simulations.something_new")) is None
     commands = list(_logical_lines("# a comment\nflwr run . \\\n    --stream   # streamed\n\nexport X=1\n"))
     assert commands == [(1, "flwr run . --stream"), (4, "export X=1")]
+
+
+def _usage_line(prefix: str) -> Command:
+    (found,) = [c for c in COMMANDS if c.document == "docs/usage.md" and c.text.startswith(prefix)]
+    return found
+
+
+@pytest.mark.skipif(not RAY.exists(), reason="needs the ray CLI of flwr[simulation] beside the Python running pytest")
+def test_the_documented_ray_head_starts_and_stops_by_its_folder(tmp_path: Path) -> None:
+    """docs/usage.md's ``ray start --head ... --temp-dir=<folder>`` and its stop (``pgrep -f -- <folder>``, SIGTERM,
+    SIGKILL), as written but on loopback with free ports and a folder of the test's own: nothing of the head
+    survives."""
+    start, find, stop = (_usage_line(p) for p in ("ray start --head", "pids=$(pgrep -f", "kill -TERM $pids"))
+    documented = re.search(r"--temp-dir=(\S+)", start.text)
+    assert documented and documented.group(1) in find.text, "the stop must name the head's folder"
+    folder = Path(tempfile.mkdtemp(prefix="flm-rh-"))  # Ray's socket paths must stay short (AF_UNIX)
+    gcs, client, agent = free_ports(3)
+    loopback = (
+        f" --include-dashboard=false --node-ip-address=127.0.0.1 --ray-client-server-port={client}"
+        f" --dashboard-agent-listen-port={agent} --disable-usage-stats"
+    )
+    script = tmp_path / "head.sh"  # run from a file: a `bash -c` naming the folder would match its own pgrep
+    found = tmp_path / "head.pids"
+    script.write_text(
+        "set -e\n"
+        + start.text.replace("ray start", str(RAY) + " start", 1)
+        .replace("--port=6379", f"--port={gcs}")
+        .replace(documented.group(1), str(folder))
+        + loopback
+        + "\nsleep 2\n"
+        + find.text.replace(documented.group(1), str(folder))
+        + f'\necho "$pids" > {found}\n'
+        + stop.text
+        + "\n"
+    )
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    try:
+        done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=180, check=False)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert len(found.read_text().split()) >= 3, "the head's gcs_server, raylet and monitor were not found"
+        deadline = time.monotonic() + 15
+        while pids_with_cmdline(str(folder)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        survivors = pids_with_cmdline(str(folder))
+        assert not survivors, f"processes of the head survived the documented stop: {survivors}"
+    finally:
+        stop_pids(process_tree(pids_with_cmdline(str(folder))))
