@@ -717,8 +717,9 @@ def plot_curves(arms: Mapping[str, Sequence[Record]], out: Path, prefix: str = "
     return paths
 
 
-def plot_wins(primary: Sequence[Record], out: Path) -> Path:
-    """FLMarket's win share per group of settings and bid policy, with its Wilson interval, against chance."""
+def plot_wins(primary: Sequence[Record], out: Path) -> Path | None:
+    """FLMarket's win share per group of settings and bid policy, with its Wilson interval, against chance
+    (``None``, and no file, where no baseline ran beside FLMarket: there is no share to plot)."""
     import matplotlib  # pylint: disable=import-outside-toplevel
 
     matplotlib.use("Agg")
@@ -734,6 +735,7 @@ def plot_wins(primary: Sequence[Record], out: Path) -> Path:
     width = 0.8 / max(len(policies), 1)
     figure, axis = plt.subplots(figsize=(7.0, 3.2))
     chance = 0.2
+    bars = 0
     for offset, policy in enumerate(policies):
         positions, shares, lows, highs = [], [], [], []
         for index, records in enumerate(groups.values()):
@@ -747,6 +749,10 @@ def plot_wins(primary: Sequence[Record], out: Path) -> Path:
             highs.append(wins.ci_high - wins.win_share)
             chance = wins.chance
         axis.bar(positions, shares, width=width, yerr=[lows, highs], capsize=3, alpha=0.8, label=f"{policy} bids")
+        bars += len(positions)
+    if not bars:
+        plt.close(figure)
+        return None
     axis.set_xticks(range(len(groups)), list(groups), fontsize=7)
     axis.axhline(chance, color="grey", linestyle="--", label=f"chance ({chance:.2f})")
     axis.axhline(0.77, color="tab:red", linestyle=":", label="paper (44 of 57)")
@@ -900,7 +906,8 @@ def build_sweep_report(records: Sequence[Record], out: Path, command: str | None
         "",
     ]
     lines += pooled_lines(primary, pooled)
-    lines += [f"![win share]({plot_wins(primary, out).name})", ""]
+    wins_plot = plot_wins(primary, out)
+    lines += [f"![win share]({wins_plot.name})" if wins_plot else "No baseline ran beside FLMarket: no win share.", ""]
     lines += ["## Data volume and class balance of the selection (Table 2 analogue)", ""] + table2_lines(primary)
     if sensitivity:
         lines += [

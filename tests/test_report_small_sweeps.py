@@ -174,3 +174,14 @@ def test_a_budget_mode_engine_sweep_is_titled_by_what_the_budget_bought(
     assert titles and all("6-7 of 20 (by budget) clients" in title for title in titles), titles
     assert not re.search(r"(?<![\d-])0 of 20", report)
     assert not any(re.search(r"(?<![\d-])0 of 20", title) for title in titles)
+
+
+def test_an_engine_sweep_of_flmarket_alone_has_its_table_and_no_empty_plot(tmp_path: Path) -> None:
+    records = [_engine_record("flmarket", "d4", seed, 0.9 + 0.01 * seed) for seed in (0, 1)]
+    out = tmp_path / "report"
+    report = build_sweep_report(records, out).read_text()
+    assert "| distribution | FLMarket's bids | FLMarket | seeds |" in report
+    assert "| d4 | volume | **90.5 ± 0.5** | 2 |" in report
+    assert "No baseline ran beside FLMarket: no win share." in report and not (out / "win_share.png").exists()
+    for link in _links(report):
+        assert (out / link).is_file(), f"REPORT.md links {link}, which was not written"
