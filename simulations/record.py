@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["IMBALANCED", "PRE_TRAINING_SELECTORS", "SELECTOR_LABELS", "TIMING_KEYS", "job_record"]
+__all__ = ["IMBALANCED", "PRE_TRAINING_SELECTORS", "SELECTOR_LABELS", "TIMING_KEYS", "cohort", "job_record"]
 
 PRE_TRAINING_SELECTORS = ("flmarket", "rs", "qbs", "dice", "dds")
 """The selectors a record may name that choose clients before training (the paper's comparison)."""
@@ -29,6 +29,17 @@ IMBALANCED = ("d4", "d5", "d6")
 
 TIMING_KEYS = ("job_wall_s", "selection_s", "training_s", "server_app_s", "overhead_s")
 """The timings every record carries, in seconds."""
+
+
+def cohort(num_selected: int, num_clients: int, records: Iterable[Mapping[str, Any]]) -> str:
+    """``"5 of 20"``, or in budget mode (``num_selected == 0``) the sizes the budget selected: ``"6-10 of 20"``."""
+    if num_selected > 0:
+        return f"{num_selected} of {num_clients}"
+    sizes = sorted({len(r["selected_nodes"]) for r in records if r.get("selected_nodes") is not None})
+    if not sizes:
+        return f"budget-selected of {num_clients}"
+    size = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
+    return f"{size} of {num_clients} (by budget)"
 
 
 # pylint: disable=too-many-arguments

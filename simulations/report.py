@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from simulations.record import IMBALANCED, PRE_TRAINING_SELECTORS, SELECTOR_LABELS
+from simulations.record import IMBALANCED, PRE_TRAINING_SELECTORS, SELECTOR_LABELS, cohort
 from simulations.sweep_report import build_sweep_report, is_engine_sweep
 
 Grouped = dict["Setting", dict[str, list[dict[str, Any]]]]
@@ -157,17 +157,6 @@ def _blocks(grouped: Grouped) -> dict[tuple[str, int, int, int], list[Setting]]:
     for setting in sorted(grouped):
         blocks[setting.block].append(setting)
     return blocks
-
-
-def cohort(num_selected: int, num_clients: int, records: Iterable[dict[str, Any]]) -> str:
-    """``"5 of 20"``, or in budget mode (``num_selected == 0``) the sizes the budget selected: ``"6-10 of 20"``."""
-    if num_selected > 0:
-        return f"{num_selected} of {num_clients}"
-    sizes = sorted({len(r["selected_nodes"]) for r in records if r.get("selected_nodes") is not None})
-    if not sizes:
-        return f"budget-selected of {num_clients}"
-    size = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
-    return f"{size} of {num_clients} (by budget)"
 
 
 def _block_records(grouped: Grouped, settings: Sequence[Setting]) -> list[dict[str, Any]]:

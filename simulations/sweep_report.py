@@ -32,7 +32,7 @@ import numpy as np
 
 from simulations import stats
 from simulations.baselines.selectors import DDS_DIVERSITY_WEIGHT, DICE_VOLUME_WEIGHT
-from simulations.record import IMBALANCED
+from simulations.record import IMBALANCED, cohort
 from simulations.record import PRE_TRAINING_SELECTORS as SELECTORS
 from simulations.record import SELECTOR_LABELS as LABELS
 
@@ -136,6 +136,12 @@ def _arms(records: Sequence[Record], policy: str) -> dict[str, list[Record]]:
     return arms
 
 
+def _ran(arms: Mapping[str, Sequence[Record]], selectors: Sequence[str] | None = None) -> dict[str, list[Record]]:
+    """The arms of the selectors that ran (``selectors``: those, else every arm with a run), FLMarket first."""
+    names = [s for s in SELECTORS if (s in selectors if selectors is not None else arms.get(s))]
+    return {name: list(arms.get(name, [])) for name in names}
+
+
 def _flmarket(policy: str) -> str:
     return f"FLMarket ({policy} bids)"
 
@@ -162,10 +168,11 @@ def protocol_lines(records: Sequence[Record]) -> list[str]:
     collapsed = sum(bool(e["collapsed"]) for e in engines)
     nobody = sum(bool(e.get("bought_nobody")) for e in engines)
     config = _config(records[0])
-    wall = defaultdict(list)
+    runs_of: dict[tuple[int, int], list[Record]] = defaultdict(list)
     for record in records:
-        wall[(int(record["num_clients"]), int(record["num_selected"]))].append(float(record["timings"]["job_wall_s"]))
-    times = ", ".join(f"{k} of {e} {np.mean(v):.1f} s" for (e, k), v in sorted(wall.items()))
+        runs_of[(int(record["num_clients"]), int(record["num_selected"]))].append(record)
+    wall = {key: [float(r["timings"]["job_wall_s"]) for r in runs] for key, runs in runs_of.items()}
+    times = ", ".join(f"{cohort(k, e, runs_of[(e, k)])} {np.mean(v):.1f} s" for (e, k), v in sorted(wall.items()))
     return [
         f"- Protocol: {config['local_steps']} local SGD steps per round (batch {config['batch_size']}, "
         f"lr {config['learning_rate']}, momentum {config['momentum']}, "
@@ -206,24 +213,26 @@ def accuracy_lines(primary: Sequence[Record]) -> tuple[list[str], list[list[Any]
     rows: list[list[Any]] = []
     for num_clients, num_selected in sorted({key[:2] for key in table}):
         keys = sorted(key for key in table if key[:2] == (num_clients, num_selected))
-        header = " | ".join(LABELS[s] for s in SELECTORS)
-        tests = " | ".join(f"vs {LABELS[s]}" for s in SELECTORS[1:])
+        block = [r for key in keys for r in table[key]]
+        selectors = ["flmarket", *(s for s in SELECTORS[1:] if any(r["selector"] == s for r in block))]
+        header = " | ".join(LABELS[s] for s in selectors)
+        tests = " | ".join(f"vs {LABELS[s]}" for s in selectors[1:])
         lines += [
-            f"**{num_selected} of {num_clients} clients**: final accuracy %, mean ± std over the seeds every selector "
-            "finished (best of the row in bold); FLMarket minus each baseline, points, mean over those seeds "
-            "[95% t-interval, unadjusted; descriptive, no test].",
+            f"**{cohort(num_selected, num_clients, block)} clients**: final accuracy %, mean ± std over the seeds "
+            "every selector that ran finished (best of the row in bold); FLMarket minus each baseline, points, mean "
+            "over those seeds [95% t-interval, unadjusted; descriptive, no test].",
             "",
-            f"| distribution | FLMarket's bids | {header} | seeds | {tests} |",
-            "|---" * (len(SELECTORS) * 2 + 2) + "|",
+            f"| distribution | FLMarket's bids | {header} | seeds |" + (f" {tests} |" if tests else ""),
+            "|---" * (len(selectors) * 2 + 1) + "|",
         ]
         for key in keys:
             for policy in policies:
-                arms = _arms(table[key], policy)
+                arms = _ran(_arms(table[key], policy), selectors)
                 if not arms["flmarket"]:
                     continue
                 matrix = next(iter(stats.setting_matrices(arms).values()), None)
                 if matrix is None:
-                    lines.append(f"| {key[2]} | {policy} | " + " | ".join("-" * len(SELECTORS)) + " | 0 |")
+                    lines.append(f"| {key[2]} | {policy} | " + " | ".join("-" * len(selectors)) + " | 0 |")
                     continue
                 means, stds = matrix.mean(axis=0), matrix.std(axis=0)
                 best = means.max()
@@ -232,7 +241,7 @@ def accuracy_lines(primary: Sequence[Record]) -> tuple[list[str], list[list[Any]
                     for m, sd in zip(means, stds, strict=True)
                 ]
                 diffs = []
-                for column, selector in enumerate(SELECTORS):
+                for column, selector in enumerate(selectors):
                     difference = matrix[:, 0] - matrix[:, column]
                     low, high = stats.t_interval(difference) if column else (math.nan, math.nan)
                     mean_difference = float(difference.mean()) if column else math.nan
@@ -254,7 +263,10 @@ def accuracy_lines(primary: Sequence[Record]) -> tuple[list[str], list[list[Any]
                         ]
                     )
                 lines.append(
-                    f"| {key[2]} | {policy} | " + " | ".join(texts) + f" | {len(matrix)} | " + " | ".join(diffs) + " |"
+                    f"| {key[2]} | {policy} | "
+                    + " | ".join(texts)
+                    + f" | {len(matrix)} |"
+                    + "".join(f" {diff} |" for diff in diffs)
                 )
         lines.append("")
     return lines, rows
@@ -339,9 +351,10 @@ def pooled_lines(primary: Sequence[Record], comparisons: Sequence[stats.PairedCo
         )
     win_lines = []
     for name, policy, arms in policy_groups(primary):
-        if not stats.setting_matrices(arms):
+        ran = _ran(arms)
+        if len(ran) < 2 or not stats.setting_matrices(ran):
             continue
-        wins = stats.win_share(arms, "flmarket")
+        wins = stats.win_share(ran, "flmarket")
         win_lines.append(
             f"- {name}, {policy} bids: FLMarket best in **{wins.wins} of {wins.settings}** settings, tied for best "
             f"in {wins.ties}; win share {wins.win_share:.2f} (95% Wilson interval {wins.ci_low:.2f}-"
@@ -596,13 +609,14 @@ def table2_lines(primary: Sequence[Record], num_selected: int = 10, distribution
         "|---|---|---|---|---|---|",
     ]
     for key in sorted({key for found in ratios.values() for key in found}):
+        selected = cohort(key[1], key[0], [r for r in primary if _key(r) == key])
         for policy in policies:
             per_seed = ratios[policy].get(key, [])
             if not per_seed:
                 continue
             ratio = np.array([v[0] for v in per_seed])
             lines.append(
-                f"| {key[2]}, {key[1]} of {key[0]} | {policy} | {len(per_seed)} | {ratio.mean():.2f} "
+                f"| {key[2]}, {selected} | {policy} | {len(per_seed)} | {ratio.mean():.2f} "
                 f"({ratio.min():.2f}-{ratio.max():.2f}) | {np.mean([v[1] for v in per_seed]):.3f} | "
                 f"{np.mean([v[2] for v in per_seed]):.3f} |"
             )
@@ -693,7 +707,8 @@ def plot_curves(arms: Mapping[str, Sequence[Record]], out: Path, prefix: str = "
             axis.set_ylim(0.5, 1.0)
         axes[0][0].set_ylabel("test accuracy", fontsize=8)
         axes[0][-1].legend(fontsize=7, loc="lower right")
-        figure.suptitle(f"{num_selected} of {num_clients} clients: mean over seeds", fontsize=9)
+        block = [r for found in runs_of.values() for key in keys for r in found.get(key, [])]
+        figure.suptitle(f"{cohort(num_selected, num_clients, block)} clients: mean over seeds", fontsize=9)
         figure.tight_layout()
         path = out / f"{prefix}_c{num_clients}_k{num_selected}.png"
         figure.savefig(path, dpi=110)
@@ -702,8 +717,9 @@ def plot_curves(arms: Mapping[str, Sequence[Record]], out: Path, prefix: str = "
     return paths
 
 
-def plot_wins(primary: Sequence[Record], out: Path) -> Path:
-    """FLMarket's win share per group of settings and bid policy, with its Wilson interval, against chance."""
+def plot_wins(primary: Sequence[Record], out: Path) -> Path | None:
+    """FLMarket's win share per group of settings and bid policy, with its Wilson interval, against chance
+    (``None``, and no file, where no baseline ran beside FLMarket: there is no share to plot)."""
     import matplotlib  # pylint: disable=import-outside-toplevel
 
     matplotlib.use("Agg")
@@ -711,18 +727,20 @@ def plot_wins(primary: Sequence[Record], out: Path) -> Path:
 
     groups = {"all": list(primary)}
     for k in sorted({int(r["num_selected"]) for r in primary}):
-        groups[f"{k} selected"] = [r for r in primary if int(r["num_selected"]) == k]
+        groups[f"{k} selected" if k else "by budget"] = [r for r in primary if int(r["num_selected"]) == k]
     groups["d1-d3"] = [r for r in primary if r["distribution"] not in IMBALANCED]
     groups["d4-d6"] = [r for r in primary if r["distribution"] in IMBALANCED]
+    groups = {name: records for name, records in groups.items() if records}
     policies = _policies(primary)
     width = 0.8 / max(len(policies), 1)
     figure, axis = plt.subplots(figsize=(7.0, 3.2))
     chance = 0.2
+    bars = 0
     for offset, policy in enumerate(policies):
         positions, shares, lows, highs = [], [], [], []
         for index, records in enumerate(groups.values()):
-            arms = _arms(records, policy)
-            if not arms["flmarket"] or not stats.setting_matrices(arms):
+            arms = _ran(_arms(records, policy))
+            if len(arms) < 2 or not arms["flmarket"] or not stats.setting_matrices(arms):
                 continue
             wins = stats.win_share(arms, "flmarket")
             positions.append(index + (offset - (len(policies) - 1) / 2) * width)
@@ -731,6 +749,10 @@ def plot_wins(primary: Sequence[Record], out: Path) -> Path:
             highs.append(wins.ci_high - wins.win_share)
             chance = wins.chance
         axis.bar(positions, shares, width=width, yerr=[lows, highs], capsize=3, alpha=0.8, label=f"{policy} bids")
+        bars += len(positions)
+    if not bars:
+        plt.close(figure)
+        return None
     axis.set_xticks(range(len(groups)), list(groups), fontsize=7)
     axis.axhline(chance, color="grey", linestyle="--", label=f"chance ({chance:.2f})")
     axis.axhline(0.77, color="tab:red", linestyle=":", label="paper (44 of 57)")
@@ -884,7 +906,8 @@ def build_sweep_report(records: Sequence[Record], out: Path, command: str | None
         "",
     ]
     lines += pooled_lines(primary, pooled)
-    lines += [f"![win share]({plot_wins(primary, out).name})", ""]
+    wins_plot = plot_wins(primary, out)
+    lines += [f"![win share]({wins_plot.name})" if wins_plot else "No baseline ran beside FLMarket: no win share.", ""]
     lines += ["## Data volume and class balance of the selection (Table 2 analogue)", ""] + table2_lines(primary)
     if sensitivity:
         lines += [
@@ -927,7 +950,11 @@ def build_sweep_report(records: Sequence[Record], out: Path, command: str | None
         ] + in_training_lines(in_training, versus_sfedavg)
         lines += [f"![{p.stem}]({p.name})" for p in _in_training_curves(in_training, out)]
     lines += ["", "## Premise: the learning curve flattens at a few hundred per class", ""]
-    lines += ["![premise](premise.png)", "", "## Accuracy curves", ""]
+    if (out / "premise.png").is_file():
+        lines += ["![premise](premise.png)", ""]
+    else:
+        lines += ["Not in this folder: `python -m simulations.premise` writes `premise.png` (see its docstring).", ""]
+    lines += ["## Accuracy curves", ""]
     curves = {_flmarket(policy): _arms(primary, policy)["flmarket"] for policy in policies}
     curves.update({LABELS[s]: [r for r in primary if r["selector"] == s] for s in SELECTORS[1:]})
     lines += [f"![{path.stem}]({path.name})" for path in plot_curves(curves, out)]

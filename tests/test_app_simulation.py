@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 import tomllib
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,11 +95,18 @@ def test_app_in_process(tmp_path: Path) -> None:
 
 
 def test_app_with_no_winner_fails_with_the_reason(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """A budget nobody can meet: the run fails saying why, keeps the market's record, and no node trains."""
+    """A budget nobody can meet: the run fails saying why, keeps the market's record and the traceback in its folder
+    (Flower gets the one-line error, not our frames), and no node trains."""
     run_config = app_run_config(budget=1e-6, num_server_rounds=2, results_dir=str(tmp_path), run_name="none")
     grid = InProcessGrid(client_app.app, [11, 22, 33, 44], run_config=run_config)
-    with pytest.raises(MarketError, match="no client won the auction"):
+    with pytest.raises(MarketError, match="no client won the auction") as raised:
         server_app.main(grid, Context(3, 0, {}, RecordDict(), run_config))
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__
+    assert len(traceback.extract_tb(raised.value.__traceback__)) <= 3  # pytest's call, main, run: none of ours below
+    error_log = tmp_path / "none" / "error.log"
+    assert "Traceback" in error_log.read_text() and "no client won the auction" in error_log.read_text()
+    failed = [line for line in caplog.text.splitlines() if "FLMarket run FAILED: no client won the auction" in line]
+    assert failed and failed[-1].endswith(f"(traceback in {error_log})"), failed
     assert not [m for m in grid.sent if m.metadata.message_type in ("train", "evaluate")]
     market = json.loads((tmp_path / "none" / "market.json").read_text())
     assert market["winners"] == [] and len(market["participants"]) == 4

@@ -1,5 +1,6 @@
-"""The sweep report on a small sweep: a final-accuracy table for the selectors that ran, and cohort sizes
-that say what the budget selected (not "0 of 20") in tables and plot titles."""
+"""The reports of a small sweep (Flower runs and engine runs): a final-accuracy table for the selectors that ran,
+a win-share plot with bars, no link to a plot that was not written, and cohort sizes that say what the budget
+selected (not "0 of 20") in tables and plot titles."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import json
 import re
 from pathlib import Path
 
+import matplotlib.axes
 import matplotlib.figure
 import pytest
 
-from simulations.report import build_report, cohort, load_results
+from simulations.record import cohort
+from simulations.report import build_report, load_results
+from simulations.sweep_report import build_sweep_report
 
 
 def _write(folder: Path, selector: str, seed: int, accuracy: float, selected: int, num_selected: int = 0) -> None:
@@ -62,3 +66,122 @@ def test_a_budget_sweep_of_two_selectors_gets_its_table_and_true_titles(
     assert "| d4 | **91.0 ± 1.4** | 80.0 ± 0.0 | 1/2 |" in section
     assert titles and all("6-10 of 20 (by budget) selected" in title for title in titles), titles
     assert not any(re.search(r"(?<![\d-])0 of 20", title) for title in titles)
+
+
+# --- engine sweeps (simulations.sweep_report) --------------------------------------------------------------------
+def _engine_record(selector: str, distribution: str, seed: int, accuracy: float, num_selected: int = 10) -> dict:
+    config = {
+        "bid_policy": "volume",
+        "local_steps": 20,
+        "batch_size": 32,
+        "learning_rate": 0.05,
+        "momentum": 0.9,
+        "clip_norm": 5.0,
+        "min_rounds": 30,
+        "rounds": 100,
+        "final_window": 10,
+        "plateau_tolerance": 0.01,
+    }
+    selected = num_selected or 6 + seed
+    return {
+        "selector": selector,
+        "dataset": "digits_xl",
+        "model": "digits_cnn",
+        "distribution": distribution,
+        "num_clients": 20,
+        "num_selected": num_selected,
+        "seed": seed,
+        "final_accuracy": accuracy,
+        "rounds": [{"accuracy": 0.1}] + [{"accuracy": accuracy}] * 30,
+        "selected_nodes": list(range(selected)),
+        "pool_class_totals": [100] * 10,
+        "selected_class_totals": [50] * 10,
+        "timings": {"job_wall_s": 10.0},
+        "engine": {"config": config, "rounds_run": 30, "plateau_reached": True, "diverged": False, "collapsed": False},
+    }
+
+
+def _sweep_titles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    titles: list[str] = []
+    original = matplotlib.figure.Figure.suptitle
+
+    def recording_suptitle(self, text, *args, **kwargs):  # type: ignore[no-untyped-def]
+        titles.append(text)
+        return original(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "suptitle", recording_suptitle)
+    return titles
+
+
+def _bars(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of bars of every ``Axes.bar`` call from now on."""
+    counts: list[int] = []
+    original = matplotlib.axes.Axes.bar
+
+    def recording_bar(self, x, *args, **kwargs):  # type: ignore[no-untyped-def]
+        counts.append(len(x))
+        return original(self, x, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "bar", recording_bar)
+    return counts
+
+
+def _links(report: str) -> list[str]:
+    return re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report)
+
+
+def test_a_two_selector_engine_sweep_shows_what_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    records = [
+        _engine_record(selector, distribution, seed, accuracy)
+        for seed in (0, 1)
+        for distribution in ("d1", "d4")
+        for selector, accuracy in (("flmarket", 0.90 + 0.01 * seed), ("rs", 0.80))
+    ]
+    bars = _bars(monkeypatch)
+    out = tmp_path / "report"
+    report = build_sweep_report(records, out).read_text()
+
+    section = report.split("## Final accuracy by setting", 1)[1].split("\n## ", 1)[0]
+    assert "| distribution | FLMarket's bids | FLMarket | RS | seeds | vs RS |" in section
+    assert "| d4 | volume | **90.5 ± 0.5** | 80.0 ± 0.0 | 2 | +10.5" in section
+    assert "QBS" not in section and "| - |" not in section
+    assert "win share" in report and "FLMarket best in **1 of 1** settings" in report
+    assert bars and sum(bars) > 0, "win_share.png has no bars"
+    for link in _links(report):
+        assert (out / link).is_file(), f"REPORT.md links {link}, which was not written"
+    assert "premise.png" not in _links(report) and "python -m simulations.premise" in report
+
+
+def test_an_engine_sweep_links_the_premise_plot_it_finds(tmp_path: Path) -> None:
+    records = [_engine_record(s, "d4", 0, a) for s, a in (("flmarket", 0.9), ("rs", 0.8))]
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "premise.png").write_bytes(b"png")
+    assert "![premise](premise.png)" in build_sweep_report(records, out).read_text()
+
+
+def test_a_budget_mode_engine_sweep_is_titled_by_what_the_budget_bought(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = [
+        _engine_record(selector, "d4", seed, accuracy, num_selected=0)
+        for seed in (0, 1)
+        for selector, accuracy in (("flmarket", 0.9), ("rs", 0.85))
+    ]
+    titles = _sweep_titles(monkeypatch)
+    report = build_sweep_report(records, tmp_path / "report").read_text()
+    assert "**6-7 of 20 (by budget) clients**" in report
+    assert titles and all("6-7 of 20 (by budget) clients" in title for title in titles), titles
+    assert not re.search(r"(?<![\d-])0 of 20", report)
+    assert not any(re.search(r"(?<![\d-])0 of 20", title) for title in titles)
+
+
+def test_an_engine_sweep_of_flmarket_alone_has_its_table_and_no_empty_plot(tmp_path: Path) -> None:
+    records = [_engine_record("flmarket", "d4", seed, 0.9 + 0.01 * seed) for seed in (0, 1)]
+    out = tmp_path / "report"
+    report = build_sweep_report(records, out).read_text()
+    assert "| distribution | FLMarket's bids | FLMarket | seeds |" in report
+    assert "| d4 | volume | **90.5 ± 0.5** | 2 |" in report
+    assert "No baseline ran beside FLMarket: no win share." in report and not (out / "win_share.png").exists()
+    for link in _links(report):
+        assert (out / link).is_file(), f"REPORT.md links {link}, which was not written"

@@ -10,6 +10,7 @@ the plugin also takes (the market's, the simulated bids') default to the plugin'
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -388,7 +389,11 @@ def check_run_config(run_config: Mapping[str, Any], ignore: Iterable[str] = ()) 
     skipped = set(ignore)
     unknown = sorted(set(run_config) - set(_BY_NAME) - skipped)
     if unknown:
-        raise ValueError(f"unknown run-config key(s) {unknown}: see [tool.flwr.app.config] in pyproject.toml")
+        close = {key: difflib.get_close_matches(key, _BY_NAME, n=1) for key in unknown}
+        hints = "".join(f"; {key!r}: did you mean {found[0]!r}?" for key, found in close.items() if found)
+        raise ValueError(
+            f"unknown run-config key(s) {unknown}{hints}; python -m flmarket_flwr.app.run_config lists every key"
+        )
     values = {key.name: read(run_config, key.name) for key in APP_KEYS}
     check_values(values)
     return values | {name: run_config[name] for name in skipped if name in run_config}

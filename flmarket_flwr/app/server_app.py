@@ -3,8 +3,9 @@
 :func:`main` checks the whole run config first (a bad key or value stops the run at once, naming the
 key), then runs ``FLMarket(FedAvg(...))`` (:class:`~flmarket_flwr.market.FLMarket`) with a server-side
 evaluation of the global model every round, and writes the results
-(:mod:`flmarket_flwr.app.results`). The last line of every run says ``FLMarket run succeeded: results
-in <dir>`` or ``FLMarket run FAILED: <reason>``.
+(:mod:`flmarket_flwr.app.results`). The app's last line says ``FLMarket run succeeded: results in <dir>`` or
+``FLMarket run FAILED: <reason>`` (with ``traceback in <dir>/error.log`` once the results folder exists); Flower
+then prints only its short report of the one-line error.
 
 The experiments (:mod:`simulations.apps`) plug their baseline selectors in through
 :func:`build_server_app`'s ``strategies``; this app itself runs ``selector="flmarket"`` only.
@@ -13,6 +14,7 @@ The experiments (:mod:`simulations.apps`) plug their baseline selectors in throu
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from logging import ERROR, INFO
@@ -133,20 +135,27 @@ def main(grid: Grid, context: Context) -> None:
 def run(grid: Grid, context: Context, strategies: Mapping[str, StrategyFactory] | None = None) -> Path:
     """:func:`main` with the experiments' extra selectors; returns the results folder.
 
-    Any failure is logged as one ``FLMarket run FAILED: <reason>`` line and re-raised (Flower then
-    records the run as failed).
+    Any failure is logged as one ``FLMarket run FAILED: <reason>`` line, its full traceback written to
+    ``<run dir>/error.log`` (once the folder exists, which the line then names), and re-raised without its
+    traceback (Flower records the run as failed and prints the one-line error, not our frames).
     """
+    made: list[Path] = []
     try:
-        run_dir = _run(grid, context, dict(strategies or {}))
+        run_dir = _run(grid, context, dict(strategies or {}), made)
     except Exception as err:
-        log(ERROR, "FLMarket run FAILED: %s", err)
-        raise
+        where = ""
+        if made:
+            (made[0] / "error.log").write_text("".join(traceback.format_exception(err)), encoding="utf-8")
+            where = f" (traceback in {made[0] / 'error.log'})"
+        log(ERROR, "FLMarket run FAILED: %s%s", err, where)
+        raise err.with_traceback(None) from None
     log(INFO, "FLMarket run succeeded: results in %s", run_dir)
     return run_dir
 
 
-def _run(grid: Grid, context: Context, strategies: dict[str, StrategyFactory]) -> Path:
-    """Check the config, select and train, then save the results."""
+def _run(grid: Grid, context: Context, strategies: dict[str, StrategyFactory], made: list[Path]) -> Path:
+    """Check the config, select and train, then save the results (the results folder appended to ``made`` as soon
+    as it exists)."""
     started = time.perf_counter()
     settings = ServerSettings.from_run_config(context.run_config, ("flmarket", *strategies))
     data_config = data_config_of(context.run_config)
@@ -157,6 +166,7 @@ def _run(grid: Grid, context: Context, strategies: dict[str, StrategyFactory]) -
         build_task_model(settings.model, data_config), load_test_set(data_config), resolve_device(settings.device)
     )
     run_dir = make_run_dir(settings.results_dir, settings.run_name, context.run_id)
+    made.append(run_dir)
     market = market_config_of(settings, data_config, context.run_id)
     if settings.selector == "flmarket":  # its market phase waits for the nodes
         relaunch = relaunch_of(
