@@ -9,10 +9,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from flwr.app import RecordDict
 from test_market_relaunch import market, secure_grid
 
 from flmarket_flwr.market import MarketError, MarketPhase
 from flmarket_flwr.market import server as market_server
+from flmarket_flwr.market.inprocess import InProcessGrid
+from flmarket_flwr.market.records import context_to_bytes
 from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_DELTA, SkellamNoise, composed_epsilon
 
 
@@ -35,19 +38,15 @@ def reuse_session_ids(monkeypatch: pytest.MonkeyPatch, tokens: list[bytes]) -> N
     monkeypatch.setattr(market_server, "secrets", SimpleNamespace(token_bytes=lambda n: queue.pop(0)))
 
 
-def test_a_relaunch_under_an_earlier_markets_session_id_is_a_free_release_not_prevented(
-    tmp_path: Path, ledger_home: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Before the fix: the third market, under A again, is released and every ledger still holds two spends."""
-    grid, _, directory = secure_grid(tmp_path, 6, total_epsilon=4.0)
-    reuse_session_ids(monkeypatch, [b"A" * 16, b"B" * 16, b"A" * 16])
-    outcomes = [MarketPhase(market(directory)).run(grid) for _ in range(3)]
-    assert [outcome.status for outcome in outcomes] == ["succeeded"] * 3
-    assert all(len(variances) == 2 for variances in spent_variances(ledger_home))  # three releases, two spends
+def restart_nodes(grid: InProcessGrid) -> None:
+    """Every SuperNode restarts: its ``context.state`` (the run's market state) is lost, its ledger file is not."""
+    for node in grid.node_ids:
+        context = grid.context(node)
+        context.state = RecordDict()
+        grid._contexts[node] = context_to_bytes(context)
 
 
 # --- Re-launching under an earlier market's session id --------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="not prevented: the ledger takes a reused session id for a retry")
 def test_a_relaunch_under_an_earlier_markets_session_id_is_refused_and_every_release_is_charged(
     tmp_path: Path, ledger_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -66,7 +65,7 @@ def test_a_relaunch_under_an_earlier_markets_session_id_is_refused_and_every_rel
     with pytest.raises(MarketError) as caught:
         MarketPhase(market(directory)).run(grid)
     reasons = caught.value.outcome.excluded  # type: ignore[union-attr]
-    assert set(reasons) == set(counts)
+    assert set(reasons) == set(counts) and all("advertise: request refused" in r for r in reasons.values())
     noise = SkellamNoise(1.0, SECURE_PROFILE_DELTA)
     for variances in spent_variances(ledger_home):
         assert len(variances) == 2  # two releases, two spends
@@ -85,3 +84,84 @@ def test_a_relaunch_under_a_fresh_session_id_is_joined_and_charged(
     for variances in spent_variances(ledger_home):
         assert composed_epsilon(variances, SECURE_PROFILE_DELTA) == pytest.approx(noise.epsilon_after(3), rel=1e-9)
     assert not np.array_equal(outcomes[0].global_counts, outcomes[2].global_counts)  # fresh noise each time
+
+
+def test_after_a_node_restart_its_ledger_still_refuses_an_earlier_session_id(
+    tmp_path: Path, ledger_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same attack after the nodes restarted (their market state in ``context.state`` is gone): the ledger
+    file remembers that run and session spent, and every node refuses the session id at advertise."""
+    grid, counts, directory = secure_grid(tmp_path, 6, total_epsilon=4.0)
+    reuse_session_ids(monkeypatch, [b"A" * 16, b"B" * 16, b"A" * 16])
+    MarketPhase(market(directory)).run(grid)
+    MarketPhase(market(directory)).run(grid)
+    restart_nodes(grid)
+    with pytest.raises(MarketError) as caught:
+        MarketPhase(market(directory)).run(grid)
+    reasons = caught.value.outcome.excluded  # type: ignore[union-attr]
+    assert set(reasons) == set(counts) and all("refused by the node's release ledger" in r for r in reasons.values())
+    assert all(len(variances) == 2 for variances in spent_variances(ledger_home))
+
+
+# --- Re-launching before the earlier market closed ------------------------------------------------------
+def snapshot_after(grid: InProcessGrid, node: int, action: str) -> dict[str, bytes]:
+    """Keep ``node``'s persisted context right after it answered ``query.<action>`` (the buyer stops there)."""
+    kept: dict[str, bytes] = {}
+
+    def hook(message, reply):  # type: ignore[no-untyped-def]
+        if message.metadata.dst_node_id == node and message.metadata.message_type == f"query.{action}":
+            kept["context"] = grid._contexts[node]
+        return reply
+
+    grid.reply_hook = hook
+    return kept
+
+
+@pytest.mark.parametrize("stopped_after", ["market_unmask", "market_bid", "market_endorse"])
+def test_a_relaunch_before_the_earlier_market_closed_is_refused_by_the_node_left_open(
+    tmp_path: Path, stopped_after: str
+) -> None:
+    """The buyer stops market 1 for one node after its unmask (or its bid, or its endorsement): no award, no
+    abort. A re-launch is joined only once the earlier market closed, so that node refuses at advertise while
+    the others, whose market closed, join (their roster floor is 1: a node leaving is what the test plays)."""
+    grid, counts, directory = secure_grid(tmp_path, 7, total_epsilon=4.0, **{"market-min-roster-change": 1})
+    victim = sorted(counts)[0]
+    kept = snapshot_after(grid, victim, stopped_after)
+    MarketPhase(market(directory)).run(grid)
+    grid.reply_hook = None
+    grid._contexts[victim] = kept["context"]  # the award (or abort) never reached it
+    second = MarketPhase(market(directory)).run(grid)
+    assert second.status == "succeeded" and victim not in second.pass_participants
+    assert second.excluded[victim].startswith("market_advertise") and "request refused" in second.excluded[victim]
+
+
+# --- An old award after a re-launch -------------------------------------------------------------------
+def test_an_award_endorsed_in_an_earlier_market_opens_no_counts_after_a_relaunch(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node won market 1 and endorsed its award; the re-launch cleared that state. The buyer, with the node
+    at its bid in market 2 (it endorsed market 2's award), asks it to open its counts against market 1's award,
+    under either session: refused, the counts stay shut."""
+    from adversary import send
+
+    from flmarket_flwr.market import read_award
+    from flmarket_flwr.market.messages import KEY_AWARD, KEY_ENDORSEMENTS, KEY_SESSION
+
+    grid, counts, directory = secure_grid(tmp_path, 6, total_epsilon=4.0)
+    node = sorted(counts)[0]
+    first = MarketPhase(market(directory)).run(grid)
+    old = read_award(grid.context(node))
+    assert node in first.winners and old is not None and old.award is not None
+    old_session = grid.context(node).state.config_records["flmarket"]["pass/session"]
+    kept = snapshot_after(grid, node, "market_endorse")
+    MarketPhase(market(directory)).run(grid)
+    grid.reply_hook = None
+    grid._contexts[node] = kept["context"]  # market 2, stopped after this node endorsed its award
+    new_session = grid.context(node).state.config_records["flmarket"]["pass/session"]
+    assert new_session != old_session
+    for session in (old_session, new_session):
+        request = {KEY_SESSION: session, KEY_AWARD: old.award, KEY_ENDORSEMENTS: b""}
+        reply = send(grid, "market_audit", {node: request})[node]
+        assert reply.has_error() and "market_audit: request refused" in reply.error.reason
+    assert "the audit does not show the latest award this client endorsed" in caplog.text
+    assert "not for the PASS session this client took part in" in caplog.text
