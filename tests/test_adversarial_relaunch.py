@@ -3,12 +3,15 @@ releases its privacy budget does not pay for; each attack here is played and sho
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from adversary import record_of, send
 from flwr.app import RecordDict
 from test_market_relaunch import market, secure_grid
 
@@ -16,6 +19,7 @@ from flmarket_flwr.market import MarketError, MarketPhase
 from flmarket_flwr.market import server as market_server
 from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.records import context_to_bytes
+from flmarket_flwr.pass_protocol import PassError
 from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_DELTA, SkellamNoise, composed_epsilon
 
 
@@ -142,8 +146,6 @@ def test_an_award_endorsed_in_an_earlier_market_opens_no_counts_after_a_relaunch
     """A node won market 1 and endorsed its award; the re-launch cleared that state. The buyer, with the node
     at its bid in market 2 (it endorsed market 2's award), asks it to open its counts against market 1's award,
     under either session: refused, the counts stay shut."""
-    from adversary import send
-
     from flmarket_flwr.market import read_award
     from flmarket_flwr.market.messages import KEY_AWARD, KEY_ENDORSEMENTS, KEY_SESSION
 
@@ -165,3 +167,68 @@ def test_an_award_endorsed_in_an_earlier_market_opens_no_counts_after_a_relaunch
         assert reply.has_error() and "market_audit: request refused" in reply.error.reason
     assert "the audit does not show the latest award this client endorsed" in caplog.text
     assert "not for the PASS session this client took part in" in caplog.text
+
+
+# --- The client's cheaper checks (pass_protocol.client) ---------------------------------------------------
+def test_another_edges_validly_signed_ciphertext_relayed_to_a_receiver_gets_no_channel_secret() -> None:
+    """The buyer relays to receiver 1, as ``v``'s, the ciphertext (digest and signature too) that ``v`` really
+    sent and signed for another receiver ``w``. It does not open at 1, so 1 checks the signature, which binds
+    the receiver's index: it is not ``v``'s for this edge, and 1 accuses ``v`` without proving its channel secret
+    (which would open what ``v`` sent 1)."""
+    from test_pass_secagg import _counts, _signed_session
+
+    session = _signed_session(_counts(np.random.default_rng(41), 7, 3), degree=4)
+    requests = session.share(session.advertise())
+    inbox = requests[1]
+    sender = inbox.senders[0]
+    other = next(w for w, r in requests.items() if w != 1 and sender in r.senders)
+    j = requests[other].senders.index(sender)
+    i = inbox.senders.index(sender)
+
+    def swapped(values: list, replacement: object) -> list:
+        return [replacement if position == i else value for position, value in enumerate(values)]
+
+    theirs = requests[other]
+    relayed = dataclasses.replace(
+        inbox,
+        ciphertexts=swapped(list(inbox.ciphertexts), theirs.ciphertexts[j]),
+        share_digests=swapped(list(inbox.share_digests), theirs.share_digests[j]),
+        signatures=swapped(list(inbox.signatures), theirs.signatures[j]),
+    )
+    with contextlib.suppress(PassError):
+        session.mask({**requests, 1: relayed})
+    assert session.masked[1].accused == [sender] and session.masked[1].proofs == [b""]
+
+
+def test_unmask_is_refused_when_fewer_than_t_neighbours_signed_the_set_even_with_real_signatures_beside(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The buyer shows ``k - t + 1`` of the victim's neighbours another set (a third node dropped): they sign it
+    with their real keys. The victim is sent its own set with all ``k`` signers: ``t - 1`` valid on its set and
+    the others real signatures on the other set. The check stops after ``t`` valid ones and skips invalid ones;
+    here it never reaches ``t``, and the victim sends no share."""
+    from test_adversarial_views import _signed_to_consistency
+
+    from flmarket_flwr.pass_protocol.graph import share_threshold
+    from flmarket_flwr.pass_protocol.messages import ConsistencyRequest, UnmaskRequest
+
+    grid, server, requests = _signed_to_consistency(size=10)
+    victim = server.survivors[0]
+    neighbours = sorted(server.graph[victim])
+    t = share_threshold(len(neighbours))
+    dropped = neighbours[-1]  # shown dropped to the split-off neighbours, a survivor to everyone else
+    split = neighbours[: len(neighbours) - t + 1]
+    assert dropped not in split
+    other = UnmaskRequest.of([u for u in server.survivors if u != dropped], [dropped])
+    signatures: dict[int, bytes] = {}
+    for index in server.survivors:
+        request = ConsistencyRequest(other.survivors, other.dropped) if index in split else requests[index]
+        node = server.node_of[index]
+        signatures[index] = record_of(send(grid, "market_survivors", {node: request.to_record()})[node])["signature"]
+    honest = UnmaskRequest.of(server.survivors, server.dropped)
+    attack = dataclasses.replace(honest, signers=neighbours, signatures=[signatures[v] for v in neighbours])
+    node = server.node_of[victim]
+    reply = send(grid, "market_unmask", {node: attack.to_record()})[node]
+    assert reply.has_error()
+    assert sum(v not in split for v in neighbours) == t - 1
+    assert f"only {t - 1} valid neighbour signatures on this survivor set, the threshold is {t}" in caplog.text
