@@ -232,3 +232,27 @@ def test_unmask_is_refused_when_fewer_than_t_neighbours_signed_the_set_even_with
     assert reply.has_error()
     assert sum(v not in split for v in neighbours) == t - 1
     assert f"only {t - 1} valid neighbour signatures on this survivor set, the threshold is {t}" in caplog.text
+
+
+# --- Include and exclude ------------------------------------------------------------------------------------
+def test_excluding_nodes_to_shape_a_roster_below_the_nodes_floor_is_refused_by_every_node(tmp_path: Path) -> None:
+    """The buyer re-launches excluding two nodes (by id and by their declared tag) so that the roster is smaller
+    than the nodes' own floor (``pass-min-participants=7``): each node refuses when the graph comes, before it
+    sends a share or a masked input; nothing is released and no node spends its budget on it."""
+    grid, counts, directory = secure_grid(
+        tmp_path, 8, total_epsilon=4.0, **{"pass-min-participants": 7, "market-min-roster-change": 1}
+    )
+    nodes = sorted(counts)
+    for node in nodes[-1:]:
+        context = grid.context(node)
+        context.node_config["market-tag"] = "rival"
+        grid._contexts[node] = context_to_bytes(context)
+    first = MarketPhase(market(directory)).run(grid)
+    assert first.status == "succeeded" and len(first.pass_participants) == 8
+    spent_before = spent_variances(tmp_path / "flmarket-home")
+    with pytest.raises(MarketError) as caught:
+        MarketPhase(market(directory, exclude=(nodes[0], "rival"))).run(grid)
+    reasons = caught.value.outcome.excluded  # type: ignore[union-attr]
+    assert set(nodes[1:-1]) <= set(reasons)
+    assert all(reasons[node].startswith("market_share") for node in nodes[1:-1])  # before a share or Y_e leaves
+    assert spent_variances(tmp_path / "flmarket-home") == spent_before
