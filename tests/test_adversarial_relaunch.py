@@ -256,3 +256,33 @@ def test_excluding_nodes_to_shape_a_roster_below_the_nodes_floor_is_refused_by_e
     assert set(nodes[1:-1]) <= set(reasons)
     assert all(reasons[node].startswith("market_share") for node in nodes[1:-1])  # before a share or Y_e leaves
     assert spent_variances(tmp_path / "flmarket-home") == spent_before
+
+
+# --- Differencing a victim with colluders across re-launches --------------------------------------------
+def test_relaunching_without_a_victim_and_two_colluders_meets_the_noise_and_the_budget_stops_a_third_release(
+    tmp_path: Path, ledger_home: Path
+) -> None:
+    """The buyer re-launches without the victim and two colluders (a change of 3, which the ledgers allow) and
+    subtracts the colluders' counts: what is left is the victim's counts plus both releases' noise, never the
+    counts. Every release is charged: at a budget of 1.6 (two releases at epsilon 1 compose to 1.41) a third
+    market over everyone (market 1's sum again, to average its noise away) is refused by the budget of every node
+    that released twice, and each ledger holds exactly the accountant's epsilon for what it spent."""
+    grid, counts, directory = secure_grid(tmp_path, 9, total_epsilon=1.6)
+    nodes = sorted(counts)
+    victim, colluders = nodes[0], nodes[1:3]
+    first = MarketPhase(market(directory)).run(grid)
+    second = MarketPhase(market(directory, exclude=(victim, *colluders))).run(grid)
+    assert first.status == second.status == "succeeded"
+    estimate = np.array(first.global_counts) - np.array(second.global_counts) - sum(counts[c] for c in colluders)
+    assert np.any(estimate != counts[victim])
+    with pytest.raises(MarketError) as caught:
+        MarketPhase(market(directory)).run(grid)  # market 1's sum again, its fresh noise to average
+    reasons = caught.value.outcome.excluded  # type: ignore[union-attr]
+    assert all("privacy budget" in reasons[node] for node in nodes[3:])
+    noise = SkellamNoise(1.0, SECURE_PROFILE_DELTA)
+    spent = spent_variances(ledger_home)
+    assert max(len(variances) for variances in spent) == 2  # nobody spent a third time
+    for variances in spent:
+        accountant = noise.epsilon_after(len(variances))
+        assert composed_epsilon(variances, SECURE_PROFILE_DELTA) == pytest.approx(accountant, rel=1e-9)
+        assert accountant <= 1.6
