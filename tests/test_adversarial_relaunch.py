@@ -42,6 +42,23 @@ def reuse_session_ids(monkeypatch: pytest.MonkeyPatch, tokens: list[bytes]) -> N
     monkeypatch.setattr(market_server, "secrets", SimpleNamespace(token_bytes=lambda n: queue.pop(0)))
 
 
+def test_the_ledger_refuses_a_new_session_under_a_run_and_session_it_spent_or_released(tmp_path: Path) -> None:
+    """:meth:`ReleaseLedger.check_new_session`: a session id this node spent (at mask) or released (at unmask) in
+    a run is refused when joined again; another run or another session passes."""
+    from flmarket_flwr.market.ledger import LedgerError, ReleaseLedger
+
+    ledger = ReleaseLedger(tmp_path / "ledger")
+    ledger.check_new_session(1, b"A")
+    ledger.spend(1, b"A", 4.0)
+    with pytest.raises(LedgerError, match="already spent or released"):
+        ledger.check_new_session(1, b"A")
+    ledger.record_release(1, b"B", [b"node:1", b"node:2", b"node:3"])
+    with pytest.raises(LedgerError, match="already spent or released"):
+        ledger.check_new_session(1, b"B")
+    ledger.check_new_session(2, b"A")
+    ledger.check_new_session(1, b"C")
+
+
 def restart_nodes(grid: InProcessGrid) -> None:
     """Every SuperNode restarts: its ``context.state`` (the run's market state) is lost, its ledger file is not."""
     for node in grid.node_ids:
