@@ -303,3 +303,30 @@ def test_relaunching_without_a_victim_and_two_colluders_meets_the_noise_and_the_
         accountant = noise.epsilon_after(len(variances))
         assert composed_epsilon(variances, SECURE_PROFILE_DELTA) == pytest.approx(accountant, rel=1e-9)
         assert accountant <= 1.6
+
+
+def test_including_a_colluder_by_tag_pays_it_from_the_budget_announced_before_pass_and_shows_it_nothing(
+    tmp_path: Path,
+) -> None:
+    """The buyer re-launches including a colluder by its tag at a fixed payment of 600 of its 1000. The bidders
+    are told the budget left (400) with the terms before PASS and their award is checked against it; the
+    colluder gets no PASS message (no roster, no keys, no sum) and is listed in the award beside the bidders."""
+    from flmarket_flwr.market.messages import KEY_BUDGET
+
+    grid, counts, directory = secure_grid(tmp_path, 8, total_epsilon=4.0, **{"market-min-roster-change": 1})
+    nodes = sorted(counts)
+    colluder = nodes[0]
+    context = grid.context(colluder)
+    context.node_config["market-tag"] = "partner"
+    grid._contexts[colluder] = context_to_bytes(context)
+    MarketPhase(market(directory)).run(grid)
+    sent_before = len(grid.sent)
+    outcome = MarketPhase(market(directory, include={"partner": 600.0})).run(grid)
+    assert outcome.status == "succeeded" and outcome.included == {colluder: 600.0}
+    later = grid.sent[sent_before:]
+    to_colluder = {m.metadata.message_type for m in later if m.metadata.dst_node_id == colluder}
+    assert to_colluder <= {"query.market_tags", "query.market_award"}  # told the market closed, nothing else
+    adverts = [m for m in later if m.metadata.message_type == "query.market_advertise"]
+    assert adverts and all(m.content.config_records["flmarket"][KEY_BUDGET] == 400.0 for m in adverts)
+    bidders = {node: pay for node, pay in outcome.payments.items() if node != colluder}
+    assert sum(bidders.values()) <= 400.0 + 1e-9
