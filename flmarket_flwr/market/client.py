@@ -107,7 +107,8 @@ _STAGE_CLOSED = "closed"
 _LEDGER_ROSTER = "ledger-roster"
 """The roster's node ids in PASS-index order (big-endian uint64 words), from the share request, for the ledger."""
 _EARLIER_SESSIONS = "pass-earlier-sessions"
-"""The PASS sessions of this run that this client left before it was asked to unmask (never joined again)."""
+"""The PASS sessions of this run that this client left before it was asked to unmask, or that closed before a
+re-launch (never joined again)."""
 _ENDORSED = "endorsed-award"
 _ENDORSED_SIGNATURE = "endorsed-award-signature"
 _ENDORSED_WON = "endorsed-award-won"
@@ -442,8 +443,8 @@ class _MarketHandlers:
             )
             reply = dict(advert.to_record())
             ledger = self._release_ledger(context)
-            if ledger is not None:
-                ledger.records()  # a ledger that cannot be read fails closed, before anything is sent
+            if ledger is not None:  # a ledger that cannot be read fails closed, before anything is sent
+                ledger.check_new_session(int(context.run_id), client.state.session)
                 reply[KEY_ROSTER_WANTED] = True  # the roster's node ids come with the share request
             if terms is not None:
                 set_values(
@@ -841,34 +842,37 @@ def _leave_unreleased_session(state: ConfigRecord, request: ConfigRecord, ledger
     session = request.get(KEY_SESSION)
     if not earlier.session or session == earlier.session:
         return
+    kept = state.get(_EARLIER_SESSIONS, [])
+    left = [s for s in kept if isinstance(s, bytes)] if isinstance(kept, list) else []
+    if session in left:
+        raise _RequestError("a PASS session of this run that this client already left or closed")
     if earlier.unmask_requested or state.get(_STAGE) is not None:
         if state.get(_STAGE) == _STAGE_CLOSED and ledger is not None and ledger.budget is not None:
-            _start_relaunched_market(state)
+            _start_relaunched_market(state, [*left, earlier.session])
             return
         raise _RequestError(
             "asked to unmask or bid in an earlier PASS session of this run: a second sum could be differenced with it"
             " (a re-launched market is joined only with a release ledger and a privacy budget: the secure profile)"
         )
-    kept = state.get(_EARLIER_SESSIONS, [])
-    left = [s for s in kept if isinstance(s, bytes)] if isinstance(kept, list) else []
-    if session in left:
-        raise _RequestError("a PASS session this client already left")
     _store_pass_client(state, None)  # the earlier keys, seeds and held shares go with it
     state[_EARLIER_SESSIONS] = [*left, earlier.session]
 
 
-def _start_relaunched_market(state: ConfigRecord) -> None:
-    """Clear the closed market's state for a re-launched one; keep its receipt in :data:`_EARLIER_AWARDS`."""
+def _start_relaunched_market(state: ConfigRecord, sessions: list[bytes]) -> None:
+    """Clear the closed market's state for a re-launched one; keep its receipt in :data:`_EARLIER_AWARDS` and this
+    run's earlier PASS sessions (``sessions``, the closed one included) in :data:`_EARLIER_SESSIONS`, never joined
+    again."""
     receipt = state.get(KEY_AWARD), state.get(KEY_AWARD_SIGNATURE)
     kept = state.get(_EARLIER_AWARDS, [])
     receipts = [item for item in kept if isinstance(item, bytes)] if isinstance(kept, list) else []
     if isinstance(receipt[0], bytes) and isinstance(receipt[1], bytes):
         receipts += [receipt[0], receipt[1]]
     _store_pass_client(state, None)
-    for key in [key for key in state if key not in (_EARLIER_AWARDS,)]:
+    for key in list(state):
         del state[key]
     if receipts:
         state[_EARLIER_AWARDS] = receipts
+    state[_EARLIER_SESSIONS] = sessions
 
 
 def _close_pass_state(state: ConfigRecord) -> None:

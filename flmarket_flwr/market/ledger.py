@@ -276,6 +276,23 @@ class ReleaseLedger:
                     )
             self._write(salt, records, [*spends, spend])
 
+    def check_new_session(self, run_id: int, session: bytes) -> None:
+        """Raise :class:`LedgerError` if this run and PASS session already spent or released here.
+
+        Called when a session is joined: a retried message of one session is free (:meth:`spend`,
+        :meth:`record_release`), so a server that opened a new session under an earlier one's id would get a
+        release that no budget charges and that no differencing check sees. A readable ledger is required.
+        """
+        key = (int(run_id), session.hex())
+        with self._locked():
+            _, records, spends = self._read()
+        seen = {(record.run_id, record.session) for record in records}
+        if key in seen | {(spend.run_id, spend.session) for spend in spends}:
+            raise LedgerError(
+                f"run {run_id}, session {key[1][:16]}: already spent or released in {self.path}; a new session "
+                "under its id is refused"
+            )
+
     def check(self, run_id: int, session: bytes, members: Iterable[bytes]) -> None:
         """Raise :class:`ReleaseRefused` if releasing a sum over ``members`` now would be refused; record nothing.
 
