@@ -32,6 +32,7 @@ BIN_DIR = Path(sys.executable).parent
 STARTUP_TIMEOUT_S = 180.0
 RUN_TIMEOUT_S = 900.0
 LINGER_WAIT_S = 30.0
+"""Seconds a ServerApp may take to exit after ``flwr run`` ended before it counts as left over."""
 STOP_GRACE_S = 30.0
 BASE_RUN_CONFIG = "distribution='d1' budget=2000.0 num-server-rounds=1 local-epochs=1 wait-for-nodes-timeout=120.0"
 #: The previous defaults, as run config: 60 s per round whatever the number of nodes, and no thin-market floor
@@ -60,6 +61,7 @@ class RunResult:
     run_line: str = "neither line"
     flwr_exit: int | None = None
     serverapp_lingered: bool = False
+    serverapp_gone_s: float | None = None
     survivors: list[int] = field(default_factory=list)
     wall_s: float = 0.0
     load_after: float = 0.0
@@ -170,10 +172,11 @@ def run_once(root: Path, num_nodes: int, profile: str, index: int) -> RunResult:
             result.flwr_exit = run.wait(timeout=RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             result.flwr_exit = None
-        deadline = time.monotonic() + LINGER_WAIT_S
-        while deployment.serverapps() and time.monotonic() < deadline:
+        ended = time.monotonic()
+        while deployment.serverapps() and time.monotonic() < ended + LINGER_WAIT_S:
             time.sleep(1.0)
         result.serverapp_lingered = bool(deployment.serverapps())
+        result.serverapp_gone_s = None if result.serverapp_lingered else round(time.monotonic() - ended, 1)
         output = (folder / "flwr-run.log").read_text(errors="replace")
         if "FLMarket run succeeded" in output:
             result.run_line = "succeeded"
@@ -211,10 +214,17 @@ def table(results: list[RunResult]) -> str:
         market = f"{r.market_s:.0f}" if r.market_s is not None else "-"
         lines.append(
             f"| {r.num_nodes} | {r.profile} | {r.run} | {market} | {r.market_status} | {r.bidders} | {r.winners} | "
-            f"{excluded} | {r.run_line} | {r.flwr_exit} | {'yes' if r.serverapp_lingered else 'no'} | "
+            f"{excluded} | {r.run_line} | {r.flwr_exit} | {_left(r)} | "
             f"{r.wall_s:.0f} | {r.load_before:.1f}-{r.load_after:.1f} |"
         )
     return "\n".join(lines)
+
+
+def _left(r: RunResult) -> str:
+    """Whether a ServerApp was left once ``flwr run`` ended (and how long the last one took to go)."""
+    if r.serverapp_lingered:
+        return f"yes, > {LINGER_WAIT_S:.0f} s"
+    return "no" if r.serverapp_gone_s is None else f"no ({r.serverapp_gone_s:.0f} s)"
 
 
 def ratios(results: list[RunResult]) -> str:
