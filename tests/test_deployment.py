@@ -14,6 +14,7 @@ chosen SuperNode hang in PASS's ``market_mask`` round) and kills that SuperNode 
 import json
 import os
 import re
+import signal
 import socket
 import ssl
 import subprocess
@@ -636,3 +637,41 @@ def test_a_deviating_buyer_gets_no_counts_in_the_secure_profile(tmp_path: Path) 
         assert len(refusals) == 3, (partition_id, refusals, log_text[-3000:])
         assert all("latest award this client endorsed" in reason for reason in refusals), refusals
         assert re.search(r"Market request market_endorse refused: [^\n]*sign", log_text), log_text[-3000:]
+
+
+# --- Flower ends a starved run ---------------------------------------------------------------
+STARVED_MARKET_TIMEOUT_S = 300.0  # the market is still waiting for the advertise round when the ServerApp resumes
+RESUME_EXIT_S = 60.0
+
+
+def test_a_serverapp_whose_run_flower_ended_for_lack_of_heartbeats_exits(deployment: Deployment) -> None:
+    """A starved ServerApp (frozen here with SIGSTOP) misses Flower's heartbeat patience: the SuperLink ends the
+    run as failed and revokes the ServerApp's token. Once it runs again, its next call is refused and it exits;
+    ``flwr run --stream`` ends with neither of the app's last lines (its logs can no longer be uploaded).
+    """
+    from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE  # pylint: disable=C0415
+
+    deployment.node_ids()
+    run = deployment.flwr_run(
+        f"distribution='d1' budget=2000.0 num-server-rounds=1 market-timeout={STARVED_MARKET_TIMEOUT_S} "
+        f"results-dir='{deployment.root / 'results'}' run-name='starved'"
+    )
+    deployment.wait_for_output("Market: buyer key", run)
+    superlink = deployment.processes[0].pid
+    serverapps = [pid for pid in process_tree([superlink]) if "flwr-serverapp" in proc_table()[pid][1]]
+    assert len(serverapps) == 1, serverapps
+    os.kill(serverapps[0], signal.SIGSTOP)
+    try:
+        time.sleep(HEARTBEAT_PATIENCE * HEARTBEAT_DEFAULT_INTERVAL + 15.0)
+    finally:
+        os.kill(serverapps[0], signal.SIGCONT)
+    resumed = time.monotonic()
+    run.wait(timeout=RESUME_EXIT_S)
+    while is_alive(serverapps[0]) and time.monotonic() - resumed < RESUME_EXIT_S:
+        time.sleep(0.5)
+    assert not is_alive(serverapps[0]), "the ServerApp lingered after Flower ended its run\n" + deployment.logs()
+    output = (deployment.root / "flwr-run.log").read_text(errors="replace")
+    assert run.returncode == 0 and "FLMarket run succeeded" not in output
+    assert "Runtime task-token authentication failed" in (deployment.root / "superlink.log").read_text()
+    runs = json.loads(deployment.flwr("ls", "loopback", "--format", "json"))["runs"]
+    assert [entry["status"] for entry in runs] == ["finished:failed"], runs

@@ -206,3 +206,27 @@ def test_a_reply_from_another_node_never_displaces_the_addressed_nodes_reply() -
     assert transport._keep_best(best, genuine, {"m0": 7})  # type: ignore[arg-type]
     assert not transport._keep_best(best, stray, {"m0": 7})  # type: ignore[arg-type]
     assert best["m0"] is genuine
+
+
+class GivenUpGrid:
+    """A transport that has given up: every pull raises, as Flower's does once the SuperLink ended the run."""
+
+    def __init__(self) -> None:
+        self.pulls = 0
+
+    def push_messages(self, messages: list[str]) -> list[str]:
+        return list(messages)
+
+    def pull_messages(self, ids: list[str]) -> list[SimpleNamespace]:
+        self.pulls += 1
+        raise RuntimeError("Runtime task-token authentication failed")
+
+
+def test_a_pull_that_raises_ends_the_exchange_with_its_error_at_once() -> None:
+    """The error is not swallowed in the pull's thread: the market does not poll a dead run until its deadline."""
+    grid = GivenUpGrid()
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="token authentication failed"):
+        transport.send_and_receive_within(grid, ["m0", "m1"], timeout=30.0)
+    assert time.monotonic() - started < 2.0
+    assert grid.pulls == 1

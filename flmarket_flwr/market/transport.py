@@ -108,6 +108,10 @@ def send_and_receive_within(grid: Grid, messages: list[Message], timeout: float)
     replies are pulled ``PULL_BATCH`` ids at a time, one pull after the other (the last pull asks for all
     that are left), so that a pull that merely reads back many replies does not pass for a stuck one.
 
+    A pull that raises ends the exchange with its error, as a failed push does: Flower's transport retries
+    what may pass and raises only once it has given up, e.g. after the SuperLink ended the run and revoked the
+    ServerApp's token (a starved ServerApp whose heartbeats lapsed, or ``flwr stop``).
+
     No reply that arrived is dropped. The SuperLink hands a reply out once: asking again for an id that a
     slower pull already took gives Flower's "message unavailable" error, which never displaces a reply
     and does not settle its id while a pull that may still bring the real reply is under way (that id
@@ -138,6 +142,8 @@ def send_and_receive_within(grid: Grid, messages: list[Message], timeout: float)
         arrived = 0
         for pull in [pull for pull in pulls if pull.done]:
             pulls.remove(pull)
+            if pull.error is not None:  # the transport gave up (e.g. Flower ended the run): so does the market
+                raise pull.error
             arrived += sum(_keep_best(best, reply, sender_of) for reply in pull.replies)
         outstanding = {message_id for pull in pulls for message_id in pull.ids}
         pending = {
@@ -191,12 +197,16 @@ class _Pull:
     def __init__(self, grid: Grid, ids: list[str]) -> None:
         self.ids = ids
         self.replies: list[Message] = []
+        self.error: Exception | None = None
         self._started = time.monotonic()
         self._thread = threading.Thread(target=self._pull, args=(grid,), name="flmarket-pull", daemon=True)
         self._thread.start()
 
     def _pull(self, grid: Grid) -> None:
-        self.replies = list(grid.pull_messages(self.ids))
+        try:
+            self.replies = list(grid.pull_messages(self.ids))
+        except Exception as err:  # pylint: disable=broad-exception-caught  # handed to the market's loop
+            self.error = err
 
     @property
     def done(self) -> bool:
