@@ -1,7 +1,8 @@
 """The market phase against training, and Flower's simulation against the bare training compute.
 
 Run: ``.venv/bin/python -m benchmarks.bench_market_vs_training`` (about 2 min on 2 cores;
-``--clients 20`` for one size only; ``--market-only`` for the in-process market phase alone, seconds).
+``--clients 20`` for one size only; ``--market-only`` for the in-process market phase alone, seconds;
+``--secure`` adds the in-process market in the secure profile, the cost of each re-launch).
 
 For 20 and 100 clients, the app's own ``ServerApp`` (``server_app.main``) and ``ClientApp``
 (``build_client_app``) run through ``flwr.simulation.run_simulation`` (Ray, one actor per CPU,
@@ -120,26 +121,74 @@ def run_in_simulation(config: dict, num_clients: int, workers: int) -> float:
     return time.perf_counter() - started
 
 
-def market_in_process(config: dict, num_clients: int) -> tuple[dict[str, float], dict[str, float]]:
+def secure_nodes(nodes: list[int], folder: Path) -> tuple[dict[int, dict], Path]:
+    """Node configs of ``nodes`` in the secure profile (fresh identity keys, one directory pinned by its digest).
+
+    Returns the node configs (with ``partition-id`` and ``num-partitions``) and the directory file's path, the
+    buyer's ``identity-directory``. The nodes keep their ledgers under ``FLMARKET_HOME``.
+    """
+    # pylint: disable=import-outside-toplevel
+    from flmarket_flwr.pass_protocol import IdentityDirectory, generate_identity, save_identity_key
+
+    folder.mkdir(parents=True, exist_ok=True)
+    publics = {}
+    for node in nodes:
+        private, publics[node] = generate_identity()
+        save_identity_key(private, folder / f"node-{node}.pem")
+    directory = IdentityDirectory(publics)
+    path = folder / "directory.json"
+    path.write_text(directory.to_json(), encoding="utf-8")
+    configs = {
+        node: {
+            "partition-id": position,
+            "num-partitions": len(nodes),
+            "market-security": "malicious",
+            "identity-key": str(folder / f"node-{node}.pem"),
+            "identity-directory": str(path),
+            "identity-directory-digest": directory.digest().hex(),
+        }
+        for position, node in enumerate(nodes)
+    }
+    return configs, path
+
+
+def market_in_process(
+    config: dict, num_clients: int, secure: bool = False
+) -> tuple[dict[str, float], dict[str, float]]:
     """The same market phase over in-process grids (no Ray): cold (first grid), then warm (fresh grids).
 
     A PASS v2 client takes part in one session per run, so each warm run needs fresh nodes. The warm figure
     is the fastest of ``WARM_RUNS`` (wall time on a shared machine only grows with the load); each run also
-    records its process CPU (``"cpu"``), which the load hardly changes.
+    records its process CPU (``"cpu"``), which the load hardly changes. ``secure``: buyer and nodes in the
+    secure profile (:func:`secure_nodes`; the key generation is not timed), which is what each re-launch of
+    the market costs (a re-launch needs the profile's privacy budget).
     """
     from flmarket_flwr.app.client_app import build_client_app  # pylint: disable=import-outside-toplevel
     from flmarket_flwr.market import MarketPhase  # pylint: disable=import-outside-toplevel
     from flmarket_flwr.market.inprocess import InProcessGrid  # pylint: disable=import-outside-toplevel
 
-    market = market_config(config, num_clients)
     runs = []
-    for run in range(1 + WARM_RUNS):  # cold: loads the data set and computes the partitions; then warm
-        nodes = [1_000 + 4_000 * run + 17 * i for i in range(num_clients)]
-        grid = InProcessGrid(build_client_app(config), nodes, run_config=config)
-        started = time.process_time()
-        timings = dict(MarketPhase(market).run(grid).timings)
-        timings["cpu"] = time.process_time() - started
-        runs.append(timings)
+    with tempfile.TemporaryDirectory(prefix="bench-secure-") as tmp:
+        previous_home = os.environ.get("FLMARKET_HOME")
+        os.environ["FLMARKET_HOME"] = str(Path(tmp) / "home")  # the nodes' ledgers, thrown away afterwards
+        try:
+            for run in range(1 + WARM_RUNS):  # cold: loads the data set and computes the partitions; then warm
+                nodes = [1_000 + 4_000 * run + 17 * i for i in range(num_clients)]
+                run_config, node_configs = dict(config), None
+                if secure:
+                    node_configs, directory = secure_nodes(nodes, Path(tmp) / f"run-{run}")
+                    run_config |= {"market-security": "malicious", "identity-directory": str(directory)}
+                market = market_config(run_config, num_clients)
+                grid = InProcessGrid(build_client_app(config), nodes, node_configs=node_configs, run_config=config)
+                started = time.process_time()
+                timings = dict(MarketPhase(market).run(grid).timings)
+                timings["cpu"] = time.process_time() - started
+                runs.append(timings)
+        finally:
+            if previous_home is None:
+                os.environ.pop("FLMARKET_HOME", None)
+            else:
+                os.environ["FLMARKET_HOME"] = previous_home
     return runs[0], min(runs[1:], key=lambda timings: timings["total"])
 
 
@@ -187,7 +236,7 @@ def makespan(durations: list[float], workers: int) -> float:
     return max(loads)
 
 
-def measure(num_clients: int, rounds: int, workers: int, results: Path) -> dict:
+def measure(num_clients: int, rounds: int, workers: int, results: Path, secure: bool = False) -> dict:
     config = app_config(num_clients, results, rounds)
     total = run_in_simulation(config, num_clients, workers)
     run_dir = results / config["run-name"]
@@ -203,7 +252,9 @@ def measure(num_clients: int, rounds: int, workers: int, results: Path) -> dict:
     in_client_warm = sum(a["train_time_s"] for a in later) / max(1, len({a["server_round"] for a in later}))
     steps = ("pass", "bid", "auction", "award")
     in_process_cold, in_process_warm = market_in_process(config, num_clients)
+    secure_warm = market_in_process(config, num_clients, secure=True)[1] if secure else None
     return {
+        "market_in_process_secure": secure_warm,
         "in_client_train_round1_s": sum(a["train_time_s"] for a in first_round),
         "in_client_train_warm_s": in_client_warm,
         "clients": num_clients,
@@ -263,6 +314,21 @@ def report(rows: list[dict], workers: int) -> None:
             f"| {r['ideal_round_s']:.2f} s | {warm:.2f} s | {warm - r['ideal_round_s']:.2f} s "
             f"| {warm / r['ideal_round_s']:.2f}x |"
         )
+    if all(r["market_in_process_secure"] is not None for r in rows):
+        print("\nA re-launch is one market: the warm market in process, default and secure profile, vs a warm round\n")
+        print(
+            "| clients | warm FedAvg round | market, default: wall (CPU) | market, secure profile: wall (CPU) "
+            "| secure market / warm round: wall (CPU) |"
+        )
+        print("|---:|---:|---:|---:|---:|")
+        for r in rows:
+            warm = float(np.mean(r["round_times_s"][1:])) if len(r["round_times_s"]) > 1 else r["round_times_s"][0]
+            default, secure = r["market_in_process"], r["market_in_process_secure"]
+            print(
+                f"| {r['clients']} | {warm:.2f} s | {default['total']:.2f} s ({default['cpu']:.2f} s) "
+                f"| {secure['total']:.2f} s ({secure['cpu']:.2f} s) "
+                f"| {secure['total'] / warm:.2f}x ({secure['cpu'] / warm:.2f}x) |"
+            )
     calls = ", ".join(f"{r['clients']} clients {r['run_simulation_s']:.1f} s" for r in rows)
     print(f"\nWhole run_simulation call: {calls}")
 
@@ -278,6 +344,11 @@ def main() -> None:
         action="store_true",
         help="only the in-process market phase (cold, then the best of 3 warm runs): no simulation, no training",
     )
+    parser.add_argument(
+        "--secure",
+        action="store_true",
+        help="also the in-process market in the secure profile (what each re-launch costs), after the default one",
+    )
     args = parser.parse_args()
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     logging.getLogger("flwr").setLevel(logging.WARNING)
@@ -288,17 +359,18 @@ def main() -> None:
     if args.market_only:
         with tempfile.TemporaryDirectory(prefix="bench-market-") as tmp:
             rows = []
-            for n in args.clients:
-                cold, warm = market_in_process(app_config(n, Path(tmp), args.rounds), n)
-                rows.append({"clients": n, "market_in_process_cold": cold, "market_in_process": warm})
+            for n, secure in [(n, secure) for n in args.clients for secure in (False, True)[: 1 + args.secure]]:
+                cold, warm = market_in_process(app_config(n, Path(tmp), args.rounds), n, secure=secure)
+                rows.append({"clients": n, "secure": secure, "market_in_process_cold": cold, "market_in_process": warm})
                 print(
-                    f"| {n} | cold {cold['total']:.3f} s ({cold['cpu']:.3f} s CPU) "
+                    f"| {n} | {'secure' if secure else 'default'} "
+                    f"| cold {cold['total']:.3f} s ({cold['cpu']:.3f} s CPU) "
                     f"| warm {warm['total']:.3f} s ({warm['cpu']:.3f} s CPU) | load {os.getloadavg()[0]:.1f} |",
                     flush=True,
                 )
     else:
         with tempfile.TemporaryDirectory(prefix="bench-market-") as tmp:
-            rows = [measure(n, args.rounds, args.workers, Path(tmp)) for n in args.clients]
+            rows = [measure(n, args.rounds, args.workers, Path(tmp), args.secure) for n in args.clients]
         report(rows, args.workers)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2), encoding="utf-8")
