@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -176,7 +177,8 @@ def report(raw: Path, command: str) -> str:
     lines = [
         "# Fashion-MNIST main grid: FLMarket against the baselines where selection can matter",
         "",
-        f"Regenerate: `{command}`. Protocol: `simulations/PILOT.md` section 6 (Dirichlet 0.1, d4-d6, 20 clients, "
+        "Regenerate (after `tar -xzf results/fashion_mnist_main/raw.tar.gz -C results/fashion_mnist_main`): "
+        f"`{command}`. Protocol: `simulations/PILOT.md` section 6 (Dirichlet 0.1, d4-d6, 20 clients, "
         "budget mode, 30 rounds, 10 local steps). Grid: `bash simulations/fashion_mnist_main.sh`.",
         "",
         status,
@@ -207,8 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("raw", type=Path, help="the grid's raw folder (volume/, equal/, all/)")
     parser.add_argument("--out", type=Path, help="folder for REPORT.md (default: print)")
     args = parser.parse_args(argv)
-    command = "python -m simulations.main_grid " + " ".join(argv if argv is not None else [str(args.raw)])
-    text = report(args.raw, command if argv is not None else f"python -m simulations.main_grid {args.raw}")
+    text = report(args.raw, "python -m simulations.main_grid " + " ".join(sys.argv[1:] if argv is None else argv))
     if args.out is None:
         print(text)
         return
