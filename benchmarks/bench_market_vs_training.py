@@ -122,34 +122,20 @@ def run_in_simulation(config: dict, num_clients: int, workers: int) -> float:
 
 
 def secure_nodes(nodes: list[int], folder: Path) -> tuple[dict[int, dict], Path]:
-    """Node configs of ``nodes`` in the secure profile (fresh identity keys, one directory pinned by its digest).
+    """Node configs of ``nodes`` in the secure profile (``bench_profiles.secure_node_configs``: fresh identity keys,
+    one directory pinned by its digest), with ``partition-id`` and ``num-partitions``.
 
-    Returns the node configs (with ``partition-id`` and ``num-partitions``) and the directory file's path, the
-    buyer's ``identity-directory``. The nodes keep their ledgers under ``FLMARKET_HOME``.
+    Returns the node configs and the directory file's path, the buyer's ``identity-directory``. The nodes keep
+    their ledgers under ``FLMARKET_HOME``.
     """
-    # pylint: disable=import-outside-toplevel
-    from flmarket_flwr.pass_protocol import IdentityDirectory, generate_identity, save_identity_key
+    from benchmarks.bench_profiles import secure_node_configs  # pylint: disable=import-outside-toplevel
 
     folder.mkdir(parents=True, exist_ok=True)
-    publics = {}
-    for node in nodes:
-        private, publics[node] = generate_identity()
-        save_identity_key(private, folder / f"node-{node}.pem")
-    directory = IdentityDirectory(publics)
-    path = folder / "directory.json"
-    path.write_text(directory.to_json(), encoding="utf-8")
-    configs = {
-        node: {
-            "partition-id": position,
-            "num-partitions": len(nodes),
-            "market-security": "malicious",
-            "identity-key": str(folder / f"node-{node}.pem"),
-            "identity-directory": str(path),
-            "identity-directory-digest": directory.digest().hex(),
-        }
-        for position, node in enumerate(nodes)
-    }
-    return configs, path
+    configs, _ = secure_node_configs(nodes, folder)
+    partitions = {"num-partitions": len(nodes)}
+    return {
+        node: {"partition-id": position, **partitions, **configs[node]} for position, node in enumerate(nodes)
+    }, folder / "directory.json"
 
 
 def market_in_process(

@@ -842,8 +842,7 @@ def _leave_unreleased_session(state: ConfigRecord, request: ConfigRecord, ledger
     session = request.get(KEY_SESSION)
     if not earlier.session or session == earlier.session:
         return
-    kept = state.get(_EARLIER_SESSIONS, [])
-    left = [s for s in kept if isinstance(s, bytes)] if isinstance(kept, list) else []
+    left = _kept_bytes(state, _EARLIER_SESSIONS)
     if session in left:
         raise _RequestError("a PASS session of this run that this client already left or closed")
     if earlier.unmask_requested or state.get(_STAGE) is not None:
@@ -863,16 +862,20 @@ def _start_relaunched_market(state: ConfigRecord, sessions: list[bytes]) -> None
     run's earlier PASS sessions (``sessions``, the closed one included) in :data:`_EARLIER_SESSIONS`, never joined
     again."""
     receipt = state.get(KEY_AWARD), state.get(KEY_AWARD_SIGNATURE)
-    kept = state.get(_EARLIER_AWARDS, [])
-    receipts = [item for item in kept if isinstance(item, bytes)] if isinstance(kept, list) else []
+    receipts = _kept_bytes(state, _EARLIER_AWARDS)
     if isinstance(receipt[0], bytes) and isinstance(receipt[1], bytes):
         receipts += [receipt[0], receipt[1]]
-    _store_pass_client(state, None)
-    for key in list(state):
+    for key in list(state):  # the PASS state and every other key of the closed market
         del state[key]
     if receipts:
         state[_EARLIER_AWARDS] = receipts
     state[_EARLIER_SESSIONS] = sessions
+
+
+def _kept_bytes(state: ConfigRecord, key: str) -> list[bytes]:
+    """The byte strings kept under ``key`` (an earlier market's sessions or receipts); ``[]`` if none."""
+    kept = state.get(key, [])
+    return [item for item in kept if isinstance(item, bytes)] if isinstance(kept, list) else []
 
 
 def _close_pass_state(state: ConfigRecord) -> None:
