@@ -309,7 +309,7 @@ def bidder_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
             lines.append(
                 f"| {LABELS[folder]} | {name} | {len(group)} | {_spread([b.size for b in group])} "
                 f"| {_spread([b.score for b in group])} | {_spread([b.bid for b in group], ',.1f')} "
-                f"| {_spread([b.score_per_bid for b in group], '.3g')} |"
+                f"| {_spread([b.score_per_bid for b in group], '.4g')} |"
             )
     return lines
 
