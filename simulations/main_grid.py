@@ -163,7 +163,6 @@ def market_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
 
 # --- the small clients under volume bids ------------------------------------------------------------------------------
 ARMS = ("flmarket", *PRIMARY_BASELINES, *SECONDARY_BASELINES)
-LABELS = {"volume": "volume", "equal": "equal"}
 
 
 @dataclass(frozen=True)
@@ -307,7 +306,7 @@ def bidder_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
         for name, won in (("winners", True), ("losers", False)):
             group = [b for b in rows if b.won == won]
             lines.append(
-                f"| {LABELS[folder]} | {name} | {len(group)} | {_spread([b.size for b in group])} "
+                f"| {folder} | {name} | {len(group)} | {_spread([b.size for b in group])} "
                 f"| {_spread([b.score for b in group])} | {_spread([b.bid for b in group], ',.1f')} "
                 f"| {_spread([b.score_per_bid for b in group], '.4g')} |"
             )
@@ -333,7 +332,7 @@ def rank_lines(stats: Sequence[SmallClients]) -> list[str]:
     ]
     for s in stats:
         lines.append(
-            f"| {LABELS[s.policy]} | {s.partitions} | {s.bidders} | {_f(s.spearman_per_bid)} "
+            f"| {s.policy} | {s.partitions} | {s.bidders} | {_f(s.spearman_per_bid)} "
             f"| {_spread(s.per_partition_per_bid, '+.2f')} | {_f(s.spearman_score)} | {s.smallest_half:.0%} |"
         )
     return lines
@@ -357,7 +356,7 @@ def small_client_reading(stats: Sequence[SmallClients]) -> list[str]:
     for s in stats:
         direction = "falls" if s.spearman_per_bid < 0 else "rises" if s.spearman_per_bid > 0 else "does not vary"
         lines.append(
-            f"* **{LABELS[s.policy].capitalize()} bids**: score per bid {direction} with volume (Spearman "
+            f"* **{s.policy.capitalize()} bids**: score per bid {direction} with volume (Spearman "
             f"{_f(s.spearman_per_bid)} over all {s.bidders} bidders; the score itself: {_f(s.spearman_score)}); "
             f"{s.smallest_half:.0%} of the winners are in the smaller half of their auction's clients."
         )
@@ -464,7 +463,7 @@ def bought_lines(rows: Sequence[Bought]) -> list[str]:
     for b in rows:
         everyone = b.policy == "all"
         lines.append(
-            f"| {LABELS.get(b.policy, '-')} | {'all clients' if everyone else b.arm} | {b.runs} | {b.clients:.0f} "
+            f"| {'-' if everyone else b.policy} | {'all clients' if everyone else b.arm} | {b.runs} | {b.clients:.0f} "
             f"| {_spread(b.volumes)} | {b.pool_share:.3f} | {b.rarest_share:.3f} | {b.smallest_class:.1%} "
             f"| {b.absent:.2f} | {b.auc:.2f} |"
         )
@@ -483,7 +482,7 @@ def bought_reading(rows: Sequence[Bought]) -> list[str]:
         best = max(others, key=lambda b: b.auc)
         tail = f"; all clients {everyone.auc:.2f}" if everyone is not None else ""
         lines.append(
-            f"* **{LABELS[folder].capitalize()} bids**: FLMarket buys {mine.pool_share:.1%} of the pool's samples "
+            f"* **{folder.capitalize()} bids**: FLMarket buys {mine.pool_share:.1%} of the pool's samples "
             f"but {mine.rarest_share:.1%} of its rarest class ({mine.rarest_share / mine.pool_share:.1f} times its "
             f"share of the samples; {best.arm.upper()}: {best.rarest_share / best.pool_share:.1f}), with "
             f"{mine.absent:.2f} classes absent on average; mean auc {mine.auc:.2f} against the best other arm's "
@@ -526,7 +525,7 @@ def deviation_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
     """Each deviation from the paper's protocol, what the grid did (read from its records) and why."""
     every = [r for records in runs.values() for r in records]
     policy_fractions = "; ".join(
-        f"{LABELS[folder]} bids `budget_fraction` {config_values(runs.get(folder, []), 'budget_fraction')}"
+        f"{folder} bids `budget_fraction` {config_values(runs.get(folder, []), 'budget_fraction')}"
         for folder in POLICIES
     )
     distributions = sorted({str(r["distribution"]) for r in every})
@@ -646,7 +645,7 @@ def reproduce_lines(
         words = {"ahead": "ahead of", "behind": "behind", "level": "level with"}
         said = "; ".join(f"{words[side]} {', '.join(sides[side])}" for side in words if sides[side])
         lines.append(
-            f"* **{LABELS[folder].capitalize()} bids: the headline {verdict}.** FLMarket is {said}"
+            f"* **{folder.capitalize()} bids: the headline {verdict}.** FLMarket is {said}"
             f" (mean auc difference in points; RS and DICE by Holm's p over the primary four, QBS and DDS by "
             f"the 95% interval). It has the highest auc of the five arms in {wins:g} of {partitions} partitions "
             f"({wins / partitions:.0%}; chance 20%) and the highest mean in {best:g} of {distributions} distributions "
