@@ -18,21 +18,43 @@ from simulations.stats import holm
 SELECTORS = ("flmarket", "rs", "dice", "qbs", "dds")
 
 
-def _write(folder: Path, selector: str, distribution: str, seed: int, accuracy: float, diverged: bool = False) -> None:
+SIZES = [10, 20, 40, 80, 160, 320, 640, 1280]
+"""The clients' volumes in the synthetic auctions: the score is ``10 sqrt(N)`` (sub-linear), bids follow the policy."""
+
+
+def _write(
+    folder: Path,
+    selector: str,
+    distribution: str,
+    seed: int,
+    accuracy: float,
+    diverged: bool = False,
+    **overrides: object,
+) -> None:
     run = folder / f"seed={seed}_distribution={distribution}_num_selected=0_selector={selector}"
     run.mkdir(parents=True, exist_ok=True)
+    bids = [1.0] * len(SIZES) if folder.name == "equal" else [1.2 * n for n in SIZES]
     record = {
         "selector": selector,
         "distribution": distribution,
         "seed": seed,
+        "num_clients": len(SIZES),
         "final_accuracy": accuracy,
-        "rounds": [{"accuracy": 0.1}] + [{"accuracy": accuracy}] * 30,
-        "engine": {"diverged": diverged, "config": {}},
-        "market": {"total_payment": 40.0, "budget": 100.0},
-        "selected_partitions": [0, 3, 7],
+        "rounds": [{"accuracy": 0.1}] + [{"accuracy": accuracy, "round_time_s": 0.2}] * 30,
+        "engine": {"diverged": diverged, "config": {"rounds": 30, "learning_rate": 0.05, "market": "direct"}},
+        "market": {
+            "total_payment": 40.0,
+            "budget": 100.0,
+            "scores": [10.0 * math.sqrt(n) for n in SIZES],
+            "bids": bids,
+        },
+        "timings": {"job_wall_s": 10.0},
+        "all_label_counts": [[n // 2, n - n // 2] for n in SIZES],
+        "selected_partitions": [0, 1] if folder.name != "equal" else [6, 7],
         "selected_class_totals": [10, 20],
         "pool_class_totals": [100, 100],
     }
+    record.update(overrides)
     (run / "result.json").write_text(json.dumps(record), encoding="utf-8")
 
 
@@ -105,3 +127,131 @@ def test_the_contrast_agrees_with_scipy_on_any_differences(differences: list[flo
     assert c.mean == pytest.approx(values.mean(), abs=1e-9)
     if values.std(ddof=1) > 1e-9:
         assert c.p_t == pytest.approx(float(scipy_stats.ttest_1samp(values, 0.0).pvalue), rel=1e-6)
+
+
+def _market_grid(tmp_path: Path, flmarket: float, others: float, seeds: int = 4) -> Path:
+    """Every arm under both policies and all clients on d4-d6, FLMarket at ``flmarket`` and the rest at ``others``
+    (plus a small per-seed wobble so the paired tests have variance)."""
+    raw = tmp_path / "raw"
+    for d in ("d4", "d5", "d6"):
+        for seed in range(seeds):
+            wobble = 0.002 * ((seed * 7 + len(d)) % 5)
+            for folder in ("volume", "equal"):
+                for selector in SELECTORS:
+                    mine = flmarket + wobble if selector == "flmarket" else others - wobble
+                    _write(raw / folder, selector, d, seed, mine)
+            _write(raw / "all", "rs", d, seed, 0.9, selected_partitions=list(range(len(SIZES))))
+    return raw
+
+
+def test_the_auction_ranks_the_smallest_first_when_the_score_is_sub_linear_and_bids_are_linear(
+    tmp_path: Path,
+) -> None:
+    raw = _market_grid(tmp_path, 0.6, 0.5, seeds=2)
+    runs = main_grid.runs_by_policy(raw)
+    volume = main_grid.bidders(runs["volume"])
+    assert len(volume) == 6 * len(SIZES)  # six auctions, FLMarket's only
+    assert [b.size for b in volume if b.won][:2] == [10, 20]
+    by_policy = {s.policy: s for s in main_grid.small_client_stats(runs)}
+    # u = 10 sqrt(N): slope 1/2 in log-log; with b = 1.2 N the score per bid falls strictly with N.
+    assert by_policy["volume"].elasticity == pytest.approx([0.5] * 6)
+    assert by_policy["volume"].spearman_per_bid == pytest.approx(-1.0)
+    assert by_policy["volume"].spearman_score == pytest.approx(1.0)
+    assert by_policy["volume"].smallest_half == 1.0
+    # Equal bids rank by the score alone: the largest clients won.
+    assert by_policy["equal"].spearman_per_bid == pytest.approx(1.0)
+    assert by_policy["equal"].smallest_half == 0.0
+    reading = "\n".join(main_grid.small_client_reading(list(by_policy.values())))
+    assert "is sub-linear" in reading and "**holds**" in reading
+    table = "\n".join(main_grid.bidder_lines(runs))
+    assert "| volume | winners | 12 | 15 (10 to 20) |" in table  # the two smallest of each auction
+    assert "| equal | winners | 12 | 960 (640 to 1,280) |" in table
+
+
+def test_a_score_proportional_to_volume_is_not_called_sub_linear(tmp_path: Path) -> None:
+    raw = _market_grid(tmp_path, 0.6, 0.5, seeds=1)
+    for path in raw.glob("*/*selector=flmarket/result.json"):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        record["market"]["scores"] = [3.0 * n for n in SIZES]
+        path.write_text(json.dumps(record), encoding="utf-8")
+    stats = main_grid.small_client_stats(main_grid.runs_by_policy(raw))
+    assert stats[0].elasticity == pytest.approx([1.0] * 3)
+    reading = "\n".join(main_grid.small_client_reading(stats))
+    assert "not sub-linear" in reading and "**does not hold**" in reading
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.floats(0.05, 2.0),
+    st.floats(0.1, 100.0),
+    st.lists(st.integers(1, 100_000), min_size=2, max_size=20, unique=True),
+)
+def test_the_volume_elasticity_of_a_power_law_is_its_exponent(power: float, scale: float, sizes: list[int]) -> None:
+    scores = [scale * n**power for n in sizes]
+    assert main_grid.volume_elasticity(sizes, scores) == pytest.approx(power, abs=1e-6)
+
+
+def test_a_flmarket_record_without_its_auction_is_named(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    _write(raw / "volume", "flmarket", "d4", 3, 0.5, market={"total_payment": 1.0, "budget": 2.0})
+    with pytest.raises(ValueError, match=r"\('d4', 3\) has no market.scores"):
+        main_grid.bidders(main_grid.runs_by_policy(raw)["volume"])
+
+
+def test_what_an_arm_buys_counts_the_rarest_class_and_the_classes_absent(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    _write(raw / "volume", "dice", "d4", 0, 0.5, selected_class_totals=[10, 0], pool_class_totals=[100, 50])
+    _write(raw / "volume", "dice", "d4", 1, 0.5, selected_class_totals=[30, 10], pool_class_totals=[100, 50])
+    (row,) = main_grid.bought(main_grid.runs_by_policy(raw))
+    assert (row.policy, row.arm, row.runs) == ("volume", "dice", 2)
+    assert row.pool_share == pytest.approx((10 / 150 + 40 / 150) / 2)
+    assert row.rarest_share == pytest.approx((0 / 50 + 10 / 50) / 2)
+    assert row.smallest_class == pytest.approx((0.0 + 10 / 40) / 2)
+    assert row.absent == 0.5 and row.auc == pytest.approx(50.0)
+
+
+def test_the_deviations_are_read_from_the_records_and_the_100_client_cost_is_estimated(tmp_path: Path) -> None:
+    raw = _market_grid(tmp_path, 0.6, 0.5, seeds=1)
+    runs = main_grid.runs_by_policy(raw)
+    text = "\n".join(main_grid.deviation_lines(runs))
+    assert "| 30 rounds, fixed" in text and "lr 0.05" in text and "`market` = direct" in text
+    # Each run: 10 s of wall time, 30 rounds of 0.2 s training; at 100 of 8 clients training scales by 12.5.
+    records = [r for records in runs.values() for r in records]
+    measured, estimated = main_grid.compute_estimate(records) or (0.0, 0.0)
+    assert measured == pytest.approx(10.0 * len(records))
+    assert estimated == pytest.approx(len(records) * (10.0 + (100 / len(SIZES) - 1) * 6.0))
+    _write(raw / "volume", "rs", "d4", 0, 0.5, timings={}, engine={"config": {"market": "protocol"}})
+    runs = main_grid.runs_by_policy(raw)
+    text = "\n".join(main_grid.deviation_lines(runs))
+    assert "unmeasured" in text and "`market` = direct, protocol" in text
+
+
+@pytest.mark.parametrize(
+    ("flmarket", "verdict"),
+    [(0.7, "reproduces in direction and size"), (0.55, "reproduces in direction, not in size"),
+     (0.4, "does not reproduce")],
+)  # fmt: skip
+def test_what_reproduces_follows_the_contrasts(tmp_path: Path, flmarket: float, verdict: str) -> None:
+    raw = _market_grid(tmp_path, flmarket, 0.5)
+    text = main_grid.report(raw, "python -m simulations.main_grid raw")
+    reading = text.split("## What reproduces of the paper's headline")[1]
+    assert f"**Volume bids: the headline {verdict}.**" in reading
+    assert f"**Equal bids: the headline {verdict}.**" in reading
+    top = 12 if flmarket > 0.5 else 0
+    assert f"highest auc of the five arms in {top} of 12 partitions" in reading
+
+
+def test_the_report_is_byte_reproducible_and_has_every_section(tmp_path: Path) -> None:
+    raw = _market_grid(tmp_path, 0.6, 0.5, seeds=2)
+    out = tmp_path / "out"
+    main_grid.main([str(raw), "--out", str(out)])
+    text = (out / "REPORT.md").read_text(encoding="utf-8")
+    main_grid.main([str(raw), "--out", str(out)])
+    assert (out / "REPORT.md").read_text(encoding="utf-8") == text
+    for heading in (
+        "## Why FLMarket buys the smallest clients under volume bids",
+        "## What each arm buys (the paper's Table 2 analogue)",
+        "## Deviations from the paper",
+        "## What reproduces of the paper's headline",
+    ):
+        assert heading in text
