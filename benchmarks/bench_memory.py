@@ -1,6 +1,6 @@
 """Peak memory of the market phase with 1,000 simulated clients in one process.
 
-Run: ``.venv/bin/python -m benchmarks.bench_memory`` (about 6 min on 2 cores; ``--clients 1000``
+Run: ``.venv/bin/python -m benchmarks.bench_memory`` (about 90 s on 2 cores; ``--clients 1000``
 for one size only).
 
 Every measurement runs in a fresh Python process: ``E`` real ClientApps (the market handlers,
@@ -19,8 +19,9 @@ Figures, for the market phase only (the set-up of the grid and the imports exclu
   measured in a second, separate run (tracing slows the run down);
 * the largest batch of requests the server sends in one step (serialised bytes, measured): with
   PASS v2 each request carries what concerns the client's ``k = neighbourhood_size(E)`` neighbours
-  (their keys at the share step, the ciphertexts of their shares at the mask step), so the batch
-  grows as ``E * k``, not ``E^2``.
+  (their keys at the share step, the ciphertexts of their shares at the mask step), so those batches
+  grow as ``E * k``; the endorsement step's requests each carry the whole award (every bidder's score,
+  bid and payment), so that batch grows as ``E^2``.
 
 Everything (server, ``E`` clients, transport) shares the one process, so the figures are an
 upper bound for the server alone; a client's own state is its serialised ``Context``, reported
