@@ -111,8 +111,9 @@ SWEEP_DEFAULTS: dict[str, Scalar] = {
 }
 """The keys whose :class:`EngineConfig` default differs from the schema's (:data:`EXPERIMENT_SCHEMA`): the profile
 of ``python -m simulations.engine``'s grids, the sweeps' protocol (digits_xl, a cohort of 10, fixed local steps at
-batch 32 until the plateau, on the CPU), which the archived sweeps ran with. Hydra's ``engine=inprocess`` starts
-from the schema's defaults instead, and sets its own training keys in ``conf/engine/inprocess.yaml``."""
+batch 32 until the plateau, on the CPU), on which the archived grids set their data set, cohort and rounds by
+flag. Hydra's ``engine=inprocess`` starts from the schema's defaults instead, and sets its own training keys in
+``conf/engine/inprocess.yaml``."""
 
 ENGINE_IGNORES = frozenset(
     {"market-timeout", "wait-for-nodes-timeout", "round-timeout", "results-dir", "run-name", "train-log-dir"}

@@ -16,7 +16,7 @@ from flmarket_flwr.app.run_config import APP_SCHEMA, AppKey, RunConfigSchema
 from flmarket_flwr.market.config_keys import at_least, one_of
 from simulations.record import SELECTOR_LABELS
 
-__all__ = ["EXPERIMENT_KEYS", "EXPERIMENT_SCHEMA", "split_run_config"]
+__all__ = ["EXPERIMENT_KEYS", "EXPERIMENT_SCHEMA", "markdown_table", "split_run_config"]
 
 EXPERIMENT_KEYS: Final[tuple[AppKey, ...]] = (
     AppKey("val-per-class", 0, "server-side validation split from the training set (S-FedAvg needs > 0; the runs "
@@ -55,5 +55,10 @@ def split_run_config(run_config: Mapping[str, Any]) -> tuple[dict[str, Any], dic
     return app, values
 
 
+def markdown_table() -> str:
+    """The experiments' own keys as a Markdown table (``docs/configuration.md`` holds it; a test keeps it equal)."""
+    return RunConfigSchema(EXPERIMENT_KEYS, EXPERIMENT_SCHEMA.command).markdown_table()
+
+
 if __name__ == "__main__":
-    print(RunConfigSchema(EXPERIMENT_KEYS, EXPERIMENT_SCHEMA.command).markdown_table(), end="")
+    print(markdown_table(), end="")

@@ -226,13 +226,17 @@ def test_product_server_app_refuses_the_experiments_keys(tmp_path: Path, key: st
 
 def test_the_experiments_clients_hold_out_the_validation_split() -> None:
     """With val-per-class, the experiments' ClientApp cuts the training pool without the server's validation split
-    (as the engine and the ServerApp's S-FedAvg do); the product ClientApp, which has no such key, the whole pool."""
+    (as the engine and the ServerApp's S-FedAvg do), also once shipped as Ray ships it to its actors; the product
+    ClientApp, which has no such key, the whole pool."""
+    from ray import cloudpickle  # pylint: disable=import-outside-toplevel
+
     job = app_config(distribution="d3", val_per_class=5)
     app, _ = split_run_config(job)
     truth = all_label_counts(DataConfig(num_clients=len(NODE_IDS), distribution="d3", val_per_class=5))
     whole = all_label_counts(DataConfig(num_clients=len(NODE_IDS), distribution="d3"))
     assert truth.tolist() != whole.tolist()  # a smaller pool, cut again
-    grid = InProcessGrid(apps.build_client_app(job), NODE_IDS, run_config=app)
+    shipped = cloudpickle.loads(cloudpickle.dumps(apps.build_client_app(job)))
+    grid = InProcessGrid(shipped, NODE_IDS, run_config=app)
     replies = grid.send_and_receive([stats_query(node) for node in NODE_IDS])
     counts = {reply.metadata.src_node_id: list(reply.content["selector-stats"]["label-counts"]) for reply in replies}
     assert counts == {node: truth[position].tolist() for position, node in enumerate(NODE_IDS)}
