@@ -252,3 +252,25 @@ def test_data_embedding_is_a_fixed_projection() -> None:
     np.testing.assert_array_equal(first, data_embedding(0, config, seed=1))
     assert not np.allclose(first, data_embedding(1, config, seed=1))
     assert not np.allclose(first, data_embedding(0, config, seed=2))
+
+
+def test_a_flower_jobs_record_keeps_its_shape_with_the_experiments_keys(tmp_path: Path) -> None:
+    """``simulations.run.summarize`` on a Flower job of S-FedAvg with a validation split: the record names the
+    selector and carries the job's whole run config (the experiments' keys too, as the archived records do), and
+    its label counts are the pool the clients trained on, the split held out."""
+    from simulations.run import summarize  # pylint: disable=import-outside-toplevel
+
+    run_dir = tmp_path / "results" / "sfedavg"
+    overrides: dict[str, object] = {"num_selected": 2, "val_per_class": 5, "num_server_rounds": 1}
+    overrides["train_log_dir"] = str(run_dir / "train-log")
+    grid, _ = run_app(tmp_path, "sfedavg", **overrides)
+    job = app_config(**{"selector": "sfedavg", "distribution": "d3", **overrides})
+    record = summarize(run_dir, job, wall_s=1.0, num_clients=len(NODE_IDS))
+    assert record["selector"] == "sfedavg" and record["num_selected"] == 2
+    assert record["run_config"]["selector"] == "sfedavg" and record["run_config"]["val-per-class"] == 5
+    pool = all_label_counts(DataConfig(num_clients=len(NODE_IDS), distribution="d3", val_per_class=5))
+    assert record["all_label_counts"] == pool.tolist()
+    trained = {m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type == "train"}
+    assert len(trained) == 2 and sorted(record["trained_partitions_per_round"]["1"]) == sorted(
+        NODE_IDS.index(node) for node in trained
+    )
