@@ -62,8 +62,8 @@ def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
     """The product ClientApp on the job's training pool (``val-per-class`` held out) that also answers the
     baselines' ``query.selector_stats`` with its raw counts; ``run_config``: the job's (the app gets its keys)."""
     app_config, own = split_run_config(run_config or {})
-    app = client_app.build_client_app(app_config or None, own["val-per-class"])
-    app.query(ACTION_SELECTOR_STATS)(client_app.with_split(answer_selector_stats, own["val-per-class"]))
+    app = client_app.build_client_app(app_config or None, own.val_per_class)
+    app.query(ACTION_SELECTOR_STATS)(client_app.with_split(answer_selector_stats, own.val_per_class))
     return app
 
 
@@ -72,8 +72,8 @@ def build_server_app(run_config: Mapping[str, Any] | None = None) -> ServerApp:
     validation split; ``run_config``: the job's (the app gets its own keys, and refuses any other, here already).
     """
     app_config, own = split_run_config(run_config or {})
-    strategy = strategy_of(own["selector"], ServerSettings.from_run_config(app_config).num_selected)
-    return server_app.build_server_app(app_config, strategy, own["val-per-class"])
+    strategy = strategy_of(own.selector, ServerSettings.from_run_config(app_config).num_selected)
+    return server_app.build_server_app(app_config, strategy, own.val_per_class)
 
 
 def strategy_of(selector: str, num_selected: int) -> server_app.StrategyFactory | None:

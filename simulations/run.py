@@ -328,7 +328,7 @@ def summarize(job_dir: Path, run_config: dict[str, Any], wall_s: float, num_clie
     history = json.loads((job_dir / "history.json").read_text(encoding="utf-8"))
     selection = json.loads((job_dir / "selection.json").read_text(encoding="utf-8"))
     app_config, own = split_run_config(run_config)
-    data_config = DataConfig.from_run_config(app_config, {"num-partitions": num_clients}, own["val-per-class"])
+    data_config = DataConfig.from_run_config(app_config, {"num-partitions": num_clients}, own.val_per_class)
     counts = all_label_counts(data_config)
     log_records = _train_log(job_dir)
     partition_of = {int(r["node_id"]): int(r["partition_id"]) for r in log_records}

@@ -16,7 +16,7 @@ from flmarket_flwr.app.run_config import APP_SCHEMA, AppKey, RunConfigSchema
 from flmarket_flwr.market.config_keys import at_least, one_of
 from simulations.record import SELECTOR_LABELS
 
-__all__ = ["EXPERIMENT_KEYS", "EXPERIMENT_SCHEMA", "markdown_table", "split_run_config"]
+__all__ = ["EXPERIMENT_KEYS", "EXPERIMENT_SCHEMA", "ExperimentSettings", "markdown_table", "split_run_config"]
 
 EXPERIMENT_KEYS: Final[tuple[AppKey, ...]] = (
     AppKey("val-per-class", 0, "server-side validation split from the training set (S-FedAvg needs > 0; the runs "
@@ -30,8 +30,20 @@ EXPERIMENT_SCHEMA: Final[RunConfigSchema] = APP_SCHEMA.extended(EXPERIMENT_KEYS,
 """The run config of an experiment job: the app's keys, then :data:`EXPERIMENT_KEYS`."""
 
 
-def split_run_config(run_config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(the app's run config, the experiments' keys)`` of an experiment job's run config.
+_ExperimentFields: Any = EXPERIMENT_SCHEMA.schema_class("ExperimentSettings", [key.name for key in EXPERIMENT_KEYS])
+
+
+class ExperimentSettings(_ExperimentFields):
+    """The experiments' own keys of a job, typed and checked: a field per key of :data:`EXPERIMENT_KEYS`
+    (``val_per_class``, ``selector``), with the schema's defaults."""
+
+    def check(self) -> None:
+        """Raise ``ValueError`` naming the key whose value its check refuses (run at construction)."""
+        EXPERIMENT_SCHEMA.check_values({key.name: getattr(self, key.field) for key in EXPERIMENT_KEYS})
+
+
+def split_run_config(run_config: Mapping[str, Any]) -> tuple[dict[str, Any], ExperimentSettings]:
+    """``(the app's run config, the experiments' settings)`` of an experiment job's run config.
 
     Parameters
     ----------
@@ -40,8 +52,8 @@ def split_run_config(run_config: Mapping[str, Any]) -> tuple[dict[str, Any], dic
 
     Returns
     -------
-    tuple of dict
-        The app's keys as given, and every key of :data:`EXPERIMENT_KEYS` typed (at its default when absent).
+    tuple
+        The app's keys as given, and :class:`ExperimentSettings` (an absent key at its default).
 
     Raises
     ------
@@ -50,9 +62,7 @@ def split_run_config(run_config: Mapping[str, Any]) -> tuple[dict[str, Any], dic
     """
     own = {key.name for key in EXPERIMENT_KEYS}
     app = {name: value for name, value in run_config.items() if name not in own}
-    values = {name: EXPERIMENT_SCHEMA.read(run_config, name) for name in sorted(own)}
-    EXPERIMENT_SCHEMA.check_values(values)
-    return app, values
+    return app, EXPERIMENT_SCHEMA.settings_from(ExperimentSettings, run_config)
 
 
 def markdown_table() -> str:

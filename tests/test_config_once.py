@@ -36,7 +36,7 @@ from flmarket_flwr.market import FLMarket, MarketConfig, MarketError, SimulatedC
 from flmarket_flwr.market import server as market_server
 from flmarket_flwr.market.inprocess import InProcessGrid
 from simulations.engine import ENGINE_APP_KEYS, ROUNDS_KEY, SWEEP_DEFAULTS, EngineConfig
-from simulations.run_config import EXPERIMENT_KEYS, EXPERIMENT_SCHEMA
+from simulations.run_config import EXPERIMENT_KEYS, EXPERIMENT_SCHEMA, ExperimentSettings
 
 PROJECT = Path(__file__).resolve().parents[1]
 PACKAGE = PROJECT / "flmarket_flwr"
@@ -127,8 +127,9 @@ def test_the_plugin_and_the_app_share_each_default() -> None:
         (client_app.TrainSettings, TRAIN_MESSAGE_KEYS, ()),
         (DataConfig, keys_read_by("data"), ("num_clients", "val_per_class")),
         (EngineConfig, ENGINE_APP_KEYS, None),
+        (ExperimentSettings, tuple(key.name for key in EXPERIMENT_KEYS), ()),
     ],
-    ids=["server", "client", "train message", "data", "engine"],
+    ids=["server", "client", "train message", "data", "engine", "experiments"],
 )
 def test_each_boundary_has_a_field_per_schema_key_with_its_default(settings: type, keys: tuple, own: tuple) -> None:
     """The fields are the keys' Python names, typed and defaulted by the schema, then the boundary's own."""

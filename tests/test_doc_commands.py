@@ -184,7 +184,7 @@ def check_simulations_run(command: Command) -> None:
             app, own = split_run_config(to_run_config(cfg))
             settings = ServerSettings.from_run_config(app)
             if cfg.sim.engine.name != "inprocess":  # the engine's budget mode takes a baseline without a cohort
-                strategy_of(own["selector"], settings.num_selected)
+                strategy_of(own.selector, settings.num_selected)
             if cfg.sim.engine.name == "inprocess":
                 config_from_hydra(cfg)
 

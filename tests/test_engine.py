@@ -86,7 +86,7 @@ def _flower_config(cfg: EngineConfig) -> dict:
 def _data_config(cfg: EngineConfig) -> DataConfig:
     """The Flower app's data config of ``cfg``'s job (its validation split the experiments' key)."""
     app, own = split_run_config(_flower_config(cfg))
-    return DataConfig.from_run_config(app, val_per_class=own["val-per-class"])
+    return DataConfig.from_run_config(app, val_per_class=own.val_per_class)
 
 
 def _grid(cfg: EngineConfig) -> InProcessGrid:

@@ -24,7 +24,7 @@ from simulations.apps import strategy_of
 from simulations.config import CONF_DIR, GROUP_KEYS, app_config_defaults, to_run_config
 from simulations.progress import count_jobs, format_line
 from simulations.record import SELECTOR_LABELS
-from simulations.run_config import EXPERIMENT_KEYS, EXPERIMENT_SCHEMA, split_run_config
+from simulations.run_config import EXPERIMENT_KEYS, EXPERIMENT_SCHEMA, ExperimentSettings, split_run_config
 
 GROUPS = ("dataset", "model", "distribution", "selector", "federation", "training", "engine")
 NEEDS_ROOT = {"cifar10", "cinic10", "deap"}
@@ -56,7 +56,7 @@ def test_defaults_equal_the_schema() -> None:
     assert run_config == EXPERIMENT_SCHEMA.defaults
     assert all(type(run_config[key]) is type(value) for key, value in EXPERIMENT_SCHEMA.defaults.items())
     app, own = split_run_config(run_config)
-    assert app == DEFAULTS and own == {"selector": "flmarket", "val-per-class": 0}
+    assert app == DEFAULTS and own == ExperimentSettings() and (own.selector, own.val_per_class) == ("flmarket", 0)
 
 
 def test_the_app_schema_has_no_experiment_key() -> None:
@@ -81,6 +81,8 @@ def test_the_experiments_keys_are_checked_by_the_same_checker() -> None:
             EXPERIMENT_SCHEMA.check_run_config({name: bad})
         with pytest.raises(ValueError, match=f"run-config key {name}="):
             split_run_config({name: bad})
+        with pytest.raises(ValueError, match=f"run-config key {name}="):
+            ExperimentSettings(**{name.replace("-", "_"): bad})
     with pytest.raises(ValueError, match="python -m simulations.run_config lists every key"):
         EXPERIMENT_SCHEMA.check_run_config({"selectr": "rs"})
     with pytest.raises(ValueError, match="declared twice"):
@@ -187,7 +189,7 @@ def test_every_group_option_composes(group: str) -> None:
         app, own = split_run_config(run_config)
         assert set(app) == set(app_config_defaults())
         ServerSettings.from_run_config({**app, "num-selected": 5})
-        strategy_of(own["selector"], 5)
+        strategy_of(own.selector, 5)
         if group == "dataset":
             assert run_config["dataset"] == option
         elif group == "model":
@@ -196,7 +198,7 @@ def test_every_group_option_composes(group: str) -> None:
             assert run_config["distribution"] == option
         elif group == "selector":
             assert run_config["selector"] == option
-        DataConfig.from_run_config(app, val_per_class=own["val-per-class"])
+        DataConfig.from_run_config(app, val_per_class=own.val_per_class)
 
 
 def test_expected_group_options() -> None:
