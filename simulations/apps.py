@@ -2,15 +2,18 @@
 
 :func:`build_client_app` is the product ClientApp with one more handler, the baselines' statistics query
 (:mod:`simulations.selector_stats`): a client answers it only because its operator runs this app.
-:func:`build_server_app` is the product ServerApp with the pre-training baselines RS, QBS, DICE, DDS
-(:class:`PreTrainingSelection`) and the in-training S-FedAvg plugged in as extra ``selector`` values.
-:mod:`simulations.run` runs both through ``flwr.simulation.run_simulation``.
+:func:`build_server_app` is the product ServerApp running the job's ``selector``: FLMarket (the app's own), a
+pre-training baseline RS, QBS, DICE, DDS (:class:`PreTrainingSelection`) or the in-training S-FedAvg in its place.
+Both take a job's run config (:data:`~simulations.run_config.EXPERIMENT_SCHEMA`) and hand the app its own keys,
+with ``val-per-class`` as the data config's validation split. :mod:`simulations.run` runs both through
+``flwr.simulation.run_simulation``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from logging import INFO
 from typing import Any
 
@@ -39,6 +42,7 @@ from flmarket_flwr.market.strategy import start_on_nodes
 from flmarket_flwr.nodes import connected_nodes
 from simulations.baselines import SFedAvg
 from simulations.baselines.selectors import select_clients
+from simulations.run_config import split_run_config
 from simulations.selector_stats import ACTION_SELECTOR_STATS, answer_selector_stats, collect_selector_stats
 
 __all__ = [
@@ -46,8 +50,8 @@ __all__ = [
     "PreTrainingSelection",
     "build_client_app",
     "build_server_app",
-    "experiment_strategies",
     "make_validation_fn",
+    "strategy_of",
 ]
 
 BASELINES = ("rs", "qbs", "dice", "dds")
@@ -55,22 +59,40 @@ BASELINES = ("rs", "qbs", "dice", "dds")
 
 
 def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
-    """The product ClientApp that also answers the baselines' ``query.selector_stats`` with its raw counts."""
-    app = client_app.build_client_app(run_config)
-    app.query(ACTION_SELECTOR_STATS)(answer_selector_stats)
+    """The product ClientApp on the job's training pool (``val-per-class`` held out) that also answers the
+    baselines' ``query.selector_stats`` with its raw counts; ``run_config``: the job's (the app gets its keys)."""
+    app_config, own = split_run_config(run_config or {})
+    app = client_app.build_client_app(app_config or None, own.val_per_class)
+    app.query(ACTION_SELECTOR_STATS)(client_app.with_split(answer_selector_stats, own.val_per_class))
     return app
 
 
 def build_server_app(run_config: Mapping[str, Any] | None = None) -> ServerApp:
-    """The product ServerApp with the baselines (``selector`` rs, qbs, dice, dds, sfedavg) plugged in."""
-    return server_app.build_server_app(run_config, strategies=experiment_strategies())
+    """The product ServerApp running the job's ``selector`` (:func:`strategy_of`) with ``val-per-class`` as its
+    validation split; ``run_config``: the job's (the app gets its own keys, and refuses any other, here already).
+    """
+    app_config, own = split_run_config(run_config or {})
+    strategy = strategy_of(own.selector, ServerSettings.from_run_config(app_config).num_selected)
+    return server_app.build_server_app(app_config, strategy, own.val_per_class)
 
 
-def experiment_strategies() -> dict[str, server_app.StrategyFactory]:
-    """The extra ``selector`` values of the experiments and the strategy each runs."""
-    strategies: dict[str, server_app.StrategyFactory] = {name: PreTrainingSelection.factory for name in BASELINES}
-    strategies["sfedavg"] = RecordedSFedAvg.factory
-    return strategies
+def strategy_of(selector: str, num_selected: int) -> server_app.StrategyFactory | None:
+    """The strategy the app runs in place of the market for ``selector`` (``None``: ``flmarket``, the app's own).
+
+    Raises
+    ------
+    ValueError
+        For an unknown selector, or a baseline with ``num-selected`` 0 (the budget mode is the engine's).
+    """
+    if selector == "flmarket":
+        return None
+    if num_selected < 1:
+        raise ValueError(f"run-config key num-selected: must be > 0 for selector={selector!r}")
+    if selector == "sfedavg":
+        return RecordedSFedAvg.factory
+    if selector not in BASELINES:
+        raise ValueError(f"run-config key selector={selector!r}: must be flmarket, sfedavg or one of {list(BASELINES)}")
+    return partial(PreTrainingSelection.factory, selector=selector)
 
 
 class PreTrainingSelection(Strategy):
@@ -84,23 +106,31 @@ class PreTrainingSelection(Strategy):
     strategy : Strategy
         The strategy to run on the selected clients.
     settings : ServerSettings
-        ``selector``, ``num_selected``, ``seed``, ``market_timeout``, ``wait_for_nodes_timeout``.
+        ``num_selected``, ``seed``, ``market_timeout``.
     num_classes : int
         Length of the label-count vectors.
+    selector : str
+        The baseline: one of :data:`BASELINES`.
     """
 
-    def __init__(self, strategy: Strategy, settings: ServerSettings, num_classes: int) -> None:
+    def __init__(self, strategy: Strategy, settings: ServerSettings, num_classes: int, selector: str) -> None:
         super().__init__()
+        if selector not in BASELINES:
+            raise ValueError(f"selector {selector!r}: a pre-training baseline is one of {list(BASELINES)}")
         self.strategy = strategy
         self.settings = settings
         self.num_classes = num_classes
+        self.selector = selector
         self.record: dict[str, Any] = {}
 
     @classmethod
-    def factory(cls, settings: ServerSettings, data_config: DataConfig, num_nodes: int) -> PreTrainingSelection:
-        """:data:`~flmarket_flwr.app.server_app.StrategyFactory` for the baselines: FedAvg on the selection."""
+    def factory(
+        cls, settings: ServerSettings, data_config: DataConfig, num_nodes: int, *, selector: str
+    ) -> PreTrainingSelection:
+        """:data:`~flmarket_flwr.app.server_app.StrategyFactory` for the baselines (``selector`` bound): FedAvg on
+        the selection."""
         del num_nodes
-        return cls(server_app.fedavg(settings), settings, num_classes(data_config))
+        return cls(server_app.fedavg(settings), settings, num_classes(data_config), selector)
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, **start_args: Any) -> Result:  # type: ignore[override]
         """Select ``num_selected`` clients on their raw statistics, then start the wrapped strategy on them."""
@@ -110,7 +140,7 @@ class PreTrainingSelection(Strategy):
         log(
             INFO,
             "Selector %r: %d of %d selected: %s",
-            self.settings.selector,
+            self.selector,
             len(selected),
             len(self.record["candidates"]),
             selected,
@@ -122,7 +152,7 @@ class PreTrainingSelection(Strategy):
         """Ask every node for its statistics and run the selector; record what it saw."""
         settings = self.settings
         nodes = connected_nodes(grid)  # the ServerApp waited for them (server_app.run)
-        want_embedding = settings.selector == "dds"
+        want_embedding = self.selector == "dds"
         counts, embeddings, excluded = collect_selector_stats(
             grid,
             nodes,
@@ -133,7 +163,7 @@ class PreTrainingSelection(Strategy):
         )
         if len(counts) < settings.num_selected:
             raise RuntimeError(
-                f"{settings.selector}: {len(counts)} client(s) answered the statistics query, "
+                f"{self.selector}: {len(counts)} client(s) answered the statistics query, "
                 f"fewer than num-selected={settings.num_selected}; excluded: {excluded}"
             )
         # Order the candidates by their data, not by node id: simulation node ids are random per run.
@@ -142,10 +172,10 @@ class PreTrainingSelection(Strategy):
         if want_embedding:
             extra["embeddings"] = np.array([embeddings[node] for node in candidates], dtype=np.float64)
         matrix = np.array([counts[node] for node in candidates], dtype=np.int64)
-        positions = select_clients(settings.selector, matrix, settings.num_selected, seed=settings.seed, **extra)
+        positions = select_clients(self.selector, matrix, settings.num_selected, seed=settings.seed, **extra)
         selected = [candidates[int(position)] for position in positions]
         self.record = {
-            "selector": settings.selector,
+            "selector": self.selector,
             "selected": selected,
             "candidates": sorted(candidates),
             "label_counts": {str(node): counts[node].tolist() for node in candidates},

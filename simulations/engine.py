@@ -54,21 +54,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flmarket_flwr.app import task
-from flmarket_flwr.app.run_config import (
-    DEFAULTS,
-    Scalar,
-    check_values,
-    default,
-    field_name,
-    neighbours_of,
-    schema_class,
-    typed,
-)
+from flmarket_flwr.app.run_config import Scalar, field_name, neighbours_of
 from flmarket_flwr.app.task import DEFAULT_NUM_CLIENTS, DataConfig
 from flmarket_flwr.market.bidding import cost_based_bid, simulated_cost_per_sample
 from flmarket_flwr.pricing import cohort_budget, run_auction
 from simulations.baselines.selectors import DDS_DIVERSITY_WEIGHT, DICE_VOLUME_WEIGHT, flmarket_scores, select_clients
 from simulations.record import job_record
+from simulations.run_config import EXPERIMENT_SCHEMA
 
 if TYPE_CHECKING:
     import torch
@@ -117,13 +109,16 @@ SWEEP_DEFAULTS: dict[str, Scalar] = {
     "momentum": 0.9,
     "device": "cpu",
 }
-"""The app keys whose engine default differs from the app's (:mod:`flmarket_flwr.app.run_config`): the sweeps'
-protocol (digits_xl, a cohort of 10, fixed local steps at batch 32 until the plateau, on the CPU)."""
+"""The keys whose :class:`EngineConfig` default differs from the schema's (:data:`EXPERIMENT_SCHEMA`): the profile
+of ``python -m simulations.engine``'s grids, the sweeps' protocol (digits_xl, a cohort of 10, fixed local steps at
+batch 32 until the plateau, on the CPU), on which the archived grids set their data set, cohort and rounds by
+flag. Hydra's ``engine=inprocess`` starts from the schema's defaults instead, and sets its own training keys in
+``conf/engine/inprocess.yaml``."""
 
 ENGINE_IGNORES = frozenset(
     {"market-timeout", "wait-for-nodes-timeout", "round-timeout", "results-dir", "run-name", "train-log-dir"}
 )
-"""App keys with no meaning in process (timeouts, output folders): a Hydra job may set them freely."""
+"""Run-config keys with no meaning in process (timeouts, output folders): a Hydra job may set them freely."""
 
 
 JOB_IDENTITY = ("selector", "dataset", "model", "distribution", "num_clients", "num_selected", "seed")
@@ -155,13 +150,15 @@ ENGINE_APP_KEYS = (
     "device",
     "torch-threads",
 )
-"""The app keys the engine implements (a field each, :func:`~flmarket_flwr.app.run_config.field_name`), besides
-``num-server-rounds``, its :attr:`EngineConfig.rounds`; any other set to a non-default value is refused."""
+"""The run-config keys (:data:`EXPERIMENT_SCHEMA`) the engine implements (a field each,
+:func:`~flmarket_flwr.app.run_config.field_name`), besides ``num-server-rounds``, its :attr:`EngineConfig.rounds`;
+any other set to a non-default value is refused."""
 
 ROUNDS_KEY = "num-server-rounds"
-"""The app key of :attr:`EngineConfig.rounds` (the engine's records and scripts call it ``rounds``)."""
+"""The run-config key of :attr:`EngineConfig.rounds`: the field keeps the name ``rounds`` because the archived
+records (``engine.config``), ``python -m simulations.engine --rounds`` and the sweep scripts use it."""
 
-_EngineFields: Any = schema_class(
+_EngineFields: Any = EXPERIMENT_SCHEMA.schema_class(
     "EngineConfig",
     ENGINE_APP_KEYS,
     overrides=SWEEP_DEFAULTS,
@@ -174,7 +171,7 @@ _EngineFields: Any = schema_class(
         ("dds_diversity_weight", float, DDS_DIVERSITY_WEIGHT),
         ("bid_policy", str, "volume"),
         ("cost_per_sample", float, 1.0),
-        ("rounds", int, typed(ROUNDS_KEY, SWEEP_DEFAULTS.get(ROUNDS_KEY, default(ROUNDS_KEY)))),
+        ("rounds", int, EXPERIMENT_SCHEMA.typed(ROUNDS_KEY, SWEEP_DEFAULTS[ROUNDS_KEY])),
         ("min_rounds", int, 0),
         ("local_steps", int, 20),
         ("clip_norm", float, 5.0),
@@ -188,9 +185,9 @@ _EngineFields: Any = schema_class(
 class EngineConfig(_EngineFields):
     """One in-process job.
 
-    A field per app key of :data:`ENGINE_APP_KEYS`, its type, default (but :data:`SWEEP_DEFAULTS`) and check
-    the app's schema's (:mod:`flmarket_flwr.app.run_config`), and ``rounds`` (``num-server-rounds``); the others
-    are the engine's own protocol.
+    A field per run-config key of :data:`ENGINE_APP_KEYS`, its type, default (but :data:`SWEEP_DEFAULTS`) and check
+    the experiments' schema's (:data:`~simulations.run_config.EXPERIMENT_SCHEMA`: the app's keys and ``selector``,
+    ``val-per-class``), and ``rounds`` (:data:`ROUNDS_KEY`); the others are the engine's own protocol.
 
     Attributes
     ----------
@@ -229,8 +226,9 @@ class EngineConfig(_EngineFields):
     """
 
     def check(self) -> None:
-        """Reject settings the engine cannot run (the app keys by the app's own checks); run at construction."""
-        check_values({key: getattr(self, field_name(key)) for key in ENGINE_APP_KEYS} | {ROUNDS_KEY: self.rounds})
+        """Reject settings the engine cannot run (the run-config keys by the schema's checks); run at construction."""
+        keys = {key: getattr(self, field_name(key)) for key in ENGINE_APP_KEYS}
+        EXPERIMENT_SCHEMA.check_values(keys | {ROUNDS_KEY: self.rounds})
         if self.bid_policy not in BID_POLICIES:
             raise ValueError(f"bid_policy must be one of {BID_POLICIES}, got {self.bid_policy!r}")
         if self.selector == "sfedavg" and self.val_per_class < 1:
@@ -784,7 +782,8 @@ def config_from_hydra(cfg: Any, run_config: Mapping[str, Any] | None = None) -> 
     if run_config is None:
         run_config = to_run_config(cfg)
     implemented = {*ENGINE_APP_KEYS, ROUNDS_KEY, *ENGINE_IGNORES}
-    unsupported = {key: value for key, value in run_config.items() if key not in implemented and value != DEFAULTS[key]}
+    defaults = EXPERIMENT_SCHEMA.defaults
+    unsupported = {key: value for key, value in run_config.items() if key not in implemented and value != defaults[key]}
     if unsupported:
         raise ValueError(f"the in-process engine does not implement app key(s) {unsupported}: use engine=flower")
     values: dict[str, Any] = {field_name(key): run_config[key] for key in ENGINE_APP_KEYS}

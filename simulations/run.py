@@ -12,7 +12,8 @@ A sweep (Hydra's ``-m``; jobs run one after the other in this process)::
 
 Each job
 
-1. maps its config to the app's run config (:func:`simulations.config.to_run_config`),
+1. maps its config to the job's run config (:func:`simulations.config.to_run_config`: the app's keys and the
+   experiments' ``selector`` and ``val-per-class``),
    with ``results-dir`` / ``run-name`` pointing at the job's Hydra output folder;
 2. runs the experiments' ``ServerApp`` and ``ClientApp`` (:mod:`simulations.apps`: the
    product app plus the non-private baseline selectors, built with that run config, since
@@ -322,10 +323,12 @@ def summarize(job_dir: Path, run_config: dict[str, Any], wall_s: float, num_clie
     # pylint: disable=import-outside-toplevel
     from flmarket_flwr.app.task import DataConfig, all_label_counts
     from simulations.record import job_record
+    from simulations.run_config import split_run_config
 
     history = json.loads((job_dir / "history.json").read_text(encoding="utf-8"))
     selection = json.loads((job_dir / "selection.json").read_text(encoding="utf-8"))
-    data_config = DataConfig.from_run_config(run_config, {"num-partitions": num_clients})
+    app_config, own = split_run_config(run_config)
+    data_config = DataConfig.from_run_config(app_config, {"num-partitions": num_clients}, own.val_per_class)
     counts = all_label_counts(data_config)
     log_records = _train_log(job_dir)
     partition_of = {int(r["node_id"]): int(r["partition_id"]) for r in log_records}

@@ -36,21 +36,22 @@ def _int_field(record: ConfigRecord, key: str, default: int) -> int:
     return value
 
 
-def answer_selector_stats(msg: Message, context: Context) -> Message:
+def answer_selector_stats(msg: Message, context: Context, val_per_class: int = 0) -> Message:
     """Client side: reply with this client's label counts in clear (and, if asked, its embedding).
 
     Not private: the server sees every client's counts. Register it only in an experiments ClientApp.
+    ``val_per_class``: the validation split held out of the training pool (the app's data config's).
     """
     # pylint: disable-next=import-outside-toplevel
     from flmarket_flwr.app.client_app import data_config_of, label_counts, partition_id_of
     from flmarket_flwr.app.task import EMBEDDING_DIM, data_embedding  # pylint: disable=import-outside-toplevel
 
     request = msg.content.config_records.get(STATS_RECORD_KEY, ConfigRecord())
-    reply = ConfigRecord({KEY_LABEL_COUNTS: [int(c) for c in label_counts(context)]})
+    reply = ConfigRecord({KEY_LABEL_COUNTS: [int(c) for c in label_counts(context, val_per_class)]})
     if bool(request.get(KEY_WANT_EMBEDDING, False)):
         embedding = data_embedding(
             partition_id_of(context),
-            data_config_of(context),
+            data_config_of(context, val_per_class),
             dim=_int_field(request, KEY_EMBEDDING_DIM, EMBEDDING_DIM),
             seed=_int_field(request, KEY_PROJECTION_SEED, 0),
         )

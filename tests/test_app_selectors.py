@@ -5,7 +5,8 @@
   :func:`~simulations.baselines.selectors.select_clients` selects on those counts, and only the
   selected nodes ever receive a train or evaluate message;
 * FLMarket never sends that query (the server learns the counts only through PASS);
-* S-FedAvg trains at most ``num-selected`` nodes per round and needs a validation split.
+* S-FedAvg trains at most ``num-selected`` nodes per round and needs a validation split;
+* the product app knows neither ``selector`` nor ``val-per-class`` (the experiments' keys) and refuses them.
 """
 
 import json
@@ -22,13 +23,15 @@ from flmarket_flwr.app.task import EMBEDDING_DIM, DataConfig, all_label_counts, 
 from flmarket_flwr.market.inprocess import InProcessGrid
 from simulations import apps
 from simulations.baselines.selectors import select_clients
+from simulations.run_config import split_run_config
 
 PROJECT = Path(__file__).resolve().parents[1]
 NODE_IDS = [101, 202, 303, 404, 505, 606]
 
 
 def app_config(**overrides: object) -> dict:
-    """``[tool.flwr.app.config]`` with ``overrides`` (``_`` for ``-`` in keys)."""
+    """``[tool.flwr.app.config]`` with ``overrides`` (``_`` for ``-`` in keys; the experiments' keys too: a job's
+    run config)."""
     with (PROJECT / "pyproject.toml").open("rb") as file:
         config = tomllib.load(file)["tool"]["flwr"]["app"]["config"]
     config.update({key.replace("_", "-"): value for key, value in overrides.items()})
@@ -36,7 +39,8 @@ def app_config(**overrides: object) -> dict:
 
 
 def run_app(tmp_path: Path, selector: str, **overrides: object) -> tuple[InProcessGrid, Path]:
-    """Run ``server_app.main`` with the real ClientApp on 6 in-process nodes."""
+    """Run the experiments' ServerApp and ClientApp on a job's run config, on 6 in-process nodes (their context
+    holds the app's keys)."""
     settings: dict[str, object] = {
         "selector": selector,
         "distribution": "d3",
@@ -47,8 +51,9 @@ def run_app(tmp_path: Path, selector: str, **overrides: object) -> tuple[InProce
         "run_name": selector,
     }
     run_config = app_config(**{**settings, **overrides})
-    grid = InProcessGrid(apps.build_client_app(), NODE_IDS, run_config=run_config, run_id=5)
-    server_app.run(grid, Context(5, 0, {}, RecordDict(), run_config), apps.experiment_strategies())
+    app, _ = split_run_config(run_config)
+    grid = InProcessGrid(apps.build_client_app(run_config), NODE_IDS, run_config=app, run_id=5)
+    apps.build_server_app(run_config)(grid, Context(5, 0, {}, RecordDict(), app))
     return grid, tmp_path / "results" / selector
 
 
@@ -131,12 +136,16 @@ def test_sfedavg_needs_a_validation_split(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("selector", ["rs", "qbs", "dice", "dds", "sfedavg"])
 def test_selectors_other_than_flmarket_need_num_selected(selector: str) -> None:
-    """Only FLMarket has a budget-driven mode; the others need a cohort size."""
-    selectors = ("flmarket", *apps.experiment_strategies())
+    """Only FLMarket has a budget-driven mode; the others need a cohort size (refused before any run)."""
     with pytest.raises(ValueError, match="num-selected: must be > 0"):
-        server_app.ServerSettings.from_run_config({"selector": selector, "num-selected": 0}, selectors)
-    with pytest.raises(ValueError, match="run-config key selector='nope': must be one of"):
-        server_app.ServerSettings.from_run_config({"selector": "nope"}, selectors)
+        apps.strategy_of(selector, 0)
+    with pytest.raises(ValueError, match="num-selected: must be > 0"):
+        apps.build_server_app({"selector": selector, "num-selected": 0})
+    assert apps.strategy_of(selector, 1) is not None and apps.strategy_of("flmarket", 0) is None
+    with pytest.raises(ValueError, match="run-config key selector='nope': must be"):
+        apps.build_server_app({"selector": "nope"})
+    with pytest.raises(ValueError, match="run-config key selector='nope': must be"):
+        apps.strategy_of("nope", 1)
 
 
 def test_run_config_override_mod() -> None:
@@ -158,7 +167,8 @@ def test_run_config_override_mod() -> None:
 
 
 def test_build_server_app_overlays_the_run_config(tmp_path: Path) -> None:
-    """build_server_app(run_config) runs main with the overlay (run_simulation passes none)."""
+    """build_server_app(run_config) runs main with the overlay (run_simulation passes none): the app's keys over
+    the context's, the selector in place of the market."""
     run_config = app_config(
         selector="qbs",
         num_selected=2,
@@ -202,14 +212,36 @@ def test_experiments_client_app_answers_the_statistics_query() -> None:
     assert list(replies[0].content["selector-stats"]["label-counts"]) == truth[0].tolist()
 
 
-def test_product_server_app_refuses_baselines(tmp_path: Path) -> None:
-    """selector='qbs' on the product app fails at once, naming the experiments runner."""
-    run_config = app_config(selector="qbs", num_selected=2, results_dir=str(tmp_path))
+@pytest.mark.parametrize(("key", "value"), [("selector", "qbs"), ("selector", "flmarket"), ("val-per-class", 10)])
+def test_product_server_app_refuses_the_experiments_keys(tmp_path: Path, key: str, value: object) -> None:
+    """``selector`` or ``val-per-class`` given to the product app (even ``selector='flmarket'``) fails at once, as
+    an unknown key naming it, before any message."""
+    run_config = {**app_config(num_selected=2, results_dir=str(tmp_path)), key: value}
     grid = InProcessGrid(client_app.app, NODE_IDS, run_config=run_config)
     started = time.monotonic()
-    with pytest.raises(ValueError, match="simulations.run"):
+    with pytest.raises(ValueError, match=rf"unknown run-config key\(s\) \['{key}'\]"):
         server_app.main(grid, Context(1, 0, {}, RecordDict(), run_config))
     assert not grid.sent and time.monotonic() - started < 5
+
+
+def test_the_experiments_clients_hold_out_the_validation_split() -> None:
+    """With val-per-class, the experiments' ClientApp cuts the training pool without the server's validation split
+    (as the engine and the ServerApp's S-FedAvg do), also once shipped as Ray ships it to its actors; the product
+    ClientApp, which has no such key, the whole pool."""
+    from ray import cloudpickle  # pylint: disable=import-outside-toplevel
+
+    job = app_config(distribution="d3", val_per_class=5)
+    app, _ = split_run_config(job)
+    truth = all_label_counts(DataConfig(num_clients=len(NODE_IDS), distribution="d3", val_per_class=5))
+    whole = all_label_counts(DataConfig(num_clients=len(NODE_IDS), distribution="d3"))
+    assert truth.tolist() != whole.tolist()  # a smaller pool, cut again
+    shipped = cloudpickle.loads(cloudpickle.dumps(apps.build_client_app(job)))
+    grid = InProcessGrid(shipped, NODE_IDS, run_config=app)
+    replies = grid.send_and_receive([stats_query(node) for node in NODE_IDS])
+    counts = {reply.metadata.src_node_id: list(reply.content["selector-stats"]["label-counts"]) for reply in replies}
+    assert counts == {node: truth[position].tolist() for position, node in enumerate(NODE_IDS)}
+    product = InProcessGrid(client_app.app, NODE_IDS, run_config=job)  # the key ignored: the product has none
+    assert client_app.label_counts(product.context(NODE_IDS[0])).tolist() == whole[0].tolist()
 
 
 def test_data_embedding_is_a_fixed_projection() -> None:
@@ -220,3 +252,25 @@ def test_data_embedding_is_a_fixed_projection() -> None:
     np.testing.assert_array_equal(first, data_embedding(0, config, seed=1))
     assert not np.allclose(first, data_embedding(1, config, seed=1))
     assert not np.allclose(first, data_embedding(0, config, seed=2))
+
+
+def test_a_flower_jobs_record_keeps_its_shape_with_the_experiments_keys(tmp_path: Path) -> None:
+    """``simulations.run.summarize`` on a Flower job of S-FedAvg with a validation split: the record names the
+    selector and carries the job's whole run config (the experiments' keys too, as the archived records do), and
+    its label counts are the pool the clients trained on, the split held out."""
+    from simulations.run import summarize  # pylint: disable=import-outside-toplevel
+
+    run_dir = tmp_path / "results" / "sfedavg"
+    overrides: dict[str, object] = {"num_selected": 2, "val_per_class": 5, "num_server_rounds": 1}
+    overrides["train_log_dir"] = str(run_dir / "train-log")
+    grid, _ = run_app(tmp_path, "sfedavg", **overrides)
+    job = app_config(**{"selector": "sfedavg", "distribution": "d3", **overrides})
+    record = summarize(run_dir, job, wall_s=1.0, num_clients=len(NODE_IDS))
+    assert record["selector"] == "sfedavg" and record["num_selected"] == 2
+    assert record["run_config"]["selector"] == "sfedavg" and record["run_config"]["val-per-class"] == 5
+    pool = all_label_counts(DataConfig(num_clients=len(NODE_IDS), distribution="d3", val_per_class=5))
+    assert record["all_label_counts"] == pool.tolist()
+    trained = {m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type == "train"}
+    assert len(trained) == 2 and sorted(record["trained_partitions_per_round"]["1"]) == sorted(
+        NODE_IDS.index(node) for node in trained
+    )

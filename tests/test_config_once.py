@@ -1,4 +1,6 @@
-"""Each run-config key is named once: in the schema (``run_config.APP_KEYS``) and the pyproject table it prints.
+"""Each run-config key is named once: in the schema (``run_config.APP_KEYS``) and the pyproject table it prints,
+or, for the experiments' own keys (``selector``, ``val-per-class``), in their extension of it
+(``simulations.run_config.EXPERIMENT_KEYS``), which the product app neither declares nor reads.
 
 The boundaries' settings (ServerApp, ClientApp, data config, train message, engine job) are generated from the
 schema; the plugin's own defaults (``MarketConfig``, ``SimulatedCostBid``) are the schema's for the keys that
@@ -33,7 +35,8 @@ from flmarket_flwr.app.task import DataConfig
 from flmarket_flwr.market import FLMarket, MarketConfig, MarketError, SimulatedCostBid
 from flmarket_flwr.market import server as market_server
 from flmarket_flwr.market.inprocess import InProcessGrid
-from simulations.engine import ENGINE_APP_KEYS, EngineConfig
+from simulations.engine import ENGINE_APP_KEYS, ROUNDS_KEY, SWEEP_DEFAULTS, EngineConfig
+from simulations.run_config import EXPERIMENT_KEYS, EXPERIMENT_SCHEMA, ExperimentSettings
 
 PROJECT = Path(__file__).resolve().parents[1]
 PACKAGE = PROJECT / "flmarket_flwr"
@@ -52,7 +55,7 @@ def test_no_module_of_the_package_names_a_run_config_key_outside_the_schema() ->
 
     The node-config schema may name its own keys that share a run-config key's name (each node sets them).
     """
-    keys = {key.name for key in APP_KEYS if "-" in key.name}
+    keys = {key.name for key in (*APP_KEYS, *EXPERIMENT_KEYS) if "-" in key.name}
     node_keys = {key.name for key in client_app.NODE_CONFIG.keys}
     found = []
     for path in _python_files(PACKAGE):
@@ -79,8 +82,8 @@ def _restates(value: ast.expr | None, field: str, default_value: object) -> bool
 
 def test_no_class_restates_a_key_as_a_field_with_its_own_default() -> None:
     """A class field named after a key, its default the key's written out again, is a second source of it
-    (but in the plugin's classes the schema reads its defaults from)."""
-    fields = {key.field: key.default for key in APP_KEYS}
+    (but in the plugin's classes the schema reads its defaults from); the experiments' keys too."""
+    fields = {key.field: key.default for key in EXPERIMENT_SCHEMA.keys}
     found = []
     for path in _python_files(PACKAGE, PROJECT / "simulations", PROJECT / "benchmarks"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -122,10 +125,11 @@ def test_the_plugin_and_the_app_share_each_default() -> None:
         (server_app.ServerSettings, keys_read_by("data", "server", "both"), ()),
         (client_app.ClientSettings, keys_read_by("data", "client", "both"), ()),
         (client_app.TrainSettings, TRAIN_MESSAGE_KEYS, ()),
-        (DataConfig, keys_read_by("data"), ("num_clients",)),
+        (DataConfig, keys_read_by("data"), ("num_clients", "val_per_class")),
         (EngineConfig, ENGINE_APP_KEYS, None),
+        (ExperimentSettings, tuple(key.name for key in EXPERIMENT_KEYS), ()),
     ],
-    ids=["server", "client", "train message", "data", "engine"],
+    ids=["server", "client", "train message", "data", "engine", "experiments"],
 )
 def test_each_boundary_has_a_field_per_schema_key_with_its_default(settings: type, keys: tuple, own: tuple) -> None:
     """The fields are the keys' Python names, typed and defaulted by the schema, then the boundary's own."""
@@ -134,10 +138,31 @@ def test_each_boundary_has_a_field_per_schema_key_with_its_default(settings: typ
     if own is not None:
         assert names[len(keys) :] == list(own)
     instance = settings()
+    defaults = EXPERIMENT_SCHEMA.defaults  # the app's, and the engine's selector and val-per-class
     for key in keys:
         if settings is not EngineConfig:  # the engine's sweep profile differs on purpose (SWEEP_DEFAULTS)
-            assert getattr(instance, field_name(key)) == DEFAULTS[key], key
-        assert type(getattr(instance, field_name(key))) is type(DEFAULTS[key]), key
+            assert getattr(instance, field_name(key)) == defaults[key], key
+        assert type(getattr(instance, field_name(key))) is type(defaults[key]), key
+
+
+def test_each_key_is_declared_once_and_the_app_declares_no_experiment_key() -> None:
+    """The experiments' schema is the app's keys then their own, each name once; ``selector`` and ``val-per-class``
+    are the experiments' only: no product boundary has a field for them but the data config's own split."""
+    names = [key.name for key in EXPERIMENT_SCHEMA.keys]
+    assert len(names) == len(set(names)) and EXPERIMENT_SCHEMA.keys[: len(APP_KEYS)] == APP_KEYS
+    assert {key.name for key in EXPERIMENT_KEYS} == {"selector", "val-per-class"}
+    assert not {key.name for key in EXPERIMENT_KEYS} & set(DEFAULTS)
+    for settings in (server_app.ServerSettings, client_app.ClientSettings, client_app.TrainSettings):
+        assert not {"selector", "val_per_class"} & {item.name for item in dataclasses.fields(settings)}
+
+
+def test_the_sweep_profile_names_only_engine_keys_and_only_where_it_differs() -> None:
+    """``SWEEP_DEFAULTS`` is a profile, not a copy: each of its keys is one the engine implements (or its
+    ``rounds``), and each value differs from the schema's default (an equal one would restate it)."""
+    assert set(SWEEP_DEFAULTS) <= {*ENGINE_APP_KEYS, ROUNDS_KEY}
+    for key, value in SWEEP_DEFAULTS.items():
+        assert value != EXPERIMENT_SCHEMA.default(key), key
+    assert EngineConfig().rounds == SWEEP_DEFAULTS[ROUNDS_KEY]
 
 
 @given(

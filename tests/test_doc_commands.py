@@ -40,8 +40,9 @@ from test_simulations import TINY
 
 from flmarket_flwr.app.run_config import DEFAULTS
 from flmarket_flwr.app.server_app import ServerSettings, data_config_of
-from simulations.apps import experiment_strategies
+from simulations.apps import strategy_of
 from simulations.config import CONF_DIR, to_run_config
+from simulations.run_config import split_run_config
 
 PROJECT = Path(__file__).resolve().parent.parent
 DOCUMENTS = (PROJECT / "README.md", *sorted((PROJECT / "docs").glob("*.md")), PROJECT / "simulations" / "README.md")
@@ -180,7 +181,10 @@ def check_simulations_run(command: Command) -> None:
             cfg = composed[chosen].copy()
             for value in (_parsed(o) for o in job if o not in chosen):
                 OmegaConf.update(cfg, value.key_or_group, value.value())
-            ServerSettings.from_run_config(to_run_config(cfg), ("flmarket", *experiment_strategies()))
+            app, own = split_run_config(to_run_config(cfg))
+            settings = ServerSettings.from_run_config(app)
+            if cfg.sim.engine.name != "inprocess":  # the engine's budget mode takes a baseline without a cohort
+                strategy_of(own.selector, settings.num_selected)
             if cfg.sim.engine.name == "inprocess":
                 config_from_hydra(cfg)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from flmarket_flwr.app.run_config import DEFAULTS, markdown_table
 from flmarket_flwr.market.node_config import MARKET_SCHEMA
+from simulations.run_config import markdown_table as experiments_table
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -26,6 +27,8 @@ def test_the_configuration_reference_is_the_schemas_tables() -> None:
     assert _between(text, "<!-- node-config table: generated -->", "<!-- end of node-config table -->") == (
         MARKET_SCHEMA.markdown()
     ), hint
+    experiments = _between(text, "<!-- experiments' table: generated -->", "<!-- end of experiments' table -->")
+    assert experiments == experiments_table(), "regenerate with python -m simulations.run_config"
 
 
 def test_the_readmes_first_settings_are_real_keys_with_their_defaults() -> None:

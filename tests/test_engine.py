@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 
-from flmarket_flwr.app.client_app import build_client_app
 from flmarket_flwr.app.task import (
     DataConfig,
     all_label_counts,
@@ -26,6 +25,7 @@ from flmarket_flwr.app.task import (
 )
 from flmarket_flwr.market import MarketConfig, MarketPhase, WinnersGrid
 from flmarket_flwr.market.inprocess import InProcessGrid
+from simulations.apps import build_client_app
 from simulations.baselines.selectors import select_clients
 from simulations.config import app_config_defaults
 from simulations.engine import (
@@ -39,6 +39,7 @@ from simulations.engine import (
     run_engine,
     select,
 )
+from simulations.run_config import split_run_config
 
 NODE_BASE = 7_000
 WEIGHT_ATOL = 1e-5
@@ -56,6 +57,7 @@ def _one_thread() -> None:
 
 
 def _flower_config(cfg: EngineConfig) -> dict:
+    """The job's run config of ``cfg`` (the app's keys and the experiments' own)."""
     run_config = app_config_defaults()
     run_config.update(
         {
@@ -81,15 +83,23 @@ def _flower_config(cfg: EngineConfig) -> dict:
     return run_config
 
 
+def _data_config(cfg: EngineConfig) -> DataConfig:
+    """The Flower app's data config of ``cfg``'s job (its validation split the experiments' key)."""
+    app, own = split_run_config(_flower_config(cfg))
+    return DataConfig.from_run_config(app, val_per_class=own.val_per_class)
+
+
 def _grid(cfg: EngineConfig) -> InProcessGrid:
+    """The experiments' ClientApp on ``cfg``'s job; the nodes' context holds the app's keys."""
     nodes = [NODE_BASE + e for e in range(cfg.num_clients)]  # partition-id = position
-    return InProcessGrid(build_client_app(_flower_config(cfg)), nodes, run_config=_flower_config(cfg))
+    app, _ = split_run_config(_flower_config(cfg))
+    return InProcessGrid(build_client_app(_flower_config(cfg)), nodes, run_config=app)
 
 
 @pytest.mark.parametrize("cfg", SETTINGS)
 def test_engine_data_is_the_apps_data(cfg: EngineConfig) -> None:
     federation = load_federation(cfg)
-    data_config = DataConfig.from_run_config(_flower_config(cfg))
+    data_config = _data_config(cfg)
     assert np.array_equal(federation.label_counts, all_label_counts(data_config))
     for partition_id in (0, cfg.num_clients - 1):
         images, labels = load_partition(partition_id, data_config)
@@ -153,7 +163,7 @@ def test_the_parity_settings_cover_what_they_claim() -> None:
 @pytest.mark.parametrize("selector", ["rs", "qbs", "dice", "dds"])
 def test_baselines_select_what_the_server_selects(selector: str) -> None:
     cfg = replace(SETTINGS[1], selector=selector)
-    data_config = DataConfig.from_run_config(_flower_config(cfg))
+    data_config = _data_config(cfg)
     extra = {}
     if selector == "dds":
         extra["embeddings"] = np.stack([data_embedding(e, data_config, seed=cfg.seed) for e in range(cfg.num_clients)])
@@ -296,18 +306,31 @@ def test_run_job_inprocess_takes_a_hydra_job_config() -> None:
 
 
 def test_engine_config_reads_the_apps_schema() -> None:
-    """The engine's app keys take the app's defaults (but the sweep protocol's) and the app's checks."""
+    """The engine's run-config keys take the experiments' schema's defaults (but the sweep protocol's) and its
+    checks: the app's keys' and the experiments' own."""
     from dataclasses import fields
 
-    from flmarket_flwr.app.run_config import DEFAULTS, field_name
+    from flmarket_flwr.app.run_config import field_name
     from simulations.engine import ENGINE_APP_KEYS, ROUNDS_KEY, SWEEP_DEFAULTS
+    from simulations.run_config import EXPERIMENT_SCHEMA
+
+    schema = EXPERIMENT_SCHEMA.defaults
 
     defaults = EngineConfig()
     for key in ENGINE_APP_KEYS:
-        assert getattr(defaults, field_name(key)) == SWEEP_DEFAULTS.get(key, DEFAULTS[key]), key
-    assert defaults.rounds == SWEEP_DEFAULTS.get(ROUNDS_KEY, DEFAULTS[ROUNDS_KEY])
+        assert getattr(defaults, field_name(key)) == SWEEP_DEFAULTS.get(key, schema[key]), key
+    assert defaults.rounds == SWEEP_DEFAULTS[ROUNDS_KEY]
     assert {field_name(key) for key in ENGINE_APP_KEYS} <= {field.name for field in fields(EngineConfig)}
-    bad_values = {"budget": -1.0, "alpha": 0.0, "neighbours": "1", "distribution": "d9", "momentum": 1.5, "rounds": 0}
+    bad_values = {
+        "budget": -1.0,
+        "alpha": 0.0,
+        "neighbours": "1",
+        "distribution": "d9",
+        "momentum": 1.5,
+        "rounds": 0,
+        "selector": "nope",
+        "val_per_class": -1,
+    }
     for name, value in bad_values.items():
         key = ROUNDS_KEY if name == "rounds" else name.replace("_", "-")
         with pytest.raises(ValueError, match=f"run-config key {key}="):
@@ -364,7 +387,7 @@ def test_sfedavg_samples_and_values_as_flowers_sfedavg_strategy() -> None:
     cfg = SFEDAVG
     engine = run_engine(cfg)["sfedavg"]["rounds"]
 
-    data_config = DataConfig.from_run_config(_flower_config(cfg))
+    data_config = _data_config(cfg)
     validation = load_validation_set(data_config)
     federation = load_federation(cfg)
     assert federation.validation_data is not None

@@ -1,9 +1,11 @@
-"""The app's one config schema (``flmarket_flwr/app/run_config.py``) and everything that reads it.
+"""The app's one config schema (``flmarket_flwr/app/run_config.py``), the experiments' extension of it
+(``simulations/run_config.py``), and everything that reads them.
 
-``[tool.flwr.app.config]`` in ``pyproject.toml`` is what ``flwr run .`` uses: it must be the schema's table,
-verbatim. Hydra's ``conf/`` reads the schema as a structured config: the default composition maps to exactly
-the schema's defaults, a wrong type fails at composition, and every group option composes into a valid app
-run config. The ServerApp, the data config and the engine take their defaults and checks from the schema.
+``[tool.flwr.app.config]`` in ``pyproject.toml`` is what ``flwr run .`` uses: it must be the app schema's table,
+verbatim. Hydra's ``conf/`` reads the experiments' schema as a structured config: the default composition maps to
+exactly its defaults, a wrong type fails at composition, and every group option composes into a valid job run
+config whose app keys the ServerApp takes. The ServerApp, the data config and the engine take their defaults and
+checks from the schemas.
 """
 
 from dataclasses import fields
@@ -15,12 +17,14 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
 
-from flmarket_flwr.app.run_config import APP_KEYS, DEFAULTS, check_run_config, pyproject_table
+from flmarket_flwr.app.run_config import APP_KEYS, APP_SCHEMA, DEFAULTS, check_run_config, pyproject_table
 from flmarket_flwr.app.server_app import ServerSettings
 from flmarket_flwr.app.task import DataConfig
-from simulations.apps import experiment_strategies
+from simulations.apps import strategy_of
 from simulations.config import CONF_DIR, GROUP_KEYS, app_config_defaults, to_run_config
 from simulations.progress import count_jobs, format_line
+from simulations.record import SELECTOR_LABELS
+from simulations.run_config import EXPERIMENT_KEYS, EXPERIMENT_SCHEMA, ExperimentSettings, split_run_config
 
 GROUPS = ("dataset", "model", "distribution", "selector", "federation", "training", "engine")
 NEEDS_ROOT = {"cifar10", "cinic10", "deap"}
@@ -46,17 +50,51 @@ def test_pyproject_holds_the_schema_table_verbatim() -> None:
 
 
 def test_defaults_equal_the_schema() -> None:
-    """The default composition maps to the schema's defaults: same keys, values and types."""
+    """The default composition maps to the experiments' schema's defaults: same keys, values and types; its app
+    part is exactly the app's defaults."""
     run_config = to_run_config(compose_config())
-    assert run_config == DEFAULTS
-    assert all(type(run_config[key]) is type(value) for key, value in DEFAULTS.items())
+    assert run_config == EXPERIMENT_SCHEMA.defaults
+    assert all(type(run_config[key]) is type(value) for key, value in EXPERIMENT_SCHEMA.defaults.items())
+    app, own = split_run_config(run_config)
+    assert app == DEFAULTS and own == ExperimentSettings() and (own.selector, own.val_per_class) == ("flmarket", 0)
+
+
+def test_the_app_schema_has_no_experiment_key() -> None:
+    """``selector`` and ``val-per-class`` are the experiments' keys: the app's schema, its pyproject table and its
+    boundaries have neither, and the app refuses each as an unknown key, naming it."""
+    own = [key.name for key in EXPERIMENT_KEYS]
+    assert own == ["val-per-class", "selector"]
+    assert not set(own) & set(DEFAULTS) and not set(own) & set(app_config_defaults())
+    assert EXPERIMENT_SCHEMA.keys == (*APP_KEYS, *EXPERIMENT_KEYS)
+    for name, value in (("selector", "rs"), ("val-per-class", 10)):
+        with pytest.raises(ValueError, match=rf"unknown run-config key\(s\) \['{name}'\]"):
+            check_run_config({name: value})
+        with pytest.raises(ValueError, match=name):
+            ServerSettings.from_run_config({name: value})
+        assert not hasattr(ServerSettings(), name.replace("-", "_"))
+
+
+def test_the_experiments_keys_are_checked_by_the_same_checker() -> None:
+    """A bad value of an experiments' key is refused naming it; an unknown key names the experiments' listing."""
+    for name, bad in (("selector", "nope"), ("val-per-class", -1)):
+        with pytest.raises(ValueError, match=f"run-config key {name}="):
+            EXPERIMENT_SCHEMA.check_run_config({name: bad})
+        with pytest.raises(ValueError, match=f"run-config key {name}="):
+            split_run_config({name: bad})
+        with pytest.raises(ValueError, match=f"run-config key {name}="):
+            ExperimentSettings(**{name.replace("-", "_"): bad})
+    with pytest.raises(ValueError, match="python -m simulations.run_config lists every key"):
+        EXPERIMENT_SCHEMA.check_run_config({"selectr": "rs"})
+    with pytest.raises(ValueError, match="declared twice"):
+        APP_SCHEMA.extended([APP_KEYS[0]], "x")
 
 
 def test_code_defaults_are_the_schema_defaults() -> None:
-    """ServerSettings and DataConfig take their defaults from the schema (DataConfig's num_clients is not a key)."""
+    """ServerSettings and DataConfig take their defaults from the schema (DataConfig's num_clients and
+    val_per_class are no app key)."""
     for obj in (ServerSettings(), DataConfig()):
         for field in fields(obj):
-            if field.name != "num_clients":
+            if field.name not in ("num_clients", "val_per_class"):
                 assert getattr(obj, field.name) == DEFAULTS[field.name.replace("_", "-")], field.name
     assert ServerSettings.from_run_config({}) == ServerSettings()
     assert DataConfig.from_run_config({}) == DataConfig()
@@ -68,7 +106,6 @@ BAD_VALUES = {
     "schedule": "cubic",
     "alpha": 0.0,
     "test-per-class": 0,
-    "val-per-class": -1,
     "seed": -1,
     "budget": -5.0,
     "num-selected": -1,
@@ -133,9 +170,8 @@ def test_a_wrong_type_fails_at_composition(override: str, key: str) -> None:
 
 
 def test_group_keys_map_to_app_keys() -> None:
-    """Every group key has an app key, and the default groups are the documented ones."""
-    app_config = app_config_defaults()
-    assert set(GROUP_KEYS.values()) <= set(app_config)
+    """Every group key has a run-config key, and the default groups are the documented ones."""
+    assert set(GROUP_KEYS.values()) <= set(EXPERIMENT_SCHEMA.defaults)
     cfg = compose_config()
     assert cfg.dataset.name == "digits" and cfg.model.name == "digits_cnn"
     assert cfg.federation.num_clients == 20 and cfg.selector.name == "flmarket"
@@ -143,14 +179,17 @@ def test_group_keys_map_to_app_keys() -> None:
 
 @pytest.mark.parametrize("group", GROUPS)
 def test_every_group_option_composes(group: str) -> None:
-    """Each option of each group composes into a complete, valid app run config."""
+    """Each option of each group composes into a complete, valid job run config, its app part the app's keys."""
     found = options(group)
     assert found, f"conf/{group}/ has no options"
     for option in found:
         extra = [f"dataset.root=/data/{option}"] if group == "dataset" and option in NEEDS_ROOT else []
         run_config = to_run_config(compose_config(f"{group}={option}", *extra))
-        assert set(run_config) == set(app_config_defaults())
-        ServerSettings.from_run_config({**run_config, "num-selected": 5}, ("flmarket", *experiment_strategies()))
+        assert set(run_config) == set(EXPERIMENT_SCHEMA.defaults)
+        app, own = split_run_config(run_config)
+        assert set(app) == set(app_config_defaults())
+        ServerSettings.from_run_config({**app, "num-selected": 5})
+        strategy_of(own.selector, 5)
         if group == "dataset":
             assert run_config["dataset"] == option
         elif group == "model":
@@ -159,7 +198,7 @@ def test_every_group_option_composes(group: str) -> None:
             assert run_config["distribution"] == option
         elif group == "selector":
             assert run_config["selector"] == option
-        DataConfig.from_run_config(run_config)
+        DataConfig.from_run_config(app, val_per_class=own.val_per_class)
 
 
 def test_expected_group_options() -> None:
@@ -175,7 +214,7 @@ def test_expected_group_options() -> None:
     ]
     assert options("model") == ["deap_cnn", "digits_cnn", "fmnist_cnn", "resnet56"]
     assert options("distribution") == [f"d{i}" for i in range(1, 8)]
-    assert sorted(options("selector")) == sorted(("flmarket", *experiment_strategies()))
+    assert sorted(options("selector")) == sorted(SELECTOR_LABELS)
     assert options("federation") == ["c100", "c20"]
     assert compose_config("federation=c100").federation.num_clients == 100
 
@@ -198,7 +237,9 @@ def test_local_datasets_need_a_root() -> None:
 
 
 def test_sfedavg_gets_a_validation_split() -> None:
-    """selector=sfedavg sets dataset.val_per_class (S-FedAvg needs it); the command line wins."""
+    """selector=sfedavg sets dataset.val_per_class (S-FedAvg needs it); the command line wins; no dataset option
+    restates its default (the schema's, through the structured config)."""
+    assert not [path.name for path in (CONF_DIR / "dataset").glob("*.yaml") if "val_per_class" in path.read_text()]
     assert compose_config("selector=sfedavg").dataset.val_per_class == 10
     assert compose_config("selector=sfedavg", "dataset.val_per_class=20").dataset.val_per_class == 20
     assert compose_config("selector=rs").dataset.val_per_class == 0
@@ -221,7 +262,7 @@ def test_command_line_values_take_the_app_types() -> None:
 
 def test_unknown_top_level_key_is_rejected() -> None:
     """A typo at the top level is an error (runner settings live under ``sim``)."""
-    with pytest.raises(KeyError, match="not a Flower app key"):
+    with pytest.raises(KeyError, match="not a run-config key"):
         to_run_config(compose_config("+num_selectd=5"))
 
 

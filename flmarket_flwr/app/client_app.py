@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -109,21 +110,22 @@ def partition_id_of(context: Context) -> int:
     return int(NODE_CONFIG.value(context.node_config, "partition-id"))  # type: ignore[arg-type]
 
 
-def data_config_of(context: Context) -> DataConfig:
+def data_config_of(context: Context, val_per_class: int = 0) -> DataConfig:
     """Return the data config shared by all clients of the run.
 
     The number of clients is the federation's: the node config's ``num-partitions`` (set by Flower's
-    simulation, or ``flower-supernode --node-config "partition-id=<i> num-partitions=<n>"``).
+    simulation, or ``flower-supernode --node-config "partition-id=<i> num-partitions=<n>"``); ``val_per_class``
+    the server-side validation split held out of the pool (``0`` in the app; :func:`build_client_app`).
     """
     if "num-partitions" not in context.node_config:
         raise KeyError(
             "node_config has no 'num-partitions': start the SuperNode with "
             '--node-config "partition-id=<i> num-partitions=<n>"'
         )
-    return DataConfig.from_run_config(context.run_config, context.node_config)
+    return DataConfig.from_run_config(context.run_config, context.node_config, val_per_class)
 
 
-def label_counts(context: Context) -> np.ndarray:
+def label_counts(context: Context, val_per_class: int = 0) -> np.ndarray:
     """Per-class label counts ``N_e`` of this client (the market's input).
 
     Computed from the partition on first use, then read from ``context.state``
@@ -132,7 +134,7 @@ def label_counts(context: Context) -> np.ndarray:
     partition id, and never leaves the client.
     """
     partition_id = partition_id_of(context)
-    data_config = data_config_of(context)
+    data_config = data_config_of(context, val_per_class)
     cache_key = f"{data_config!r}/partition-{partition_id}"
     state = context.state.get(STATE_KEY)
     if not isinstance(state, ConfigRecord):
@@ -163,7 +165,7 @@ def model_name_of(context: Context) -> str:
     return str(settings_of(context).model)
 
 
-def train(msg: Message, context: Context) -> Message:
+def train(msg: Message, context: Context, val_per_class: int = 0) -> Message:
     """Train the received global model on the local partition."""
     import torch  # pylint: disable=C0415,redefined-outer-name
 
@@ -172,7 +174,7 @@ def train(msg: Message, context: Context) -> Message:
     settings = settings_of(context)
     configure_torch_threads(settings.torch_threads)
     partition_id = partition_id_of(context)
-    data_config = data_config_of(context)
+    data_config = data_config_of(context, val_per_class)
     config: dict[str, Any] = dict(msg.content.config_records.get("config", ConfigRecord()))
     local = settings_from(TrainSettings, {**context.run_config, **config})
     server_round = int(config.get("server-round", 0))
@@ -211,13 +213,13 @@ def train(msg: Message, context: Context) -> Message:
     return Message(content=content, reply_to=msg)
 
 
-def evaluate_local(msg: Message, context: Context) -> Message:
+def evaluate_local(msg: Message, context: Context, val_per_class: int = 0) -> Message:
     """Evaluate the received global model on the local partition."""
     from flmarket_flwr.app.models import set_arrays  # pylint: disable=C0415
 
     settings = settings_of(context)
     configure_torch_threads(settings.torch_threads)
-    data_config = data_config_of(context)
+    data_config = data_config_of(context, val_per_class)
     model = build_task_model(settings.model, data_config)
     set_arrays(model, msg.content.array_records["arrays"])
     data = load_partition(partition_id_of(context), data_config)
@@ -277,7 +279,7 @@ class RunConfigOverride:
     Parameters
     ----------
     run_config : Mapping[str, Any]
-        Flower run-config keys (``num-selected``, ``selector``, ...) and values
+        Flower run-config keys (``num-selected``, ``budget``, ...) and values
         (``bool``, ``int``, ``float`` or ``str``).
     """
 
@@ -309,7 +311,7 @@ def market_noise_of(context: Context) -> SkellamNoise | None:
     return node_noise_of(context, noise)
 
 
-def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
+def build_client_app(run_config: Mapping[str, Any] | None = None, val_per_class: int = 0) -> ClientApp:
     """Build the app's ``ClientApp``: market, train and evaluate handlers (nothing that reveals counts).
 
     Parameters
@@ -317,6 +319,9 @@ def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
     run_config : Mapping[str, Any], optional
         A run config laid over the one Flower provides (see :class:`RunConfigOverride`);
         ``None``: Flower's run config only (``flwr run``).
+    val_per_class : int (default: 0)
+        The server-side validation split held out of the training pool before it is partitioned
+        (:func:`data_config_of`): ``0`` in the app; the experiments set it for S-FedAvg and the runs compared with it.
 
     Returns
     -------
@@ -373,7 +378,7 @@ def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
     client = ClientApp(mods=[*mods, RunConfigOverride(run_config)] if run_config else mods)
     register_market_handlers(
         client,
-        get_label_counts=label_counts,
+        get_label_counts=with_split(label_counts, val_per_class),
         bid_policy=simulated_cost_bid,
         identity_key=identity_key_of,
         directory=identity_directory_of,
@@ -384,9 +389,18 @@ def build_client_app(run_config: Mapping[str, Any] | None = None) -> ClientApp:
         split_tolerance=split_tolerance_of,
         buyer_key=buyer_key_of,
     )
-    client.train()(train)
-    client.evaluate()(evaluate_local)
+    client.train()(with_split(train, val_per_class))
+    client.evaluate()(with_split(evaluate_local, val_per_class))
     return client
+
+
+HandlerType = TypeVar("HandlerType", bound=Callable[..., Any])
+
+
+def with_split(handler: HandlerType, val_per_class: int) -> HandlerType:
+    """``handler`` (a message handler with a ``val_per_class`` parameter, passed to :func:`data_config_of`) with
+    ``val_per_class`` bound; itself at ``0`` (a module-level function or a partial of one: Ray pickles either)."""
+    return partial(handler, val_per_class=val_per_class) if val_per_class else handler  # type: ignore[return-value]
 
 
 app = build_client_app()

@@ -4,7 +4,8 @@
 (``python -m flmarket_flwr.app.run_config`` prints the block; a test holds the two equal). Each boundary's settings
 (the ServerApp's, the ClientApp's, the data config, the train message, the engine's job) is a
 :func:`schema_class` dataclass generated from it; Hydra's ``conf/`` reads it as a structured config. The keys
-the plugin also takes (the market's, the simulated bids') default to the plugin's own defaults.
+the plugin also takes (the market's, the simulated bids') default to the plugin's own defaults. An app built on
+this one (the experiments, :mod:`simulations.run_config`) extends :data:`APP_SCHEMA` with its own keys.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from flmarket_flwr.pass_protocol.noise import SkellamNoise
 
 __all__ = [
     "APP_KEYS",
+    "APP_SCHEMA",
     "DEFAULTS",
     "TRAIN_MESSAGE_KEYS",
     "AppKey",
@@ -46,6 +48,7 @@ __all__ = [
     "neighbours_of",
     "pyproject_table",
     "read",
+    "RunConfigSchema",
     "relaunch_of",
     "schema_class",
     "settings_from",
@@ -148,12 +151,8 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
            "data", _one_of(SCHEDULES), f"one of {list(SCHEDULES)}"),
     AppKey("alpha", 0.5, "Dirichlet concentration of the per-class split over the clients", "data", _positive, "> 0"),
     AppKey("test-per-class", 30, "server-side balanced test set (digits: 300 images)", "data", _at_least(1), ">= 1"),
-    AppKey("val-per-class", 0, "server-side validation split from the training set (S-FedAvg needs > 0)", "data",
-           _at_least(0), ">= 0"),
     AppKey("seed", 0, "data split, initial model, sampling, simulated costs", "data", _at_least(0), ">= 0"),
     # Selection.
-    AppKey("selector", "flmarket", "flmarket; rs, qbs, dice, dds and sfedavg through simulations.run only",
-           "server"),
     AppKey("budget", 600.0, "the buyer's budget R: total payments never exceed it", "server", _positive, "> 0"),
     AppKey("num-selected", 0, "0: the budget decides; n > 0: at most n winners, within the budget", "server",
            _at_least(0), ">= 0 (0: the budget decides)"),
@@ -234,20 +233,6 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
 )  # fmt: skip
 """Every key of the app's run config, in the order of ``[tool.flwr.app.config]``."""
 
-_BY_NAME: Final[dict[str, AppKey]] = {key.name: key for key in APP_KEYS}
-DEFAULTS: Final[dict[str, Scalar]] = {key.name: key.default for key in APP_KEYS}
-"""Every key's default (``-`` style names)."""
-
-
-def default(name: str) -> Scalar:
-    """The default of run-config key ``name``."""
-    return _BY_NAME[name].default
-
-
-def keys_read_by(*readers: Reader) -> tuple[str, ...]:
-    """The names of the keys read by any of ``readers``."""
-    return tuple(key.name for key in APP_KEYS if key.reader in readers)
-
 
 def market_noise(epsilon: float, delta: float, honest_fraction: float) -> SkellamNoise | None:
     """The market's noise setting from keys ``pass-dp-epsilon``, ``-delta`` and ``-honest-fraction`` (None: off)."""
@@ -273,54 +258,6 @@ def neighbours_of(value: str) -> int | str:
     return int(value) if value.isdigit() else value
 
 
-def typed(name: str, value: Any) -> Scalar:
-    """``value`` as key ``name``'s type (an int for a float key is fine), or a ``ValueError`` naming the key."""
-    return typed_value("run", name, value, type(_BY_NAME[name].default), default(name))
-
-
-def read(run_config: Mapping[str, Any], name: str) -> Any:
-    """Key ``name`` of ``run_config``, typed, or its default when absent."""
-    return typed(name, run_config[name]) if name in run_config else default(name)
-
-
-def schema_class(
-    name: str,
-    keys: Iterable[str],
-    *,
-    extra: Sequence[tuple[str, type, Any]] = (),
-    overrides: Mapping[str, Scalar] | None = None,
-) -> Any:
-    """A frozen dataclass with a typed field per run-config key, its default the schema's: a boundary's settings.
-
-    Subclass it to add methods (``class ServerSettings(schema_class("ServerSettings", keys_read_by("server")))``);
-    its fields are never written out by hand, so a key is named in :data:`APP_KEYS` only. Every instance runs
-    its ``check()`` method when made (nothing, unless a subclass overrides it with its own rules).
-
-    Parameters
-    ----------
-    name : str
-        The class name (give the subclass's, for its ``repr``).
-    keys : iterable of str
-        Run-config keys, each a field named by :func:`field_name`, typed and defaulted by the schema.
-    extra : sequence of (name, type, default)
-        Fields of the boundary's own, not run-config keys, after the keys'.
-    overrides : Mapping[str, Scalar], optional
-        Other defaults for some keys (a profile), each checked as the key's type.
-
-    Returns
-    -------
-    type
-        The dataclass (``frozen=True``): hashable, comparable, ``asdict``-able.
-    """
-    key_fields = []
-    for key in keys:
-        value = typed(key, overrides[key]) if overrides is not None and key in overrides else default(key)
-        key_fields.append((field_name(key), type(default(key)), dataclasses.field(default=value)))
-    own = [(field, kind, dataclasses.field(default=value)) for field, kind, value in extra]
-    namespace = {"__post_init__": _run_check, "check": _check_nothing}
-    return dataclasses.make_dataclass(name, [*key_fields, *own], frozen=True, namespace=namespace)
-
-
 def _run_check(self: Any) -> None:
     self.check()
 
@@ -328,75 +265,6 @@ def _run_check(self: Any) -> None:
 def _check_nothing(self: Any) -> None:
     """Raise ``ValueError`` for settings that cannot work together (the keys' own checks are :func:`check_values`)."""
     del self
-
-
-def settings_from(cls: type[SettingsType], run_config: Mapping[str, Any], **extra: Any) -> SettingsType:
-    """An instance of a :func:`schema_class` class read from ``run_config``: each key typed, absent ones at default.
-
-    Only typed (:func:`read`), not checked: check the whole run config once where it enters
-    (:func:`check_run_config`). ``extra`` sets the class's own fields.
-
-    Raises
-    ------
-    ValueError
-        A value of the wrong type, naming the key.
-    """
-    keys = {key.field: key.name for key in APP_KEYS}
-    values = {item.name: read(run_config, keys[item.name]) for item in dataclasses.fields(cls) if item.name in keys}  # type: ignore[arg-type]
-    return cls(**values, **extra)
-
-
-TRAIN_MESSAGE_KEYS: Final = ("local-epochs", "batch-size", "learning-rate", "momentum")
-"""The keys the ServerApp sends in each train message's ``config`` record (the ClientApp reads them from there)."""
-
-
-def train_message_config(settings: object) -> dict[str, Any]:
-    """The train message's ``config`` record: the :data:`TRAIN_MESSAGE_KEYS` fields of ``settings`` (a
-    :func:`schema_class` instance that has them)."""
-    return {name: getattr(settings, field_name(name)) for name in TRAIN_MESSAGE_KEYS}
-
-
-def check_values(values: Mapping[str, Any]) -> None:
-    """Check each given key's value, and the rules that join two keys.
-
-    Raises
-    ------
-    ValueError
-        Naming the first key whose value cannot work and what it must be.
-    """
-    for name, value in values.items():
-        key = _BY_NAME[name]
-        check_value("run", name, value, key.check, key.expected)
-    if "cost-low" in values and "cost-high" in values and not values["cost-low"] < values["cost-high"]:
-        raise ValueError("run-config keys cost-low/cost-high: must be cost-low < cost-high; fix it with --run-config")
-
-
-def check_run_config(run_config: Mapping[str, Any], ignore: Iterable[str] = ()) -> dict[str, Any]:
-    """The whole run config, checked and typed, with every absent key at its default.
-
-    Parameters
-    ----------
-    run_config : Mapping[str, Any]
-        Flower's ``context.run_config`` (or a Hydra job's, mapped).
-    ignore : iterable of str
-        Keys other code owns (they are passed through unchecked).
-
-    Raises
-    ------
-    ValueError
-        For an unknown key, a value of the wrong type, or a value its check refuses, naming the key.
-    """
-    skipped = set(ignore)
-    unknown = sorted(set(run_config) - set(_BY_NAME) - skipped)
-    if unknown:
-        close = {key: difflib.get_close_matches(key, _BY_NAME, n=1) for key in unknown}
-        hints = "".join(f"; {key!r}: did you mean {found[0]!r}?" for key, found in close.items() if found)
-        raise ValueError(
-            f"unknown run-config key(s) {unknown}{hints}; python -m flmarket_flwr.app.run_config lists every key"
-        )
-    values = {key.name: read(run_config, key.name) for key in APP_KEYS}
-    check_values(values)
-    return values | {name: run_config[name] for name in skipped if name in run_config}
 
 
 def _toml(value: Scalar) -> str:
@@ -407,21 +275,192 @@ def _toml(value: Scalar) -> str:
     return repr(value)
 
 
-def pyproject_table() -> str:
-    """``[tool.flwr.app.config]`` as ``pyproject.toml`` holds it (a key per line, its meaning as the comment)."""
-    lines = ["[tool.flwr.app.config]"]
-    lines += [f"{key.name} = {_toml(key.default)}  # {key.meaning}" for key in APP_KEYS]
-    return "\n".join(lines) + "\n"
+class RunConfigSchema:
+    """A run-config schema: its keys, and the one checker, reader and class maker of every run config.
+
+    The app's is :data:`APP_SCHEMA` (the module's functions are its methods); an app built on this one (the
+    experiments) declares its own keys of the same :class:`AppKey` type and calls :meth:`extended`.
+
+    Parameters
+    ----------
+    keys : sequence of AppKey
+        The keys, in the order the tables list them; each name once.
+    command : str
+        The command that prints the keys (named in the error for an unknown key).
+    """
+
+    def __init__(self, keys: Sequence[AppKey], command: str) -> None:
+        self.keys: tuple[AppKey, ...] = tuple(keys)
+        self.command = command
+        self._by_name = {key.name: key for key in self.keys}
+        if len(self._by_name) != len(self.keys):
+            repeated = sorted({key.name for key in self.keys if [k.name for k in self.keys].count(key.name) > 1})
+            raise ValueError(f"run-config key(s) {repeated} declared twice")
+        self.defaults: dict[str, Scalar] = {key.name: key.default for key in self.keys}
+        """Every key's default (``-`` style names)."""
+
+    def extended(self, keys: Sequence[AppKey], command: str) -> RunConfigSchema:
+        """This schema and ``keys`` (another app's own, none of them one of this schema's), listed by ``command``."""
+        return RunConfigSchema((*self.keys, *keys), command)
+
+    def key(self, name: str) -> AppKey:
+        """The key named ``name``."""
+        return self._by_name[name]
+
+    def default(self, name: str) -> Scalar:
+        """The default of run-config key ``name``."""
+        return self._by_name[name].default
+
+    def keys_read_by(self, *readers: Reader) -> tuple[str, ...]:
+        """The names of the keys read by any of ``readers``."""
+        return tuple(key.name for key in self.keys if key.reader in readers)
+
+    def typed(self, name: str, value: Any) -> Scalar:
+        """``value`` as key ``name``'s type (an int for a float key is fine), or a ``ValueError`` naming the key."""
+        return typed_value("run", name, value, type(self.default(name)), self.default(name))
+
+    def read(self, run_config: Mapping[str, Any], name: str) -> Any:
+        """Key ``name`` of ``run_config``, typed, or its default when absent."""
+        return self.typed(name, run_config[name]) if name in run_config else self.default(name)
+
+    def schema_class(
+        self,
+        name: str,
+        keys: Iterable[str],
+        *,
+        extra: Sequence[tuple[str, type, Any]] = (),
+        overrides: Mapping[str, Scalar] | None = None,
+    ) -> Any:
+        """A frozen dataclass with a typed field per run-config key, its default the schema's: a boundary's settings.
+
+        Subclass it to add methods (``class ServerSettings(schema_class("ServerSettings", keys_read_by("server")))``);
+        its fields are never written out by hand, so a key is named in its schema only. Every instance runs
+        its ``check()`` method when made (nothing, unless a subclass overrides it with its own rules).
+
+        Parameters
+        ----------
+        name : str
+            The class name (give the subclass's, for its ``repr``).
+        keys : iterable of str
+            Run-config keys, each a field named by :func:`field_name`, typed and defaulted by the schema.
+        extra : sequence of (name, type, default)
+            Fields of the boundary's own, not run-config keys, after the keys'.
+        overrides : Mapping[str, Scalar], optional
+            Other defaults for some keys (a profile), each checked as the key's type.
+
+        Returns
+        -------
+        type
+            The dataclass (``frozen=True``): hashable, comparable, ``asdict``-able.
+        """
+        key_fields = []
+        for key in keys:
+            value = self.typed(key, overrides[key]) if overrides is not None and key in overrides else self.default(key)
+            key_fields.append((field_name(key), type(self.default(key)), dataclasses.field(default=value)))
+        own = [(field, kind, dataclasses.field(default=value)) for field, kind, value in extra]
+        namespace = {"__post_init__": _run_check, "check": _check_nothing}
+        return dataclasses.make_dataclass(name, [*key_fields, *own], frozen=True, namespace=namespace)
+
+    def settings_from(self, cls: type[SettingsType], run_config: Mapping[str, Any], **extra: Any) -> SettingsType:
+        """An instance of a :meth:`schema_class` class read from ``run_config``: each key typed, absent ones at default.
+
+        Only typed (:meth:`read`), not checked: check the whole run config once where it enters
+        (:meth:`check_run_config`). ``extra`` sets the class's own fields.
+
+        Raises
+        ------
+        ValueError
+            A value of the wrong type, naming the key.
+        """
+        keys = {key.field: key.name for key in self.keys}
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        values = {item.name: self.read(run_config, keys[item.name]) for item in fields if item.name in keys}
+        return cls(**values, **extra)
+
+    def check_values(self, values: Mapping[str, Any]) -> None:
+        """Check each given key's value, and the rules that join two keys.
+
+        Raises
+        ------
+        ValueError
+            Naming the first key whose value cannot work and what it must be.
+        """
+        for name, value in values.items():
+            key = self._by_name[name]
+            check_value("run", name, value, key.check, key.expected)
+        if "cost-low" in values and "cost-high" in values and not values["cost-low"] < values["cost-high"]:
+            raise ValueError(
+                "run-config keys cost-low/cost-high: must be cost-low < cost-high; fix it with --run-config"
+            )
+
+    def check_run_config(self, run_config: Mapping[str, Any], ignore: Iterable[str] = ()) -> dict[str, Any]:
+        """The whole run config, checked and typed, with every absent key at its default.
+
+        Parameters
+        ----------
+        run_config : Mapping[str, Any]
+            Flower's ``context.run_config`` (or a Hydra job's, mapped).
+        ignore : iterable of str
+            Keys other code owns (they are passed through unchecked).
+
+        Raises
+        ------
+        ValueError
+            For an unknown key, a value of the wrong type, or a value its check refuses, naming the key.
+        """
+        skipped = set(ignore)
+        unknown = sorted(set(run_config) - set(self._by_name) - skipped)
+        if unknown:
+            close = {key: difflib.get_close_matches(key, self._by_name, n=1) for key in unknown}
+            hints = "".join(f"; {key!r}: did you mean {found[0]!r}?" for key, found in close.items() if found)
+            raise ValueError(f"unknown run-config key(s) {unknown}{hints}; {self.command} lists every key")
+        values = {key.name: self.read(run_config, key.name) for key in self.keys}
+        self.check_values(values)
+        return values | {name: run_config[name] for name in skipped if name in run_config}
+
+    def pyproject_table(self) -> str:
+        """``[tool.flwr.app.config]`` as ``pyproject.toml`` holds it (a key per line, its meaning as the comment)."""
+        lines = ["[tool.flwr.app.config]"]
+        lines += [f"{key.name} = {_toml(key.default)}  # {key.meaning}" for key in self.keys]
+        return "\n".join(lines) + "\n"
+
+    def markdown_table(self) -> str:
+        """Every key as a Markdown table (key, default, who reads it, meaning, what a value must be): the app's is
+        the run-config half of ``docs/configuration.md``, which a test holds equal to it."""
+        lines = ["| key | default | read by | meaning | a value must be |", "| --- | --- | --- | --- | --- |"]
+        for key in self.keys:
+            meaning = key.meaning.replace("|", "\\|")
+            expected = key.expected or "any"
+            lines.append(f"| `{key.name}` | `{_toml(key.default)}` | {key.reader} | {meaning} | {expected} |")
+        return "\n".join(lines) + "\n"
 
 
-def markdown_table() -> str:
-    """Every key as a Markdown table (key, default, who reads it, meaning, what a value must be): the run-config
-    half of ``docs/configuration.md``, which a test holds equal to this."""
-    lines = ["| key | default | read by | meaning | a value must be |", "| --- | --- | --- | --- | --- |"]
-    for key in APP_KEYS:
-        meaning = key.meaning.replace("|", "\\|")
-        lines.append(f"| `{key.name}` | `{_toml(key.default)}` | {key.reader} | {meaning} | {key.expected or 'any'} |")
-    return "\n".join(lines) + "\n"
+APP_SCHEMA: Final = RunConfigSchema(APP_KEYS, "python -m flmarket_flwr.app.run_config")
+"""The app's run-config schema: :data:`APP_KEYS`, and the functions below are its methods."""
+
+DEFAULTS: Final[dict[str, Scalar]] = APP_SCHEMA.defaults
+"""Every key's default (``-`` style names)."""
+
+default = APP_SCHEMA.default
+keys_read_by = APP_SCHEMA.keys_read_by
+typed = APP_SCHEMA.typed
+read = APP_SCHEMA.read
+schema_class = APP_SCHEMA.schema_class
+settings_from = APP_SCHEMA.settings_from
+check_values = APP_SCHEMA.check_values
+check_run_config = APP_SCHEMA.check_run_config
+pyproject_table = APP_SCHEMA.pyproject_table
+markdown_table = APP_SCHEMA.markdown_table
+
+
+TRAIN_MESSAGE_KEYS: Final = ("local-epochs", "batch-size", "learning-rate", "momentum")
+"""The keys the ServerApp sends in each train message's ``config`` record (the ClientApp reads them from there)."""
+
+
+def train_message_config(settings: object) -> dict[str, Any]:
+    """The train message's ``config`` record: the :data:`TRAIN_MESSAGE_KEYS` fields of ``settings`` (a
+    :func:`schema_class` instance that has them)."""
+    return {name: getattr(settings, field_name(name)) for name in TRAIN_MESSAGE_KEYS}
 
 
 if __name__ == "__main__":

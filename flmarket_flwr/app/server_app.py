@@ -7,8 +7,8 @@ evaluation of the global model every round, and writes the results
 ``FLMarket run FAILED: <reason>`` (with ``traceback in <dir>/error.log`` once the results folder exists); Flower
 then prints only its short report of the one-line error.
 
-The experiments (:mod:`simulations.apps`) plug their baseline selectors in through
-:func:`build_server_app`'s ``strategies``; this app itself runs ``selector="flmarket"`` only.
+The experiments (:mod:`simulations.apps`) run their baseline selectors through :func:`build_server_app`'s
+``strategy`` (a :data:`StrategyFactory`) in place of the market; this app itself runs FLMarket only.
 """
 
 from __future__ import annotations
@@ -72,41 +72,30 @@ class ServerSettings(_ServerFields):
     ``_`` here), with the schema's defaults."""
 
     @classmethod
-    def from_run_config(
-        cls, run_config: Mapping[str, Any], selectors: tuple[str, ...] = ("flmarket",)
-    ) -> ServerSettings:
+    def from_run_config(cls, run_config: Mapping[str, Any]) -> ServerSettings:
         """Check the whole run config (:func:`~flmarket_flwr.app.run_config.check_run_config`); keep the server's keys.
 
         Raises
         ------
         ValueError
-            Naming the key, the bad value and what to do, for the first problem found.
+            Naming the key, the bad value and what to do, for the first problem found (an unknown key too).
         """
-        settings = settings_from(cls, check_run_config(run_config))
-        settings.validate(selectors)
-        return settings
-
-    def validate(self, selectors: tuple[str, ...]) -> None:
-        """Raise ``ValueError`` when this app cannot run the selector (each key's own check is the schema's)."""
-        if self.selector not in selectors:
-            raise ValueError(
-                f"run-config key selector={self.selector!r}: must be one of {list(selectors)}; the baselines rs, qbs, "
-                f"dice, dds and sfedavg run through `python -m simulations.run selector={self.selector}` only"
-            )
-        if self.selector != "flmarket" and self.num_selected < 1:
-            raise ValueError("run-config key num-selected: must be > 0 for a baseline; fix it with --run-config")
+        return settings_from(cls, check_run_config(run_config))
 
 
-def data_config_of(run_config: Mapping[str, Any]) -> DataConfig:
-    """Check the data keys of the run config; the number of clients is the federation's (num-partitions)."""
+def data_config_of(run_config: Mapping[str, Any], val_per_class: int = 0) -> DataConfig:
+    """Check the data keys of the run config; the number of clients is the federation's (num-partitions).
+
+    ``val_per_class`` is the server-side validation split (:class:`~flmarket_flwr.app.task.DataConfig`; ``0`` in
+    the app)."""
     try:
-        return DataConfig.from_run_config(run_config)
+        return DataConfig.from_run_config(run_config, val_per_class=val_per_class)
     except (TypeError, ValueError) as err:
         raise ValueError(f"run-config: {err}") from None
 
 
 StrategyFactory = Callable[[ServerSettings, DataConfig, int], Strategy]
-"""Experiments hook: ``(settings, data config, number of nodes) -> strategy`` for one more ``selector``.
+"""Experiments hook: ``(settings, data config, number of nodes) -> strategy`` that selects in place of the market.
 
 The strategy must offer ``selection_record() -> dict`` and ``result_files() -> dict`` (see
 :func:`flmarket_flwr.app.results.save_results`)."""
@@ -132,8 +121,9 @@ def main(grid: Grid, context: Context) -> None:
     run(grid, context)
 
 
-def run(grid: Grid, context: Context, strategies: Mapping[str, StrategyFactory] | None = None) -> Path:
-    """:func:`main` with the experiments' extra selectors; returns the results folder.
+def run(grid: Grid, context: Context, strategy: StrategyFactory | None = None, val_per_class: int = 0) -> Path:
+    """:func:`main`, or with ``strategy`` (the experiments' selector) in place of the market; returns the results
+    folder. ``val_per_class``: the data config's validation split (:func:`data_config_of`).
 
     Any failure is logged as one ``FLMarket run FAILED: <reason>`` line, its full traceback written to
     ``<run dir>/error.log`` (once the folder exists, which the line then names), and re-raised without its
@@ -141,7 +131,7 @@ def run(grid: Grid, context: Context, strategies: Mapping[str, StrategyFactory] 
     """
     made: list[Path] = []
     try:
-        run_dir = _run(grid, context, dict(strategies or {}), made)
+        run_dir = _run(grid, context, strategy, val_per_class, made)
     except Exception as err:
         where = ""
         if made:
@@ -153,12 +143,12 @@ def run(grid: Grid, context: Context, strategies: Mapping[str, StrategyFactory] 
     return run_dir
 
 
-def _run(grid: Grid, context: Context, strategies: dict[str, StrategyFactory], made: list[Path]) -> Path:
+def _run(grid: Grid, context: Context, factory: StrategyFactory | None, val_per_class: int, made: list[Path]) -> Path:
     """Check the config, select and train, then save the results (the results folder appended to ``made`` as soon
     as it exists)."""
     started = time.perf_counter()
-    settings = ServerSettings.from_run_config(context.run_config, ("flmarket", *strategies))
-    data_config = data_config_of(context.run_config)
+    settings = ServerSettings.from_run_config(context.run_config)
+    data_config = data_config_of(context.run_config, val_per_class)
     configure_torch_threads(settings.torch_threads)
     torch.manual_seed(settings.seed)
     model = build_task_model(settings.model, data_config)
@@ -168,7 +158,7 @@ def _run(grid: Grid, context: Context, strategies: dict[str, StrategyFactory], m
     run_dir = make_run_dir(settings.results_dir, settings.run_name, context.run_id)
     made.append(run_dir)
     market = market_config_of(settings, data_config, context.run_id)
-    if settings.selector == "flmarket":  # its market phase waits for the nodes
+    if factory is None:  # the market phase waits for the nodes
         relaunch = relaunch_of(
             settings.market_relaunch_every, settings.market_relaunch_churn, settings.market_relaunch_min_cohort
         )
@@ -181,7 +171,7 @@ def _run(grid: Grid, context: Context, strategies: dict[str, StrategyFactory], m
         )
     else:  # a baseline: the one wait, by the market's rule (enough nodes for the run, then settled)
         nodes = MarketPhase(market).wait_for_nodes(grid)
-        strategy = strategies[settings.selector](settings, data_config, len(nodes))
+        strategy = factory(settings, data_config, len(nodes))
     try:
         result = _start(strategy, grid, settings, model, evaluation)
     except MarketError:
@@ -242,19 +232,21 @@ def market_config_of(settings: ServerSettings, data_config: DataConfig, run_id: 
 
 
 def build_server_app(
-    run_config: Mapping[str, Any] | None = None, strategies: Mapping[str, StrategyFactory] | None = None
+    run_config: Mapping[str, Any] | None = None, strategy: StrategyFactory | None = None, val_per_class: int = 0
 ) -> ServerApp:
-    """A ``ServerApp`` running :func:`run` with ``run_config`` laid over Flower's, and extra selectors.
+    """A ``ServerApp`` running :func:`run` with ``run_config`` laid over Flower's, and another selector.
 
     ``flwr.simulation.run_simulation`` (Flower 1.41) takes no run config: :mod:`simulations` passes
-    each job's config (and its baseline selectors) this way.
+    each job's config (and its baseline selector) this way.
 
     Parameters
     ----------
     run_config : Mapping[str, Any], optional
         Run-config keys and values; they win over the context's.
-    strategies : Mapping[str, StrategyFactory], optional
-        Extra ``selector`` values and the strategy each runs.
+    strategy : StrategyFactory, optional
+        The strategy that selects and trains in place of the market (``None``: FLMarket).
+    val_per_class : int (default: 0)
+        The data config's server-side validation split.
 
     Returns
     -------
@@ -267,6 +259,11 @@ def build_server_app(
     @server.main()
     def _main(grid: Grid, context: Context) -> None:
         config = {**context.run_config, **overlay}
-        run(grid, Context(context.run_id, context.node_id, context.node_config, context.state, config), strategies)
+        run(
+            grid,
+            Context(context.run_id, context.node_id, context.node_config, context.state, config),
+            strategy,
+            val_per_class,
+        )
 
     return server

@@ -78,7 +78,9 @@ DEFAULT_NUM_CLIENTS = 20
 """Partitions of the training pool when neither the node config (``num-partitions``) nor the caller says."""
 
 
-_DataConfigFields: Any = schema_class("DataConfig", _DATA_KEYS, extra=[("num_clients", int, DEFAULT_NUM_CLIENTS)])
+_DataConfigFields: Any = schema_class(
+    "DataConfig", _DATA_KEYS, extra=[("num_clients", int, DEFAULT_NUM_CLIENTS), ("val_per_class", int, 0)]
+)
 
 
 class DataConfig(_DataConfigFields):
@@ -86,7 +88,9 @@ class DataConfig(_DataConfigFields):
 
     A field per ``data`` key of :data:`~flmarket_flwr.app.run_config.APP_KEYS` (``-`` there for ``_`` here; their
     defaults, checks and meanings are there), then ``num_clients``: the number of partitions ``E`` of the
-    training pool (the federation's, node config ``num-partitions``).
+    training pool (the federation's, node config ``num-partitions``), and ``val_per_class``: the server-side
+    validation split held out of that pool (no run-config key: ``0`` in the app; the experiments' S-FedAvg and the
+    runs compared with it set it).
 
     Notes
     -----
@@ -99,10 +103,10 @@ class DataConfig(_DataConfigFields):
     Splits, in this order, all seeded by ``seed``:
 
     1. the data set's own held-out test set (digits: ``test-per-class`` per class);
-    2. ``val-per-class`` samples per class of the training set become the server's
+    2. ``val_per_class`` samples per class of the training set become the server's
        validation split (``0``, the default: none, and the training pool is exactly
        the data set's training set). Every selector sees the same pool for a given
-       ``val-per-class``: set the same value for runs that are compared;
+       ``val_per_class``: set the same value for runs that are compared;
     3. the rest, the training pool, is partitioned over the clients
        (:func:`~flmarket_flwr.app.data.partition.make_partition`).
 
@@ -115,6 +119,7 @@ class DataConfig(_DataConfigFields):
         cls,
         run_config: Mapping[str, Any],
         node_config: Mapping[str, Any] | None = None,
+        val_per_class: int = 0,
     ) -> DataConfig:
         """Build the data config from a Flower run config (and node config).
 
@@ -128,6 +133,8 @@ class DataConfig(_DataConfigFields):
             deployment started with ``--node-config "... num-partitions=N"``) that
             value overrides ``num-clients``: every node must cut the data the
             same way.
+        val_per_class : int (default: 0)
+            The server-side validation split per class (``0``: none, the app's).
 
         Returns
         -------
@@ -137,7 +144,7 @@ class DataConfig(_DataConfigFields):
         num_clients = int(run_config.get("num-clients", DEFAULT_NUM_CLIENTS))
         if node_config is not None and "num-partitions" in node_config:
             num_clients = int(node_config["num-partitions"])
-        config: DataConfig = settings_from(cls, run_config, num_clients=num_clients)
+        config: DataConfig = settings_from(cls, run_config, num_clients=num_clients, val_per_class=val_per_class)
         config = dataclasses.replace(config, distribution=config.distribution.lower())
         config.validate()
         return config
@@ -157,6 +164,8 @@ class DataConfig(_DataConfigFields):
             )
         if self.num_clients < 1:
             raise ValueError(f"num-clients must be >= 1, got {self.num_clients}")
+        if self.val_per_class < 0:
+            raise ValueError(f"val_per_class must be >= 0, got {self.val_per_class}")
         check_values({name: getattr(self, field_name(name)) for name in _DATA_KEYS})
 
     @property
@@ -359,7 +368,7 @@ def load_validation_set(config: DataConfig) -> TensorPair:
         If ``config.val_per_class`` is 0 (no validation split configured).
     """
     if config.val_per_class == 0:
-        raise ValueError("no validation split: set val-per-class > 0")
+        raise ValueError("no validation split: set val_per_class > 0")
     _, val_idx = _pool_and_val(config)
     data = _dataset(config)
     return _to_tensors(data.train_images[val_idx], data.train_labels[val_idx])
