@@ -142,6 +142,15 @@ def _ran(arms: Mapping[str, Sequence[Record]], selectors: Sequence[str] | None =
     return {name: list(arms.get(name, [])) for name in names}
 
 
+def _win_share(arms: Mapping[str, Sequence[Record]]) -> stats.WinShare | None:
+    """FLMarket's win share over the selectors that ran beside it (``None`` where FLMarket or every baseline did
+    not run, or no setting has a seed that all of them finished)."""
+    ran = _ran(arms)
+    if not ran.get("flmarket") or len(ran) < 2 or not stats.setting_matrices(ran):
+        return None
+    return stats.win_share(ran, "flmarket")
+
+
 def _flmarket(policy: str) -> str:
     return f"FLMarket ({policy} bids)"
 
@@ -223,7 +232,7 @@ def accuracy_lines(primary: Sequence[Record]) -> tuple[list[str], list[list[Any]
             "over those seeds [95% t-interval, unadjusted; descriptive, no test].",
             "",
             f"| distribution | FLMarket's bids | {header} | seeds |" + (f" {tests} |" if tests else ""),
-            "|---" * (len(selectors) * 2 + 1) + "|",
+            "|---" * (len(selectors) * 2 + 2) + "|",
         ]
         for key in keys:
             for policy in policies:
@@ -351,10 +360,9 @@ def pooled_lines(primary: Sequence[Record], comparisons: Sequence[stats.PairedCo
         )
     win_lines = []
     for name, policy, arms in policy_groups(primary):
-        ran = _ran(arms)
-        if len(ran) < 2 or not stats.setting_matrices(ran):
+        wins = _win_share(arms)
+        if wins is None:
             continue
-        wins = stats.win_share(ran, "flmarket")
         win_lines.append(
             f"- {name}, {policy} bids: FLMarket best in **{wins.wins} of {wins.settings}** settings, tied for best "
             f"in {wins.ties}; win share {wins.win_share:.2f} (95% Wilson interval {wins.ci_low:.2f}-"
@@ -739,10 +747,9 @@ def plot_wins(primary: Sequence[Record], out: Path) -> Path | None:
     for offset, policy in enumerate(policies):
         positions, shares, lows, highs = [], [], [], []
         for index, records in enumerate(groups.values()):
-            arms = _ran(_arms(records, policy))
-            if len(arms) < 2 or not arms["flmarket"] or not stats.setting_matrices(arms):
+            wins = _win_share(_arms(records, policy))
+            if wins is None:
                 continue
-            wins = stats.win_share(arms, "flmarket")
             positions.append(index + (offset - (len(policies) - 1) / 2) * width)
             shares.append(wins.win_share)
             lows.append(wins.win_share - wins.ci_low)

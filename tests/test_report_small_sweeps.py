@@ -69,9 +69,11 @@ def test_a_budget_sweep_of_two_selectors_gets_its_table_and_true_titles(
 
 
 # --- engine sweeps (simulations.sweep_report) --------------------------------------------------------------------
-def _engine_record(selector: str, distribution: str, seed: int, accuracy: float, num_selected: int = 10) -> dict:
+def _engine_record(
+    selector: str, distribution: str, seed: int, accuracy: float, num_selected: int = 10, bid_policy: str = "volume"
+) -> dict:
     config = {
-        "bid_policy": "volume",
+        "bid_policy": bid_policy,
         "local_steps": 20,
         "batch_size": 32,
         "learning_rate": 0.05,
@@ -185,3 +187,54 @@ def test_an_engine_sweep_of_flmarket_alone_has_its_table_and_no_empty_plot(tmp_p
     assert "No baseline ran beside FLMarket: no win share." in report and not (out / "win_share.png").exists()
     for link in _links(report):
         assert (out / link).is_file(), f"REPORT.md links {link}, which was not written"
+
+
+def _tables(report: str) -> list[tuple[str, str]]:
+    """Every markdown table's header row and the delimiter row under it."""
+    lines = report.splitlines()
+    return [(lines[i - 1], line) for i, line in enumerate(lines) if i and line.startswith("|---")]
+
+
+def _cells(row: str) -> int:
+    return row.strip().count("|") - 1
+
+
+def test_an_engine_sweep_whose_second_bid_policy_ran_on_some_settings_only_renders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shape of digits_xl: volume bids everywhere, constant bids at d4 and 10 of 20 only, so some groups of the
+    win-share plot (5 selected, d1-d3) have no FLMarket run under constant bids (it once failed with KeyError)."""
+    baselines = (("rs", 0.80), ("qbs", 0.82), ("dice", 0.85), ("dds", 0.84))
+    records = [
+        _engine_record(selector, distribution, seed, accuracy + 0.001 * seed, num_selected=k)
+        for k in (5, 10)
+        for distribution in ("d1", "d4")
+        for seed in (0, 1, 2)
+        for selector, accuracy in (("flmarket", 0.90), *baselines)
+    ]
+    records += [_engine_record("flmarket", "d4", seed, 0.83, bid_policy="constant") for seed in (0, 1, 2)]
+    bars = _bars(monkeypatch)
+    out = tmp_path / "report"
+    report = build_sweep_report(records, out).read_text()
+
+    assert "| d4 | constant | 83.0 ± 0.0 |" in report
+    assert "| d1 | constant |" not in report
+    assert "- 20 clients, d4-d6, constant bids: FLMarket best in **0 of 1** settings" in report
+    assert (out / "win_share.png").is_file()
+    # volume bids: a bar in each of the five groups (all, 5 selected, 10 selected, d1-d3, d4-d6); constant bids:
+    # only the groups that hold its one setting (all, 10 selected, d4-d6)
+    assert bars == [5, 3], bars
+    for link in _links(report):
+        assert (out / link).is_file(), f"REPORT.md links {link}, which was not written"
+
+
+@pytest.mark.parametrize("selectors", [("flmarket",), ("flmarket", "rs"), ("flmarket", "rs", "qbs", "dice", "dds")])
+def test_every_table_of_an_engine_sweep_has_a_delimiter_row_as_wide_as_its_header(
+    tmp_path: Path, selectors: tuple[str, ...]
+) -> None:
+    records = [_engine_record(s, "d4", seed, 0.8 + 0.01 * seed) for s in selectors for seed in (0, 1)]
+    report = build_sweep_report(records, tmp_path / "report").read_text()
+    tables = _tables(report)
+    assert tables
+    for header, delimiter in tables:
+        assert _cells(header) == _cells(delimiter), f"{header!r} over {delimiter!r}"
