@@ -20,6 +20,7 @@ SLOW_MODULES = {
     "test_app_reproducibility.py",  # two Ray simulations
     "test_deployment.py",  # SuperLink + SuperNodes on loopback
     "test_market_simulation.py",  # Ray
+    "test_report_archives.py",  # extracts the four committed run archives and renders each report: 42 s in all
     "test_robustness_fuzz.py",  # fuzzed replies at each of the seven steps
     "test_robustness_truthful.py",  # random markets with a lying client, through Flower messages
     "test_simulations.py",  # Hydra sweeps, each in its own Ray instance
