@@ -19,7 +19,6 @@ from typing import Final
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy import ndimage
 
 from flmarket_flwr.app.data.digits import load_digits_arrays, train_test_split_balanced
 from flmarket_flwr.app.data.partition import _check_non_negative_int, _check_positive_int
@@ -155,6 +154,8 @@ def deform(images: NDArray[np.float32], strength: DeformationStrength, rng: np.r
     source += _elastic_field(count, height, width, strength, rng)
     batch = np.broadcast_to(np.arange(count, dtype=np.float64)[:, None, None], (count, height, width))
     coordinates = np.stack([batch, source[:, 0], source[:, 1]])
+    from scipy import ndimage  # pylint: disable=import-outside-toplevel  # only when a data set is built
+
     warped = ndimage.map_coordinates(images.astype(np.float64), coordinates, order=1, mode="constant", cval=0.0)
     warped += rng.normal(0.0, strength.noise_std, size=warped.shape) if strength.noise_std > 0 else 0.0
     return np.clip(warped, 0.0, 1.0).astype(np.float32)
@@ -182,6 +183,8 @@ def _elastic_field(
     noise = rng.uniform(-1.0, 1.0, size=(count, 2, height, width))
     if strength.elastic_alpha <= 0:
         return np.zeros_like(noise)
+    from scipy import ndimage  # pylint: disable=import-outside-toplevel  # only when a data set is built
+
     smooth = ndimage.gaussian_filter(noise, sigma=(0, 0, strength.elastic_sigma, strength.elastic_sigma))
     rms = np.sqrt(np.mean(smooth**2, axis=(1, 2, 3), keepdims=True)) + 1e-12
     return strength.elastic_alpha * smooth / rms
