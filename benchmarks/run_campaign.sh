@@ -37,7 +37,7 @@ step deployment50 bench bench_deployment --sizes 50 --runs 3 --profiles current 
 for run in 1 2 3; do
     step "secagg.$run" bench bench_secagg --sizes 100 1000 --json "$out/secagg.$run.json"
     step "ledger.$run" bench bench_ledger
-    step "dp.$run" bench bench_dp
+    step "dp.$run" bench bench_dp --noise-seed $((run - 1))   # three draws of the noise
     step "pass_scale.$run" bench bench_pass_scale --quick
 done
 for run in 1 2 3; do
