@@ -27,7 +27,7 @@ message crosses Flower's wire format, every node's ``Context`` is rebuilt from p
 Above ``--secure-whole-max`` the secure profile is not run: on the complete graph every client deals to and
 checks all ``E - 1`` others, so the federation's work grows as ``E^2`` (E = 1,000 is about 100 times E = 100,
 with ``E (E - 1)`` share ciphertexts in one process). The ratio table then says so; ``benchmarks/RESULTS.md``
-section 1.0f gives what was measured instead.
+section 1 gives the secure profile whole at E = 300 (``--sizes 300 --secure-whole-max 300``).
 
 Client CPU: ``time.process_time`` around each ClientApp call, summed per client, mean over clients. Server
 CPU: the process's CPU over the run minus all clients' CPU. Bytes: serialised replies sent per client.
