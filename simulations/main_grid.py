@@ -28,7 +28,7 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from flmarket_flwr.app.data.partition import LINEAR_MIN_KEEP_RATIO
-from simulations.pilot import endpoint
+from simulations.pilot import endpoint, partitions_for
 from simulations.stats import Record, holm, records_from_dirs, t_interval, top_shares, wilcoxon_p
 
 PRIMARY_BASELINES = ("rs", "dice")
@@ -690,13 +690,37 @@ def reproduce_lines(
         "* The measures differ: the paper reports one run per setting at the end of 600 rounds; this grid pairs "
         f"{partitions} partitions at mean accuracy over 30 rounds, so its 'highest' counts partitions, not settings."
     )
+    clients = federation_size(runs)
+    if clients != REGISTERED_CLIENTS:
+        lines.append(
+            f"* This {clients}-client grid is secondary and exploratory, not pre-registered: these readings describe "
+            f"its {partitions} partitions and confirm nothing; the pre-registered answer is the "
+            f"{REGISTERED_CLIENTS}-client grid's."
+        )
     return lines
 
 
-def header_lines(raw: Path, runs: Mapping[str, Sequence[Record]], command: str, done: int) -> list[str]:
+def power_sentence(primary: Sequence[Contrast], effect: float = 3.0) -> str:
+    """The partitions a paired t-test would need to detect ``effect`` points at 80% power (level 0.05) at each
+    primary contrast's own paired sd; empty when no contrast has one."""
+    sds = [c.sd for c in primary if math.isfinite(c.sd) and c.sd > 0]
+    if not sds:
+        return ""
+    needed = [partitions_for(sd, effect) for sd in sds]
+    return (
+        f" At its own paired sd ({', '.join(f'{sd:.1f}' for sd in sds)} points over the primary contrasts), a "
+        f"two-sided paired t-test would need {min(needed)} to {max(needed)} partitions to detect {effect:g} points "
+        "at 80% power (level 0.05)."
+    )
+
+
+def header_lines(
+    raw: Path, runs: Mapping[str, Sequence[Record]], command: str, primary: Sequence[Contrast]
+) -> list[str]:
     """The title, the regenerate command and the grid's status: pre-registered (complete or interim), or, for any
     other federation size than :data:`REGISTERED_CLIENTS`, secondary and exploratory."""
     clients = federation_size(runs)
+    done = min((c.partitions for c in primary), default=0)
     root = raw.parent.as_posix()
     regenerate = f"Regenerate (after `tar -xzf {root}/raw.tar.gz -C {root}`): `{command}`."
     protocol = (
@@ -711,8 +735,8 @@ def header_lines(raw: Path, runs: Mapping[str, Sequence[Record]], command: str, 
             f"**Secondary and exploratory, not pre-registered.** The pre-registered grid is the "
             f"{REGISTERED_CLIENTS}-client one (`results/fashion_mnist_main/REPORT.md`, {PARTITIONS_REGISTERED} "
             f"partitions). This grid repeats its protocol at {clients} clients on {done} partitions finished in "
-            "every primary arm, too few for the pre-registered power: its p-values and Holm's adjustment are "
-            "descriptive and decide nothing.",
+            "every primary arm: its p-values and Holm's adjustment are descriptive and decide nothing."
+            + power_sentence(primary),
             "",
             f"{regenerate} {protocol} Grid: `CLIENTS={clients} bash simulations/fashion_mnist_main.sh "
             f"{seeds[0]} {seeds[-1]}`.",
@@ -739,13 +763,12 @@ def report(raw: Path, command: str) -> str:
     runs = runs_by_policy(raw)
     primary = contrasts(runs, "auc", PRIMARY_BASELINES)
     adjusted = list(holm([c.p_t for c in primary])) if all(not math.isnan(c.p_t) for c in primary) else None
-    done = min((c.partitions for c in primary), default=0)
     per_distribution: dict[str, list[Contrast]] = defaultdict(list)
     for distribution in ("d4", "d5", "d6"):
         only = {k: [r for r in v if r["distribution"] == distribution] for k, v in runs.items()}
         per_distribution[distribution] = contrasts(only, "auc", PRIMARY_BASELINES)
     lines = [
-        *header_lines(raw, runs, command, done),
+        *header_lines(raw, runs, command, primary),
         "",
         "## Primary: auc (mean accuracy over rounds 1-30, points), pooled over d4-d6",
         "",

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as scipy_stats
 
-from simulations import main_grid
+from simulations import main_grid, pilot
 from simulations.stats import holm
 
 SELECTORS = ("flmarket", "rs", "dice", "qbs", "dds")
@@ -280,6 +280,10 @@ def test_a_grid_of_another_size_is_reported_as_secondary_and_exploratory_in_its_
     assert title == "# Fashion-MNIST 100-client grid: secondary, exploratory, not pre-registered"
     assert status.startswith("**Secondary and exploratory, not pre-registered.** The pre-registered grid is the 20-")
     assert "on 9 partitions finished in every primary arm" in status and "decide nothing" in status
+    runs = main_grid.runs_by_policy(raw)
+    sds = [c.sd for c in main_grid.contrasts(runs, "auc", main_grid.PRIMARY_BASELINES)]
+    needed = sorted(pilot.partitions_for(sd) for sd in sds)
+    assert f"would need {needed[0]} to {needed[-1]} partitions to detect 3 points at 80% power" in status
     assert f"tar -xzf {raw.parent.as_posix()}/raw.tar.gz -C {raw.parent.as_posix()}" in regenerate
     assert "100 clients" in regenerate and "`CLIENTS=100 bash simulations/fashion_mnist_main.sh 0 2`" in regenerate
     # No trace of the 20-client grid's framing: neither its status nor its size where the grid's own belongs.
@@ -289,6 +293,7 @@ def test_a_grid_of_another_size_is_reported_as_secondary_and_exploratory_in_its_
     assert "| clients | 20 and 100 | 100: secondary, exploratory, not pre-registered (9 partitions;" in text
     assert "| budget and cohort | k of 100 fixed (25/50/75)" in text
     assert "this grid pairs 9 partitions" in text
+    assert "* This 100-client grid is secondary and exploratory, not pre-registered" in text
 
 
 def test_the_registered_grid_keeps_its_framing_and_its_100_client_estimate(tmp_path: Path) -> None:
@@ -299,6 +304,7 @@ def test_the_registered_grid_keeps_its_framing_and_its_100_client_estimate(tmp_p
     assert "Grid: `bash simulations/fashion_mnist_main.sh`." in text
     assert "| clients | 20 and 100 | 20; the 100-client grid was not run:" in text
     assert "| budget and cohort | k of 20 fixed (5/10/15)" in text
+    assert "secondary and exploratory" not in text and "would need" not in text
 
 
 def test_runs_of_two_federation_sizes_in_one_folder_are_refused(tmp_path: Path) -> None:
