@@ -3,12 +3,13 @@
 Primary: ``auc`` (mean test accuracy over rounds 1-30, in points), FLMarket minus RS and minus DICE under the
 volume and the equal (constant) bid policies, paired by partition (distribution, seed), pooled over d4-d6: the
 mean difference with its 95% t-interval, the two-sided paired t-test, Holm over the four; Wilcoxon beside it.
-Secondary and descriptive: QBS and DDS, the ``final`` endpoint, each distribution alone, the headroom (all 20
+Secondary and descriptive: QBS and DDS, the ``final`` endpoint, each distribution alone, the headroom (all the
 clients minus each arm), paid / R and the winners' share of the pool. Then, from the recorded auctions alone (no
 re-run): why FLMarket buys the smallest clients under volume bids (:func:`bidders`, :func:`small_clients`,
 :func:`volume_elasticity`), what each arm buys (:func:`bought`, the paper's Table 2 analogue), the deviations from
 the paper read from the records' configs (:func:`deviation_lines`) and what of its headline reproduces
-(:func:`reproduce_lines`).
+(:func:`reproduce_lines`). The grid's federation size is read from its records: the pre-registered grid has
+``REGISTERED_CLIENTS`` clients; a grid of any other size is reported as secondary, exploratory, not pre-registered.
 
 ``python -m simulations.main_grid results/fashion_mnist_main/raw --out results/fashion_mnist_main``
 """
@@ -27,7 +28,7 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from flmarket_flwr.app.data.partition import LINEAR_MIN_KEEP_RATIO
-from simulations.pilot import endpoint
+from simulations.pilot import endpoint, partitions_for
 from simulations.stats import Record, holm, records_from_dirs, t_interval, top_shares, wilcoxon_p
 
 PRIMARY_BASELINES = ("rs", "dice")
@@ -35,6 +36,10 @@ SECONDARY_BASELINES = ("qbs", "dds")
 POLICIES = {"volume": "volume", "equal": "constant"}
 """The grid's folders under ``raw/`` and the bid policy each was run with."""
 PARTITIONS_REGISTERED = 54
+REGISTERED_CLIENTS = 20
+"""The pre-registered grid (simulations/PILOT.md section 6): 54 partitions of a 20-client federation."""
+PAPER_COHORTS = {20: "5/10/15", 100: "25/50/75"}
+"""The paper's cohort sizes k by federation size (sections 5.1 and Appendix, 100 clients)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,20 @@ def contrast(
     )
 
 
+def federation_size(runs: Mapping[str, Sequence[Record]]) -> int:
+    """The grid's number of clients ``E``, read from its records.
+
+    Raises
+    ------
+    ValueError
+        No records, or records of more than one federation size (two grids in one folder).
+    """
+    sizes = sorted({int(r["num_clients"]) for records in runs.values() for r in records})
+    if len(sizes) != 1:
+        raise ValueError(f"expected the runs of one federation size, found num_clients {sizes or 'in no record'}")
+    return sizes[0]
+
+
 def runs_by_policy(raw: Path) -> dict[str, Sequence[Record]]:
     """Every finished run of the grid, by bid policy folder (``volume``, ``equal``) and ``all``."""
     return {name: records_from_dirs([raw / name]) for name in (*POLICIES, "all") if (raw / name).is_dir()}
@@ -129,9 +148,10 @@ def contrast_lines(rows: Sequence[Contrast], adjusted: Sequence[float] | None = 
 
 
 def headroom_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
-    """All 20 clients minus each arm (auc, points): the room each selector had."""
+    """All the clients minus each arm (auc, points): the room each selector had."""
     everyone = arm_values(runs.get("all", []), "rs", "auc")
-    lines = ["| bids | arm | partitions | all 20 clients minus arm, mean [95% t-CI] |", "|---|---|---:|---|"]
+    clients = federation_size(runs)
+    lines = [f"| bids | arm | partitions | all {clients} clients minus arm, mean [95% t-CI] |", "|---|---|---:|---|"]
     for folder in POLICIES:
         for arm in ("flmarket", *PRIMARY_BASELINES, *SECONDARY_BASELINES):
             values = arm_values(runs.get(folder, []), arm, "auc")
@@ -537,9 +557,16 @@ def deviation_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
     keep = ", ".join(f"{d} {LINEAR_MIN_KEEP_RATIO[d]:g}" for d in distributions if d in LINEAR_MIN_KEEP_RATIO)
     totals = "; ".join(f"{d}: {p.max():,} down to {p.min():,} per class" for d, p in pools.items())
     partitions = len({unit(r) for r in every})
+    clients = federation_size(runs)
     estimate = compute_estimate(every)
     if estimate is None:
         cost = "its compute is unmeasured here (the records lack timings)."
+    elif clients != REGISTERED_CLIENTS:
+        cost = (
+            f"its {len(every)} runs took {_hours(estimate[0])} of recorded job wall time (selection, training and "
+            "evaluation; not process start-up), one job at a time at the lowest CPU priority on a 2-core machine "
+            "shared with other work."
+        )
     else:
         measured, at_100 = estimate
         cost = (
@@ -577,15 +604,20 @@ def deviation_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
         f"{config_values(every, 'dds_diversity_weight')} | no code to run |",
         f"| data and model | CIFAR-10, CINIC-10 (ResNet-56), DEAP (3-layer CNN) | {config_values(every, 'dataset')}, "
         f"`{config_values(every, 'model')}` | no CIFAR/CINIC on these machines; 2 cores |",
-        f"| clients | 20 and 100 | {config_values(every, 'num_clients')}; the 100-client grid was not run: {cost} | "
-        "2 cores |",
+        (
+            f"| clients | 20 and 100 | {clients}; the 100-client grid was not run: {cost} | 2 cores |"
+            if clients == REGISTERED_CLIENTS
+            else f"| clients | 20 and 100 | {clients}: secondary, exploratory, not pre-registered ({partitions} "
+            f"partitions; the pre-registered grid is the {REGISTERED_CLIENTS}-client one); {cost} | 2 cores |"
+        ),
         f"| partition | Dirichlet 0.5 over clients (section 5.1) | Dirichlet "
         f"{config_values(every, 'alpha')} | the pilot's headroom: at 0.5 all 20 clients were no better than the "
         "best 15 |",
         f"| global distribution | D1-D6 by pruning (Table 2: rarest four classes 40/30/20/10% of the balanced size) "
         f"| `{schedule}` schedule: class of rank r keeps 1 - (1 - rho) r / 9 of its samples, rho = {keep}; the "
         f"pools: {totals} | the paper's Table 2 tail |",
-        "| budget and cohort | k of 20 fixed (5/10/15); R and the bid policy not stated | the budget mode: "
+        f"| budget and cohort | k of {clients} fixed ({PAPER_COHORTS.get(clients, 'not run')}); R and the bid policy "
+        "not stated | the budget mode: "
         f"R = f x total bid, fixed before selection ({policy_fractions}), no cohort cap; each baseline takes as "
         "many clients as FLMarket buys on the same partition | a budget that decides the cohort (PILOT.md section 4); "
         "both bid policies co-primary |",
@@ -653,11 +685,77 @@ def reproduce_lines(
             f"{wins_paper / settings_paper:.0%}); its mean margin over the four baselines is {margin:+.1f} points "
             f"(the paper: more than {margin_paper:g}%)."
         )
+    partitions = len({unit(r) for records in runs.values() for r in records})
     lines.append(
         "* The measures differ: the paper reports one run per setting at the end of 600 rounds; this grid pairs "
-        "54 partitions at mean accuracy over 30 rounds, so its 'highest' counts partitions, not settings."
+        f"{partitions} partitions at mean accuracy over 30 rounds, so its 'highest' counts partitions, not settings."
     )
+    clients = federation_size(runs)
+    if clients != REGISTERED_CLIENTS:
+        lines.append(
+            f"* This {clients}-client grid is secondary and exploratory, not pre-registered: these readings describe "
+            f"its {partitions} partitions and confirm nothing; the pre-registered answer is the "
+            f"{REGISTERED_CLIENTS}-client grid's."
+        )
     return lines
+
+
+def power_sentence(primary: Sequence[Contrast], effect: float = 3.0) -> str:
+    """The partitions a paired t-test would need to detect ``effect`` points at 80% power (level 0.05) at each
+    primary contrast's own paired sd; empty when no contrast has one."""
+    sds = [c.sd for c in primary if math.isfinite(c.sd) and c.sd > 0]
+    if not sds:
+        return ""
+    needed = [partitions_for(sd, effect) for sd in sds]
+    return (
+        f" At its own paired sd ({', '.join(f'{sd:.1f}' for sd in sds)} points over the primary contrasts), a "
+        f"two-sided paired t-test would need {min(needed)} to {max(needed)} partitions to detect {effect:g} points "
+        "at 80% power (level 0.05)."
+    )
+
+
+def header_lines(
+    raw: Path, runs: Mapping[str, Sequence[Record]], command: str, primary: Sequence[Contrast]
+) -> list[str]:
+    """The title, the regenerate command and the grid's status: pre-registered (complete or interim), or, for any
+    other federation size than :data:`REGISTERED_CLIENTS`, secondary and exploratory."""
+    clients = federation_size(runs)
+    done = min((c.partitions for c in primary), default=0)
+    root = raw.parent.as_posix()
+    regenerate = f"Regenerate (after `tar -xzf {root}/raw.tar.gz -C {root}`): `{command}`."
+    protocol = (
+        f"Protocol: `simulations/PILOT.md` section 6 (Dirichlet 0.1, d4-d6, {clients} clients, budget mode, 30 "
+        "rounds, 10 local steps)."
+    )
+    if clients != REGISTERED_CLIENTS:
+        seeds = sorted({unit(r)[1] for records in runs.values() for r in records})
+        return [
+            f"# Fashion-MNIST {clients}-client grid: secondary, exploratory, not pre-registered",
+            "",
+            f"**Secondary and exploratory, not pre-registered.** The pre-registered grid is the "
+            f"{REGISTERED_CLIENTS}-client one (`results/fashion_mnist_main/REPORT.md`, {PARTITIONS_REGISTERED} "
+            f"partitions). This grid repeats its protocol at {clients} clients on {done} partitions finished in "
+            "every primary arm: its p-values and Holm's adjustment are descriptive and decide nothing."
+            + power_sentence(primary),
+            "",
+            f"{regenerate} {protocol} Grid: `CLIENTS={clients} bash simulations/fashion_mnist_main.sh "
+            f"{seeds[0]} {seeds[-1]}`.",
+        ]
+    status = (
+        f"**All {PARTITIONS_REGISTERED} pre-registered partitions finished: the primary test below is the "
+        "pre-registered one.**"
+        if done >= PARTITIONS_REGISTERED
+        else f"**Interim: {done} of the {PARTITIONS_REGISTERED} pre-registered partitions finished in every primary "
+        f"arm. The pre-registered test is the one at {PARTITIONS_REGISTERED}; the p-values below are an unplanned "
+        "interim look and decide nothing.**"
+    )
+    return [
+        "# Fashion-MNIST main grid: FLMarket against the baselines where selection can matter",
+        "",
+        f"{regenerate} {protocol} Grid: `bash simulations/fashion_mnist_main.sh`.",
+        "",
+        status,
+    ]
 
 
 def report(raw: Path, command: str) -> str:
@@ -665,27 +763,12 @@ def report(raw: Path, command: str) -> str:
     runs = runs_by_policy(raw)
     primary = contrasts(runs, "auc", PRIMARY_BASELINES)
     adjusted = list(holm([c.p_t for c in primary])) if all(not math.isnan(c.p_t) for c in primary) else None
-    done = min((c.partitions for c in primary), default=0)
     per_distribution: dict[str, list[Contrast]] = defaultdict(list)
     for distribution in ("d4", "d5", "d6"):
         only = {k: [r for r in v if r["distribution"] == distribution] for k, v in runs.items()}
         per_distribution[distribution] = contrasts(only, "auc", PRIMARY_BASELINES)
-    status = (
-        f"**All {PARTITIONS_REGISTERED} pre-registered partitions finished: the primary test below is the "
-        "pre-registered one.**"
-        if done >= PARTITIONS_REGISTERED
-        else f"**Interim: {done} of the {PARTITIONS_REGISTERED} pre-registered partitions finished in every primary "
-        "arm. The pre-registered test is the one at 54; the p-values below are an unplanned interim look and "
-        "decide nothing.**"
-    )
     lines = [
-        "# Fashion-MNIST main grid: FLMarket against the baselines where selection can matter",
-        "",
-        "Regenerate (after `tar -xzf results/fashion_mnist_main/raw.tar.gz -C results/fashion_mnist_main`): "
-        f"`{command}`. Protocol: `simulations/PILOT.md` section 6 (Dirichlet 0.1, d4-d6, 20 clients, "
-        "budget mode, 30 rounds, 10 local steps). Grid: `bash simulations/fashion_mnist_main.sh`.",
-        "",
-        status,
+        *header_lines(raw, runs, command, primary),
         "",
         "## Primary: auc (mean accuracy over rounds 1-30, points), pooled over d4-d6",
         "",
@@ -702,7 +785,7 @@ def report(raw: Path, command: str) -> str:
     ]
     for distribution, rows in per_distribution.items():
         lines += [f"### {distribution}", "", *contrast_lines(rows), ""]
-    lines += ["## Headroom: all 20 clients minus each arm (auc)", "", *headroom_lines(runs), ""]
+    lines += [f"## Headroom: all {federation_size(runs)} clients minus each arm (auc)", "", *headroom_lines(runs), ""]
     lines += ["## What FLMarket bought", "", *market_lines(runs), ""]
     stats, arms = small_client_stats(runs), bought(runs)
     lines += [

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as scipy_stats
 
-from simulations import main_grid
+from simulations import main_grid, pilot
 from simulations.stats import holm
 
 SELECTORS = ("flmarket", "rs", "dice", "qbs", "dds")
@@ -58,10 +60,11 @@ def _write(
     (run / "result.json").write_text(json.dumps(record), encoding="utf-8")
 
 
-def _grid(tmp_path: Path, accuracy: dict[tuple[str, str, str, int], float]) -> Path:
+def _grid(tmp_path: Path, accuracy: dict[tuple[str, str, str, int], float], clients: int = 20) -> Path:
+    """The runs of ``accuracy`` in a federation of ``clients`` (the pre-registered grid's 20 by default)."""
     raw = tmp_path / "raw"
     for (folder, selector, distribution, seed), value in accuracy.items():
-        _write(raw / folder, selector, distribution, seed, value)
+        _write(raw / folder, selector, distribution, seed, value, num_clients=clients)
     return raw
 
 
@@ -255,3 +258,105 @@ def test_the_report_is_byte_reproducible_and_has_every_section(tmp_path: Path) -
         "## What reproduces of the paper's headline",
     ):
         assert heading in text
+
+
+def _every_arm(seeds: int) -> dict[tuple[str, str, str, int], float]:
+    rng = np.random.default_rng(1)
+    accuracy = {
+        (folder, selector, d, seed): float(rng.uniform(0.4, 0.9))
+        for folder in ("volume", "equal")
+        for selector in SELECTORS
+        for d in ("d4", "d5", "d6")
+        for seed in range(seeds)
+    }
+    accuracy.update({("all", "rs", d, seed): 0.95 for d in ("d4", "d5", "d6") for seed in range(seeds)})
+    return accuracy
+
+
+def test_a_grid_of_another_size_is_reported_as_secondary_and_exploratory_in_its_first_lines(tmp_path: Path) -> None:
+    raw = _grid(tmp_path / "results" / "fashion_mnist_c100", _every_arm(3), clients=100)
+    text = main_grid.report(raw, "python -m simulations.main_grid raw")
+    title, _, status, _, regenerate = text.splitlines()[:5]
+    assert title == "# Fashion-MNIST 100-client grid: secondary, exploratory, not pre-registered"
+    assert status.startswith("**Secondary and exploratory, not pre-registered.** The pre-registered grid is the 20-")
+    assert "on 9 partitions finished in every primary arm" in status and "decide nothing" in status
+    runs = main_grid.runs_by_policy(raw)
+    sds = [c.sd for c in main_grid.contrasts(runs, "auc", main_grid.PRIMARY_BASELINES)]
+    needed = sorted(pilot.partitions_for(sd) for sd in sds)
+    assert f"would need {needed[0]} to {needed[-1]} partitions to detect 3 points at 80% power" in status
+    assert f"tar -xzf {raw.parent.as_posix()}/raw.tar.gz -C {raw.parent.as_posix()}" in regenerate
+    assert "100 clients" in regenerate and "`CLIENTS=100 bash simulations/fashion_mnist_main.sh 0 2`" in regenerate
+    # No trace of the 20-client grid's framing: neither its status nor its size where the grid's own belongs.
+    assert "pre-registered partitions finished" not in text and "Interim" not in text
+    assert "## Headroom: all 100 clients minus each arm (auc)" in text
+    assert "| bids | arm | partitions | all 100 clients minus arm" in text
+    assert "| clients | 20 and 100 | 100: secondary, exploratory, not pre-registered (9 partitions;" in text
+    assert "| budget and cohort | k of 100 fixed (25/50/75)" in text
+    assert "this grid pairs 9 partitions" in text
+    assert "* This 100-client grid is secondary and exploratory, not pre-registered" in text
+
+
+def test_the_registered_grid_keeps_its_framing_and_its_100_client_estimate(tmp_path: Path) -> None:
+    raw = _grid(tmp_path, _every_arm(2))
+    text = main_grid.report(raw, "python -m simulations.main_grid raw")
+    assert text.startswith("# Fashion-MNIST main grid: FLMarket against the baselines where selection can matter\n")
+    assert "**Interim: 6 of the 54 pre-registered partitions" in text
+    assert "Grid: `bash simulations/fashion_mnist_main.sh`." in text
+    assert "| clients | 20 and 100 | 20; the 100-client grid was not run:" in text
+    assert "| budget and cohort | k of 20 fixed (5/10/15)" in text
+    assert "secondary and exploratory" not in text and "would need" not in text
+
+
+def test_runs_of_two_federation_sizes_in_one_folder_are_refused(tmp_path: Path) -> None:
+    raw = _grid(tmp_path, {("volume", "rs", "d4", 0): 0.5})
+    _write(raw / "volume", "flmarket", "d4", 0, 0.5, num_clients=100)
+    with pytest.raises(ValueError, match=r"one federation size, found num_clients \[20, 100\]"):
+        main_grid.report(raw, "python -m simulations.main_grid raw")
+
+
+GRID_SCRIPT = Path(__file__).resolve().parents[1] / "simulations" / "fashion_mnist_main.sh"
+
+
+def _grid_calls(tmp_path: Path, clients: str | None, *seeds: str) -> tuple[int, list[str], str]:
+    """Run the grid script with a stand-in ``python`` that records its arguments: (status, engine calls, stderr)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text('#!/bin/sh\necho "$@" >> "$CALLS"\n', encoding="utf-8")
+    (bin_dir / "python").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "CALLS": str(tmp_path / "calls")}
+    env.pop("CLIENTS", None)
+    if clients is not None:
+        env["CLIENTS"] = clients
+    done = subprocess.run(
+        ["bash", str(GRID_SCRIPT), *seeds], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
+    )
+    calls = (tmp_path / "calls").read_text(encoding="utf-8").splitlines() if (tmp_path / "calls").exists() else []
+    return done.returncode, calls, done.stderr
+
+
+def test_the_grid_script_defaults_to_the_registered_20_client_grid(tmp_path: Path) -> None:
+    status, calls, _ = _grid_calls(tmp_path, None, "0", "2")
+    assert status == 0 and len(calls) == 6  # two seed chunks (0-1, 2), three runs each
+    assert all("--num-clients 20 --alpha 0.1 --rounds 30" in call for call in calls)
+    assert calls[0].endswith("--out results/fashion_mnist_main/raw/volume --bid-policy volume --budget-fraction 0.15 "
+                              "--num-selected 0 --selector flmarket rs dice qbs dds --seed 0 1")  # fmt: skip
+    assert calls[2].endswith("--out results/fashion_mnist_main/raw/all --num-selected 20 --selector rs --seed 0 1")
+    assert calls[5].endswith("--seed 2")
+
+
+def test_the_grid_script_takes_the_number_of_clients_and_its_own_results_folder(tmp_path: Path) -> None:
+    status, calls, _ = _grid_calls(tmp_path, "100", "0", "2")
+    assert status == 0 and len(calls) == 6
+    assert all("--num-clients 100 --alpha 0.1 --rounds 30" in call for call in calls)
+    assert all("--out results/fashion_mnist_c100/raw/" in call for call in calls)
+    assert "--bid-policy constant --budget-fraction 0.7 --num-selected 0" in calls[1]
+    assert calls[2].endswith("--out results/fashion_mnist_c100/raw/all --num-selected 100 --selector rs --seed 0 1")
+    assert (tmp_path / "results" / "fashion_mnist_c100" / "raw").is_dir()
+    assert not (tmp_path / "results" / "fashion_mnist_main").exists()
+
+
+@pytest.mark.parametrize("clients", ["0", "ten", "-5", "020"])
+def test_the_grid_script_refuses_a_bad_number_of_clients(tmp_path: Path, clients: str) -> None:
+    status, calls, stderr = _grid_calls(tmp_path, clients, "0", "0")
+    assert status == 2 and not calls
+    assert f"CLIENTS must be a positive integer, got '{clients}'" in stderr
