@@ -14,7 +14,9 @@ from flwr.serverapp.strategy import FedAvg
 
 from flmarket_flwr.market import FLMarket, MarketConfig
 from flmarket_flwr.market.node_config import (
+    PROFILE_COLLUDER_SHARE,
     PROFILE_SPLIT_TOLERANCE,
+    colluders_of,
     complete_graph_of,
     identity_directory_of,
     identity_key_of,
@@ -58,6 +60,7 @@ def test_the_profile_turns_every_node_defence_on(node: dict[str, Any], tmp_path:
     assert complete_graph_of(ctx) is True
     assert min_participants_of(ctx) == math.ceil(2 / 3 * 30) == 20
     assert split_tolerance_of(ctx) == PROFILE_SPLIT_TOLERANCE == 2
+    assert colluders_of(ctx) == math.ceil(PROFILE_COLLUDER_SHARE * 30) == 6  # a fifth of the directory
     assert noise_ceiling_of(ctx) == SECURE_PROFILE_EPSILON
     assert privacy_budget_of(ctx) == PrivacyBudget(SECURE_PROFILE_TOTAL_EPSILON)
     ledger = release_ledger_of(ctx)
@@ -79,6 +82,7 @@ def test_without_the_profile_nothing_changes() -> None:
     assert security_of(ctx) == "semi-honest"
     assert identity_key_of(ctx) is None and identity_directory_of(ctx) is None and complete_graph_of(ctx) is False
     assert min_participants_of(ctx) == 3 and split_tolerance_of(ctx) == 0 and node_noise_of(ctx, None) is None
+    assert colluders_of(ctx) == 0
     assert privacy_budget_of(ctx) is None and release_ledger_of(ctx) is None
 
 
@@ -104,8 +108,11 @@ def test_the_profile_refuses_what_would_weaken_it_naming_the_key(
 
 
 def test_explicit_settings_within_the_profile_are_kept(node: dict[str, Any]) -> None:
-    ctx = context(node | {"pass-min-participants": 28, "pass-split-tolerance": 3, "pass-dp-total-epsilon": 2.0})
-    assert min_participants_of(ctx) == 28 and split_tolerance_of(ctx) == 3
+    ctx = context(
+        node
+        | {"pass-min-participants": 28, "pass-split-tolerance": 3, "pass-dp-total-epsilon": 2.0, "pass-colluders": 9}
+    )
+    assert min_participants_of(ctx) == 28 and split_tolerance_of(ctx) == 3 and colluders_of(ctx) == 9
     assert privacy_budget_of(ctx) == PrivacyBudget(2.0)
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "NodeKey",
     "buyer_key_of",
     "check_noise_ceiling",
+    "colluders_of",
     "complete_graph_of",
     "identity_directory_of",
     "identity_key_of",
@@ -67,6 +68,8 @@ PROFILE_ROSTER_SHARE: Final = 2 / 3
 """The secure profile's roster floor, as a share of the pinned directory (when ``pass-min-participants`` is unset)."""
 PROFILE_SPLIT_TOLERANCE: Final = 2
 """The secure profile's ``pass-split-tolerance`` when unset: two colluders cannot split the consistency round."""
+PROFILE_COLLUDER_SHARE: Final = 0.2
+"""The secure profile's ``pass-colluders`` when unset, as a share of the pinned directory (rounded up)."""
 LEDGER_HOME_ENV: Final = "FLMARKET_HOME"
 """Where the secure profile keeps a node's ledger when ``market-ledger-dir`` is unset (default ``~/.flmarket``)."""
 
@@ -172,6 +175,9 @@ MARKET_NODE_KEYS: Final[tuple[NodeKey, ...]] = (
     NodeKey("pass-complete-graph", bool, False, "true: take part in PASS only on the complete graph"),
     NodeKey("pass-min-participants", int, MIN_PARTICIPANTS, "the smallest PASS roster the node takes part in",
             at_least(MIN_PARTICIPANTS), f">= {MIN_PARTICIPANTS}"),
+    NodeKey("pass-colluders", int, 0, "colluding clients (the buyer's allies: they add no noise and share what "
+            "they see) the node's guarantees assume at most; the secure profile: a fifth of the pinned directory",
+            at_least(0), ">= 0"),
     NodeKey("pass-split-tolerance", int, 0, "colluding neighbours the node's secrets withstand in a split "
             "consistency round (raises its Shamir threshold)", at_least(0), ">= 0"),
     # Releases: the node's ledger and its noise.
@@ -410,6 +416,22 @@ def min_participants_of(context: Context) -> int:
         size = len(directory) if directory is not None else 0
         return max(MIN_PARTICIPANTS, math.ceil(PROFILE_ROSTER_SHARE * size - 1e-9))
     return int(_value(context, "pass-min-participants"))
+
+
+def colluders_of(context: Context) -> int:
+    """How many colluding clients the node's guarantees assume at most (``pass-colluders``; default 0).
+
+    A colluder is a client allied with the buyer: it adds no noise, endorses whatever the buyer asks, and shares
+    what it sees. The node sizes its noise so that the honest clients' noise alone reaches its epsilon, counts
+    an award as binding only with a majority that this many colluders cannot make twice, and refuses a roster
+    too small for the assumption (docs/threat-model.md). In the secure profile it defaults to
+    :data:`PROFILE_COLLUDER_SHARE` of the pinned directory, rounded up.
+    """
+    if _secure(context) and not _is_set(context, "pass-colluders"):
+        directory = identity_directory_of(context)
+        size = len(directory) if directory is not None else 0
+        return math.ceil(PROFILE_COLLUDER_SHARE * size - 1e-9)
+    return int(_value(context, "pass-colluders"))
 
 
 def split_tolerance_of(context: Context) -> int:
