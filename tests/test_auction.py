@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flmarket_flwr.pricing import auction_order, cohort_budget, run_auction
+from flmarket_flwr.pricing.auction import decisive_head
 
 # Values drawn from a small set make ties in score per bid common; the rest are free floats.
 score_values = st.one_of(st.sampled_from([0.0, 1.0, 2.0, 3.0, 5.0, 10.0]), st.floats(1e-3, 100.0))
@@ -168,6 +169,53 @@ def test_a_cohort_cap_takes_the_head_of_the_budget_walk(instance) -> None:
     assert capped.winners.tolist() == uncapped.winners[: cap or scores.size].tolist()
     # No capped winner is paid more than without the cap: why the capped total stays within R.
     assert np.all(capped.payments <= uncapped.payments * (1 + 1e-12))
+
+
+def _outcome_over(scores: np.ndarray, bids: np.ndarray, budget: float, cap: int | None, positions: np.ndarray):
+    """Winners (as input positions of the whole instance) and payments of ``run_auction`` over ``positions`` alone,
+    in ascending input position (the tie rule's order), with the cap lowered to their number (as an award does)."""
+    kept = np.sort(positions)
+    if kept.size == 0:
+        return [], {}
+    sub_cap = None if cap is None else min(cap, kept.size)
+    result = run_auction(scores[kept], bids[kept], budget, num_winners=sub_cap)
+    return [int(kept[i]) for i in result.winners], {int(kept[i]): float(result.payments[i]) for i in range(kept.size)}
+
+
+@settings(max_examples=3000, deadline=None)
+@given(instances(max_clients=16), st.data())
+def test_the_decisive_head_alone_gives_the_whole_outcome_and_later_clients_change_nothing(instance, data) -> None:
+    scores, bids, budget, cap = instance
+    whole = run_auction(scores, bids, budget, num_winners=cap)
+    head, closed = decisive_head(scores, bids, budget, num_winners=cap)
+    eligible = whole.order[bids[whole.order] <= budget]
+    assert head.tolist() == eligible[: head.size].tolist()  # a head of the ranking of eligible clients
+    assert set(whole.winners.tolist()) <= set(head.tolist())
+    winners, payments = _outcome_over(scores, bids, budget, cap, head)
+    assert winners == whole.winners.tolist()
+    assert all(payments[node] == whole.payments[node] for node in head.tolist())  # bit for bit
+    if not closed:
+        assert head.size == eligible.size  # some walk ran off the end: every eligible client is in the head
+        return
+    # Closed: any clients ranked after the head, or not eligible, added in any subset, change nothing.
+    rest = [node for node in range(scores.size) if node not in set(head.tolist())]
+    added = data.draw(st.lists(st.sampled_from(rest), unique=True) if rest else st.just([]))
+    winners, payments = _outcome_over(scores, bids, budget, cap, np.array([*head.tolist(), *added], dtype=np.intp))
+    assert winners == whole.winners.tolist()
+    assert all(payments[node] == whole.payments[node] for node in head.tolist())
+    # The head, given alone, is its own closed head: what a client that sees only the head can check.
+    again, still_closed = decisive_head(
+        scores[np.sort(head)], bids[np.sort(head)], budget, num_winners=None if cap is None else min(cap, head.size)
+    )
+    assert still_closed and again.size == head.size
+
+
+def test_the_decisive_head_is_short_when_the_budget_binds() -> None:
+    rng = np.random.default_rng(7)
+    scores, bids = rng.uniform(1.0, 10.0, 2000), rng.uniform(1.0, 20.0, 2000)
+    head, closed = decisive_head(scores, bids, 100.0)
+    winners = run_auction(scores, bids, 100.0).winners
+    assert closed and winners.size <= head.size <= winners.size + 3, (head.size, winners.size)
 
 
 @settings(max_examples=1000, deadline=None)

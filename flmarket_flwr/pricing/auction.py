@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["AuctionResult", "auction_order", "cohort_budget", "run_auction"]
+__all__ = ["AuctionResult", "auction_order", "cohort_budget", "decisive_head", "run_auction"]
 
 
 @dataclass(frozen=True)
@@ -169,6 +169,31 @@ def _budget_winner_count(
     return int(failing[0]) if failing.size else int(passes.size)
 
 
+def _walk_ends(
+    sorted_scores: NDArray[np.float64],
+    sorted_bids: NDArray[np.float64],
+    half_budget: float,
+    prefix: NDArray[np.float64],
+    num_winners: int,
+) -> NDArray[np.intp]:
+    """For each of the first ``num_winners`` ranked clients ``e``, the first ranked client ``m >= num_winners`` that
+    fails the rule once ``e`` is gone (the end of the walk over ``V^-e``), or the list's length if none does.
+
+    Every client up to the last winner still passes there (removing ``e`` only lowers prefix sums).
+    """
+    size = sorted_scores.size
+    winner_score = sorted_scores[:num_winners]
+
+    def fails_without_winner(m: NDArray[np.intp], rows: NDArray[np.intp]) -> NDArray[np.bool_]:
+        u_m = sorted_scores[m]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            threshold = half_budget * u_m / (prefix[m] - winner_score[rows])
+        return (u_m <= 0) | (sorted_bids[m] > threshold)
+
+    start = np.full(num_winners, num_winners, dtype=np.intp)
+    return _first_true(start, np.full(num_winners, size, dtype=np.intp), fails_without_winner)
+
+
 def _budget_payments(
     sorted_scores: NDArray[np.float64],
     sorted_bids: NDArray[np.float64],
@@ -181,17 +206,7 @@ def _budget_payments(
     size = sorted_scores.size
     winner_position = np.arange(num_winners, dtype=np.intp)
     winner_score = sorted_scores[:num_winners]
-
-    # End of the walk over V^-e: the first ranked client m > e that fails the rule once e is gone.
-    # Every client up to the last winner still passes there (removing e only lowers prefix sums).
-    def fails_without_winner(m: NDArray[np.intp], rows: NDArray[np.intp]) -> NDArray[np.bool_]:
-        u_m = sorted_scores[m]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            threshold = half_budget * u_m / (prefix[m] - winner_score[rows])
-        return (u_m <= 0) | (sorted_bids[m] > threshold)
-
-    start = np.full(num_winners, num_winners, dtype=np.intp)
-    first_failing = _first_true(start, np.full(num_winners, size, dtype=np.intp), fails_without_winner)
+    first_failing = _walk_ends(sorted_scores, sorted_bids, half_budget, prefix, num_winners)
     # Candidate positions j' of V^-e run from 0 to last_candidate (inclusive); V^-e[j'] is ranked
     # client j' before e's own position and j' + 1 after it; j' = size - 1 is "after everyone".
     # With a cohort cap, e must also find fewer than cohort_cap others ahead of it: j' <= cohort_cap - 1.
@@ -262,6 +277,49 @@ def cohort_budget(scores: ArrayLike, bids: ArrayLike, num_winners: int) -> float
     head_scores = score_array[positive]
     bound = float(np.max(2.0 * bid_array[positive] * np.cumsum(head_scores) / head_scores))
     return bound * (1.0 + 1e-9)
+
+
+def decisive_head(
+    scores: ArrayLike, bids: ArrayLike, budget: float, *, num_winners: int | None = None
+) -> tuple[NDArray[np.intp], bool]:
+    """The head of the ranking that :func:`run_auction`'s outcome depends on, and whether it is closed.
+
+    Every walk of the auction (the selection, and each winner's walk over ``V^-e`` for its payment) stops at a
+    client that fails the rule, or at the cohort cap; the head is the ranked eligible clients up to the last place
+    any walk reads. *Closed* means every walk stopped inside the head: then clients ranked after it (or not
+    eligible) change neither the winners nor any payment, so :func:`run_auction` over the head alone gives the
+    outcome over all of them. Not closed means some walk ran off the end of the list (everyone passed): the head
+    is then every eligible client, and one more could change the outcome. This is what lets an award carry only
+    the head (:mod:`flmarket_flwr.market.award`); ``tests/test_auction.py`` checks it on random instances.
+
+    Parameters
+    ----------
+    scores, bids, budget, num_winners
+        As for :func:`run_auction`.
+
+    Returns
+    -------
+    tuple[NDArray[np.intp], bool]
+        The head's input positions in ranking order, and whether it is closed.
+    """
+    score_array, bid_array, budget_value = _validate(scores, bids, budget)
+    cap = score_array.size if num_winners is None else _cohort_size(num_winners, score_array.size)
+    order = auction_order(score_array, bid_array)
+    eligible = order[bid_array[order] <= budget_value]
+    size = eligible.size
+    if size == 0:
+        return eligible, False
+    sorted_scores, sorted_bids = score_array[eligible], bid_array[eligible]
+    prefix = np.cumsum(sorted_scores)
+    count = min(_budget_winner_count(sorted_scores, sorted_bids, budget_value / 2.0, prefix), cap)
+    if count == 0:
+        return eligible[:1], True  # the first ranked client failed the rule: nobody after it is read
+    # The selection reads up to its failing client (at ``count``) or stops at the cap; each payment reads up to
+    # the end of its walk over V^-e or, with the cap, up to position ``cap`` (lambda of the client there).
+    ends = _walk_ends(sorted_scores, sorted_bids, budget_value / 2.0, prefix, count)
+    last_read = int(np.max(np.minimum(ends, cap)))
+    closed = last_read < size
+    return eligible[: min(last_read + 1, size)], closed
 
 
 def _cohort_size(num_winners: object, num_clients: int) -> int:
