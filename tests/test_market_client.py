@@ -26,7 +26,7 @@ from flmarket_flwr.market import (
     register_market_handlers,
     simulated_cost_per_sample,
 )
-from flmarket_flwr.market.award import AwardTerms, SignedAward, build_award, sign_award
+from flmarket_flwr.market.award import AwardTerms, BidsTree, SignedAward, build_award, sign_award
 from flmarket_flwr.market.client import ERROR_PREFIX
 from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 from flmarket_flwr.market.messages import (
@@ -44,6 +44,7 @@ from flmarket_flwr.market.messages import (
     KEY_AWARD_DIGEST,
     KEY_AWARD_SIGNATURE,
     KEY_BID,
+    KEY_BID_PROOF,
     KEY_BUDGET,
     KEY_BUYER_KEY,
     KEY_COHORT_CAP,
@@ -133,6 +134,7 @@ class Session:
         self.masked: dict[int, dict] = {}
         self.buyer = Ed25519PrivateKey.generate()
         self.terms = AwardTerms(BUDGET, 0, self.buyer.public_key().public_bytes_raw())
+        self.trees: dict[bytes, BidsTree] = {}
 
     def node(self, index: int) -> Node:
         return self.nodes[self.server.node_of[index]]
@@ -150,18 +152,26 @@ class Session:
         return {KEY_BUDGET: terms.budget, KEY_COHORT_CAP: terms.cohort_cap, KEY_BUYER_KEY: terms.buyer_key}
 
     def sign(self, bids: dict[int, tuple[float, float]], key: Ed25519PrivateKey | None = None) -> SignedAward:
-        """The buyer's signed award of the auction over ``bids`` (``key``: sign with another key, same terms)."""
-        award = build_award(1, self.server.session, self.server.transcript or b"-", self.terms, bids)
-        if key is None:
-            return sign_award(award, self.buyer)
-        return SignedAward(award.encode(), key.sign(award.encode()))
+        """The buyer's signed award of the auction over ``bids`` (``key``: sign with another key, same terms), over
+        the session's survivors once PASS has run (before that, over the bidders)."""
+        if self.server.transcript:
+            survivors = sorted((index, self.server.node_of[index]) for index in self.server.survivors)
+        else:
+            survivors = list(enumerate(sorted(bids), start=1))
+        award, tree = build_award(1, self.server.session, self.server.transcript or b"-", self.terms, survivors, bids)
+        signed = sign_award(award, self.buyer) if key is None else SignedAward(award.encode(), key.sign(award.encode()))
+        self.trees[signed.digest] = tree
+        return signed
 
-    def award_fields(self, signed: SignedAward, **changes: object) -> dict[str, object]:
+    def award_fields(self, signed: SignedAward, node: Node | None = None, **changes: object) -> dict[str, object]:
+        """The award's fields; with ``node``, its path in the award's bids tree (the endorse step)."""
         fields: dict[str, object] = {
             KEY_SESSION: self.server.session,
             KEY_AWARD: signed.encoded,
             KEY_AWARD_SIGNATURE: signed.signature,
         }
+        if node is not None:
+            fields[KEY_BID_PROOF] = self.trees[signed.digest].proof(node.context.node_id)
         fields.update(changes)
         return {k: v for k, v in fields.items() if v is not None}
 
@@ -461,7 +471,7 @@ def awarded(**kwargs: object) -> tuple[Session, list[Node], SignedAward]:
         bids[node.context.node_id] = (float(reply[KEY_SCORE]), float(reply[KEY_BID]))  # type: ignore[arg-type]
     signed = session.sign(bids)
     for node in nodes:
-        record(node.call(ACTION_ENDORSE, **session.award_fields(signed)))
+        record(node.call(ACTION_ENDORSE, **session.award_fields(signed, node)))
     return session, nodes, signed
 
 
@@ -482,7 +492,7 @@ def test_a_winner_of_the_award_it_endorsed_opens_its_counts_commitment_once() ->
 def test_audit_requests_off_the_endorsed_award_or_off_session_are_refused(change: str) -> None:
     session, nodes, signed = awarded()
     node = nodes[1]
-    other = session.sign({node.context.node_id: (1.0, 1.0), 99: (2.0, 1.0)})
+    other = session.sign({node.context.node_id: (1.0, 1.0), nodes[0].context.node_id: (2.0, 1.0)})
     changes: dict[str, object] = {
         "other-session": {KEY_SESSION: b"flmarket/other"},
         "no-award": {KEY_AWARD: None},
@@ -501,7 +511,7 @@ def test_a_client_that_does_not_open_its_counts_refuses_every_audit() -> None:
 def test_no_audit_before_a_bid() -> None:
     session, nodes = completed()
     signed = session.sign({node.context.node_id: (1.0, 1.0) for node in nodes})
-    refused(nodes[0].call(ACTION_ENDORSE, **session.award_fields(signed)), ACTION_ENDORSE)
+    refused(nodes[0].call(ACTION_ENDORSE, **session.award_fields(signed, nodes[0])), ACTION_ENDORSE)
     refused(nodes[0].call(ACTION_AUDIT, **session.award_fields(signed)), ACTION_AUDIT)
 
 

@@ -111,19 +111,23 @@ def test_payments_stay_within_r_and_the_auction_over_the_rest_is_run_auction_wit
     bids = {node: pair for node, pair in enumerate(bidders)}
     terms = AwardTerms(r_prime, cap, KEY.public_key().public_bytes_raw())
 
-    award = build_award(1, b"s", b"t", terms, bids, included)
+    survivors = list(enumerate(sorted(bids), start=1))
+    award, tree = build_award(1, b"s", b"t", terms, survivors, bids, included)
 
     plain = run_auction(
         [s for s, _ in bidders], [b for _, b in bidders], r_prime, num_winners=min(cap, len(bids)) or None
     )
     assert award.winners == tuple(int(i) for i in plain.winners)
-    assert [award.payments[node] for node in bids] == pytest.approx(plain.payments.tolist(), rel=1e-12, abs=1e-12)
+    listed = [award.payments.get(node, 0.0) for node in bids]  # the award lists the auction's decisive head
+    assert listed == pytest.approx(plain.payments.tolist(), rel=1e-12, abs=1e-12)
     assert dict(award.included) == included
     assert math.fsum([*award.payments.values(), *included.values()]) <= budget * (1 + 1e-12)
     decoded = SignedAward(*_signed(award)).verify(terms.buyer_key)
     assert decoded == award
-    node, (score, bid) = next(iter(bids.items()))
-    check_award(decoded, run_id=1, session=b"s", transcript=b"t", terms=terms, node_id=node, score=score, bid=bid)
+    for rank, (index, node) in enumerate(survivors):
+        score, bid = bids[node]
+        check_award(decoded, run_id=1, session=b"s", transcript=b"t", terms=terms, survivors=len(survivors),
+                    rank=rank, index=index, node_id=node, score=score, bid=bid, proof=tree.proof(node))  # fmt: skip
 
 
 def _signed(award: Award) -> tuple[bytes, bytes]:
@@ -134,19 +138,9 @@ def _signed(award: Award) -> tuple[bytes, bytes]:
 def test_an_award_that_lists_a_bidder_as_included_or_a_negative_payment_is_refused() -> None:
     terms = AwardTerms(10.0, 0, KEY.public_key().public_bytes_raw())
     with pytest.raises(AwardError, match="no bidders"):
-        build_award(1, b"s", b"t", terms, {1: (0.5, 1.0), 2: (0.5, 1.0)}, {2: 1.0})
+        build_award(1, b"s", b"t", terms, [(1, 1), (2, 2)], {1: (0.5, 1.0), 2: (0.5, 1.0)}, {2: 1.0})
     with pytest.raises(AwardError, match="finite and >= 0"):
-        build_award(1, b"s", b"t", terms, {1: (0.5, 1.0)}, {3: -1.0})
-
-
-def test_a_re_issued_award_must_keep_the_included_nodes() -> None:
-    terms = AwardTerms(10.0, 0, KEY.public_key().public_bytes_raw())
-    bids = {1: (0.5, 1.0), 2: (0.4, 1.0), 3: (0.3, 1.0)}
-    first = build_award(1, b"s", b"t", terms, bids, {9: 1.0})
-    second = build_award(1, b"s", b"t", terms, {2: bids[2], 3: bids[3]}, {9: 2.0})
-    with pytest.raises(AwardError, match="same included nodes"):
-        check_award(second, run_id=1, session=b"s", transcript=b"t", terms=terms, node_id=3, score=0.3, bid=1.0,
-                    previous=first)  # fmt: skip
+        build_award(1, b"s", b"t", terms, [(1, 1)], {1: (0.5, 1.0)}, {3: -1.0})
 
 
 # --- The market phase and the strategy ------------------------------------------------------------

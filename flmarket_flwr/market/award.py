@@ -1,14 +1,17 @@
-"""The market's award: the buyer's signed statement of who bid, who won and what each is paid, and its checks.
+"""The market's award: the buyer's one signed statement per PASS session of who won and what each is paid, and
+its checks.
 
 The buyer fixes its terms (:class:`AwardTerms`: budget ``R``, cohort cap, its Ed25519 public key) in the PASS
-advertisement, before any count is summed. After the auction it signs an :class:`Award` (run, session, PASS
-transcript, terms, every bidder's score and bid, the winners and their payments) in one canonical encoding.
-Each bidder checks it (:func:`check_award`: its own score and bid listed as sent, the outcome exactly
-:func:`~flmarket_flwr.pricing.run_auction` over the listed bidders under the terms) and endorses its digest
-with its identity key (:func:`~flmarket_flwr.pass_protocol.identity.sign_award_endorsement`); a winner opens
-its counts only for the latest award it endorsed, and with a directory only when ``t`` other members endorsed
-it too (:func:`count_endorsements`), so that the buyer cannot show different bidders different awards. The
-signed award is the winner's receipt: the buyer has committed to pay it. Pure: no Flower.
+advertisement, before any count is summed. After the auction it signs one :class:`Award`: run, session, PASS
+transcript, terms, the root of a hash tree over every survivor's score and bid (:class:`BidsTree`), the *decisive
+head* of the ranking (:func:`~flmarket_flwr.pricing.auction.decisive_head`: the bidders the outcome depends on, with
+their payments) and the winners. What a client receives is ``O(head + log E)``, not ``O(E)``. Each bidder checks it
+(:func:`check_award`: its own score and bid in the tree as sent, ranked after the head unless in it, every named
+bidder a survivor, the outcome exactly :func:`~flmarket_flwr.pricing.run_auction` over the head) and endorses its
+digest, **once per session**: the award is never re-issued. A winner opens its counts only for the award it endorsed,
+and with a directory only when a quorum of survivors endorsed it too (:func:`binding_quorum`), which no two awards can
+both reach; so the buyer opens at most the winners of one budget-feasible award, and the signed award is each
+winner's receipt. The argument is in docs/threat-model.md. Pure: no Flower.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -24,20 +27,23 @@ import numpy as np
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from flmarket_flwr.pass_protocol.graph import share_threshold
 from flmarket_flwr.pass_protocol.identity import IDENTITY_KEY_LENGTH, SIGNATURE_LENGTH, verify_award_endorsement
 from flmarket_flwr.pricing import run_auction
+from flmarket_flwr.pricing.auction import decisive_head
 
 __all__ = [
     "Award",
     "AwardError",
     "AwardTerms",
     "Bidder",
+    "BidsTree",
     "SignedAward",
+    "binding_quorum",
+    "bid_leaf",
+    "verify_bid_proof",
     "build_award",
     "check_award",
     "count_endorsements",
-    "endorsement_threshold",
     "pack_endorsements",
     "settle",
     "sign_award",
@@ -47,6 +53,10 @@ __all__ = [
 _AWARD_LABEL: Final[bytes] = b"flmarket/v1/award"
 _SIGNATURE_LABEL: Final[bytes] = b"flmarket/v1/award-signature"
 _ENDORSEMENT_BYTES: Final[int] = 8 + SIGNATURE_LENGTH
+_LEAF_LABEL: Final[bytes] = b"flmarket/v1/award-bid"
+_NO_BID_LABEL: Final[bytes] = b"flmarket/v1/award-no-bid"
+_NODE_LABEL: Final[bytes] = b"flmarket/v1/award-tree"
+_HASH_BYTES: Final[int] = 32
 _BIDDER_ROW: Final = np.dtype([("node", ">u8"), ("score", ">f8"), ("bid", ">f8"), ("payment", ">f8")])
 """One bidder in the encoding: node id, score, bid, payment (big-endian uint64 and IEEE-754 doubles)."""
 _INCLUDED_ROW: Final = np.dtype([("node", ">u8"), ("payment", ">f8")])
@@ -116,7 +126,7 @@ class Bidder:
 
 @dataclass(frozen=True)
 class Award:
-    """The outcome of one auction, as the buyer signs it.
+    """The outcome of one auction, as the buyer signs it: once per PASS session.
 
     Attributes
     ----------
@@ -128,10 +138,15 @@ class Award:
         That session's transcript hash (its survivors).
     terms : AwardTerms
         The terms announced at the advertisement.
-    bidders : tuple[Bidder, ...]
-        Every bidder of this auction, ascending node id.
+    survivors : int
+        ``|U3|``, the survivors of that session: the leaves of the bids tree, one per survivor in PASS-index order.
+    bids_root : bytes
+        The root of the :class:`BidsTree` over every survivor's score and bid (or its absence).
+    head : tuple[Bidder, ...]
+        The decisive head of the auction over all the bids (the bidders its outcome depends on), with their
+        payments, ascending node id.
     winners : tuple[int, ...]
-        The winners' node ids, in selection order.
+        The winners' node ids, in selection order (all in the head).
     included : tuple[tuple[int, float], ...]
         The nodes the buyer included outside the auction and their fixed payments, ascending node id (none
         by default). They are no bidders; the terms' budget is what their payments left for the auction.
@@ -141,7 +156,9 @@ class Award:
     session: bytes
     transcript: bytes
     terms: AwardTerms
-    bidders: tuple[Bidder, ...]
+    survivors: int
+    bids_root: bytes
+    head: tuple[Bidder, ...]
     winners: tuple[int, ...]
     included: tuple[tuple[int, float], ...] = ()
 
@@ -154,13 +171,20 @@ class Award:
                 raise AwardError(f"the award's {name} must be non-empty bytes")
         if not isinstance(self.terms, AwardTerms):
             raise AwardError("the award's terms must be AwardTerms")
-        object.__setattr__(self, "bidders", tuple(self.bidders))
+        count = self.survivors
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 < count < 2**32:
+            raise AwardError(f"the award's survivor count must be an int in [1, 2**32), got {count!r}")
+        if not isinstance(self.bids_root, bytes) or len(self.bids_root) != _HASH_BYTES:
+            raise AwardError(f"the award's bids root must be {_HASH_BYTES} bytes")
+        object.__setattr__(self, "head", tuple(self.head))
         object.__setattr__(self, "winners", tuple(self.winners))
-        nodes = [bidder.node_id for bidder in self.bidders]
-        if any(not isinstance(bidder, Bidder) for bidder in self.bidders) or nodes != sorted(set(nodes)):
-            raise AwardError("the bidders must be Bidder entries in strictly ascending node id")
+        nodes = [bidder.node_id for bidder in self.head]
+        if any(not isinstance(bidder, Bidder) for bidder in self.head) or nodes != sorted(set(nodes)):
+            raise AwardError("the head must be Bidder entries in strictly ascending node id")
+        if len(nodes) > count:
+            raise AwardError("the head lists more bidders than the session has survivors")
         if len(set(self.winners)) != len(self.winners) or not set(self.winners) <= set(nodes):
-            raise AwardError("the winners must be distinct bidders")
+            raise AwardError("the winners must be distinct bidders of the head")
         for node, payment in self.included:
             if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < 2**64:
                 raise AwardError(f"an included node id must be an int in [0, 2**64), got {node!r}")
@@ -179,9 +203,11 @@ class Award:
             _field(self.session),
             _field(self.transcript),
             self.terms.encode(),
-            struct.pack(">Q", len(self.bidders)),
+            struct.pack(">Q", self.survivors),
+            self.bids_root,
+            struct.pack(">Q", len(self.head)),
         ]
-        rows = [(b.node_id, b.score, b.bid, b.payment) for b in self.bidders]
+        rows = [(b.node_id, b.score, b.bid, b.payment) for b in self.head]
         parts.append(np.array(rows, dtype=_BIDDER_ROW).tobytes())
         parts.append(struct.pack(">Q", len(self.winners)))
         parts.append(np.array(self.winners, dtype=">u8").tobytes())
@@ -201,6 +227,8 @@ class Award:
         session, transcript = reader.field(), reader.field()
         budget, cap = reader.unpack(">dQ")
         terms = AwardTerms(budget, cap, reader.take(IDENTITY_KEY_LENGTH))
+        survivors = int(reader.unpack(">Q")[0])
+        bids_root = reader.take(_HASH_BYTES)
         table = np.frombuffer(reader.take(_BIDDER_ROW.itemsize * reader.count(_BIDDER_ROW.itemsize)), _BIDDER_ROW)
         winners = tuple(np.frombuffer(reader.take(8 * reader.count(8)), dtype=">u8").tolist())
         rows = np.frombuffer(reader.take(_INCLUDED_ROW.itemsize * reader.count(_INCLUDED_ROW.itemsize)), _INCLUDED_ROW)
@@ -213,22 +241,101 @@ class Award:
             raise AwardError("the award lists a score, bid or payment that is not finite (or a negative zero)")
         nodes = table["node"]
         if not bool(np.all(nodes[1:] > nodes[:-1])):
-            raise AwardError("the bidders must be in strictly ascending node id")
-        bidders = zip(nodes.tolist(), *numbers.tolist(), strict=True)  # checked above, vectorised: no per-row checks
-        return cls(run_id, session, transcript, terms, tuple(_listed(*row) for row in bidders), winners, included)
+            raise AwardError("the head must be in strictly ascending node id")
+        head = tuple(_listed(*row) for row in zip(nodes.tolist(), *numbers.tolist(), strict=True))
+        return cls(run_id, session, transcript, terms, survivors, bids_root, head, winners, included)
 
     def digest(self) -> bytes:
         """SHA-256 of the encoding: what the bidders endorse."""
         return hashlib.sha256(self.encode()).digest()
 
     def bidder(self, node_id: int) -> Bidder | None:
-        """The entry of ``node_id``, or ``None`` if it is not a bidder."""
-        return next((bidder for bidder in self.bidders if bidder.node_id == node_id), None)
+        """The head's entry of ``node_id``, or ``None`` if it is not in the head (a loser, if it bid)."""
+        return next((bidder for bidder in self.head if bidder.node_id == node_id), None)
 
     @property
     def payments(self) -> dict[int, float]:
-        """Node id -> payment, for every bidder (the included nodes' are in :attr:`included`)."""
-        return {bidder.node_id: bidder.payment for bidder in self.bidders}
+        """Node id -> payment, for every bidder of the head (the others are paid 0; the included nodes' are in
+        :attr:`included`)."""
+        return {bidder.node_id: bidder.payment for bidder in self.head}
+
+
+class BidsTree:
+    """A binary SHA-256 hash tree over every survivor's score and bid, one leaf per survivor in PASS-index order.
+
+    A leaf binds the survivor's PASS index and node id and either its score and bid or that it did not bid; the tree
+    is padded with no-bid leaves to a power of two, and inner nodes are domain-separated from leaves. A survivor checks
+    its own leaf against the signed root with ``log2 |U3|`` sibling hashes (:func:`verify_bid_proof`).
+
+    Parameters
+    ----------
+    survivors : sequence of (int, int)
+        ``(PASS index, node id)`` of every survivor, ascending PASS index.
+    bids : mapping of int to (float, float)
+        Node id -> ``(score, bid)`` of the survivors that bid.
+    """
+
+    def __init__(self, survivors: Sequence[tuple[int, int]], bids: Mapping[int, tuple[float, float]]) -> None:
+        if not survivors:
+            raise AwardError("a bids tree needs at least one survivor")
+        indices = [index for index, _ in survivors]
+        if indices != sorted(set(indices)):
+            raise AwardError("the survivors must be in strictly ascending PASS index")
+        listed = {node for _, node in survivors}
+        if not set(bids) <= listed:
+            raise AwardError(f"bidders {sorted(set(bids) - listed)[:5]} are not survivors of the session")
+        leaves = [
+            bid_leaf(index, node, *bids[node]) if node in bids else no_bid_leaf(index, node)
+            for index, node in survivors
+        ]
+        self.rank = {node: rank for rank, (_, node) in enumerate(survivors)}
+        width = 1 << max(0, (len(leaves) - 1).bit_length())
+        leaves += [no_bid_leaf(0, 0)] * (width - len(leaves))
+        self._levels = [leaves]
+        while len(self._levels[-1]) > 1:
+            level = self._levels[-1]
+            self._levels.append([_inner(level[i], level[i + 1]) for i in range(0, len(level), 2)])
+
+    @property
+    def root(self) -> bytes:
+        """The root hash the award signs."""
+        return self._levels[-1][0]
+
+    def proof(self, node_id: int) -> bytes:
+        """The sibling hashes from ``node_id``'s leaf up to the root, concatenated (``32 log2 |U3|`` bytes)."""
+        position, path = self.rank[node_id], []
+        for level in self._levels[:-1]:
+            path.append(level[position ^ 1])
+            position //= 2
+        return b"".join(path)
+
+
+def bid_leaf(index: int, node_id: int, score: float, bid: float) -> bytes:
+    """The leaf of a survivor that bid: its PASS index, node id, score and bid."""
+    return hashlib.sha256(_field(_LEAF_LABEL) + struct.pack(">QQdd", index, node_id, score, bid)).digest()
+
+
+def no_bid_leaf(index: int, node_id: int) -> bytes:
+    """The leaf of a survivor that did not bid (and of the padding: index and node 0)."""
+    return hashlib.sha256(_field(_NO_BID_LABEL) + struct.pack(">QQ", index, node_id)).digest()
+
+
+def verify_bid_proof(root: bytes, survivors: int, rank: int, leaf: bytes, proof: object) -> bool:
+    """Whether ``proof`` (:meth:`BidsTree.proof`) takes ``leaf`` at ``rank`` (0-based, among ``survivors``) to
+    ``root``."""
+    depth = max(0, (survivors - 1).bit_length())
+    if not isinstance(proof, bytes) or len(proof) != _HASH_BYTES * depth or not 0 <= rank < survivors:
+        return False
+    node, position = leaf, rank
+    for level in range(depth):
+        sibling = proof[_HASH_BYTES * level : _HASH_BYTES * (level + 1)]
+        node = _inner(node, sibling) if position % 2 == 0 else _inner(sibling, node)
+        position //= 2
+    return node == root
+
+
+def _inner(left: bytes, right: bytes) -> bytes:
+    return hashlib.sha256(_field(_NODE_LABEL) + left + right).digest()
 
 
 @dataclass(frozen=True)
@@ -246,7 +353,9 @@ class SignedAward:
         AwardError
             Malformed, unsigned, signed by another key, or naming other terms' key.
         """
-        if not isinstance(self.signature, bytes) or len(self.signature) != SIGNATURE_LENGTH:
+        if not isinstance(self.encoded, bytes) or not isinstance(self.signature, bytes):
+            raise AwardError("the award and its signature must be bytes")
+        if len(self.signature) != SIGNATURE_LENGTH:
             raise AwardError(f"the award is not signed (a signature is {SIGNATURE_LENGTH} bytes)")
         award = Award.decode(self.encoded)
         if award.terms.buyer_key != buyer_key:
@@ -275,7 +384,8 @@ def sign_award(award: Award, buyer_key: Ed25519PrivateKey) -> SignedAward:
 def settle(terms: AwardTerms, bids: Sequence[tuple[int, float, float]]) -> tuple[tuple[int, ...], dict[int, float]]:
     """Winners (selection order) and payments of ``run_auction`` over ``(node, score, bid)`` under ``terms``.
 
-    The bidders are taken in ascending node id; a cohort cap larger than their number is lowered to it.
+    The bidders are taken in ascending node id (the auction's tie rule then favours the lower node id); a cohort cap
+    larger than their number is lowered to it.
 
     Raises
     ------
@@ -287,13 +397,33 @@ def settle(terms: AwardTerms, bids: Sequence[tuple[int, float, float]]) -> tuple
     payments = {node: 0.0 for node in nodes}
     if not nodes:
         return (), payments
-    cap = None if terms.cohort_cap == 0 else min(terms.cohort_cap, len(nodes))
     try:
-        result = run_auction([s for _, s, _ in ordered], [b for _, _, b in ordered], terms.budget, num_winners=cap)
+        result = run_auction(
+            [s for _, s, _ in ordered], [b for _, _, b in ordered], terms.budget, num_winners=_cap(terms, len(nodes))
+        )
     except ValueError as err:
         raise AwardError(f"the auction rejects the listed bids: {err}") from err
     payments.update({node: float(result.payments[position]) for position, node in enumerate(nodes)})
     return tuple(nodes[int(i)] for i in result.winners), payments
+
+
+def head_of(terms: AwardTerms, bids: Sequence[tuple[int, float, float]]) -> tuple[list[int], bool]:
+    """The decisive head of the auction over ``(node, score, bid)`` under ``terms`` (node ids, ascending), and
+    whether it is closed (:func:`~flmarket_flwr.pricing.auction.decisive_head`)."""
+    ordered = sorted(bids)
+    if not ordered:
+        return [], False
+    try:
+        positions, closed = decisive_head(
+            [s for _, s, _ in ordered], [b for _, _, b in ordered], terms.budget, num_winners=_cap(terms, len(ordered))
+        )
+    except ValueError as err:
+        raise AwardError(f"the auction rejects the listed bids: {err}") from err
+    return sorted(ordered[int(i)][0] for i in positions), closed
+
+
+def _cap(terms: AwardTerms, bidders: int) -> int | None:
+    return None if terms.cohort_cap == 0 else min(terms.cohort_cap, bidders)
 
 
 def build_award(
@@ -301,15 +431,33 @@ def build_award(
     session: bytes,
     transcript: bytes,
     terms: AwardTerms,
+    survivors: Sequence[tuple[int, int]],
     bids: Mapping[int, tuple[float, float]],
     included: Mapping[int, float] | None = None,
-) -> Award:
-    """The award of the auction over ``bids`` (node -> ``(score, bid)``), by :func:`settle`, recording the
-    ``included`` nodes (node -> fixed payment, outside the auction: ``terms.budget`` is what they left)."""
-    winners, payments = settle(terms, [(node, score, bid) for node, (score, bid) in bids.items()])
-    bidders = tuple(Bidder(node, *bids[node], payments[node]) for node in sorted(bids))
+) -> tuple[Award, BidsTree]:
+    """The award of the auction over ``bids`` (node -> ``(score, bid)``), by :func:`settle`, and its bids tree.
+
+    ``survivors`` are the session's ``(PASS index, node id)``, ascending index; every bidder must be one. The award
+    lists the decisive head of the auction over all the bids (:func:`head_of`), and records the ``included`` nodes
+    (node -> fixed payment, outside the auction: ``terms.budget`` is what they left).
+    """
+    tree = BidsTree(survivors, bids)
+    rows = [(node, score, bid) for node, (score, bid) in bids.items()]
+    winners, payments = settle(terms, rows)
+    head, _ = head_of(terms, rows)
     fixed = tuple((node, float(payment)) for node, payment in sorted((included or {}).items()))
-    return Award(run_id, session, transcript, terms, bidders, winners, fixed)
+    award = Award(
+        run_id,
+        session,
+        transcript,
+        terms,
+        len(survivors),
+        tree.root,
+        tuple(Bidder(node, *bids[node], payments[node]) for node in head),
+        winners,
+        fixed,
+    )
+    return award, tree
 
 
 def check_award(
@@ -319,18 +467,23 @@ def check_award(
     session: bytes,
     transcript: bytes,
     terms: AwardTerms,
+    survivors: int,
+    rank: int,
+    index: int,
     node_id: int,
     score: float,
     bid: float,
-    previous: Award | None = None,
+    proof: object,
+    survivor_nodes: Collection[int] | None = None,
 ) -> None:
     """A bidder's checks of an award before it endorses it.
 
-    The run, session, transcript and terms are its own; its score and bid are listed exactly as it sent
-    them; the winners and payments are :func:`settle` over the listed bidders (so the total is within
-    ``R`` and every payment is a critical value). A re-issued award (``previous``: the last one it
-    endorsed) lists a strict subset of the previous bidders, leaves out only winners of it, and lists the same
-    included nodes.
+    The run, session, transcript, terms and survivor count are its own; its own leaf (PASS ``index``, node, score and
+    bid as it sent them) is in the signed bids tree at its ``rank`` among the survivors; if the head lists it, with
+    its score and bid as sent, and if not, the head is closed and it ranks after the whole head (so it cannot change
+    the outcome); the head is exactly its own decisive head, every entry eligible (bid within ``R``) and, where the
+    client knows the survivors' node ids (``survivor_nodes``), a survivor; the winners and payments are :func:`settle`
+    over the head (so the total is within ``R`` and every payment is a critical value).
 
     Raises
     ------
@@ -341,46 +494,62 @@ def check_award(
         raise AwardError("the award is not for this client's run, PASS session and transcript")
     if award.terms != terms:
         raise AwardError("the award's terms are not those announced at the advertisement")
+    if award.survivors != survivors:
+        raise AwardError("the award's survivor count is not that of the session this client took part in")
+    if not verify_bid_proof(award.bids_root, survivors, rank, bid_leaf(index, node_id, score, bid), proof):
+        raise AwardError("the award's bids tree does not hold this client's score and bid as it sent them")
+    rows = [(b.node_id, b.score, b.bid) for b in award.head]
+    if survivor_nodes is not None and not {node for node, _, _ in rows} <= set(survivor_nodes):
+        raise AwardError("the award names a bidder that is not a survivor of the session")
+    if any(row_bid > terms.budget for _, _, row_bid in rows):
+        raise AwardError("the award's head lists a bid above the budget, which cannot take part in the auction")
     own = award.bidder(node_id)
-    if own is None or (own.score, own.bid) != (score, bid):
+    if own is not None and (own.score, own.bid) != (score, bid):
         raise AwardError("the award does not list this client's score and bid as it sent them")
-    winners, payments = settle(terms, [(b.node_id, b.score, b.bid) for b in award.bidders])
+    head, closed = head_of(terms, rows)
+    if head != [node for node, _, _ in rows]:
+        raise AwardError("the award's head is not the auction's decisive head")
+    if own is None and bid <= terms.budget:
+        with_own, still_closed = head_of(terms, [*rows, (node_id, score, bid)])
+        if not (closed and still_closed and with_own == head):
+            raise AwardError("this client ranks inside the award's head but is not listed there")
+    winners, payments = settle(terms, rows)
     if winners != award.winners:
         raise AwardError("the award's winners are not the auction's over the listed bids")
-    listed = np.array([bidder.payment for bidder in award.bidders])
-    due = np.array([payments[bidder.node_id] for bidder in award.bidders])
+    listed = np.array([bidder.payment for bidder in award.head])
+    due = np.array([payments[bidder.node_id] for bidder in award.head])
     tolerance = np.maximum(_PAYMENT_REL_TOL * np.maximum(np.abs(listed), np.abs(due)), 1e-12)  # math.isclose's rule
     wrong = np.flatnonzero(np.abs(listed - due) > tolerance)
     if wrong.size:
-        raise AwardError(f"node {award.bidders[int(wrong[0])].node_id}'s payment is not the auction's")
+        raise AwardError(f"node {award.head[int(wrong[0])].node_id}'s payment is not the auction's")
     if math.fsum(award.payments.values()) > terms.budget * (1.0 + 1e-12):
         raise AwardError("the award's payments exceed the budget")
-    if previous is not None:
-        nodes, earlier = {b.node_id for b in award.bidders}, {b.node_id for b in previous.bidders}
-        if not nodes < earlier or not earlier - nodes <= set(previous.winners):
-            raise AwardError("a re-issued award must drop some winners of the previous one, and only winners")
-        if award.included != previous.included:
-            raise AwardError("a re-issued award must list the same included nodes and payments as the previous one")
 
 
-def endorsement_threshold(degree: int, survivors: int) -> int:
-    """Endorsements a winner needs from other members: the consistency round's ``t``, and at least half the sum's.
+def binding_quorum(survivors: int, colluders: int) -> int:
+    """Endorsements an award needs, the winner's own included, before a winner opens its counts.
 
-    ``t = k // 2 + 1`` (:func:`~flmarket_flwr.pass_protocol.graph.share_threshold`) is a majority on the complete
-    graph; on a sparse graph it is local, so it is raised to ``E // 2``: two awards each endorsed by the
-    winner and ``E // 2`` others need ``2 (E // 2 + 1) > E`` honest endorsers, more than the sum's members.
+    ``floor((|U3| + c) / 2) + 1`` distinct survivors: each honest survivor endorses one award per session and the
+    ``c`` colluders may endorse every award, so two awards that both reached it would need ``2 * quorum - c > |U3| - c``
+    honest endorsers, more than there are. Hence at most one award of a session opens anything.
     """
-    return max(share_threshold(degree), survivors // 2)
+    if survivors < 1 or colluders < 0:
+        raise AwardError(f"a quorum needs survivors >= 1 and colluders >= 0, got {survivors} and {colluders}")
+    return (survivors + colluders) // 2 + 1
 
 
 def count_endorsements(
-    digest: bytes, endorsements: Mapping[int, bytes], directory: Mapping[int, bytes], own_node: int
+    digest: bytes,
+    endorsements: Mapping[int, bytes],
+    directory: Mapping[int, bytes],
+    own_node: int,
+    eligible: Collection[int] | None = None,
 ) -> int:
-    """How many of ``endorsements`` (node -> signature) are valid signatures on ``digest`` by directory members
-    other than ``own_node`` (each node counted once)."""
+    """How many of ``endorsements`` (node -> signature) are valid signatures on ``digest`` by directory members other
+    than ``own_node`` (each node counted once), among the ``eligible`` nodes if given (the session's survivors)."""
     valid = 0
     for node, signature in endorsements.items():
-        if node == own_node or node not in directory:
+        if node == own_node or node not in directory or (eligible is not None and node not in eligible):
             continue
         try:
             verify_award_endorsement(directory[node], signature, digest)

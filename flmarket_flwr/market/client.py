@@ -31,9 +31,9 @@ from flmarket_flwr.market.award import (
     Award,
     AwardTerms,
     SignedAward,
+    binding_quorum,
     check_award,
     count_endorsements,
-    endorsement_threshold,
     unpack_endorsements,
 )
 from flmarket_flwr.market.bidding import DEFAULT_COST_PER_SAMPLE, BidPolicy, CostBasedBid
@@ -54,6 +54,7 @@ from flmarket_flwr.market.messages import (
     KEY_AWARD_DIGEST,
     KEY_AWARD_SIGNATURE,
     KEY_BID,
+    KEY_BID_PROOF,
     KEY_BUDGET,
     KEY_BUYER_KEY,
     KEY_COHORT_CAP,
@@ -76,7 +77,7 @@ from flmarket_flwr.market.messages import (
 )
 from flmarket_flwr.market.records import config_record, set_values
 from flmarket_flwr.pass_protocol import IdentityDirectory, PassClient, PassError, SkellamNoise
-from flmarket_flwr.pass_protocol.encoding import bitmap_to_indices, roster_fingerprint
+from flmarket_flwr.pass_protocol.encoding import bitmap_bits, bitmap_to_indices, roster_fingerprint
 from flmarket_flwr.pass_protocol.identity import sign_award_endorsement
 from flmarket_flwr.pass_protocol.primitives import is_integer, validate_counts
 from flmarket_flwr.pricing import score as compute_score
@@ -115,6 +116,8 @@ _ENDORSED_WON = "endorsed-award-won"
 _ENDORSED_PAYMENT = "endorsed-award-payment"
 """The latest award this client endorsed, the buyer's signature on it (what an audit must show), and what it
 gives this client (read back when the final award is named by its digest, without decoding it again)."""
+_OPENED = "opened-counts"
+"""Whether this client opened its counts to the buyer in the market it last closed (kept with its receipt)."""
 _EARLIER_AWARDS = "market-earlier-awards"
 """The receipts of this run's earlier markets (award, signature, award, signature, ...), kept across re-launches."""
 
@@ -134,9 +137,10 @@ class MarketAward:
     Attributes
     ----------
     won : bool
-        Whether the client won the auction (and will be asked to train).
+        Whether the award names the client a winner.
     payment : float
-        The payment it receives (``0.0`` for a loser).
+        The payment the award promises it (``0.0`` for a loser); in a market that audits its winners, it is due
+        once the client has opened its counts (``opened``), and then the client is asked to train.
     score : float or None
         The score it reported (``None`` if it never reached the bid step).
     bid : float or None
@@ -149,6 +153,8 @@ class MarketAward:
     buyer_key : bytes or None
         The buyer's Ed25519 public key (32 bytes) from the terms announced before PASS, which ``signature``
         verifies under (:meth:`~flmarket_flwr.market.award.SignedAward.verify`).
+    opened : bool
+        Whether the client opened its counts to the buyer for this award (the winners' audit).
     """
 
     won: bool
@@ -158,6 +164,7 @@ class MarketAward:
     award: bytes | None = None
     signature: bytes | None = None
     buyer_key: bytes | None = None
+    opened: bool = False
 
 
 def read_award(context: Context) -> MarketAward | None:
@@ -187,6 +194,7 @@ def read_award(context: Context) -> MarketAward | None:
         award=award if isinstance(award, bytes) else None,
         signature=signature if isinstance(signature, bytes) else None,
         buyer_key=buyer_key if isinstance(buyer_key, bytes) else None,
+        opened=record.get(_OPENED) is True,
     )
 
 
@@ -360,6 +368,7 @@ def register_market_handlers(
         complete_graph=_option(complete_graph, node_config.complete_graph_of),
         split_tolerance=_option(split_tolerance, node_config.split_tolerance_of),
         buyer_key=_option(buyer_key, node_config.buyer_key_of),
+        colluders=node_config.colluders_of,
     )
     app.query(ACTION_ADVERTISE)(handlers.advertise)
     app.query(ACTION_SHARE)(handlers.share)
@@ -402,6 +411,7 @@ class _MarketHandlers:
         complete_graph: GraphFn,
         split_tolerance: ToleranceFn,
         buyer_key: BuyerKeyFn,
+        colluders: Callable[[Context], int],
     ) -> None:
         self._get_label_counts = get_label_counts
         self._bid_policy = bid_policy
@@ -414,6 +424,7 @@ class _MarketHandlers:
         self._complete_graph = complete_graph
         self._split_tolerance = split_tolerance
         self._buyer_key = buyer_key
+        self._colluders = colluders
 
     # --- PASS ----------------------------------------------------------------------------------
     def advertise(self, message: Message, context: Context) -> Message:
@@ -445,6 +456,7 @@ class _MarketHandlers:
             ledger = self._release_ledger(context)
             if ledger is not None:  # a ledger that cannot be read fails closed, before anything is sent
                 ledger.check_new_session(int(context.run_id), client.state.session)
+            if ledger is not None or self._directory(context) is not None:
                 reply[KEY_ROSTER_WANTED] = True  # the roster's node ids come with the share request
             if terms is not None:
                 set_values(
@@ -459,7 +471,8 @@ class _MarketHandlers:
         """PASS round 2: check the graph and the neighbours' keys, send encrypted shares of the secrets."""
 
         def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
-            if self._release_ledger(context) is not None:  # the roster's node ids, checked against what it signed
+            if self._release_ledger(context) is not None or self._directory(context) is not None:
+                # the roster's node ids, checked against what it signed: for the ledger and the award's checks
                 roster = _checked_roster(client, request.get(KEY_ROSTER_NODE_IDS), context)
                 _state_record(context)[_LEDGER_ROSTER] = roster
             return client.share_keys(request, self._directory(context), self._identity_key(context)).to_record()
@@ -559,32 +572,41 @@ class _MarketHandlers:
         return _reply(message, config_record({KEY_SCORE: score, KEY_BID: bid}))
 
     def endorse(self, message: Message, context: Context) -> Message:
-        """Check the buyer-signed award against this client's own session, terms, score and bid; endorse it."""
+        """Check the buyer-signed award against this client's own session, terms, score and bid; endorse it, once.
+
+        A client endorses one award per PASS session: the buyer cannot re-issue it, so it opens at most the winners
+        of that one award (docs/threat-model.md, "The binding award").
+        """
         state = _state_record(context)
         try:
             request = _request(message)
             _check_session(request, state)
-            if state.get(_STAGE) not in (_STAGE_BID, _STAGE_AUDITED):
-                raise _RequestError("no bid of this client for an award to list")
+            if state.get(_STAGE) != _STAGE_BID or _endorsed_award(state) is not None:
+                raise _RequestError("no bid of this client for an award to list, or it already endorsed this "
+                                    "session's award (an award is never re-issued)")  # fmt: skip
             signed, award = _verified_award(request, state)
-            previous = _endorsed_award(state)
             client = _pass_client(state)
+            index, node_id = client.state.index, int(context.node_id)
             check_award(
                 award,
                 run_id=int(context.run_id),
                 session=client.state.session,
                 transcript=client.state.transcript,
                 terms=_stored_terms(state),
-                node_id=int(context.node_id),
+                survivors=client.state.survivor_count,
+                rank=_survivor_rank(client),
+                index=index,
+                node_id=node_id,
                 score=float(state[KEY_SCORE]),  # type: ignore[arg-type]
                 bid=float(state[KEY_BID]),  # type: ignore[arg-type]
-                previous=None if previous is None else Award.decode(previous.encoded),
+                proof=request.get(KEY_BID_PROOF),
+                survivor_nodes=self._survivor_nodes(context, client),
             )
             identity_key = self._identity_key(context)
             endorsement = b"" if identity_key is None else sign_award_endorsement(identity_key, signed.digest)
         except (PassError, ValueError, TypeError, KeyError) as err:
             return _refusal(message, ACTION_ENDORSE, err)
-        own = award.bidder(int(context.node_id))
+        own = award.bidder(node_id)
         set_values(
             state,
             {
@@ -597,10 +619,11 @@ class _MarketHandlers:
         return _reply(message, config_record({KEY_ENDORSEMENT: endorsement}))
 
     def audit(self, message: Message, context: Context) -> Message:
-        """As a winner of the latest award it endorsed, paid at least its bid, open the counts commitment, once.
+        """As a winner of the award it endorsed, paid at least its bid, open the counts commitment, once.
 
-        With a directory the award must also carry ``t`` valid endorsements of other members
-        (:func:`~flmarket_flwr.market.award.endorsement_threshold`): the buyer showed them the same award.
+        With a directory the award must also carry endorsements by a quorum of the session's survivors
+        (:func:`~flmarket_flwr.market.award.binding_quorum`, with this node's ``pass-colluders``): no other award
+        of the session can have reached it.
         """
         state = _state_record(context)
         try:
@@ -612,7 +635,7 @@ class _MarketHandlers:
                 raise _RequestError("no bid to audit, or already audited")
             endorsed = _endorsed_award(state)
             if endorsed is None or request.get(KEY_AWARD) != endorsed.encoded:
-                raise _RequestError("the audit does not show the latest award this client endorsed")
+                raise _RequestError("the audit does not show the award this client endorsed")
             award = Award.decode(endorsed.encoded)
             node_id = int(context.node_id)
             own = award.bidder(node_id)
@@ -621,11 +644,13 @@ class _MarketHandlers:
             directory = self._directory(context)
             if directory is not None:
                 client = _pass_client(state)
-                needed = endorsement_threshold(client.state.degree, client.state.survivor_count)
+                needed = binding_quorum(client.state.survivor_count, self._colluders(context))
                 endorsements = unpack_endorsements(request.get(KEY_ENDORSEMENTS))  # type: ignore[arg-type]
-                valid = count_endorsements(endorsed.digest, endorsements, directory, node_id)
+                eligible = self._survivor_nodes(context, client)
+                valid = 1 + count_endorsements(endorsed.digest, endorsements, directory, node_id, eligible)
                 if valid < needed:
-                    raise _RequestError(f"only {valid} other members endorsed the award, {needed} are needed")
+                    raise _RequestError(f"only {valid} survivors (this client among them) endorsed the award, "
+                                        f"{needed} are needed")  # fmt: skip
             nonce = _pass_client(state).counts_nonce
             if not nonce:
                 raise _RequestError("no counts commitment to open")
@@ -664,6 +689,7 @@ class _MarketHandlers:
             _close_pass_state(state)
             return _refusal(message, ACTION_AWARD, err)
         _close_pass_state(state)
+        state[_OPENED] = state.get(_STAGE) == _STAGE_AUDITED
         state[_STAGE] = _STAGE_CLOSED
         state[KEY_WON] = won
         state[KEY_PAYMENT] = float(payment)
@@ -681,6 +707,18 @@ class _MarketHandlers:
         if pinned is not None and (terms is None or terms.buyer_key != pinned):
             raise _RequestError("the market's terms do not name the buyer key this node pinned")
         return terms
+
+    def _survivor_nodes(self, context: Context, client: PassClient) -> set[int] | None:
+        """The node ids of the session's survivors, from the roster kept at the share step (with a release ledger:
+        always in the secure profile); ``None`` where no roster was kept. The secure profile requires it."""
+        roster = _state_record(context).get(_LEDGER_ROSTER)
+        if not isinstance(roster, bytes):
+            if self._colluders(context) > 0 or self._directory(context) is not None:
+                raise _RequestError("no roster of the session kept: the award's bidders cannot be checked")
+            return None
+        node_ids = np.frombuffer(roster, dtype=">u8")
+        alive = bitmap_bits(client.state.survivors, node_ids.size)[: node_ids.size]
+        return {int(node) for node in node_ids[alive]}
 
     def _ledger_members(self, context: Context, bitmap: object) -> list[bytes]:
         """The ledger's identities of the PASS indices in ``bitmap``: directory keys if any, else node ids."""
@@ -757,6 +795,14 @@ def _endorsed_award(state: ConfigRecord) -> SignedAward | None:
     if not isinstance(encoded, bytes):
         return None
     return SignedAward(encoded, state[_ENDORSED_SIGNATURE])  # type: ignore[arg-type]
+
+
+def _survivor_rank(client: PassClient) -> int:
+    """This client's place among the session's survivors, in PASS-index order (its leaf in the award's bids tree)."""
+    survivors = bitmap_bits(client.state.survivors, client.state.index)
+    if not survivors[client.state.index - 1]:
+        raise _RequestError("this client is not a survivor of the session it took part in")
+    return int(np.count_nonzero(survivors[: client.state.index - 1]))
 
 
 def _int_list_field(record: ConfigRecord, key: str) -> list[int]:

@@ -29,6 +29,7 @@ __all__ = [
     "KEY_AWARD",
     "KEY_AWARD_DIGEST",
     "KEY_AWARD_SIGNATURE",
+    "KEY_BID_PROOF",
     "KEY_BID",
     "KEY_BUDGET",
     "KEY_BUYER_KEY",
@@ -112,6 +113,8 @@ KEY_AWARD_SIGNATURE: Final = "award-signature"
 """Endorse, audit and award steps: the award's canonical encoding and the buyer's signature on it."""
 KEY_AWARD_DIGEST: Final = "award-digest"
 """Award step, to a client that endorsed the final award: its digest, in place of the award the client holds."""
+KEY_BID_PROOF: Final = "bid-proof"
+"""Endorse step: the bidder's path in the award's bids tree, its own score and bid under the signed root."""
 KEY_ENDORSEMENT: Final = "endorsement"
 KEY_ENDORSEMENTS: Final = "endorsements"
 """Endorse reply: one signature on the award's digest; audit request: all of them, packed

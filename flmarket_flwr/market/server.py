@@ -23,7 +23,15 @@ from flwr.app.typing import ConfigRecordValues
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from flmarket_flwr.market.award import Award, AwardTerms, SignedAward, build_award, pack_endorsements, sign_award
+from flmarket_flwr.market.award import (
+    Award,
+    AwardTerms,
+    BidsTree,
+    SignedAward,
+    build_award,
+    pack_endorsements,
+    sign_award,
+)
 from flmarket_flwr.market.client import LABEL_COUNTS_FAILED
 from flmarket_flwr.market.config import MarketConfig, MarketOutcome, PassSession
 from flmarket_flwr.market.errors import MarketError
@@ -38,6 +46,7 @@ from flmarket_flwr.market.messages import (
     KEY_AWARD,
     KEY_AWARD_DIGEST,
     KEY_AWARD_SIGNATURE,
+    KEY_BID_PROOF,
     KEY_BUDGET,
     KEY_BUYER_KEY,
     KEY_COHORT_CAP,
@@ -57,17 +66,19 @@ from flmarket_flwr.market.replies import check_opening, highest_possible_score, 
 from flmarket_flwr.market.transport import exchange
 from flmarket_flwr.nodes import wait_for_nodes
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS
-from flmarket_flwr.pass_protocol.identity import verify_award_endorsement
+from flmarket_flwr.pass_protocol.identity import SIGNATURE_LENGTH, verify_award_endorsement
 
 __all__ = ["MarketConfig", "MarketError", "MarketOutcome", "MarketPhase"]
 
 
 @dataclass
 class _Outcome:
-    """The audited auction's result: the final signed award and the winners that passed their audit."""
+    """The audited auction's result: the session's one signed award, the winners that hold (endorsed it and, with
+    audits, passed theirs), those audited, and the endorsers."""
 
     award: Award
     signed: SignedAward
+    winners: list[int]
     audited: list[int]
     endorsers: set[int]
 
@@ -96,11 +107,12 @@ class MarketPhase:
     3. Run the auction (:func:`flmarket_flwr.pricing.run_auction`, the product's one selection rule:
        the total payment is within the budget in every mode) and sign its award with the buyer key
        (:mod:`flmarket_flwr.market.award`; the terms, budget, cohort cap and key, went out with the PASS
-       advertisement). Every bidder checks and endorses the award (``query.market_endorse``); a winner that
-       does not is dropped and the award re-issued. Every new winner then opens its counts commitment to the
-       buyer against that award and the endorsements (``query.market_audit``); a winner whose counts do not
-       match its commitment, or whose claimed score is not the score of those counts, is excluded and the
-       award re-issued without it (endorsed again, then its new winners audited).
+       advertisement): one award per PASS session, never re-issued. Every bidder checks and endorses it
+       (``query.market_endorse``); every winner that endorsed it then opens its counts commitment to the buyer
+       against the award and the endorsements (``query.market_audit``). A winner that does not endorse, or whose
+       counts do not match its commitment, or whose claimed score is not the score of those counts, is excluded:
+       not trained and not paid. Its share of the budget is left unspent in this market (a later market may buy
+       with it); the award stands, so no other bidder is ever opened (docs/threat-model.md, "The binding award").
     4. Send every node that took part in any step the final signed award (``query.market_award``), its
        receipt of who won and what each is paid, which also makes each client wipe what is left of its PASS
        state.
@@ -177,18 +189,23 @@ class MarketPhase:
             err.outcome = MarketOutcome.failed(str(err), self.config.budget, self._invited, self._excluded, timings)
             err.outcome.pass_sessions = list(self.pass_sessions)
             raise
-        acknowledged = self._timed(timings, "award", lambda: self._close(grid, result.signed, result.endorsers))
+        acknowledged = self._timed(
+            timings, "award", lambda: self._close(grid, result.signed, result.endorsers, sorted(bids))
+        )
         timings["total"] = time.perf_counter() - started
 
         award = result.award
-        bidders = [bidder.node_id for bidder in award.bidders]
+        dropped = set(award.winners) - set(result.winners)  # winners that refused the award or failed their audit
+        bidders = [node for node in sorted(bids) if node not in dropped]
+        paid = {node: award.payments[node] for node in result.winners}  # winners that hold; the rest are paid 0
+        payments = {**{node: 0.0 for node in bidders}, **paid, **self._included}
         outcome = MarketOutcome(
-            winners=list(award.winners),
+            winners=list(result.winners),
             participants=bidders,
             scores={node: bids[node][0] for node in bidders},
             bids={node: bids[node][1] for node in bidders},
-            payments={**award.payments, **self._included},
-            total_payment=math.fsum([*award.payments.values(), *self._included.values()]),  # exact, in any order
+            payments=payments,
+            total_payment=math.fsum(payments.values()),  # exact, in any order
             budget=float(self.config.budget),
             global_counts=[int(c) for c in pass_result.global_counts],
             excluded=dict(self._excluded),
@@ -206,7 +223,7 @@ class MarketPhase:
             INFO,
             "Market: %d winners of %d bidders, %d included (%d invited, %d excluded%s), total payment %.4g "
             "(budget %.4g)",
-            len(award.winners),
+            len(result.winners),
             len(bidders),
             len(self._included),
             len(self._invited),
@@ -473,41 +490,27 @@ class MarketPhase:
     def _audited_auction(
         self, grid: Grid, pass_result: PassResult, bids: Mapping[int, tuple[float, float]]
     ) -> _Outcome:
-        """Sign the award, have it endorsed, audit its new winners; re-issue it without the winners that refuse
-        or fail, until every winner holds.
+        """Sign the session's one award, have every bidder endorse it, audit the winners that did.
 
-        A loser that does not endorse stays a (losing) bidder of the award, with the reason logged: only winners
-        may leave a re-issued award (the clients refuse any other change).
+        The award is never re-issued (the clients refuse a second one): a winner that does not endorse it or fails
+        its audit is excluded with the reason logged, and is neither trained nor paid.
         """
-        bidders = dict(bids)
+        award, tree = self._award(grid, pass_result, bids)
+        signed = sign_award(award, self._buyer_key)
+        endorsements = self._endorse(grid, signed, tree, [node for node in sorted(bids) if not self.is_excluded(node)])
+        holding = [node for node in award.winners if node in endorsements]
         audited: list[int] = []
-        while True:
-            award = self._award(grid, pass_result, bidders)
-            signed = sign_award(award, self._buyer_key)
-            endorsements = self._endorse(grid, signed, [bidder.node_id for bidder in award.bidders])
-            refusing = [node for node in award.winners if node not in endorsements]
-            if refusing:
-                for node in refusing:
-                    del bidders[node]
-                continue
-            pending = [node for node in award.winners if node not in audited]
-            if not self.config.audit_winners or not pending:
-                break
-            honest = self._audit(grid, pass_result, signed, endorsements, pending, bidders)
-            audited.extend(node for node in pending if node in honest)
-            if honest >= set(pending):
-                break
-            for node in pending:
-                if node not in honest:
-                    del bidders[node]
-        audited = [node for node in audited if node in award.winners]  # an audited winner may have left since
-        return _Outcome(award=award, signed=signed, audited=audited, endorsers=set(endorsements))
+        if self.config.audit_winners and holding:
+            honest = self._audit(grid, pass_result, signed, endorsements, holding, bids)
+            audited = [node for node in holding if node in honest]
+            holding = audited
+        return _Outcome(award=award, signed=signed, winners=holding, audited=audited, endorsers=set(endorsements))
 
-    def _award(self, grid: Grid, pass_result: PassResult, bids: Mapping[int, tuple[float, float]]) -> Award:
-        """The award of the auction over ``bids`` under the market's terms (:func:`.award.build_award`).
-
-        A cohort cap larger than the bidders left (some were excluded on the way) is lowered to their number.
-        """
+    def _award(
+        self, grid: Grid, pass_result: PassResult, bids: Mapping[int, tuple[float, float]]
+    ) -> tuple[Award, BidsTree]:
+        """The award of the auction over ``bids`` under the market's terms, and its bids tree
+        (:func:`.award.build_award`)."""
         cap = self.config.num_winners
         if cap is not None and bids and cap > len(bids):
             log(
@@ -517,28 +520,36 @@ class MarketPhase:
                 cap,
                 len(bids),
             )
+        survivors = sorted((index, node) for node, index in pass_result.indices.items())
         try:
             return build_award(
-                int(grid.run.run_id), pass_result.session, pass_result.transcript, self.terms, bids, self._included
+                int(grid.run.run_id),
+                pass_result.session,
+                pass_result.transcript,
+                self.terms,
+                survivors,
+                bids,
+                self._included,
             )
         except ValueError as err:  # every score and bid was validated on arrival; kept as a clear error all the same
             raise MarketError(f"the auction rejected its input: {err}") from err
 
-    def _endorse(self, grid: Grid, signed: SignedAward, bidders: Sequence[int]) -> dict[int, bytes]:
-        """Send the signed award to every bidder not yet excluded; return ``{node: endorsement}`` of those that
-        endorse it (with a directory: a valid signature on its digest; without: any well-formed reply)."""
+    def _endorse(self, grid: Grid, signed: SignedAward, tree: BidsTree, bidders: Sequence[int]) -> dict[int, bytes]:
+        """Send the signed award, with each bidder's path in its bids tree, to every bidder; return
+        ``{node: endorsement}`` of those that endorse it (with a directory: a valid signature on its digest; without:
+        an empty reply or a 64-byte signature). Anything else excludes its sender."""
         record: dict[str, ConfigRecordValues] = {
             KEY_SESSION: self._session,
             KEY_AWARD: signed.encoded,
             KEY_AWARD_SIGNATURE: signed.signature,
         }
-        requests = {node: config_record(record) for node in bidders if not self.is_excluded(node)}
+        requests = {node: config_record({**record, KEY_BID_PROOF: tree.proof(node)}) for node in bidders}
         replies = self.exchange(grid, ACTION_ENDORSE, requests)
 
         def read(reply: Message, node: int) -> bytes:
             endorsement = read_config(reply).get(KEY_ENDORSEMENT)
-            if not isinstance(endorsement, bytes):
-                raise ReplyError(f"'{KEY_ENDORSEMENT}' must be bytes")
+            if not isinstance(endorsement, bytes) or len(endorsement) not in (0, SIGNATURE_LENGTH):
+                raise ReplyError(f"'{KEY_ENDORSEMENT}' must be empty or a {SIGNATURE_LENGTH}-byte signature")
             directory = self.config.directory
             if directory is not None:
                 try:
@@ -576,7 +587,9 @@ class MarketPhase:
         return set(opened)
 
     # --- Step 4: awards ------------------------------------------------------------------------
-    def _close(self, grid: Grid, signed: SignedAward | None, endorsers: set[int]) -> list[int]:
+    def _close(
+        self, grid: Grid, signed: SignedAward | None, endorsers: set[int], bids: Sequence[int] = ()
+    ) -> list[int]:
         """Send every contacted node the final signed award (none if the market aborted; to its ``endorsers``,
         which hold it, only its digest); return the bidders that acknowledge it."""
         record: dict[str, ConfigRecordValues] = {KEY_SESSION: self._session}
@@ -585,7 +598,7 @@ class MarketPhase:
         if signed is not None:
             record.update({KEY_AWARD: signed.encoded, KEY_AWARD_SIGNATURE: signed.signature})
             held.update({KEY_AWARD_DIGEST: signed.digest, KEY_AWARD_SIGNATURE: signed.signature})
-            bidders = [bidder.node_id for bidder in Award.decode(signed.encoded).bidders]
+            bidders = list(bids)
         requests = {node: config_record(held if node in endorsers else record) for node in sorted(self._contacted)}
         if not requests:
             return []

@@ -160,6 +160,8 @@ class ClientState:
     unmask_requested: bool = False
     transcript: bytes = b""
     survivor_count: int = 0
+    survivors: bytes = b""
+    """The survivor set U3 this client answered at unmask (a bitmap of PASS indices), which ``transcript`` binds."""
 
     def update(self, **changes: Any) -> None:
         """Set these fields (a name that is not a field raises ``AttributeError``)."""
@@ -819,5 +821,6 @@ class PassClient:
             stage=Stage.UNMASKED,
             transcript=survivor_transcript(state.session, np.flatnonzero(survivors) + 1),
             survivor_count=int(np.count_nonzero(survivors)),
+            survivors=request.survivors,
         )
         return reply
