@@ -105,9 +105,14 @@ def test_a_loser_claiming_the_highest_score_is_caught_by_the_audit_and_not_paid(
     assert liar not in outcome.winners
     assert outcome.payments.get(liar, 0.0) == 0.0
     assert "audit" in outcome.excluded[liar]
-    expected_winners, expected_payments = honest_auction(counts, [n for n in nodes if n != liar], budget)
-    assert outcome.winners == expected_winners
-    assert outcome.payments == pytest.approx(expected_payments)
+    # The award is never re-issued: the other winners are those of the one award (the liar's claim in it), at its
+    # payments, and no bidder is promoted in the liar's place (nor opened).
+    claimed = run_auction([highest if n == liar else true_scores[n] for n in nodes], [bids[n] for n in nodes], budget)
+    awarded = [nodes[int(i)] for i in claimed.winners]
+    assert liar in awarded and outcome.winners == [n for n in awarded if n != liar]
+    assert {n: outcome.payments[n] for n in outcome.winners} == pytest.approx(
+        {nodes[i]: float(claimed.payments[i]) for i in range(len(nodes)) if nodes[i] in outcome.winners}
+    )
     assert outcome.total_payment <= budget
 
 

@@ -182,7 +182,7 @@ def test_an_award_endorsed_in_an_earlier_market_opens_no_counts_after_a_relaunch
         request = {KEY_SESSION: session, KEY_AWARD: old.award, KEY_ENDORSEMENTS: b""}
         reply = send(grid, "market_audit", {node: request})[node]
         assert reply.has_error() and "market_audit: request refused" in reply.error.reason
-    assert "the audit does not show the latest award this client endorsed" in caplog.text
+    assert "the audit does not show the award this client endorsed" in caplog.text
     assert "not for the PASS session this client took part in" in caplog.text
 
 

@@ -114,7 +114,7 @@ _ENDORSED = "endorsed-award"
 _ENDORSED_SIGNATURE = "endorsed-award-signature"
 _ENDORSED_WON = "endorsed-award-won"
 _ENDORSED_PAYMENT = "endorsed-award-payment"
-"""The latest award this client endorsed, the buyer's signature on it (what an audit must show), and what it
+"""The award this client endorsed (one per session), the buyer's signature on it (what an audit must show), and what it
 gives this client (read back when the final award is named by its digest, without decoding it again)."""
 _OPENED = "opened-counts"
 """Whether this client opened its counts to the buyer in the market it last closed (kept with its receipt)."""
@@ -310,11 +310,13 @@ def register_market_handlers(
       commitment to the buyer once, for the audit of its score, and only as a *winner* of a signed award
       (:mod:`flmarket_flwr.market.award`): the buyer's terms (budget, cohort cap, its Ed25519 key; with
       ``buyer_key`` pinned by the node) come with the advertisement, before PASS; after the auction the
-      client checks the buyer-signed award (its own score and bid as sent, the winners and payments those
-      of ``run_auction`` over the listed bids under the terms) and endorses it; it opens only for the
-      latest award it endorsed, that pays it at least its bid, and with a directory that ``t`` other
-      members endorsed (so the buyer cannot show different bidders different awards). The signed award
-      is its receipt (:func:`read_award`). ``audit=False`` makes it refuse, and then it cannot be paid.
+      client checks the buyer-signed award (its own score and bid in its bids tree as sent, every bidder it
+      names a survivor, the winners and payments those of ``run_auction`` over the auction's decisive head
+      under the terms) and endorses it, once per session: the award is never re-issued. It opens only for
+      the award it endorsed, that pays it at least its bid, and with a directory that a quorum of the
+      session's survivors endorsed (node config ``pass-colluders``: so the buyer cannot show different
+      bidders different awards). The signed award is its receipt (:func:`read_award`), kept whatever the
+      closing message says. ``audit=False`` makes it refuse, and then it cannot be paid.
       Its score and bid are functions of its counts and are sent: ``CostBasedBid`` reveals ``N_e`` to
       anyone who knows its cost (docs/threat-model.md);
     * at most one released PASS session per run: a client joins a fresh session of the same run (the
@@ -471,10 +473,11 @@ class _MarketHandlers:
         """PASS round 2: check the graph and the neighbours' keys, send encrypted shares of the secrets."""
 
         def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
-            if self._release_ledger(context) is not None or self._directory(context) is not None:
-                # the roster's node ids, checked against what it signed: for the ledger and the award's checks
-                roster = _checked_roster(client, request.get(KEY_ROSTER_NODE_IDS), context)
-                _state_record(context)[_LEDGER_ROSTER] = roster
+            sent = request.get(KEY_ROSTER_NODE_IDS)
+            if self._release_ledger(context) is not None or (sent is not None and self._directory(context) is not None):
+                # the roster's node ids, checked against what it signed: for the ledger and the award's checks (a node
+                # with a directory and no ledger that is not sent them cannot check an award: it refuses to endorse)
+                _state_record(context)[_LEDGER_ROSTER] = _checked_roster(client, sent, context)
             return client.share_keys(request, self._directory(context), self._identity_key(context)).to_record()
 
         return self._pass_step(message, context, ACTION_SHARE, step)
@@ -663,40 +666,62 @@ class _MarketHandlers:
     def award(self, message: Message, context: Context) -> Message:
         """Record the outcome from the buyer-signed final award (the receipt) and wipe what is left of PASS.
 
-        A client that endorsed the final award is sent its digest and the signature instead, and takes the award
-        it holds. Without an award (the market aborted) the client records that it lost.
+        A client that endorsed an award in this session keeps that award as its receipt, whatever the final message
+        says: it must name that award (by its digest and signature, or in full), and a different award, or none
+        (an abort after the endorsements), is refused while the client still records the award it holds. A client
+        that endorsed none checks the award it is sent; without an award (the market aborted) it records that it
+        lost.
         """
         state = _state_record(context)
+        held = _endorsed_award(state)
         try:
             request = _request(message)
             _check_session(request, state)
-            won, payment, signed = False, 0.0, None
-            if request.get(KEY_AWARD) is None and request.get(KEY_AWARD_DIGEST) is not None:
-                signed = _held_award(request, state)  # checked when this client endorsed it
-                won, payment = bool(state[_ENDORSED_WON]), float(state[_ENDORSED_PAYMENT])  # type: ignore[arg-type]
-            elif request.get(KEY_AWARD) is not None:
-                signed, award = _verified_award(request, state)
-                if (award.run_id, award.session) != (int(context.run_id), _pass_client(state).session):
-                    raise _RequestError("the award is not for this client's run and PASS session")
-                if award.terms != _stored_terms(state):
-                    raise _RequestError("the award's terms are not those announced at the advertisement")
-                own = award.bidder(int(context.node_id))
-                if own is not None and (own.score, own.bid) != (state.get(KEY_SCORE), state.get(KEY_BID)):
-                    raise _RequestError("the award does not list this client's score and bid as it sent them")
-                won = own is not None and own.node_id in award.winners
-                payment = 0.0 if own is None else own.payment
+            if held is not None:
+                _check_final_award(request, held)
+                signed, won, payment = held, bool(state[_ENDORSED_WON]), float(state[_ENDORSED_PAYMENT])  # type: ignore[arg-type]
+            else:
+                signed, won, payment = self._final_award(request, state, context)
         except (ValueError, TypeError, KeyError) as err:
-            _close_pass_state(state)
+            if held is not None:  # the receipt stands: the buyer cannot take back the award this client endorsed
+                self._record_receipt(state, held, bool(state[_ENDORSED_WON]), float(state[_ENDORSED_PAYMENT]))  # type: ignore[arg-type]
+            else:
+                _close_pass_state(state)
             return _refusal(message, ACTION_AWARD, err)
+        self._record_receipt(state, signed, won, payment)
+        return _reply(message, config_record({KEY_ACCEPTED: True}))
+
+    @staticmethod
+    def _final_award(
+        request: ConfigRecord, state: ConfigRecord, context: Context
+    ) -> tuple[SignedAward | None, bool, float]:
+        """The final award sent to a client that endorsed none, checked, and what it gives this client."""
+        if request.get(KEY_AWARD) is None:
+            if request.get(KEY_AWARD_DIGEST) is not None:
+                raise _RequestError("the award named by its digest is not one this client endorsed")
+            return None, False, 0.0
+        signed, award = _verified_award(request, state)
+        if (award.run_id, award.session) != (int(context.run_id), _pass_client(state).session):
+            raise _RequestError("the award is not for this client's run and PASS session")
+        if award.terms != _stored_terms(state):
+            raise _RequestError("the award's terms are not those announced at the advertisement")
+        own = award.bidder(int(context.node_id))
+        if own is not None and (own.score, own.bid) != (state.get(KEY_SCORE), state.get(KEY_BID)):
+            raise _RequestError("the award does not list this client's score and bid as it sent them")
+        won = own is not None and own.node_id in award.winners
+        return signed, won, 0.0 if own is None else own.payment
+
+    @staticmethod
+    def _record_receipt(state: ConfigRecord, signed: SignedAward | None, won: bool, payment: float) -> None:
+        """Keep the outcome and its receipt, note whether this client opened its counts, and close PASS."""
         _close_pass_state(state)
-        state[_OPENED] = state.get(_STAGE) == _STAGE_AUDITED
+        state[_OPENED] = state.get(_STAGE) == _STAGE_AUDITED or state.get(_OPENED) is True  # a repeated close
         state[_STAGE] = _STAGE_CLOSED
         state[KEY_WON] = won
         state[KEY_PAYMENT] = float(payment)
         if signed is not None:
             state[KEY_AWARD] = signed.encoded
             state[KEY_AWARD_SIGNATURE] = signed.signature
-        return _reply(message, config_record({KEY_ACCEPTED: True}))
 
     # --- Helpers -------------------------------------------------------------------------------
     def _announced_terms(self, request: Mapping[str, Any], context: Context) -> AwardTerms | None:
@@ -773,13 +798,12 @@ def _verified_award(request: ConfigRecord, state: ConfigRecord) -> tuple[SignedA
     return signed, signed.verify(_stored_terms(state).buyer_key)
 
 
-def _held_award(request: ConfigRecord, state: ConfigRecord) -> SignedAward:
-    """The award this client endorsed last, which the request names by its digest and signature."""
-    held = _endorsed_award(state)
+def _check_final_award(request: ConfigRecord, held: SignedAward) -> None:
+    """The final award must be the one this client endorsed: named by its digest and signature, or sent in full."""
     named = (request.get(KEY_AWARD_DIGEST), request.get(KEY_AWARD_SIGNATURE))
-    if held is None or (held.digest, held.signature) != named:
-        raise _RequestError("the award named by its digest is not the one this client endorsed")
-    return held
+    sent = (request.get(KEY_AWARD), request.get(KEY_AWARD_SIGNATURE))
+    if named != (held.digest, held.signature) and sent != (held.encoded, held.signature):
+        raise _RequestError("the final award is not the award this client endorsed, which it keeps as its receipt")
 
 
 def _stored_terms(state: ConfigRecord) -> AwardTerms:
@@ -790,7 +814,7 @@ def _stored_terms(state: ConfigRecord) -> AwardTerms:
 
 
 def _endorsed_award(state: ConfigRecord) -> SignedAward | None:
-    """The latest award this client endorsed (verified then), or ``None``."""
+    """The award this client endorsed in this session (verified then), or ``None``."""
     encoded = state.get(_ENDORSED)
     if not isinstance(encoded, bytes):
         return None

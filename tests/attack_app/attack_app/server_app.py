@@ -22,7 +22,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from flmarket_flwr.market import MarketConfig, MarketError, MarketPhase
-from flmarket_flwr.market.award import SignedAward, build_award, pack_endorsements, sign_award
+from flmarket_flwr.market.award import Bidder, SignedAward, build_award, pack_endorsements, sign_award
 from flmarket_flwr.market.messages import (
     ACTION_AUDIT,
     ACTION_ENDORSE,
@@ -67,13 +67,14 @@ class AuditOracle(MarketPhase):
 
     def _audited_auction(self, grid: Grid, pass_result: PassResult, bids: Mapping[int, tuple[float, float]]) -> Any:
         session = pass_result.session
-        honest = build_award(int(grid.run.run_id), session, pass_result.transcript, self.terms, bids)
+        survivors = sorted((index, node) for node, index in pass_result.indices.items())
+        honest, _ = build_award(int(grid.run.run_id), session, pass_result.transcript, self.terms, survivors, bids)
         other_key = Ed25519PrivateKey.generate()
         forged = SignedAward(honest.encode(), other_key.sign(honest.encode()))
         everyone = dataclasses.replace(
             honest,
             winners=tuple(sorted(bids)),
-            bidders=tuple(dataclasses.replace(bidder, payment=bidder.bid) for bidder in honest.bidders),
+            head=tuple(Bidder(node, score, bid, bid) for node, (score, bid) in sorted(bids.items())),
         )
         signed_everyone = sign_award(everyone, self._buyer_key)
 
