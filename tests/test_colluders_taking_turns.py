@@ -1,0 +1,241 @@
+"""The DoS bound of the secure profile (issue 39, item 5): colluding clients that take turns to stop PASS.
+
+Each colluder behaves until its turn, then makes its session fail closed before any unmask request (garbage
+shares to more receivers than its own threshold spares, or a dealing of a random value and a withheld masked
+input). The market runs a fresh session without every client a failed session named, ``pass_reruns`` times at
+most; in the secure profile that is the number ``c`` of colluders the profile assumes (a fifth of the pinned
+directory, rounded up). Played against drop-in nodes configured by the profile alone (identity keys, the pinned
+directory, complete graph, roster floor, split tolerance, noise, ledger) and a buyer in the profile, at their
+defaults: ``c`` colluders taking turns are all named and the market finishes over the honest clients; ``c + 1``
+stop it with an error that says how many re-runs were used and names every one of them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from adversary import make_counts
+from flwr.app import Context, RecordDict
+from test_adversarial_pass_robust import _dealing_a_random_value
+from test_secure_profile_market import drop_in_app, profile_setup, secure_config
+
+from flmarket_flwr.app.run_config import check_run_config, pass_reruns_of
+from flmarket_flwr.market import MarketConfig, MarketError, MarketPhase
+from flmarket_flwr.market.config import DEFAULT_PASS_RERUNS, profile_colluders
+from flmarket_flwr.market.inprocess import InProcessGrid
+from flmarket_flwr.market.messages import RECORD_KEY
+from flmarket_flwr.market.node_config import colluders_of, min_participants_of
+from flmarket_flwr.pass_protocol import IdentityDirectory, generate_identity
+
+Hook = Callable[[Any, Any], Any]
+
+
+@pytest.fixture(autouse=True)
+def ledger_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "flmarket-home"
+    monkeypatch.setenv("FLMARKET_HOME", str(home))
+    return home
+
+
+# --- The setting ---------------------------------------------------------------------------------------------
+def _directory(size: int) -> IdentityDirectory:
+    return IdentityDirectory({1000 + node: generate_identity()[1] for node in range(size)})
+
+
+@pytest.mark.parametrize("size", [6, 9, 10, 11, 15, 16, 50, 101])
+def test_the_secure_profiles_reruns_are_the_colluders_its_nodes_assume(tmp_path: Path, size: int) -> None:
+    """One rule on both sides: the buyer's default re-runs are the ``pass-colluders`` default of a node that pins
+    the same directory, a fifth of it rounded up; and removing that many from the whole directory leaves a
+    roster at the nodes' own floor (two thirds of it), so the re-runs are not cut short by the floor."""
+    directory = _directory(size)
+    (tmp_path / "directory.json").write_text(directory.to_json())
+    node = Context(
+        1,
+        5,
+        {
+            "market-security": "malicious",
+            "identity-directory": str(tmp_path / "directory.json"),
+            "identity-directory-digest": directory.digest().hex(),
+        },
+        RecordDict(),
+        {},
+    )
+    buyer = MarketConfig(budget=1.0, num_classes=2, security="malicious", directory=directory)
+    assert buyer.pass_reruns == colluders_of(node) == profile_colluders(size) == math.ceil(size / 5)
+    assert size - buyer.pass_reruns >= min_participants_of(node)
+
+
+def test_the_reruns_default_to_two_outside_the_profile_and_any_count_may_be_set() -> None:
+    directory = _directory(20)
+    assert MarketConfig(budget=1.0, num_classes=2).pass_reruns == DEFAULT_PASS_RERUNS == 2
+    assert MarketConfig(budget=1.0, num_classes=2, directory=directory).pass_reruns == 2  # semi-honest
+    assert MarketConfig(budget=1.0, num_classes=2, security="malicious", directory=directory).pass_reruns == 4
+    for count in (0, 1, 7):
+        config = MarketConfig(budget=1.0, num_classes=2, security="malicious", directory=directory, pass_reruns=count)
+        assert config.pass_reruns == count
+
+
+@pytest.mark.parametrize(
+    ("value", "error"), [("three", ValueError), ("", ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError)]
+)
+def test_a_bad_rerun_count_is_refused_naming_the_setting(value: object, error: type) -> None:
+    with pytest.raises(error, match="pass_reruns"):
+        MarketConfig(budget=1.0, num_classes=2, pass_reruns=value)  # type: ignore[arg-type]
+
+
+def test_the_run_config_key_reaches_the_market() -> None:
+    assert pass_reruns_of("auto") == "auto" and pass_reruns_of("5") == 5
+    assert check_run_config({"pass-reruns": "5"})["pass-reruns"] == "5"
+    for bad in ("-1", "five", "2.5"):
+        with pytest.raises(ValueError, match="pass-reruns"):
+            check_run_config({"pass-reruns": bad})
+
+
+# --- The attacks -----------------------------------------------------------------------------------------------
+def _garbage_beyond_its_threshold(record: dict) -> None:
+    """Garbage to ``k - t + 1`` receivers, ``t`` the threshold the colluder itself announced: its mask key keeps
+    ``t - 1`` holders, and the session stops before any unmask request."""
+    spared = len(record["receivers"]) - record["threshold"] + 1
+    record["ciphertexts"] = [c[:-16] + bytes(16) if i < spared else c for i, c in enumerate(record["ciphertexts"])]
+
+
+def _taking_turns(turns: Mapping[int, int], withholds: frozenset[int] = frozenset()) -> Hook:
+    """A reply hook by which each colluder ``node`` honest until its ``turns[node]``-th PASS session strikes in it:
+    garbage shares, or (for those in ``withholds``) no masked input."""
+    share_rounds = dict.fromkeys(turns, 0)
+
+    def hook(instruction: Any, reply: Any) -> Any:
+        node, kind = instruction.metadata.dst_node_id, instruction.metadata.message_type
+        if node not in turns:
+            return reply
+        if kind == "query.market_share":
+            share_rounds[node] += 1
+        if share_rounds[node] != turns[node] or reply.has_error():
+            return reply
+        if kind == "query.market_mask" and node in withholds:
+            return None  # the server sees a timeout
+        if kind == "query.market_share" and node not in withholds:
+            _garbage_beyond_its_threshold(reply.content.config_records[RECORD_KEY])
+        return reply
+
+    return hook
+
+
+def _profile_grid(tmp_path: Path, num_nodes: int, hook: Hook) -> tuple[InProcessGrid, dict, IdentityDirectory]:
+    counts = make_counts(num_nodes, seed=39)
+    nodes = sorted(counts)
+    configs, directory = profile_setup(tmp_path, nodes)
+    return InProcessGrid(drop_in_app(counts), nodes, node_configs=configs, reply_hook=hook), counts, directory
+
+
+def _sent(grid: InProcessGrid, action: str, node: int | None = None) -> int:
+    return sum(
+        m.metadata.message_type == f"query.{action}" and node in (None, m.metadata.dst_node_id) for m in grid.sent
+    )
+
+
+def _ledgers(ledger_home: Path) -> list[dict]:
+    return [json.loads(path.read_text()) for path in sorted(ledger_home.glob("ledger/*/release-ledger.json"))]
+
+
+@pytest.mark.parametrize("num_nodes", [10, 16])
+@pytest.mark.parametrize("tactic", ["garbage", "mixed"])
+def test_c_colluders_taking_turns_are_all_named_and_the_market_finishes_over_the_honest_clients(
+    tmp_path: Path, ledger_home: Path, monkeypatch: pytest.MonkeyPatch, num_nodes: int, tactic: str
+) -> None:
+    """``c`` = 2 (E = 10) or 4 (E = 16) colluders, one per session: each failed session names its colluder, a
+    named client is never invited again, and the ``c + 1``-th session releases the honest clients' noisy sum, the
+    only sum released: no unmask request went out in a failed session. The cost, stated in the threat model: each
+    honest node's ledger charged every session it masked in (``c + 1``), for one release recorded."""
+    nodes = sorted(make_counts(num_nodes, seed=39))
+    c = profile_colluders(num_nodes)
+    colluders = nodes[1 : 1 + c]
+    turns = {node: turn for turn, node in enumerate(colluders, start=1)}
+    withholds = frozenset(colluders[1::2]) if tactic == "mixed" else frozenset()
+    for node in withholds:
+        _dealing_a_random_value(monkeypatch, node)
+    grid, counts, directory = _profile_grid(tmp_path, num_nodes, _taking_turns(turns, withholds))
+    config = secure_config(directory)
+    assert config.pass_reruns == c
+
+    outcome = MarketPhase(config).run(grid)
+
+    assert outcome.status == "succeeded" and set(outcome.excluded) == set(colluders)
+    for node in colluders:
+        reason = "mis-dealt shares" if node in withholds else "garbage shares"
+        assert reason in outcome.excluded[node]
+    assert [session.named for session in outcome.pass_sessions] == [[node] for node in colluders] + [[]]
+    for turn, session in enumerate(outcome.pass_sessions):
+        assert session.roster == [node for node in nodes if node not in colluders[:turn]]
+    for node in colluders:  # named once: invited to its own session and those before, never after
+        assert _sent(grid, "market_advertise", node) == turns[node]
+    honest = [node for node in nodes if node not in colluders]
+    assert outcome.pass_participants == honest
+    assert _sent(grid, "market_unmask") == len(honest)  # the last session's unmask round only
+    exact = np.sum([counts[node] for node in honest], axis=0)
+    with_colluders = np.sum([counts[node] for node in nodes], axis=0)
+    noisy = np.array(outcome.global_counts)
+    assert np.abs(noisy - exact).max() <= config.noise_tolerance
+    assert np.abs(noisy - exact).sum() < np.abs(noisy - with_colluders).sum() / 4  # the colluders' counts are out
+    assert outcome.winners and set(outcome.winners) <= set(honest)
+    ledgers = _ledgers(ledger_home)
+    assert len(ledgers) == num_nodes
+    spends = sorted(len(ledger["spent"]) for ledger in ledgers)
+    releases = sorted(len(ledger["records"]) for ledger in ledgers)
+    assert spends.count(c + 1) == len(honest)  # every honest node: one charge per session it masked in
+    assert releases.count(1) == len(honest) and releases.count(0) == c  # one release, which no colluder joined
+
+
+@pytest.mark.parametrize("num_nodes", [10, 16])
+def test_colluders_striking_together_are_named_in_one_session_and_use_one_rerun(tmp_path: Path, num_nodes: int) -> None:
+    """A session names every colluder caught in it: ``c`` colluders striking at once use one re-run, not ``c``."""
+    nodes = sorted(make_counts(num_nodes, seed=39))
+    colluders = nodes[2 : 2 + profile_colluders(num_nodes)]
+    grid, _, directory = _profile_grid(tmp_path, num_nodes, _taking_turns(dict.fromkeys(colluders, 1)))
+    outcome = MarketPhase(secure_config(directory)).run(grid)
+    assert [session.named for session in outcome.pass_sessions] == [colluders, []]
+    assert set(outcome.excluded) == set(colluders)
+    assert outcome.pass_participants == [node for node in nodes if node not in colluders]
+
+
+@pytest.mark.parametrize("num_nodes", [10, 16])
+def test_c_plus_one_colluders_taking_turns_stop_the_market_naming_every_one_and_the_reruns_used(
+    tmp_path: Path, num_nodes: int
+) -> None:
+    """One colluder more than the profile assumes: the ``c + 1``-th failed session finds every re-run used. The
+    market stops before any sum is released (no unmask request, no bid) with an error that names the re-runs
+    used and all ``c + 1`` colluders, session by session; every contacted node is told the market closed."""
+    nodes = sorted(make_counts(num_nodes, seed=39))
+    c = profile_colluders(num_nodes)
+    colluders = nodes[1 : 2 + c]
+    grid, _, directory = _profile_grid(tmp_path, num_nodes, _taking_turns({n: t for t, n in enumerate(colluders, 1)}))
+    with pytest.raises(MarketError) as caught:
+        MarketPhase(secure_config(directory)).run(grid)
+    message = str(caught.value)
+    assert f"{c + 1} PASS session(s) ran, the first and {c} re-run(s) of at most {c}" in message
+    assert f"naming {c + 1} client(s) {colluders}" in message and "no re-run: every re-run allowed is used" in message
+    for turn, node in enumerate(colluders, start=1):
+        assert f"session {turn}: [{node}]" in message
+    outcome = caught.value.outcome
+    assert outcome is not None and outcome.status == "failed" and outcome.winners == []
+    assert [session.named for session in outcome.pass_sessions] == [[node] for node in colluders]
+    assert set(colluders) <= set(outcome.excluded)
+    assert _sent(grid, "market_unmask") == _sent(grid, "market_bid") == 0
+    assert {m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type == "query.market_award"} == set(nodes)
+
+
+def test_one_more_rerun_outlasts_the_extra_colluder(tmp_path: Path) -> None:
+    """The setting is the bound: the same ``c + 1`` colluders with ``pass_reruns = c + 1`` are all named and the
+    market finishes."""
+    nodes = sorted(make_counts(10, seed=39))
+    colluders = nodes[1:4]
+    grid, _, directory = _profile_grid(tmp_path, 10, _taking_turns({n: t for t, n in enumerate(colluders, 1)}))
+    outcome = MarketPhase(secure_config(directory, pass_reruns=3)).run(grid)
+    assert [session.named for session in outcome.pass_sessions] == [[node] for node in colluders] + [[]]
+    assert outcome.pass_participants == [node for node in nodes if node not in colluders]
