@@ -7,7 +7,8 @@ most; in the secure profile that is the number ``c`` of colluders the profile as
 directory, rounded up). Played against drop-in nodes configured by the profile alone (identity keys, the pinned
 directory, complete graph, roster floor, split tolerance, noise, ledger) and a buyer in the profile, at their
 defaults: ``c`` colluders taking turns are all named and the market finishes over the honest clients; ``c + 1``
-stop it with an error that says how many re-runs were used and names every one of them.
+stop it with an error that says how many re-runs were used and names every one of them. The nodes' roster floor,
+at the profile's own default, bounds both the buyer's exclusions and how far re-runs may shrink the roster.
 """
 
 from __future__ import annotations
@@ -239,3 +240,54 @@ def test_one_more_rerun_outlasts_the_extra_colluder(tmp_path: Path) -> None:
     outcome = MarketPhase(secure_config(directory, pass_reruns=3)).run(grid)
     assert [session.named for session in outcome.pass_sessions] == [[node] for node in colluders] + [[]]
     assert outcome.pass_participants == [node for node in nodes if node not in colluders]
+
+
+# --- The roster floor at the profile's default (two thirds of the pinned directory) ------------------------------
+def test_a_roster_shaped_below_the_profiles_default_floor_is_refused_by_every_node(
+    tmp_path: Path, ledger_home: Path
+) -> None:
+    """``tests/test_adversarial_relaunch.py``'s roster test pins ``pass-min-participants=7``; here the nodes keep
+    the profile's own floor, ``ceil(2/3 x 9) = 6``. The buyer excludes four nodes (three by id, one by the tag it
+    declares) to invite five: every invited node refuses at the share round, before a share or a masked input
+    leaves it, and spends nothing. Excluding three (a roster of six, at the floor) runs."""
+    counts = make_counts(9, seed=40)
+    nodes = sorted(counts)
+    for excluded, runs in (((*nodes[:3], "rival"), False), ((*nodes[:2], "rival"), True)):
+        home = tmp_path / ("runs" if runs else "refused")
+        home.mkdir()
+        configs, directory = profile_setup(home, nodes)
+        configs[nodes[-1]]["market-tag"] = "rival"
+        grid = InProcessGrid(drop_in_app(counts), nodes, node_configs=configs)
+        config = secure_config(directory, exclude=excluded)
+        invited = [node for node in nodes if node not in (*nodes[: len(excluded) - 1], nodes[-1])]
+        if runs:
+            outcome = MarketPhase(config).run(grid)
+            assert outcome.status == "succeeded" and outcome.pass_participants == invited == nodes[2:-1]
+            continue
+        with pytest.raises(MarketError) as caught:
+            MarketPhase(config).run(grid)
+        reasons = caught.value.outcome.excluded  # type: ignore[union-attr]
+        assert len(invited) == 5 and all(reasons[node].startswith("market_share") for node in invited)
+        assert _sent(grid, "market_mask") == 0
+        assert sum(len(ledger["spent"]) for ledger in _ledgers(ledger_home)) == 0  # no node spent
+
+
+def test_the_roster_floor_bounds_the_colluders_any_number_of_reruns_outlasts(tmp_path: Path) -> None:
+    """Re-runs shrink the roster: with re-runs to spare (6), four colluders taking turns in a directory of 9 bring
+    it to 5, below the nodes' floor of 6, and there every honest node refuses at the share round. So the market
+    outlasts at most ``min(pass_reruns, invited - floor)`` colluders taking turns (3 here; the profile's ``c`` =
+    2 fits under it at every directory size: ``test_the_secure_profiles_reruns_are_the_colluders_its_nodes_assume``)."""
+    nodes = sorted(make_counts(9, seed=39))
+    colluders = nodes[1:5]
+    grid, _, directory = _profile_grid(tmp_path, 9, _taking_turns({n: t for t, n in enumerate(colluders, 1)}))
+    with pytest.raises(MarketError) as caught:
+        MarketPhase(secure_config(directory, pass_reruns=6)).run(grid)
+    assert "5 PASS session(s) ran, the first and 4 re-run(s) of at most 6" in str(caught.value)
+    outcome = caught.value.outcome
+    assert outcome is not None
+    *failed, last = outcome.pass_sessions
+    assert [session.named for session in failed] == [[node] for node in colluders]
+    honest = [node for node in nodes if node not in colluders]
+    assert last.roster == last.named == honest
+    assert all(outcome.excluded[node].startswith("market_share") for node in honest)
+    assert _sent(grid, "market_unmask") == 0
