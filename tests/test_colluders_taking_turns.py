@@ -291,3 +291,61 @@ def test_the_roster_floor_bounds_the_colluders_any_number_of_reruns_outlasts(tmp
     assert last.roster == last.named == honest
     assert all(outcome.excluded[node].startswith("market_share") for node in honest)
     assert _sent(grid, "market_unmask") == 0
+
+
+# --- After the unmask request, and the nodes' privacy budgets: what re-runs cannot cover ---------------------------
+def _withholding_at_unmask(colluders: list[int]) -> Hook:
+    def hook(instruction: Any, reply: Any) -> Any:
+        if instruction.metadata.dst_node_id in colluders and instruction.metadata.message_type == "query.market_unmask":
+            return None
+        return reply
+
+    return hook
+
+
+@pytest.mark.parametrize(("num_nodes", "finishes"), [(7, False), (8, True), (16, True)])
+def test_c_colluders_withholding_their_unmask_shares_stop_the_market_only_below_eight_nodes(
+    tmp_path: Path, num_nodes: int, finishes: bool
+) -> None:
+    """No re-run follows an unmask request (a second session would be a second sum), so there the colluders need
+    no turns: they withhold their shares together. Each secret has ``k - t`` holders to spare at the profile's
+    split tolerance, at least ``c`` from E = 8 on (E = 8: k = 7, t = 5, c = 2): the sum is released over everyone
+    who masked. At E = 7 (k = 6, t = 5, c = 2) the same two stop the market, and nothing follows."""
+    nodes = sorted(make_counts(num_nodes, seed=39))
+    colluders = nodes[1 : 1 + profile_colluders(num_nodes)]
+    grid, _, directory = _profile_grid(tmp_path, num_nodes, _withholding_at_unmask(colluders))
+    phase = MarketPhase(secure_config(directory))
+    if finishes:
+        outcome = phase.run(grid)
+        assert outcome.pass_participants == nodes and len(outcome.pass_sessions) == 1
+        assert set(outcome.excluded) == set(colluders)  # no reply at the unmask round: out of the rest of the market
+        return
+    with pytest.raises(MarketError, match="no re-run: the unmask round had begun"):
+        phase.run(grid)
+    assert len(phase.pass_sessions) == 1 and _sent(grid, "market_bid") == 0
+
+
+def test_every_failed_session_is_charged_so_the_nodes_budget_also_bounds_the_colluders_outlasted(
+    tmp_path: Path,
+) -> None:
+    """A failed session released nothing, but each honest node charged its ledger when it masked (write-ahead: a
+    buyer could have had its neighbours unmask that session). With a budget of two releases
+    (``pass-dp-total-epsilon=1.5``; epsilon 1 per release composes to 1.45 over two, 1.81 over three), two
+    colluders taking turns leave the honest nodes nothing for the third session: they refuse to mask, naming
+    their privacy budget, though ``pass_reruns`` (2) had a re-run left for it."""
+    counts = make_counts(10, seed=39)
+    nodes = sorted(counts)
+    colluders = nodes[1:3]
+    configs, directory = profile_setup(tmp_path, nodes)
+    for node in nodes:
+        configs[node]["pass-dp-total-epsilon"] = 1.5
+    hook = _taking_turns({node: turn for turn, node in enumerate(colluders, start=1)})
+    grid = InProcessGrid(drop_in_app(counts), nodes, node_configs=configs, reply_hook=hook)
+    with pytest.raises(MarketError) as caught:
+        MarketPhase(secure_config(directory)).run(grid)
+    outcome = caught.value.outcome
+    assert outcome is not None and [session.named for session in outcome.pass_sessions][:2] == [[n] for n in colluders]
+    honest = [node for node in nodes if node not in colluders]
+    assert outcome.pass_sessions[2].roster == honest
+    assert all("privacy budget" in outcome.excluded[node] for node in honest)
+    assert _sent(grid, "market_unmask") == 0
