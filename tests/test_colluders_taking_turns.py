@@ -31,8 +31,14 @@ from flmarket_flwr.market import MarketConfig, MarketError, MarketPhase
 from flmarket_flwr.market.config import DEFAULT_PASS_RERUNS, profile_colluders
 from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.messages import RECORD_KEY
-from flmarket_flwr.market.node_config import colluders_of, min_participants_of
-from flmarket_flwr.pass_protocol import IdentityDirectory, generate_identity
+from flmarket_flwr.market.node_config import (
+    PROFILE_ROSTER_SHARE,
+    PROFILE_SPLIT_TOLERANCE,
+    colluders_of,
+    min_participants_of,
+)
+from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, generate_identity
+from flmarket_flwr.pass_protocol.graph import secret_threshold
 
 Hook = Callable[[Any, Any], Any]
 
@@ -70,6 +76,29 @@ def test_the_secure_profiles_reruns_are_the_colluders_its_nodes_assume(tmp_path:
     buyer = MarketConfig(budget=1.0, num_classes=2, security="malicious", directory=directory)
     assert buyer.pass_reruns == colluders_of(node) == profile_colluders(size) == math.ceil(size / 5)
     assert size - buyer.pass_reruns >= min_participants_of(node)
+
+
+def test_at_every_directory_size_the_profiles_c_fits_under_the_floor_and_the_unmask_thresholds() -> None:
+    """The arithmetic behind the threat model's bound, for every pinned directory of 6 to 5,000 nodes all invited:
+    removing the ``c`` colluders (one per failed session) never takes the roster below the nodes' floor; and from
+    8 nodes on, however the ``c`` split between failed sessions (``r``, named and gone) and withholding their
+    shares at the last session's unmask round, every secret keeps its threshold ``t`` of holders
+    (``c - r <= k - t`` with ``k = E - 1 - r`` and the profile's split tolerance). At 6 and 7 nodes (``c`` = 2)
+    it does not hold: two named leave 4 or 5, too few for split tolerance 2, and two withholding at unmask leave
+    a secret short."""
+    short = []
+    for size in range(6, 5001):
+        c = profile_colluders(size)
+        assert size - c >= max(MIN_PARTICIPANTS, math.ceil(PROFILE_ROSTER_SHARE * size - 1e-9)), size
+        for named in range(c + 1):
+            k = size - 1 - named
+            try:
+                spare = k - secret_threshold(k, PROFILE_SPLIT_TOLERANCE)
+            except ValueError:  # fewer than 6 left: split tolerance 2 has no threshold, every node refuses
+                spare = -1
+            if c - named > spare:
+                short.append(size)
+    assert sorted(set(short)) == [6, 7]
 
 
 def test_the_reruns_default_to_two_outside_the_profile_and_any_count_may_be_set() -> None:

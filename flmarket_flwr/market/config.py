@@ -118,10 +118,11 @@ class MarketConfig:
         later session, so it is named once; a session may name several. ``"auto"``: 2, and in the secure profile
         the colluding clients the profile assumes, :func:`profile_colluders` of the directory (a fifth, rounded
         up; set it to the nodes' ``pass-colluders`` if they set another): ``c`` re-runs let PASS finish despite
-        ``c`` colluders taking turns to stop it. A failure after the unmask request, too few clients left, or
-        a session that names nobody stops the market at once. Each session is a full PASS run, bounded by
-        ``timeout`` per round, and each that reached the mask round is charged to the honest nodes' release
-        ledgers (write-ahead) though it released nothing (docs/threat-model.md). Resolved to an int here.
+        ``c`` colluders taking turns to stop it, while the nodes' roster floors and privacy budgets allow. A
+        failure after the unmask request, too few clients left, or a session that names nobody stops the market
+        at once. Each session is a full PASS run, bounded by ``timeout`` per round, and each that reached the
+        mask round is charged to the honest nodes' release ledgers (write-ahead) though it released nothing
+        (docs/threat-model.md). Resolved to an int here.
     buyer_key : Ed25519PrivateKey, optional
         The buyer's signing key. Its public half is announced with the market's terms (budget, cohort cap)
         in the PASS advertisement, and it signs the award (:mod:`flmarket_flwr.market.award`), which the

@@ -89,8 +89,9 @@ class MarketPhase:
        clients' release ledgers refuse (:meth:`MarketPhase.planned_roster`), and run PASS over the rest
        (:mod:`flmarket_flwr.market.pass_rounds`): the server learns the global counts ``N_s`` and each
        survivor's commitment to its counts, once. A session that fails closed before any unmask request is
-       run again without the clients it named (``pass_reruns`` times at most), so one client cannot stop PASS
-       for everyone; one that fails later stops the market.
+       run again without the clients it named (``pass_reruns`` times at most: ``c`` re-runs outlast ``c``
+       deviating clients taking turns, while the nodes' roster floors and budgets allow); one that fails later
+       stops the market (docs/threat-model.md, "Colluding clients that stop PASS").
     2. Broadcast ``N_s``, ``E`` and the session's transcript hash; each client returns its score and
        bid (``query.market_bid``). The market aborts if most PASS participants fail this step.
     3. Run the auction (:func:`flmarket_flwr.pricing.run_auction`, the product's one selection rule:
