@@ -426,12 +426,12 @@ class MarketPhase:
             self.pass_sessions.append(PassSession(self._session.hex(), roster, "released", []))
             return result
 
-    def _raise_pass_failure(self, err: MarketError, sessions: str) -> NoReturn:
-        """Raise ``err`` with what the ``sessions`` were, naming the root cause first when clients' own
+    def _raise_pass_failure(self, err: MarketError, summary: str) -> NoReturn:
+        """Raise ``err`` followed by the sessions' ``summary``, naming the root cause first when clients' own
         label-count callbacks failed."""
         cause = _label_count_failures(self._excluded)
         # name the root cause, not its symptom ("only 0 clients advertised valid keys")
-        raise MarketError(f"{cause + '; ' if cause else ''}{err}; {sessions}") from err
+        raise MarketError(f"{cause + '; ' if cause else ''}{err}; {summary}") from err
 
     def require_enough(self, nodes: Sequence[int], where: str) -> None:
         """Raise :class:`MarketError` if fewer than ``min_clients`` nodes are left."""
