@@ -1,8 +1,15 @@
 """One client cannot stop PASS for everyone (issue 29, item 4): each attack is played by one real client whose
-replies are altered on the way to the server, at E = 8 (the complete graph) and E = 40 (a sparse one); the market
-finishes for the others with the culprit named in ``MarketOutcome.excluded``."""
+replies are altered on the way to the server, at E = 8 and E = 40; the market finishes for the others with the
+culprit named in ``MarketOutcome.excluded``. Each attack runs in both profiles at their defaults: the default one
+(no identity keys, the protocol's own threshold, a sparse graph at E = 40, exact counts) and the secure one
+(drop-in nodes configured by ``market-security=malicious`` alone: identity keys, the pinned directory, the
+complete graph, split tolerance 2 and its higher thresholds, the roster floor, noise and ledger; a buyer in the
+profile). Colluders taking turns across re-runs: ``tests/test_colluders_taking_turns.py``."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +24,7 @@ from adversary import (
     send,
     signed_setup,
 )
+from test_secure_profile_market import drop_in_app, profile_setup, secure_config
 
 from flmarket_flwr.market import MarketError, MarketPhase
 from flmarket_flwr.market.inprocess import InProcessGrid
@@ -24,11 +32,43 @@ from flmarket_flwr.market.messages import RECORD_KEY
 from flmarket_flwr.pass_protocol import PassClient, PassServer
 from flmarket_flwr.pass_protocol import client as client_module
 from flmarket_flwr.pass_protocol.dleq import share_point
-from flmarket_flwr.pass_protocol.graph import neighbourhood_size, share_threshold
+from flmarket_flwr.pass_protocol.graph import neighbourhood_size, secret_threshold, share_threshold
 from flmarket_flwr.pass_protocol.messages import UnmaskRequest
 from flmarket_flwr.pass_protocol.shamir import random_scalar, scalar_to_bytes
 
 SIZES = [8, 40]
+PROFILES = ["default", "secure"]
+
+
+@pytest.fixture(autouse=True)
+def ledger_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "flmarket-home"
+    monkeypatch.setenv("FLMARKET_HOME", str(home))
+    return home
+
+
+def _market(profile: str, counts, tmp_path: Path, reply_hook=None):
+    """The grid of the real handlers and the buyer's config in ``profile``, both at its defaults: ``default`` (the
+    library's handlers, a cost-based bid) or ``secure`` (drop-in nodes whose node config is the profile's alone)."""
+    if profile == "default":
+        return honest_grid(counts, reply_hook=reply_hook), market_config()
+    nodes = sorted(counts)
+    configs, directory = profile_setup(tmp_path, nodes)
+    return InProcessGrid(drop_in_app(counts), nodes, node_configs=configs, reply_hook=reply_hook), secure_config(
+        directory
+    )
+
+
+def _check_sum_over(outcome, counts, nodes, config) -> None:
+    """``N_s`` is the sum over ``nodes``: exactly without noise; with it, within the noise's tail and far closer to
+    it than to the sum with the excluded clients' counts in."""
+    exact = np.array(_exact_over(counts, nodes))
+    if config.noise is None:
+        assert outcome.global_counts == exact.tolist()
+        return
+    noisy, everyone = np.array(outcome.global_counts), np.array(_exact_over(counts, counts))
+    assert np.abs(noisy - exact).max() <= config.noise_tolerance
+    assert np.abs(noisy - exact).sum() < np.abs(noisy - everyone).sum() / 4
 
 
 def _garbled(ciphertext: bytes) -> bytes:
@@ -46,19 +86,23 @@ def _threshold_k_and_one_garbled(record) -> None:
     record["ciphertexts"] = [_garbled(c) if i == 0 else c for i, c in enumerate(record["ciphertexts"])]
 
 
+@pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("num_nodes", SIZES)
-def test_a_dealer_announcing_threshold_k_is_refused_at_its_shares_and_the_market_finishes(num_nodes: int) -> None:
+def test_a_dealer_announcing_threshold_k_is_refused_at_its_shares_and_the_market_finishes(
+    tmp_path: Path, num_nodes: int, profile: str
+) -> None:
     """With ``t = k`` one accusing receiver would leave the dealer's mask key ``k - 1`` holders: the server refuses
     any threshold above ``k - 1`` where it is announced, names the dealer, and PASS goes on without it."""
     counts = make_counts(num_nodes, seed=29)
     attacker = sorted(counts)[3]
-    grid = honest_grid(counts, reply_hook=altering(attacker, "market_share", _threshold_k_and_one_garbled))
-    outcome = MarketPhase(market_config()).run(grid)
+    hook = altering(attacker, "market_share", _threshold_k_and_one_garbled)
+    grid, config = _market(profile, counts, tmp_path, hook)
+    outcome = MarketPhase(config).run(grid)
     assert set(outcome.excluded) == {attacker}
     assert "announced threshold" in outcome.excluded[attacker]
     honest = [n for n in counts if n != attacker]
-    assert outcome.pass_participants == sorted(honest)
-    assert outcome.global_counts == _exact_over(counts, honest)
+    assert outcome.pass_participants == sorted(honest) and len(outcome.pass_sessions) == 1
+    _check_sum_over(outcome, counts, honest, config)
 
 
 # --- (c) garbage to more than k - t receivers: the session fails closed, the market runs it again -------------
@@ -69,17 +113,27 @@ def _garbage_to_first(how_many: int):
     return change
 
 
+@pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("num_nodes", SIZES)
-def test_garbage_to_more_than_k_minus_t_receivers_is_named_and_pass_runs_again_without_it(num_nodes: int) -> None:
-    """``k - t + 1`` receivers accuse the sender: its mask key keeps ``t - 1`` holders, the session stops before any
-    unmask request, and a fresh session without the named sender releases the others' exact sum."""
+def test_garbage_to_more_than_k_minus_t_receivers_is_named_and_pass_runs_again_without_it(
+    tmp_path: Path, num_nodes: int, profile: str
+) -> None:
+    """``k - t + 1`` receivers accuse the sender (``t`` the threshold it announced itself: the profile's split
+    tolerance raises it): its mask key keeps ``t - 1`` holders, the session stops before any unmask request, and a
+    fresh session without the named sender releases the others' sum (exact, or noisy in the profile)."""
     counts = make_counts(num_nodes, seed=31)
-    k = num_nodes - 1 if num_nodes <= 20 else neighbourhood_size(num_nodes)
+    k = num_nodes - 1 if num_nodes <= 20 or profile == "secure" else neighbourhood_size(num_nodes)
     attacker = sorted(counts)[5]
-    change = _garbage_to_first(k - share_threshold(k) + 1)
-    outcome = MarketPhase(market_config()).run(
-        honest_grid(counts, reply_hook=altering(attacker, "market_share", change))
-    )
+    announced = []
+
+    def change(record) -> None:
+        assert len(record["receivers"]) == k
+        announced.append(record["threshold"])
+        _garbage_to_first(k - record["threshold"] + 1)(record)
+
+    grid, config = _market(profile, counts, tmp_path, altering(attacker, "market_share", change))
+    outcome = MarketPhase(config).run(grid)
+    assert announced[0] == (share_threshold(k) if profile == "default" else secret_threshold(k, 2))
     assert set(outcome.excluded) == {attacker}
     assert "garbage shares" in outcome.excluded[attacker]
     first, second = outcome.pass_sessions
@@ -87,7 +141,8 @@ def test_garbage_to_more_than_k_minus_t_receivers_is_named_and_pass_runs_again_w
     assert second.result == "released" and second.roster == sorted(n for n in counts if n != attacker)
     honest = [n for n in counts if n != attacker]
     assert outcome.pass_participants == sorted(honest)
-    assert outcome.global_counts == _exact_over(counts, honest)
+    assert sum(m.metadata.message_type == "query.market_unmask" for m in grid.sent) == len(honest)  # session 2's
+    _check_sum_over(outcome, counts, honest, config)
 
 
 # --- a second session of one run: joined only by a client that released nothing -----------------------------
@@ -146,6 +201,26 @@ def test_a_client_asked_to_unmask_refuses_any_later_session_of_the_run() -> None
         assert grid.context(node).state.config_records[RECORD_KEY]["pass/session"] == b"session-1"
 
 
+def test_in_the_profile_a_buyer_running_pass_again_after_a_release_gets_no_second_session(tmp_path: Path) -> None:
+    """The two-sums attack by the buyer's own machinery, against drop-in nodes in the secure profile: after one
+    session released ``N_s``, a second session of the same run is refused by every node at advertise, before any
+    key, share or masked input; each node's ledger holds the one release and its one spend."""
+    counts = make_counts(8, seed=43)
+    grid, config = _market("secure", counts, tmp_path)
+    phase = MarketPhase(config)
+    released = phase.run_pass(grid, sorted(counts))
+    assert released.participants == sorted(counts)
+    with pytest.raises(MarketError, match="no re-run: 0 client"):
+        phase.run_pass(grid, sorted(counts))
+    second = phase.pass_sessions[-1]
+    assert second.named == sorted(counts)
+    assert all(reason.startswith("market_advertise") for reason in phase._excluded.values())
+    assert sum(m.metadata.message_type == "query.market_mask" for m in grid.sent) == len(counts)  # session 1 only
+    ledgers = [json.loads(path.read_text()) for path in (tmp_path / "flmarket-home").glob("ledger/*/*.json")]
+    assert len(ledgers) == len(counts)
+    assert all(len(ledger["records"]) == len(ledger["spent"]) == 1 for ledger in ledgers)
+
+
 def test_a_client_refused_at_unmask_still_refuses_a_later_session() -> None:
     """Asked to unmask with a set it cannot answer, a client refuses and sends no share; it still never joins
     another session of the run: its neighbours may have answered the same request."""
@@ -192,9 +267,10 @@ def _withholding(node: int, action: str):
     return hook
 
 
+@pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("num_nodes", SIZES)
 def test_a_dealer_of_a_random_value_that_withholds_its_input_is_named_before_anyone_unmasks(
-    monkeypatch, num_nodes: int
+    monkeypatch, tmp_path: Path, num_nodes: int, profile: str
 ) -> None:
     """Its neighbours cannot tell its shares from true ones, and its masks sit in their inputs. Before any unmask
     request the server checks the points of its surviving holders against its advertised mask key, names it
@@ -202,8 +278,8 @@ def test_a_dealer_of_a_random_value_that_withholds_its_input_is_named_before_any
     counts = make_counts(num_nodes, seed=37)
     attacker = sorted(counts)[4]
     _dealing_a_random_value(monkeypatch, attacker)
-    grid = honest_grid(counts, reply_hook=_withholding(attacker, "market_mask"))
-    outcome = MarketPhase(market_config()).run(grid)
+    grid, config = _market(profile, counts, tmp_path, _withholding(attacker, "market_mask"))
+    outcome = MarketPhase(config).run(grid)
     assert set(outcome.excluded) == {attacker}
     assert "mis-dealt shares" in outcome.excluded[attacker]
     first, second = outcome.pass_sessions
@@ -212,7 +288,7 @@ def test_a_dealer_of_a_random_value_that_withholds_its_input_is_named_before_any
     assert len(unmasks) == num_nodes - 1, "only the second session's unmask round"
     honest = [n for n in counts if n != attacker]
     assert second.roster == sorted(honest) and outcome.pass_participants == sorted(honest)
-    assert outcome.global_counts == _exact_over(counts, honest)
+    _check_sum_over(outcome, counts, honest, config)
 
 
 def _garbling_in_session(node: int, session: int, how_many: int):
@@ -260,8 +336,11 @@ def test_the_re_runs_are_bounded_by_pass_reruns(reruns: int) -> None:
     assert outcome.global_counts == _exact_over(counts, honest)
 
 
+@pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("num_nodes", SIZES)
-def test_a_share_that_does_not_match_its_point_names_its_dealer_and_pass_finishes(num_nodes: int) -> None:
+def test_a_share_that_does_not_match_its_point_names_its_dealer_and_pass_finishes(
+    tmp_path: Path, num_nodes: int, profile: str
+) -> None:
     """A dealer sends one receiver a share whose point (in the digest) is another's: the receiver's check fails,
     it accuses with the proven channel secret, the server's own check of the opened share convicts the dealer."""
     counts = make_counts(num_nodes, seed=59)
@@ -272,12 +351,13 @@ def test_a_share_that_does_not_match_its_point_names_its_dealer_and_pass_finishe
         digests[0] = share_point(scalar_to_bytes(random_scalar())) + digests[0][32:]
         record["share_digests"] = digests
 
-    grid = honest_grid(counts, reply_hook=altering(attacker, "market_share", wrong_point))
-    outcome = MarketPhase(market_config()).run(grid)
+    grid, config = _market(profile, counts, tmp_path, altering(attacker, "market_share", wrong_point))
+    outcome = MarketPhase(config).run(grid)
     assert set(outcome.excluded) == {attacker} and "garbage shares" in outcome.excluded[attacker]
     assert len(outcome.pass_sessions) == 1
     honest = [n for n in counts if n != attacker]
-    assert outcome.global_counts == _exact_over(counts, honest)
+    assert outcome.pass_participants == sorted(honest)
+    _check_sum_over(outcome, counts, honest, config)
 
 
 def test_with_identity_keys_the_re_run_is_signed_and_checked_like_the_first_session() -> None:

@@ -125,6 +125,7 @@ BAD_VALUES = {
     "wait-for-nodes-timeout": -1.0,
     "min-market-clients": 2,
     "neighbours": "1",
+    "pass-reruns": "-1",
     "model": "vgg",
     "num-server-rounds": 0,
     "fraction-train": 0.0,

@@ -46,6 +46,7 @@ __all__ = [
     "markdown_table",
     "membership_of",
     "neighbours_of",
+    "pass_reruns_of",
     "pyproject_table",
     "read",
     "RunConfigSchema",
@@ -122,6 +123,10 @@ def _neighbours_ok(value: str) -> bool:
     return value in ("auto", "all") or (value.isdigit() and int(value) >= 2)
 
 
+def _reruns_ok(value: str) -> bool:
+    return value == "auto" or value.isdigit()
+
+
 def _node_ids_ok(value: str) -> bool:
     try:
         parse_node_ids("", value)
@@ -176,6 +181,9 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
            _at_least(3), ">= 3 (PASS with 2 reveals a client's counts)"),
     AppKey("neighbours", _market_default("neighbours"), 'PASS masking graph: "auto", "all", or a degree "k"',
            "server", _neighbours_ok, "'auto', 'all' or a degree k >= 2 (as a string)"),
+    AppKey("pass-reruns", _market_default("pass_reruns"), "PASS sessions run again, each without the clients a "
+           'failed one named: "auto" (2; the secure profile: the colluders it assumes, a fifth of the directory) '
+           'or "n"', "server", _reruns_ok, "'auto' or an integer n >= 0 (as a string)"),
     AppKey("market-security", _market_default("security"), "the buyer's profile: semi-honest, or malicious (the "
            "secure profile: complete graph, noise; each node sets market-security in its node config)", "server",
            _one_of(("semi_honest", "malicious")), "semi-honest or malicious"),
@@ -255,6 +263,11 @@ def relaunch_of(every: int, churn: float, min_cohort: int) -> RelaunchPolicy | N
 
 def neighbours_of(value: str) -> int | str:
     """The PASS graph setting of key ``neighbours`` as the market takes it: a degree as an int, else the word."""
+    return int(value) if value.isdigit() else value
+
+
+def pass_reruns_of(value: str) -> int | str:
+    """The re-run setting of key ``pass-reruns`` as the market takes it: a count as an int, else ``"auto"``."""
     return int(value) if value.isdigit() else value
 
 

@@ -34,6 +34,7 @@ from flmarket_flwr.app.run_config import (
     market_noise,
     membership_of,
     neighbours_of,
+    pass_reruns_of,
     relaunch_of,
     schema_class,
     settings_from,
@@ -215,6 +216,7 @@ def market_config_of(settings: ServerSettings, data_config: DataConfig, run_id: 
         num_winners=settings.num_selected or None,
         min_clients=settings.min_market_clients,
         neighbours=neighbours_of(settings.neighbours),
+        pass_reruns=pass_reruns_of(settings.pass_reruns),
         audit_winners=settings.audit_winners,
         security=settings.market_security.lower().replace("_", "-"),
         directory=IdentityDirectory.from_json(Path(settings.identity_directory))

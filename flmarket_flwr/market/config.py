@@ -19,7 +19,7 @@ from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, Ske
 from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_DELTA, SECURE_PROFILE_EPSILON
 from flmarket_flwr.pricing.auction import VALUE_RANGE
 
-__all__ = ["DEFAULT_COUNT_BOUND", "MarketConfig", "MarketOutcome", "PassSession"]
+__all__ = ["DEFAULT_COUNT_BOUND", "MarketConfig", "MarketOutcome", "PassSession", "profile_colluders"]
 
 DEFAULT_COUNT_BOUND = 10**9
 """Default declared maximum of one client's count of one class."""
@@ -27,6 +27,17 @@ SECURITY_PROFILES: Final = ("semi-honest", "malicious")
 """The market's profiles: against a semi-honest server (the default), or against a malicious one (the secure
 profile, ``docs/threat-model.md``); the buyer sets its side in :class:`MarketConfig`, each node in its node config
 (``market-security``)."""
+PROFILE_COLLUDER_SHARE: Final = 0.2
+"""The colluding clients the secure profile assumes, as a share of the pinned directory (rounded up): the nodes'
+``pass-colluders`` default and the buyer's ``pass_reruns`` default."""
+DEFAULT_PASS_RERUNS: Final = 2
+""":attr:`MarketConfig.pass_reruns` outside the secure profile."""
+
+
+def profile_colluders(directory_size: int) -> int:
+    """The colluding clients the secure profile assumes in a pinned directory of ``directory_size`` nodes:
+    :data:`PROFILE_COLLUDER_SHARE` of them, rounded up."""
+    return math.ceil(PROFILE_COLLUDER_SHARE * directory_size - 1e-9)
 
 
 @dataclass(frozen=True)
@@ -100,11 +111,18 @@ class MarketConfig:
         the few connected clients whose presence would let this sum be differenced with an earlier one to
         fewer than ``min_roster_change`` clients (:func:`~flmarket_flwr.market.ledger.plan_roster`: the
         clients' release ledgers would refuse the whole market), and records its own members after PASS.
-    pass_reruns : int (default: 2)
-        How many times a PASS session that fails closed before any unmask request (no sum released, no
-        client has sent a share of any secret) is run again, as a fresh session without the clients it named
-        (a client garbling its shares, a dropout that left a secret short of its threshold). Each session is
-        bounded by ``timeout`` per round; a client asked to unmask in one session refuses any later one.
+    pass_reruns : int or "auto" (default: "auto")
+        How many times a PASS session that fails closed before any unmask request (no sum released: no client
+        has sent a share of any secret) is run again, as a fresh session without every client it named (a
+        client garbling its shares, a dealer whose key cannot be rebuilt, a dropout). A named client is in no
+        later session, so it is named once; a session may name several. ``"auto"``: 2, and in the secure profile
+        the colluding clients the profile assumes, :func:`profile_colluders` of the directory (a fifth, rounded
+        up; set it to the nodes' ``pass-colluders`` if they set another): ``c`` re-runs let PASS finish despite
+        ``c`` colluders taking turns to stop it, while the nodes' roster floors and privacy budgets allow. A
+        failure after the unmask request, too few clients left, or a session that names nobody stops the market
+        at once. Each session is a full PASS run, bounded by ``timeout`` per round, and each that reached the
+        mask round is charged to the honest nodes' release ledgers (write-ahead) though it released nothing
+        (docs/threat-model.md). Resolved to an int here.
     buyer_key : Ed25519PrivateKey, optional
         The buyer's signing key. Its public half is announced with the market's terms (budget, cohort cap)
         in the PASS advertisement, and it signs the award (:mod:`flmarket_flwr.market.award`), which the
@@ -143,7 +161,7 @@ class MarketConfig:
     noise: SkellamNoise | None = None
     roster_history: RosterHistory | None = None
     security: str = "semi-honest"
-    pass_reruns: int = 2
+    pass_reruns: int | str = "auto"
     buyer_key: Ed25519PrivateKey | None = None
     include: Mapping[Member, float] = field(default_factory=dict)
     exclude: tuple[Member, ...] = ()
@@ -165,6 +183,8 @@ class MarketConfig:
                     "against which the buyer checks signatures and names the clients that break the protocol"
                 )
             object.__setattr__(self, "neighbours", "all")
+            if self.pass_reruns == "auto":  # c re-runs: PASS finishes despite c colluders taking turns to stop it
+                object.__setattr__(self, "pass_reruns", profile_colluders(len(self.directory)))
             if self.noise is None:
                 object.__setattr__(self, "noise", SkellamNoise(SECURE_PROFILE_EPSILON, SECURE_PROFILE_DELTA))
         check_positive_number("budget", self.budget)
@@ -195,6 +215,10 @@ class MarketConfig:
             raise TypeError(f"noise must be a SkellamNoise or None, got {type(self.noise).__name__}")
         if self.roster_history is not None and not isinstance(self.roster_history, RosterHistory):
             raise TypeError(f"roster_history must be a RosterHistory, got {type(self.roster_history).__name__}")
+        if self.pass_reruns == "auto":
+            object.__setattr__(self, "pass_reruns", DEFAULT_PASS_RERUNS)
+        if isinstance(self.pass_reruns, str):
+            raise ValueError(f'pass_reruns must be an int >= 0 or "auto", got {self.pass_reruns!r}')
         check_int("pass_reruns", self.pass_reruns, minimum=0)
         if self.buyer_key is not None and not isinstance(self.buyer_key, Ed25519PrivateKey):
             raise TypeError(f"buyer_key must be an Ed25519PrivateKey or None, got {type(self.buyer_key).__name__}")

@@ -16,7 +16,7 @@ from flwr.app import ConfigRecord, Message
 from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
-from flmarket_flwr.market.config import MarketConfig
+from flmarket_flwr.market.config import MarketConfig, PassSession
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.messages import (
     ACTION_ADVERTISE,
@@ -31,7 +31,7 @@ from flmarket_flwr.market.messages import (
 from flmarket_flwr.market.records import config_record
 from flmarket_flwr.pass_protocol import PassError, PassServer
 
-__all__ = ["PassResult", "PassRounds"]
+__all__ = ["PassResult", "PassRounds", "sessions_summary"]
 
 
 @dataclass
@@ -205,6 +205,16 @@ class PassRounds:
             node = self._server.node_of[index]
             if not self._messenger.is_excluded(node) or index in self._server.culprits:
                 self._messenger.exclude(node, "PASS", reason)
+
+
+def sessions_summary(sessions: Sequence[PassSession], reruns: int) -> str:
+    """How many PASS ``sessions`` ran of the ``reruns`` + 1 allowed, and whom each named, for an error message."""
+    named = [node for session in sessions for node in session.named]
+    each = ", ".join(f"session {number}: {session.named}" for number, session in enumerate(sessions, start=1))
+    return (
+        f"{len(sessions)} PASS session(s) ran, the first and {len(sessions) - 1} re-run(s) of at most {reruns} "
+        f"(MarketConfig.pass_reruns; run config pass-reruns), naming {len(named)} client(s) {named} ({each})"
+    )
 
 
 def _reply_record(reply: Message) -> dict[str, Any]:

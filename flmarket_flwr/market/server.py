@@ -60,7 +60,7 @@ from flmarket_flwr.market.messages import (
     ReplyError,
     read_config,
 )
-from flmarket_flwr.market.pass_rounds import PassResult, PassRounds
+from flmarket_flwr.market.pass_rounds import PassResult, PassRounds, sessions_summary
 from flmarket_flwr.market.records import config_record
 from flmarket_flwr.market.replies import check_opening, highest_possible_score, read_score_and_bid
 from flmarket_flwr.market.transport import exchange
@@ -100,8 +100,9 @@ class MarketPhase:
        clients' release ledgers refuse (:meth:`MarketPhase.planned_roster`), and run PASS over the rest
        (:mod:`flmarket_flwr.market.pass_rounds`): the server learns the global counts ``N_s`` and each
        survivor's commitment to its counts, once. A session that fails closed before any unmask request is
-       run again without the clients it named (``pass_reruns`` times at most), so one client cannot stop PASS
-       for everyone; one that fails later stops the market.
+       run again without the clients it named (``pass_reruns`` times at most: ``c`` re-runs outlast ``c``
+       deviating clients taking turns, while the nodes' roster floors and budgets allow); one that fails later
+       stops the market (docs/threat-model.md, "Colluding clients that stop PASS").
     2. Broadcast ``N_s``, ``E`` and the session's transcript hash; each client returns its score and
        bid (``query.market_bid``). The market aborts if most PASS participants fail this step.
     3. Run the auction (:func:`flmarket_flwr.pricing.run_auction`, the product's one selection rule:
@@ -384,18 +385,22 @@ class MarketPhase:
         """Run PASS over ``nodes`` and return ``N_s`` with the survivors and their commitments.
 
         A session that fails closed before any unmask request went out (nothing released: no client has sent
-        a share of any secret) is run again as a fresh session without the clients it named (but with those
-        it excluded only because named senders garbled their shares to them), at most
-        ``pass_reruns`` times and while ``min_clients`` are left; each session is kept in :attr:`pass_sessions`.
+        a share of any secret) is run again as a fresh session without every client it named (but with those
+        it excluded only because named senders garbled their shares to them), at most ``pass_reruns`` times
+        and while ``min_clients`` are left; each session is kept in :attr:`pass_sessions`. A named client is in
+        no later session: ``c`` re-runs outlast ``c`` deviating clients however they take turns, while each
+        failed session names one of them (an honest dropout is named too, and uses a re-run as well).
 
         Raises
         ------
         MarketError
             Too few survivors, a secret without enough shares, or ``N_s`` out of its bounds, in the last
-            session; or a failure after the unmask round began (a second sum would be a second release).
+            session; or a failure after the unmask round began (a second sum would be a second release). Its
+            message says how many sessions ran, of how many allowed, whom each named, and why none follows.
         """
         self._contacted.update(nodes)
         roster = sorted(nodes)
+        reruns = int(self.config.pass_reruns)  # MarketConfig resolves "auto"
         while True:
             self._session = f"{self.config.session_label}/pass/".encode() + secrets.token_bytes(16)
             terms = self.terms
@@ -408,21 +413,28 @@ class MarketPhase:
                 named = [node for node in roster if self.is_excluded(node) and node not in wronged]
                 self.pass_sessions.append(PassSession(self._session.hex(), roster, str(err), named))
                 roster = [node for node in roster if node not in named]
-                if (
-                    rounds.unmask_requested
-                    or len(self.pass_sessions) > self.config.pass_reruns
-                    or not named
-                    or len(roster) < self.config.min_clients
-                ):
-                    self._raise_pass_failure(err)
+                if rounds.unmask_requested:
+                    why = "the unmask round had begun, and a second session would be a second sum"
+                elif not named:
+                    why = "it named no client"
+                elif len(roster) < self.config.min_clients:
+                    why = f"{len(roster)} client(s) would be left, fewer than min_clients {self.config.min_clients}"
+                elif len(self.pass_sessions) > reruns:
+                    why = "every re-run allowed is used"
+                else:
+                    why = ""
+                if why:
+                    self._raise_pass_failure(err, f"{sessions_summary(self.pass_sessions, reruns)}; no re-run: {why}")
                 log(
                     WARNING,
                     "Market: PASS session %d stopped before any sum was released (%s); running a fresh session "
-                    "without the %d client(s) it named: %s",
+                    "without the %d client(s) it named: %s (re-run %d of at most %d)",
                     len(self.pass_sessions),
                     err,
                     len(named),
                     named,
+                    len(self.pass_sessions),
+                    reruns,
                 )
                 for node in wronged:  # they withdrew only because the named garbled their shares to them
                     log(INFO, "Market: node %d is taken back: its withdrawal was forced by the clients named", node)
@@ -431,12 +443,12 @@ class MarketPhase:
             self.pass_sessions.append(PassSession(self._session.hex(), roster, "released", []))
             return result
 
-    def _raise_pass_failure(self, err: MarketError) -> NoReturn:
-        """Raise ``err``, naming the root cause first when clients' own label-count callbacks failed."""
+    def _raise_pass_failure(self, err: MarketError, summary: str) -> NoReturn:
+        """Raise ``err`` followed by the sessions' ``summary``, naming the root cause first when clients' own
+        label-count callbacks failed."""
         cause = _label_count_failures(self._excluded)
-        if cause:  # name the root cause, not its symptom ("only 0 clients advertised valid keys")
-            raise MarketError(f"{cause}; {err}") from err
-        raise err
+        # name the root cause, not its symptom ("only 0 clients advertised valid keys")
+        raise MarketError(f"{cause + '; ' if cause else ''}{err}; {summary}") from err
 
     def require_enough(self, nodes: Sequence[int], where: str) -> None:
         """Raise :class:`MarketError` if fewer than ``min_clients`` nodes are left."""
