@@ -32,6 +32,7 @@ from flmarket_flwr.market import MarketPhase
 from flmarket_flwr.market.award import Bidder, SignedAward, binding_quorum, settle, sign_award
 from flmarket_flwr.market.bidding import CostBasedBid
 from flmarket_flwr.market.client import read_award
+from flmarket_flwr.market.config import PROFILE_COLLUDER_SHARE
 from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 from flmarket_flwr.market.messages import (
     ACTION_AUDIT,
@@ -40,7 +41,6 @@ from flmarket_flwr.market.messages import (
     KEY_ENDORSEMENT,
     RECORD_KEY,
 )
-from flmarket_flwr.market.node_config import PROFILE_COLLUDER_SHARE
 from flmarket_flwr.pass_protocol import load_identity_key
 from flmarket_flwr.pass_protocol.identity import sign_award_endorsement
 

@@ -13,8 +13,8 @@ from flwr.app import Context, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
 from flmarket_flwr.market import FLMarket, MarketConfig
+from flmarket_flwr.market.config import PROFILE_COLLUDER_SHARE
 from flmarket_flwr.market.node_config import (
-    PROFILE_COLLUDER_SHARE,
     PROFILE_SPLIT_TOLERANCE,
     colluders_of,
     complete_graph_of,

@@ -22,7 +22,7 @@ from flwr.app import Context, Error, Message
 from flwr.common.constant import ErrorCode
 from flwr.supercore import log
 
-from flmarket_flwr.market.config import SECURITY_PROFILES
+from flmarket_flwr.market.config import SECURITY_PROFILES, profile_colluders
 from flmarket_flwr.market.config_keys import Scalar, at_least, check_value, one_of, typed_value
 from flmarket_flwr.market.ledger import DEFAULT_MIN_ROSTER_CHANGE, ReleaseLedger
 from flmarket_flwr.pass_protocol.identity import (
@@ -68,8 +68,6 @@ PROFILE_ROSTER_SHARE: Final = 2 / 3
 """The secure profile's roster floor, as a share of the pinned directory (when ``pass-min-participants`` is unset)."""
 PROFILE_SPLIT_TOLERANCE: Final = 2
 """The secure profile's ``pass-split-tolerance`` when unset: two colluders cannot split the consistency round."""
-PROFILE_COLLUDER_SHARE: Final = 0.2
-"""The secure profile's ``pass-colluders`` when unset, as a share of the pinned directory (rounded up)."""
 LEDGER_HOME_ENV: Final = "FLMARKET_HOME"
 """Where the secure profile keeps a node's ledger when ``market-ledger-dir`` is unset (default ``~/.flmarket``)."""
 
@@ -425,12 +423,13 @@ def colluders_of(context: Context) -> int:
     what it sees. The node sizes its noise so that the honest clients' noise alone reaches its epsilon, counts
     an award as binding only with a majority that this many colluders cannot make twice, and refuses a roster
     too small for the assumption (docs/threat-model.md). In the secure profile it defaults to
-    :data:`PROFILE_COLLUDER_SHARE` of the pinned directory, rounded up.
+    :func:`~flmarket_flwr.market.config.profile_colluders` of the pinned directory (a fifth, rounded up), the
+    number the buyer's ``pass-reruns`` outlasts by default.
     """
     if _secure(context) and not _is_set(context, "pass-colluders"):
         directory = identity_directory_of(context)
         size = len(directory) if directory is not None else 0
-        return math.ceil(PROFILE_COLLUDER_SHARE * size - 1e-9)
+        return profile_colluders(size)
     return int(_value(context, "pass-colluders"))
 
 
