@@ -305,7 +305,7 @@ def test_a_buyer_that_drops_an_honest_masked_input_is_charged_for_the_noise_it_r
     grid = InProcessGrid(colluding_app(counts, []), nodes, node_configs=configs)
     dropped = nodes[-1]
 
-    def drop_masked_input(message, reply):  # type: ignore[no-untyped-def]
+    def drop_masked_input(message: Message, reply: Message) -> Message | None:
         sender = message.metadata.dst_node_id
         return None if sender == dropped and message.metadata.message_type == "query.market_mask" else reply
 
