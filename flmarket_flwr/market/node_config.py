@@ -412,7 +412,6 @@ def min_participants_of(context: Context) -> int:
     of the pinned directory (rounded up): seating the node among ``t`` colluders on the complete graph then takes
     about a third of the federation.
 
-
     Raises
     ------
     ValueError
