@@ -71,8 +71,10 @@ def test_the_profile_turns_every_node_defence_on(node: dict[str, Any], tmp_path:
 def test_a_node_in_the_profile_adds_noise_when_the_run_announces_none(node: dict[str, Any]) -> None:
     noise = node_noise_of(context(node), None)
     assert noise is not None and noise.epsilon == SECURE_PROFILE_EPSILON
+    assert noise.colluders == 6  # sized for the node's pass-colluders: a fifth of the directory of 30
     stronger = SkellamNoise(0.5)
-    assert node_noise_of(context(node), stronger) is stronger
+    assert node_noise_of(context(node), stronger) == SkellamNoise(0.5, colluders=6)
+    assert node_noise_of(context(node), SkellamNoise(0.5, colluders=9)) == SkellamNoise(0.5, colluders=9)  # more
     with pytest.raises(ValueError, match="pass-dp-max-epsilon"):
         node_noise_of(context(node), SkellamNoise(4.0))  # weaker than the profile's: refused
 

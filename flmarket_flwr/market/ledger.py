@@ -97,8 +97,9 @@ class PrivacySpend:
     session : str
         The PASS session id, hex.
     variance : float
-        The aggregate per-class variance of the honest survivors' noise the release counted on
-        (:attr:`~flmarket_flwr.pass_protocol.noise.SkellamNoise.target_variance`); 0: no noise (exact counts).
+        The aggregate per-class variance of the honest survivors' noise in the release: at mask the calibration's
+        (:attr:`~flmarket_flwr.pass_protocol.noise.SkellamNoise.target_variance`), at unmask what the survivors give
+        (:meth:`~flmarket_flwr.pass_protocol.noise.SkellamNoise.release_variance`); 0: no noise (exact counts).
     """
 
     run_id: int
@@ -193,7 +194,10 @@ class ReleaseLedger:
     What bounds that attack is the noise (:mod:`flmarket_flwr.pass_protocol.noise`), composed over releases: the
     ledger also records each release's privacy cost (:meth:`ReleaseLedger.spend`, write-ahead, when the client's
     masked input is about to leave) and, given the node's :class:`~flmarket_flwr.pass_protocol.noise.PrivacyBudget`,
-    refuses the release that would take the composed ``epsilon`` past it (:class:`BudgetExhausted`).
+    refuses the release that would take the composed ``epsilon`` past it (:class:`BudgetExhausted`). At unmask,
+    once the survivors are known, :meth:`ReleaseLedger.charge_release` sets that cost to what the release's honest
+    noise gives: the survivors less the colluders its noise allows for (``pass-colluders``, or half the roster),
+    adding none.
     Pure Python, no Flower, standard library only at import: the market client calls it
     (:func:`flmarket_flwr.market.register_market_handlers`); the budget brings its own accountant.
     """
@@ -275,6 +279,48 @@ class ReleaseLedger:
                         f"recorded in {self.path}), past its total budget {self.budget.epsilon:g}: refused"
                     )
             self._write(salt, records, [*spends, spend])
+
+    def charge_release(self, run_id: int, session: bytes, variance: float) -> None:
+        """At release time, set the session's charge to what its honest survivors' noise gives; refuse past the budget.
+
+        :meth:`spend` charged the release before the masked input left, at the noise's calibration (``h`` honest
+        survivors). Once the survivors ``U3`` are known (the unmask request) the honest noise in the sum has
+        variance at least ``variance`` (:meth:`~flmarket_flwr.pass_protocol.noise.SkellamNoise.release_variance`:
+        ``|U3|`` less the colluders the calibration allows for): the same when every client survived, less when
+        the server dropped some after the roster was fixed. A charge only rises: the session is recorded at the
+        smaller of the two variances (a retried message records nothing new); a session never spent is charged
+        here.
+
+        Raises
+        ------
+        BudgetExhausted
+            With this charge the composed ``epsilon`` exceeds :attr:`budget`. The charge *is* recorded: the
+            masked input has left and the neighbours' shares can release the sum without this node, so every later
+            release is counted against it; the node only withholds its own shares.
+        LedgerError
+            The ledger file cannot be read, parsed or written.
+        """
+        if not (math.isfinite(variance) and variance >= 0):
+            raise ValueError(f"variance must be finite and >= 0, got {variance}")
+        charge = PrivacySpend(int(run_id), session.hex(), float(variance))
+        with self._locked():
+            salt, records, spends = self._read()
+            others = [s for s in spends if (s.run_id, s.session) != (charge.run_id, charge.session)]
+            earlier = [s for s in spends if s not in others]
+            if earlier and earlier[0].variance <= charge.variance:
+                charge = earlier[0]  # charged as much already (a retried message): checked again below
+            else:  # in the earlier one's place, oldest first
+                kept = [charge if spend in earlier else spend for spend in spends] if earlier else [*spends, charge]
+                self._write(salt, records, kept)
+        if self.budget is not None:
+            after = self.budget.spent([*(s.variance for s in others), charge.variance])
+            if after > self.budget.epsilon:
+                noise = "no noise" if charge.variance == 0 else f"honest aggregate variance {charge.variance:.4g}"
+                raise BudgetExhausted(
+                    f"run {charge.run_id}: its survivors' release carries {noise}, which takes this node's composed "
+                    f"epsilon to {after:.4g} at delta {self.budget.delta:g}, past its total budget "
+                    f"{self.budget.epsilon:g} (recorded in {self.path}): this node withholds its shares"
+                )
 
     def check_new_session(self, run_id: int, session: bytes) -> None:
         """Raise :class:`LedgerError` if this run and PASS session already spent or released here.

@@ -12,7 +12,7 @@ import hashlib
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from logging import WARNING
 from pathlib import Path
 from typing import Any, Final, NoReturn
@@ -33,6 +33,7 @@ from flmarket_flwr.pass_protocol.identity import (
     parse_public_key,
 )
 from flmarket_flwr.pass_protocol.noise import (
+    MIN_HONEST_CLIENTS,
     SECURE_PROFILE_DELTA,
     SECURE_PROFILE_EPSILON,
     SECURE_PROFILE_TOTAL_EPSILON,
@@ -408,12 +409,27 @@ def min_participants_of(context: Context) -> int:
     when this is close to the size of the federation it expects. In the secure profile it defaults to two thirds
     of the pinned directory (rounded up): seating the node among ``t`` colluders on the complete graph then takes
     about a third of the federation.
+
+    Raises
+    ------
+    ValueError
+        Naming ``pass-colluders``, if the floor admits a roster with fewer than
+        :data:`~flmarket_flwr.pass_protocol.noise.MIN_HONEST_CLIENTS` clients beside the assumed colluders.
     """
     if _secure(context) and not _is_set(context, "pass-min-participants"):
         directory = identity_directory_of(context)
         size = len(directory) if directory is not None else 0
-        return max(MIN_PARTICIPANTS, math.ceil(PROFILE_ROSTER_SHARE * size - 1e-9))
-    return int(_value(context, "pass-min-participants"))
+        floor = max(MIN_PARTICIPANTS, math.ceil(PROFILE_ROSTER_SHARE * size - 1e-9))
+    else:
+        floor = int(_value(context, "pass-min-participants"))
+    colluders = colluders_of(context)
+    if floor < colluders + MIN_HONEST_CLIENTS:
+        raise ValueError(
+            f"node-config pass-colluders {colluders} needs rosters of at least {colluders + MIN_HONEST_CLIENTS} "
+            f"({MIN_HONEST_CLIENTS} honest clients beside the colluders), but the roster floor "
+            f"pass-min-participants is {floor}: raise pass-min-participants or lower pass-colluders"
+        )
+    return floor
 
 
 def colluders_of(context: Context) -> int:
@@ -514,6 +530,8 @@ def node_noise_of(context: Context, announced: SkellamNoise | None = None) -> Sk
     In the secure profile a run that announces no noise still gets the profile's (epsilon
     :data:`SECURE_PROFILE_EPSILON`, delta :data:`SECURE_PROFILE_DELTA`): the node adds it itself, whatever the
     server says; a weaker announcement is refused (:func:`check_noise_ceiling`).
+    The node sizes it for its own ``pass-colluders`` (:func:`colluders_of`; a run may announce more, never
+    fewer): the honest clients' noise alone reaches the epsilon with that many colluders adding none.
 
     Raises
     ------
@@ -522,7 +540,11 @@ def node_noise_of(context: Context, announced: SkellamNoise | None = None) -> Sk
     """
     if announced is None and _secure(context):
         announced = SkellamNoise(SECURE_PROFILE_EPSILON, SECURE_PROFILE_DELTA)
-    return check_noise_ceiling(announced, context)
+    noise = check_noise_ceiling(announced, context)
+    colluders = colluders_of(context)
+    if noise is not None and noise.colluders < colluders:
+        noise = replace(noise, colluders=colluders)
+    return noise
 
 
 def _profile_ledger_dir(context: Context) -> Path:

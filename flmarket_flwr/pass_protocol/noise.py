@@ -1,8 +1,9 @@
 """Distributed Skellam noise on the label counts: each release of ``N_s`` carries a stated ``(epsilon, delta)``.
 
 Each client adds symmetric Skellam noise to its counts before masking (:class:`SkellamNoise`), calibrated so
-that the honest survivors alone reach the target. The privacy is record level (one training sample), not
-client level; releases compose, and a node's :class:`PrivacyBudget` bounds them all (docs/threat-model.md).
+that the honest survivors alone reach the target, with a stated number of colluders in the roster adding none.
+The privacy is record level (one training sample), not client level; releases compose, and a node's
+:class:`PrivacyBudget` bounds them all (docs/threat-model.md).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy.typing as npt
 
 __all__ = [
     "DEFAULT_HONEST_FRACTION",
+    "MIN_HONEST_CLIENTS",
     "RDP_ORDERS",
     "SECURE_PROFILE_DELTA",
     "SECURE_PROFILE_EPSILON",
@@ -39,6 +41,10 @@ RDP_ORDERS: Final[tuple[int, ...]] = tuple(range(2, 257)) + tuple(range(264, 409
 
 DEFAULT_HONEST_FRACTION: Final[float] = 0.5
 """Share of a roster assumed honest and surviving, whose noise alone must reach the target."""
+
+MIN_HONEST_CLIENTS: Final[int] = 2
+"""The fewest honest clients a roster must hold beside its assumed colluders: with one, the sum less the
+colluders' counts is that client's counts plus its own noise, and secure aggregation hides nothing."""
 
 TAIL_SDS: Final[float] = 12.0
 """Standard deviations of the summed noise allowed beyond a bound check (``P`` below ``1e-20`` per class)."""
@@ -207,8 +213,8 @@ class PrivacyBudget:
     aggregate variance each of its releases counted on and refuses one that would take the composed ``epsilon``
     of all of them past its :class:`PrivacyBudget`. Differencing two releases (colluders leaving together with a
     victim, which no ledger rule prevents) is post-processing: it learns what their composition allows, no more.
-    The budget counts the calibrated target of each release: it holds while the honest-survivor assumption below
-    does.
+    Each release is charged the variance of the noise its honest survivors add, with the node's assumed colluders
+    adding none (:meth:`SkellamNoise.release_variance`): the budget holds while there are no more colluders.
     """
 
     epsilon: float
@@ -243,6 +249,10 @@ class SkellamNoise:
         Target ``delta``.
     honest_fraction : float (default: 0.5)
         Share of the roster assumed honest and surviving; their noise alone reaches the target.
+    colluders : int (default: 0)
+        Clients of the roster that may collude with the server (node config ``pass-colluders``): they add no
+        noise and the server knows their counts. The noise withstands this many or ``n - ceil(honest_fraction *
+        n)``, whichever is more; ``0``: the honest-fraction rule alone.
     rng : callable, optional
         ``() -> numpy.random.Generator``; default :func:`os_generator`. Only tests inject one.
 
@@ -259,11 +269,21 @@ class SkellamNoise:
     blurred by a standard deviation of a few samples, never by its volume).
 
     **Who must be honest.** The noise is calibrated so that the honest survivors alone reach the target: a
-    client that sees a roster of ``n`` adds variance ``target / ceil(honest_fraction * n)``, so the guarantee
-    holds while at least that many honest clients (whose noise the server never sees) survive to the sum. ``n`` is
-    the roster the server shows: sybils it adds count, and shrink each honest client's noise (not prevented). With
-    ``honest_fraction = 1/2`` (the default, the share threshold's majority) the sum carries up to twice the
-    target variance when everyone is honest.
+    client that sees a roster of ``n`` adds variance ``target / h`` with ``h = min(ceil(honest_fraction * n),
+    n - colluders)`` (:meth:`honest_clients`): the roster may hold up to ``n - h`` colluders adding no noise
+    (:meth:`assumed_colluders`: half the roster at the default fraction, or ``colluders`` when that is more),
+    and the guarantee holds while the other ``h`` clients are honest and survive to the sum. ``colluders = 0``
+    is the honest-fraction rule alone. A roster with fewer than :data:`MIN_HONEST_CLIENTS` clients beside
+    ``colluders`` is refused. ``n`` is the roster the server shows: sybils it adds count, and shrink each honest
+    client's noise (the pinned directory and the roster floor bound them).
+
+    **What a release gives.** Each client's noise is fixed by the roster ``U1`` it was shown; the sum holds the
+    survivors ``U3``, of which at most ``n - h`` collude, so its honest noise has variance at least
+    ``client_variance(n) * (|U3| - (n - h))`` (:meth:`release_variance`): the target when every client survives,
+    less when the server drops some after the roster was fixed. That is what a node's ledger charges
+    (:meth:`~flmarket_flwr.market.ledger.ReleaseLedger.charge_release`). It assumes the honest clients share this
+    setting; with more colluders than ``n - h`` the release carries less noise than charged, and the guarantee
+    stops there.
 
     Randomness comes from the operating system (``numpy.random.Generator`` seeded from ``os.urandom``), or
     from an injected factory in tests. The noise never leaves the client except inside its masked input.
@@ -272,6 +292,7 @@ class SkellamNoise:
     epsilon: float
     delta: float = 1e-6
     honest_fraction: float = DEFAULT_HONEST_FRACTION
+    colluders: int = 0
     rng: Callable[[], np.random.Generator] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -282,6 +303,8 @@ class SkellamNoise:
             raise ValueError(f"delta must be in (0, 1), got {self.delta}")
         if not 0 < self.honest_fraction <= 1:
             raise ValueError(f"honest_fraction must be in (0, 1], got {self.honest_fraction}")
+        if isinstance(self.colluders, bool) or not isinstance(self.colluders, int) or self.colluders < 0:
+            raise ValueError(f"colluders must be an int >= 0, got {self.colluders!r}")
 
     @property
     def target_variance(self) -> float:
@@ -289,22 +312,57 @@ class SkellamNoise:
         return skellam_variance_for(self.epsilon, self.delta)
 
     def honest_clients(self, roster_size: int) -> int:
-        """``ceil(honest_fraction * roster_size)``: the honest survivors the calibration counts on."""
+        """``min(ceil(honest_fraction * roster_size), roster_size - colluders)``: the honest survivors the
+        calibration counts on.
+
+        Raises
+        ------
+        ValueError
+            Naming ``pass-colluders``, if the roster holds fewer than :data:`MIN_HONEST_CLIENTS` clients beside
+            the assumed colluders.
+        """
         if roster_size < 1:
             raise ValueError(f"roster_size must be >= 1, got {roster_size}")
-        return max(1, math.ceil(self.honest_fraction * roster_size - 1e-9))
+        assumed = max(1, math.ceil(self.honest_fraction * roster_size - 1e-9))
+        if self.colluders == 0:
+            return assumed
+        honest = roster_size - self.colluders
+        if honest < MIN_HONEST_CLIENTS:
+            raise ValueError(
+                f"a roster of {roster_size} with {self.colluders} colluders assumed (node config pass-colluders) "
+                f"leaves {max(honest, 0)} honest client(s), fewer than {MIN_HONEST_CLIENTS}: the sum less the "
+                "colluders' counts would be one client's own: refused"
+            )
+        return min(assumed, honest)
 
     def client_variance(self, roster_size: int) -> float:
         """Variance each client adds per class when it sees a roster of ``roster_size``."""
         return self.target_variance / self.honest_clients(roster_size)
 
+    def assumed_colluders(self, roster_size: int) -> int:
+        """The colluders a roster of ``roster_size`` may hold for the calibration to hold: ``roster_size - h``."""
+        return roster_size - self.honest_clients(roster_size)
+
+    def release_variance(self, roster_size: int, survivors: int) -> float:
+        """The honest noise's aggregate per-class variance, at least, in a sum over ``survivors`` clients (``|U3|``)
+        of a roster of ``roster_size`` (``|U1|``): ``client_variance(roster_size) * (survivors - assumed_colluders)``.
+
+        The target when everyone survives; ``0`` when the survivors could all be colluders (no noise for certain).
+        """
+        if not 0 <= survivors <= roster_size:
+            raise ValueError(f"survivors must be in [0, roster_size = {roster_size}], got {survivors}")
+        honest = max(survivors - self.assumed_colluders(roster_size), 0)
+        return self.client_variance(roster_size) * honest
+
     def tail_bound(self) -> int:
         """Largest noise in one class of ``N_s`` accepted by a bound check: ``TAIL_SDS`` standard deviations.
 
-        The sum over all survivors has variance at most ``target / honest_fraction`` (every survivor adds
-        ``target / ceil(f n)`` and there are at most ``n``).
+        The sum over all survivors has variance at most ``target * max(1 / honest_fraction, (colluders + 2) / 2)``:
+        at most ``n`` survivors each add ``target / h``, and ``n / h`` is at most ``1 / honest_fraction``, or
+        ``n / (n - colluders)``, largest at the smallest roster accepted, ``n = colluders + 2``.
         """
-        return math.ceil(TAIL_SDS * math.sqrt(self.target_variance / self.honest_fraction)) + 1
+        ratio = max(1.0 / self.honest_fraction, (self.colluders + MIN_HONEST_CLIENTS) / MIN_HONEST_CLIENTS)
+        return math.ceil(TAIL_SDS * math.sqrt(self.target_variance * ratio)) + 1
 
     def sample(self, num_classes: int, roster_size: int) -> npt.NDArray[np.int64]:
         """One client's noise vector: ``num_classes`` draws of ``Poisson(v/2) - Poisson(v/2)``."""
