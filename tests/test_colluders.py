@@ -38,16 +38,11 @@ from flmarket_flwr.pass_protocol.noise import (
 PROFILE = SkellamNoise(SECURE_PROFILE_EPSILON, SECURE_PROFILE_DELTA)
 TARGET_SD = math.sqrt(PROFILE.target_variance)
 """The standard deviation per class the stated epsilon implies: 4.65 samples at epsilon 1, delta 1e-6."""
-RELEASE_CHARGED = False
-"""Whether market/client.py's unmask step charges the release (``ReleaseLedger.charge_release`` with
-``SkellamNoise.release_variance``; issue 39, the lead's file). Set it to True with that wiring: the tests that
-expect it then run as tests, and the expected charges below follow."""
-CHARGE_WIRED = pytest.mark.xfail(not RELEASE_CHARGED, strict=True, reason="the unmask step does not charge yet")
 
 
 def charged_variance(noise: SkellamNoise, roster: int, survivors: int) -> float:
-    """What a node's ledger holds for a release it masked in: its survivors' honest noise, once charged at unmask."""
-    return noise.release_variance(roster, survivors) if RELEASE_CHARGED else noise.target_variance
+    """What a node's ledger holds for a release it masked in: its survivors' honest noise, charged at unmask."""
+    return noise.release_variance(roster, survivors)
 
 
 @pytest.fixture(autouse=True)
@@ -291,7 +286,6 @@ def test_the_release_charge_rises_to_what_the_survivors_give_and_is_recorded_eve
         noise.release_variance(9, 10)
 
 
-@CHARGE_WIRED
 def test_a_buyer_that_drops_an_honest_masked_input_is_charged_for_the_noise_it_removed(
     tmp_path: Path, ledger_home: Path
 ) -> None:

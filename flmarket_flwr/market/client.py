@@ -517,6 +517,10 @@ class _MarketHandlers:
             if ledger is not None:  # write-ahead: the survivors U3 recorded before the shares leave
                 members = self._ledger_members(context, request["survivors"])
                 ledger.record_release(int(context.run_id), client.state.session, members)
+                noise = self._noise(context)
+                if noise is not None:  # the release's cost: the noise its honest survivors carry, not the roster's
+                    variance = noise.release_variance(client.participant_count, int(client.survivor_count or 0))
+                    ledger.charge_release(int(context.run_id), client.state.session, variance)
             return reply
 
         return self._pass_step(message, context, ACTION_UNMASK, step)
