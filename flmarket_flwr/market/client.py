@@ -678,6 +678,7 @@ class _MarketHandlers:
         """
         state = _state_record(context)
         held = _endorsed_award(state)
+        signed: SignedAward | None
         try:
             request = _request(message)
             _check_session(request, state)
