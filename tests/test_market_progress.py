@@ -73,6 +73,6 @@ def test_a_serverapp_ended_mid_market_leaves_where_it_stopped(tmp_path: Path, in
 
     market = json.loads((tmp_path / "progress" / "market.json").read_text())
     assert market["status"] == "ended" and market["step"] == "market_mask"
-    assert market["reason"].startswith(f"the ServerApp was ended during market_mask ({type(interrupt).__name__}")
+    assert market["reason"].startswith(f"the ServerApp stopped during market_mask ({type(interrupt).__name__}")
     assert [step["step"] for step in market["steps"]] == ["market_advertise", "market_share", "market_mask"]
     assert hook.seen["query.market_mask"]["status"] == "running"  # a hard kill here would have left this

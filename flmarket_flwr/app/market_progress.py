@@ -75,11 +75,12 @@ class MarketProgress:
         self._write(outcome.to_dict(), keep_budget=False)
 
     def interrupted(self, err: BaseException) -> None:
-        """The ServerApp is being ended (``KeyboardInterrupt``, ``SystemExit``) before the market's outcome."""
+        """The ServerApp stops before the market's outcome: Flower ends it (``KeyboardInterrupt``, ``SystemExit``), or
+        an error that is not the market's own."""
         if self.done:
             return
         step = self.steps[-1]["step"] if self.steps else "waiting for nodes"
-        reason = f"the ServerApp was ended during {step} ({type(err).__name__}: {err or 'no message'})"
+        reason = f"the ServerApp stopped during {step} ({type(err).__name__}: {err or 'no message'})"
         self._write({"status": "ended", "step": step, "reason": reason})
 
     def _write(self, record: dict[str, Any], keep_budget: bool = True) -> None:
