@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.processes import free_ports, is_alive, process_tree, stop_pids
+from tests.processes import free_ports, process_tree, stop_started
 
 PROJECT = Path(__file__).resolve().parents[1]
 BIN_DIR = Path(sys.executable).parent
@@ -138,15 +138,13 @@ class LoopbackDeployment:
         return [pid for pid in tree if "flwr-serverapp" in _cmdline(pid)]
 
     def stop(self) -> list[int]:
-        """Stop everything started, by PID (children first); return the PIDs still alive afterwards."""
-        tree = process_tree(self.pids)
-        stop_pids(tree, grace_s=STOP_GRACE_S)
-        deadline = time.monotonic() + STOP_GRACE_S  # a SIGKILLed process takes a while to go on a starved machine
-        while any(is_alive(pid) for pid in tree) and time.monotonic() < deadline:
-            time.sleep(0.5)
+        """Stop everything started, by PID: the tree under the started PIDs and every process carrying this
+        deployment's ``FLWR_HOME`` (a SuperExec, ServerApp or ClientApp whose parent is gone); return the PIDs still
+        alive afterwards."""
+        survivors = stop_started(self.pids, ("FLWR_HOME", self.env["FLWR_HOME"]), STOP_GRACE_S, STOP_GRACE_S)
         for log_file in self.logs:
             log_file.close()
-        return [pid for pid in tree if is_alive(pid)]
+        return survivors
 
 
 def _cmdline(pid: int) -> str:

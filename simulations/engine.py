@@ -926,6 +926,9 @@ def main(argv: list[str] | None = None) -> None:
 
     def report(job: Path, result: dict[str, Any]) -> None:
         nonlocal finished
+        # How it ran, for the report's timings: runs at once, and on how many cores (a cluster's are not known here).
+        cluster = bool(os.environ.get("RAY_ADDRESS"))
+        result["sweep"] = {"runs_at_once": workers, "cpus": 0 if cluster else os.cpu_count(), "ray_cluster": cluster}
         write_result(job, result)
         finished += 1
         engine = result["engine"]

@@ -194,9 +194,39 @@ def protocol_lines(records: Sequence[Record]) -> list[str]:
         f"{plateau} of {len(records)} runs; **{diverged} diverged**, {collapsed} collapsed"
         + (f", **{nobody} bought nobody** (no final accuracy)" if nobody else "")
         + " (counted, never averaged in).",
-        f"- Engine time per run (one torch thread, two runs at once on 2 cores): {times}; "
+        f"- Engine time per run ({how_it_ran(records)}): {times}; "
         f"{sum(sum(v) for v in wall.values()) / 3600:.2f} CPU hours in all.",
     ]
+
+
+def how_it_ran(records: Sequence[Record]) -> str:
+    """The torch threads per run and how many runs ran at once on how many cores, as the records say (the
+    ``sweep`` entry that ``python -m simulations.engine`` writes; older records do not say)."""
+    threads = sorted({int(_config(record).get("torch_threads", -1)) for record in records})
+    thread_text = ", ".join(
+        "torch threads not recorded"
+        if count < 0
+        else f"{count} torch thread{'' if count == 1 else 's'}"
+        if count > 0
+        else "torch's default threads"
+        for count in threads
+    )
+    sweeps = sorted(
+        {
+            (int(sweep["runs_at_once"]), int(sweep["cpus"]), bool(sweep["ray_cluster"]))
+            for record in records
+            if (sweep := record.get("sweep"))
+        }
+    )
+    where = [
+        f"{at_once} run{'' if at_once == 1 else 's'} at once "
+        + ("on a Ray cluster" if cluster else f"on {cpus} core{'' if cpus == 1 else 's'}")
+        for at_once, cpus, cluster in sweeps
+    ]
+    missing = sum(1 for record in records if not record.get("sweep"))
+    if missing:
+        where.append(f"runs at once not recorded for {missing} of {len(records)} runs")
+    return "; ".join([thread_text, *where])
 
 
 def _points(value: float) -> str:
@@ -701,22 +731,27 @@ def plot_curves(arms: Mapping[str, Sequence[Record]], out: Path, prefix: str = "
     for num_clients, num_selected in sorted({key[:2] for key in keys_all}):
         keys = sorted(key for key in keys_all if key[:2] == (num_clients, num_selected))
         figure, axes = plt.subplots(1, len(keys), figsize=(3.0 * len(keys), 3.0), squeeze=False, sharey=True)
+        lowest = 1.0
         for axis, key in zip(axes[0], keys, strict=True):
             for label, found in runs_of.items():
-                curves = [[step["accuracy"] for step in r["rounds"][1:]] for r in found.get(key, [])]
+                curves = [[step["accuracy"] for step in r["rounds"]] for r in found.get(key, [])]
                 if not curves:
                     continue
                 length = max(len(c) for c in curves)
                 # A run that stopped at its plateau holds its final-window mean from then on.
                 padded = np.array([c + [float(np.mean(c[-window:]))] * (length - len(c)) for c in curves])
-                axis.plot(np.arange(1, length + 1), padded.mean(axis=0), label=label, linewidth=1)
+                mean = padded.mean(axis=0)
+                lowest = min(lowest, float(mean.min()))
+                axis.plot(np.arange(length), mean, label=label, linewidth=1)  # from round 0, the initial model
             axis.set_title(f"{key[2]}", fontsize=9)
             axis.set_xlabel("round", fontsize=8)
-            axis.set_ylim(0.5, 1.0)
+        axes[0][0].set_ylim(max(0.0, math.floor(lowest * 10) / 10), 1.0)  # the whole curve (shared y axis)
         axes[0][0].set_ylabel("test accuracy", fontsize=8)
         axes[0][-1].legend(fontsize=7, loc="lower right")
         block = [r for found in runs_of.values() for key in keys for r in found.get(key, [])]
-        figure.suptitle(f"{cohort(num_selected, num_clients, block)} clients: mean over seeds", fontsize=9)
+        shown = [label for label, found in runs_of.items() if any(found.get(key) for key in keys)]
+        alone = f"; {shown[0]} alone, nothing to compare" if len(shown) == 1 else ""
+        figure.suptitle(f"{cohort(num_selected, num_clients, block)} clients: mean over seeds{alone}", fontsize=9)
         figure.tight_layout()
         path = out / f"{prefix}_c{num_clients}_k{num_selected}.png"
         figure.savefig(path, dpi=110)
@@ -899,6 +934,14 @@ def build_sweep_report(records: Sequence[Record], out: Path, command: str | None
         f"{len(in_training)} more in the comparison with S-FedAvg.",
         "",
     ]
+    selectors_ran = sorted({str(r["selector"]) for r in primary}, key=SELECTORS.index)
+    if selectors_ran and len(selectors_ran) + len(policies) < 3:  # one selector; FLMarket, if it ran, one policy
+        only = _flmarket(policies[0]) if selectors_ran == ["flmarket"] else LABELS[selectors_ran[0]]
+        lines += [
+            f"**Only {only} ran in this sweep: there is nothing to compare it with.** The tables and curves below "
+            "show it alone; add selectors (`--selector flmarket rs qbs dice dds`) for a comparison.",
+            "",
+        ]
     lines += protocol_lines(records) + [""]
     lines += statistics_lines(primary, family)
     lines += ["## Final accuracy by setting", ""]

@@ -19,6 +19,7 @@ for folder in (TESTS, TESTS.parent):
 SLOW_MODULES = {
     "test_app_reproducibility.py",  # two Ray simulations
     "test_deployment.py",  # SuperLink + SuperNodes on loopback
+    "test_local_superlink.py",  # docs/usage.md's local SuperLink started by hand
     "test_market_simulation.py",  # Ray
     "test_report_archives.py",  # extracts the four committed run archives and renders each report: 42 s in all
     "test_robustness_fuzz.py",  # fuzzed replies at each of the seven steps
@@ -35,6 +36,7 @@ SLOW_TESTS = {
     "test_engine_sweep.py::test_grid_runs_on_workers_writes_every_job_and_resumes",
     "test_engine_sweep.py::test_grid_reruns_only_the_missing_job",
     "test_packaging.py::test_the_core_alone_installs_in_a_fresh_venv_and_imports_without_torch",
+    "test_venv_layout.py::test_the_readme_set_up_puts_the_venv_where_flwr_build_never_walks",  # a fresh venv
     "test_packaging.py::test_the_wheel_carries_the_licence_py_typed_and_the_metadata",  # pip builds in isolation
     "test_ray_cluster.py::test_flwr_run_on_an_existing_ray_cluster",
     # docs/deployment.md's secure sequence, six SuperNodes (the module is slow already): 3 min 48 s, 4 min 9 s at load 7

@@ -1,7 +1,8 @@
 """Process helpers shared by the end-to-end tests that start Flower's own processes.
 
-Free loopback ports, the process tree under given PIDs (read from /proc), and a bounded stop:
-SIGTERM children first, wait until all are gone or the grace period ends, SIGKILL the rest.
+Free loopback ports, the process tree under given PIDs (read from /proc), the processes whose environment carries
+a marker (a test's own ``FLWR_HOME``), and a bounded stop: SIGTERM children first, wait until all are gone or the
+grace period ends, SIGKILL the rest.
 """
 
 from __future__ import annotations
@@ -56,6 +57,67 @@ def process_tree(roots: list[int]) -> list[int]:
 def pids_with_cmdline(fragment: str) -> list[int]:
     """PIDs whose command line contains ``fragment`` (e.g. a unique temporary path)."""
     return [pid for pid, (_, cmdline) in proc_table().items() if fragment in cmdline and pid != os.getpid()]
+
+
+def pids_with_env(name: str, value: str) -> list[int]:
+    """PIDs whose environment (as they were started) holds ``name=value``, this process excepted.
+
+    Flower's ``flower-superexec`` (the SuperLink's runs in its own session), ``flwr-serverapp`` and
+    ``flwr-clientapp`` inherit the environment of what a test started but are not all its descendants once a
+    parent is gone: a test's own ``FLWR_HOME`` finds every one of them.
+    """
+    entry = f"{name}={value}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes()
+        except OSError:  # gone, or another user's
+            continue
+        if entry in environ.split(b"\0") and is_alive(int(proc.name)):
+            found.append(int(proc.name))
+    return found
+
+
+def started_by(roots: list[int], env: tuple[str, str] | None = None) -> list[int]:
+    """Everything a test started: ``roots`` and their descendants, and (``env = (name, value)``) every process
+    whose environment holds ``name=value`` with its descendants; parents first, living ones only."""
+    marked = pids_with_env(*env) if env is not None else []
+    return [pid for pid in process_tree(list(dict.fromkeys([*roots, *marked]))) if is_alive(pid)]
+
+
+def stop_started(
+    roots: list[int], env: tuple[str, str] | None = None, grace_s: float = 10.0, settle_s: float = 10.0
+) -> list[int]:
+    """Stop everything :func:`started_by` finds, by PID, and return what is still alive afterwards (should be none).
+
+    SIGTERM (children first) to what is found, again to what appears meanwhile (a ClientApp a SuperExec was
+    starting), until all are gone or ``grace_s`` passes; then SIGKILL to what is left, and up to ``settle_s`` for
+    the kernel to take it (a SIGKILLed process on a starved machine takes a while).
+    """
+    signalled: set[int] = set()
+    deadline = time.monotonic() + grace_s
+    while (alive := started_by(roots, env)) and time.monotonic() < deadline:
+        for pid in reversed([pid for pid in alive if pid not in signalled]):
+            _signal(pid, signal.SIGTERM)
+            signalled.add(pid)
+        time.sleep(0.2)
+    for pid in started_by(roots, env):
+        _signal(pid, signal.SIGKILL)
+    deadline = time.monotonic() + settle_s
+    while (alive := started_by(roots, env)) and time.monotonic() < deadline:
+        for pid in alive:
+            _signal(pid, signal.SIGKILL)
+        time.sleep(0.2)
+    return alive
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
 
 
 def is_alive(pid: int) -> bool:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 from flwr.app import Context, RecordDict
-from processes import pids_with_cmdline, process_tree, stop_pids
+from processes import pids_with_cmdline, stop_started
 
 from flmarket_flwr.app import client_app, server_app
 from flmarket_flwr.market import MarketError
@@ -186,8 +186,10 @@ class LocalFlower:
         return str(max(runs, key=lambda run: run["pending-at"])["status"])
 
     def stop(self) -> None:
-        """Stop the local SuperLink of this FLWR_HOME and everything under it."""
-        stop_pids(process_tree(pids_with_cmdline(str(self.home))))
+        """Stop the local SuperLink of this FLWR_HOME, everything under it and every process carrying this
+        FLWR_HOME (its SuperExec, a ServerApp), by PID; none may be left."""
+        left = stop_started(pids_with_cmdline(str(self.home)), ("FLWR_HOME", str(self.home)))
+        assert not left, f"processes of {self.home} survived: {left}"
 
 
 @pytest.fixture(scope="module")

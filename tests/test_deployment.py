@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from processes import free_ports, is_alive, proc_table, process_tree, stop_pids
+from processes import free_ports, is_alive, pids_with_env, proc_table, process_tree, started_by, stop_pids, stop_started
 
 PROJECT = Path(__file__).resolve().parents[1]
 DROPOUT_APP = Path(__file__).resolve().parent / "dropout_app"
@@ -313,21 +313,30 @@ class Deployment:
             parts.append(f"--- {path.name}\n{path.read_text(errors='replace')[-1500:]}")
         return "\n".join(parts)
 
-    def stop(self) -> None:
-        """Stop every started process and all its descendants, by PID."""
-        stop_process_tree(self.processes)
+    @property
+    def marker(self) -> tuple[str, str]:
+        """The environment entry every process of this deployment carries (Flower's own children included)."""
+        return ("FLWR_HOME", str(self.home))
+
+    def stop(self) -> list[int]:
+        """Stop every started process, its descendants and every process carrying :attr:`marker`, by PID; return
+        the PIDs still alive afterwards."""
+        left = stop_started([process.pid for process in self.processes], self.marker)
+        stop_process_tree(self.processes, grace_s=0.0)  # reap the Popen objects
+        return left
 
 
 def running(system: Deployment, node_env: Mapping[int, Mapping[str, str]] | None = None) -> Iterator[Deployment]:
-    """Start ``system``; stop it (by PID) afterwards whatever happens, and check nothing survived."""
+    """Start ``system``; stop it (by PID) afterwards whatever happens, and check that nothing it started is left:
+    no process under what it started, and none carrying its ``FLWR_HOME`` (a SuperExec, ServerApp or ClientApp
+    whose parent is gone)."""
     try:
         system.start(node_env)
         yield system
     finally:
-        system.stop()
-        tree = process_tree([process.pid for process in system.processes])
-        survivors = [pid for pid in tree if is_alive(pid)]
-        assert not survivors, f"processes survived: {survivors}"
+        survivors = system.stop()
+        assert not survivors, f"processes survived: {[(pid, proc_table().get(pid)) for pid in survivors]}"
+        assert not pids_with_env(*system.marker), "processes with this deployment's FLWR_HOME are left"
 
 
 @pytest.fixture
@@ -493,10 +502,12 @@ ATTACK_APP = Path(__file__).resolve().parent / "attack_app"
 
 
 def guide_blocks() -> list[str]:
-    """The bash blocks of the guide's recommended section, in order (the last one is the run)."""
+    """The bash blocks of the guide's recommended section, in order (the last but one is the run, the last the
+    cleanup)."""
     section = GUIDE.read_text(encoding="utf-8").split(GUIDE_SECTION, 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.DOTALL)
-    assert len(blocks) >= 2 and "flwr run" in blocks[-1], "the guide's section lost its bash blocks or its run"
+    assert len(blocks) >= 3 and "flwr run" in blocks[-2], "the guide's section lost its bash blocks or its run"
+    assert "processes left" in blocks[-1], "the guide's section lost its cleanup"
     return blocks
 
 
@@ -525,13 +536,14 @@ def run_guide(root: Path, run_block: str | None = None, timeout_s: float = GUIDE
     """Run the guide's bash blocks in ``root`` (the last one replaced by ``run_block`` if given); return the output.
 
     Only the documented placeholders are set: ``APP``, ``VENV``, ``PORT``, ``NODE_PORT`` and the working directory
-    (``PYTHONPATH`` makes the processes import this checkout). Every process the script started is stopped by PID
-    afterwards (the script's own tree while it runs, and the PIDs it recorded), and none may survive.
+    (``PYTHONPATH`` makes the processes import this checkout). The guide's own cleanup (its last block) must leave
+    no process carrying the guide's ``FLWR_HOME``; then everything the script started is stopped by PID all the
+    same (the script's own tree, the PIDs it recorded, the marked processes), and none may survive.
     """
     blocks = guide_blocks()
     pids_file = root / "started.pids"
     record = f'echo "$SUPERLINK_PID ${{SUPERNODE_PIDS[*]}}" > "{pids_file}"\n'
-    script = "set -euo pipefail\n" + "\n".join(blocks[:-1]) + record + (run_block or blocks[-1])
+    script = "set -euo pipefail\n" + "\n".join(blocks[:-2]) + record + (run_block or blocks[-2]) + blocks[-1]
     (root / "guide.sh").write_text(script, encoding="utf-8")
     superlink_port = free_ports(1)[0]
     env = {
@@ -554,21 +566,61 @@ def run_guide(root: Path, run_block: str | None = None, timeout_s: float = GUIDE
         except subprocess.TimeoutExpired:
             pytest.fail(f"the guide's sequence did not end within {timeout_s} s\n{guide_logs(root)}")
     finally:
+        marker = ("FLWR_HOME", str(root / "flwr-home"))
+        left_by_the_guide = pids_with_env(*marker) if shell.poll() == 0 else []
         started = [int(pid) for pid in pids_file.read_text().split()] if pids_file.exists() else []
-        stop_pids(process_tree([shell.pid, *started]), grace_s=10.0)
+        survivors = stop_started([shell.pid, *started], marker)
         try:
             shell.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-        deadline = time.monotonic() + 10.0  # a process just sent SIGKILL may take a moment to go
-        while (survivors := [pid for pid in process_tree([shell.pid, *started]) if is_alive(pid)]) and (
-            time.monotonic() < deadline
-        ):
-            time.sleep(0.2)
         assert not survivors, f"processes survived: {[(pid, proc_table().get(pid)) for pid in survivors]}"
     output = log_path.read_text(errors="replace")
     assert shell.returncode == 0, f"the guide's sequence failed ({shell.returncode})\n{guide_logs(root)}"
+    assert not left_by_the_guide, f"the guide's cleanup left {[proc_table().get(pid) for pid in left_by_the_guide]}"
+    assert "processes left: none" in output, output[-2000:]
     return output
+
+
+FLOWER_CHILDREN = ("flower-superexec", "flwr-serverapp", "flwr-clientapp")
+
+
+def test_the_guides_cleanup_leaves_no_flower_process(deployment: Deployment) -> None:
+    """docs/deployment.md's step 9, as written, while a run is in flight (SuperExecs, a ServerApp and ClientApps
+    running): it finds every process carrying the deployment's ``FLWR_HOME``, leaves none, and says so."""
+    deployment.node_ids()
+    run = deployment.flwr_run(
+        f"distribution='d1' budget=2000.0 num-server-rounds=1 results-dir='{deployment.root / 'results'}' "
+        "run-name='cleanup'"
+    )
+    seen: set[str] = set()
+    serverapp_alive = False
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while (seen != set(FLOWER_CHILDREN) or not serverapp_alive) and time.monotonic() < deadline and run.poll() is None:
+        commands = [proc_table().get(pid, (0, ""))[1] for pid in pids_with_env(*deployment.marker)]
+        seen |= {name for name in FLOWER_CHILDREN for command in commands if name in command}
+        serverapp_alive = any("flwr-serverapp" in command for command in commands)
+        time.sleep(0.2)
+    assert seen == set(FLOWER_CHILDREN) and serverapp_alive, f"{seen}\n{deployment.logs()}"
+    before = pids_with_env(*deployment.marker)
+
+    cleanup = subprocess.run(
+        ["bash", "-c", "set -euo pipefail\n" + guide_blocks()[-1]],
+        cwd=deployment.root,
+        env=deployment.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert cleanup.returncode == 0, cleanup.stdout + cleanup.stderr
+    assert cleanup.stdout.strip().endswith("processes left: none"), cleanup.stdout + cleanup.stderr
+    assert not cleanup.stderr, cleanup.stderr  # quiet: processes of other users, or gone, are skipped silently
+    left = pids_with_env(*deployment.marker)
+    assert not left, [proc_table().get(pid) for pid in left]
+    assert len(before) >= 1 + 2 * NUM_NODES + 1, before  # SuperLink, SuperNodes, their SuperExecs, flwr run at least
+    assert not [pid for pid in started_by([p.pid for p in deployment.processes]) if is_alive(pid)]
 
 
 def guide_logs(root: Path) -> str:
@@ -675,3 +727,5 @@ def test_a_serverapp_whose_run_flower_ended_for_lack_of_heartbeats_exits(deploym
     assert "Runtime task-token authentication failed" in (deployment.root / "superlink.log").read_text()
     runs = json.loads(deployment.flwr("ls", "loopback", "--format", "json"))["runs"]
     assert [entry["status"] for entry in runs] == ["finished:failed"], runs
+    market = json.loads((deployment.root / "results" / "starved" / "market.json").read_text())  # where it stopped
+    assert market["status"] in ("running", "ended") and market["step"] in ("waiting for nodes", "market_advertise")

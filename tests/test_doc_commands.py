@@ -294,9 +294,12 @@ RULES = (
     ),
     Rule(r"^tar -xzf \S+\.tar\.gz -C \S+$", check_archive, ()),
     Rule(
-        r"^python3 -m venv \.venv$",
+        r'^python3 -m venv "\.\./\$\{PWD##\*/\}\.venv"$|^ln -sfn "\.\./\$\{PWD##\*/\}\.venv" \.venv$',
         nothing,
-        ("test_packaging.py::test_the_core_alone_installs_in_a_fresh_venv_and_imports_without_torch",),
+        (
+            "test_venv_layout.py::test_the_readme_set_up_puts_the_venv_where_flwr_build_never_walks",
+            "test_venv_layout.py::test_ci_makes_the_environment_as_the_readme_does",
+        ),
     ),
     Rule(
         r"^\.venv/bin/pip install -c constraints\.txt -e ",
@@ -304,6 +307,14 @@ RULES = (
         ("test_packaging.py::test_the_core_alone_installs_in_a_fresh_venv_and_imports_without_torch",),
     ),
     Rule(r"^\.venv/bin/python -m pytest -q -m \"not slow\"$", check_pytest, ()),
+    Rule(
+        r"^flower-superlink --insecure --simulation |^mv \"\$FLWR_HOME/local-superlink/state\.db\" ",
+        nothing,
+        (
+            "test_local_superlink.py::test_a_superlink_started_by_hand_is_the_one_flwr_uses",
+            "test_local_superlink.py::test_a_half_made_state_db_is_refused_until_moved_aside",
+        ),
+    ),
     Rule(r"^flower-superlink --insecure", nothing, ("test_deployment.py::test_market_then_fedavg_in_deployment",)),
     Rule(
         r"^ray start --head |^pids=\$\(pgrep -f -- \"/tmp/ray-|^kill -TERM \$pids; sleep",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -138,6 +139,7 @@ def test_grid_runs_on_workers_writes_every_job_and_resumes(tmp_path: Path, capsy
     assert not list(tmp_path.rglob("*.partial"))
     first = json.loads((tmp_path / jobs[0] / "result.json").read_text())
     assert first["engine"]["rounds_run"] == 2
+    assert first["sweep"] == {"runs_at_once": 2, "cpus": os.cpu_count(), "ray_cluster": False}  # for the report
     capsys.readouterr()
     engine_module.main(["--out", str(tmp_path), "--workers", "2", *GRID])
     assert "4 jobs, 4 finished before, 0 to run" in capsys.readouterr().out

@@ -279,6 +279,21 @@ def test_too_many_dropouts_at_a_pass_round_are_a_clear_error(
         assert not faults.sent(ACTION_UNMASK), "the session stops before any share is requested"
 
 
+@pytest.mark.parametrize("action", [ACTION_ADVERTISE, ACTION_MASK])
+def test_a_round_nobody_answers_says_so(action: str, caplog) -> None:
+    """Every node silent at a round (all timed out): the error says nobody answered and within how long, not that
+    keys or inputs were bad; each node's own reason is still the timeout."""
+    counts = make_counts(4, seed=6)
+    faults = Faults().add(action, set(counts), drop)
+
+    with caplog.at_level(logging.WARNING, logger="flwr"), pytest.raises(MarketError) as raised:
+        run_market(counts, faults, timeout=0.3, timeout_per_node=0.05)
+
+    assert str(raised.value) == f"PASS stopped: no node answered {action} within 0.5 s (4 asked)"
+    assert caplog.text.count(f"{action}: no reply within 0.5 s") == 4
+    assert not faults.sent(ACTION_BID)
+
+
 def test_a_poisoned_masked_vector_is_refused_never_used() -> None:
     """A well-formed but false ``Y_e`` cannot be told from the truth; a sum out of its bounds is refused."""
     counts = make_counts(6, seed=5)

@@ -238,3 +238,60 @@ def test_every_table_of_an_engine_sweep_has_a_delimiter_row_as_wide_as_its_heade
     assert tables
     for header, delimiter in tables:
         assert _cells(header) == _cells(delimiter), f"{header!r} over {delimiter!r}"
+
+
+def _recorded(monkeypatch: pytest.MonkeyPatch, method: str) -> list[tuple]:
+    """The positional arguments of every ``Axes.<method>`` call from now on."""
+    calls: list[tuple] = []
+    original = getattr(matplotlib.axes.Axes, method)
+
+    def recording(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(args)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, method, recording)
+    return calls
+
+
+def test_a_one_selector_engine_sweep_says_it_compares_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 44: a one-selector sweep's plot compared nothing without saying so."""
+    titles = _sweep_titles(monkeypatch)
+    alone = build_sweep_report([_engine_record("flmarket", "d4", s, 0.9) for s in (0, 1)], tmp_path / "a").read_text()
+    assert "**Only FLMarket (volume bids) ran in this sweep: there is nothing to compare it with.**" in alone
+    assert titles and all(title.endswith("FLMarket (volume bids) alone, nothing to compare") for title in titles)
+
+    titles.clear()
+    records = [_engine_record(s, "d4", seed, a) for seed in (0, 1) for s, a in (("flmarket", 0.9), ("rs", 0.8))]
+    both = build_sweep_report(records, tmp_path / "b").read_text()
+    assert "nothing to compare" not in both and not any("nothing to compare" in title for title in titles)
+
+
+def test_the_engine_sweeps_curves_start_at_round_0_and_the_axis_holds_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 44: the y axis started at 0.5 and the curves at round 1, cutting the first rounds off."""
+    plots, limits = _recorded(monkeypatch, "plot"), _recorded(monkeypatch, "set_ylim")
+    records = [_engine_record(s, "d4", seed, a) for seed in (0, 1) for s, a in (("flmarket", 0.9), ("rs", 0.8))]
+    for record in records:  # round 0 at 0.1, round 1 at 0.3, then the final accuracy
+        record["rounds"][1] = {"accuracy": 0.3}
+    build_sweep_report(records, tmp_path / "report")
+
+    curves = [(list(x), list(y)) for x, y, *_ in plots if len(x) == 31]
+    assert len(curves) == 2 and all(x[0] == 0 and y[:2] == pytest.approx([0.1, 0.3]) for x, y in curves)
+    (low, high), *_ = [args for args in limits if len(args) == 2]
+    assert low <= 0.1 and high == 1.0
+
+
+def test_the_engine_time_says_how_the_runs_ran_as_recorded(tmp_path: Path) -> None:
+    """Issue 44: "two runs at once on 2 cores" was fixed text; it comes from the records now."""
+    records = [_engine_record(s, "d4", 0, a) for s, a in (("flmarket", 0.9), ("rs", 0.8))]
+    old = build_sweep_report(records, tmp_path / "old").read_text()
+    assert "(torch threads not recorded; runs at once not recorded for 2 of 2 runs)" in old
+    for record in records:
+        record["engine"]["config"]["torch_threads"] = 1
+        record["sweep"] = {"runs_at_once": 3, "cpus": 16, "ray_cluster": False}
+    new = build_sweep_report(records, tmp_path / "new").read_text()
+    assert "- Engine time per run (1 torch thread; 3 runs at once on 16 cores): " in new
+    records[1]["sweep"] = {"runs_at_once": 8, "cpus": 0, "ray_cluster": True}
+    mixed = build_sweep_report(records, tmp_path / "mixed").read_text()
+    assert "(1 torch thread; 3 runs at once on 16 cores; 8 runs at once on a Ray cluster)" in mixed

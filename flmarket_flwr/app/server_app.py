@@ -27,6 +27,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, Result, Strategy
 from flwr.supercore import log
 
+from flmarket_flwr.app.market_progress import MarketProgress, ProgressGrid
 from flmarket_flwr.app.results import CentralEvaluation, make_run_dir, save_results
 from flmarket_flwr.app.run_config import (
     check_run_config,
@@ -173,11 +174,21 @@ def _run(grid: Grid, context: Context, factory: StrategyFactory | None, val_per_
     else:  # a baseline: the one wait, by the market's rule (enough nodes for the run, then settled)
         nodes = MarketPhase(market).wait_for_nodes(grid)
         strategy = factory(settings, data_config, len(nodes))
+    progress = None
+    if isinstance(strategy, FLMarket):  # market.json from now on, in case Flower ends the ServerApp
+        market_strategy = strategy
+        progress = MarketProgress(run_dir / "market.json", settings.budget, lambda: market_strategy.market_outcome)
+        progress.begin()
+        grid = ProgressGrid(grid, progress.saw)
     try:
         result = _start(strategy, grid, settings, model, evaluation)
     except MarketError:
-        if isinstance(strategy, FLMarket) and strategy.market_outcome is not None:
-            strategy.market_outcome.save_json(run_dir / "market.json")  # what the market saw: why nobody won
+        if progress is not None and isinstance(strategy, FLMarket) and strategy.market_outcome is not None:
+            progress.finish(strategy.market_outcome)  # what the market saw: why nobody won
+        raise
+    except BaseException as err:  # Flower ending the ServerApp (SIGINT, exit): say where the market was
+        if progress is not None:
+            progress.interrupted(err)
         raise
     save_results(
         run_dir,

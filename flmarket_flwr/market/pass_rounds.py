@@ -191,6 +191,9 @@ class PassRounds:
         }
         replies = self._messenger.exchange(grid, action, records)
         valid = self._messenger.validated(action, records, replies, _reply_record)
+        if records and not replies:  # say what happened: silence, not bad keys or shares
+            timeout = self._config.step_timeout(len(records))
+            raise PassError(f"no node answered {action} within {timeout:g} s ({len(records)} asked)")
         return {self._server.index_of[node]: record for node, record in valid.items()}
 
     @property

@@ -507,15 +507,21 @@ def _start_parameters(strategy_type: type[Strategy]) -> tuple[frozenset[str], bo
 
 @contextmanager
 def _capped_min_nodes(strategy: Strategy, num_nodes: int) -> Iterator[None]:
-    """Cap the strategy's ``min_*_nodes`` at ``num_nodes`` (it would wait forever for more); restore after."""
-    saved = {name: getattr(strategy, name) for name in _MIN_NODE_SETTINGS if hasattr(strategy, name)}
-    for name, value in saved.items():
-        setattr(strategy, name, min(int(value), num_nodes))
+    """Cap the ``min_*_nodes`` of the strategy, and of each one it wraps (a DP wrapper's ``strategy``), at
+    ``num_nodes`` (they would wait forever for more); restore after."""
+    chain: list[Strategy] = []
+    wrapped: object = strategy
+    while isinstance(wrapped, Strategy) and all(wrapped is not seen for seen in chain):
+        chain.append(wrapped)
+        wrapped = getattr(wrapped, "strategy", None)
+    saved = [(each, name, getattr(each, name)) for each in chain for name in _MIN_NODE_SETTINGS if hasattr(each, name)]
+    for each, name, value in saved:
+        setattr(each, name, min(int(value), num_nodes))
     try:
         yield
     finally:
-        for name, value in saved.items():
-            setattr(strategy, name, value)
+        for each, name, value in saved:
+            setattr(each, name, value)
 
 
 def log_market_outcome(outcome: MarketOutcome) -> None:
