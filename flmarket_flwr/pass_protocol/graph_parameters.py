@@ -24,9 +24,11 @@ DEFAULT_CORRECTNESS_BITS: Final[int] = 20
 """A session fails (a client's secrets unrecoverable, a node over its in-degree cap) with probability at most
 ``2^-20`` when the clients are honest up to the stated colluders and dropout."""
 
+MAX_ROSTER: Final[int] = 1_000_000
+"""The largest roster the finder takes (Google's finder stops there too): its float tails stay within ``_MARGIN``."""
 _MARGIN: Final[float] = 1e-6
-"""Relative slack on every float tail comparison: ``lgamma`` of arguments up to ``10^6`` is off by about
-``1e-10`` relative, so a tail the floats put under its target by this margin is under it exactly."""
+"""Relative slack on every float tail comparison: ``lgamma`` of arguments up to :data:`MAX_ROSTER` is off by less
+than ``1e-8`` relative, so a tail the floats put under its target by this margin is under it exactly."""
 _NEGLIGIBLE: Final[float] = 1e-16
 """A tail sum stops once the geometric bound on what is left is below this fraction of the sum (the bound is
 added, so the sum stays an upper bound)."""
@@ -48,9 +50,6 @@ class GraphParameters:
     tolerated_colluders : int
         ``2t - k - 1``: the colluding out-neighbours a client withstands in a split consistency round (the
         project's split tolerance); the corrupt-neighbour quantile lies below it.
-    dropout_quantile : int
-        ``D*``: the honest dropouts the correctness bound allows for, of the ``N* - c`` honest others (below),
-        exceeded with probability at most a third of ``2^-correctness_bits``.
     in_degree_cap : int
         The most in-neighbours a client accepts: above every honest in-degree but with probability within the
         correctness budget (``E - 1`` on the complete graph).
@@ -60,8 +59,8 @@ class GraphParameters:
         The union bound ``(reruns + 1) * E * P[C >= 2t - k]`` (``C``: colluding out-neighbours of one client),
         at most ``2^-security_bits``; ``0`` on the complete graph, where ``C = colluders < 2t - k``.
     correctness_failure : float
-        The bound on a session failing with honest clients (dropouts beyond their quantile, too few honest live
-        out-neighbours, an honest in-degree over the cap), at most ``2^-correctness_bits`` on a sparse graph; on
+        The bound on a session failing with honest clients (some client left with fewer than ``t`` honest, live
+        out-neighbours, or an honest in-degree over the cap), at most ``2^-correctness_bits`` on a sparse graph; on
         the complete graph, the probability that fewer than ``t`` honest neighbours stay (at any size).
     """
 
@@ -75,7 +74,6 @@ class GraphParameters:
     degree: int
     threshold: int
     tolerated_colluders: int
-    dropout_quantile: int
     in_degree_cap: int
     complete: bool
     security_failure: float
@@ -114,23 +112,22 @@ def find_graph_parameters(
        the at most ``E`` honest victims and the ``reruns + 1`` draws gives
        ``P[some victim opened] <= (reruns + 1) * E * P[HG(N*, c, k) >= 2t - k] <= 2^-security_bits``,
        i.e. ``2t - k >= m_s``, the least ``m`` with that bound: ``t >= ceil((k + m_s) / 2)``.
-    2. Correctness: ``t`` within the honest, live out-neighbours. The number ``D`` of honest clients that drop
-       is at most its quantile ``D*`` (``D ~ Bin(N* - c, delta)``, budget ``2^-correctness_bits / 3``). Given
-       that, the out-neighbours that cannot answer (colluders and dropped) are at most
-       ``B ~ HG(N*, c + D*, k)`` in the stochastic order; with a union bound over the ``E`` clients,
-       ``E * P[B >= m_c] <= 2^-correctness_bits / 3`` defines ``m_c``, and every client keeps
-       ``k - B >= k + 1 - m_c`` answering holders: ``t <= k + 1 - m_c``.
+    2. Correctness: ``t`` within the honest, live out-neighbours. Given ``C``, the honest out-neighbours are
+       ``k - C`` distinct honest clients, each dropping independently: the silent ones (colluders and dropped)
+       number ``S = C + Bin(k - C, delta)``. ``P[S >= m] = E[g(C)]`` with ``g(j) = P[Bin(k - j, delta) >= m - j]``
+       rising in ``j``, so it too is largest at ``N*``. A union bound over the ``E`` clients,
+       ``E * P[S >= k + 1 - t] <= 2^-correctness_bits / 2``, leaves every client ``t`` answering holders.
     3. In-degree cap. A client is drawn by each other client independently with probability ``k / (n - 1)``:
        its in-degree from honest clients has mean at most ``k``, and by Anderson and Samuels (1967) its tail at
        or above ``k + 1`` lies below the ``Poisson(k)`` tail. The cap is the least ``m`` with
-       ``E * P[Poisson(k) > m] <= 2^-correctness_bits / 3`` (at most ``E - 1``). Colluders that all choose one
+       ``E * P[Poisson(k) > m] <= 2^-correctness_bits / 2`` (at most ``E - 1``). Colluders that all choose one
        client can push it to the cap: that stops the session (as the buyer can anyway) and never adds a share
        holder, since shares go to out-neighbours only.
     4. Protocol rules: ``k // 2 + 1 <= t <= max(k // 2 + 1, k - 1)`` (:func:`.graph.share_threshold`,
        :func:`.graph.max_secret_threshold`).
 
-    ``k`` is the least degree from 2 up for which some ``t`` meets 1, 2 and 4; ``t`` is the least such (the most
-    dropouts tolerated). If no ``k <= E - 2`` does, the complete graph is needed: ``k = E - 1``, every
+    ``k`` is the least degree from 2 up for which the least ``t`` of 1 and 4 meets 2 (the least ``t`` tolerates
+    the most silent holders). If no ``k <= E - 2`` does, the complete graph is needed: ``k = E - 1``, every
     colluder a neighbour (``C = c`` exactly), ``t`` the least with ``2t - k > c``, and ``correctness_failure``
     what the roster gives, ``P[Bin(E - 1 - c, delta) > k - c - t]``, which small rosters cannot bring to
     ``2^-correctness_bits``. The regions condition of a sparse consistency round (docs/threat-model.md) is not
@@ -139,7 +136,7 @@ def find_graph_parameters(
     Parameters
     ----------
     roster : int
-        ``E``, the roster size (at least :data:`~.primitives.MIN_PARTICIPANTS`).
+        ``E``, the roster size, from :data:`~.primitives.MIN_PARTICIPANTS` to :data:`MAX_ROSTER`.
     roster_floor : int
         ``F``: the node's least roster (``pass-min-participants``), ``3 <= F <= E``.
     colluders : int
@@ -177,7 +174,6 @@ def find_graph_parameters(
         degree=k,
         threshold=t,
         tolerated_colluders=2 * t - k - 1,
-        dropout_quantile=_dropped_quantile(k - colluders, dropout, 2.0**-correctness_bits / 3),
         in_degree_cap=k,
         complete=True,
         security_failure=0.0,
@@ -192,39 +188,30 @@ def _least_sparse_degree(complete: GraphParameters) -> GraphParameters | None:
     dropout, reruns = complete.dropout, complete.reruns
     security_bits, correctness_bits = complete.security_bits, complete.correctness_bits
     security_target = 2.0**-security_bits / ((reruns + 1) * roster)
-    share_target = 2.0**-correctness_bits / 3
-    neighbour_target = share_target / roster
-    dropped: dict[int, int] = {}
-    hints = (0, 0)
+    silent_target = 2.0**-correctness_bits / 2 / roster
+    hint = 0
     for k in range(2, roster - 1):
         population = max(roster_floor, k + 1) - 1
-        if population not in dropped:
-            dropped[population] = _dropped_quantile(population - colluders, dropout, share_target)
-        unanswering = min(population, colluders + dropped[population])
-        if not _may_fit(k, population, colluders, unanswering):
+        if not _may_fit(k, population, colluders):
             continue
-        m_s = _tail_quantile(partial(hypergeometric_tail, population, colluders, k), security_target, k, hints[0])
-        m_c = _tail_quantile(partial(hypergeometric_tail, population, unanswering, k), neighbour_target, k, hints[1])
-        hints = (m_s, m_c)
-        t = max(share_threshold(k), -((k + m_s) // -2))
-        if t > min(k + 1 - m_c, max_secret_threshold(k)):
+        hint = _tail_quantile(partial(hypergeometric_tail, population, colluders, k), security_target, k, hint)
+        t = max(share_threshold(k), -((k + hint) // -2))
+        if t > max_secret_threshold(k) or hypergeometric_tail(population, colluders, k, k + 1 - t) > silent_target:
+            continue  # the second: the colluders alone leave fewer than t answering holders too often
+        silent = silent_tail(population, colluders, k, dropout, k + 1 - t)
+        if silent > silent_target * (1.0 - _MARGIN):
             continue
-        cap = min(roster - 1, _tail_quantile(partial(poisson_tail, k), neighbour_target, 10 * k + 100, k + 1) - 1)
-        correctness = (
-            binomial_tail(population - colluders, dropout, dropped[population] + 1)
-            + roster * hypergeometric_tail(population, unanswering, k, k + 1 - t)
-            + (roster * poisson_tail(k, cap + 1) if cap < roster - 1 else 0.0)  # no in-degree passes E - 1
-        )
+        cap = min(roster - 1, _tail_quantile(partial(poisson_tail, k), silent_target, 10 * k + 100, k + 1) - 1)
+        over_cap = roster * poisson_tail(k, cap + 1) if cap < roster - 1 else 0.0  # no in-degree passes E - 1
         return replace(
             complete,
             degree=k,
             threshold=t,
             tolerated_colluders=2 * t - k - 1,
-            dropout_quantile=dropped[population],
             in_degree_cap=cap,
             complete=False,
             security_failure=(reruns + 1) * roster * hypergeometric_tail(population, colluders, k, 2 * t - k),
-            correctness_failure=correctness,
+            correctness_failure=roster * silent + over_cap,
         )
     return None
 
@@ -249,8 +236,11 @@ def _check_inputs(
     ):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{name} must be an int, got {value!r}")
-    if roster < MIN_PARTICIPANTS:
-        raise ValueError(f"roster must be at least {MIN_PARTICIPANTS} (PASS with fewer leaks), got {roster}")
+    if not MIN_PARTICIPANTS <= roster <= MAX_ROSTER:
+        raise ValueError(
+            f"roster must be in [{MIN_PARTICIPANTS}, {MAX_ROSTER:,}] (PASS with fewer leaks; the float tails are "
+            f"checked up to the most), got {roster}"
+        )
     if not MIN_PARTICIPANTS <= roster_floor <= roster:
         raise ValueError(f"roster_floor must be in [{MIN_PARTICIPANTS}, roster={roster}], got {roster_floor}")
     if not 0 <= colluders <= roster_floor - 2:
@@ -267,17 +257,12 @@ def _check_inputs(
             raise ValueError(f"{name} must be in [1, 128], got {bits}")
 
 
-def _may_fit(k: int, population: int, colluders: int, unanswering: int) -> bool:
-    """A necessary condition, from the modes: each quantile lies above its distribution's mode (its target is
-    below the mode's probability), so ``t >= (k + mode_C + 1) / 2`` and ``t <= k - mode_B``."""
-    mode_c = (k + 1) * (colluders + 1) // (population + 2)
-    mode_b = (k + 1) * (unanswering + 1) // (population + 2)
-    return -((k + mode_c + 1) // -2) <= k - mode_b
-
-
-def _dropped_quantile(honest: int, dropout: float, target: float) -> int:
-    """``D*``: the least ``d`` with ``P[Bin(honest, dropout) > d] <= target``."""
-    return _tail_quantile(lambda m: binomial_tail(honest, dropout, m), target, honest, round(honest * dropout)) - 1
+def _may_fit(k: int, population: int, colluders: int) -> bool:
+    """A necessary condition, from the mode of ``C``, whose probability (at least ``1 / (k + 1)``) is above every
+    target: the security quantile lies above it, ``t >= (k + mode + 1) / 2``, and ``P[S >= k + 1 - t] >=
+    P[C >= k + 1 - t]`` is below its target only if ``k + 1 - t > mode``."""
+    mode = (k + 1) * (colluders + 1) // (population + 2)
+    return -((k + mode + 1) // -2) <= k - mode
 
 
 def _tail_quantile(tail: Callable[[int], float], target: float, top: int, hint: int) -> int:
@@ -408,6 +393,44 @@ def poisson_tail(mean: float, at_least: int) -> float:
         return j * math.log(mean) - mean - math.lgamma(j + 1)
 
     return _unimodal_sum(first, 1 << 62, log_p, lambda j: mean / (j + 1), math.floor(mean))
+
+
+def silent_tail(population: int, colluders: int, draws: int, dropout: float, at_least: int) -> float:
+    """``P[S >= at_least]`` for ``S = C + Bin(draws - C, dropout)``, ``C ~ HG(population, colluders, draws)``: the
+    silent out-neighbours of a client (colluders, and honest ones that drop), an upper bound within ``1e-16``.
+
+    ``sum_j P[C = j] g(j)`` with ``g(j) = P[Bin(draws - j, dropout) >= at_least - j]``: the ``j >= at_least``
+    part is a hypergeometric tail; the rest is summed outwards from the mode of ``C``, and each side stops once
+    the geometric bound on what is left of ``P[C = j]`` (``g <= 1``) is negligible, that bound added.
+    """
+    if dropout == 0.0 or at_least <= 0:
+        return hypergeometric_tail(population, colluders, draws, at_least)
+    low, high = max(0, draws - (population - colluders)), min(colluders, draws)
+    total = hypergeometric_tail(population, colluders, draws, at_least)
+    top = min(high, at_least - 1)
+    if top < low:
+        return total
+    whole = _log_comb(population, draws)
+
+    def ratio(j: int) -> float:  # P[C = j + 1] / P[C = j]
+        return (colluders - j) * (draws - j) / ((j + 1) * (population - colluders - draws + j + 1))
+
+    mode = min(top, max(low, (draws + 1) * (colluders + 1) // (population + 2)))
+    p_mode = math.exp(_log_comb(colluders, mode) + _log_comb(population - colluders, draws - mode) - whole)
+    for step in (1, -1):  # upwards from the mode, then downwards from just below it
+        j, p = mode, p_mode
+        if step == -1:
+            if mode <= low:
+                break
+            j, p = mode - 1, p_mode / ratio(mode - 1)
+        while low <= j <= top and p > 0.0:
+            total += p * binomial_tail(draws - j, dropout, at_least - j)
+            q = ratio(j) if step == 1 else (1.0 / ratio(j - 1) if j > low else 0.0)
+            if q < 1.0 and p * q / (1.0 - q) <= total * _NEGLIGIBLE:
+                total += p * q / (1.0 - q)
+                break
+            j, p = j + step, p * q
+    return min(1.0, total)
 
 
 # --- the table -----------------------------------------------------------------------------------------------------
