@@ -303,6 +303,19 @@ def test_the_float_tails_match_exact_sums(population: int, data: st.DataObject) 
     assert binomial_tail(draws, p, at_least) == pytest.approx(float(exact_binomial_tail(draws, p, at_least)), rel=1e-9)
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 150), st.data())
+def test_the_silent_holders_tail_matches_its_exact_law(population: int, data: st.DataObject) -> None:
+    """``silent_tail``, summed in O(1) a term, against ``sum_j P[C = j] P[Bin(k - j, delta) >= m - j]`` in
+    integers."""
+    colluders = data.draw(st.integers(0, population))
+    draws = data.draw(st.integers(0, population))
+    at_least = data.draw(st.integers(-1, draws + 1))
+    dropout = data.draw(st.sampled_from([0.0, 0.01, 0.05, 0.3, 0.9]))
+    exact = exact_silent_tail(population, colluders, draws, dropout, at_least)
+    assert silent_tail(population, colluders, draws, dropout, at_least) == pytest.approx(float(exact), rel=1e-9)
+
+
 @pytest.mark.parametrize(("roster", "share"), [(100, 0.05), (300, 0.10), (1_000, 0.05), (10_000, 0.10)])
 def test_the_in_degree_cap_holds_on_every_roster_size(roster: int, share: float) -> None:
     """Each of the other ``n - 1`` clients draws a client with probability ``k / (n - 1)``: by Anderson and

@@ -29,6 +29,8 @@ MAX_ROSTER: Final[int] = 1_000_000
 _MARGIN: Final[float] = 1e-6
 """Relative slack on every float tail comparison: ``lgamma`` of arguments up to :data:`MAX_ROSTER` is off by less
 than ``1e-8`` relative, so a tail the floats put under its target by this margin is under it exactly."""
+_TINY: Final[float] = 1e-200
+"""Probability mass left out of a sum outright (and added back as a bound): far below any target here."""
 _NEGLIGIBLE: Final[float] = 1e-16
 """A tail sum stops once the geometric bound on what is left is below this fraction of the sum (the bound is
 added, so the sum stays an upper bound)."""
@@ -397,39 +399,54 @@ def poisson_tail(mean: float, at_least: int) -> float:
 
 def silent_tail(population: int, colluders: int, draws: int, dropout: float, at_least: int) -> float:
     """``P[S >= at_least]`` for ``S = C + Bin(draws - C, dropout)``, ``C ~ HG(population, colluders, draws)``: the
-    silent out-neighbours of a client (colluders, and honest ones that drop), an upper bound within ``1e-16``.
+    silent out-neighbours of a client (colluders, and honest ones that drop), within a relative ``1e-12``.
 
     ``sum_j P[C = j] g(j)`` with ``g(j) = P[Bin(draws - j, dropout) >= at_least - j]``: the ``j >= at_least``
-    part is a hypergeometric tail; the rest is summed outwards from the mode of ``C``, and each side stops once
-    the geometric bound on what is left of ``P[C = j]`` (``g <= 1``) is negligible, that bound added.
+    part is a hypergeometric tail. The rest runs upwards from the least ``j`` below which ``P[C < j]`` is under
+    ``1e-200`` (added, as ``g <= 1``), with ``g(j + 1) = g(j) + (1 - dropout) P[Bin(draws - j - 1, dropout) =
+    at_least - j - 1]``, so each term costs O(1), and stops past the mode once the geometric bound on the rest of
+    ``P[C = j]`` is negligible (added too).
     """
-    if dropout == 0.0 or at_least <= 0:
+    if dropout == 0.0 or at_least <= 0 or at_least > draws:
         return hypergeometric_tail(population, colluders, draws, at_least)
     low, high = max(0, draws - (population - colluders)), min(colluders, draws)
-    total = hypergeometric_tail(population, colluders, draws, at_least)
+    total = hypergeometric_tail(population, colluders, draws, at_least)  # C >= at_least: silent enough alone
     top = min(high, at_least - 1)
     if top < low:
         return total
     whole = _log_comb(population, draws)
 
+    def log_p(j: int) -> float:
+        return _log_comb(colluders, j) + _log_comb(population - colluders, draws - j) - whole
+
     def ratio(j: int) -> float:  # P[C = j + 1] / P[C = j]
         return (colluders - j) * (draws - j) / ((j + 1) * (population - colluders - draws + j + 1))
 
     mode = min(top, max(low, (draws + 1) * (colluders + 1) // (population + 2)))
-    p_mode = math.exp(_log_comb(colluders, mode) + _log_comb(population - colluders, draws - mode) - whole)
-    for step in (1, -1):  # upwards from the mode, then downwards from just below it
-        j, p = mode, p_mode
-        if step == -1:
-            if mode <= low:
-                break
-            j, p = mode - 1, p_mode / ratio(mode - 1)
-        while low <= j <= top and p > 0.0:
-            total += p * binomial_tail(draws - j, dropout, at_least - j)
-            q = ratio(j) if step == 1 else (1.0 / ratio(j - 1) if j > low else 0.0)
-            if q < 1.0 and p * q / (1.0 - q) <= total * _NEGLIGIBLE:
-                total += p * q / (1.0 - q)
-                break
-            j, p = j + step, p * q
+    start, p = mode, math.exp(log_p(mode))
+    while start > low:  # down to where what lies below is negligible
+        q = 1.0 / ratio(start - 1)
+        if q < 1.0 and p * q / (1.0 - q) <= _TINY:
+            total += p * q / (1.0 - q)
+            break
+        start, p = start - 1, p * q
+    log_q, log_r = math.log(dropout), math.log1p(-dropout)
+    n, r = draws - start, at_least - start  # g(j) = P[Bin(n, dropout) >= r], n - r fixed
+    g = binomial_tail(n, dropout, r)
+    log_b = _log_comb(n - 1, r - 1) + (r - 1) * log_q + (n - r) * log_r  # P[Bin(n - 1) = r - 1]
+    p = math.exp(log_p(start))
+    for j in range(start, top + 1):
+        total += p * g
+        if j == top:
+            break
+        step = ratio(j)
+        if j >= mode and step < 1.0 and p * step / (1.0 - step) <= total * _NEGLIGIBLE:
+            total += p * step / (1.0 - step)
+            break
+        p *= step
+        g = min(1.0, g + (1.0 - dropout) * math.exp(log_b))
+        log_b += math.log(r - 1) - math.log(n - 1) - log_q
+        n, r = n - 1, r - 1
     return min(1.0, total)
 
 
