@@ -29,8 +29,9 @@ MAX_ROSTER: Final[int] = 1_000_000
 _MARGIN: Final[float] = 1e-6
 """Relative slack on every float tail comparison: ``lgamma`` of arguments up to :data:`MAX_ROSTER` is off by less
 than ``1e-8`` relative, so a tail the floats put under its target by this margin is under it exactly."""
-_TINY: Final[float] = 1e-200
-"""Probability mass left out of a sum outright (and added back as a bound): far below any target here."""
+_TINY: Final[float] = 1e-60
+"""Probability mass left out of a sum outright (and added back as a bound): below any correctness target here
+(``2^-128 / 2`` over a roster of :data:`MAX_ROSTER` is about ``1.5e-45``)."""
 _NEGLIGIBLE: Final[float] = 1e-16
 """A tail sum stops once the geometric bound on what is left is below this fraction of the sum (the bound is
 added, so the sum stays an upper bound)."""
@@ -403,7 +404,7 @@ def silent_tail(population: int, colluders: int, draws: int, dropout: float, at_
 
     ``sum_j P[C = j] g(j)`` with ``g(j) = P[Bin(draws - j, dropout) >= at_least - j]``: the ``j >= at_least``
     part is a hypergeometric tail. The rest runs upwards from the least ``j`` below which ``P[C < j]`` is under
-    ``1e-200`` (added, as ``g <= 1``), with ``g(j + 1) = g(j) + (1 - dropout) P[Bin(draws - j - 1, dropout) =
+    ``1e-60`` (added, as ``g <= 1``), with ``g(j + 1) = g(j) + (1 - dropout) P[Bin(draws - j - 1, dropout) =
     at_least - j - 1]``, so each term costs O(1), and stops past the mode once the geometric bound on the rest of
     ``P[C = j]`` is negligible (added too).
     """
