@@ -283,6 +283,11 @@ RULES = (
     ),
     Rule(r"^\.venv/bin/python -m benchmarks\.\w+", check_module_help, ()),
     Rule(
+        r"^(\.venv/bin/)?python -m flmarket_flwr\.pass_protocol\.graph_parameters\b",
+        check_module_help,
+        ("test_graph_parameters.py::test_the_threat_models_table_is_the_commands_output",),
+    ),
+    Rule(
         r"^bash simulations/\w+\.sh \d+$",
         check_script,
         ("test_engine_sweep.py::test_grid_runs_on_workers_writes_every_job_and_resumes",),
