@@ -36,7 +36,8 @@ class MarketConfig:
     Parameters
     ----------
     budget : float
-        Budget ``R > 0`` of the reverse auction. The payments sum to at most ``R``, in every mode.
+        Budget ``R > 0`` of the reverse auction. The payments sum to at most ``R``, in every mode. Given to
+        ``FLMarket``, it is the run's: each re-launch runs with a copy whose ``budget`` is what is left of it.
     num_classes : int
         Number of classes ``C`` (length of every label-count vector).
     num_winners : int, optional
@@ -117,10 +118,11 @@ class MarketConfig:
         (:mod:`~flmarket_flwr.market.membership`). They take no part in PASS or the auction; their payments are
         charged against ``budget`` before the auction runs, which then runs over the other nodes with
         ``R' = budget - sum(payments)`` (so it stays truthful, and all payments together stay within
-        ``budget``); the award records them. Each must be connected when the market runs. Default: none.
+        ``budget``); the award records them. Each must match a connected node when the market runs (a re-launch
+        logs and skips one that does not). A tag is never all digits. Default: none.
     exclude : tuple[int | str, ...], optional
-        Nodes the market never invites, by id (each must be connected when the market runs: a typo is an error)
-        or by tag.
+        Nodes the market never invites, by id (never sent any message) or by tag (asked its tag once); each must
+        match a connected node when the market runs, as for ``include`` (a typo is an error).
         A node in both lists, or included payments that leave no budget, is a ``ValueError`` naming the list.
     """
 
