@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType
 from flwr.serverapp.strategy import FedAvg
+from hypothesis import given, settings, target
+from hypothesis import strategies as st
 from test_grid_view import NUM_CLASSES, make_counts, training_app
 from test_market_relaunch import market, secure_grid
 
@@ -20,7 +22,8 @@ from flmarket_flwr.app.results import selection_of
 from flmarket_flwr.market import FLMarket, MarketConfig, MarketError, MarketPhase
 from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.membership import plan_membership
-from flmarket_flwr.market.relaunch import RelaunchPolicy
+from flmarket_flwr.market.relaunch import Commitment, RelaunchPolicy, budget_left
+from flmarket_flwr.pricing import run_auction
 
 INITIAL = ArrayRecord({"w": Array(np.zeros(3))})
 TRAIN = ConfigRecord({"lr": 0.1})
@@ -91,6 +94,56 @@ def test_several_relaunches_share_one_run_budget(tmp_path: Path, settle_on_deliv
     _, files = selection_of(strategy)
     record = json.loads(json.dumps(files["market.json"], default=str))
     assert record["run_budget"] == budget and record["run_total_settled"] <= budget * (1 + 1e-12)
+
+
+class _Market:
+    """A market of a simulated run: its awards and each node's train record."""
+
+    def __init__(self, payments: dict[int, float]) -> None:
+        self.payments = payments
+        self.asked = dict.fromkeys(payments, 0)
+        self.delivered = dict.fromkeys(payments, 0)
+
+    def settled(self, on_delivery: bool) -> float:
+        share = {n: self.delivered[n] / self.asked[n] if self.asked[n] else 1.0 for n in self.payments}
+        return math.fsum(p * (share[n] if on_delivery else 1.0) for n, p in self.payments.items())
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), run_budget=st.floats(1.0, 1e4), on_delivery=st.booleans(), joins=st.booleans())
+def test_no_sequence_of_markets_settles_more_than_the_run_budget(
+    data: st.DataObject, run_budget: float, on_delivery: bool, joins: bool
+) -> None:
+    """Markets bought with :func:`budget_left`'s rule (the real auction on what is left, included payments first),
+    joining or replacing the cohort, failing at random, their winners delivering any pattern of rounds (a share
+    that falls and rises again): what the run settles in the end is within the one budget."""
+    markets: list[_Market] = []
+    in_force: list[_Market] = []
+    for _ in range(data.draw(st.integers(1, 6), label="markets")):
+        commitments = [
+            Commitment(math.fsum(m.payments.values()), m.settled(on_delivery), any(m is f for f in in_force))
+            for m in markets
+        ]
+        left, _ = budget_left(run_budget, commitments, keep_in_force=joins)
+        if left > 1e-9 * run_budget and data.draw(st.booleans(), label="market runs"):
+            included = data.draw(st.one_of(st.just(0.95), st.floats(0.0, 0.95)), label="included share") * left
+            bidders = data.draw(st.lists(st.tuples(st.floats(0.01, 1.0), st.floats(0.01, 1e4)), min_size=1,
+                                         max_size=8), label="score, bid")  # fmt: skip
+            auction = run_auction([u for u, _ in bidders], [b for _, b in bidders], left - included)
+            payments = {len(markets) * 100 + int(i): float(auction.payments[i]) for i in auction.winners}
+            payments[len(markets) * 100 + 99] = included  # an included node
+            market = _Market(payments)
+            markets.append(market)
+            in_force = [*in_force, market] if joins else [market]
+        for _ in range(data.draw(st.integers(0, 4), label="rounds")):
+            for market in in_force:  # a market's cohort delivers a round, or loses it
+                delivered = data.draw(st.booleans(), label="delivered")
+                for node in market.payments:
+                    market.asked[node] += 1
+                    market.delivered[node] += delivered
+    total = math.fsum(market.settled(on_delivery) for market in markets)
+    target(total / run_budget)  # steer the search toward runs that spend the most
+    assert total <= run_budget * (1 + 1e-9)
 
 
 def test_a_relaunch_with_nothing_left_to_spend_is_skipped_before_any_message(tmp_path: Path) -> None:

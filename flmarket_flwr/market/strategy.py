@@ -34,7 +34,7 @@ from flmarket_flwr.market.delivery import DeliveryLedger
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.grid_view import WinnersGrid
 from flmarket_flwr.market.membership import Member
-from flmarket_flwr.market.relaunch import RELAUNCH_METRIC, RelaunchPolicy
+from flmarket_flwr.market.relaunch import RELAUNCH_METRIC, Commitment, RelaunchPolicy, budget_left
 from flmarket_flwr.market.server import MarketPhase
 from flmarket_flwr.pass_protocol import IdentityDirectory
 from flmarket_flwr.pricing.auction import VALUE_RANGE
@@ -395,18 +395,19 @@ class FLMarket(Strategy):
         return config, ""
 
     def _committed(self, *, keep_in_force: bool) -> float:
-        """What the markets of the run so far are committed to pay: each earlier market's award as settled, and
-        the markets in force their whole award when they go on training (``keep_in_force``), else as settled
-        now (a re-launch that succeeds ends them)."""
-        total = []
-        for entry in self.markets:
-            if entry.delivery is None:
-                continue
-            if keep_in_force and any(entry is active for active in self._active):
-                total += list(entry.outcome.payments.values())
-            else:
-                total += entry.delivery.settle(entry.outcome.payments, on_delivery=self.settle_on_delivery).values()
-        return math.fsum(total)
+        """What the markets of the run so far are committed to pay (:func:`~.relaunch.budget_left`'s rule)."""
+        markets = [
+            Commitment(
+                awarded=math.fsum(entry.outcome.payments.values()),
+                settled=math.fsum(
+                    entry.delivery.settle(entry.outcome.payments, on_delivery=self.settle_on_delivery).values()
+                ),
+                in_force=any(entry is active for active in self._active),
+            )
+            for entry in self.markets
+            if entry.delivery is not None
+        ]
+        return budget_left(self.market_config.budget, markets, keep_in_force=keep_in_force)[1]
 
     def _sat_out(self, joins: bool) -> dict[int, str]:
         """The nodes a re-launch does not invite, and why: those that cannot release again, and (when its cohort
