@@ -389,3 +389,67 @@ def test_too_few_newcomers_is_known_before_pass_and_nothing_is_sent() -> None:
     assert skipped.released == [] and skipped.outcome.pass_sessions == []
     after = [m for m in grid.sent[marks["joined"] :] if m.metadata.message_type.startswith("query")]
     assert after == []  # the thin market released nothing and sent nothing
+
+
+# --- 7. Beyond the anchors: the buyer drops a named node mid-run ------------------------------------------
+@pytest.mark.parametrize("settle_on_delivery", [False, True])
+def test_the_wrapped_strategy_drops_a_named_node_mid_run_and_it_keeps_what_it_delivered(
+    settle_on_delivery: bool,
+) -> None:
+    """Flower #1756: after round 1 the wrapped strategy drops one winner. It is sent nothing from round 2 on, and
+    is settled on the one round it was asked (and delivered): its whole award, either way."""
+    counts = make_counts(7, seed=8)
+    grid = InProcessGrid(training_app(counts), sorted(counts))
+
+    class Judging(FedAvg):
+        def aggregate_train(self, server_round, replies):  # type: ignore[no-untyped-def]
+            if server_round == 1:
+                strategy.drop_nodes([strategy.cohort[0]], reason="its updates diverge")
+            return super().aggregate_train(server_round, replies)
+
+    strategy = FLMarket(
+        Judging(fraction_evaluate=0.0),
+        market_config=market(num_winners=3),
+        settle_on_delivery=settle_on_delivery,
+    )
+    strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=3, train_config=TRAIN)
+
+    first = strategy.markets[0].outcome
+    dropped = first.cohort[0]
+    assert strategy.dropped == {dropped: "its updates diverge"} and dropped not in strategy.cohort
+    trained = Counter(int(m.metadata.dst_node_id) for m in grid.sent if m.metadata.message_type == MessageType.TRAIN)
+    assert trained[dropped] == 1 and all(trained[node] == 3 for node in first.cohort[1:])
+    owed = strategy.settled_across_markets()
+    assert owed[dropped] == pytest.approx(first.payments[dropped])  # asked once, delivered once: in full
+    assert run_total(strategy) <= first.budget * (1 + 1e-12)
+    _, files = selection_of(strategy)
+    assert files["market.json"]["dropped"] == {str(dropped): "its updates diverge"}
+    with pytest.raises(ValueError, match="not in the cohort"):
+        strategy.drop_nodes([dropped])
+    with pytest.raises(ValueError, match="leaves no node of the cohort"):
+        strategy.drop_nodes(strategy.cohort)
+
+
+def test_a_dropped_node_is_not_invited_to_a_later_market(tmp_path: Path) -> None:
+    grid, counts, directory = secure_grid(tmp_path, 7, total_epsilon=6.0, **{"market-min-roster-change": 1})
+
+    class Judging(FedAvg):
+        def aggregate_train(self, server_round, replies):  # type: ignore[no-untyped-def]
+            if server_round == 1:
+                strategy.drop_nodes([strategy.cohort[0]])
+            return super().aggregate_train(server_round, replies)
+
+    strategy = FLMarket(
+        Judging(fraction_evaluate=0.0),
+        market_config=market(directory, num_winners=2),
+        relaunch=RelaunchPolicy(every_rounds=2),
+    )
+    strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=3, train_config=TRAIN)
+
+    (dropped,) = strategy.dropped
+    second = strategy.markets[1]
+    assert second.outcome.status == "succeeded" and second.first_round == 3
+    assert dropped not in second.outcome.invited and dropped not in second.outcome.cohort
+    to_dropped = [m.metadata.message_type for m in grid.sent if int(m.metadata.dst_node_id) == dropped]
+    assert to_dropped[-1] == MessageType.TRAIN and to_dropped.count(MessageType.TRAIN) == 1  # round 1, then nothing
+    assert to_dropped.count("query.market_advertise") == 1  # market 1's PASS only

@@ -133,6 +133,7 @@ def selection_of(strategy: Strategy) -> tuple[dict[str, Any], dict[str, Any]]:
         "settled": settled,
         "run_budget": strategy.market_config.budget,
         "run_total_settled": math.fsum(strategy.settled_across_markets().values()),
+        "dropped": {str(node): reason for node, reason in strategy.dropped.items()},
     }
     return selection, {"market.json": record}
 

@@ -195,6 +195,8 @@ class FLMarket(Strategy):
         self._rounds_at_market = 0
         self._connected_at_market: set[int] = set()
         self._active: list[MarketEntry] = []
+        self.dropped: dict[int, str] = {}
+        """Nodes the buyer dropped mid-run (:meth:`drop_nodes`) -> why."""
         self._spent: dict[int, str] = {}
         self._stopped = ""
         self._train_rounds = 0
@@ -238,6 +240,7 @@ class FLMarket(Strategy):
         self._winners_grid = None
         self.markets = []
         self._active, self._spent, self._stopped, self._train_rounds = [], {}, "", 0
+        self.dropped = {}
         if self.relaunch is not None:  # the rounds go through this strategy's hooks, which re-run the market
             return Strategy.start(
                 self,
@@ -286,6 +289,42 @@ class FLMarket(Strategy):
         self._note_spent(outcome, 1)
         return self._adopt(grid, MarketEntry(1, "the first market", outcome, None, phase.released))
 
+    def drop_nodes(self, nodes: Iterable[int], reason: str = "dropped by the buyer") -> None:
+        """Stop training ``nodes`` from the next round on, and invite them to no later market of the run.
+
+        For a wrapped strategy that judges its nodes as it trains (Flower issue #1756: the exclude list is fixed
+        for the run): it holds this ``FLMarket`` and calls this between rounds. The payment rule is the delivery
+        rule, unchanged: a dropped node is settled on the train rounds it was asked, in full, or with
+        ``settle_on_delivery`` pro rata to the updates it returned of those; dropping it never lowers what the
+        buyer committed to, and the run's budget keeps counting it (:func:`~.relaunch.budget_left`).
+
+        Raises
+        ------
+        RuntimeError
+            Before the first market.
+        ValueError
+            A node not in the cohort in force, or every node of it (nothing would be left to train).
+        """
+        if self._winners_grid is None:
+            raise RuntimeError("the market has not run yet: there is no cohort to drop nodes from")
+        drop = list(dict.fromkeys(int(node) for node in nodes))
+        cohort = self.cohort
+        outside = [node for node in drop if node not in cohort]
+        if outside:
+            raise ValueError(f"node(s) {outside} are not in the cohort in force {cohort}: nothing to drop")
+        if set(cohort) <= set(drop):
+            raise ValueError(f"dropping {drop} leaves no node of the cohort {cohort} to train")
+        self._winners_grid.drop(drop)
+        for node in drop:
+            self.dropped[node] = reason
+            self._spent[node] = f"dropped by the buyer ({reason})"
+        log(
+            INFO,
+            "FLMarket: node(s) %s dropped (%s): they train no more and are not invited again this run",
+            drop,
+            reason,
+        )
+
     def request_market(self, reason: str = "requested") -> None:
         """Ask for a re-launch of the market before the next train round (with a :class:`RelaunchPolicy`)."""
         self._requested = reason or "requested"
@@ -296,7 +335,7 @@ class FLMarket(Strategy):
         joined it several), in order, each node once; ``[]`` before the first market."""
         nodes: list[int] = []
         for entry in self._active:
-            nodes += [node for node in entry.outcome.cohort if node not in nodes]
+            nodes += [node for node in entry.outcome.cohort if node not in nodes and node not in self.dropped]
         return nodes
 
     def _run_market(self, grid: Grid, phase: MarketPhase) -> MarketOutcome:
@@ -388,8 +427,16 @@ class FLMarket(Strategy):
                 f"{self.market_config.min_clients}: {why}"
             )
         try:
-            include = {} if joins else self.market_config.include  # joining: the included nodes train already
-            config = dataclasses.replace(self.market_config, expected_nodes=None, budget=left, include=include)
+            include = {  # joining: the included nodes train already; a dropped node is never included again
+                member: payment for member, payment in self.market_config.include.items() if member not in self.dropped
+            }
+            config = dataclasses.replace(
+                self.market_config,
+                expected_nodes=None,
+                budget=left,
+                include={} if joins else include,
+                exclude=(*self.market_config.exclude, *self.dropped),
+            )
         except ValueError as err:  # the included nodes' payments leave nothing of what is left
             return None, f"{spent}, which leaves {left:.6g}: {err}"
         return config, ""
