@@ -453,3 +453,31 @@ def test_a_dropped_node_is_not_invited_to_a_later_market(tmp_path: Path) -> None
     to_dropped = [m.metadata.message_type for m in grid.sent if int(m.metadata.dst_node_id) == dropped]
     assert to_dropped[-1] == MessageType.TRAIN and to_dropped.count(MessageType.TRAIN) == 1  # round 1, then nothing
     assert to_dropped.count("query.market_advertise") == 1  # market 1's PASS only
+
+
+# --- 7. Allow-list-only mode: only the listed nodes are ever messaged ----------------------------------------
+def test_in_allow_list_only_mode_no_other_node_is_ever_messaged() -> None:
+    counts = make_counts(9, seed=9)
+    nodes = sorted(counts)
+    configs = {node: {"market-tag": "partner" if node == nodes[1] else ""} for node in nodes}
+    grid = InProcessGrid(training_app(counts), nodes, node_configs=configs)
+    allowed = nodes[:6]
+    strategy = FLMarket(
+        FedAvg(fraction_evaluate=0.0),
+        market_config=market(num_winners=2, allow=tuple(allowed), include={"partner": 1.0}, exclude=(nodes[2],)),
+        relaunch=RelaunchPolicy(every_rounds=1),
+    )
+    strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=2, train_config=TRAIN)
+
+    per_node = messages_per_node(grid)
+    assert set(per_node) <= set(allowed) - {nodes[2]}  # neither the others nor the excluded: not even the tags query
+    first = strategy.markets[0].outcome
+    assert first.included == {nodes[1]: 1.0} and set(first.invited) == set(allowed) - {nodes[1], nodes[2]}
+
+
+def test_an_allow_list_is_node_ids_and_holds_every_included_id() -> None:
+    assert MarketConfig(budget=10.0, num_classes=3, allow=(7, 3, 7)).allow == (3, 7)
+    with pytest.raises(TypeError, match="a tag is learned by asking the node"):
+        MarketConfig(budget=10.0, num_classes=3, allow=("partner",))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"node\(s\) \[5\] are not on the allow list \[3, 7\]"):
+        FLMarket(FedAvg(), budget=10.0, num_classes=3, include={5: 1.0}, allow=[3, 7])

@@ -14,7 +14,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from flmarket_flwr.market.ledger import RosterHistory
-from flmarket_flwr.market.membership import Member, check_membership
+from flmarket_flwr.market.membership import Member, check_allow_list, check_membership
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, SkellamNoise
 from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_DELTA, SECURE_PROFILE_EPSILON
 from flmarket_flwr.pricing.auction import VALUE_RANGE
@@ -124,6 +124,11 @@ class MarketConfig:
         Nodes the market never invites, by id (never sent any message) or by tag (asked its tag once); each must
         match a connected node when the market runs, as for ``include`` (a typo is an error).
         A node in both lists, or included payments that leave no budget, is a ``ValueError`` naming the list.
+    allow : tuple[int, ...], optional
+        Allow-list-only mode: when given, the market sends messages to these node ids only (ids, not tags: a tag is
+        learned by asking the node); every other connected node is sent nothing, not even the tags query, and
+        never trains. An allowed node need not be connected (the market runs among those that are); an included
+        node named by id must be allowed. Default: ``()``, every connected node may be invited.
     """
 
     budget: float
@@ -149,6 +154,7 @@ class MarketConfig:
     buyer_key: Ed25519PrivateKey | None = None
     include: Mapping[Member, float] = field(default_factory=dict)
     exclude: tuple[Member, ...] = ()
+    allow: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         """Validate every field; apply the secure profile's settings (``security="malicious"``)."""
@@ -207,6 +213,7 @@ class MarketConfig:
             sorted({m for m in self.exclude if isinstance(m, str)}),
         )
         object.__setattr__(self, "exclude", (*ids, *tags))
+        object.__setattr__(self, "allow", check_allow_list(self.allow, self.include))
 
     def step_timeout(self, num_nodes: int) -> float:
         """Seconds a message round to ``num_nodes`` nodes may take: ``timeout + timeout_per_node * num_nodes``."""

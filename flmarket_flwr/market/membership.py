@@ -25,6 +25,7 @@ __all__ = [
     "MembershipPlan",
     "Member",
     "auction_budget",
+    "check_allow_list",
     "check_membership",
     "names_a_tag",
     "parse_node_ids",
@@ -136,6 +137,33 @@ def check_membership(include: Mapping[Member, float], exclude: Iterable[Member],
     if both:
         raise ValueError(f"{both} are in both {INCLUDE_KEY} and {EXCLUDE_KEY}: a node is one or the other")
     auction_budget(budget, include.values())  # each tag names one node at least: the smallest total it can be
+
+
+def check_allow_list(allow: Iterable[int], include: Mapping[Member, float]) -> tuple[int, ...]:
+    """The allow list (allow-list-only mode) as sorted unique node ids; every included id must be on it.
+
+    Raises
+    ------
+    TypeError
+        A member that is not an int (a tag cannot be allowed: it is learned by asking the node).
+    ValueError
+        An id out of range, or an included node id that is not allowed.
+    """
+    if isinstance(allow, (str, bytes)):
+        raise TypeError(f"allow must be a collection of node ids, got {allow!r}")
+    ids: set[int] = set()
+    for member in allow:
+        if isinstance(member, bool) or not isinstance(member, int):
+            raise TypeError(
+                f"allow: members must be node ids (int; a tag is learned by asking the node), got {member!r}"
+            )
+        if not 0 <= member < 2**64:
+            raise ValueError(f"allow: {member} is not a node id (an int in [0, 2**64))")
+        ids.add(member)
+    outside = sorted(member for member in include if isinstance(member, int) and ids and member not in ids)
+    if outside:
+        raise ValueError(f"{INCLUDE_KEY}: node(s) {outside} are not on the allow list {sorted(ids)}")
+    return tuple(sorted(ids))
 
 
 def auction_budget(budget: float, included_payments: Iterable[float]) -> float:

@@ -289,8 +289,9 @@ class MarketPhase:
         return nodes
 
     def admitted(self, grid: Grid, nodes: Sequence[int]) -> list[int]:
-        """``nodes`` less the buyer's included and excluded nodes (:attr:`MarketConfig.include` / ``exclude``) and
-        those that sit this market out (:attr:`sit_out`).
+        """``nodes`` less those not on the allow list (:attr:`MarketConfig.allow`, if any), the buyer's included and
+        excluded nodes (:attr:`MarketConfig.include` / ``exclude``) and those that sit this market out
+        (:attr:`sit_out`).
 
         The included nodes and their fixed payments are kept for the award (the auction's budget is what they
         leave). A node excluded by id, or sitting out, is sent no message of any kind; when a list names a tag,
@@ -305,6 +306,11 @@ class MarketPhase:
             ``num_winners``) nodes left for the auction; each names the run-config key or the reason.
         """
         cfg = self.config
+        if cfg.allow:  # allow-list-only mode: the others are sent nothing at all
+            outside = [node for node in nodes if node not in cfg.allow]
+            if outside:
+                log(INFO, "Market: %d connected node(s) are not on the allow list; sent nothing", len(outside))
+            nodes = [node for node in nodes if node in cfg.allow]
         plan = MembershipPlan(included={}, invited=list(nodes), excluded=[])
         if cfg.include or cfg.exclude:
             by_id = [node for node in nodes if node in cfg.exclude]  # never messaged, not even for its tag

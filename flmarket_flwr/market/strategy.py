@@ -73,9 +73,9 @@ class FLMarket(Strategy):
         Number of classes ``C``. Required unless ``market_config`` is given.
     market_config : MarketConfig, optional
         Every market setting (cohort cap, timeouts, PASS graph, members, ...); then ``budget``, ``num_classes``,
-        ``security``, ``directory``, ``include`` and ``exclude`` must be left unset. Those are a drop-in's
-        shorthand for ``MarketConfig(budget=..., num_classes=..., security=..., directory=..., include=...,
-        exclude=...)``, the rest at its defaults.
+        ``security``, ``directory``, ``include``, ``exclude`` and ``allow`` must be left unset. Those are a
+        drop-in's shorthand for ``MarketConfig(budget=..., num_classes=..., security=..., directory=...,
+        include=..., exclude=..., allow=...)``, the rest at its defaults.
     seed : int or None (default: 0)
         Seeds the wrapped strategy's node sampling among the winners (see ``WinnersGrid``).
     absent_timeout : float or None (default: 600.0)
@@ -98,6 +98,8 @@ class FLMarket(Strategy):
         the payments are charged against ``budget`` before it runs (:attr:`MarketConfig.include`).
     exclude : Iterable[int | str], optional
         Nodes never invited, by id or tag (:attr:`MarketConfig.exclude`).
+    allow : Iterable[int], optional
+        Allow-list-only mode: the only node ids ever sent a message (:attr:`MarketConfig.allow`).
     relaunch : RelaunchPolicy, optional
         Run the market again between rounds (:class:`~flmarket_flwr.market.relaunch.RelaunchPolicy`: every N
         rounds, on churn, on a shrunken cohort; a wrapped strategy may also ask, with the metric
@@ -146,6 +148,7 @@ class FLMarket(Strategy):
         include: Mapping[Member, float] | None = None,
         exclude: Iterable[Member] | None = None,
         relaunch: RelaunchPolicy | None = None,
+        allow: Iterable[int] | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(strategy, Strategy):
@@ -157,6 +160,7 @@ class FLMarket(Strategy):
             "directory": directory,
             "include": include,
             "exclude": exclude,
+            "allow": allow,
         }
         given = sorted(name for name, value in shorthand.items() if value is not None)
         if market_config is not None and given:
@@ -172,6 +176,7 @@ class FLMarket(Strategy):
                 directory=directory,
                 include=dict(include or {}),
                 exclude=tuple(exclude or ()),
+                allow=tuple(allow or ()),
             )
             if security is not None:
                 market_config = dataclasses.replace(market_config, security=security)
@@ -466,7 +471,12 @@ class FLMarket(Strategy):
         """The connected nodes a re-launch could invite: not spent, not in the cohort in force (default profile),
         not excluded by id."""
         out = set(self._spent) | set(self.cohort if self.market_config.noise is None else ())
-        return {node for node in connected if node not in out and node not in self.market_config.exclude}
+        allowed = self.market_config.allow
+        return {
+            node
+            for node in connected
+            if node not in out and node not in self.market_config.exclude and (not allowed or node in allowed)
+        }
 
     def _note_spent(self, outcome: MarketOutcome, market: int) -> None:
         """Record the nodes that market number ``market`` leaves unable to release again this run: without noise
