@@ -396,9 +396,9 @@ class FLMarket(Strategy):
         joins = self.market_config.noise is None  # the default profile: one release per node per run
         committed = self._committed(keep_in_force=joins)
         config, skipped = self._relaunch_config(committed, joins, connected)
-        if config is None:
-            self._skip(server_round, reason, MarketOutcome.failed(skipped, self.market_config.budget - committed,
-                                                                  [], {}, {}), committed, [], connected)  # fmt: skip
+        if config is None:  # known before any message: nothing released, nobody contacted
+            record = MarketOutcome.failed(skipped, self.market_config.budget - committed, [], {}, {})
+            self._skip(server_round, reason, record, committed, [], connected)
             return
         phase = MarketPhase(config, sit_out=self._sat_out(joins), relaunch=True)
         try:
