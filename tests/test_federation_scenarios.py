@@ -481,3 +481,30 @@ def test_an_allow_list_is_node_ids_and_holds_every_included_id() -> None:
         MarketConfig(budget=10.0, num_classes=3, allow=("partner",))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"node\(s\) \[5\] are not on the allow list \[3, 7\]"):
         FLMarket(FedAvg(), budget=10.0, num_classes=3, include={5: 1.0}, allow=[3, 7])
+
+
+def test_nodes_that_decline_a_relaunch_are_not_asked_again_and_relaunching_stops(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A buyer that announces noise re-invites every node, but these nodes have no privacy budget: they decline the
+    re-launch at its first step (releasing nothing). They are not invited again, and one line says re-launching
+    stops, instead of a failed market before every round."""
+    from flmarket_flwr.pass_protocol import SkellamNoise
+
+    counts = make_counts(6, seed=3)
+    grid = InProcessGrid(training_app(counts), sorted(counts))
+    strategy = FLMarket(
+        FedAvg(fraction_evaluate=0.0),
+        market_config=market(num_winners=2, noise=SkellamNoise(1.0)),
+        relaunch=RelaunchPolicy(every_rounds=1),
+    )
+    with caplog.at_level(logging.WARNING):
+        strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=4, train_config=TRAIN)
+    assert [entry.outcome.status for entry in strategy.markets] == ["succeeded", "failed"]
+    assert strategy.markets[1].released == []  # declined before any sum
+    advertised = Counter(
+        int(m.metadata.dst_node_id) for m in grid.sent if m.metadata.message_type.endswith("advertise")
+    )
+    assert set(advertised.values()) == {2}  # the first market and the declined re-launch, never a third
+    stops = [r.getMessage() for r in caplog.records if "re-launching stops" in r.getMessage()]
+    assert len(stops) == 1

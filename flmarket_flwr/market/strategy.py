@@ -28,12 +28,13 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
-from flmarket_flwr.market.client import PRIVACY_BUDGET_REFUSED
+from flmarket_flwr.market.client import ERROR_PREFIX, PRIVACY_BUDGET_REFUSED
 from flmarket_flwr.market.config import MarketConfig, MarketOutcome
 from flmarket_flwr.market.delivery import DeliveryLedger
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.grid_view import WinnersGrid
 from flmarket_flwr.market.membership import Member
+from flmarket_flwr.market.messages import ACTION_ADVERTISE
 from flmarket_flwr.market.relaunch import RELAUNCH_METRIC, Commitment, RelaunchPolicy, budget_left
 from flmarket_flwr.market.server import MarketPhase
 from flmarket_flwr.pass_protocol import IdentityDirectory
@@ -480,15 +481,19 @@ class FLMarket(Strategy):
 
     def _note_spent(self, outcome: MarketOutcome, market: int) -> None:
         """Record the nodes that market number ``market`` leaves unable to release again this run: without noise
-        every node of its PASS sessions (a node takes part in one market per run), and those that refused it for
-        their privacy budget."""
+        every node of its PASS sessions (a node takes part in one market per run), those that refused it for
+        their privacy budget, and in a re-launch those that declined its invitation (a node without a privacy
+        budget declines every re-launch; a silent node is not counted: it may answer the next)."""
         if self.market_config.noise is None:
             for session in outcome.pass_sessions:
                 for node in session.roster:
                     self._spent.setdefault(node, f"took part in market {market}'s PASS (one release per run)")
+        refusal = f"{ACTION_ADVERTISE}: error reply"  # the node's own handler declined the invitation
         for node, reason in outcome.excluded.items():
             if PRIVACY_BUDGET_REFUSED in reason:
                 self._spent[node] = f"its privacy budget is spent (market {market})"
+            elif market > 1 and reason.startswith(refusal) and ERROR_PREFIX + ACTION_ADVERTISE in reason:
+                self._spent.setdefault(node, f"declined re-launched market {market} (its reason is in its own log)")
 
     def _skip(
         self,
