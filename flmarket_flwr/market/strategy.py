@@ -204,6 +204,7 @@ class FLMarket(Strategy):
         self.dropped: dict[int, str] = {}
         """Nodes the buyer dropped mid-run (:meth:`drop_nodes`) -> why."""
         self._spent: dict[int, str] = {}
+        self._rostered: set[int] = set()
         self._stopped = ""
         self._train_rounds = 0
 
@@ -246,6 +247,7 @@ class FLMarket(Strategy):
         self._winners_grid = None
         self.markets = []
         self._active, self._spent, self._stopped, self._train_rounds = [], {}, "", 0
+        self._rostered = set()
         self.dropped = {}
         if self.relaunch is not None:  # the rounds go through this strategy's hooks, which re-run the market
             return Strategy.start(
@@ -482,8 +484,9 @@ class FLMarket(Strategy):
     def _note_spent(self, outcome: MarketOutcome, market: int) -> None:
         """Record the nodes that market number ``market`` leaves unable to release again this run: without noise
         every node of its PASS sessions (a node takes part in one market per run), those that refused it for
-        their privacy budget, and in a re-launch those that declined its invitation (a node without a privacy
-        budget declines every re-launch; a silent node is not counted: it may answer the next)."""
+        their privacy budget, and those that declined its invitation after taking part in an earlier market (a node
+        without a privacy budget declines every re-launch; a newcomer that declines, or a silent node, may take
+        part in the next)."""
         if self.market_config.noise is None:
             for session in outcome.pass_sessions:
                 for node in session.roster:
@@ -492,8 +495,9 @@ class FLMarket(Strategy):
         for node, reason in outcome.excluded.items():
             if PRIVACY_BUDGET_REFUSED in reason:
                 self._spent[node] = f"its privacy budget is spent (market {market})"
-            elif market > 1 and reason.startswith(refusal) and ERROR_PREFIX + ACTION_ADVERTISE in reason:
+            elif node in self._rostered and reason.startswith(refusal) and ERROR_PREFIX + ACTION_ADVERTISE in reason:
                 self._spent.setdefault(node, f"declined re-launched market {market} (its reason is in its own log)")
+        self._rostered.update(node for session in outcome.pass_sessions for node in session.roster)
 
     def _skip(
         self,
