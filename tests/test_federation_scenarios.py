@@ -508,3 +508,24 @@ def test_nodes_that_decline_a_relaunch_are_not_asked_again_and_relaunching_stops
     assert set(advertised.values()) == {2}  # the first market and the declined re-launch, never a third
     stops = [r.getMessage() for r in caplog.records if "re-launching stops" in r.getMessage()]
     assert len(stops) == 1
+
+
+def test_a_market_too_few_accept_stops_at_the_invitation_before_any_sum_is_released() -> None:
+    """Seven invited, four never answer the invitation (PASS's first round): three could still run PASS, but three
+    of seven bidders would be thin. The market stops right there: no sum released, no second session."""
+    counts = make_counts(7, seed=10)
+    nodes = sorted(counts)
+    silent = set(nodes[:4])
+
+    def hook(message, reply):  # type: ignore[no-untyped-def]
+        if message.metadata.message_type == "query.market_advertise" and message.metadata.dst_node_id in silent:
+            return None
+        return reply
+
+    grid = InProcessGrid(training_app(counts), nodes, reply_hook=hook)
+    with pytest.raises(MarketError, match=r"only 3 of the 7 invited nodes accepted the invitation") as caught:
+        MarketPhase(market(timeout=0.5)).run(grid)
+    outcome = caught.value.outcome
+    assert outcome is not None and outcome.pass_participants == [] and len(outcome.pass_sessions) == 1
+    sent = Counter(m.metadata.message_type for m in grid.sent)
+    assert sent["query.market_advertise"] == 7 and sent["query.market_share"] == 0 and sent["query.market_unmask"] == 0

@@ -30,6 +30,7 @@ from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.ledger import LedgerError
 from flmarket_flwr.market.membership import MembershipPlan, auction_budget, names_a_tag, plan_membership
 from flmarket_flwr.market.messages import (
+    ACTION_ADVERTISE,
     ACTION_AUDIT,
     ACTION_AWARD,
     ACTION_BID,
@@ -113,7 +114,8 @@ class MarketPhase:
     Every step is bounded by :meth:`MarketConfig.step_timeout` whatever the transport does underneath. A node
     whose reply is missing, an error or malformed is excluded with the reason logged at WARNING and kept in
     :attr:`MarketOutcome.excluded`; what cannot be recovered, or a thin market (fewer than ``min_participation`` of
-    the invited nodes left as bidders), stops the phase with :class:`MarketError`, whose ``outcome`` records it.
+    the invited nodes left as bidders; known at PASS's first round, before any sum, when too few accept the
+    invitation), stops the phase with :class:`MarketError`, whose ``outcome`` records it.
     The threat model is in docs/threat-model.md and in :mod:`flmarket_flwr.market.pass_rounds`.
     """
 
@@ -129,6 +131,7 @@ class MarketPhase:
         self.relaunch = relaunch
         """A re-launch within a run: members of the include or exclude list that match no connected node are
         logged and skipped, not an error (:func:`~flmarket_flwr.market.membership.plan_membership`)."""
+        self._thin = False
         self.released: list[int] = []
         """Node ids whose masked counts went into a sum the buyer could unmask in the last :meth:`run`: the
         survivors of the released session, or every node of a session that stopped after its unmask request."""
@@ -170,6 +173,7 @@ class MarketPhase:
         self._included = {}
         self.pass_sessions = []
         self.released = []
+        self._thin = False
         self._buyer_key = self.config.buyer_key if self.config.buyer_key is not None else Ed25519PrivateKey.generate()
         if self.config.buyer_key is None:
             log(
@@ -439,6 +443,7 @@ class MarketPhase:
                     self.released = list(self.pass_sessions[-1].roster)
                 if (
                     rounds.unmask_requested
+                    or self._thin
                     or len(self.pass_sessions) > self.config.pass_reruns
                     or not named
                     or len(roster) < self.config.min_clients
@@ -499,16 +504,26 @@ class MarketPhase:
         self.require_participation(len(bids))
         return bids
 
-    def require_participation(self, num_bidders: int) -> None:
+    def require_participation(self, num_bidders: int, *, accepted: bool = False) -> None:
         """Raise :class:`MarketError` if fewer than ``min_participation`` of the invited nodes are bidders.
 
         A thin market fails rather than buy from a minority: the error says how many were excluded at which
-        step (the reasons are in :attr:`MarketOutcome.excluded` of the error's ``outcome``).
+        step (the reasons are in :attr:`MarketOutcome.excluded` of the error's ``outcome``). With ``accepted``,
+        ``num_bidders`` is the number that accepted the invitation (PASS's first round: the bidders can only be
+        fewer), and a thin market stops there, before any sum is released and without a fresh PASS session.
         """
         invited = len(self._invited) or num_bidders
         needed = math.ceil(self.config.min_participation * invited - 1e-9)
+        excluded = MarketOutcome.failed("", self.config.budget, [], self._excluded, {}).exclusion_summary()
+        if num_bidders < needed and accepted:
+            self._thin = True
+            raise MarketError(
+                f"a thin market: only {num_bidders} of the {invited} invited nodes accepted the invitation "
+                f"({ACTION_ADVERTISE}), fewer than min_participation {self.config.min_participation:g} (run config: "
+                f"market-min-participation); excluded {excluded}: the market stops before any sum is released (see "
+                "the reasons)"
+            )
         if num_bidders < needed:
-            excluded = MarketOutcome.failed("", self.config.budget, [], self._excluded, {}).exclusion_summary()
             raise MarketError(
                 f"a thin market: only {num_bidders} of the {invited} invited nodes are left as bidders, fewer than "
                 f"min_participation {self.config.min_participation:g} (run config: market-min-participation); "
@@ -678,6 +693,8 @@ class MarketPhase:
                 valid[node] = read(reply, node) if pass_node else read(reply)
             except ReplyError as err:
                 self.exclude(node, action, str(err))
+        if action == ACTION_ADVERTISE and len(valid) >= self.config.min_clients:  # fewer: PASS stops on its own
+            self.require_participation(len(valid), accepted=True)  # who accepted: a thin market stops before any sum
         return valid
 
     def is_excluded(self, node: int) -> bool:
