@@ -529,3 +529,30 @@ def test_a_market_too_few_accept_stops_at_the_invitation_before_any_sum_is_relea
     assert outcome is not None and outcome.pass_participants == [] and len(outcome.pass_sessions) == 1
     sent = Counter(m.metadata.message_type for m in grid.sent)
     assert sent["query.market_advertise"] == 7 and sent["query.market_share"] == 0 and sent["query.market_unmask"] == 0
+
+
+def test_a_stopped_relaunch_resumes_when_nodes_that_can_take_part_connect(caplog: pytest.LogCaptureFixture) -> None:
+    counts = make_counts(9, seed=11)
+    nodes = sorted(counts)
+    grid = InProcessGrid(training_app(counts), nodes)
+    grid.connected = nodes[:6]
+
+    class Joining(FedAvg):
+        def aggregate_train(self, server_round, replies):  # type: ignore[no-untyped-def]
+            if server_round == 3:
+                grid.connected = nodes
+            return super().aggregate_train(server_round, replies)
+
+    strategy = FLMarket(
+        Joining(fraction_evaluate=0.0),
+        market_config=market(num_winners=2),
+        relaunch=RelaunchPolicy(every_rounds=1),
+    )
+    with caplog.at_level(logging.INFO):
+        strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=5, train_config=TRAIN)
+
+    ran = [(entry.first_round, entry.outcome.status) for entry in strategy.markets]
+    assert ran == [(1, "succeeded"), (2, "failed"), (4, "succeeded"), (5, "failed")]  # rounds 3: stopped, silent
+    assert strategy.markets[2].outcome.invited == nodes[6:] and strategy.markets[2].joined
+    text = caplog.text
+    assert text.count("re-launching stops") == 2 and text.count("re-launching resumes") == 1
