@@ -112,9 +112,9 @@ class FLMarket(Strategy):
         left to spend is skipped with that reason. Who is invited depends on the profile: without noise (the
         default profile) a node takes part in one market's PASS per run, so a re-launch invites only the nodes
         that have not (the newcomers) and its winners join the cohort that trains (the earlier winners keep
-        their awards); with noise (the secure profile) every node is invited again, each release charged to
-        its own privacy budget, and the new cohort replaces the old. Nodes that cannot take part are sent
-        nothing, so a re-launch with too few of them is skipped before PASS, releasing nothing. When the nodes'
+        their awards); with noise on the counts (the secure profile) every node is invited again, each release
+        charged to its own privacy budget, and the new cohort replaces the old. Nodes that cannot take part are
+        sent nothing, so a re-launch with too few of them is skipped before PASS, releasing nothing. When the nodes'
         privacy budgets are spent (or, by default, every node has released once), one line says so and
         re-launching stops until nodes that can take part connect. :attr:`markets` keeps every market, run or
         skipped, with why it ran, what it released and why it stopped.
