@@ -207,7 +207,7 @@ def test_split_awards_with_colluders_open_one_award_at_most_and_the_bound_is_the
 MALFORMED = st.one_of(
     st.binary(max_size=130).filter(lambda b: len(b) not in (0, 64)),
     st.binary(min_size=64, max_size=64),  # 64 bytes that are no signature on the award
-    st.integers(),
+    st.integers(-(2**63), 2**63 - 1),  # what a ConfigRecord holds
     st.text(max_size=8),
     st.none(),
 )

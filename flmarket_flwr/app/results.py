@@ -105,7 +105,9 @@ def make_run_dir(results_dir: str, run_name: str, run_id: int) -> Path:
 def selection_of(strategy: Strategy) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(selection.json content, extra files)`` of the strategy that ran.
 
-    :class:`~flmarket_flwr.market.FLMarket`: its market outcome (``market.json``). Any other strategy
+    :class:`~flmarket_flwr.market.FLMarket`: its last market's outcome, every market of the run (``markets``, see
+    :meth:`~flmarket_flwr.market.FLMarket.markets_report`), what each node is owed over the run (``settled``), the
+    run's budget and its total (``market.json``); ``selected`` is the cohort in force at the end. Any other strategy
     (the experiments') says itself, through ``selection_record()`` and ``result_files()``.
     """
     if not isinstance(strategy, FLMarket):
@@ -114,7 +116,7 @@ def selection_of(strategy: Strategy) -> tuple[dict[str, Any], dict[str, Any]]:
     assert outcome is not None
     selection = {
         "selector": "flmarket",
-        "selected": outcome.cohort,
+        "selected": strategy.cohort,
         "candidates": list(outcome.participants),
         "label_counts": None,  # the server never sees them: PASS gives their sum only
         "excluded": {str(node): reason for node, reason in outcome.excluded.items()},
@@ -124,7 +126,15 @@ def selection_of(strategy: Strategy) -> tuple[dict[str, Any], dict[str, Any]]:
     delivery = strategy.delivery_report()
     selection["delivered"] = [int(node) for node, record in delivery["winners"].items() if record["delivered"] > 0]
     settled = {str(node): owed for node, owed in strategy.settled_across_markets().items()}
-    record = {**outcome.to_dict(), "delivery": delivery, "markets": strategy.markets_report(), "settled": settled}
+    record = {
+        **outcome.to_dict(),
+        "delivery": delivery,
+        "markets": strategy.markets_report(),
+        "settled": settled,
+        "run_budget": strategy.market_config.budget,
+        "run_total_settled": math.fsum(strategy.settled_across_markets().values()),
+        "dropped": {str(node): reason for node, reason in strategy.dropped.items()},
+    }
     return selection, {"market.json": record}
 
 

@@ -158,7 +158,8 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
     AppKey("test-per-class", 30, "server-side balanced test set (digits: 300 images)", "data", _at_least(1), ">= 1"),
     AppKey("seed", 0, "data split, initial model, sampling, simulated costs", "data", _at_least(0), ">= 0"),
     # Selection.
-    AppKey("budget", 600.0, "the buyer's budget R: total payments never exceed it", "server", _positive, "> 0"),
+    AppKey("budget", 600.0, "the buyer's budget R for the run: total payments, every market together, never exceed "
+           "it", "server", _positive, "> 0"),
     AppKey("num-selected", 0, "0: the budget decides; n > 0: at most n winners, within the budget", "server",
            _at_least(0), ">= 0 (0: the budget decides)"),
     AppKey("cost-low", _default_of(SimulatedCostBid, "low"),
@@ -204,8 +205,9 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
            lambda value: 0.0 <= value < math.inf, ">= 0 and finite"),
     AppKey("market-exclude", "", 'nodes the market never invites: ids or tags ("12, tag:rival"); "" for none',
            "server", _node_ids_ok, "comma-separated node ids or tag:<label>, like '12, tag:rival'"),
-    AppKey("market-relaunch-every", 0, "run the market again every n rounds, in the same run (0: off; nodes join "
-           "a re-launch only with a privacy budget: the secure profile)", "server", _at_least(0), ">= 0 (0: off)"),
+    AppKey("market-relaunch-every", 0, "run the market again every n rounds, in the same run, out of what is left of "
+           "the budget (0: off; by default it buys only nodes that have not released yet, the secure profile "
+           "invites every node again)", "server", _at_least(0), ">= 0 (0: off)"),
     AppKey("market-relaunch-churn", 0.0, "run the market again when more than this fraction of the nodes joined or "
            "left since the last one (0: off)", "server", lambda value: 0.0 <= value < math.inf,
            ">= 0 and finite (0: off)"),

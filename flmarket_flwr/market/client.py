@@ -88,6 +88,8 @@ ERROR_PREFIX = "flmarket: "
 """Prefix of the reason of every error reply sent by the market handlers."""
 LABEL_COUNTS_FAILED = "get_label_counts raised "
 """Marks an error reply whose cause is the app's own label-count callback (followed by its exception)."""
+PRIVACY_BUDGET_REFUSED = "refused by the node's privacy budget"
+"""The reason of an error reply to a release past the node's privacy budget (the buyer stops re-launching on it)."""
 _MAX_CAUSE_CHARS = 300
 
 LabelCountsFn = Callable[[Context], NDArray[np.integer]]
@@ -971,7 +973,7 @@ def _refusal(message: Message, action: str, err: Exception) -> Message:
     if isinstance(err, _LabelCountsError):
         detail = str(err)
     elif isinstance(err, BudgetExhausted):  # the reason only; the spends and the budget stay in the log
-        detail = "refused by the node's privacy budget"
+        detail = PRIVACY_BUDGET_REFUSED
     elif isinstance(err, LedgerError):  # the reason only; the file and the sets stay in the client's log
         detail = "refused by the node's release ledger"
     else:

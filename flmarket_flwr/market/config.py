@@ -14,7 +14,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from flmarket_flwr.market.ledger import RosterHistory
-from flmarket_flwr.market.membership import Member, check_membership
+from flmarket_flwr.market.membership import Member, check_allow_list, check_membership
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, SkellamNoise
 from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_DELTA, SECURE_PROFILE_EPSILON
 from flmarket_flwr.pricing.auction import VALUE_RANGE
@@ -47,7 +47,8 @@ class MarketConfig:
     Parameters
     ----------
     budget : float
-        Budget ``R > 0`` of the reverse auction. The payments sum to at most ``R``, in every mode.
+        Budget ``R > 0`` of the reverse auction. The payments sum to at most ``R``, in every mode. Given to
+        ``FLMarket``, it is the run's: each re-launch runs with a copy whose ``budget`` is what is left of it.
     num_classes : int
         Number of classes ``C`` (length of every label-count vector).
     num_winners : int, optional
@@ -135,11 +136,17 @@ class MarketConfig:
         (:mod:`~flmarket_flwr.market.membership`). They take no part in PASS or the auction; their payments are
         charged against ``budget`` before the auction runs, which then runs over the other nodes with
         ``R' = budget - sum(payments)`` (so it stays truthful, and all payments together stay within
-        ``budget``); the award records them. Each must be connected when the market runs. Default: none.
+        ``budget``); the award records them. Each must match a connected node when the market runs (a re-launch
+        logs and skips one that does not). A tag is never all digits. Default: none.
     exclude : tuple[int | str, ...], optional
-        Nodes the market never invites, by id (each must be connected when the market runs: a typo is an error)
-        or by tag.
+        Nodes the market never invites, by id (never sent any message) or by tag (asked its tag once); each must
+        match a connected node when the market runs, as for ``include`` (a typo is an error).
         A node in both lists, or included payments that leave no budget, is a ``ValueError`` naming the list.
+    allow : tuple[int, ...], optional
+        Allow-list-only mode: when given, the market sends messages to these node ids only (ids, not tags: a tag is
+        learned by asking the node); every other connected node is sent nothing, not even the tags query, and
+        never trains. An allowed node need not be connected (the market runs among those that are); an included
+        node named by id must be allowed. Default: ``()``, every connected node may be invited.
     """
 
     budget: float
@@ -165,6 +172,7 @@ class MarketConfig:
     buyer_key: Ed25519PrivateKey | None = None
     include: Mapping[Member, float] = field(default_factory=dict)
     exclude: tuple[Member, ...] = ()
+    allow: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         """Validate every field; apply the secure profile's settings (``security="malicious"``)."""
@@ -229,6 +237,7 @@ class MarketConfig:
             sorted({m for m in self.exclude if isinstance(m, str)}),
         )
         object.__setattr__(self, "exclude", (*ids, *tags))
+        object.__setattr__(self, "allow", check_allow_list(self.allow, self.include))
 
     def step_timeout(self, num_nodes: int) -> float:
         """Seconds a message round to ``num_nodes`` nodes may take: ``timeout + timeout_per_node * num_nodes``."""

@@ -125,6 +125,23 @@ class WinnersGrid(Grid):
         """The underlying grid."""
         return self._grid
 
+    def drop(self, node_ids: Iterable[int]) -> None:
+        """Take ``node_ids`` out of the view: from now on they are neither listed nor sent any message.
+
+        Raises
+        ------
+        ValueError
+            If a node is not in the view, or none would be left (nothing sent would be allowed).
+        """
+        dropped = set(_unique_node_ids(list(node_ids)))
+        outside = sorted(dropped - self._allowed)
+        if outside:
+            raise ValueError(f"node(s) {outside} are not in this WinnersGrid (nodes: {sorted(self._allowed)})")
+        left = tuple(node for node in self._node_ids if node not in dropped)
+        if not left:
+            raise ValueError("dropping every node of the WinnersGrid leaves nothing to train")
+        self._node_ids, self._allowed = left, frozenset(left)
+
     def get_node_ids(self) -> list[int]:
         """Return the view's nodes that the underlying grid reports as connected.
 

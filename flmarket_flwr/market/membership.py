@@ -4,15 +4,17 @@ An *included* node trains outside the auction for a fixed payment the buyer stat
 against the budget before the auction runs (:func:`auction_budget`: ``R' = R - sum``), so the auction over the
 other nodes is the plain truthful, budget-feasible ``run_auction`` with ``R'`` and every payment together stays
 within ``R``. An *excluded* node is never invited. Either list names nodes by id (an int) or by the tag a node
-declares in its node config (a str: ``market-tag``, the node's own word). :func:`plan_membership` splits the
-connected nodes. Pure: no Flower.
+declares in its node config (a str: ``market-tag``, the node's own word; never all digits, so that a tag is never
+read as an id). :func:`plan_membership` splits the connected nodes, by one rule for ids and tags alike: at a run's
+first market a member that matches no connected node is an error; in a re-launch it is reported and skipped
+(nodes come and go). Pure: no Flower.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 Member = int | str
 """A node id, or a tag (``market-tag``) that names every node declaring it."""
@@ -23,6 +25,7 @@ __all__ = [
     "MembershipPlan",
     "Member",
     "auction_budget",
+    "check_allow_list",
     "check_membership",
     "names_a_tag",
     "parse_node_ids",
@@ -47,11 +50,15 @@ class MembershipPlan:
         The nodes the market invites to PASS and the auction, ascending.
     excluded : list[int]
         Connected nodes never invited, ascending.
+    unmatched : list[int | str]
+        Members of either list that match no connected node (an id not connected, a tag no connected node
+        declares); only a re-launch's plan has any (``strict=False``).
     """
 
     included: dict[int, float]
     invited: list[int]
     excluded: list[int]
+    unmatched: list[Member] = field(default_factory=list)
 
 
 def parse_node_ids(key: str, value: str) -> tuple[Member, ...]:
@@ -91,22 +98,28 @@ def parse_node_ids(key: str, value: str) -> tuple[Member, ...]:
 
 
 def check_membership(include: Mapping[Member, float], exclude: Iterable[Member], budget: float) -> None:
-    """Check the lists on their own: node ids or tags, payments ``>= 0`` and finite, no member in both, and (for
-    the nodes named by id) budget left over.
+    """Check the lists on their own: node ids or tags, payments ``>= 0`` and finite, no member in both, and budget
+    left over for the auction even if each included tag names a single node.
 
     Raises
     ------
     TypeError
         A member that is neither an int nor a str, or a payment that is not a number.
     ValueError
-        Naming the list (field and run-config key): a bad id, an empty tag, a bad payment, a member in both
-        lists, or included payments that leave no budget for the auction.
+        Naming the list (field and run-config key): a bad id, an empty tag, a tag that is all digits (``"5"``: node
+        ids are ints), a bad payment, a member in both lists, or included payments that leave no budget for the
+        auction.
     """
     for name, members in ((INCLUDE_KEY, list(include)), (EXCLUDE_KEY, list(exclude))):
         for member in members:
             if isinstance(member, str):
                 if not member.strip():
                     raise ValueError(f"{name}: a tag must be a non-empty str")
+                if member.strip().isdigit():
+                    raise ValueError(
+                        f"{name}: {member!r} is a str of digits, read as a tag, not as node {member.strip()}: give a "
+                        f"node id as an int ({member.strip()}), and a tag as a word that is not all digits"
+                    )
                 continue
             if isinstance(member, bool) or not isinstance(member, int):
                 raise TypeError(f"{name}: members must be node ids (int) or tags (str), got {member!r}")
@@ -123,7 +136,34 @@ def check_membership(include: Mapping[Member, float], exclude: Iterable[Member],
     both = sorted(set(include) & set(exclude), key=str)
     if both:
         raise ValueError(f"{both} are in both {INCLUDE_KEY} and {EXCLUDE_KEY}: a node is one or the other")
-    auction_budget(budget, [payment for member, payment in include.items() if isinstance(member, int)])
+    auction_budget(budget, include.values())  # each tag names one node at least: the smallest total it can be
+
+
+def check_allow_list(allow: Iterable[int], include: Mapping[Member, float]) -> tuple[int, ...]:
+    """The allow list (allow-list-only mode) as sorted unique node ids; every included id must be on it.
+
+    Raises
+    ------
+    TypeError
+        A member that is not an int (a tag cannot be allowed: it is learned by asking the node).
+    ValueError
+        An id out of range, or an included node id that is not allowed.
+    """
+    if isinstance(allow, (str, bytes)):
+        raise TypeError(f"allow must be a collection of node ids, got {allow!r}")
+    ids: set[int] = set()
+    for member in allow:
+        if isinstance(member, bool) or not isinstance(member, int):
+            raise TypeError(
+                f"allow: members must be node ids (int; a tag is learned by asking the node), got {member!r}"
+            )
+        if not 0 <= member < 2**64:
+            raise ValueError(f"allow: {member} is not a node id (an int in [0, 2**64))")
+        ids.add(member)
+    outside = sorted(member for member in include if isinstance(member, int) and ids and member not in ids)
+    if outside:
+        raise ValueError(f"{INCLUDE_KEY}: node(s) {outside} are not on the allow list {sorted(ids)}")
+    return tuple(sorted(ids))
 
 
 def auction_budget(budget: float, included_payments: Iterable[float]) -> float:
@@ -151,8 +191,15 @@ def plan_membership(
     exclude: Iterable[Member],
     budget: float,
     tags: Mapping[int, str] | None = None,
+    *,
+    strict: bool = True,
 ) -> MembershipPlan:
     """Split ``connected`` into the included nodes, those the market invites, and those it never invites.
+
+    One rule for ids and tags alike: a member of either list that matches no connected node (an id not connected,
+    a tag no node in ``tags`` declares) is an error when ``strict`` (a run's first market: a typo must not let a node
+    in, or leave one out), and is listed in :attr:`MembershipPlan.unmatched` otherwise (a re-launch: nodes come
+    and go).
 
     Parameters
     ----------
@@ -164,28 +211,33 @@ def plan_membership(
     budget : float
         ``R``.
     tags : Mapping[int, str], optional
-        Each connected node's declared tag (needed when a list names a tag).
+        The declared tag of each connected node that was asked (needed when a list names a tag; a node excluded
+        by id is never asked, and matches no tag).
+    strict : bool (default: True)
+        Whether a member that matches no connected node is an error.
 
     Raises
     ------
     ValueError
-        An included or excluded node id that is not connected, an include tag no connected node declares, a
-        node both included and excluded (through a tag), included payments that leave no budget (each named
-        with its list), or anything :func:`check_membership` refuses.
+        With ``strict``, a member of either list (id or tag) that matches no connected node; a node both included
+        and excluded (through a tag), included payments that leave no budget (each named with its list), or
+        anything :func:`check_membership` refuses.
     """
     exclude = list(exclude)
     check_membership(include, exclude, budget)
     online, declared = set(connected), dict(tags or {})
-    for name, members in ((INCLUDE_KEY, include), (EXCLUDE_KEY, exclude)):
-        unknown = sorted(member for member in members if isinstance(member, int) and member not in online)
-        if unknown:
+    unmatched: list[Member] = []
+    for name, members in ((INCLUDE_KEY, list(include)), (EXCLUDE_KEY, exclude)):
+        ids = sorted(member for member in members if isinstance(member, int) and member not in online)
+        labels = sorted(member for member in members if isinstance(member, str) and member not in declared.values())
+        unmatched += [*ids, *labels]
+        if strict and ids:
             raise ValueError(
-                f"{name}: node(s) {unknown} are not connected (connected: {sorted(online)}); "
+                f"{name}: node(s) {ids} are not connected (connected: {sorted(online)}); "
                 "check the ids in the market log or with `flwr ls`"
             )
-    missing = sorted(tag for tag in include if isinstance(tag, str) and tag not in declared.values())
-    if missing:
-        raise ValueError(f"{INCLUDE_KEY}: no connected node declares the tag(s) {missing} (node config market-tag)")
+        if strict and labels:
+            raise ValueError(f"{name}: no connected node declares the tag(s) {labels} (node config market-tag)")
     included: dict[int, float] = {}
     for node in sorted(online):
         if node in include:
@@ -201,7 +253,10 @@ def plan_membership(
         )
     auction_budget(budget, included.values())
     return MembershipPlan(
-        included=included, invited=sorted(online - set(included) - excluded), excluded=sorted(excluded)
+        included=included,
+        invited=sorted(online - set(included) - excluded),
+        excluded=sorted(excluded),
+        unmatched=unmatched,
     )
 
 

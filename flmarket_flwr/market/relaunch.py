@@ -1,17 +1,18 @@
-"""When to run the market again inside one Flower run: every N rounds, on churn, on a shrunken cohort, on request.
+"""When to run the market again inside one Flower run, and with how much of the run's budget.
 
-:class:`RelaunchPolicy` says whether a re-launch is due before a round, and why; ``FLMarket`` asks it before every
-train round once the first market has run. Pure: no Flower.
+:class:`RelaunchPolicy` says whether a re-launch is due before a round, and why (every N rounds, on churn, on a
+shrunken cohort, on request); ``FLMarket`` asks it before every train round once the first market has run.
+:func:`budget_left` is the one rule for what a re-launch's auction may spend. Pure: no Flower.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["RELAUNCH_METRIC", "RelaunchPolicy"]
+__all__ = ["RELAUNCH_METRIC", "Commitment", "RelaunchPolicy", "budget_left"]
 
 RELAUNCH_METRIC: Final = "market-relaunch"
 """A wrapped strategy asks for a re-launch by returning this key, non-zero, in its aggregated train metrics."""
@@ -94,3 +95,42 @@ class RelaunchPolicy:
         if self.min_cohort and present < self.min_cohort:
             return f"{present} of the cohort connected (market-relaunch-min-cohort {self.min_cohort})"
         return ""
+
+
+@dataclass(frozen=True)
+class Commitment:
+    """What one market of the run owes.
+
+    Parameters
+    ----------
+    awarded : float
+        The sum of its payments (winners and included nodes), as awarded.
+    settled : float
+        What they are settled at now (:meth:`~flmarket_flwr.market.DeliveryLedger.settle`: the awards, or on
+        delivery their delivered share), at most ``awarded``.
+    in_force : bool
+        Whether its cohort still trains.
+    """
+
+    awarded: float
+    settled: float
+    in_force: bool
+
+
+def budget_left(run_budget: float, markets: Iterable[Commitment], *, keep_in_force: bool) -> tuple[float, float]:
+    """What a re-launch's auction may spend of ``run_budget``, and what the earlier markets are committed to.
+
+    A market whose cohort no longer trains owes what it is settled at. A market in force owes its whole award when
+    it goes on training beside the new one (``keep_in_force``: the newcomers' market of the default profile), and
+    what it is settled at now when the new market replaces it (if the new market fails, it goes on training, but
+    the new one then pays nothing, and its whole award fitted what was left when it was bought). Either way the
+    run's settled total never exceeds ``run_budget`` when every market's auction keeps within what it was given.
+
+    Returns
+    -------
+    tuple[float, float]
+        ``(left, committed)``, ``left = run_budget - committed`` (may be ``<= 0``: nothing to spend).
+    """
+    owed = [market.awarded if keep_in_force and market.in_force else market.settled for market in markets]
+    committed = math.fsum(owed)
+    return float(run_budget) - committed, committed

@@ -36,8 +36,9 @@ from flmarket_flwr.market.client import LABEL_COUNTS_FAILED
 from flmarket_flwr.market.config import MarketConfig, MarketOutcome, PassSession
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.ledger import LedgerError
-from flmarket_flwr.market.membership import auction_budget, names_a_tag, plan_membership
+from flmarket_flwr.market.membership import MembershipPlan, auction_budget, names_a_tag, plan_membership
 from flmarket_flwr.market.messages import (
+    ACTION_ADVERTISE,
     ACTION_AUDIT,
     ACTION_AWARD,
     ACTION_BID,
@@ -90,6 +91,11 @@ class MarketPhase:
     ----------
     config : MarketConfig
         Budget, number of classes, timeouts, and the other settings.
+    sit_out : Mapping[int, str], optional
+        Connected nodes not to invite, each with its reason (``FLMarket``'s re-launch: the nodes that have
+        released their counts this run, or spent their privacy budget); they are sent nothing.
+    relaunch : bool (default: False)
+        Whether this market is a re-launch within a run (:attr:`relaunch`).
 
     Notes
     -----
@@ -121,14 +127,27 @@ class MarketPhase:
     Every step is bounded by :meth:`MarketConfig.step_timeout` whatever the transport does underneath. A node
     whose reply is missing, an error or malformed is excluded with the reason logged at WARNING and kept in
     :attr:`MarketOutcome.excluded`; what cannot be recovered, or a thin market (fewer than ``min_participation`` of
-    the invited nodes left as bidders), stops the phase with :class:`MarketError`, whose ``outcome`` records it.
+    the invited nodes left as bidders; known at PASS's first round, before any sum, when too few accept the
+    invitation), stops the phase with :class:`MarketError`, whose ``outcome`` records it.
     The threat model is in docs/threat-model.md and in :mod:`flmarket_flwr.market.pass_rounds`.
     """
 
-    def __init__(self, config: MarketConfig) -> None:
+    def __init__(
+        self, config: MarketConfig, *, sit_out: Mapping[int, str] | None = None, relaunch: bool = False
+    ) -> None:
         if not isinstance(config, MarketConfig):
             raise TypeError(f"config must be a MarketConfig, got {type(config).__name__}")
         self.config = config
+        self.sit_out = dict(sit_out or {})
+        """Node id -> why it is not invited to this market (a node that may not release again this run): it is
+        sent no market message, its reason kept in :attr:`MarketOutcome.excluded`."""
+        self.relaunch = relaunch
+        """A re-launch within a run: members of the include or exclude list that match no connected node are
+        logged and skipped, not an error (:func:`~flmarket_flwr.market.membership.plan_membership`)."""
+        self._thin = False
+        self.released: list[int] = []
+        """Node ids whose masked counts went into a sum the buyer could unmask in the last :meth:`run`: the
+        survivors of the released session, or every node of a session that stopped after its unmask request."""
         self._excluded: dict[int, str] = {}
         self._contacted: set[int] = set()
         self._invited: list[int] = []
@@ -166,6 +185,8 @@ class MarketPhase:
         self._session = b""
         self._included = {}
         self.pass_sessions = []
+        self.released = []
+        self._thin = False
         self._buyer_key = self.config.buyer_key if self.config.buyer_key is not None else Ed25519PrivateKey.generate()
         if self.config.buyer_key is None:
             log(
@@ -175,11 +196,13 @@ class MarketPhase:
             )
         timings: dict[str, float] = {}
         started = time.perf_counter()
+        pass_result: PassResult | None = None
         try:
             connected = self._timed(timings, "wait_for_nodes", lambda: self.wait_for_nodes(grid))
             nodes = self.planned_roster(self.admitted(grid, connected))
             self._invited = list(nodes)
             pass_result = self._timed(timings, "pass", lambda: self.run_pass(grid, nodes))
+            self.released = list(pass_result.participants)
             self._record_release(pass_result.participants)
             bids = self._timed(timings, "bid", lambda: self.collect_bids(grid, pass_result))
             result = self._timed(timings, "auction", lambda: self._audited_auction(grid, pass_result, bids))
@@ -189,6 +212,9 @@ class MarketPhase:
             timings["total"] = time.perf_counter() - started
             err.outcome = MarketOutcome.failed(str(err), self.config.budget, self._invited, self._excluded, timings)
             err.outcome.pass_sessions = list(self.pass_sessions)
+            if pass_result is not None:  # the sum was released before the market stopped: the record says so
+                err.outcome.pass_participants = list(pass_result.participants)
+                err.outcome.global_counts = [int(c) for c in pass_result.global_counts]
             raise
         acknowledged = self._timed(
             timings, "award", lambda: self._close(grid, result.signed, result.endorsers, sorted(bids))
@@ -285,29 +311,42 @@ class MarketPhase:
         return nodes
 
     def admitted(self, grid: Grid, nodes: Sequence[int]) -> list[int]:
-        """``nodes`` less the buyer's included and excluded nodes (:attr:`MarketConfig.include` / ``exclude``).
+        """``nodes`` less those not on the allow list (:attr:`MarketConfig.allow`, if any), the buyer's included and
+        excluded nodes (:attr:`MarketConfig.include` / ``exclude``) and those that sit this market out
+        (:attr:`sit_out`).
 
         The included nodes and their fixed payments are kept for the award (the auction's budget is what they
-        leave); neither kind is sent any market message but, when a list names a tag, the tags query
-        (:meth:`collect_tags`), whose silent nodes are left out. Without either list, ``nodes`` unchanged.
+        leave). A node excluded by id, or sitting out, is sent no message of any kind; when a list names a tag,
+        the other nodes are asked theirs first (:meth:`collect_tags`: a node excluded only by its tag hears this
+        one query), and silent ones are left out. A list member that matches no connected node is an error at a
+        run's first market and is logged in a re-launch (:func:`~flmarket_flwr.market.membership.plan_membership`).
 
         Raises
         ------
         MarketError
-            An included or excluded node not connected, or fewer than ``min_clients`` (or than ``num_winners``)
-            nodes left for the auction; each names the run-config key.
+            An unmatched member of either list (first market), or fewer than ``min_clients`` (or than
+            ``num_winners``) nodes left for the auction; each names the run-config key or the reason.
         """
         cfg = self.config
-        if not cfg.include and not cfg.exclude:
-            return list(nodes)
-        tags = self.collect_tags(grid, nodes) if names_a_tag(cfg.include, cfg.exclude) else None
-        try:
-            plan = plan_membership(
-                list(nodes) if tags is None else sorted(tags), cfg.include, cfg.exclude, cfg.budget, tags
-            )
-        except ValueError as err:
-            raise MarketError(str(err)) from err
+        if cfg.allow:  # allow-list-only mode: the others are sent nothing at all
+            outside = [node for node in nodes if node not in cfg.allow]
+            if outside:
+                log(INFO, "Market: %d connected node(s) are not on the allow list; sent nothing", len(outside))
+            nodes = [node for node in nodes if node in cfg.allow]
+        plan = MembershipPlan(included={}, invited=list(nodes), excluded=[])
+        if cfg.include or cfg.exclude:
+            by_id = [node for node in nodes if node in cfg.exclude]  # never messaged, not even for its tag
+            tags = None
+            if names_a_tag(cfg.include, cfg.exclude):
+                tags = self.collect_tags(grid, [node for node in nodes if node not in by_id])
+            known = list(nodes) if tags is None else sorted([*tags, *by_id])
+            try:
+                plan = plan_membership(known, cfg.include, cfg.exclude, cfg.budget, tags, strict=not self.relaunch)
+            except ValueError as err:
+                raise MarketError(str(err)) from err
         self._included = plan.included
+        if plan.unmatched:
+            log(WARNING, "Market: %s match no connected node in this re-launch; skipped", plan.unmatched)
         for node in plan.excluded:
             log(INFO, "Market: node %d is never invited (MarketConfig.exclude, run config market-exclude)", node)
         if plan.included:
@@ -318,13 +357,22 @@ class MarketPhase:
                 math.fsum(plan.included.values()),
                 self.terms.budget,
             )
-        self.require_enough(plan.invited, "the nodes left for the auction after market-include and market-exclude")
-        if cfg.num_winners is not None and cfg.num_winners > len(plan.invited):
+        invited = [node for node in plan.invited if node not in self.sit_out]
+        resting = sorted(set(plan.invited) - set(invited))
+        for node in resting:
+            self._excluded[node] = f"sit_out: {self.sit_out[node]}"
+        if resting:
+            log(INFO, "Market: %d node(s) not invited, sent nothing: %s", len(resting), _grouped(self.sit_out, resting))
+        where = "the nodes left for the auction after market-include and market-exclude"
+        if resting:
+            where = f"the nodes left for the auction ({len(resting)} not invited: {_grouped(self.sit_out, resting)})"
+        self.require_enough(invited, where)
+        if cfg.num_winners is not None and cfg.num_winners > len(invited):
             raise MarketError(
-                f"num_winners (run config: num-selected) is {cfg.num_winners} but only {len(plan.invited)} nodes are "
-                "left for the auction after market-include and market-exclude"
+                f"num_winners (run config: num-selected) is {cfg.num_winners} but only {len(invited)} nodes are "
+                f"left for the auction after market-include and market-exclude (and {len(resting)} not invited)"
             )
-        return plan.invited
+        return invited
 
     def collect_tags(self, grid: Grid, nodes: Sequence[int]) -> dict[int, str]:
         """Ask ``nodes`` for their ``market-tag``; return ``{node: tag}`` of those that answer (``""``: none).
@@ -413,8 +461,12 @@ class MarketPhase:
                 named = [node for node in roster if self.is_excluded(node) and node not in wronged]
                 self.pass_sessions.append(PassSession(self._session.hex(), roster, str(err), named))
                 roster = [node for node in roster if node not in named]
+                if rounds.unmask_requested:  # some client may have sent its shares: count the session as a release
+                    self.released = list(self.pass_sessions[-1].roster)
                 if rounds.unmask_requested:
                     why = "the unmask round had begun, and a second session would be a second sum"
+                elif self._thin:
+                    why = "fewer than min_participation of the invited nodes accepted the invitation"
                 elif not named:
                     why = "it named no client"
                 elif len(roster) < self.config.min_clients:
@@ -482,16 +534,26 @@ class MarketPhase:
         self.require_participation(len(bids))
         return bids
 
-    def require_participation(self, num_bidders: int) -> None:
+    def require_participation(self, num_bidders: int, *, accepted: bool = False) -> None:
         """Raise :class:`MarketError` if fewer than ``min_participation`` of the invited nodes are bidders.
 
         A thin market fails rather than buy from a minority: the error says how many were excluded at which
-        step (the reasons are in :attr:`MarketOutcome.excluded` of the error's ``outcome``).
+        step (the reasons are in :attr:`MarketOutcome.excluded` of the error's ``outcome``). With ``accepted``,
+        ``num_bidders`` is the number that accepted the invitation (PASS's first round: the bidders can only be
+        fewer), and a thin market stops there, before any sum is released and without a fresh PASS session.
         """
         invited = len(self._invited) or num_bidders
         needed = math.ceil(self.config.min_participation * invited - 1e-9)
+        excluded = MarketOutcome.failed("", self.config.budget, [], self._excluded, {}).exclusion_summary()
+        if num_bidders < needed and accepted:
+            self._thin = True
+            raise MarketError(
+                f"a thin market: only {num_bidders} of the {invited} invited nodes accepted the invitation "
+                f"({ACTION_ADVERTISE}), fewer than min_participation {self.config.min_participation:g} (run config: "
+                f"market-min-participation); excluded {excluded}: the market stops before any sum is released (see "
+                "the reasons)"
+            )
         if num_bidders < needed:
-            excluded = MarketOutcome.failed("", self.config.budget, [], self._excluded, {}).exclusion_summary()
             raise MarketError(
                 f"a thin market: only {num_bidders} of the {invited} invited nodes are left as bidders, fewer than "
                 f"min_participation {self.config.min_participation:g} (run config: market-min-participation); "
@@ -657,6 +719,8 @@ class MarketPhase:
                 valid[node] = read(reply, node) if pass_node else read(reply)
             except ReplyError as err:
                 self.exclude(node, action, str(err))
+        if action == ACTION_ADVERTISE and len(valid) >= self.config.min_clients:  # fewer: PASS stops on its own
+            self.require_participation(len(valid), accepted=True)  # who accepted: a thin market stops before any sum
         return valid
 
     def is_excluded(self, node: int) -> bool:
@@ -676,6 +740,14 @@ class MarketPhase:
             return step()
         finally:
             timings[name] = time.perf_counter() - started
+
+
+def _grouped(reasons: Mapping[int, str], nodes: Sequence[int]) -> str:
+    """``"<reason>: [nodes]; ..."``, the ``nodes`` grouped by their reason in ``reasons``."""
+    nodes_of: dict[str, list[int]] = {}
+    for node in sorted(nodes):
+        nodes_of.setdefault(reasons[node], []).append(node)
+    return "; ".join(f"{reason}: {group}" for reason, group in nodes_of.items())
 
 
 def _label_count_failures(excluded: Mapping[int, str]) -> str:

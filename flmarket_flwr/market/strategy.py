@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,19 +23,22 @@ from pathlib import Path
 from typing import Any
 
 import flwr
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
+from flmarket_flwr.market.client import ERROR_PREFIX, PRIVACY_BUDGET_REFUSED
 from flmarket_flwr.market.config import MarketConfig, MarketOutcome
 from flmarket_flwr.market.delivery import DeliveryLedger
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.grid_view import WinnersGrid
 from flmarket_flwr.market.membership import Member
-from flmarket_flwr.market.relaunch import RELAUNCH_METRIC, RelaunchPolicy
+from flmarket_flwr.market.messages import ACTION_ADVERTISE
+from flmarket_flwr.market.relaunch import RELAUNCH_METRIC, Commitment, RelaunchPolicy, budget_left
 from flmarket_flwr.market.server import MarketPhase
 from flmarket_flwr.pass_protocol import IdentityDirectory
+from flmarket_flwr.pricing.auction import VALUE_RANGE
 
 __all__ = ["FLMarket", "MarketEntry", "log_market_outcome", "start_on_nodes"]
 
@@ -64,14 +68,15 @@ class FLMarket(Strategy):
         ``min_available_nodes`` / ``min_train_nodes`` / ``min_evaluate_nodes`` are capped at the
         number of winners during :meth:`start`, and restored afterwards.
     budget : float, optional
-        Budget ``R > 0`` of the reverse auction. Required unless ``market_config`` is given.
+        Budget ``R > 0``: what the buyer pays over the whole run, every market together (the first market's
+        auction gets all of it; see ``relaunch``). Required unless ``market_config`` is given.
     num_classes : int, optional
         Number of classes ``C``. Required unless ``market_config`` is given.
     market_config : MarketConfig, optional
         Every market setting (cohort cap, timeouts, PASS graph, members, ...); then ``budget``, ``num_classes``,
-        ``security``, ``directory``, ``include`` and ``exclude`` must be left unset. Those are a drop-in's
-        shorthand for ``MarketConfig(budget=..., num_classes=..., security=..., directory=..., include=...,
-        exclude=...)``, the rest at its defaults.
+        ``security``, ``directory``, ``include``, ``exclude`` and ``allow`` must be left unset. Those are a
+        drop-in's shorthand for ``MarketConfig(budget=..., num_classes=..., security=..., directory=...,
+        include=..., exclude=..., allow=...)``, the rest at its defaults.
     seed : int or None (default: 0)
         Seeds the wrapped strategy's node sampling among the winners (see ``WinnersGrid``).
     absent_timeout : float or None (default: 600.0)
@@ -94,14 +99,25 @@ class FLMarket(Strategy):
         the payments are charged against ``budget`` before it runs (:attr:`MarketConfig.include`).
     exclude : Iterable[int | str], optional
         Nodes never invited, by id or tag (:attr:`MarketConfig.exclude`).
+    allow : Iterable[int], optional
+        Allow-list-only mode: the only node ids ever sent a message (:attr:`MarketConfig.allow`).
     relaunch : RelaunchPolicy, optional
         Run the market again between rounds (:class:`~flmarket_flwr.market.relaunch.RelaunchPolicy`: every N
         rounds, on churn, on a shrunken cohort; a wrapped strategy may also ask, with the metric
         ``market-relaunch`` or :meth:`request_market`). FLMarket then drives the rounds itself (Flower's
         ``Strategy.start`` over these hooks) and the wrapped strategy goes on, on the same global model, with
-        each new cohort. Each market has its own budget ``R``; :attr:`markets` keeps every one, run or skipped.
-        A market that cannot run (nodes decline a second release of their counts without a privacy budget,
-        too few are left, ...) is skipped with a log line and training goes on with the previous cohort.
+        each new cohort. ``budget`` is for the whole run: a re-launch's auction gets what is left after the
+        payments already committed (an earlier market's award as settled, pro rata on delivery with
+        ``settle_on_delivery``; a cohort that goes on training, its whole award), and a market with nothing
+        left to spend is skipped with that reason. Who is invited depends on the profile: without noise (the
+        default profile) a node takes part in one market's PASS per run, so a re-launch invites only the nodes
+        that have not (the newcomers) and its winners join the cohort that trains (the earlier winners keep
+        their awards); with noise on the counts (the secure profile) every node is invited again, each release
+        charged to its own privacy budget, and the new cohort replaces the old. Nodes that cannot take part are
+        sent nothing, so a re-launch with too few of them is skipped before PASS, releasing nothing. When the nodes'
+        privacy budgets are spent (or, by default, every node has released once), one line says so and
+        re-launching stops until nodes that can take part connect. :attr:`markets` keeps every market, run or
+        skipped, with why it ran, what it released and why it stopped.
 
     Notes
     -----
@@ -133,6 +149,7 @@ class FLMarket(Strategy):
         include: Mapping[Member, float] | None = None,
         exclude: Iterable[Member] | None = None,
         relaunch: RelaunchPolicy | None = None,
+        allow: Iterable[int] | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(strategy, Strategy):
@@ -144,6 +161,7 @@ class FLMarket(Strategy):
             "directory": directory,
             "include": include,
             "exclude": exclude,
+            "allow": allow,
         }
         given = sorted(name for name, value in shorthand.items() if value is not None)
         if market_config is not None and given:
@@ -159,6 +177,7 @@ class FLMarket(Strategy):
                 directory=directory,
                 include=dict(include or {}),
                 exclude=tuple(exclude or ()),
+                allow=tuple(allow or ()),
             )
             if security is not None:
                 market_config = dataclasses.replace(market_config, security=security)
@@ -181,6 +200,13 @@ class FLMarket(Strategy):
         self._requested = ""
         self._rounds_at_market = 0
         self._connected_at_market: set[int] = set()
+        self._active: list[MarketEntry] = []
+        self.dropped: dict[int, str] = {}
+        """Nodes the buyer dropped mid-run (:meth:`drop_nodes`) -> why."""
+        self._spent: dict[int, str] = {}
+        self._rostered: set[int] = set()
+        self._stopped = ""
+        self._train_rounds = 0
 
     # pylint: disable=too-many-positional-arguments
     def start(
@@ -220,6 +246,9 @@ class FLMarket(Strategy):
         self.market_outcome = None
         self._winners_grid = None
         self.markets = []
+        self._active, self._spent, self._stopped, self._train_rounds = [], {}, "", 0
+        self._rostered = set()
+        self.dropped = {}
         if self.relaunch is not None:  # the rounds go through this strategy's hooks, which re-run the market
             return Strategy.start(
                 self,
@@ -255,8 +284,9 @@ class FLMarket(Strategy):
         """
         if self._winners_grid is not None:
             return self._winners_grid
+        phase = MarketPhase(self.market_config)
         try:
-            outcome = self._run_market(grid, self.market_config)
+            outcome = self._run_market(grid, phase)
         except MarketError as err:
             if err.outcome is not None:  # the failed market's record: who was excluded at which step, and why
                 self.market_outcome = err.outcome
@@ -264,15 +294,61 @@ class FLMarket(Strategy):
             raise
         self._rounds_at_market = 0
         self._connected_at_market = set(grid.get_node_ids())
-        return self._adopt(grid, outcome, 1, "the first market")
+        self._note_spent(outcome, 1)
+        return self._adopt(grid, MarketEntry(1, "the first market", outcome, None, phase.released))
+
+    def drop_nodes(self, nodes: Iterable[int], reason: str = "dropped by the buyer") -> None:
+        """Stop training ``nodes`` from the next round on, and invite them to no later market of the run.
+
+        For a wrapped strategy that judges its nodes as it trains (Flower issue #1756: the exclude list is fixed
+        for the run): it holds this ``FLMarket`` and calls this between rounds. The payment rule is the delivery
+        rule, unchanged: a dropped node is settled on the train rounds it was asked, in full, or with
+        ``settle_on_delivery`` pro rata to the updates it returned of those; dropping it never lowers what the
+        buyer committed to, and the run's budget keeps counting it (:func:`~.relaunch.budget_left`).
+
+        Raises
+        ------
+        RuntimeError
+            Before the first market.
+        ValueError
+            A node not in the cohort in force, or every node of it (nothing would be left to train).
+        """
+        if self._winners_grid is None:
+            raise RuntimeError("the market has not run yet: there is no cohort to drop nodes from")
+        drop = list(dict.fromkeys(int(node) for node in nodes))
+        cohort = self.cohort
+        outside = [node for node in drop if node not in cohort]
+        if outside:
+            raise ValueError(f"node(s) {outside} are not in the cohort in force {cohort}: nothing to drop")
+        if set(cohort) <= set(drop):
+            raise ValueError(f"dropping {drop} leaves no node of the cohort {cohort} to train")
+        self._winners_grid.drop(drop)
+        for node in drop:
+            self.dropped[node] = reason
+            self._spent[node] = f"dropped by the buyer ({reason})"
+        log(
+            INFO,
+            "FLMarket: node(s) %s dropped (%s): they train no more and are not invited again this run",
+            drop,
+            reason,
+        )
 
     def request_market(self, reason: str = "requested") -> None:
         """Ask for a re-launch of the market before the next train round (with a :class:`RelaunchPolicy`)."""
         self._requested = reason or "requested"
 
-    def _run_market(self, grid: Grid, config: MarketConfig) -> MarketOutcome:
+    @property
+    def cohort(self) -> list[int]:
+        """The nodes that train now: the cohorts of the markets in force (one, or with newcomers' markets that
+        joined it several), in order, each node once; ``[]`` before the first market."""
+        nodes: list[int] = []
+        for entry in self._active:
+            nodes += [node for node in entry.outcome.cohort if node not in nodes and node not in self.dropped]
+        return nodes
+
+    def _run_market(self, grid: Grid, phase: MarketPhase) -> MarketOutcome:
         """Run one market; :class:`MarketError` (with the outcome) when it fails or selects nobody."""
-        outcome = MarketPhase(config).run(grid)
+        outcome = phase.run(grid)
         log_market_outcome(outcome)
         if not outcome.cohort:
             err = MarketError(
@@ -283,26 +359,35 @@ class FLMarket(Strategy):
             raise err
         return outcome
 
-    def _adopt(self, grid: Grid, outcome: MarketOutcome, first_round: int, reason: str) -> WinnersGrid:
-        """Make ``outcome``'s cohort the one that trains from ``first_round`` on, with its own delivery ledger."""
-        self.market_outcome = outcome
-        self.delivery = DeliveryLedger(outcome.cohort)
+    def _adopt(self, grid: Grid, entry: MarketEntry) -> WinnersGrid:
+        """Put ``entry``'s market in force, with its own delivery ledger: its cohort trains from its first round on,
+        in place of the cohort before it or (``entry.joined``) beside it."""
+        entry = dataclasses.replace(entry, delivery=DeliveryLedger(entry.outcome.cohort))
+        self.market_outcome = entry.outcome
+        self.delivery = entry.delivery
+        self._active = [*self._active, entry] if entry.joined else [entry]
         self._winners_grid = WinnersGrid(
-            grid, outcome.cohort, seed=self.seed, absent_timeout=self.absent_timeout, on_exchange=self.delivery.record
+            grid, self.cohort, seed=self.seed, absent_timeout=self.absent_timeout, on_exchange=self._record_exchange
         )
-        self.markets.append(MarketEntry(first_round, reason, outcome, self.delivery))
+        self.markets.append(entry)
         return self._winners_grid
 
     def _maybe_relaunch(self, server_round: int, grid: Grid) -> None:
-        """Before train round ``server_round``: run the market again if the policy says so; skip it if it fails."""
+        """Before train round ``server_round``: run the market again if the policy says so; skip it if it cannot run
+        or fails (training goes on with the cohort in force)."""
         if self.relaunch is None or self.market_outcome is None:
             return
         connected = set(grid.get_node_ids())
+        if self._stopped:
+            if len(self._able(connected)) < self.market_config.min_clients:
+                return
+            log(INFO, "FLMarket: nodes that can take part in a market connected; re-launching resumes")
+            self._stopped = ""
         reason = self.relaunch.reason(
             rounds_since=server_round - 1 - self._rounds_at_market,
             connected=connected,
             at_last_market=self._connected_at_market,
-            cohort=self.market_outcome.cohort,
+            cohort=self.cohort,
             requested=self._requested,
         )
         if not reason:
@@ -311,35 +396,186 @@ class FLMarket(Strategy):
         self._rounds_at_market = server_round - 1
         self._connected_at_market = connected
         log(INFO, "FLMarket: re-launching the market before round %d (%s)", server_round, reason)
-        config = dataclasses.replace(  # no wait for the first market's node count; an excluded node may be gone
-            self.market_config,
-            expected_nodes=None,
-            exclude=tuple(node for node in self.market_config.exclude if node in connected),
-        )
+        joins = self.market_config.noise is None  # the default profile: one release per node per run
+        committed = self._committed(keep_in_force=joins)
+        config, skipped = self._relaunch_config(committed, joins, connected)
+        if config is None:  # known before any message: nothing released, nobody contacted
+            record = MarketOutcome.failed(skipped, self.market_config.budget - committed, [], {}, {})
+            self._skip(server_round, reason, record, committed, [], connected)
+            return
+        phase = MarketPhase(config, sit_out=self._sat_out(joins), relaunch=True)
         try:
-            outcome = self._run_market(grid, config)
+            outcome = self._run_market(grid, phase)
         except MarketError as err:
             record = err.outcome or MarketOutcome.failed(str(err), config.budget, [], {}, {})
-            self.markets.append(MarketEntry(server_round, reason, record, None))
-            log(
-                WARNING,
-                "FLMarket: market %d skipped (%s); training goes on with the previous cohort %s",
-                len(self.markets),
-                err,
-                self.market_outcome.cohort,
-            )
+            self._note_spent(record, len(self.markets) + 1)
+            self._skip(server_round, reason, record, committed, phase.released, connected)
             return
-        self._adopt(grid, outcome, server_round, reason)
+        self._note_spent(outcome, len(self.markets) + 1)
+        self._adopt(grid, MarketEntry(server_round, reason, outcome, None, phase.released, committed, joins))
+
+    def _relaunch_config(self, committed: float, joins: bool, connected: set[int]) -> tuple[MarketConfig | None, str]:
+        """The re-launch's settings (its auction's budget: what is left of the run's), or ``None`` and why it cannot
+        run: nothing left to spend, or too few connected nodes that can take part (known before any message)."""
+        run_budget = self.market_config.budget
+        left = run_budget - committed
+        spent = f"{committed:.6g} of the run's budget {run_budget:.6g} is committed to earlier markets"
+        if left <= max(run_budget * 1e-9, VALUE_RANGE[0]):
+            return None, f"the run's budget is spent: {spent}"
+        able = self._able(connected)
+        if len(able) < self.market_config.min_clients:
+            why = (
+                "every other node has released its counts once this run (default profile: one release per run; "
+                "the secure profile's privacy budgets allow more)"
+                if joins
+                else "the others' privacy budgets are spent"
+            )
+            return None, (
+                f"only {len(able)} connected node(s) can take part, fewer than min_clients "
+                f"{self.market_config.min_clients}: {why}"
+            )
+        try:
+            include = {  # joining: the included nodes train already; a dropped node is never included again
+                member: payment for member, payment in self.market_config.include.items() if member not in self.dropped
+            }
+            config = dataclasses.replace(
+                self.market_config,
+                expected_nodes=None,
+                budget=left,
+                include={} if joins else include,
+                exclude=(*self.market_config.exclude, *self.dropped),
+            )
+        except ValueError as err:  # the included nodes' payments leave nothing of what is left
+            return None, f"{spent}, which leaves {left:.6g}: {err}"
+        return config, ""
+
+    def _committed(self, *, keep_in_force: bool) -> float:
+        """What the markets of the run so far are committed to pay (:func:`~.relaunch.budget_left`'s rule)."""
+        markets = [
+            Commitment(
+                awarded=math.fsum(entry.outcome.payments.values()),
+                settled=math.fsum(
+                    entry.delivery.settle(entry.outcome.payments, on_delivery=self.settle_on_delivery).values()
+                ),
+                in_force=any(entry is active for active in self._active),
+            )
+            for entry in self.markets
+            if entry.delivery is not None
+        ]
+        return budget_left(self.market_config.budget, markets, keep_in_force=keep_in_force)[1]
+
+    def _sat_out(self, joins: bool) -> dict[int, str]:
+        """The nodes a re-launch does not invite, and why: those that cannot release again, and (when its cohort
+        joins the one in force) those that train already."""
+        training = dict.fromkeys(self.cohort if joins else (), "trains in the cohort in force")
+        return {**training, **self._spent}
+
+    def _able(self, connected: set[int]) -> set[int]:
+        """The connected nodes a re-launch could invite: not spent, not in the cohort in force (default profile),
+        not excluded by id."""
+        out = set(self._spent) | set(self.cohort if self.market_config.noise is None else ())
+        allowed = self.market_config.allow
+        return {
+            node
+            for node in connected
+            if node not in out and node not in self.market_config.exclude and (not allowed or node in allowed)
+        }
+
+    def _note_spent(self, outcome: MarketOutcome, market: int) -> None:
+        """Record the nodes that market number ``market`` leaves unable to release again this run: without noise
+        every node of its PASS sessions (a node takes part in one market per run), those that refused it for
+        their privacy budget, and those that declined its invitation after taking part in an earlier market (a node
+        without a privacy budget declines every re-launch; a newcomer that declines, or a silent node, may take
+        part in the next)."""
+        if self.market_config.noise is None:
+            for session in outcome.pass_sessions:
+                for node in session.roster:
+                    self._spent.setdefault(node, f"took part in market {market}'s PASS (one release per run)")
+        refusal = f"{ACTION_ADVERTISE}: error reply"  # the node's own handler declined the invitation
+        for node, reason in outcome.excluded.items():
+            if PRIVACY_BUDGET_REFUSED in reason:
+                self._spent[node] = f"its privacy budget is spent (market {market})"
+            elif node in self._rostered and reason.startswith(refusal) and ERROR_PREFIX + ACTION_ADVERTISE in reason:
+                self._spent.setdefault(node, f"declined re-launched market {market} (its reason is in its own log)")
+        self._rostered.update(node for session in outcome.pass_sessions for node in session.roster)
+
+    def _skip(
+        self,
+        server_round: int,
+        reason: str,
+        record: MarketOutcome,
+        committed: float,
+        released: list[int],
+        connected: set[int],
+    ) -> None:
+        """Record a re-launch that did not run or failed; stop re-launching when too few nodes can take part."""
+        self.markets.append(MarketEntry(server_round, reason, record, None, released, committed))
+        refused = sum(1 for why in record.excluded.values() if PRIVACY_BUDGET_REFUSED in why)
+        log(
+            WARNING,
+            "FLMarket: market %d skipped (%s%s); training goes on with the cohort in force %s",
+            len(self.markets),
+            record.reason,
+            f"; {refused} node(s) refused it for their privacy budget" if refused else "",
+            self.cohort,
+        )
+        able = self._able(connected)
+        if len(able) >= self.market_config.min_clients:
+            return
+        spent = [node for node in sorted(connected) if node in self._spent]
+        budgets = sum(1 for node in spent if "privacy budget" in self._spent[node])
+        self._stopped = (
+            f"the privacy budgets of {budgets} of the {len(connected)} connected nodes are spent"
+            + (f" and {len(spent) - budgets} more have released once this run" if len(spent) > budgets else "")
+            if budgets
+            else f"{len(spent)} of the {len(connected)} connected nodes have released their counts once this run "
+            "(default profile: one release per run; the secure profile's privacy budgets allow more)"
+        )
+        log(
+            WARNING,
+            "FLMarket: re-launching stops: %s, %d can take part; training goes on with %s (nodes that can take part "
+            "re-open the market when they connect)",
+            self._stopped,
+            len(able),
+            self.cohort,
+        )
+
+    def _record_exchange(
+        self, messages: Iterable[Message], replies: Iterable[Message], server_round: int | None = None
+    ) -> None:
+        """Record one exchange in each market in force's delivery ledger (its own cohort's messages); warn when a
+        train round got no update at all."""
+        messages, replies = list(messages), list(replies)
+        train = [message for message in messages if message.metadata.message_type == MessageType.TRAIN]
+        if not train:
+            return
+        self._train_rounds += 1
+        for entry in self._active:
+            assert entry.delivery is not None
+            cohort = set(entry.outcome.cohort)
+            entry.delivery.record([m for m in train if m.metadata.dst_node_id in cohort], replies)
+        warn_if_no_update(server_round or self._train_rounds, train, replies)
 
     def markets_report(self) -> list[dict[str, Any]]:
-        """One entry per market of the run (``market.json``'s ``markets``): when and why it ran, its outcome, and
-        its cohort's deliveries and settlement over the rounds it trained (``None`` for a skipped market)."""
+        """One entry per market of the run (``market.json``'s ``markets``).
+
+        Each says before which round it ran and why (``trigger``: the first market, or the re-launch policy's
+        criterion); its outcome (:meth:`MarketOutcome.to_dict`: ``status``, and in ``reason`` why it stopped or
+        was skipped; ``budget`` its auction's); the run's budget and what earlier markets had committed of it;
+        ``released``, the nodes whose counts went into a PASS sum the buyer could unmask, a failed market's
+        included; whether its cohort joined the one in force; and its cohort's deliveries and settlement over the
+        rounds it trained (``None`` for a skipped market).
+        """
         return [
             {
                 "market": position,
                 "before_round": entry.first_round,
-                "reason": entry.reason,
+                "trigger": entry.reason,
                 **entry.outcome.to_dict(),
+                "run_budget": self.market_config.budget,
+                "committed_before": entry.committed_before,
+                "released": sorted(entry.released),
+                "cohort_joined": entry.joined,
                 "delivery": None
                 if entry.delivery is None
                 else entry.delivery.to_dict(entry.outcome.payments, on_delivery=self.settle_on_delivery),
@@ -359,20 +595,35 @@ class FLMarket(Strategy):
         return owed
 
     def delivery_report(self) -> dict[str, Any]:
-        """Per winner: train messages sent, updates returned, why not, its award and what it is owed.
+        """Per node of the cohort in force: train messages sent, updates returned, why not, its award and what it is
+        owed (over the markets in force).
 
         Raises
         ------
         RuntimeError
             If the market has not run yet.
         """
-        if self.market_outcome is None or self.delivery is None:
+        if not self._active:
             raise RuntimeError("the market has not run yet")
-        return self.delivery.to_dict(self.market_outcome.payments, on_delivery=self.settle_on_delivery)
+        reports = [
+            entry.delivery.to_dict(entry.outcome.payments, on_delivery=self.settle_on_delivery)
+            for entry in self._active
+            if entry.delivery is not None
+        ]
+        return {
+            "settle_on_delivery": self.settle_on_delivery,
+            "total_settled": math.fsum(report["total_settled"] for report in reports),
+            "winners": {node: record for report in reports for node, record in report["winners"].items()},
+        }
 
     def summary(self) -> None:
         """Log the market settings and the wrapped strategy's summary."""
-        log(INFO, "\t├── FLMarket: budget %.4g, %d classes", self.market_config.budget, self.market_config.num_classes)
+        log(
+            INFO,
+            "\t├── FLMarket: budget %.4g for the run, %d classes",
+            self.market_config.budget,
+            self.market_config.num_classes,
+        )
         self.strategy.summary()
 
     def configure_train(
@@ -394,8 +645,8 @@ class FLMarket(Strategy):
         """Record the winners' deliveries of this round (when wrapped), then delegate to the wrapped strategy."""
         replies = list(replies)
         sent = self._train_messages.pop(server_round, None)
-        if sent is not None and self.delivery is not None:
-            self.delivery.record(sent, replies)
+        if sent is not None:
+            self._record_exchange(sent, replies, server_round)
         arrays, metrics = self.strategy.aggregate_train(server_round, replies)
         if metrics is not None and metrics.get(RELAUNCH_METRIC):
             self.request_market(f"the wrapped strategy's {RELAUNCH_METRIC} metric")
@@ -420,15 +671,35 @@ class FLMarket(Strategy):
         return self.strategy.aggregate_evaluate(server_round, replies)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class MarketEntry:
-    """One market of a run: before which round it ran, why, its outcome, and its cohort's delivery ledger
-    (``None`` for a market that was skipped: its outcome's ``status`` is ``"failed"``, with the reason)."""
+    """One market of a run.
+
+    Attributes
+    ----------
+    first_round : int
+        The train round before which it ran.
+    reason : str
+        Why it ran (its trigger).
+    outcome : MarketOutcome
+        Its outcome (``status`` ``"failed"`` and the ``reason`` for a market that was skipped or failed).
+    delivery : DeliveryLedger or None
+        Its cohort's delivery ledger (``None`` for a market that was skipped or failed).
+    released : list[int]
+        The nodes whose counts went into a PASS sum the buyer could unmask (:attr:`MarketPhase.released`).
+    committed_before : float
+        What earlier markets of the run were committed to pay when it ran (its auction got the rest).
+    joined : bool
+        Whether its cohort trained beside the one in force (the default profile's newcomers) instead of replacing it.
+    """
 
     first_round: int
     reason: str
     outcome: MarketOutcome
     delivery: DeliveryLedger | None
+    released: list[int] = dataclasses.field(default_factory=list)
+    committed_before: float = 0.0
+    joined: bool = False
 
 
 def start_on_nodes(strategy: Strategy, grid: WinnersGrid, **start_args: Any) -> Result:
@@ -522,6 +793,29 @@ def _capped_min_nodes(strategy: Strategy, num_nodes: int) -> Iterator[None]:
     finally:
         for each, name, value in saved:
             setattr(each, name, value)
+
+
+def warn_if_no_update(server_round: int, messages: Iterable[Message], replies: Iterable[Message]) -> None:
+    """Log a warning naming every node and why, when not one train message of ``messages`` got an update back (a
+    reply with content): the round aggregates nothing and the model stays as it was."""
+    sent = {
+        m.metadata.message_id: m.metadata.dst_node_id for m in messages if m.metadata.message_type == MessageType.TRAIN
+    }
+    answered = {reply.metadata.reply_to_message_id: reply for reply in replies}
+    if not sent or any(mid in answered and not answered[mid].has_error() for mid in sent):
+        return
+    lost = {
+        node: "no reply within the round's timeout"
+        if mid not in answered
+        else f"error reply ({answered[mid].error.reason})"
+        for mid, node in sent.items()
+    }
+    log(
+        WARNING,
+        "FLMarket: train round %d aggregated no update, the model is unchanged; every node was lost: %s",
+        server_round,
+        "; ".join(f"node {node}: {why}" for node, why in sorted(lost.items())),
+    )
 
 
 def log_market_outcome(outcome: MarketOutcome) -> None:
