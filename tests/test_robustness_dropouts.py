@@ -172,19 +172,18 @@ def expected_auction(
 ):
     """Winners and payments of the audited auction on the bidders' true scores and bids.
 
-    Winners in ``failing`` fail their audit: they are dropped and the auction runs again, as the server does.
+    Winners in ``failing`` do not endorse the award or fail their audit: they are left out unpaid and the award
+    stands (it is never re-issued), so the other winners keep its payments and no bidder is promoted.
     """
     total = np.sum([counts[n] for n in pass_nodes], axis=0)
-    left = list(bidders)
-    while True:
-        scores = [score(counts[n], total, len(pass_nodes)) for n in left]
-        bids = [COST * float(counts[n].sum()) * (1 + MARKUP) for n in left]
-        result = run_auction(scores, bids, budget)
-        winners = [left[i] for i in result.winners]
-        caught = [n for n in winners if n in failing]
-        if not caught:
-            return total, winners, {n: min(float(result.payments[i]), budget) for i, n in enumerate(left)}, left
-        left = [n for n in left if n not in caught]
+    scores = [score(counts[n], total, len(pass_nodes)) for n in bidders]
+    bids = [COST * float(counts[n].sum()) * (1 + MARKUP) for n in bidders]
+    result = run_auction(scores, bids, budget)
+    awarded = [bidders[i] for i in result.winners]
+    caught = {n for n in awarded if n in failing}
+    winners = [n for n in awarded if n not in caught]
+    payments = {n: min(float(result.payments[i]), budget) for i, n in enumerate(bidders) if n not in caught}
+    return total, winners, payments, [n for n in bidders if n not in caught]
 
 
 # --- One or two clients leave; the others get a correct market --------------------------------
@@ -213,8 +212,8 @@ def test_clients_leaving_at_each_step_leave_a_correct_market_for_the_others(stag
         pass_nodes, bidders = others, others
     elif step in (ACTION_UNMASK, ACTION_BID):  # their counts are in N_s (E = all seven), but they never bid
         pass_nodes, bidders = nodes, others
-    else:  # they bid; a leaver that wins does not endorse (or fails its audit): dropped, the award re-issued; a
-        # losing leaver stays a (losing) bidder; a leaver left at the award is just not acknowledged
+    else:  # they bid; a leaver that wins does not endorse (or fails its audit): left out unpaid, the award stands;
+        # a losing leaver stays a (losing) bidder; a leaver left at the award is just not acknowledged
         pass_nodes, bidders = nodes, nodes
         failing = frozenset(leavers) if step in (ACTION_ENDORSE, ACTION_AUDIT) else frozenset()
     total, winners, payments, bidders = expected_auction(counts, pass_nodes, bidders, cfg.budget, failing)
