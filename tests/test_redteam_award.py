@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from adversary import market_config
+from adversary import make_counts, market_config
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from test_award import award_for, endorse_requests, endorsed, fields_of, opened, send_all
+from test_award import MaliciousPhase, _AttackDone, award_for, endorse_requests, endorsed, fields_of, opened, send_all
 from test_binding_award import BUDGET, NODES, _colluder_keys, play, profile_grid
+from test_secure_profile_market import drop_in_app, profile_setup
 
 from flmarket_flwr.market import MarketPhase
 from flmarket_flwr.market.award import (
@@ -33,6 +34,7 @@ from flmarket_flwr.market.award import (
 )
 from flmarket_flwr.market.client import read_award
 from flmarket_flwr.market.config import PROFILE_COLLUDER_SHARE
+from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.messages import (
     ACTION_AUDIT,
     ACTION_AWARD,
@@ -492,3 +494,69 @@ def test_BROKEN_relaunches_in_one_run_open_winners_of_several_awards_promised_mo
     assert total <= BUDGET and len(opened_nodes) == 1, (
         f"{len(promised)} openings of {sorted(opened_nodes)} in one run, promised {total:.3f} in all with R = {BUDGET}"
     )
+
+
+def test_an_endorsement_by_a_directory_member_outside_the_session_does_not_count(tmp_path: Path) -> None:
+    """The pinned directory holds an eleventh member that never connects (its key the buyer's). The honest award is
+    endorsed by its winners and the stated colluders, one short of the quorum; the outsider's valid endorsement
+    would make it up, but it is no survivor of the session, so no winner opens; the same audit with one more
+    honest endorser opens them (the quorum is the one the node computes, not more)."""
+    counts = make_counts(NODES, seed=21)
+    nodes = sorted(counts)
+    outsider = max(nodes) + 1
+    configs, directory = profile_setup(tmp_path, [*nodes, outsider])
+    grid = InProcessGrid(drop_in_app(counts), nodes, node_configs={n: configs[n] for n in nodes})
+    stated = math.ceil(PROFILE_COLLUDER_SHARE * (NODES + 1))
+    quorum = binding_quorum(NODES, stated)
+    seen: dict[str, Any] = {}
+
+    def attack(phase, grid, pass_result, bids):  # type: ignore[no-untyped-def]
+        honest, tree = award_for(phase, grid, pass_result, bids)
+        signed = _signed(phase, honest)
+        ranked = sorted(bids, key=lambda n: (-bids[n][0] / bids[n][1], n))
+        colluders = [n for n in ranked if n not in honest.winners][-stated:]
+        keys = _colluder_keys(tmp_path, [*colluders, outsider])
+        spare = [n for n in ranked if n not in honest.winners and n not in colluders]
+        short = quorum - 1 - len(honest.winners) - len(colluders)  # honest endorsers that leave it one short
+        first = [*honest.winners, *spare[:short]]
+        ends = endorsed(send_all(phase, grid, ACTION_ENDORSE, endorse_requests(pass_result, signed, tree, first)))
+        ends |= {n: sign_award_endorsement(key, signed.digest) for n, key in keys.items()}
+        assert len(ends) == quorum
+        audit = {w: fields_of(pass_result, signed, ends) for w in honest.winners}
+        seen["with_outsider"] = opened(send_all(phase, grid, ACTION_AUDIT, audit))
+        more = endorsed(
+            send_all(phase, grid, ACTION_ENDORSE, endorse_requests(pass_result, signed, tree, spare[short:][:1]))
+        )
+        audit = {w: fields_of(pass_result, signed, ends | more) for w in honest.winners}
+        seen.update(with_one_more=opened(send_all(phase, grid, ACTION_AUDIT, audit)), winners=set(honest.winners))
+
+    phase = MaliciousPhase(attack, security="malicious", directory=directory, budget=BUDGET)
+    with pytest.raises(_AttackDone):
+        phase.run(grid)
+    assert seen["with_outsider"] == set()
+    assert seen["with_one_more"] == seen["winners"]
+
+
+def test_payments_within_the_listing_tolerance_are_endorsed_and_still_total_within_the_budget(tmp_path: Path) -> None:
+    """The bidders accept a listed payment within 1e-9 (relative) of the one they recompute: the buyer inflates
+    every payment by 0.9e-9 (endorsed, opened) and by 2e-9 (refused). The auction pays at most ``R / 2`` in all, so
+    the slack never takes the opened winners' total past ``R``."""
+    seen: dict[str, Any] = {}
+
+    def attack(phase, grid, pass_result, bids):  # type: ignore[no-untyped-def]
+        honest, tree = award_for(phase, grid, pass_result, bids)
+        for factor in (1 + 2e-9, 1 + 0.9e-9):
+            head = tuple(dataclasses.replace(b, payment=b.payment * factor) for b in honest.head)
+            forged = dataclasses.replace(honest, head=head)
+            signed = _signed(phase, forged)
+            ends = endorsed(send_all(phase, grid, ACTION_ENDORSE, endorse_requests(pass_result, signed, tree, bids)))
+            audits = send_all(
+                phase, grid, ACTION_AUDIT, {w: fields_of(pass_result, signed, ends) for w in forged.winners}
+            )
+            seen[factor] = (set(ends), opened(audits), forged)
+
+    play(tmp_path, attack)
+    assert seen[1 + 2e-9][:2] == (set(), set())
+    endorsers, opened_nodes, forged = seen[1 + 0.9e-9]
+    assert len(endorsers) == NODES and opened_nodes == set(forged.winners)
+    assert math.fsum(forged.payments[n] for n in opened_nodes) <= BUDGET / 2 * (1 + 1e-9)
