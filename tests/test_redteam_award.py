@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from adversary import make_counts, market_config
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -18,12 +19,13 @@ from test_binding_award import BUDGET, NODES, _colluder_keys, play, profile_grid
 from test_secure_profile_market import drop_in_app, profile_setup
 
 from flmarket_flwr.market import MarketPhase
-from flmarket_flwr.market.award import (
+from flmarket_flwr.market.award import (  # _signed_message: the buyer signs raw bytes, as a deviating one can
     Award,
     AwardError,
     AwardTerms,
     Bidder,
     BidsTree,
+    _signed_message,
     binding_quorum,
     build_award,
     check_award,
@@ -39,6 +41,7 @@ from flmarket_flwr.market.messages import (
     ACTION_AUDIT,
     ACTION_AWARD,
     ACTION_ENDORSE,
+    KEY_AWARD,
     KEY_AWARD_DIGEST,
     KEY_AWARD_SIGNATURE,
     KEY_BID_PROOF,
@@ -560,3 +563,66 @@ def test_payments_within_the_listing_tolerance_are_endorsed_and_still_total_with
     endorsers, opened_nodes, forged = seen[1 + 0.9e-9]
     assert len(endorsers) == NODES and opened_nodes == set(forged.winners)
     assert math.fsum(forged.payments[n] for n in opened_nodes) <= BUDGET / 2 * (1 + 1e-9)
+
+
+def _raw(award: Award, **fields: Any) -> Award:
+    """``award`` with ``fields`` set past its validation (what a buyer can still encode and sign)."""
+    raw = object.__new__(Award)
+    raw.__dict__.update({**award.__dict__, **fields})
+    return raw
+
+
+@pytest.mark.parametrize(
+    "trick", ["negative-zero-payment", "duplicated-node-id", "trailing-bytes", "own-score-one-ulp-off", "nan-score"]
+)
+def test_encoding_and_float_tricks_in_the_signed_award_get_no_endorsement_from_the_bidders_they_touch(
+    tmp_path: Path, trick: str
+) -> None:
+    """Signed by the buyer's real key: a loser's payment as ``-0.0`` (two encodings of one award), the head's first
+    bidder listed twice, trailing bytes after the encoding, a NaN score for a listed bidder, and each listed
+    bidder's score one ulp off (every figure recomputed). Whole-award tricks: no bidder endorses. The ulp: the bidder
+    touched refuses, whatever the others do."""
+    seen: dict[str, Any] = {}
+
+    def attack(phase, grid, pass_result, bids):  # type: ignore[no-untyped-def]
+        honest, tree = award_for(phase, grid, pass_result, bids)
+        head = list(honest.head)
+        loser = next(i for i, b in enumerate(head) if b.node_id not in honest.winners)
+        touched: set[int] = set(bids)
+        if trick == "negative-zero-payment":
+            head[loser] = Bidder.__new__(Bidder)
+            head[loser].__dict__.update({**honest.head[loser].__dict__, "payment": -0.0})
+            encoded = _raw(honest, head=tuple(head)).encode()
+        elif trick == "duplicated-node-id":
+            encoded = _raw(honest, head=(head[0], *head)).encode()
+        elif trick == "trailing-bytes":
+            encoded = honest.encode() + b"\x00"
+        elif trick == "nan-score":
+            head[loser] = Bidder.__new__(Bidder)
+            head[loser].__dict__.update({**honest.head[loser].__dict__, "score": math.nan})
+            encoded = _raw(honest, head=tuple(head)).encode()
+        else:
+            refusals: dict[int, bool] = {}
+            for bidder in honest.head:
+                rows = [(n, s, b) for n, (s, b) in bids.items() if n != bidder.node_id]
+                rows.append((bidder.node_id, float(np.nextafter(bidder.score, math.inf)), bidder.bid))
+                forged = _award_over(phase, honest, rows)
+                signed = _signed(phase, forged)
+                reply = send_all(
+                    phase, grid, ACTION_ENDORSE, endorse_requests(pass_result, signed, tree, [bidder.node_id])
+                )
+                refusals[bidder.node_id] = reply[bidder.node_id].has_error()
+            seen["refusals"] = refusals
+            return
+        signature = phase._buyer_key.sign(_signed_message(encoded))  # pylint: disable=protected-access
+        requests = {
+            n: {**f, KEY_AWARD: encoded, KEY_AWARD_SIGNATURE: signature}
+            for n, f in endorse_requests(pass_result, _signed(phase, honest), tree, touched).items()
+        }
+        seen["endorsers"] = endorsed(send_all(phase, grid, ACTION_ENDORSE, requests))
+
+    play(tmp_path, attack)
+    if trick == "own-score-one-ulp-off":
+        assert seen["refusals"] and all(seen["refusals"].values())
+    else:
+        assert seen["endorsers"] == {}
