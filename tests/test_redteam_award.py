@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 from adversary import make_counts, market_config
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_award import MaliciousPhase, _AttackDone, award_for, endorse_requests, endorsed, fields_of, opened, send_all
 from test_binding_award import BUDGET, NODES, _colluder_keys, play, profile_grid
 from test_secure_profile_market import drop_in_app, profile_setup
@@ -626,3 +628,38 @@ def test_encoding_and_float_tricks_in_the_signed_award_get_no_endorsement_from_t
         assert seen["refusals"] and all(seen["refusals"].values())
     else:
         assert seen["endorsers"] == {}
+
+
+_PRICES = st.sampled_from([0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 5.0, 6.0, 12.0])  # a coarse grid: ratio ties are common
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    bids=st.lists(st.tuples(_PRICES, _PRICES), min_size=2, max_size=8),
+    omitted=st.sets(st.integers(0, 7)),
+    cap=st.sampled_from([0, 1, 2, 3]),
+)
+def test_omitting_bidders_that_all_pass_the_unlisted_check_never_changes_the_outcome(
+    bids: list[tuple[float, float]], omitted: set[int], cap: int
+) -> None:
+    """The buyer lists the decisive head of any subset of the bids (budget 10, so bids of 5 sit on ``R / 2`` and
+    12 is above ``R``), leaving the rest out. Whenever every bidder outside that head would pass the unlisted
+    bidder's check of :func:`check_award` (the head closed, and unchanged with it), the head's winners and payments
+    are exactly the full auction's: leaving bidders out gains the buyer nothing it could hide."""
+    terms = AwardTerms(10.0, cap, Ed25519PrivateKey.generate().public_key().public_bytes_raw())
+    rows = [(node, score, bid) for node, (score, bid) in enumerate(bids)]
+    listed = [row for row in rows if row[0] not in omitted]
+    if not listed:
+        return
+    head, closed = head_of(terms, listed)
+    head_rows = [row for row in listed if row[0] in head]
+    for node, score, bid in rows:
+        if node in head or bid > terms.budget:
+            continue
+        with_it, still_closed = head_of(terms, [*head_rows, (node, score, bid)])
+        if not (closed and still_closed and with_it == head):
+            return  # that bidder refuses: the award is not endorsed by every bidder
+    winners, payments = settle(terms, head_rows)
+    all_winners, all_payments = settle(terms, rows)
+    assert winners == all_winners
+    assert all(math.isclose(payments[n], all_payments[n], rel_tol=1e-9, abs_tol=1e-12) for n in head)
