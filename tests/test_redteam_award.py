@@ -178,7 +178,7 @@ def test_an_award_whose_head_is_not_closed_and_omits_a_bidder_ranked_after_it_is
         keys = _colluder_keys(tmp_path, colluders)
         listed = ranked[:2]
         forged = _award_over(phase, honest, [(n, *bids[n]) for n in listed])
-        assert not head_of(phase.terms, [(n, *bids[n]) for n in listed])[1] or forged.head != honest.head
+        assert not head_of(phase.terms, [(n, *bids[n]) for n in listed])[1]  # not closed: a walk runs off the end
         signed = _signed(phase, forged)
         ends = endorsed(send_all(phase, grid, ACTION_ENDORSE, endorse_requests(pass_result, signed, tree, bids)))
         honest_ends = set(ends)
