@@ -117,12 +117,16 @@ def runs_by_policy(raw: Path) -> dict[str, Sequence[Record]]:
 
 
 def contrasts(runs: Mapping[str, Sequence[Record]], name: str, baselines: Sequence[str]) -> list[Contrast]:
-    """FLMarket against each baseline under each policy, pooled over the distributions."""
+    """FLMarket against each baseline under each policy, pooled over the distributions.
+
+    A policy or an arm the grid has no finished runs of is left out (no contrast over zero partitions).
+    """
     out: list[Contrast] = []
     for folder in POLICIES:
         records = runs.get(folder, [])
         mine = arm_values(records, "flmarket", name)
-        out.extend(contrast(mine, arm_values(records, b, name), folder, b, name) for b in baselines)
+        rows = (contrast(mine, arm_values(records, b, name), folder, b, name) for b in baselines)
+        out.extend(row for row in rows if row.partitions)
     return out
 
 
@@ -156,6 +160,8 @@ def headroom_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
         for arm in ("flmarket", *PRIMARY_BASELINES, *SECONDARY_BASELINES):
             values = arm_values(runs.get(folder, []), arm, "auc")
             shared = sorted(set(values) & set(everyone))
+            if not shared:
+                continue  # an arm the grid did not run
             gaps = np.array([everyone[key] - values[key] for key in shared], dtype=np.float64)
             low, high = t_interval(gaps) if gaps.size >= 2 else (math.nan, math.nan)
             mean = float(gaps.mean()) if gaps.size else math.nan
@@ -629,18 +635,24 @@ PAPER_HEADLINE = (22, 27, 10.0)
 """The paper's section 5.2: FLMarket highest in 22 of 27 D4-D6 settings; section 1: more than 10% over baselines."""
 
 
-def top_counts(records: Sequence[Record]) -> tuple[float, int, float, int]:
-    """FLMarket's share of the top ``auc`` over the partitions all five arms finished (ties shared), the partitions,
-    and in how many distributions its mean ``auc`` is the highest, of how many."""
+def top_counts(records: Sequence[Record]) -> tuple[float, int, float, int, int]:
+    """FLMarket's share of the top ``auc`` over the partitions every arm of the grid finished (ties shared), the
+    partitions, in how many distributions its mean ``auc`` is the highest, of how many, and the number of arms.
+
+    The arms are those of :data:`ARMS` with runs in ``records``: an arm the grid did not run is left out."""
     values = {arm: arm_values(records, arm, "auc") for arm in ARMS}
-    shared = sorted(set.intersection(*(set(v) for v in values.values()))) if all(values.values()) else []
-    if not shared:
-        return 0.0, 0, 0, 0
-    matrix = np.array([[values[arm][key] for arm in ARMS] for key in shared])
+    arms = [arm for arm in ARMS if values[arm]]
+    shared = sorted(set.intersection(*(set(values[arm]) for arm in arms))) if "flmarket" in arms else []
+    if not shared or len(arms) < 2:
+        return 0.0, 0, 0, 0, len(arms)
+    matrix = np.array([[values[arm][key] for arm in arms] for key in shared])
     wins = float(top_shares(matrix, 0).sum())
     distributions = sorted({key[0] for key in shared})
     by_d = np.array([matrix[[k[0] == d for k in shared]].mean(axis=0) for d in distributions])
-    return wins, len(shared), float(top_shares(by_d, 0).sum()), len(distributions)
+    return wins, len(shared), float(top_shares(by_d, 0).sum()), len(distributions), len(arms)
+
+
+_COUNT_WORDS = {2: "two", 3: "three", 4: "four", 5: "five"}
 
 
 def _side(c: Contrast, p: float) -> str:
@@ -667,7 +679,7 @@ def reproduce_lines(
         for c in rows:
             sides[_side(c, holm_p.get((c.policy, c.baseline), math.nan))].append(f"{c.baseline.upper()} ({_f(c.mean)})")
         margin = float(np.mean([c.mean for c in rows]))
-        wins, partitions, best, distributions = top_counts(runs.get(folder, []))
+        wins, partitions, best, distributions, arms = top_counts(runs.get(folder, []))
         if not sides["behind"] and len(sides["ahead"]) == len(rows):
             verdict = "reproduces in direction" + (" and size" if margin >= margin_paper else ", not in size")
         elif sides["ahead"]:
@@ -676,14 +688,21 @@ def reproduce_lines(
             verdict = "does not reproduce"
         words = {"ahead": "ahead of", "behind": "behind", "level": "level with"}
         said = "; ".join(f"{words[side]} {', '.join(sides[side])}" for side in words if sides[side])
+        primary_count = _COUNT_WORDS.get(len(holm_p), str(len(holm_p)))
+        highest = (
+            f"It has the highest auc of the {_COUNT_WORDS.get(arms, str(arms))} arms in {wins:g} of {partitions} "
+            f"partitions ({wins / partitions:.0%}; chance {1 / arms:.0%}) and the highest mean in {best:g} of "
+            f"{distributions} distributions (the paper: highest in {wins_paper} of {settings_paper} D4-D6 settings, "
+            f"{wins_paper / settings_paper:.0%}); "
+            if partitions
+            else ""
+        )
         lines.append(
             f"* **{folder.capitalize()} bids: the headline {verdict}.** FLMarket is {said}"
-            f" (mean auc difference in points; RS and DICE by Holm's p over the primary four, QBS and DDS by "
-            f"the 95% interval). It has the highest auc of the five arms in {wins:g} of {partitions} partitions "
-            f"({wins / partitions:.0%}; chance 20%) and the highest mean in {best:g} of {distributions} distributions "
-            f"(the paper: highest in {wins_paper} of {settings_paper} D4-D6 settings, "
-            f"{wins_paper / settings_paper:.0%}); its mean margin over the four baselines is {margin:+.1f} points "
-            f"(the paper: more than {margin_paper:g}%)."
+            f" (mean auc difference in points; RS and DICE by Holm's p over the primary {primary_count}, QBS and DDS "
+            f"by the 95% interval). {highest}"
+            f"{'its' if highest else 'Its'} mean margin over the {_COUNT_WORDS.get(len(rows), str(len(rows)))} "
+            f"baselines is {margin:+.1f} points (the paper: more than {margin_paper:g}%)."
         )
     partitions = len({unit(r) for records in runs.values() for r in records})
     lines.append(
@@ -762,7 +781,8 @@ def report(raw: Path, command: str) -> str:
     """The Markdown report of the grid under ``raw``."""
     runs = runs_by_policy(raw)
     primary = contrasts(runs, "auc", PRIMARY_BASELINES)
-    adjusted = list(holm([c.p_t for c in primary])) if all(not math.isnan(c.p_t) for c in primary) else None
+    testable = primary and all(not math.isnan(c.p_t) for c in primary)
+    adjusted = list(holm([c.p_t for c in primary])) if testable else None
     per_distribution: dict[str, list[Contrast]] = defaultdict(list)
     for distribution in ("d4", "d5", "d6"):
         only = {k: [r for r in v if r["distribution"] == distribution] for k, v in runs.items()}
@@ -785,7 +805,9 @@ def report(raw: Path, command: str) -> str:
     ]
     for distribution, rows in per_distribution.items():
         lines += [f"### {distribution}", "", *contrast_lines(rows), ""]
-    lines += [f"## Headroom: all {federation_size(runs)} clients minus each arm (auc)", "", *headroom_lines(runs), ""]
+    if runs.get("all"):  # a grid without the all-clients arm has no headroom to show
+        clients = federation_size(runs)
+        lines += [f"## Headroom: all {clients} clients minus each arm (auc)", "", *headroom_lines(runs), ""]
     lines += ["## What FLMarket bought", "", *market_lines(runs), ""]
     stats, arms = small_client_stats(runs), bought(runs)
     lines += [

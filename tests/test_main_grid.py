@@ -360,3 +360,48 @@ def test_the_grid_script_refuses_a_bad_number_of_clients(tmp_path: Path, clients
     status, calls, stderr = _grid_calls(tmp_path, clients, "0", "0")
     assert status == 2 and not calls
     assert f"CLIENTS must be a positive integer, got '{clients}'" in stderr
+
+
+@pytest.mark.parametrize(
+    ("arms", "with_all"),
+    [(("flmarket", "rs", "dice"), True), (("flmarket", "rs"), False), (("flmarket", "dice", "qbs"), False)],
+)
+def test_a_grid_with_a_subset_of_the_arms_is_reported_without_the_missing_ones(
+    tmp_path: Path, arms: tuple[str, ...], with_all: bool
+) -> None:
+    # Issue 43: a grid without QBS/DDS stopped with a ZeroDivisionError (top_counts found no partition with all five).
+    rng = np.random.default_rng(2)
+    accuracy = {
+        (folder, selector, d, seed): float(rng.uniform(0.4, 0.9))
+        for folder in ("volume", "equal")
+        for selector in arms
+        for d in ("d4", "d5", "d6")
+        for seed in range(3)
+    }
+    if with_all:
+        accuracy.update({("all", "rs", d, seed): 0.95 for d in ("d4", "d5", "d6") for seed in range(3)})
+    raw = _grid(tmp_path, accuracy)
+    text = main_grid.report(raw, "python -m simulations.main_grid raw")
+    missing = [arm for arm in SELECTORS if arm not in arms]
+    tables = [line for line in text.splitlines() if line.startswith(("| volume |", "| equal |"))]
+    for arm in missing:
+        assert not any(f"| {arm} |" in line for line in tables), arm
+        assert f"{arm.upper()} (" not in text.split("## What reproduces of the paper's headline")[1]
+    assert "nan" not in text
+    assert ("## Headroom" in text) == with_all
+    runs = main_grid.runs_by_policy(raw)
+    primary = main_grid.contrasts(runs, "auc", main_grid.PRIMARY_BASELINES)
+    assert {c.baseline for c in primary} == set(arms) & set(main_grid.PRIMARY_BASELINES)
+    words = {2: "two", 3: "three"}[len(arms)]
+    assert f"highest auc of the {words} arms in" in text and f"chance {1 / len(arms):.0%}" in text
+    # FLMarket's top share is computed over the arms that ran, exactly.
+    values = {arm: main_grid.arm_values(runs["volume"], arm, "auc") for arm in arms}
+    keys = sorted(values["flmarket"])
+    top = sum(values["flmarket"][k] >= max(values[a][k] for a in arms) for k in keys)
+    assert f"arms in {top} of {len(keys)} partitions" in text.split("* **Volume bids: the headline")[1]
+
+
+def test_a_grid_with_flmarket_alone_has_no_contrast_and_no_division(tmp_path: Path) -> None:
+    raw = _grid(tmp_path, {(f, "flmarket", "d4", s): 0.6 for f in ("volume", "equal") for s in range(3)})
+    text = main_grid.report(raw, "python -m simulations.main_grid raw")
+    assert "highest auc of the" not in text and "nan" not in text
