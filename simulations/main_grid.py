@@ -28,6 +28,8 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from flmarket_flwr.app.data.partition import LINEAR_MIN_KEEP_RATIO
+from simulations.buyer import PAPER_ROUNDS_TO_60, TimeTo, median_rounds, median_seconds, rank_differences, spend
+from simulations.buyer import time_to as time_to_accuracy
 from simulations.pilot import endpoint, partitions_for
 from simulations.stats import Record, holm, records_from_dirs, t_interval, top_shares, wilcoxon_p
 
@@ -38,6 +40,9 @@ POLICIES = {"volume": "volume", "equal": "constant"}
 PARTITIONS_REGISTERED = 54
 REGISTERED_CLIENTS = 20
 """The pre-registered grid (simulations/PILOT.md section 6): 54 partitions of a 20-client federation."""
+BUDGET_PREREG = "results/fashion_mnist_budget/PREREG.md"
+PARTITIONS_BUDGET = 30
+"""The budget-matched grid's pre-registration (issue 43) and its registered partitions (seeds 30-39 on d4-d6)."""
 PAPER_COHORTS = {20: "5/10/15", 100: "25/50/75"}
 """The paper's cohort sizes k by federation size (sections 5.1 and Appendix, 100 clients)."""
 
@@ -109,6 +114,25 @@ def federation_size(runs: Mapping[str, Sequence[Record]]) -> int:
     if len(sizes) != 1:
         raise ValueError(f"expected the runs of one federation size, found num_clients {sizes or 'in no record'}")
     return sizes[0]
+
+
+def grid_match(runs: Mapping[str, Sequence[Record]]) -> str:
+    """How the grid's baselines were matched to FLMarket: ``cohort`` (as many clients) or ``budget`` (the same R).
+
+    Raises
+    ------
+    ValueError
+        Baselines of both matches in one grid.
+    """
+    found = {
+        str(r["engine"].get("config", {}).get("baseline_match", "cohort"))
+        for folder in POLICIES
+        for r in runs.get(folder, [])
+        if r["selector"] != "flmarket"
+    }
+    if len(found) > 1:
+        raise ValueError(f"expected the baselines of one match, found {sorted(found)} (two grids in one folder)")
+    return found.pop() if found else "cohort"
 
 
 def runs_by_policy(raw: Path) -> dict[str, Sequence[Record]]:
@@ -624,9 +648,14 @@ def deviation_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
         f"pools: {totals} | the paper's Table 2 tail |",
         f"| budget and cohort | k of {clients} fixed ({PAPER_COHORTS.get(clients, 'not run')}); R and the bid policy "
         "not stated | the budget mode: "
-        f"R = f x total bid, fixed before selection ({policy_fractions}), no cohort cap; each baseline takes as "
-        "many clients as FLMarket buys on the same partition | a budget that decides the cohort (PILOT.md section 4); "
-        "both bid policies co-primary |",
+        f"R = f x total bid, fixed before selection ({policy_fractions}), no cohort cap; "
+        + (
+            "each baseline buys in its own order within the same R at the same bids, each client paid its bid "
+            f"(pay-as-bid) | the buyer's question at equal money ({BUDGET_PREREG}); both bid policies co-primary |"
+            if grid_match(runs) == "budget"
+            else "each baseline takes as many clients as FLMarket buys on the same partition | a budget that decides "
+            "the cohort (PILOT.md section 4); both bid policies co-primary |"
+        ),
     ]
 
 
@@ -746,6 +775,8 @@ def header_lines(
         f"Protocol: `simulations/PILOT.md` section 6 (Dirichlet 0.1, d4-d6, {clients} clients, budget mode, 30 "
         "rounds, 10 local steps)."
     )
+    if grid_match(runs) == "budget":
+        return _budget_header(regenerate, clients, done)
     if clients != REGISTERED_CLIENTS:
         seeds = sorted({unit(r)[1] for records in runs.values() for r in records})
         return [
@@ -775,6 +806,121 @@ def header_lines(
         "",
         status,
     ]
+
+
+def _budget_header(regenerate: str, clients: int, done: int) -> list[str]:
+    """The budget-matched grid's title and status against its pre-registration (:data:`BUDGET_PREREG`)."""
+    status = (
+        f"**All {PARTITIONS_BUDGET} pre-registered partitions finished: the primary test below is the "
+        "pre-registered one.**"
+        if done >= PARTITIONS_BUDGET
+        else f"**Interim: {done} of the {PARTITIONS_BUDGET} pre-registered partitions finished in every primary "
+        f"arm. The pre-registered analysis needs all {PARTITIONS_BUDGET}; the p-values below are an unplanned "
+        "interim look and decide nothing.**"
+    )
+    return [
+        "# Fashion-MNIST budget-matched grid: what the same money buys",
+        "",
+        f"{regenerate} Protocol: `{BUDGET_PREREG}` (the main grid's setting, {clients} clients, Dirichlet 0.1, "
+        "d4-d6, 30 rounds, 10 local steps, on seeds 30-39; every arm spends at most R: FLMarket pays its critical "
+        "payments, each baseline buys in its own order within R at the same bids, pay-as-bid). "
+        "Grid: `bash simulations/fashion_mnist_budget.sh`.",
+        "",
+        status,
+    ]
+
+
+def spend_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
+    """What each arm paid against the budget ``R`` (:func:`simulations.buyer.spend`), per policy."""
+    lines = [
+        "| bids | arm | runs | payment | clients: median (range) | paid / R: mean (range) | over R |",
+        "|---|---|---:|---|---|---|---:|",
+    ]
+    for folder in POLICIES:
+        for arm in ARMS:
+            rows = [r for r in runs.get(folder, []) if r["selector"] == arm]
+            if not rows:
+                continue
+            paid = spend(rows)
+            lines.append(
+                f"| {folder} | {arm} | {len(rows)} | {paid.rule} | {_spread(paid.clients)} "
+                f"| {np.mean(paid.paid_share):.2f} ({min(paid.paid_share):.2f} to {max(paid.paid_share):.2f}) "
+                f"| {paid.over_budget} of {len(rows)} |"
+            )
+    return lines
+
+
+TIME_TO = (0.6, 0.5)
+"""The accuracies of the time-to-accuracy endpoint: the paper's 0.6, and 0.5 beside it."""
+
+
+def _rounds_text(value: float) -> str:
+    return "-" if math.isnan(value) else "censored" if math.isinf(value) else f"{value:g}"
+
+
+def time_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
+    """Rounds and seconds to each accuracy of :data:`TIME_TO`, per arm and policy, with the paper's ratios."""
+    every = [r for records in runs.values() for r in records]
+    cpu = bool(every) and all(time_to_accuracy(r, TIME_TO[0]).cpu for r in every)
+    unit_name = "CPU s" if cpu else "wall s (training + evaluation; these records have no CPU time)"
+    lines = [
+        f"| bids | arm | runs | reach {TIME_TO[0]:g} | rounds to {TIME_TO[0]:g}: median | {unit_name} to "
+        f"{TIME_TO[0]:g}: median of those reaching | rounds: arm / FLMarket | the paper's ratio | reach "
+        f"{TIME_TO[1]:g} | rounds to {TIME_TO[1]:g}: median |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for folder in POLICIES:
+        records = runs.get(folder, [])
+        mine = median_rounds([time_to_accuracy(r, TIME_TO[0]) for r in records if r["selector"] == "flmarket"])
+        for arm in ARMS:
+            rows = [r for r in records if r["selector"] == arm]
+            if not rows:
+                continue
+            first = [time_to_accuracy(r, TIME_TO[0]) for r in rows]
+            second = [time_to_accuracy(r, TIME_TO[1]) for r in rows]
+            rounds = median_rounds(first)
+            ratio = rounds / mine if math.isfinite(rounds) and math.isfinite(mine) and mine > 0 else math.nan
+            paper = PAPER_ROUNDS_TO_60.get(arm)
+            reference = PAPER_ROUNDS_TO_60["flmarket"]
+            paper_ratio = f"{paper / reference:.2f} ({paper} / {reference})" if paper else "-"
+            lines.append(
+                f"| {folder} | {arm} | {len(rows)} | {sum(t.reached for t in first)} | {_rounds_text(rounds)} "
+                f"| {median_seconds(first):.1f} | {'-' if math.isnan(ratio) else f'{ratio:.2f}'} "
+                f"| {paper_ratio} "
+                f"| {sum(t.reached for t in second)} | {_rounds_text(median_rounds(second))} |"
+            )
+    return lines
+
+
+def time_test_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
+    """FLMarket against RS and DICE in rounds to :data:`TIME_TO`'s first accuracy: paired Wilcoxon, Holm over four."""
+    rows = []
+    for folder in POLICIES:
+        records = runs.get(folder, [])
+
+        def times(arm: str, records: Sequence[Record] = records) -> dict[tuple[str, int], TimeTo]:
+            return {unit(r): time_to_accuracy(r, TIME_TO[0]) for r in records if r["selector"] == arm}
+
+        mine = times("flmarket")
+        for baseline in PRIMARY_BASELINES:
+            theirs = times(baseline)
+            differences = rank_differences(mine, theirs)
+            if mine and theirs and differences:
+                faster = sum(d < 0 for d in differences)
+                rows.append((folder, baseline, len(differences), faster, wilcoxon_p(differences)))
+    if not rows:
+        return ["No pair of FLMarket and RS or DICE runs on the same partitions."]
+    adjusted = holm([row[4] for row in rows])
+    lines = [
+        f"| bids | FLMarket vs | partitions | FLMarket reaches {TIME_TO[0]:g} in fewer rounds "
+        "| p (Wilcoxon) | p (Holm) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for (folder, baseline, partitions, faster, p_value), p_holm in zip(rows, adjusted, strict=True):
+        lines.append(
+            f"| {folder} | {baseline} | {partitions} | {faster} of {partitions} | {_p(p_value)} | {_p(float(p_holm))} |"
+        )
+    return lines
 
 
 def report(raw: Path, command: str) -> str:
@@ -809,6 +955,36 @@ def report(raw: Path, command: str) -> str:
         clients = federation_size(runs)
         lines += [f"## Headroom: all {clients} clients minus each arm (auc)", "", *headroom_lines(runs), ""]
     lines += ["## What FLMarket bought", "", *market_lines(runs), ""]
+    lines += [
+        "## What each arm spent against the budget R",
+        "",
+        "Per run, the amount paid over R: FLMarket its critical payments; a budget-matched baseline its clients' bids "
+        "(pay-as-bid); a cohort-matched baseline's cohort priced at its clients' bids (what it would cost "
+        "pay-as-bid: cohort-matched arms are not held to R).",
+        "",
+        *spend_lines(runs),
+        "",
+        "## Time to accuracy",
+        "",
+        f"The first round at which test accuracy reaches {TIME_TO[0]:g} (the paper's threshold) and {TIME_TO[1]:g}; "
+        "a run that never does in its rounds is censored (the median is `censored` when the upper middle run "
+        "is). The seconds are through that "
+        "round, over the runs that reach it; the ratio is the arm's median rounds over FLMarket's (the paper: "
+        "FLMarket about 130 rounds, RS 550, DICE 170). "
+        + (
+            f"Pre-registered as secondary ({BUDGET_PREREG})."
+            if grid_match(runs) == "budget"
+            else "Descriptive: not pre-registered for this grid."
+        ),
+        "",
+        *time_lines(runs),
+        "",
+        "Rounds to the first threshold, paired by partition (censored runs rank last, tied): two-sided Wilcoxon "
+        "signed-rank, Holm over the four.",
+        "",
+        *time_test_lines(runs),
+        "",
+    ]
     stats, arms = small_client_stats(runs), bought(runs)
     lines += [
         "## Why FLMarket buys the smallest clients under volume bids",

@@ -43,7 +43,16 @@ def _write(
         "num_clients": len(SIZES),
         "final_accuracy": accuracy,
         "rounds": [{"accuracy": 0.1}] + [{"accuracy": accuracy, "round_time_s": 0.2}] * 30,
-        "engine": {"diverged": diverged, "config": {"rounds": 30, "learning_rate": 0.05, "market": "direct"}},
+        "engine": {
+            "diverged": diverged,
+            "config": {
+                "rounds": 30,
+                "learning_rate": 0.05,
+                "market": "direct",
+                "bid_policy": "constant" if folder.name == "equal" else "volume",
+            },
+            "matched": {"budget": 100.0},
+        },
         "market": {
             "total_payment": 40.0,
             "budget": 100.0,
@@ -405,3 +414,60 @@ def test_a_grid_with_flmarket_alone_has_no_contrast_and_no_division(tmp_path: Pa
     raw = _grid(tmp_path, {(f, "flmarket", "d4", s): 0.6 for f in ("volume", "equal") for s in range(3)})
     text = main_grid.report(raw, "python -m simulations.main_grid raw")
     assert "highest auc of the" not in text and "nan" not in text
+
+
+def _budget_grid(tmp_path: Path, seeds: int) -> Path:
+    raw = tmp_path / "results" / "fashion_mnist_budget" / "raw"
+    rng = np.random.default_rng(3)
+    for folder in ("volume", "equal"):
+        for selector in SELECTORS:
+            for d in ("d4", "d5", "d6"):
+                for seed in range(30, 30 + seeds):
+                    value = float(rng.uniform(0.4, 0.9))
+                    config = {"rounds": 30, "market": "direct", "baseline_match": "budget", "bid_policy": "volume"}
+                    engine = {"diverged": False, "config": config}
+                    if selector != "flmarket":
+                        engine["matched"] = {
+                            "match": "budget",
+                            "payment_rule": "pay-as-bid",
+                            "budget": 100.0,
+                            "paid": 90.0 + seed - 30,
+                        }
+                    curve = [{"accuracy": 0.1}] + [
+                        {"accuracy": value * min(1.0, r / 10), "round_time_s": 0.2, "cpu_s": 0.3} for r in range(1, 31)
+                    ]
+                    _write(raw / folder, selector, d, seed, value, engine=engine, rounds=curve, num_clients=20)
+    return raw
+
+
+def test_a_budget_matched_grid_reports_against_its_own_pre_registration(tmp_path: Path) -> None:
+    raw = _budget_grid(tmp_path, seeds=2)
+    text = main_grid.report(raw, "python -m simulations.main_grid raw")
+    title, _, protocol, _, status = text.splitlines()[:5]
+    assert title == "# Fashion-MNIST budget-matched grid: what the same money buys"
+    assert "`results/fashion_mnist_budget/PREREG.md`" in protocol and "pay-as-bid" in protocol
+    assert status.startswith("**Interim: 6 of the 30 pre-registered partitions finished in every primary arm.")
+    assert "needs all 30" in status and "decide nothing" in status
+    assert "| volume | rs | 6 | pay-as-bid | 2 (2 to 2) | 0.91 (0.90 to 0.91) | 0 of 6 |" in text
+    assert "| volume | flmarket | 6 | critical payments |" in text
+    assert "each baseline buys in its own order within the same R at the same bids" in text
+    assert "Pre-registered as secondary (results/fashion_mnist_budget/PREREG.md)." in text
+    assert "| CPU s to 0.6: median of those reaching |" in text
+    assert "## Headroom" not in text  # the budget-matched grid does not re-run the all-clients arm
+
+
+def test_a_folder_with_both_matches_is_refused(tmp_path: Path) -> None:
+    raw = _budget_grid(tmp_path, seeds=1)
+    _write(raw / "volume", "rs", "d4", 99, 0.5, num_clients=20)  # a cohort-matched run among budget-matched ones
+    with pytest.raises(ValueError, match="expected the baselines of one match"):
+        main_grid.report(raw, "x")
+
+
+def test_the_time_to_accuracy_table_gives_the_paper_s_ratios_beside_ours(tmp_path: Path) -> None:
+    raw = _budget_grid(tmp_path, seeds=1)
+    text = main_grid.report(raw, "x")
+    assert "| 4.23 (550 / 130) |" in text and "| 1.31 (170 / 130) |" in text
+    runs = main_grid.runs_by_policy(raw)
+    times = [main_grid.time_to_accuracy(r, 0.6) for r in runs["volume"] if r["selector"] == "rs"]
+    reached = sum(t.reached for t in times)
+    assert any(line.startswith(f"| volume | rs | 3 | {reached} |") for line in text.splitlines())
