@@ -170,7 +170,7 @@ def contrast_lines(rows: Sequence[Contrast], adjusted: Sequence[float] | None = 
         holm_p = _p(adjusted[i]) if adjusted is not None else "-"
         lines.append(
             f"| {c.policy} | {c.baseline} | {c.partitions} | {_f(c.mean)} [{_f(c.ci_low)}, {_f(c.ci_high)}] "
-            f"| {c.sd:.2f} | {c.wins} of {c.partitions} | {_p(c.p_t)} | {holm_p} | {_p(c.p_wilcoxon)} |"
+            f"| {_seconds(c.sd, 2)} | {c.wins} of {c.partitions} | {_p(c.p_t)} | {holm_p} | {_p(c.p_wilcoxon)} |"
         )
     return lines
 
@@ -607,13 +607,14 @@ def deviation_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
             f"partitions, {_hours(at_100 * 9 / max(partitions, 1))} for 3 seeds on d4-d6 (9 partitions)."
         )
     market = config_values(every, "market")
+    where = "above" if runs.get("all") else "of the main grid's report, results/fashion_mnist_main/REPORT.md"
     return [
         "| | the paper | this grid (from its records) | why |",
         "|---|---|---|---|",
         f"| training length | 600 rounds, fixed (section 5.1) | {config_values(every, 'rounds')} rounds, fixed; "
         f"primary endpoint `auc` = mean test accuracy over rounds 1-30; `final` = mean of the last "
         f"{config_values(every, 'final_window')} | 2 cores; the pilot (`simulations/PILOT.md` sections 2-3) found "
-        "that the plateau hid the selectors and that a fixed budget leaves room (the headroom table above): like "
+        f"that the plateau hid the selectors and that a fixed budget leaves room (the headroom table {where}): like "
         "the paper's 600 rounds of a data-hungry model, it measures learning speed |",
         f"| optimiser | initial learning rate 0.003 (CIFAR-10, DEAP), 0.001 (CINIC-10); optimiser and local work "
         f"not stated (section 5.1) | SGD, lr {config_values(every, 'learning_rate')}, momentum "
@@ -762,13 +763,22 @@ def power_sentence(primary: Sequence[Contrast], effect: float = 3.0) -> str:
     )
 
 
+def _finished(runs: Mapping[str, Sequence[Record]], primary: Sequence[Contrast]) -> int:
+    """The partitions finished in every primary arm the grid runs under both bid policies (0 when a pair of them has
+    no partition yet: a policy or an arm whose first runs are still to come)."""
+    arms = {r["selector"] for folder in POLICIES for r in runs.get(folder, [])} & set(PRIMARY_BASELINES)
+    done = {(c.policy, c.baseline): c.partitions for c in primary}
+    expected = [(folder, arm) for folder in POLICIES for arm in sorted(arms)]
+    return min((done.get(pair, 0) for pair in expected), default=0)
+
+
 def header_lines(
     raw: Path, runs: Mapping[str, Sequence[Record]], command: str, primary: Sequence[Contrast]
 ) -> list[str]:
     """The title, the regenerate command and the grid's status: pre-registered (complete or interim), or, for any
     other federation size than :data:`REGISTERED_CLIENTS`, secondary and exploratory."""
     clients = federation_size(runs)
-    done = min((c.partitions for c in primary), default=0)
+    done = _finished(runs, primary)
     root = raw.parent.as_posix()
     regenerate = f"Regenerate (after `tar -xzf {root}/raw.tar.gz -C {root}`): `{command}`."
     protocol = (
@@ -854,6 +864,11 @@ TIME_TO = (0.6, 0.5)
 """The accuracies of the time-to-accuracy endpoint: the paper's 0.6, and 0.5 beside it."""
 
 
+def _seconds(value: float, digits: int = 1) -> str:
+    """A non-negative number (seconds, an sd) or ``-`` for NaN."""
+    return "-" if math.isnan(value) else f"{value:.{digits}f}"
+
+
 def _rounds_text(value: float) -> str:
     return "-" if math.isnan(value) else "censored" if math.isinf(value) else f"{value:g}"
 
@@ -885,7 +900,7 @@ def time_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
             paper_ratio = f"{paper / reference:.2f} ({paper} / {reference})" if paper else "-"
             lines.append(
                 f"| {folder} | {arm} | {len(rows)} | {sum(t.reached for t in first)} | {_rounds_text(rounds)} "
-                f"| {median_seconds(first):.1f} | {'-' if math.isnan(ratio) else f'{ratio:.2f}'} "
+                f"| {_seconds(median_seconds(first))} | {'-' if math.isnan(ratio) else f'{ratio:.2f}'} "
                 f"| {paper_ratio} "
                 f"| {sum(t.reached for t in second)} | {_rounds_text(median_rounds(second))} |"
             )
@@ -950,7 +965,8 @@ def report(raw: Path, command: str) -> str:
         "",
     ]
     for distribution, rows in per_distribution.items():
-        lines += [f"### {distribution}", "", *contrast_lines(rows), ""]
+        if rows:  # a distribution with no finished pair yet has no table
+            lines += [f"### {distribution}", "", *contrast_lines(rows), ""]
     if runs.get("all"):  # a grid without the all-clients arm has no headroom to show
         clients = federation_size(runs)
         lines += [f"## Headroom: all {clients} clients minus each arm (auc)", "", *headroom_lines(runs), ""]

@@ -471,3 +471,17 @@ def test_the_time_to_accuracy_table_gives_the_paper_s_ratios_beside_ours(tmp_pat
     times = [main_grid.time_to_accuracy(r, 0.6) for r in runs["volume"] if r["selector"] == "rs"]
     reached = sum(t.reached for t in times)
     assert any(line.startswith(f"| volume | rs | 3 | {reached} |") for line in text.splitlines())
+
+
+def test_a_partition_counts_as_finished_only_when_every_primary_arm_of_both_policies_is_in(tmp_path: Path) -> None:
+    raw = _budget_grid(tmp_path, seeds=2)
+    for run in (raw / "equal").glob("seed=31_distribution=d4_*selector=dice"):
+        (run / "result.json").unlink()  # one arm of one partition still to come under equal bids
+    text = main_grid.report(raw, "x")
+    assert "**Interim: 5 of the 30 pre-registered partitions finished in every primary arm." in text
+    for run in (raw / "equal").iterdir():
+        for file in run.glob("result.json"):
+            file.unlink()  # the equal-bid half of the grid not started yet
+    text = main_grid.report(raw, "x")
+    assert "**Interim: 0 of the 30 pre-registered partitions finished in every primary arm." in text
+    assert "| nan" not in text and " nan |" not in text
