@@ -326,8 +326,11 @@ def test_runs_of_two_federation_sizes_in_one_folder_are_refused(tmp_path: Path) 
 GRID_SCRIPT = Path(__file__).resolve().parents[1] / "simulations" / "fashion_mnist_main.sh"
 
 
-def _grid_calls(tmp_path: Path, clients: str | None, *seeds: str) -> tuple[int, list[str], str]:
-    """Run the grid script with a stand-in ``python`` that records its arguments: (status, engine calls, stderr)."""
+def _grid_calls(
+    tmp_path: Path, clients: str | None, *seeds: str, script: Path | None = None
+) -> tuple[int, list[str], str]:
+    """Run a grid script (the main grid's by default) with a stand-in ``python`` that records its arguments:
+    (status, engine calls, stderr)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python").write_text('#!/bin/sh\necho "$@" >> "$CALLS"\n', encoding="utf-8")
@@ -337,7 +340,7 @@ def _grid_calls(tmp_path: Path, clients: str | None, *seeds: str) -> tuple[int, 
     if clients is not None:
         env["CLIENTS"] = clients
     done = subprocess.run(
-        ["bash", str(GRID_SCRIPT), *seeds], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
+        ["bash", str(script or GRID_SCRIPT), *seeds], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
     )
     calls = (tmp_path / "calls").read_text(encoding="utf-8").splitlines() if (tmp_path / "calls").exists() else []
     return done.returncode, calls, done.stderr
@@ -485,3 +488,19 @@ def test_a_partition_counts_as_finished_only_when_every_primary_arm_of_both_poli
     text = main_grid.report(raw, "x")
     assert "**Interim: 0 of the 30 pre-registered partitions finished in every primary arm." in text
     assert "| nan" not in text and " nan |" not in text
+
+
+def test_the_budget_grid_script_runs_the_registered_seeds_one_at_a_time_budget_matched(tmp_path: Path) -> None:
+    script = GRID_SCRIPT.parent / "fashion_mnist_budget.sh"
+    status, calls, _ = _grid_calls(tmp_path, None, script=script)
+    assert status == 0 and len(calls) == 20  # seeds 30-39, both policies each
+    assert all("--num-clients 20 --alpha 0.1 --rounds 30" in call and "--torch-threads 1" in call for call in calls)
+    assert all("--num-selected 0 --baseline-match budget" in call for call in calls)
+    assert calls[0].endswith("--out results/fashion_mnist_budget/raw/volume --bid-policy volume --budget-fraction 0.15 "
+                             "--selector flmarket rs dice qbs dds --seed 30")  # fmt: skip
+    assert calls[1].endswith("--out results/fashion_mnist_budget/raw/equal --bid-policy constant --budget-fraction 0.7 "
+                             "--selector flmarket rs dice qbs dds --seed 30")  # fmt: skip
+    assert calls[-1].endswith("--seed 39")
+    (tmp_path / "resume").mkdir()
+    status, calls, _ = _grid_calls(tmp_path / "resume", None, "33", "34", script=script)
+    assert status == 0 and [call.rsplit(" ", 1)[1] for call in calls] == ["33", "33", "34", "34"]
