@@ -44,8 +44,10 @@ import itertools
 import json
 import math
 import os
+import platform
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
@@ -58,7 +60,13 @@ from flmarket_flwr.app.run_config import Scalar, field_name, neighbours_of
 from flmarket_flwr.app.task import DEFAULT_NUM_CLIENTS, DataConfig
 from flmarket_flwr.market.bidding import cost_based_bid, simulated_cost_per_sample
 from flmarket_flwr.pricing import cohort_budget, run_auction
-from simulations.baselines.selectors import DDS_DIVERSITY_WEIGHT, DICE_VOLUME_WEIGHT, flmarket_scores, select_clients
+from simulations.baselines.selectors import (
+    DDS_DIVERSITY_WEIGHT,
+    DICE_VOLUME_WEIGHT,
+    flmarket_scores,
+    select_clients,
+    select_within_budget,
+)
 from simulations.record import job_record
 from simulations.run_config import EXPERIMENT_SCHEMA
 
@@ -67,6 +75,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = [
+    "BASELINE_MATCHES",
     "BID_POLICIES",
     "MARKET_MODES",
     "EngineConfig",
@@ -83,11 +92,17 @@ __all__ = [
     "run_job_inprocess",
     "run_market_protocol",
     "run_on_ray",
+    "rerun",
+    "same_curve",
     "select",
 ]
 
 BID_POLICIES = ("volume", "constant", "random")
 """Bid policies: shared per-sample cost (primary), constant bids, per-client random costs."""
+
+BASELINE_MATCHES = ("cohort", "budget")
+"""How a baseline in the budget mode is matched to FLMarket: as many clients as its auction buys (the paper's
+question), or what the same budget ``R`` buys at the same bids, pay-as-bid (the buyer's question)."""
 
 MARKET_MODES = ("direct", "protocol")
 """FLMarket's selection: the pricing functions directly, or the real market phase over an in-process Grid."""
@@ -166,6 +181,7 @@ _EngineFields: Any = EXPERIMENT_SCHEMA.schema_class(
         ("num_clients", int, DEFAULT_NUM_CLIENTS),
         ("budget_fraction", float, 0.0),
         ("cohort_budget", bool, True),
+        ("baseline_match", str, "cohort"),
         ("market", str, "direct"),
         ("dice_volume_weight", float, DICE_VOLUME_WEIGHT),
         ("dds_diversity_weight", float, DDS_DIVERSITY_WEIGHT),
@@ -204,6 +220,11 @@ class EngineConfig(_EngineFields):
         (it takes precedence over ``budget`` and ``cohort_budget``); ``0``: not used.
     neighbours, audit_winners
         The PASS graph and the winners' audit of ``market="protocol"`` (app keys).
+    baseline_match
+        A baseline with ``num_selected=0``: ``"cohort"``, as many clients as FLMarket's auction buys on the same
+        partition; ``"budget"``, the clients its own order buys within the same budget ``R`` at the same bids,
+        each paid its bid (:func:`~simulations.baselines.selectors.select_within_budget`). See
+        :data:`BASELINE_MATCHES`.
     cohort_budget
         With a cohort (``num_selected > 0``), run FLMarket's auction at the least budget that buys it instead of
         ``budget`` (:func:`auction_budget`): comparisons at equal cohort size. ``False``: at ``budget``.
@@ -233,6 +254,10 @@ class EngineConfig(_EngineFields):
             raise ValueError(f"bid_policy must be one of {BID_POLICIES}, got {self.bid_policy!r}")
         if self.selector == "sfedavg" and self.val_per_class < 1:
             raise ValueError("S-FedAvg values clients on a validation split: set val_per_class >= 1")
+        if self.baseline_match not in BASELINE_MATCHES:
+            raise ValueError(f"baseline_match must be one of {BASELINE_MATCHES}, got {self.baseline_match!r}")
+        if self.baseline_match == "budget" and self.num_selected:
+            raise ValueError("baseline_match='budget' buys within the budget alone: set num_selected=0")
         if self.market not in MARKET_MODES:
             raise ValueError(f"market must be one of {MARKET_MODES}, got {self.market!r}")
         if self.market == "protocol" and self.bid_policy == "random":
@@ -375,24 +400,31 @@ def select(cfg: EngineConfig, federation: Federation) -> tuple[list[int], dict[s
 
 
 def _select_baseline(cfg: EngineConfig, federation: Federation) -> tuple[list[int], dict[str, Any]]:
-    """RS, QBS, DICE or DDS: ``num_selected`` clients, or (``0``) as many as FLMarket's auction buys here.
+    """RS, QBS, DICE or DDS: ``num_selected`` clients, or (``0``) matched to FLMarket's auction here.
 
-    The second is the budget mode's matched cohort: FLMarket's auction at the same bids and budget
-    (:func:`auction_budget`) on the same partition, its winner count recorded as ``matched_cohort``.
+    The budget mode's match (:attr:`EngineConfig.baseline_match`): ``cohort``, as many clients as FLMarket's
+    auction at the same bids and budget (:func:`auction_budget`) buys on the same partition, its winner count
+    recorded as ``matched_cohort``; ``budget``, what the same budget buys at the same bids, pay-as-bid, the amount
+    paid recorded as ``paid``.
     """
     counts = federation.label_counts
     size, matched = cfg.num_selected, {}
+    extra: dict[str, Any] = {"volume_weight": cfg.dice_volume_weight}
+    if cfg.selector == "dds":
+        extra = {"embeddings": _embeddings(federation, cfg.seed), "diversity_weight": cfg.dds_diversity_weight}
     if not size:
         bids = bids_for(cfg, counts)
         scores = flmarket_scores(counts)
         budget = auction_budget(cfg, scores, bids)
+        if cfg.baseline_match == "budget":
+            bought = [int(p) for p in select_within_budget(cfg.selector, counts, bids, budget, seed=cfg.seed, **extra)]
+            paid = float(sum(float(bids[p]) for p in bought))
+            matched = {"match": "budget", "payment_rule": "pay-as-bid", "budget": budget, "paid": paid}
+            return bought, matched | {"bid_policy": cfg.bid_policy}
         size = len(run_auction(scores, bids, budget).winners)
         matched = {"matched_cohort": size, "budget": budget, "bid_policy": cfg.bid_policy}
         if not size:
             return [], matched
-    extra: dict[str, Any] = {"volume_weight": cfg.dice_volume_weight}
-    if cfg.selector == "dds":
-        extra = {"embeddings": _embeddings(federation, cfg.seed), "diversity_weight": cfg.dds_diversity_weight}
     chosen = select_clients(cfg.selector, counts, size, seed=cfg.seed, **extra)
     return [int(p) for p in chosen], matched
 
@@ -608,7 +640,7 @@ def _fedavg_rounds(cfg: EngineConfig, federation: Federation, cohort: Sequence[i
         training.final_state = global_state  # FLMarket bought nobody: nothing to train, as the app fails such a run
         return training
     for server_round in range(1, cfg.rounds + 1):
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         clients = cohort.clients(server_round) if isinstance(cohort, ShapleyCohort) else list(cohort)
         training.cohorts[server_round] = clients
         states, weights, losses = [], [], []
@@ -626,13 +658,19 @@ def _fedavg_rounds(cfg: EngineConfig, federation: Federation, cohort: Sequence[i
         trained = time.perf_counter()
         if not all(np.all(np.isfinite(v)) for v in global_state.values()) or not np.all(np.isfinite(losses)):
             training.diverged_at = server_round
-            training.rounds.append(_round_record(server_round, math.nan, math.nan, math.nan, trained - started, 0.0))
+            cpu_s = time.process_time() - cpu_started
+            training.rounds.append(
+                _round_record(server_round, math.nan, math.nan, math.nan, trained - started, 0.0, cpu_s)
+            )
             break
         _load(worker, global_state)
         loss, accuracy = evaluate(worker, federation.test_data, device)
         train_loss = float(np.average(losses, weights=weights))
+        cpu_s = time.process_time() - cpu_started
         training.rounds.append(
-            _round_record(server_round, accuracy, loss, train_loss, trained - started, time.perf_counter() - trained)
+            _round_record(
+                server_round, accuracy, loss, train_loss, trained - started, time.perf_counter() - trained, cpu_s
+            )
         )
         if cfg.min_rounds and server_round >= cfg.min_rounds and _plateau_reached(cfg, training.rounds[1:]):
             break
@@ -640,9 +678,16 @@ def _fedavg_rounds(cfg: EngineConfig, federation: Federation, cohort: Sequence[i
     return training
 
 
-def _round_record(
-    server_round: int, accuracy: float, loss: float, train_loss: float | None, round_s: float, eval_s: float
+def _round_record(  # pylint: disable=too-many-arguments,too-many-positional-arguments
+    server_round: int,
+    accuracy: float,
+    loss: float,
+    train_loss: float | None,
+    round_s: float,
+    eval_s: float,
+    cpu_s: float = 0.0,
 ) -> dict[str, Any]:
+    """One round's record; ``cpu_s`` is the process CPU time of the round (training, aggregation, evaluation)."""
     return {
         "round": server_round,
         "accuracy": float(accuracy),
@@ -650,6 +695,7 @@ def _round_record(
         "train_loss": train_loss,
         "round_time_s": round_s,
         "eval_time_s": eval_s,
+        "cpu_s": cpu_s,
     }
 
 
@@ -704,19 +750,16 @@ def run_engine(cfg: EngineConfig, run_config: Mapping[str, Any] | None = None) -
     ``final_accuracy`` is the mean of the last ``final_window`` rounds (NaN for a diverged run);
     ``engine`` holds the protocol, the plateau criterion and the divergence flags.
     """
-    import torch  # pylint: disable=import-outside-toplevel
-
     started = time.perf_counter()
-    if cfg.torch_threads > 0:
-        torch.set_num_threads(cfg.torch_threads)
-    federation = load_federation(cfg)
-    loaded = time.perf_counter()
-    sfedavg = ShapleyCohort(cfg.num_clients, cfg.num_selected, cfg.seed) if cfg.selector == "sfedavg" else None
-    # S-FedAvg: every client is a candidate (as the app's selection record says); it samples per round.
-    selected, market = (list(range(cfg.num_clients)), {}) if sfedavg else select(cfg, federation)
-    selected_at = time.perf_counter()
-    training = _fedavg_rounds(cfg, federation, sfedavg or selected)
-    finished = time.perf_counter()
+    with _reproducible(cfg.torch_threads) as settings:
+        federation = load_federation(cfg)
+        loaded = time.perf_counter()
+        sfedavg = ShapleyCohort(cfg.num_clients, cfg.num_selected, cfg.seed) if cfg.selector == "sfedavg" else None
+        # S-FedAvg: every client is a candidate (as the app's selection record says); it samples per round.
+        selected, market = (list(range(cfg.num_clients)), {}) if sfedavg else select(cfg, federation)
+        selected_at = time.perf_counter()
+        training = _fedavg_rounds(cfg, federation, sfedavg or selected)
+        finished = time.perf_counter()
     protocol = _protocol(cfg, training)
     accuracies = [r["accuracy"] for r in training.rounds[1:]]
     result = job_record(
@@ -738,6 +781,7 @@ def run_engine(cfg: EngineConfig, run_config: Mapping[str, Any] | None = None) -
         },
     )
     result["engine"] = {"name": "inprocess", "config": asdict(cfg), "bought_nobody": not selected, **protocol}
+    result["engine"]["reproducibility"] = settings
     if market and cfg.selector == "flmarket":
         result["market"] = market
     elif market:
@@ -748,11 +792,100 @@ def run_engine(cfg: EngineConfig, run_config: Mapping[str, Any] | None = None) -
     return result
 
 
+# --- Bit-for-bit re-runs -------------------------------------------------------------------------------------------
+def _cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; the platform's processor string elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+@contextmanager
+def _reproducible(threads: int) -> Iterator[dict[str, Any]]:
+    """Run a job at a fixed number of torch intra-op threads with torch's deterministic algorithms; restore both after.
+
+    The thread count is what decides a CPU run's floating-point sums: at one thread the archived job
+    ``volume/seed=0_distribution=d4`` (FLMarket) re-runs bit for bit, at two its accuracy matches to about four
+    digits through round 5 and then drifts (issue 43). ``threads = 0`` keeps torch's default (the machine's cores):
+    the yielded settings, written into the record (``engine.reproducibility``), say how many that was, and
+    :func:`rerun` uses them.
+    """
+    import torch  # pylint: disable=import-outside-toplevel
+
+    before = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    if threads > 0:
+        torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield {
+            "torch_threads": torch.get_num_threads(),
+            "interop_threads": torch.get_num_interop_threads(),
+            "deterministic_algorithms": True,
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            "python": platform.python_version(),
+            "cpu": _cpu_model(),
+        }
+    finally:
+        torch.set_num_threads(before[0])
+        torch.use_deterministic_algorithms(before[1])
+
+
+def rerun(record: Mapping[str, Any]) -> dict[str, Any]:
+    """Re-run the engine job of a ``result.json`` record with its recorded config (and recorded thread count).
+
+    Raises
+    ------
+    ValueError
+        A record without ``engine.config`` (not an engine job).
+    """
+    engine = record.get("engine", {})
+    if "config" not in engine:
+        raise ValueError("the record has no engine.config: only an engine job can be re-run")
+    values = dict(engine["config"])
+    recorded = engine.get("reproducibility", {}).get("torch_threads")
+    if not values.get("torch_threads") and recorded:
+        values["torch_threads"] = recorded  # torch's default then was this many threads
+    return run_engine(EngineConfig(**values))
+
+
+CURVE_KEYS = ("accuracy", "loss", "train_loss")
+"""The per-round values a bit-for-bit re-run must reproduce exactly."""
+
+
+def same_curve(archived: Mapping[str, Any], again: Mapping[str, Any]) -> list[str]:
+    """Every difference between two records of one job: the selection, the payments and each round's
+    :data:`CURVE_KEYS`, compared exactly (an empty list: the same run, bit for bit)."""
+    differences = []
+    for key in ("selected_partitions",):
+        if archived.get(key) != again.get(key):
+            differences.append(f"{key}: {archived.get(key)} != {again.get(key)}")
+    for key in ("scores", "bids", "total_payment", "budget"):
+        mine, theirs = archived.get("market", {}).get(key), again.get("market", {}).get(key)
+        if mine != theirs:
+            differences.append(f"market.{key}: {mine} != {theirs}")
+    rounds, rounds_again = archived["rounds"], again["rounds"]
+    if len(rounds) != len(rounds_again):
+        differences.append(f"rounds run: {len(rounds)} != {len(rounds_again)}")
+    for first, second in zip(rounds, rounds_again, strict=False):
+        for key in CURVE_KEYS:
+            a, b = first.get(key), second.get(key)
+            if a != b and not (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)):
+                differences.append(f"round {first['round']} {key}: {a!r} != {b!r}")
+    return differences
+
+
 # --- Hydra and command line ----------------------------------------------------------------------------------------
 _ENGINE_KEYS = (
     "market",
     "budget_fraction",
     "cohort_budget",
+    "baseline_match",
     "bid_policy",
     "cost_per_sample",
     "local_steps",

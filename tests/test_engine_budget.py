@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flmarket_flwr.pricing import run_auction
-from simulations.baselines.selectors import flmarket_scores
+from simulations.baselines.selectors import flmarket_scores, select_clients, select_within_budget
 from simulations.engine import (
     EngineConfig,
     _protocol,
@@ -112,3 +112,80 @@ def test_a_fixed_round_budget_run_records_its_auc() -> None:
     result = run_engine(cfg)
     accuracies = [r["accuracy"] for r in result["rounds"][1:]]
     assert result["engine"]["auc_accuracy"] == pytest.approx(np.mean(accuracies))
+
+
+# --- budget-matched baselines (issue 43: the buyer's question at equal money) ---------------------------------------
+@st.composite
+def _market(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, float, int]:
+    clients = draw(st.integers(min_value=1, max_value=12))
+    counts = np.array(
+        draw(st.lists(st.lists(st.integers(0, 300), min_size=4, max_size=4), min_size=clients, max_size=clients))
+    )
+    bids = np.array(draw(st.lists(st.floats(0.1, 500.0), min_size=clients, max_size=clients)))
+    budget = draw(st.floats(0.05, 1.2)) * float(bids.sum())
+    return counts, bids, budget, draw(st.integers(0, 1000))
+
+
+@pytest.mark.parametrize("selector", ["rs", "qbs", "dice", "dds"])
+@given(market=_market())
+@settings(max_examples=150, deadline=None)
+def test_a_budget_matched_baseline_spends_at_most_r_and_leaves_nothing_affordable(
+    selector: str, market: tuple[np.ndarray, np.ndarray, float, int]
+) -> None:
+    counts, bids, budget, seed = market
+    bought = select_within_budget(selector, counts, bids, budget, seed=seed)
+    assert len(set(bought.tolist())) == bought.size  # nobody bought twice
+    spent = float(bids[bought].sum())
+    assert spent <= budget * (1 + 1e-12)
+    left_out = np.setdiff1d(np.arange(counts.shape[0]), bought)
+    assert np.all(bids[left_out] > budget - spent - 1e-9 * budget)  # no client left out that the rest would pay for
+
+
+@pytest.mark.parametrize("selector", ["rs", "qbs", "dice", "dds"])
+@given(market=_market())
+@settings(max_examples=60, deadline=None)
+def test_with_money_for_everyone_a_baseline_buys_in_its_own_order(
+    selector: str, market: tuple[np.ndarray, np.ndarray, float, int]
+) -> None:
+    counts, bids, _, seed = market
+    bought = select_within_budget(selector, counts, bids, float(bids.sum()) * 1.01, seed=seed)
+    assert bought.tolist() == select_clients(selector, counts, counts.shape[0], seed=seed).tolist()
+
+
+def test_a_budget_matched_baseline_skips_a_client_it_cannot_pay_and_buys_the_next() -> None:
+    counts = np.array([[100, 100], [90, 90], [5, 5], [4, 4]])  # QBS's order: 0, 1, 2, 3
+    bids = np.array([200.0, 50.0, 10.0, 8.0])
+    assert select_within_budget("qbs", counts, bids, 65.0).tolist() == [1, 2]  # 0 too dear; 3 no longer fits
+
+
+def test_the_budget_rule_refuses_flmarket_and_bad_input() -> None:
+    counts, bids = np.array([[1, 2], [3, 4]]), np.array([1.0, 2.0])
+    with pytest.raises(ValueError, match="FLMarket buys by its own auction"):
+        select_within_budget("flmarket", counts, bids, 1.0)
+    with pytest.raises(ValueError, match="unknown selector"):
+        select_within_budget("nope", counts, bids, 1.0)
+    with pytest.raises(ValueError, match=r"bids must have shape \(2,\)"):
+        select_within_budget("rs", counts, np.array([1.0]), 1.0)
+    with pytest.raises(ValueError, match="bids must be finite and > 0"):
+        select_within_budget("rs", counts, np.array([1.0, 0.0]), 1.0)
+    with pytest.raises(ValueError, match="budget must be finite and > 0"):
+        select_within_budget("rs", counts, bids, math.nan)
+    with pytest.raises(ValueError, match="baseline_match must be one of"):
+        EngineConfig(baseline_match="money")
+    with pytest.raises(ValueError, match="set num_selected=0"):
+        EngineConfig(selector="rs", num_selected=3, baseline_match="budget")
+
+
+@pytest.mark.parametrize("selector", ["rs", "qbs", "dice", "dds"])
+@pytest.mark.parametrize("bid_policy", ["volume", "constant"])
+def test_in_the_engine_every_arm_spends_at_most_the_same_r(selector: str, bid_policy: str) -> None:
+    cfg = replace(BUDGET_MODE, bid_policy=bid_policy, baseline_match="budget")
+    federation = load_federation(cfg)
+    _, market = select(cfg, federation)
+    chosen, matched = select(replace(cfg, selector=selector), federation)
+    bids = bids_for(cfg, federation.label_counts)
+    assert matched["match"] == "budget" and matched["payment_rule"] == "pay-as-bid"
+    assert matched["budget"] == pytest.approx(market["budget"])
+    assert matched["paid"] == pytest.approx(bids[chosen].sum()) and matched["paid"] <= matched["budget"]
+    assert market["total_payment"] <= market["budget"] * (1 + 1e-12)
+    assert chosen  # R = 0.2 x the total bid pays for someone

@@ -43,7 +43,16 @@ def _write(
         "num_clients": len(SIZES),
         "final_accuracy": accuracy,
         "rounds": [{"accuracy": 0.1}] + [{"accuracy": accuracy, "round_time_s": 0.2}] * 30,
-        "engine": {"diverged": diverged, "config": {"rounds": 30, "learning_rate": 0.05, "market": "direct"}},
+        "engine": {
+            "diverged": diverged,
+            "config": {
+                "rounds": 30,
+                "learning_rate": 0.05,
+                "market": "direct",
+                "bid_policy": "constant" if folder.name == "equal" else "volume",
+            },
+            "matched": {"budget": 100.0},
+        },
         "market": {
             "total_payment": 40.0,
             "budget": 100.0,
@@ -317,8 +326,11 @@ def test_runs_of_two_federation_sizes_in_one_folder_are_refused(tmp_path: Path) 
 GRID_SCRIPT = Path(__file__).resolve().parents[1] / "simulations" / "fashion_mnist_main.sh"
 
 
-def _grid_calls(tmp_path: Path, clients: str | None, *seeds: str) -> tuple[int, list[str], str]:
-    """Run the grid script with a stand-in ``python`` that records its arguments: (status, engine calls, stderr)."""
+def _grid_calls(
+    tmp_path: Path, clients: str | None, *seeds: str, script: Path | None = None
+) -> tuple[int, list[str], str]:
+    """Run a grid script (the main grid's by default) with a stand-in ``python`` that records its arguments:
+    (status, engine calls, stderr)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python").write_text('#!/bin/sh\necho "$@" >> "$CALLS"\n', encoding="utf-8")
@@ -328,7 +340,7 @@ def _grid_calls(tmp_path: Path, clients: str | None, *seeds: str) -> tuple[int, 
     if clients is not None:
         env["CLIENTS"] = clients
     done = subprocess.run(
-        ["bash", str(GRID_SCRIPT), *seeds], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
+        ["bash", str(script or GRID_SCRIPT), *seeds], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
     )
     calls = (tmp_path / "calls").read_text(encoding="utf-8").splitlines() if (tmp_path / "calls").exists() else []
     return done.returncode, calls, done.stderr
@@ -360,3 +372,135 @@ def test_the_grid_script_refuses_a_bad_number_of_clients(tmp_path: Path, clients
     status, calls, stderr = _grid_calls(tmp_path, clients, "0", "0")
     assert status == 2 and not calls
     assert f"CLIENTS must be a positive integer, got '{clients}'" in stderr
+
+
+@pytest.mark.parametrize(
+    ("arms", "with_all"),
+    [(("flmarket", "rs", "dice"), True), (("flmarket", "rs"), False), (("flmarket", "dice", "qbs"), False)],
+)
+def test_a_grid_with_a_subset_of_the_arms_is_reported_without_the_missing_ones(
+    tmp_path: Path, arms: tuple[str, ...], with_all: bool
+) -> None:
+    # Issue 43: a grid without QBS/DDS stopped with a ZeroDivisionError (top_counts found no partition with all five).
+    rng = np.random.default_rng(2)
+    accuracy = {
+        (folder, selector, d, seed): float(rng.uniform(0.4, 0.9))
+        for folder in ("volume", "equal")
+        for selector in arms
+        for d in ("d4", "d5", "d6")
+        for seed in range(3)
+    }
+    if with_all:
+        accuracy.update({("all", "rs", d, seed): 0.95 for d in ("d4", "d5", "d6") for seed in range(3)})
+    raw = _grid(tmp_path, accuracy)
+    text = main_grid.report(raw, "python -m simulations.main_grid raw")
+    missing = [arm for arm in SELECTORS if arm not in arms]
+    tables = [line for line in text.splitlines() if line.startswith(("| volume |", "| equal |"))]
+    for arm in missing:
+        assert not any(f"| {arm} |" in line for line in tables), arm
+        assert f"{arm.upper()} (" not in text.split("## What reproduces of the paper's headline")[1]
+    assert "nan" not in text
+    assert ("## Headroom" in text) == with_all
+    runs = main_grid.runs_by_policy(raw)
+    primary = main_grid.contrasts(runs, "auc", main_grid.PRIMARY_BASELINES)
+    assert {c.baseline for c in primary} == set(arms) & set(main_grid.PRIMARY_BASELINES)
+    words = {2: "two", 3: "three"}[len(arms)]
+    assert f"highest auc of the {words} arms in" in text and f"chance {1 / len(arms):.0%}" in text
+    # FLMarket's top share is computed over the arms that ran, exactly.
+    values = {arm: main_grid.arm_values(runs["volume"], arm, "auc") for arm in arms}
+    keys = sorted(values["flmarket"])
+    top = sum(values["flmarket"][k] >= max(values[a][k] for a in arms) for k in keys)
+    assert f"arms in {top} of {len(keys)} partitions" in text.split("* **Volume bids: the headline")[1]
+
+
+def test_a_grid_with_flmarket_alone_has_no_contrast_and_no_division(tmp_path: Path) -> None:
+    raw = _grid(tmp_path, {(f, "flmarket", "d4", s): 0.6 for f in ("volume", "equal") for s in range(3)})
+    text = main_grid.report(raw, "python -m simulations.main_grid raw")
+    assert "highest auc of the" not in text and "nan" not in text
+
+
+def _budget_grid(tmp_path: Path, seeds: int) -> Path:
+    raw = tmp_path / "results" / "fashion_mnist_budget" / "raw"
+    rng = np.random.default_rng(3)
+    for folder in ("volume", "equal"):
+        for selector in SELECTORS:
+            for d in ("d4", "d5", "d6"):
+                for seed in range(30, 30 + seeds):
+                    value = float(rng.uniform(0.4, 0.9))
+                    config = {"rounds": 30, "market": "direct", "baseline_match": "budget", "bid_policy": "volume"}
+                    engine = {"diverged": False, "config": config}
+                    if selector != "flmarket":
+                        engine["matched"] = {
+                            "match": "budget",
+                            "payment_rule": "pay-as-bid",
+                            "budget": 100.0,
+                            "paid": 90.0 + seed - 30,
+                        }
+                    curve = [{"accuracy": 0.1}] + [
+                        {"accuracy": value * min(1.0, r / 10), "round_time_s": 0.2, "cpu_s": 0.3} for r in range(1, 31)
+                    ]
+                    _write(raw / folder, selector, d, seed, value, engine=engine, rounds=curve, num_clients=20)
+    return raw
+
+
+def test_a_budget_matched_grid_reports_against_its_own_pre_registration(tmp_path: Path) -> None:
+    raw = _budget_grid(tmp_path, seeds=2)
+    text = main_grid.report(raw, "python -m simulations.main_grid raw")
+    title, _, protocol, _, status = text.splitlines()[:5]
+    assert title == "# Fashion-MNIST budget-matched grid: what the same money buys"
+    assert "`results/fashion_mnist_budget/PREREG.md`" in protocol and "pay-as-bid" in protocol
+    assert status.startswith("**Interim: 6 of the 30 pre-registered partitions finished in every primary arm.")
+    assert "needs all 30" in status and "decide nothing" in status
+    assert "| volume | rs | 6 | pay-as-bid | 2 (2 to 2) | 0.91 (0.90 to 0.91) | 0 of 6 |" in text
+    assert "| volume | flmarket | 6 | critical payments |" in text
+    assert "each baseline buys in its own order within the same R at the same bids" in text
+    assert "Pre-registered as secondary (results/fashion_mnist_budget/PREREG.md)." in text
+    assert "| CPU s to 0.6: median of those reaching |" in text
+    assert "## Headroom" not in text  # the budget-matched grid does not re-run the all-clients arm
+
+
+def test_a_folder_with_both_matches_is_refused(tmp_path: Path) -> None:
+    raw = _budget_grid(tmp_path, seeds=1)
+    _write(raw / "volume", "rs", "d4", 99, 0.5, num_clients=20)  # a cohort-matched run among budget-matched ones
+    with pytest.raises(ValueError, match="expected the baselines of one match"):
+        main_grid.report(raw, "x")
+
+
+def test_the_time_to_accuracy_table_gives_the_paper_s_ratios_beside_ours(tmp_path: Path) -> None:
+    raw = _budget_grid(tmp_path, seeds=1)
+    text = main_grid.report(raw, "x")
+    assert "| 4.23 (550 / 130) |" in text and "| 1.31 (170 / 130) |" in text
+    runs = main_grid.runs_by_policy(raw)
+    times = [main_grid.time_to_accuracy(r, 0.6) for r in runs["volume"] if r["selector"] == "rs"]
+    reached = sum(t.reached for t in times)
+    assert any(line.startswith(f"| volume | rs | 3 | {reached} |") for line in text.splitlines())
+
+
+def test_a_partition_counts_as_finished_only_when_every_primary_arm_of_both_policies_is_in(tmp_path: Path) -> None:
+    raw = _budget_grid(tmp_path, seeds=2)
+    for run in (raw / "equal").glob("seed=31_distribution=d4_*selector=dice"):
+        (run / "result.json").unlink()  # one arm of one partition still to come under equal bids
+    text = main_grid.report(raw, "x")
+    assert "**Interim: 5 of the 30 pre-registered partitions finished in every primary arm." in text
+    for run in (raw / "equal").iterdir():
+        for file in run.glob("result.json"):
+            file.unlink()  # the equal-bid half of the grid not started yet
+    text = main_grid.report(raw, "x")
+    assert "**Interim: 0 of the 30 pre-registered partitions finished in every primary arm." in text
+    assert "| nan" not in text and " nan |" not in text
+
+
+def test_the_budget_grid_script_runs_the_registered_seeds_one_at_a_time_budget_matched(tmp_path: Path) -> None:
+    script = GRID_SCRIPT.parent / "fashion_mnist_budget.sh"
+    status, calls, _ = _grid_calls(tmp_path, None, script=script)
+    assert status == 0 and len(calls) == 20  # seeds 30-39, both policies each
+    assert all("--num-clients 20 --alpha 0.1 --rounds 30" in call and "--torch-threads 1" in call for call in calls)
+    assert all("--num-selected 0 --baseline-match budget" in call for call in calls)
+    assert calls[0].endswith("--out results/fashion_mnist_budget/raw/volume --bid-policy volume --budget-fraction 0.15 "
+                             "--selector flmarket rs dice qbs dds --seed 30")  # fmt: skip
+    assert calls[1].endswith("--out results/fashion_mnist_budget/raw/equal --bid-policy constant --budget-fraction 0.7 "
+                             "--selector flmarket rs dice qbs dds --seed 30")  # fmt: skip
+    assert calls[-1].endswith("--seed 39")
+    (tmp_path / "resume").mkdir()
+    status, calls, _ = _grid_calls(tmp_path / "resume", None, "33", "34", script=script)
+    assert status == 0 and [call.rsplit(" ", 1)[1] for call in calls] == ["33", "33", "34", "34"]

@@ -25,17 +25,19 @@ def _from_archive_on(document: Path, folder: str) -> str:
     raise AssertionError(f"{document} has no bash block that runs {extract!r}")
 
 
-def _main_grid_command() -> str:
-    text = (PROJECT / "results/fashion_mnist_main/REPORT.md").read_text(encoding="utf-8")
+def _main_grid_command(folder: str) -> str:
+    text = (PROJECT / f"results/{folder}/REPORT.md").read_text(encoding="utf-8")
     found = re.search(r"Regenerate \(after `(tar [^`]+)`\): `(python -m simulations\.main_grid [^`]+)`", text)
-    assert found, "results/fashion_mnist_main/REPORT.md does not say how to regenerate it"
+    assert found, f"results/{folder}/REPORT.md does not say how to regenerate it"
     return f"{found[1]} && {found[2]}"
 
 
 COMMANDS = {
     "digits_xl": lambda: _from_archive_on(PROJECT / "results/digits_xl/README.md", "digits_xl"),
     "fashion_mnist": lambda: _from_archive_on(PROJECT / "results/fashion_mnist/REPORT.md", "fashion_mnist"),
-    "fashion_mnist_main": _main_grid_command,
+    "fashion_mnist_main": lambda: _main_grid_command("fashion_mnist_main"),
+    "fashion_mnist_c100": lambda: _main_grid_command("fashion_mnist_c100"),
+    "fashion_mnist_budget": lambda: _main_grid_command("fashion_mnist_budget"),
     "fashion_mnist_pilot": lambda: _from_archive_on(PROJECT / "simulations/PILOT.md", "fashion_mnist_pilot"),
 }
 

@@ -7,6 +7,7 @@ functions and :func:`select_clients` runs one by name (its docstring gives the c
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ __all__ = [
     "select_flmarket",
     "select_qbs",
     "select_rs",
+    "select_within_budget",
 ]
 
 # Default weight of the volume term in DICE's quality (the std term gets 1 - this).
@@ -465,18 +467,40 @@ def select_dds(
         non-finite values; a negative ``diversity_weight``.
     """
     counts, count = _prepare(label_counts, num_selected, seed, extra)
+    selected = _dds_greedy(counts, embeddings, diversity_weight, count)
+    empty = np.flatnonzero(counts.sum(axis=1) == 0)
+    return np.concatenate([np.asarray(selected, dtype=np.intp), empty])[:count].astype(np.intp)
+
+
+def _dds_greedy(
+    counts: NDArray[np.int64],
+    embeddings: ArrayLike | None,
+    diversity_weight: float,
+    count: int,
+    costs: NDArray[np.float64] | None = None,
+    budget: float = math.inf,
+) -> list[int]:
+    """DDS's greedy max-min picks among the clients with data (see :func:`select_dds`), at most ``count``.
+
+    With ``costs``, a client is a candidate at a step only while its cost fits in what is left of ``budget``:
+    the greedy rule restricted to the affordable clients, so every pick is made against the clients really bought.
+    """
     weight = _weight(diversity_weight, "diversity_weight")
     if weight < 0:
         raise ValueError(f"diversity_weight must be >= 0, got {weight}")
     vectors = _embeddings(embeddings, counts)
     homogeneity = dds_homogeneity(counts)
-    has_data = counts.sum(axis=1) > 0
-    candidates = np.flatnonzero(has_data)
+    candidates = np.flatnonzero(counts.sum(axis=1) > 0)
+    prices = np.zeros(candidates.size) if costs is None else costs[candidates]
 
     selected: list[int] = []
+    spent = 0.0
     nearest = np.full(candidates.size, np.inf)  # delta_e(S) of each candidate with data
     available = np.ones(candidates.size, dtype=bool)
     for _ in range(min(count, candidates.size)):
+        available &= spent + prices <= budget
+        if not available.any():
+            break
         if selected:
             largest = float(nearest[available].max())
             diversity = nearest / largest if largest > 0 else np.zeros_like(nearest)
@@ -486,12 +510,84 @@ def select_dds(
         best = int(np.argmax(objective))  # argmax returns the first maximum: the lower position
         chosen = int(candidates[best])
         selected.append(chosen)
+        spent += float(prices[best])
         available[best] = False
         distance = np.linalg.norm(vectors[candidates] - vectors[chosen], axis=1)
         nearest = np.minimum(nearest, distance)
+    return selected
 
-    empty = np.flatnonzero(~has_data)
-    return np.concatenate([np.asarray(selected, dtype=np.intp), empty])[:count].astype(np.intp)
+
+# ----------------------------------------------------------------------------- budget-matched purchase
+
+
+def select_within_budget(
+    name: str, label_counts: ArrayLike, bids: ArrayLike, budget: float, *, seed: int = 0, **extra: Any
+) -> NDArray[np.intp]:
+    """A baseline's purchase within the budget ``R`` at the clients' bids (pay-as-bid): the buyer's question.
+
+    The baseline walks its own priority order (RS: a uniformly random order of all ``E`` clients,
+    :func:`select_rs` of all ``E``; QBS and DICE: their rankings of all ``E``) and buys every client whose
+    bid fits in what is left of ``R``, skipping one that does not; DDS makes its greedy pick at each step among the
+    clients still affordable. Each bought client is paid its bid, so the bids bought sum to at most ``R``. None of
+    the four methods has a payment rule of its own (they select, they do not price), hence pay-as-bid; it is not
+    truthful (a client paid its bid gains by bidding above its cost), so at the same bids it is the most
+    favourable case for the baseline: FLMarket, truthful, pays each winner its critical value, at least its bid.
+
+    Parameters
+    ----------
+    name : str
+        ``"rs"``, ``"qbs"``, ``"dice"`` or ``"dds"``.
+    label_counts : ArrayLike
+        Per-class counts, shape ``(E, C)``.
+    bids : ArrayLike
+        One bid ``b_e > 0`` per client, shape ``(E,)``.
+    budget : float
+        ``R > 0``.
+    seed : int
+        Seed (RS's order).
+    **extra
+        The selector's keywords (``volume_weight``, ``embeddings``, ``diversity_weight``).
+
+    Returns
+    -------
+    NDArray[np.intp]
+        The positions bought, in buying order; ``sum(bids[result]) <= budget``.
+
+    Raises
+    ------
+    ValueError
+        FLMarket (it buys by its auction), an unknown name, bids of the wrong shape or not finite and positive, a
+        budget not finite and positive.
+    """
+    counts = _label_counts(label_counts)
+    num_clients = counts.shape[0]
+    key = name.lower()
+    if key == "flmarket":
+        raise ValueError("FLMarket buys by its own auction (run_auction), not by select_within_budget")
+    if key not in SELECTORS:
+        raise ValueError(f"unknown selector {name!r}; known: {sorted(SELECTORS)}")
+    prices = np.asarray(bids, dtype=np.float64)
+    if prices.shape != (num_clients,):
+        raise ValueError(f"bids must have shape ({num_clients},), one per client, got shape {prices.shape}")
+    if not np.all(np.isfinite(prices)) or np.any(prices <= 0):
+        raise ValueError("bids must be finite and > 0")
+    if isinstance(budget, bool) or not np.isfinite(budget) or budget <= 0:
+        raise ValueError(f"budget must be finite and > 0, got {budget!r}")
+    _check_extra(extra)
+    if key == "dds":
+        weight = extra.get("diversity_weight", DDS_DIVERSITY_WEIGHT)
+        chosen = _dds_greedy(counts, extra.get("embeddings"), weight, num_clients, prices, float(budget))
+        order = [int(e) for e in np.flatnonzero(counts.sum(axis=1) == 0)]  # then the clients without data
+    else:
+        chosen, order = [], [int(e) for e in select_clients(key, counts, num_clients, seed=seed, **extra)]
+    spent = 0.0
+    for position in chosen:
+        spent += float(prices[position])
+    for position in order:
+        if spent + float(prices[position]) <= budget:
+            chosen.append(position)
+            spent += float(prices[position])
+    return np.asarray(chosen, dtype=np.intp)
 
 
 # ----------------------------------------------------------------------------- registry
