@@ -22,7 +22,7 @@ SLOW_MODULES = {
     "test_local_superlink.py",  # docs/usage.md's local SuperLink started by hand
     "test_federation_ray.py",  # a re-launching market on Ray: 34 s at load 8-12 (2026-11-27)
     "test_market_simulation.py",  # Ray
-    "test_report_archives.py",  # extracts the four committed run archives and renders each report: 42 s in all
+    "test_report_archives.py",  # extracts each committed run archive and renders its report (six archives)
     "test_robustness_fuzz.py",  # fuzzed replies at each of the seven steps
     "test_robustness_truthful.py",  # random markets with a lying client, through Flower messages
     "test_simulations.py",  # Hydra sweeps, each in its own Ray instance
