@@ -440,13 +440,17 @@ def true_score_and_bid(node: int, pass_nodes: list[int]) -> tuple[float, float]:
 
 
 def expected(
-    pass_nodes: list[int], bidders: list[int], claimed: dict[int, tuple[float | None, float | None]] | None = None
+    pass_nodes: list[int],
+    bidders: list[int],
+    claimed: dict[int, tuple[float | None, float | None]] | None = None,
+    failing: frozenset[int] = frozenset(),
 ):
     """``(N_s, winners, payments, bidders left)`` of the audited auction, as the server runs it.
 
-    Bids above the budget stay (paid 0) but are left out of the auction; payments are capped at the
-    budget; a winner whose claimed score or bid is not the one it sent (changed in transit) refuses to endorse
-    the award, and the award is re-issued without it. A loser's claim stands in the award.
+    Bids above the budget stay (paid 0) but are left out of the auction; payments are capped at the budget. The
+    award is never re-issued: a winner whose claimed score or bid is not the one it sent (changed in transit)
+    refuses to endorse it, and a winner in ``failing`` refuses it or fails its audit; either is left out unpaid, the
+    other winners keep the award's payments, and nobody is promoted. A loser's claim stands in the award.
     """
     total = np.sum([COUNTS[n] for n in pass_nodes], axis=0)
     true = {n: true_score_and_bid(n, pass_nodes) for n in bidders}
@@ -456,17 +460,15 @@ def expected(
             true[node][0] if new_score is None else new_score,
             true[node][1] if new_bid is None else new_bid,
         )
-    left = list(bidders)
-    while True:
-        payments = {n: 0.0 for n in left}
-        in_auction = [n for n in left if claims[n][1] <= BUDGET]
-        result = run_auction([claims[n][0] for n in in_auction], [claims[n][1] for n in in_auction], BUDGET)
-        winners = [in_auction[i] for i in result.winners]
-        payments.update({n: min(float(result.payments[i]), BUDGET) for i, n in enumerate(in_auction)})
-        liars = [n for n in winners if claims[n] != true[n]]
-        if not liars:
-            return total, winners, payments, left
-        left = [n for n in left if n not in liars]
+    payments = {n: 0.0 for n in bidders}
+    in_auction = [n for n in bidders if claims[n][1] <= BUDGET]
+    result = run_auction([claims[n][0] for n in in_auction], [claims[n][1] for n in in_auction], BUDGET)
+    awarded = [in_auction[i] for i in result.winners]
+    payments.update({n: min(float(result.payments[i]), BUDGET) for i, n in enumerate(in_auction)})
+    dropped = {n for n in awarded if claims[n] != true[n] or n in failing}
+    winners = [n for n in awarded if n not in dropped]
+    kept = {n: payment for n, payment in payments.items() if n not in dropped}
+    return total, winners, kept, [n for n in bidders if n not in dropped]
 
 
 def run_case(case: Case, caplog, once: bool = False):
@@ -509,7 +511,10 @@ def test_corpus_case(name: str, caplog) -> None:
     elif case.excluded:
         assert set(outcome.excluded) == {case.node}
         in_sum = others if case.step in (ACTION_ADVERTISE, ACTION_SHARE, ACTION_MASK) else NODES
-        total, winners, payments, bidders = expected(in_sum, others)
+        if case.step in (ACTION_ENDORSE, ACTION_AUDIT):  # it bid: the one award lists it, and it is left out of it
+            total, winners, payments, bidders = expected(in_sum, NODES, failing=frozenset({case.node}))
+        else:
+            total, winners, payments, bidders = expected(in_sum, others)
         assert outcome.pass_participants == in_sum
     else:
         claimed = {case.node: case.claimed} if case.claimed != (None, None) else None
