@@ -22,6 +22,7 @@ from flmarket_flwr.pass_protocol.graph_parameters import (
     SIZES,
     GraphParameters,
     binomial_tail,
+    closed_set_tail,
     find_graph_parameters,
     hypergeometric_tail,
     main,
@@ -75,6 +76,25 @@ def exact_silent_tail(population: int, colluders: int, draws: int, dropout: floa
     return Fraction(total, math.comb(population, draws) * scale**draws)
 
 
+def exact_closed_set_tail(roster: int, colluders: int, k: int, t: int, largest: int) -> Fraction:
+    """``2 * sum_{r=1..largest} C(E - c, r) * P[HG(E - 1, r - 1 + c, k) >= t]^r`` in exact fractions."""
+    honest = roster - colluders
+    return 2 * sum(
+        (
+            math.comb(honest, r) * exact_hypergeometric_tail(roster - 1, r - 1 + colluders, k, t) ** r
+            for r in range(1, min(largest, honest) + 1)
+        ),
+        Fraction(0),
+    )
+
+
+def one_sum_holds(found: GraphParameters, k: int, t: int) -> bool:
+    """The finder's bound 5 at ``(k, t)``, recomputed exactly."""
+    e, c = found.roster, found.colluders
+    bound = (found.reruns + 1) * exact_closed_set_tail(e, c, k, t, (e - c) // 2)
+    return bound <= Fraction(1, 2**found.security_bits)
+
+
 def check_certified(found: GraphParameters) -> None:
     """The bounds the finder claims, recomputed exactly from its own (k, t) and inputs."""
     e, f, c, k, t = found.roster, found.roster_floor, found.colluders, found.degree, found.threshold
@@ -84,6 +104,7 @@ def check_certified(found: GraphParameters) -> None:
         assert 2 * t - k > c and (t == share_threshold(k) or 2 * (t - 1) - k <= c)  # the least t above c, exactly
         short = exact_binomial_tail(k - c, found.dropout, k - c - t + 1)  # fewer than t honest neighbours stay
         assert float(short) == pytest.approx(found.correctness_failure, rel=1e-6, abs=1e-300)
+        assert t - c + 1 > (e - c) // 2 and found.one_sum_failure == 0.0  # a closed set: |X| - 1 + c >= t
         return
     assert found.tolerated_colluders == 2 * t - k - 1
     population = max(f, k + 1) - 1
@@ -103,20 +124,27 @@ def check_certified(found: GraphParameters) -> None:
         failing += e * Fraction(poisson_tail(k, found.in_degree_cap + 1))
     assert failing <= Fraction(1, 2**found.correctness_bits)
     assert float(failing) == pytest.approx(found.correctness_failure, rel=1e-6)
+    one_sum = (found.reruns + 1) * exact_closed_set_tail(e, c, k, t, (e - c) // 2)
+    assert one_sum <= Fraction(1, 2**found.security_bits)
+    assert float(one_sum) <= found.one_sum_failure * (1 + 1e-6) + 1e-300  # the float sum bounds it from above
+    if e <= 64:  # blocks of one set size each: the float sum is the exact one
+        assert float(one_sum) == pytest.approx(found.one_sum_failure, rel=1e-6, abs=1e-300)
 
 
 def no_threshold_at(found: GraphParameters, k: int) -> bool:
-    """Whether degree ``k`` admits no threshold under the finder's three conditions, recomputed exactly."""
+    """Whether degree ``k`` admits no threshold under the finder's four conditions, recomputed exactly."""
     e, f, c = found.roster, found.roster_floor, found.colluders
     population = max(f, k + 1) - 1
     security = Fraction(1, 2**found.security_bits * (found.reruns + 1) * e)
     m_s = least_at_most(lambda m: exact_hypergeometric_tail(population, c, k, m), security, k)
-    t = max(share_threshold(k), -((k + m_s) // -2))
-    if t > max_secret_threshold(k):
-        return True
-    return e * exact_silent_tail(population, c, k, found.dropout, k + 1 - t) > Fraction(
-        1, 2 * 2**found.correctness_bits
-    )
+    least = max(share_threshold(k), -((k + m_s) // -2))
+    correct = Fraction(1, 2 * 2**found.correctness_bits)
+    for t in range(least, max_secret_threshold(k) + 1):
+        if e * exact_silent_tail(population, c, k, found.dropout, k + 1 - t) > correct:
+            return True  # a larger t leaves fewer answering holders still
+        if one_sum_holds(found, k, t):
+            return False
+    return True
 
 
 @st.composite
@@ -181,10 +209,24 @@ def test_at_the_issues_sizes_the_security_bound_holds_exactly() -> None:
 @settings(max_examples=60, deadline=None)
 @given(settings_of(), st.integers(1, 200))
 def test_the_degree_grows_with_the_roster(kwargs: dict, more: int) -> None:
+    """The per-neighbourhood bounds hold for every roster from the floor to E at once: their degree grows with E."""
+    kwargs = {**kwargs, "one_sum": False}
     small, large = found_or_none(**kwargs), found_or_none(**{**kwargs, "roster": kwargs["roster"] + more})
     assume(small is not None and large is not None)
     assert small is not None and large is not None
     assert small.degree <= large.degree
+
+
+def test_the_one_sum_bound_is_taken_at_the_roster_so_its_degree_can_fall_as_the_roster_grows() -> None:
+    """Bound 5 is a property of the roster a session runs on (a node computes it there): three colluders are denser
+    in 57 clients than in 85, so 57 needs a larger degree than 85, and each is certified at its own size."""
+    at = {size: find_graph_parameters(size, roster_floor=10, colluders=3, dropout=0.05, reruns=1) for size in (57, 85)}
+    assert at[57].degree > at[85].degree
+    for found in at.values():
+        check_certified(found)
+    assert find_graph_parameters(57, roster_floor=10, colluders=3, dropout=0.05, reruns=1, one_sum=False).degree <= (
+        at[85].degree
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -441,3 +483,22 @@ def test_the_threat_models_table_is_the_commands_output(capsys: pytest.CaptureFi
     printed = capsys.readouterr().out.strip()
     assert printed.startswith("| E | 5% colluders") and printed.count("\n") == len(SIZES) + 2
     assert printed in (PROJECT / "docs" / "threat-model.md").read_text(encoding="utf-8")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(4, 90), st.data())
+def test_the_closed_set_tail_bounds_its_exact_sum(roster: int, data: st.DataObject) -> None:
+    """The float sum is at least the exact one, and equal to it (relative 1e-6) where every block is one set size
+    (sizes below 32); a stop threshold returns early only above it."""
+    colluders = data.draw(st.integers(0, roster - 3))
+    k = data.draw(st.integers(2, roster - 1))
+    t = data.draw(st.integers(k // 2 + 1, k))
+    largest = data.draw(st.integers(1, roster - colluders))
+    exact = exact_closed_set_tail(roster, colluders, k, t, largest)
+    bound = closed_set_tail(roster, colluders, k, t, largest)
+    assert float(min(exact, Fraction(1))) <= bound * (1 + 1e-6) + 1e-300
+    if largest < 32:
+        assert bound == pytest.approx(float(min(exact, Fraction(1))), rel=1e-6, abs=1e-300)
+    stop = data.draw(st.floats(1e-12, 1.0))
+    early = closed_set_tail(roster, colluders, k, t, largest, stop_above=stop)
+    assert early == pytest.approx(bound, rel=1e-9, abs=1e-300) or (early > stop and bound > stop)

@@ -2,8 +2,10 @@
 
 A node computes them from the roster it was shown and its own settings (the colluders it assumes, its roster floor,
 the re-runs its ledger allows), so that a buyer who picks the roster, grinds it over every allowed re-run and seats
-its colluders anywhere still meets the bounds below. The derivation is in :func:`find_graph_parameters`; the
-table for E = 100 ... 100,000 is ``python -m flmarket_flwr.pass_protocol.graph_parameters`` (docs/threat-model.md).
+its colluders anywhere still meets the bounds below: no victim opened, and no sum the buyer can unmask that holds
+half the honest clients or fewer (:func:`closed_set_tail`). The derivation is in :func:`find_graph_parameters`, the
+argument in docs/threat-model.md; the table for E = 100 ... 100,000 is
+``python -m flmarket_flwr.pass_protocol.graph_parameters``.
 """
 
 from __future__ import annotations
@@ -61,6 +63,10 @@ class GraphParameters:
     security_failure : float
         The union bound ``(reruns + 1) * E * P[C >= 2t - k]`` (``C``: colluding out-neighbours of one client),
         at most ``2^-security_bits``; ``0`` on the complete graph, where ``C = colluders < 2t - k``.
+    one_sum_failure : float
+        :func:`closed_set_tail` at ``largest = (E - c) // 2``, times ``reruns + 1``: the bound on the buyer being
+        able to unmask a sum of half the honest clients or fewer, at most ``2^-security_bits``; ``0`` on the
+        complete graph, where every closed set holds more than half of them.
     correctness_failure : float
         The bound on a session failing with honest clients (some client left with fewer than ``t`` honest, live
         out-neighbours, or an honest in-degree over the cap), at most ``2^-correctness_bits`` on a sparse graph; on
@@ -81,6 +87,7 @@ class GraphParameters:
     complete: bool
     security_failure: float
     correctness_failure: float
+    one_sum_failure: float = 0.0
 
 
 def find_graph_parameters(
@@ -92,6 +99,7 @@ def find_graph_parameters(
     reruns: int,
     security_bits: int = DEFAULT_SECURITY_BITS,
     correctness_bits: int = DEFAULT_CORRECTNESS_BITS,
+    one_sum: bool = True,
 ) -> GraphParameters:
     """The least out-degree ``k``, and its threshold ``t``, that meet the bounds below for a roster of ``E``.
 
@@ -128,13 +136,18 @@ def find_graph_parameters(
        holder, since shares go to out-neighbours only.
     4. Protocol rules: ``k // 2 + 1 <= t <= max(k // 2 + 1, k - 1)`` (:func:`.graph.share_threshold`,
        :func:`.graph.max_secret_threshold`).
+    5. One sum. The buyer can unmask a sum only over a *closed* set of honest clients, one in which every member
+       has at least ``t`` out-neighbours among the set and the colluders (docs/threat-model.md, "The sparse
+       secure profile"). ``(reruns + 1) * closed_set_tail(E, c, k, t, (E - c) // 2) <= 2^-security_bits``: no
+       closed set of half the honest clients or fewer, so at most one sum, over more than half of them. Taken
+       at the roster ``E`` itself (a node computes it for the roster it is shown; every re-run on its own).
 
-    ``k`` is the least degree from 2 up for which the least ``t`` of 1 and 4 meets 2 (the least ``t`` tolerates
-    the most silent holders). If no ``k <= E - 2`` does, the complete graph is needed: ``k = E - 1``, every
-    colluder a neighbour (``C = c`` exactly), ``t`` the least with ``2t - k > c``, and ``correctness_failure``
-    what the roster gives, ``P[Bin(E - 1 - c, delta) > k - c - t]``, which small rosters cannot bring to
-    ``2^-correctness_bits``. The regions condition of a sparse consistency round (docs/threat-model.md) is not
-    part of this bound.
+    ``k`` is the least degree from 2 up with a ``t`` that meets 1 to 5: from the least ``t`` of 1 and 4 up to the
+    largest that 2 allows (a larger ``t`` tolerates fewer silent holders), the least that meets 5. If no
+    ``k <= E - 2`` has one, the complete graph is needed: ``k = E - 1``, every colluder a neighbour (``C = c``
+    exactly), ``t`` the least with ``2t - k > c`` (then every closed set holds more than half the honest
+    clients: 5 holds outright), and ``correctness_failure`` what the roster gives,
+    ``P[Bin(E - 1 - c, delta) > k - c - t]``, which small rosters cannot bring to ``2^-correctness_bits``.
 
     Parameters
     ----------
@@ -150,6 +163,10 @@ def find_graph_parameters(
         PASS re-runs the node's ledger allows after the first session (each a fresh draw), ``>= 0``.
     security_bits, correctness_bits : int
         Targets ``2^-security_bits`` and ``2^-correctness_bits``, each in ``[1, 128]``.
+    one_sum : bool
+        Whether bound 5 applies (``False``: the per-neighbourhood bounds alone, which take every roster from the
+        floor to ``E`` at once, so their degree grows with ``E``; bound 5 is taken at ``E`` itself, where a fixed
+        number of colluders is thinner, and the degree it needs can fall as ``E`` grows).
 
     Raises
     ------
@@ -182,27 +199,35 @@ def find_graph_parameters(
         security_failure=0.0,
         correctness_failure=binomial_tail(k - colluders, dropout, k - colluders - t + 1),
     )
-    return _least_sparse_degree(complete) or complete
+    return _least_sparse_degree(complete, one_sum) or complete
 
 
-def _least_sparse_degree(complete: GraphParameters) -> GraphParameters | None:
+def _least_sparse_degree(complete: GraphParameters, one_sum: bool) -> GraphParameters | None:
     """The parameters at the least ``k <= E - 2`` that meets the bounds, or ``None`` (inputs from ``complete``)."""
     roster, roster_floor, colluders = complete.roster, complete.roster_floor, complete.colluders
     dropout, reruns = complete.dropout, complete.reruns
     security_bits, correctness_bits = complete.security_bits, complete.correctness_bits
     security_target = 2.0**-security_bits / ((reruns + 1) * roster)
+    one_sum_target = 2.0**-security_bits / (reruns + 1) if one_sum else math.inf
     silent_target = 2.0**-correctness_bits / 2 / roster
+    honest_half = (roster - colluders) // 2
     hint = 0
     for k in range(2, roster - 1):
         population = max(roster_floor, k + 1) - 1
         if not _may_fit(k, population, colluders):
             continue
         hint = _tail_quantile(partial(hypergeometric_tail, population, colluders, k), security_target, k, hint)
-        t = max(share_threshold(k), -((k + hint) // -2))
-        if t > max_secret_threshold(k) or hypergeometric_tail(population, colluders, k, k + 1 - t) > silent_target:
+        least = max(share_threshold(k), -((k + hint) // -2))
+        if (
+            least > max_secret_threshold(k)
+            or hypergeometric_tail(population, colluders, k, k + 1 - least) > silent_target
+        ):
             continue  # the second: the colluders alone leave fewer than t answering holders too often
-        silent = silent_tail(population, colluders, k, dropout, k + 1 - t)
-        if silent > silent_target * (1.0 - _MARGIN):
+        silent = partial(silent_tail, population, colluders, k, dropout)
+        if silent(k + 1 - least) > silent_target * (1.0 - _MARGIN):
+            continue  # a larger t leaves even fewer
+        t = _least_one_sum_threshold(roster, colluders, k, (least, silent, silent_target), honest_half, one_sum_target)
+        if t is None:
             continue
         cap = min(roster - 1, _tail_quantile(partial(poisson_tail, k), silent_target, 10 * k + 100, k + 1) - 1)
         over_cap = roster * poisson_tail(k, cap + 1) if cap < roster - 1 else 0.0  # no in-degree passes E - 1
@@ -214,9 +239,107 @@ def _least_sparse_degree(complete: GraphParameters) -> GraphParameters | None:
             in_degree_cap=cap,
             complete=False,
             security_failure=(reruns + 1) * roster * hypergeometric_tail(population, colluders, k, 2 * t - k),
-            correctness_failure=roster * silent + over_cap,
+            correctness_failure=roster * silent(k + 1 - t) + over_cap,
+            one_sum_failure=(reruns + 1) * closed_set_tail(roster, colluders, k, t, honest_half),
         )
     return None
+
+
+def _least_one_sum_threshold(
+    roster: int,
+    colluders: int,
+    k: int,
+    start: tuple[int, Callable[[int], float], float],
+    largest: int,
+    target: float,
+) -> int | None:
+    """The least ``t`` with ``closed_set_tail(..., t, largest) <= target`` (it falls in ``t``), from ``least`` up
+    to the largest ``t`` the correctness tail allows, or ``None``: bisection.
+
+    ``start`` is ``(least, silent, silent_target)``: the least ``t`` of the security bound and the protocol's
+    rules, and ``silent(m) = P[S >= m]`` with its target (``silent(k + 1 - t)`` rises in ``t``)."""
+    least, silent, silent_target = start
+    bound = target * (1.0 - _MARGIN)
+
+    def ok(t: int) -> bool:
+        return bound == math.inf or closed_set_tail(roster, colluders, k, t, largest, stop_above=bound) <= bound
+
+    if ok(least):
+        return least
+    most = min(max_secret_threshold(k), k + 1 - _tail_quantile(silent, silent_target, k, k + 1 - least))
+    if not ok(most):
+        return None
+    low, high = least - 1, most  # ok(high); ok(low) false by convention
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if ok(middle) else (middle, high)
+    return high
+
+
+_LOG_NEGLIGIBLE_BLOCK: Final[float] = math.log(1e-60)
+"""A block of set sizes whose bound is below ``1e-60`` is added as its bound, not summed term by term."""
+_UNDERFLOW: Final[float] = 1e-300
+"""Stands for a hypergeometric tail whose float sum underflowed to 0: its terms are each below the least normal
+double, so the tail, at most ``k + 1`` of them, is below this."""
+
+
+def closed_set_tail(
+    roster: int, colluders: int, degree: int, threshold: int, largest: int, *, stop_above: float = math.inf
+) -> float:
+    """A bound on some set of at most ``largest`` honest clients being closed, when each draws ``degree`` of the
+    others uniformly as out-neighbours: ``2 * sum_{r=1..largest} C(E - c, r) * P[HG(E - 1, r - 1 + c, k) >= t]^r``.
+
+    A set ``X`` of honest clients is *closed* when every member has at least ``t`` out-neighbours in ``X`` and the
+    ``c`` colluders together: the buyer can unmask a sum only over a closed set (docs/threat-model.md, "The sparse
+    secure profile"). For a fixed ``X`` of size ``r`` the members' draws are independent, each meets the condition
+    with probability ``P[HG(E - 1, r - 1 + c, k) >= t]``; a union bound over the ``C(E - c, r)`` sets of each size
+    gives the sum. The factor 2 covers a roster with fewer than ``c`` colluders: counting ``c - c'`` honest clients
+    as colluders turns every closed set into a closed set of this model or the empty set, and two disjoint such
+    choices leave every client counted honest in one of them.
+
+    Parameters
+    ----------
+    roster, colluders, degree, threshold : int
+        ``E``, ``c``, ``k`` and ``t``.
+    largest : int
+        The largest set size bounded (``(E - c) // 2`` for one sum).
+    stop_above : float
+        Return as soon as the partial sum exceeds this (a value above it, not the whole sum).
+
+    Returns
+    -------
+    float
+        The bound (at most ``stop_above`` unless it returned early), computed in logarithms: an upper bound
+        within the ``lgamma`` error (a relative ``1e-8`` on each term, under the finder's margin).
+    """
+    honest = roster - colluders
+    log_stop = math.log(stop_above / 2) if stop_above < math.inf else math.inf
+    log_total = -math.inf
+
+    def log_tail(size: int) -> float:
+        return math.log(hypergeometric_tail(roster - 1, size - 1 + colluders, degree, threshold) or _UNDERFLOW)
+
+    def add(log_term: float) -> None:
+        nonlocal log_total
+        high, low = max(log_total, log_term), min(log_total, log_term)
+        log_total = high + math.log1p(math.exp(low - high)) if low > -math.inf else high
+
+    first, last = max(1, threshold + 1 - colluders), min(largest, honest)  # smaller sets cannot close
+    while first <= last and log_total <= log_stop:
+        end = min(last, first + first // 32)
+        # the block's terms, each below C(E - c, r) at its largest in the block times the tail at `end` (it rises
+        # with r) to the power `first` (the tail is below 1): their count times that bounds them all
+        peak = max(_log_comb(honest, size) for size in {first, end, min(max(first, honest // 2), end)})
+        block = math.log(end - first + 1) + peak + first * log_tail(end)
+        if block <= _LOG_NEGLIGIBLE_BLOCK or end == first:
+            add(block)
+        else:  # worth summing term by term
+            for size in range(first, end + 1):
+                add(_log_comb(honest, size) + size * log_tail(size))
+        first = end + 1
+    if log_total == -math.inf:
+        return 0.0
+    return 1.0 if log_total > 0.0 else min(1.0, 2.0 * math.exp(log_total))
 
 
 def _check_inputs(
