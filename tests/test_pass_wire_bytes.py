@@ -2,8 +2,8 @@
 
 The randomness (``os.urandom``, ``secrets.token_bytes``, X25519 key generation, the server's probe key) is drawn
 from one seeded stream and Ed25519 signs deterministically, so a session run twice sends the same bytes; the
-hashes below are those of the sessions as PASS v2 has sent them. A refactoring of the client or the server that changes one byte of one
-message, or the order of the random draws, fails here.
+hashes below are those of the sessions as PASS v2 has sent them. A refactoring of the client or the server that
+changes one byte of one message, or the order of the random draws, fails here.
 """
 
 from __future__ import annotations
