@@ -135,11 +135,13 @@ class PassClient:
        which makes the dealing verifiable against the advertised key) that the receiver checks and the server
        keeps, so that a corrupted unmask share names the client that returned it and a mis-dealt mask key names
        its dealer before anyone unmasks; each ciphertext is encrypted under the edge's channel secret,
-       ``X25519`` of the two cipher keys (and signed with the identity key, if any);
+       ``X25519`` of the two cipher keys (and signed with the identity key, if any); the mask private key is
+       then wiped;
     3. masked input: ``Y_e = N_e + PRG(b_e) + sum_v eps_{e,v} PRG(s_{e,v})`` over its neighbours that
-       shared, and a commitment to ``N_e``; the private keys are then wiped; a neighbour whose shares do not
-       open is accused (masked without), with the channel secret and a proof of it (:mod:`.dleq`), and the
-       server opens the ciphertext itself and names whichever of the two lied, with no extra round;
+       shared, and a commitment to ``N_e``; the cipher private key, the seeds, the edges' secrets and the counts
+       are then wiped; a neighbour whose shares do not open is accused (masked without), with the channel
+       secret and a proof of it (:mod:`.dleq`), and the server opens the ciphertext itself and names whichever
+       of the two lied, with no extra round;
     4. consistency (only with identity keys): each survivor signs the survivor set it is shown, once;
     5. unmask: each survivor sends shares of ``b`` for surviving neighbours and of ``s`` for dropped ones,
        never both for one peer (with identity keys: only for the set it signed, on ``t`` valid signatures of

@@ -19,17 +19,18 @@ class Step(enum.IntEnum):
     """The server's next call in a session; each call runs only at its own step."""
 
     ADVERTISE = 0
-    """:meth:`PassServer.advertise_requests`."""
+    """:meth:`~.server.PassServer.advertise_requests`."""
     ADVERTISEMENTS = 1
-    """:meth:`PassServer.receive_advertisements`."""
+    """:meth:`~.server.PassServer.receive_advertisements`."""
     SHARES = 2
-    """:meth:`PassServer.receive_shares`."""
+    """:meth:`~.server.PassServer.receive_shares`."""
     MASKED = 3
-    """:meth:`PassServer.receive_masked`."""
+    """:meth:`~.server.PassServer.receive_masked`."""
     UNMASK = 4
-    """:meth:`PassServer.receive_signatures` (with a directory), then :meth:`PassServer.receive_unmask`."""
+    """:meth:`~.server.PassServer.receive_signatures` (with a directory), then
+    :meth:`~.server.PassServer.receive_unmask`."""
     FINISH = 5
-    """:meth:`PassServer.finish`."""
+    """:meth:`~.server.PassServer.finish`."""
     DONE = 6
 
 
