@@ -1,12 +1,28 @@
-"""The PASS client's typed state, its one record form, ``close()``, and the encodings' bytes pinned."""
+"""The PASS client's state per round: what each round keeps, its one record form, ``close()``, and the encodings'
+bytes pinned."""
 
 from __future__ import annotations
 
-import numpy as np
+import dataclasses
+from typing import Any
+
 import pytest
+from flwr.app import ConfigRecord
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flmarket_flwr.pass_protocol import PassClient, PassError, PassServer
-from flmarket_flwr.pass_protocol.client import ClientState, Stage
+from flmarket_flwr.pass_protocol.client import Stage
+from flmarket_flwr.pass_protocol.client_state import (
+    ROUND_OF_STAGE,
+    Advertised,
+    ClientRound,
+    Closed,
+    Masked,
+    Shared,
+    Unmasked,
+    read_state,
+)
 from flmarket_flwr.pass_protocol.encoding import (
     counts_commitment,
     indices_to_bitmap,
@@ -16,7 +32,15 @@ from flmarket_flwr.pass_protocol.encoding import (
 )
 
 SESSION = b"session-1"
-SECRETS = ("cipher_private_key", "mask_private_key", "self_seed", "pair_seeds", "channel_secrets", "held_shares")
+SECRETS = (
+    "cipher_private_key",
+    "mask_private_key",
+    "self_seed",
+    "pair_seeds",
+    "channel_secrets",
+    "held_shares",
+    "counts",
+)
 
 
 def test_the_encodings_keep_their_bytes() -> None:
@@ -47,24 +71,49 @@ def _advertised(count: int = 4) -> tuple[PassServer, dict[int, PassClient], dict
     return server, clients, server.receive_advertisements(adverts)
 
 
-def test_the_state_reads_back_from_its_record_at_every_stage() -> None:
-    server, clients, requests = _advertised()
-    stages = [Stage.ADVERTISED]
+def _masked(count: int = 4) -> tuple[PassServer, dict[int, PassClient], dict]:
+    server, clients, requests = _advertised(count)
     replies = {i: clients[i].share_keys(r).to_record() for i, r in requests.items()}
-    stages.append(Stage.SHARED)
     masked = {i: clients[i].mask_input(r).to_record() for i, r in server.receive_shares(replies).items()}
-    stages.append(Stage.MASKED)
-    for client in clients.values():
-        record = client.to_record()
-        assert ClientState.from_record(record) == client.state
-        assert PassClient.from_record(record).to_record() == record
+    return server, clients, server.receive_masked(masked)
+
+
+def _held(client: PassClient) -> set[str]:
+    """The secrets in the client's record."""
+    return set(SECRETS) & set(client.to_record())
+
+
+def test_each_round_keeps_only_what_a_later_round_reads_and_reads_back_from_its_record() -> None:
+    server, clients, requests = _advertised()
+    expected = {
+        Advertised: {"cipher_private_key", "mask_private_key", "counts"},
+        Shared: {"cipher_private_key", "self_seed", "pair_seeds", "channel_secrets", "counts"},
+        Masked: {"held_shares"},
+        Unmasked: set(),
+    }
+
+    def check(kind: type[ClientRound]) -> None:
+        for client in clients.values():
+            assert type(client.round) is kind and client.stage == kind.stage
+            assert _held(client) == expected[kind]
+            record = client.to_record()
+            assert read_state(record) == client.round
+            assert PassClient.from_record(record).to_record() == record
+            ConfigRecord(record)  # every value is one a ConfigRecord holds
+
+    check(Advertised)
+    replies = {i: clients[i].share_keys(r).to_record() for i, r in requests.items()}
+    check(Shared)
+    masked = {i: clients[i].mask_input(r).to_record() for i, r in server.receive_shares(replies).items()}
+    check(Masked)
     unmask = {i: clients[i].unmask(r).to_record() for i, r in server.receive_masked(masked).items()}
+    check(Unmasked)
     server.receive_unmask(unmask)
     assert server.finish().tolist() == [4, 8, 12]
     for client in clients.values():
-        assert client.state.stage == Stage.UNMASKED and client.state.held_shares == []
-        assert ClientState.from_record(client.to_record()) == client.state
         assert client.transcript == server.transcript and client.survivor_count == 4
+        assert client.state.transcript == server.transcript and client.state.count_bound == 100
+        assert client.counts_nonce is not None and client.unmask_requested
     assert PassClient().to_record() == {"stage": 0}
 
 
@@ -77,6 +126,32 @@ def test_a_record_with_an_unknown_or_mistyped_key_is_refused_by_name() -> None:
         PassClient.from_record({"stage": 2, "neighbours": [1, True]})
     with pytest.raises(PassError, match="stage 7 is not a stage"):
         PassClient.from_record({"stage": 7})
+    with pytest.raises(PassError, match="at stage UNMASKED has no key 'held_shares'"):
+        PassClient.from_record({"stage": 4, "held_shares": [b"x"]})  # wiped at unmask: not read back either
+
+
+_VALUES: dict[str, st.SearchStrategy[Any]] = {
+    "bytes": st.binary(max_size=40),
+    "int": st.integers(min_value=0, max_value=2**63 - 1),
+    "bool": st.booleans(),
+    "tuple[int, ...]": st.lists(st.integers(min_value=0, max_value=2**63 - 1), max_size=5).map(tuple),
+    "tuple[bytes, ...]": st.lists(st.binary(max_size=40), max_size=5).map(tuple),
+}
+
+
+def _states(kind: type[ClientRound]) -> st.SearchStrategy[ClientRound]:
+    return st.builds(kind, **{item.name: _VALUES[str(item.type)] for item in dataclasses.fields(kind)})
+
+
+@pytest.mark.parametrize("stage", sorted(ROUND_OF_STAGE), ids=lambda stage: stage.name)
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_every_rounds_state_reads_back_from_its_record(stage: Stage, data: st.DataObject) -> None:
+    state = data.draw(_states(ROUND_OF_STAGE[stage]))
+    record = state.to_record()
+    assert record["stage"] == int(stage) and read_state(record) == state
+    ConfigRecord(record)
+    assert read_state(dict(ConfigRecord(record))) == state  # as a node's context keeps it between messages
 
 
 @pytest.mark.parametrize("after", ["advertise", "share_keys", "mask_input"])
@@ -90,25 +165,51 @@ def test_close_wipes_every_secret_and_no_step_runs_after_it(after: str) -> None:
         masked = {i: clients[i].mask_input(r).to_record() for i, r in requests.items()}
         requests, step = server.receive_masked(masked), "unmask"
     client = clients[1]
-    assert any(name in client.to_record() for name in SECRETS)
+    assert _held(client)
     client.close()
     assert client.to_record() == {"stage": int(Stage.CLOSED), "session": SESSION}
-    assert client.counts_nonce is None and client.state.counts == b""
+    assert client.counts_nonce is None and client.round == Closed(session=SESSION, unmask_requested=False)
     with pytest.raises(PassError, match="not allowed now"):
         getattr(client, step)(requests[1])
     another = PassServer(b"session-2", 3, count_bound=100).advertise_requests([101, 102, 103])[1]
     with pytest.raises(PassError, match="already advertised"):
         client.advertise(another, [1, 2, 3])
+    client.close()  # closed stays closed
+    assert PassClient.from_record(client.to_record()).round == client.round
 
 
 def test_close_keeps_an_unmask_request_so_no_later_session_is_joined() -> None:
-    server, clients, requests = _advertised()
-    replies = {i: clients[i].share_keys(r).to_record() for i, r in requests.items()}
-    masked = {i: clients[i].mask_input(r).to_record() for i, r in server.receive_shares(replies).items()}
-    unmask_requests = server.receive_masked(masked)
+    _, clients, unmask_requests = _masked()
     client = clients[1]
     client.unmask(unmask_requests[1])
     client.close()
     assert client.unmask_requested
     assert client.to_record() == {"stage": int(Stage.CLOSED), "session": SESSION, "unmask_requested": True}
-    assert not np.any([name in client.to_record() for name in SECRETS])
+    assert not _held(client)
+
+
+def test_each_step_runs_only_from_the_stage_before_it() -> None:
+    _, clients, _ = _advertised()
+    client = clients[1]
+    with pytest.raises(PassError, match=r"mask_input is not allowed now \(protocol stage 1, need 2\)"):
+        client.mask_input({"senders": [], "ciphertexts": [], "share_digests": [], "signatures": []})
+    with pytest.raises(PassError, match="unmask is not allowed now"):
+        client.unmask({"survivors": b"", "dropped": b"", "signers": [], "signatures": []})
+    with pytest.raises(PassError, match="already advertised"):
+        client.advertise(PassServer(b"session-2", 3, count_bound=100).advertise_requests([101, 102, 103])[1], [1, 2, 3])
+    assert type(client.round) is Advertised  # a refused step leaves the state as it was
+
+
+def test_a_refused_unmask_request_is_the_one_unmask_request() -> None:
+    """An unmask request is answered once: one refused (a view this client cannot answer) counts, and is kept."""
+    _, clients, requests = _masked()
+    client = clients[1]
+    with pytest.raises(PassError, match="survivors"):
+        client.unmask({"survivors": b"\x01", "dropped": b"", "signers": [], "signatures": []})  # one survivor: refused
+    assert client.unmask_requested and type(client.round) is Masked
+    restored = PassClient.from_record(client.to_record())
+    for again in (client, restored):
+        with pytest.raises(PassError, match="already received an unmask request"):
+            again.unmask(requests[1])
+        with pytest.raises(PassError, match="already signed a survivor set"):
+            again.sign_survivors(requests[1].to_record(), None)

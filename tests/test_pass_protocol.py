@@ -9,7 +9,9 @@ fresh masks.
 
 from __future__ import annotations
 
+import ast
 from itertools import combinations
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2
 
+from flmarket_flwr import pass_protocol
 from flmarket_flwr.pass_protocol import PassClient, PassError, PassServer
 from flmarket_flwr.pass_protocol.messages import MaskedInput
 from flmarket_flwr.pass_protocol.primitives import (
@@ -359,3 +362,12 @@ def test_counts_are_copied_and_converted() -> None:
     assert converted[0] == 3
     assert validate_counts([2**63 - 1])[0] == 2**63 - 1
     assert validate_counts(np.zeros(17, dtype=np.int32)).shape == (17,)
+
+
+def test_every_pass_module_says_what_it_is_for_in_at_most_700_lines() -> None:
+    """One job per file: no module of ``pass_protocol/`` grows past 700 lines, and each opens with its docstring."""
+    package = Path(pass_protocol.__file__).parent
+    for path in sorted(package.glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        assert len(text.splitlines()) <= 700, f"{path.name} has {len(text.splitlines())} lines"
+        assert ast.get_docstring(ast.parse(text)), f"{path.name} has no module docstring"

@@ -3,8 +3,9 @@
 The server learns the global counts ``N_s = sum_e N_e`` of the clients that complete one session, never a
 client's own ``N_e``: secure aggregation with double masking on a sparse graph, with optional Ed25519 identity
 keys (:mod:`.identity`) and distributed noise (:mod:`.noise`). :class:`PassClient` and :class:`PassServer` run the
-rounds (:mod:`.client`, :mod:`.server`) over the messages in :mod:`.messages`; what each party can and cannot
-learn, with the test behind each claim, is in docs/threat-model.md.
+rounds (:mod:`.client`, :mod:`.server`; their state in :mod:`.client_state` and :mod:`.server_state`) over the
+messages in :mod:`.messages`; what each party can and cannot learn, with the test behind each claim, is in
+docs/threat-model.md.
 """
 
 from flmarket_flwr.pass_protocol.client import PassClient

@@ -1,18 +1,17 @@
-"""PASS v2, the client's side: its rounds (:class:`PassClient`) and its typed state (:class:`ClientState`).
+"""PASS v2, the client's side: its rounds, :class:`PassClient`.
 
-The state holds the session's keys until they are wiped; :meth:`ClientState.to_record` and
-:meth:`ClientState.from_record` are the one place it is turned into, and read back from, a ``ConfigRecord``-
-compatible record, so that each round may run in a fresh process.
+Each round reads the frozen record of what the rounds before it established and leaves the next one
+(:mod:`.client_state`, which also turns a state into, and reads it back from, a ``ConfigRecord``-compatible record,
+so that each round may run in a fresh process); the checks of a survivor set shown to the client are in
+:mod:`.client_views`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -27,6 +26,21 @@ from flmarket_flwr.pass_protocol.channel import (
     signed_mask,
     unseal,
 )
+from flmarket_flwr.pass_protocol.client_state import (
+    Advertised,
+    ClientRound,
+    Closed,
+    Fresh,
+    Joined,
+    Masked,
+    SessionSummary,
+    Shared,
+    Stage,
+    Unmasked,
+    Withdrawn,
+    read_state,
+)
+from flmarket_flwr.pass_protocol.client_views import check_consistency, check_view
 from flmarket_flwr.pass_protocol.dleq import (
     mask_scalar,
     montgomery_u,
@@ -66,10 +80,8 @@ from flmarket_flwr.pass_protocol.identity import (
     sign_survivor_set,
     verify_advertisement,
     verify_share_ciphertext,
-    verify_survivor_set,
 )
 from flmarket_flwr.pass_protocol.messages import (
-    FIELD_CHECKS,
     Advertisement,
     AdvertiseRequest,
     ConsistencyReply,
@@ -93,114 +105,13 @@ from flmarket_flwr.pass_protocol.primitives import (
 )
 from flmarket_flwr.pass_protocol.shamir import random_scalar, scalar_to_bytes, split_scalars
 
+__all__ = ["PassClient", "Stage"]
 
-class Stage(enum.IntEnum):
-    """Where a client is in its one PASS session; each step runs only from the stage before it."""
-
-    NEW = 0
-    ADVERTISED = 1
-    SHARED = 2
-    MASKED = 3
-    UNMASKED = 4
-    WITHDRAWN = 5
-    CLOSED = 99
-    """Closed by :meth:`PassClient.close`: no step runs again in this session."""
-
-
-@dataclass(slots=True)
-class ClientState:
-    """Everything one client keeps between PASS rounds; empty (the default) for what it does not hold.
-
-    Secrets (private keys, the self-mask seed, pair seeds, channel secrets) live here from
-    :meth:`PassClient.advertise` to :meth:`PassClient.mask_input`, held shares until :meth:`PassClient.unmask`;
-    :meth:`PassClient.close` keeps only the session and whether an unmask was requested.
-    """
-
-    stage: int = Stage.NEW
-    # Round 1: the server's terms, this client's own floors, its key pairs and counts
-    session: bytes = b""
-    index: int = 0
-    node_id: int = 0
-    num_classes: int = 0
-    count_bound: int = 0
-    graph_commitment: bytes = b""
-    run_id: int = 0
-    roster: bytes = b""
-    counts: bytes = b""
-    cipher_private_key: bytes = b""
-    mask_private_key: bytes = b""
-    cipher_public_key: bytes = b""
-    mask_public_key: bytes = b""
-    min_security_bits: int = 0
-    max_bad_fraction_ppm: int = 0
-    min_participants: int = 0
-    complete_graph: bool = False
-    split_tolerance: int = 0
-    # Round 2: the graph, the neighbours and the per-edge secrets
-    self_seed: bytes = b""
-    degree: int = 0
-    participants: bytes = b""
-    neighbours: list[int] = field(default_factory=list)
-    pair_seeds: list[bytes] = field(default_factory=list)
-    channel_secrets: list[bytes] = field(default_factory=list)
-    neighbour_cipher_keys: list[bytes] = field(default_factory=list)
-    neighbour_cipher_proofs: list[bytes] = field(default_factory=list)
-    identity_keys: list[bytes] = field(default_factory=list)
-    """The neighbours' identity keys (with a directory only): the client then requires the consistency round."""
-    # Round 3: the commitment, the shares held and whom this client accused
-    nonce: bytes = b""
-    commitment: bytes = b""
-    held_from: list[int] = field(default_factory=list)
-    held_shares: list[bytes] = field(default_factory=list)
-    accused: list[int] = field(default_factory=list)
-    # Consistency round and round 4
-    view_requested: bool = False
-    signed_survivors: bytes = b""
-    signed_dropped: bytes = b""
-    unmask_requested: bool = False
-    transcript: bytes = b""
-    survivor_count: int = 0
-    survivors: bytes = b""
-    """The survivor set U3 this client answered at unmask (a bitmap of PASS indices), which ``transcript`` binds."""
-
-    def update(self, **changes: Any) -> None:
-        """Set these fields (a name that is not a field raises ``AttributeError``)."""
-        for name, value in changes.items():
-            setattr(self, name, value)
-
-    def to_record(self) -> dict[str, Any]:
-        """The state as ``str -> bytes | int | bool | list[int] | list[bytes]``: the stage and every field that is
-        not at its default (a ``ConfigRecord`` list must not be empty; a missing field reads back as its default).
-
-        Holds private keys until they are wiped: store it only where the node keeps its own secrets.
-        """
-        record: dict[str, Any] = {"stage": int(self.stage)}
-        for item in dataclasses.fields(self):
-            value = getattr(self, item.name)
-            default = item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
-            if item.name != "stage" and value != default:
-                record[item.name] = list(value) if isinstance(value, list) else value
-        return record
-
-    @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> ClientState:
-        """Read a state written by :meth:`to_record`; :class:`PassError` naming an unknown or mistyped key."""
-        types = {item.name: str(item.type) for item in dataclasses.fields(cls)}
-        values: dict[str, Any] = {}
-        for key, value in record.items():
-            if key not in types:
-                raise PassError(f"the PASS client state has no key {key!r}")
-            value = list(value) if isinstance(value, tuple) else value
-            if not FIELD_CHECKS[types[key]](value):
-                raise PassError(f"the PASS client state's {key!r} must be {types[key]}")
-            values[key] = value
-        if values.get("stage", Stage.NEW) not in set(Stage):
-            raise PassError(f"the PASS client state's stage {values['stage']!r} is not a stage")
-        return cls(**values)
+_Round = TypeVar("_Round", Advertised, Shared, Masked)
 
 
 class PassClient:
-    """One client's side of PASS v2; all its state (keys included) is a :class:`ClientState`.
+    """One client's side of PASS v2; all its state (keys included) is one round's record (:mod:`.client_state`).
 
     Parameters
     ----------
@@ -210,7 +121,7 @@ class PassClient:
     Rounds
     ------
     Rounds (:class:`PassClient` / :class:`~flmarket_flwr.pass_protocol.server.PassServer`; every message and the
-    client state are ``ConfigRecord``-compatible records):
+    client state are ``ConfigRecord``-compatible records), each from the record the one before it left:
 
     1. advertise: the server assigns each client an index, a session id, ``C``, a declared count bound,
        its commitment to the graph seed and a roster fingerprint; each client makes an X25519 cipher key
@@ -224,11 +135,13 @@ class PassClient:
        which makes the dealing verifiable against the advertised key) that the receiver checks and the server
        keeps, so that a corrupted unmask share names the client that returned it and a mis-dealt mask key names
        its dealer before anyone unmasks; each ciphertext is encrypted under the edge's channel secret,
-       ``X25519`` of the two cipher keys (and signed with the identity key, if any);
+       ``X25519`` of the two cipher keys (and signed with the identity key, if any); the mask private key is
+       then wiped;
     3. masked input: ``Y_e = N_e + PRG(b_e) + sum_v eps_{e,v} PRG(s_{e,v})`` over its neighbours that
-       shared, and a commitment to ``N_e``; the private keys are then wiped; a neighbour whose shares do not
-       open is accused (masked without), with the channel secret and a proof of it (:mod:`.dleq`), and the
-       server opens the ciphertext itself and names whichever of the two lied, with no extra round;
+       shared, and a commitment to ``N_e``; the cipher private key, the seeds, the edges' secrets and the counts
+       are then wiped; a neighbour whose shares do not open is accused (masked without), with the channel
+       secret and a proof of it (:mod:`.dleq`), and the server opens the ciphertext itself and names whichever
+       of the two lied, with no extra round;
     4. consistency (only with identity keys): each survivor signs the survivor set it is shown, once;
     5. unmask: each survivor sends shares of ``b`` for surviving neighbours and of ``s`` for dropped ones,
        never both for one peer (with identity keys: only for the set it signed, on ``t`` valid signatures of
@@ -241,7 +154,7 @@ class PassClient:
     """
 
     def __init__(self, record: Mapping[str, Any] | None = None) -> None:
-        self._state = ClientState.from_record(record or {})
+        self._round: ClientRound = read_state(record or {})
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> PassClient:
@@ -249,33 +162,44 @@ class PassClient:
         return cls(record)
 
     def to_record(self) -> dict[str, Any]:
-        """The state as a record (:meth:`ClientState.to_record`); holds private keys until they are wiped."""
-        return self._state.to_record()
+        """The state as a record (:meth:`~.client_state.RoundState.to_record`); holds private keys until they are
+        wiped."""
+        return self._round.to_record()
 
     @property
-    def state(self) -> ClientState:
-        """This client's state, to read (the protocol's steps alone change it)."""
-        return self._state
+    def round(self) -> ClientRound:
+        """This client's state: the record its last round left (secrets included; the rounds alone replace it)."""
+        return self._round
+
+    @property
+    def state(self) -> SessionSummary:
+        """What this client's session has established that is not secret (its terms, roster and survivors)."""
+        return SessionSummary.of(self._round)
+
+    @property
+    def stage(self) -> Stage:
+        """Where this client is in its session."""
+        return self._round.stage
 
     @property
     def session(self) -> bytes | None:
         """The session this client advertised in (``None`` before :meth:`advertise`)."""
-        return self._state.session or None
+        return getattr(self._round, "session", b"") or None
 
     @property
     def transcript(self) -> bytes | None:
         """``survivor_transcript`` of the sum this client contributed to (after unmask)."""
-        return self._state.transcript or None
+        return self._round.transcript if isinstance(self._round, Unmasked) else None
 
     @property
     def survivor_count(self) -> int | None:
         """``|U3|`` (after unmask)."""
-        return self._state.survivor_count or None
+        return self._round.survivor_count if isinstance(self._round, Unmasked) else None
 
     @property
     def participant_count(self) -> int:
         """``|U1|``, the roster this client was shown at share keys; :class:`PassError` before :meth:`share_keys`."""
-        participants = self._state.participants
+        participants = getattr(self._round, "participants", b"")
         if not participants:
             raise PassError("no roster yet: share_keys has not run")
         return int(bitmap_bits(participants).sum())
@@ -283,25 +207,25 @@ class PassClient:
     @property
     def counts_nonce(self) -> bytes | None:
         """Nonce of the counts commitment (kept private; revealed only for an audit)."""
-        return self._state.nonce or None
+        return self._round.nonce if isinstance(self._round, Masked | Unmasked) else None
 
     @property
     def unmask_requested(self) -> bool:
         """Whether this client was asked to unmask in its session (answered or refused): it joins no other."""
-        return bool(self._state.unmask_requested)
+        state = self._round
+        return isinstance(state, Unmasked) or (isinstance(state, Masked | Closed) and state.unmask_requested)
 
     def close(self) -> None:
         """End the session for this client: wipe every key, seed, share and count; keep only the session and
         whether an unmask was requested, so that no step of this session runs again."""
-        self._state = ClientState(
-            stage=Stage.CLOSED, session=self._state.session, unmask_requested=self._state.unmask_requested
-        )
+        self._round = Closed(session=self.session or b"", unmask_requested=self.unmask_requested)
 
-    def _require(self, stage: Stage, step: str) -> ClientState:
-        """The state, or :class:`PassError` unless the client is at ``stage``."""
-        if self._state.stage != stage:
-            raise PassError(f"{step} is not allowed now (protocol stage {int(self._state.stage)}, need {int(stage)})")
-        return self._state
+    def _at(self, kind: type[_Round], step: str) -> _Round:
+        """The state, or :class:`PassError` unless the client is at the stage of ``kind``."""
+        state = self._round
+        if not isinstance(state, kind):
+            raise PassError(f"{step} is not allowed now (protocol stage {int(state.stage)}, need {int(kind.stage)})")
+        return state
 
     def advertise(
         self,
@@ -332,9 +256,9 @@ class PassClient:
         their Shamir threshold, and the client refuses a graph too sparse for it.
         """
         request = AdvertiseRequest.coerce(request)
-        if self._state.stage != Stage.NEW:
+        if not isinstance(self._round, Fresh):
             raise PassError(
-                f"this client already advertised (session {self._state.session.hex()[:16]}): one PASS session per run"
+                f"this client already advertised (session {(self.session or b'').hex()[:16]}): one PASS session per run"
             )
         if not request.session or not 1 <= request.count_bound or request.num_classes < 1:
             raise PassError("advertise request needs a session, num_classes >= 1 and count_bound >= 1")
@@ -373,20 +297,19 @@ class PassClient:
                 run_id=run_id,
                 roster=request.roster,
             )
-        self._state.update(
-            stage=Stage.ADVERTISED,
+        self._round = Advertised(
             session=request.session,
             index=request.index,
             node_id=request.node_id,
+            run_id=int(run_id),
+            roster=request.roster,
             num_classes=request.num_classes,
             count_bound=request.count_bound,
             graph_commitment=request.graph_commitment,
-            run_id=int(run_id),
-            roster=request.roster,
             counts=values.astype("<u8").tobytes(),
             cipher_private_key=cipher_key.private_bytes_raw(),
-            mask_private_key=mask_key.private_bytes_raw(),
             cipher_public_key=cipher_public,
+            mask_private_key=mask_key.private_bytes_raw(),
             mask_public_key=mask_public,
             min_security_bits=int(security_bits),
             max_bad_fraction_ppm=round(bad_fraction * 1_000_000),
@@ -412,7 +335,7 @@ class PassClient:
         :meth:`mask_input` opens the neighbour's pair with it), and signed with ``identity_key`` if given.
         """
         request = ShareKeysRequest.coerce(request)
-        state = self._require(Stage.ADVERTISED, "share_keys")
+        state = self._at(Advertised, "share_keys")
         session, index = state.session, state.index
         if commit_graph_seed(request.server_seed) != state.graph_commitment:
             raise PassError("the server seed does not match the graph commitment")
@@ -454,7 +377,7 @@ class PassClient:
             threshold = secret_threshold(k, state.split_tolerance)
         except ValueError as error:
             raise PassError(str(error)) from error
-        pair_seeds, channel_secrets = self._check_neighbour_keys(request, directory)
+        pair_seeds, channel_secrets = _check_neighbour_keys(state, request, directory)
         self_seed = scalar_to_bytes(random_scalar())
         key = int.from_bytes(mask_scalar(state.mask_private_key), "little")
         rows = split_scalars([key, int.from_bytes(self_seed, "little")], neighbours, threshold)
@@ -476,19 +399,22 @@ class PassClient:
                         roster=state.roster,
                     )
                 )
-        state.update(
-            stage=Stage.SHARED,
+        identity_keys = () if directory is None else tuple(directory.key_of(n) for n in request.neighbour_node_ids)
+        self._round = Shared(  # the mask key pair is dealt: it goes
+            **_terms(state),
+            counts=state.counts,
+            cipher_private_key=state.cipher_private_key,
+            cipher_public_key=state.cipher_public_key,
             self_seed=self_seed,
             degree=k,
             participants=request.participants,
-            neighbours=neighbours,
-            pair_seeds=pair_seeds,
-            channel_secrets=channel_secrets,
-            neighbour_cipher_keys=list(request.cipher_public_keys),
-            neighbour_cipher_proofs=list(request.cipher_key_proofs),
+            neighbours=tuple(neighbours),
+            pair_seeds=tuple(pair_seeds),
+            channel_secrets=tuple(channel_secrets),
+            neighbour_cipher_keys=tuple(request.cipher_public_keys),
+            neighbour_cipher_proofs=tuple(request.cipher_key_proofs),
+            identity_keys=identity_keys,  # with a directory: for the consistency round
         )
-        if directory is not None:  # the neighbours' identity keys, for the consistency round
-            state.identity_keys = [directory.key_of(node) for node in request.neighbour_node_ids]
         return ShareKeysReply(
             receivers=neighbours,
             ciphertexts=ciphertexts,
@@ -496,59 +422,6 @@ class PassClient:
             threshold=threshold,
             signatures=signatures,
         )
-
-    def _check_neighbour_keys(
-        self, request: ShareKeysRequest, directory: IdentityDirectory | None
-    ) -> tuple[list[bytes], list[bytes]]:
-        """Keys valid and pairwise distinct (own keys included); signatures valid when a directory is given.
-
-        Each key is validated by the one exchange this client makes with it (a low-order point gives the
-        all-zero secret, which the exchange refuses). Returns each neighbour's pairwise mask seed and the
-        edge's channel secret: two X25519 exchanges per neighbour, the whole of this client's key agreement.
-        """
-        state = self._state
-        mask_key = X25519PrivateKey.from_private_bytes(state.mask_private_key)
-        cipher_key = X25519PrivateKey.from_private_bytes(state.cipher_private_key)
-        pair_seeds, channel_secrets = [], []
-        session, index = state.session, state.index
-        seen = {montgomery_u(state.cipher_public_key), montgomery_u(state.mask_public_key)}
-        for v, node_id, cipher_public, mask_public, signature in zip(
-            request.neighbours,
-            request.neighbour_node_ids,
-            request.cipher_public_keys,
-            request.mask_public_keys,
-            request.signatures,
-            strict=True,
-        ):
-            try:
-                validate_public_key_bytes(cipher_public, v)
-                validate_public_key_bytes(mask_public, v)
-                channel_secrets.append(exchange_shared_secret(cipher_key, parse_public_key(cipher_public, v), v))
-                mask_secret = exchange_shared_secret(mask_key, parse_public_key(mask_public, v), v)
-                pair_seeds.append(derive_pair_seed(mask_secret, session, index, v))
-                if directory is not None:
-                    if node_id == state.node_id:
-                        raise ValueError(f"neighbour {v} claims this client's node id {node_id}")
-                    verify_advertisement(
-                        directory.key_of(node_id),
-                        signature,
-                        session,
-                        v,
-                        node_id,
-                        cipher_public,
-                        mask_public,
-                        run_id=state.run_id,
-                        roster=state.roster,
-                    )
-            except (TypeError, ValueError) as error:
-                raise PassError(f"neighbour {v} refused: {error}") from error
-            keys = {montgomery_u(cipher_public), montgomery_u(mask_public)}
-            if len(keys) != 2 or keys & seen:
-                raise PassError(f"neighbour {v} reuses a public key already in this session")
-            seen |= keys
-        if directory is not None and len(set(request.neighbour_node_ids)) != len(request.neighbour_node_ids):
-            raise PassError("two neighbours claim one node id")
-        return pair_seeds, channel_secrets
 
     # Round 3 -----------------------------------------------------------------
     def mask_input(
@@ -567,7 +440,7 @@ class PassClient:
         that opens under the edge's secret and matches its digest came from the sender: the server knows
         neither key); an unsigned one is accused without a secret (the server's own copy decides), so a server
         that forges a ciphertext learns nothing from the accusation.
-        Afterwards the client's own private keys, self-mask seed and channel secrets are wiped from the state.
+        Afterwards the client's own private keys, self-mask seed, channel secrets and counts are wiped from the state.
 
         When fewer than ``t`` senders' shares open because some were accused, the client withdraws instead of
         masking with too few neighbours: it sends its accusations alone (empty ``masked_counts`` and
@@ -579,7 +452,7 @@ class PassClient:
         counts inside ``Y_e`` (mod 2^64) and kept nowhere; the counts commitment binds the exact counts.
         """
         request = MaskRequest.coerce(request)
-        state = self._require(Stage.SHARED, "mask_input")
+        state = self._at(Shared, "mask_input")
         session, index, neighbours = state.session, state.index, state.neighbours
         senders = request.senders
         threshold = share_threshold(state.degree)
@@ -599,16 +472,15 @@ class PassClient:
             both = unseal(state.channel_secrets[position[v]], ciphertext, session, v, index, digest)
             if both is None:  # the sender's signature matters only now: an accusation reveals the edge's secret
                 accused.append(v)
-                forged = signed and not self._signed_by(v, request.signatures[i], ciphertext, digest)
-                proofs.append(b"" if forged else self._prove_channel(v))
+                forged = signed and not _signed_by(state, v, request.signatures[i], ciphertext, digest)
+                proofs.append(b"" if forged else _prove_channel(state, v))
                 continue
             held.append(both)
             held_from.append(v)
         if len(held_from) < threshold:
             if not accused:  # too few senders, and none to blame: the server knows who sent nothing
                 raise PassError(f"only {len(held_from)} neighbours' shares opened here, the threshold is {threshold}")
-            self._wipe_secrets()  # withdraw, naming who made it: no masked input, accusations only
-            state.update(stage=Stage.WITHDRAWN, accused=accused)
+            self._round = Withdrawn(**_terms(state), accused=tuple(accused))  # no masked input, accusations only
             return MaskedInput(b"", b"", accused, proofs)
         num_classes = state.num_classes
         counts = np.frombuffer(state.counts, dtype="<u8").astype(np.uint64)
@@ -619,65 +491,22 @@ class PassClient:
             masked += signed_mask(state.pair_seeds[position[v]], index, v, num_classes)
         nonce = os.urandom(32)
         commitment = counts_commitment(session, index, counts, nonce)
-        self._wipe_secrets()
-        state.update(
-            stage=Stage.MASKED,
+        self._round = Masked(  # the keys, the self-mask seed, the edges' secrets and the counts go
+            **_terms(state),
+            degree=state.degree,
+            participants=state.participants,
+            neighbours=state.neighbours,
+            identity_keys=state.identity_keys,
             nonce=nonce,
-            commitment=commitment,
-            held_from=held_from,
-            held_shares=held,
-            accused=accused,
+            held_from=tuple(held_from),
+            held_shares=tuple(held),
+            accused=tuple(accused),
         )
         return MaskedInput(masked.astype("<u8").tobytes(), commitment, accused, proofs)
 
-    def _wipe_secrets(self) -> None:
-        """Delete the private keys, the self-mask seed and every edge's secrets: nothing of them is needed now."""
-        self._state.update(
-            cipher_private_key=b"",
-            mask_private_key=b"",
-            self_seed=b"",
-            pair_seeds=[],
-            channel_secrets=[],
-            neighbour_cipher_keys=[],
-            neighbour_cipher_proofs=[],
-        )
-
-    def _signed_by(self, sender: int, signature: bytes, ciphertext: bytes, digest: bytes) -> bool:
-        """Whether ``sender``'s identity key signed this ciphertext and digest (run, session, roster bound)."""
-        state = self._state
-        try:
-            verify_share_ciphertext(
-                state.identity_keys[state.neighbours.index(sender)],
-                signature,
-                sender,
-                state.index,
-                ciphertext,
-                digest,
-                run_id=state.run_id,
-                session=state.session,
-                roster=state.roster,
-            )
-        except ValueError:
-            return False
-        return True
-
     def _prove_channel(self, accused: int) -> bytes:
-        """The channel secret with ``accused`` and its proof, bound to this run, roster, session and edge.
-
-        ``b""`` (nothing revealed) unless the accused's cipher key came with a valid proof of possession: a
-        key made as a multiple of another client's key would otherwise turn the secret proven here into the
-        secret of another edge. The server checked every advertised proof, so an honest relay never gets here
-        with a bad one; a server that relays one is the party deviating.
-        """
-        state = self._state
-        run_id, roster, session = state.run_id, state.roster, state.session
-        position = state.neighbours.index(accused)
-        peer_key = state.neighbour_cipher_keys[position]
-        possession = state.neighbour_cipher_proofs[position]
-        if not verify_possession(peer_key, possession, possession_context(run_id, session, accused)):
-            return b""
-        context = accusation_context(run_id, roster, session, state.index, accused)
-        return prove_exchange(state.cipher_private_key, state.cipher_public_key, peer_key, context)
+        """:func:`_prove_channel` of this client's state (at masked input)."""
+        return _prove_channel(self._at(Shared, "an accusation"), accused)
 
     # Consistency round (with identity keys) ------------------------------------
     def sign_survivors(
@@ -689,13 +518,13 @@ class PassClient:
         keeps the set and later unmasks only for exactly that set (Bonawitz et al. 2017's consistency check).
         """
         request = ConsistencyRequest.coerce(request)
-        state = self._require(Stage.MASKED, "sign_survivors")
+        state = self._at(Masked, "sign_survivors")
         if state.view_requested or state.unmask_requested:
             raise PassError("this client already signed a survivor set in this session")
-        state.view_requested = True
+        self._round = state = dataclasses.replace(state, view_requested=True)  # answered or refused, once
         if identity_key is None:
             raise PassError("this client has no identity key to sign a survivor set with")
-        self._check_view(request.survivors, request.dropped)
+        check_view(state, request.survivors, request.dropped)
         signature = sign_survivor_set(
             identity_key,
             request.survivors,
@@ -705,91 +534,8 @@ class PassClient:
             roster=state.roster,
             participants=state.participants,
         )
-        state.update(signed_survivors=request.survivors, signed_dropped=request.dropped)
+        self._round = dataclasses.replace(state, signed_survivors=request.survivors, signed_dropped=request.dropped)
         return ConsistencyReply(signature)
-
-    def _check_view(self, survivors_bitmap: bytes, dropped_bitmap: bytes) -> npt.NDArray[np.bool_]:
-        """``PassError`` unless the survivor/dropped split is one this client can answer; return the survivor bits.
-
-        Vectorised over the roster bitmaps (``E / 8`` bytes each): no Python work per participant, only per
-        neighbour. ``bits[i - 1]`` is True for a survivor ``i``.
-        """
-        state = self._state
-        size = 8 * max(len(survivors_bitmap), len(dropped_bitmap), len(state.participants))
-        survivors = bitmap_bits(survivors_bitmap, size)
-        dropped = bitmap_bits(dropped_bitmap, size)
-        participants = bitmap_bits(state.participants, size)
-        for name, group in (("survivors", survivors), ("dropped", dropped)):
-            if bool((group & ~participants).any()):
-                raise PassError(f"{name} must be participants")
-        if bool((survivors & dropped).any()):
-            raise PassError("a client cannot be both a survivor and dropped")
-        if not survivors[state.index - 1]:
-            raise PassError("this client sent its masked input but is not listed as a survivor")
-        count = int(np.count_nonzero(survivors))
-        if count < MIN_PARTICIPANTS:
-            raise PassError(f"only {count} survivors, PASS needs {MIN_PARTICIPANTS}")
-        neighbours = np.asarray(state.neighbours, dtype=np.int64) - 1
-        alive, gone = survivors[neighbours], dropped[neighbours]
-        accused = set(state.accused)
-        answered = {int(v) + 1 for v in neighbours[alive | gone]}
-        if answered != set(state.held_from) | accused:
-            raise PassError("survivors and dropped do not match the neighbours that completed key sharing")
-        if any(survivors[v - 1] for v in accused):
-            raise PassError("a neighbour whose shares did not open here cannot be a survivor (no mask with it)")
-        threshold = share_threshold(state.degree)
-        if int(np.count_nonzero(alive)) < threshold:
-            raise PassError(f"only {int(np.count_nonzero(alive))} neighbours survived, the threshold is {threshold}")
-        return survivors
-
-    def _check_consistency(self, request: UnmaskRequest, survivors: npt.NDArray[np.bool_]) -> None:
-        """With identity keys: the set is the one this client signed, and ``t`` neighbours signed it too.
-
-        The signatures are checked in the order sent until ``t`` are valid: an invalid one is skipped (a
-        colluder's, or the server's), never counted, and named if the client ends short of ``t``.
-        """
-        state = self._state
-        if not state.signed_survivors:
-            raise PassError("this client unmasks only after signing the survivor set (consistency round)")
-        if (request.survivors, request.dropped) != (state.signed_survivors, state.signed_dropped):
-            raise PassError("the survivor set differs from the one this client signed: two views, refused")
-        neighbours = state.neighbours
-        position = {v: i for i, v in enumerate(neighbours)}
-        signers = request.signers
-        if (
-            not strictly_increasing(signers)
-            or not set(signers) <= set(neighbours)
-            or not all(survivors[v - 1] for v in signers)
-            or len(signers) != len(request.signatures)
-        ):
-            raise PassError("the signers must be distinct surviving neighbours, one signature each")
-        threshold = share_threshold(state.degree)
-        if len(signers) < threshold:
-            raise PassError(f"only {len(signers)} neighbours signed this survivor set, the threshold is {threshold}")
-        valid, refused = 0, []
-        for v, signature in zip(signers, request.signatures, strict=True):
-            if valid == threshold:  # t neighbours' word on this one set is the whole check
-                break
-            try:
-                verify_survivor_set(
-                    state.identity_keys[position[v]],
-                    signature,
-                    request.survivors,
-                    request.dropped,
-                    run_id=state.run_id,
-                    session=state.session,
-                    roster=state.roster,
-                    participants=state.participants,
-                )
-            except ValueError as error:
-                refused.append(f"neighbour {v}: {error}")
-                continue
-            valid += 1
-        if valid < threshold:
-            raise PassError(
-                f"only {valid} valid neighbour signatures on this survivor set, the threshold is {threshold} "
-                f"({'; '.join(refused)})"
-            )
 
     # Round 4 -----------------------------------------------------------------
     def unmask(self, request: UnmaskRequest | Mapping[str, Any]) -> UnmaskReply:
@@ -800,14 +546,13 @@ class PassClient:
         valid signatures on it from at least ``t`` of its neighbours.
         """
         request = UnmaskRequest.coerce(request)
-        if self._state.stage == Stage.UNMASKED or self._state.unmask_requested:
+        if self.unmask_requested:
             raise PassError("this client already received an unmask request in this session")
-        self._require(Stage.MASKED, "unmask")
-        state = self._state
-        state.unmask_requested = True
-        survivors = self._check_view(request.survivors, request.dropped)
+        state = self._at(Masked, "unmask")
+        self._round = state = dataclasses.replace(state, unmask_requested=True)  # answered or refused, once
+        survivors = check_view(state, request.survivors, request.dropped)
         if state.identity_keys:
-            self._check_consistency(request, survivors)
+            check_consistency(state, request, survivors)
         reply = UnmaskReply([], [], [], [])
         for v, both in zip(state.held_from, state.held_shares, strict=True):
             if survivors[v - 1]:
@@ -816,11 +561,107 @@ class PassClient:
             else:
                 reply.dropped_indices.append(v)
                 reply.dropped_shares.append(both[:SHARE_BYTES])  # share of s_v
-        state.update(
-            held_shares=[],
-            stage=Stage.UNMASKED,
+        self._round = Unmasked(  # the held shares go
+            **_terms(state),
+            participants=state.participants,
+            nonce=state.nonce,
             transcript=survivor_transcript(state.session, np.flatnonzero(survivors) + 1),
             survivor_count=int(np.count_nonzero(survivors)),
             survivors=request.survivors,
         )
         return reply
+
+
+def _terms(state: Joined) -> dict[str, Any]:
+    """The session's terms as ``state`` holds them, for the next round's record (:class:`~.client_state.Joined`)."""
+    return {item.name: getattr(state, item.name) for item in dataclasses.fields(Joined)}
+
+
+def _check_neighbour_keys(
+    state: Advertised, request: ShareKeysRequest, directory: IdentityDirectory | None
+) -> tuple[list[bytes], list[bytes]]:
+    """Keys valid and pairwise distinct (own keys included); signatures valid when a directory is given.
+
+    Each key is validated by the one exchange this client makes with it (a low-order point gives the
+    all-zero secret, which the exchange refuses). Returns each neighbour's pairwise mask seed and the
+    edge's channel secret: two X25519 exchanges per neighbour, the whole of this client's key agreement.
+    """
+    mask_key = X25519PrivateKey.from_private_bytes(state.mask_private_key)
+    cipher_key = X25519PrivateKey.from_private_bytes(state.cipher_private_key)
+    pair_seeds, channel_secrets = [], []
+    session, index = state.session, state.index
+    seen = {montgomery_u(state.cipher_public_key), montgomery_u(state.mask_public_key)}
+    for v, node_id, cipher_public, mask_public, signature in zip(
+        request.neighbours,
+        request.neighbour_node_ids,
+        request.cipher_public_keys,
+        request.mask_public_keys,
+        request.signatures,
+        strict=True,
+    ):
+        try:
+            validate_public_key_bytes(cipher_public, v)
+            validate_public_key_bytes(mask_public, v)
+            channel_secrets.append(exchange_shared_secret(cipher_key, parse_public_key(cipher_public, v), v))
+            mask_secret = exchange_shared_secret(mask_key, parse_public_key(mask_public, v), v)
+            pair_seeds.append(derive_pair_seed(mask_secret, session, index, v))
+            if directory is not None:
+                if node_id == state.node_id:
+                    raise ValueError(f"neighbour {v} claims this client's node id {node_id}")
+                verify_advertisement(
+                    directory.key_of(node_id),
+                    signature,
+                    session,
+                    v,
+                    node_id,
+                    cipher_public,
+                    mask_public,
+                    run_id=state.run_id,
+                    roster=state.roster,
+                )
+        except (TypeError, ValueError) as error:
+            raise PassError(f"neighbour {v} refused: {error}") from error
+        keys = {montgomery_u(cipher_public), montgomery_u(mask_public)}
+        if len(keys) != 2 or keys & seen:
+            raise PassError(f"neighbour {v} reuses a public key already in this session")
+        seen |= keys
+    if directory is not None and len(set(request.neighbour_node_ids)) != len(request.neighbour_node_ids):
+        raise PassError("two neighbours claim one node id")
+    return pair_seeds, channel_secrets
+
+
+def _signed_by(state: Shared, sender: int, signature: bytes, ciphertext: bytes, digest: bytes) -> bool:
+    """Whether ``sender``'s identity key signed this ciphertext and digest (run, session, roster bound)."""
+    try:
+        verify_share_ciphertext(
+            state.identity_keys[state.neighbours.index(sender)],
+            signature,
+            sender,
+            state.index,
+            ciphertext,
+            digest,
+            run_id=state.run_id,
+            session=state.session,
+            roster=state.roster,
+        )
+    except ValueError:
+        return False
+    return True
+
+
+def _prove_channel(state: Shared, accused: int) -> bytes:
+    """The channel secret with ``accused`` and its proof, bound to this run, roster, session and edge.
+
+    ``b""`` (nothing revealed) unless the accused's cipher key came with a valid proof of possession: a
+    key made as a multiple of another client's key would otherwise turn the secret proven here into the
+    secret of another edge. The server checked every advertised proof, so an honest relay never gets here
+    with a bad one; a server that relays one is the party deviating.
+    """
+    run_id, roster, session = state.run_id, state.roster, state.session
+    position = state.neighbours.index(accused)
+    peer_key = state.neighbour_cipher_keys[position]
+    possession = state.neighbour_cipher_proofs[position]
+    if not verify_possession(peer_key, possession, possession_context(run_id, session, accused)):
+        return b""
+    context = accusation_context(run_id, roster, session, state.index, accused)
+    return prove_exchange(state.cipher_private_key, state.cipher_public_key, peer_key, context)

@@ -8,29 +8,16 @@ longer finish safely raises :class:`~flmarket_flwr.pass_protocol.encoding.PassEr
 from __future__ import annotations
 
 import dataclasses
-import enum
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from flmarket_flwr.pass_protocol.blame import forged_share, judge_accusation
-from flmarket_flwr.pass_protocol.channel import (
-    CIPHERTEXT_BYTES,
-    possession_context,
-    rebuild_secret,
-    scalar_pair_mask,
-)
-from flmarket_flwr.pass_protocol.dleq import (
-    dealing_matches,
-    edwards_lift,
-    montgomery_u,
-    public_key_of_scalar,
-    verify_possession,
-)
+from flmarket_flwr.pass_protocol.channel import CIPHERTEXT_BYTES, possession_context
+from flmarket_flwr.pass_protocol.dleq import edwards_lift, montgomery_u, verify_possession
 from flmarket_flwr.pass_protocol.encoding import (
     MAX_PARTICIPANTS,
     SHARE_BYTES,
@@ -52,11 +39,7 @@ from flmarket_flwr.pass_protocol.graph import (
     roster_digest,
     share_threshold,
 )
-from flmarket_flwr.pass_protocol.identity import (
-    IdentityDirectory,
-    verify_advertisement,
-    verify_survivor_set,
-)
+from flmarket_flwr.pass_protocol.identity import IdentityDirectory, verify_advertisement, verify_survivor_set
 from flmarket_flwr.pass_protocol.messages import (
     Advertisement,
     AdvertiseRequest,
@@ -69,80 +52,9 @@ from flmarket_flwr.pass_protocol.messages import (
     UnmaskReply,
     UnmaskRequest,
 )
-from flmarket_flwr.pass_protocol.primitives import (
-    COUNT_LIMIT,
-    MIN_PARTICIPANTS,
-    expand_seed,
-    load_public_key,
-    ring_sum,
-)
-
-
-class Step(enum.IntEnum):
-    """The server's next call in a session; each call runs only at its own step."""
-
-    ADVERTISE = 0
-    """:meth:`PassServer.advertise_requests`."""
-    ADVERTISEMENTS = 1
-    """:meth:`PassServer.receive_advertisements`."""
-    SHARES = 2
-    """:meth:`PassServer.receive_shares`."""
-    MASKED = 3
-    """:meth:`PassServer.receive_masked`."""
-    UNMASK = 4
-    """:meth:`PassServer.receive_signatures` (with a directory), then :meth:`PassServer.receive_unmask`."""
-    FINISH = 5
-    """:meth:`PassServer.finish`."""
-    DONE = 6
-
-
-@dataclass
-class ServerState:
-    """What one :class:`PassServer` session has gathered, round by round; keys are PASS indices."""
-
-    masked_sum: npt.NDArray[np.uint64]
-    """The survivors' masked inputs summed in ``Z_2^64`` (set when the inputs close)."""
-    step: Step = Step.ADVERTISE
-    awaiting_signatures: bool = False
-    """The consistency round is open (a directory, after the masked inputs)."""
-    # Round 1
-    roster: bytes = b""
-    """The roster fingerprint every advert binds."""
-    node_of: dict[int, int] = field(default_factory=dict)
-    index_of: dict[int, int] = field(default_factory=dict)
-    excluded: dict[int, str] = field(default_factory=dict)
-    """Each client that left the protocol, and why."""
-    adverts: dict[int, Advertisement] = field(default_factory=dict)
-    participants: bytes = b""
-    """U1 as a roster bitmap."""
-    graph: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    degree: int = 0
-    threshold: int = 0
-    # Round 2
-    thresholds: dict[int, int] = field(default_factory=dict)
-    """Each dealer's own Shamir threshold (its split tolerance may raise it)."""
-    u2: list[int] = field(default_factory=list)
-    digests: dict[tuple[int, int], bytes] = field(default_factory=dict)
-    """(dealer, holder): the dealer's share-pair digest."""
-    ciphertexts: dict[tuple[int, int], tuple[bytes, bytes]] = field(default_factory=dict)
-    """(dealer, holder): the ciphertext relayed and its signature."""
-    # Round 3
-    masked: dict[int, MaskedInput] = field(default_factory=dict)
-    accusations: dict[tuple[int, int], bytes] = field(default_factory=dict)
-    """(accuser, accused): the accuser's proof, or ``b""``."""
-    culprits: set[int] = field(default_factory=set)
-    """Named by a judgement: their masked inputs are not used."""
-    wronged: set[int] = field(default_factory=set)
-    """Withdrew because every sender it accused was convicted."""
-    cut: set[tuple[int, int]] = field(default_factory=set)
-    """(holder, dealer): no mask and no shares on that edge."""
-    survivors: list[int] = field(default_factory=list)
-    dropped: list[int] = field(default_factory=list)
-    commitments: dict[int, bytes] = field(default_factory=dict)
-    transcript: bytes = b""
-    # Round 4
-    b_shares: dict[int, list[tuple[int, bytes]]] = field(default_factory=dict)
-    s_shares: dict[int, list[tuple[int, bytes]]] = field(default_factory=dict)
+from flmarket_flwr.pass_protocol.primitives import COUNT_LIMIT, MIN_PARTICIPANTS, load_public_key, ring_sum
+from flmarket_flwr.pass_protocol.reconstruction import check_recoverable, misdealt_dealer, unmasked_sum
+from flmarket_flwr.pass_protocol.server_state import ServerState, Step
 
 
 class PassServer:
@@ -550,7 +462,7 @@ class PassServer:
             self._exclude(d, "no masked input")
         # An accuser that is still in masked without its accused: that edge carries no mask and no shares.
         self.state.cut = {(u, v) for (u, v) in self.state.accusations if u in masked}
-        self._check_recoverable()
+        check_recoverable(self.state)
         self._check_dealing()
         vectors = np.stack([np.frombuffer(masked[u].masked_counts, dtype="<u8") for u in self.state.survivors])
         self.state.masked_sum = ring_sum(vectors.astype(np.uint64))
@@ -610,45 +522,16 @@ class PassServer:
             requests[u] = dataclasses.replace(view, signers=signers, signatures=[signed[v] for v in signers])
         return requests
 
-    def _check_recoverable(self) -> None:
-        """``PassError`` unless ``|U3| >= 3`` and each survivor and dropped client keeps ``t`` surviving neighbours."""
-        if len(self.state.survivors) < MIN_PARTICIPANTS:
-            raise PassError(f"only {len(self.survivors)} clients sent masked input, PASS needs {MIN_PARTICIPANTS}")
-        alive = set(self.state.survivors)
-        for u in self.state.survivors + self.state.dropped:
-            left = len(self._holders(u, alive))
-            if not left and u not in alive and any((v, u) in self.state.cut for v in self.state.graph[u]):
-                continue  # every surviving neighbour accused it: none masked with it, nothing to rebuild
-            if left < self.state.thresholds[u]:
-                raise PassError(
-                    f"client {u} keeps only {left} surviving neighbours, the threshold is {self.state.thresholds[u]}: "
-                    "its secret cannot be rebuilt, the session stops before any share is requested"
-                )
-
     def _check_dealing(self) -> None:
-        """``PassError`` naming a dropped dealer whose mask-key shares do not rebuild its advertised mask key.
-
-        Each holder checked its share against its point (:func:`~.channel.unseal`); here the points of the surviving
-        holders must lie on one polynomial of degree < ``t`` through the advertised key
-        (:func:`~flmarket_flwr.pass_protocol.dleq.dealing_matches`). A client that dealt shares of anything
-        else and then withheld its masked input is thus named before any unmask request, when the market
-        can still run a fresh session without it, rather than after everyone unmasked.
-        """
-        alive = set(self.state.survivors)
-        for d in self.state.dropped:
-            holders = self._holders(d, alive)
-            points = [self.state.digests[d, v][:32] for v in holders]
-            advertised = self.state.adverts[d].mask_public_key
-            if holders and not dealing_matches(advertised, holders, points, self.state.thresholds[d]):
-                self._blame(d, "its mask-key shares do not rebuild its advertised mask key: mis-dealt shares")
-                raise PassError(
-                    f"client {d} dealt shares that do not rebuild its advertised mask key: the session stops "
-                    "before any share is requested"
-                )
-
-    def _holders(self, dealer: int, alive: set[int]) -> list[int]:
-        """The surviving neighbours that hold ``dealer``'s shares (and masked with it): all but its accusers."""
-        return [v for v in self.state.graph[dealer] if v in alive and (v, dealer) not in self.state.cut]
+        """``PassError`` naming a dropped dealer whose mask-key shares do not rebuild its advertised mask key
+        (:func:`~.reconstruction.misdealt_dealer`)."""
+        dealer = misdealt_dealer(self.state)
+        if dealer is not None:
+            self._blame(dealer, "its mask-key shares do not rebuild its advertised mask key: mis-dealt shares")
+            raise PassError(
+                f"client {dealer} dealt shares that do not rebuild its advertised mask key: the session stops "
+                "before any share is requested"
+            )
 
     # Round 4 -----------------------------------------------------------------
     def receive_unmask(self, replies: Mapping[int, UnmaskReply | Mapping[str, Any]]) -> None:
@@ -688,16 +571,6 @@ class PassServer:
             for d, share in zip(reply.dropped_indices, reply.dropped_shares, strict=True):
                 self.state.s_shares.setdefault(d, []).append((v, share))
 
-    def _rebuild(self, owner: int, shares: list[tuple[int, bytes]], what: str) -> bytes:
-        """The secret (a scalar mod ``l``, 32 bytes) behind ``t`` of ``owner``'s shares, each checked at unmask."""
-        threshold = self.state.thresholds[owner]
-        if len(shares) < threshold:
-            raise PassError(f"only {len(shares)} shares of {what} of client {owner}, the threshold is {threshold}")
-        try:  # any t: each matched its dealer's digest or point (_forged_share)
-            return rebuild_secret(shares[:threshold])
-        except ValueError as error:
-            raise PassError(f"the shares of {what} of client {owner}: {error}") from error
-
     def finish(self) -> npt.NDArray[np.int64]:
         """Remove every self-mask and every dropped client's pairwise masks; return ``N_s`` over U3.
 
@@ -710,22 +583,7 @@ class PassServer:
             ``[0, count_bound * |U3|]`` by that much.
         """
         self._advance(Step.FINISH, "finish")
-        total = self.state.masked_sum.copy()
-        for u in self.state.survivors:
-            seed = self._rebuild(u, self.state.b_shares.get(u, []), "the self-mask seed")
-            total -= expand_seed(seed, self.num_classes)
-        alive = set(self.state.survivors)
-        for d in self.state.dropped:
-            holders = self._holders(d, alive)
-            if not holders:  # every surviving neighbour accused it: none masked with it
-                continue
-            scalar = self._rebuild(d, self.state.s_shares.get(d, []), "the mask key")
-            advertised = self.state.adverts[d].mask_public_key
-            if public_key_of_scalar(scalar) != montgomery_u(advertised).to_bytes(32, "little"):
-                raise PassError(f"the rebuilt mask key of client {d} does not match its advertised key")
-            for v in holders:  # v masked with +eps_{v,d} PRG; eps_{v,d} = -eps_{d,v}
-                peer_key = self.state.adverts[v].mask_public_key
-                total += scalar_pair_mask(scalar, peer_key, self.session, d, v, self.num_classes)
+        total = unmasked_sum(self.state, self.session, self.num_classes)
         signed = total.view(np.int64)  # two's complement: clients' noise can take a class below zero
         bound, slack = self.count_bound * len(self.state.survivors), self.noise_slack
         if (signed > bound + slack).any() or (signed < -slack).any():
