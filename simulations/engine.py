@@ -458,7 +458,7 @@ def run_market_protocol(cfg: EngineConfig, label_counts: np.ndarray, budget: flo
     """
     # pylint: disable=import-outside-toplevel
     from flmarket_flwr.market import BidPolicy, CostBasedBid, MarketConfig, MarketPhase
-    from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
+    from simulations.inprocess_grid import InProcessGrid, market_client_app, serverapp_identity
 
     def constant_bid(label_counts: np.ndarray, score: float, context: Any) -> float:
         return 1.0
@@ -477,7 +477,9 @@ def run_market_protocol(cfg: EngineConfig, label_counts: np.ndarray, budget: flo
         expected_nodes=len(nodes),
     )
     started = time.perf_counter()
-    outcome = MarketPhase(config).run(InProcessGrid(app, nodes))
+    grid = InProcessGrid(app, nodes)
+    with serverapp_identity(grid.run.run_id):
+        outcome = MarketPhase(config).run(grid)
     elapsed = time.perf_counter() - started
     winners = [node - MARKET_NODE_BASE for node in outcome.winners]
     return winners, {"market_phase_s": elapsed, "market_timings": dict(outcome.timings), "pass_attempts": 1}

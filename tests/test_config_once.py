@@ -34,8 +34,8 @@ from flmarket_flwr.app.run_config import (
 from flmarket_flwr.app.task import DataConfig
 from flmarket_flwr.market import FLMarket, MarketConfig, MarketError, SimulatedCostBid
 from flmarket_flwr.market import server as market_server
-from flmarket_flwr.market.inprocess import InProcessGrid
 from simulations.engine import ENGINE_APP_KEYS, ROUNDS_KEY, SWEEP_DEFAULTS, EngineConfig
+from simulations.inprocess_grid import InProcessGrid
 from simulations.run_config import EXPERIMENT_KEYS, EXPERIMENT_SCHEMA, ExperimentSettings
 
 PROJECT = Path(__file__).resolve().parents[1]
