@@ -27,7 +27,8 @@ from flmarket_flwr.app.data.registry import (
     canonical_dataset_name,
     load_dataset,
 )
-from flmarket_flwr.app.run_config import check_values, field_name, keys_read_by, schema_class, settings_from
+from flmarket_flwr.app.run_config import check_values, field_name, keys_read_by, settings_from
+from flmarket_flwr.app.settings_fields import DataFields
 
 if TYPE_CHECKING:
     import torch
@@ -78,12 +79,8 @@ DEFAULT_NUM_CLIENTS = 20
 """Partitions of the training pool when neither the node config (``num-partitions``) nor the caller says."""
 
 
-_DataConfigFields: Any = schema_class(
-    "DataConfig", _DATA_KEYS, extra=[("num_clients", int, DEFAULT_NUM_CLIENTS), ("val_per_class", int, 0)]
-)
-
-
-class DataConfig(_DataConfigFields):
+@dataclasses.dataclass(frozen=True)
+class DataConfig(DataFields):
     """How the data set is split between the server's test set and the clients.
 
     A field per ``data`` key of :data:`~flmarket_flwr.app.run_config.APP_KEYS` (``-`` there for ``_`` here; their
@@ -113,6 +110,9 @@ class DataConfig(_DataConfigFields):
     ``torch`` is imported inside the functions that need tensors, not at module level: in a deployment
     every message runs in a fresh ClientApp process, and the market messages only need the label counts.
     """
+
+    num_clients: int = DEFAULT_NUM_CLIENTS
+    val_per_class: int = 0
 
     @classmethod
     def from_run_config(
