@@ -187,10 +187,10 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
     AppKey("test-per-class", 30, "server-side balanced test set (digits: 300 images)", "data", _at_least(1), ">= 1"),
     AppKey("seed", 0, "data split, initial model, sampling, simulated costs", "data", _at_least(0), ">= 0"),
     # Selection.
-    AppKey("budget", 600.0, "the buyer's budget R for the run: total payments, every market together, never exceed "
-           "it", "server", _positive, "> 0"),
-    AppKey("num-selected", 0, "0: the budget decides; n > 0: at most n winners, within the budget", "server",
-           _at_least(0), ">= 0 (0: the budget decides)"),
+    AppKey("budget", 600.0, "the buyer's auction budget R for the run: total payments, every market together, "
+           "never exceed it", "server", _positive, "> 0"),
+    AppKey("num-selected", 0, "0: the auction budget decides; n > 0: at most n winners, within it", "server",
+           _at_least(0), ">= 0 (0: the auction budget decides)"),
     AppKey("cost-low", _default_of(SimulatedCostBid, "low"),
            "simulated cost per sample, uniform in [cost-low, cost-high)", "client", _positive, "> 0"),
     AppKey("cost-high", _default_of(SimulatedCostBid, "high"), "upper end of the simulated cost per sample", "client",
@@ -227,15 +227,15 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
     AppKey("roster-history", "", "path of the buyer's record of its markets' members (JSON): each market leaves out "
            'the few clients the nodes\' release ledgers would refuse it for; "" for none', "server"),
     AppKey("market-include", "", "nodes that must train, outside the auction, each paid market-include-payment "
-           'charged against the budget before the auction runs: ids or tags ("12, 345, tag:partner"; a tag is node '
-           'config market-tag); "" for none', "server", _node_ids_ok,
+           'charged against the auction budget before the auction runs: ids or tags ("12, 345, tag:partner"; a tag '
+           'is node config market-tag); "" for none', "server", _node_ids_ok,
            "comma-separated node ids or tag:<label>, like '12, tag:partner'"),
     AppKey("market-include-payment", 0.0, "fixed payment of each market-include node", "server",
            lambda value: 0.0 <= value < math.inf, ">= 0 and finite"),
     AppKey("market-exclude", "", 'nodes the market never invites: ids or tags ("12, tag:rival"); "" for none',
            "server", _node_ids_ok, "comma-separated node ids or tag:<label>, like '12, tag:rival'"),
     AppKey("market-relaunch-every", 0, "run the market again every n rounds, in the same run, out of what is left of "
-           "the budget (0: off; by default it buys only nodes that have not released yet, the secure profile "
+           "the auction budget (0: off; by default it buys only nodes that have not released yet, the secure profile "
            "invites every node again)", "server", _at_least(0), ">= 0 (0: off)"),
     AppKey("market-relaunch-churn", 0.0, "run the market again when more than this fraction of the nodes joined or "
            "left since the last one (0: off)", "server", lambda value: 0.0 <= value < math.inf,

@@ -30,9 +30,9 @@ class ServerFields:
     seed: int = 0
     """data split, initial model, sampling, simulated costs"""
     budget: float = 600.0
-    """the buyer's budget R for the run: total payments, every market together, never exceed it"""
+    """the buyer's auction budget R for the run: total payments, every market together, never exceed it"""
     num_selected: int = 0
-    """0: the budget decides; n > 0: at most n winners, within the budget"""
+    """0: the auction budget decides; n > 0: at most n winners, within it"""
     market_timeout: float = 60.0
     """base seconds per market message round"""
     market_timeout_per_node: float = 1.0
@@ -63,16 +63,16 @@ class ServerFields:
     """path of the buyer's record of its markets' members (JSON): each market leaves out the few clients the
     nodes' release ledgers would refuse it for; "" for none"""
     market_include: str = ""
-    """nodes that must train, outside the auction, each paid market-include-payment charged against the budget
-    before the auction runs: ids or tags ("12, 345, tag:partner"; a tag is node config market-tag); "" for
-    none"""
+    """nodes that must train, outside the auction, each paid market-include-payment charged against the auction
+    budget before the auction runs: ids or tags ("12, 345, tag:partner"; a tag is node config market-tag); ""
+    for none"""
     market_include_payment: float = 0.0
     """fixed payment of each market-include node"""
     market_exclude: str = ""
     """nodes the market never invites: ids or tags ("12, tag:rival"); "" for none"""
     market_relaunch_every: int = 0
-    """run the market again every n rounds, in the same run, out of what is left of the budget (0: off; by
-    default it buys only nodes that have not released yet, the secure profile invites every node again)"""
+    """run the market again every n rounds, in the same run, out of what is left of the auction budget (0: off;
+    by default it buys only nodes that have not released yet, the secure profile invites every node again)"""
     market_relaunch_churn: float = 0.0
     """run the market again when more than this fraction of the nodes joined or left since the last one (0: off)"""
     market_relaunch_min_cohort: int = 0

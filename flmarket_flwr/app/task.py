@@ -505,8 +505,9 @@ def train(
     seed : int, optional
         Seed of the mini-batch shuffling (unseeded when ``None``).
     steps : int, optional
-        Train exactly this many mini-batches instead, drawn from successive random permutations of the
-        data (so a client with fewer than ``batch_size * steps`` samples passes over it more than once).
+        The training budget in mini-batches: train exactly this many instead of ``epochs`` passes, drawn from
+        successive random permutations of the data (so a client with fewer than ``batch_size * steps`` samples
+        passes over it more than once).
     clip_norm : float (default: 0.0)
         Clip the gradient norm of every step at this value (0: no clipping).
 
@@ -521,8 +522,8 @@ def train(
 
     images, labels = data[0].to(device), data[1].to(device)
     num_samples = int(labels.shape[0])
-    budget = steps if steps is not None else epochs * -(-num_samples // batch_size)
-    if num_samples == 0 or budget <= 0:
+    training_steps = steps if steps is not None else epochs * -(-num_samples // batch_size)
+    if num_samples == 0 or training_steps <= 0:
         return float("nan")
     model.to(device)
     model.train()
@@ -532,7 +533,7 @@ def train(
     if seed is not None:
         generator.manual_seed(seed)
     total_loss, num_batches = 0.0, 0
-    while num_batches < budget:
+    while num_batches < training_steps:
         order = torch.randperm(num_samples, generator=generator).to(device)
         for start in range(0, num_samples, batch_size):
             batch = order[start : start + batch_size]
@@ -544,7 +545,7 @@ def train(
             optimizer.step()
             total_loss += float(loss.item())
             num_batches += 1
-            if num_batches == budget:
+            if num_batches == training_steps:
                 break
     return total_loss / num_batches
 
