@@ -55,9 +55,9 @@ class EngineFields:
     selector: str = "flmarket"
     """flmarket (the app's market), or a baseline: rs, qbs, dice, dds, sfedavg"""
     num_selected: int = 10
-    """0: the budget decides; n > 0: at most n winners, within the budget"""
+    """0: the auction budget decides; n > 0: at most n winners, within it"""
     budget: float = 600.0
-    """the buyer's budget R for the run: total payments, every market together, never exceed it"""
+    """the buyer's auction budget R for the run: total payments, every market together, never exceed it"""
     neighbours: str = "auto"
     """PASS masking graph: "auto", "all", or a degree "k" """
     audit_winners: bool = True
