@@ -4,12 +4,12 @@ Run: ``.venv/bin/python -m benchmarks.bench_market_scale --sizes 1000 3000 10000
 alone: about 4.5 min of CPU on this machine, 8 min of wall time under load 6 to 8, most of it the
 10,000 ClientApps run one after the other).
 
-``E`` real ClientApps with the market handlers (:func:`flmarket_flwr.market.inprocess.market_client_app`,
+``E`` real ClientApps with the market handlers (:func:`simulations.inprocess_grid.market_client_app`,
 ``C`` label counts each, drawn in ``[0, 200)``, bids from :class:`~flmarket_flwr.market.CostBasedBid`)
 behind an in-process grid, and ``MarketPhase(...).run(grid)`` over them, with the product's defaults
 (``neighbours = "auto"``: PASS v2 on the Harary graph of degree ``neighbourhood_size(E)``, the winners'
 audit on). Every message crosses Flower's wire format and every node's ``Context`` is kept as serialised
-protobuf between messages (as :class:`~flmarket_flwr.market.inprocess.InProcessGrid` does; unlike that test
+protobuf between messages (as :class:`~simulations.inprocess_grid.InProcessGrid` does; unlike that test
 grid, the one here keeps no copy of a message once delivered, as a server does not).
 
 Figures:
@@ -48,8 +48,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from flwr.app import Message
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase
-from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app, wire_roundtrip
 from flmarket_flwr.pass_protocol.graph import neighbourhood_size
+from simulations.inprocess_grid import InProcessGrid, market_client_app, serverapp_identity, wire_roundtrip
 
 MAX_COUNT = 200
 FLOOR_SAMPLE = 20_000
@@ -135,7 +135,8 @@ def one_size(num_clients: int, num_classes: int) -> dict:
     rss_before = _status_mib("VmRSS")
     reset = _reset_peak_rss()
     cpu = time.process_time()
-    outcome = MarketPhase(config).run(grid)
+    with serverapp_identity(grid.run.run_id):
+        outcome = MarketPhase(config).run(grid)
     cpu = time.process_time() - cpu
     peak = _status_mib("VmHWM") if reset else math.nan
     floor = x25519_seconds(2 * neighbourhood_size(num_clients) * num_clients)

@@ -151,7 +151,7 @@ def market_in_process(
     """
     from flmarket_flwr.app.client_app import build_client_app  # pylint: disable=import-outside-toplevel
     from flmarket_flwr.market import MarketPhase  # pylint: disable=import-outside-toplevel
-    from flmarket_flwr.market.inprocess import InProcessGrid  # pylint: disable=import-outside-toplevel
+    from simulations.inprocess_grid import InProcessGrid, serverapp_identity  # pylint: disable=import-outside-toplevel
 
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench-secure-") as tmp:
@@ -167,7 +167,8 @@ def market_in_process(
                 market = market_config(run_config, num_clients)
                 grid = InProcessGrid(build_client_app(config), nodes, node_configs=node_configs, run_config=config)
                 started = time.process_time()
-                timings = dict(MarketPhase(market).run(grid).timings)
+                with serverapp_identity(grid.run.run_id):
+                    timings = dict(MarketPhase(market).run(grid).timings)
                 timings["cpu"] = time.process_time() - started
                 runs.append(timings)
         finally:

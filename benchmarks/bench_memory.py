@@ -4,10 +4,10 @@ Run: ``.venv/bin/python -m benchmarks.bench_memory`` (about 90 s on 2 cores; ``-
 for one size only).
 
 Every measurement runs in a fresh Python process: ``E`` real ClientApps (the market handlers,
-:func:`flmarket_flwr.market.inprocess.market_client_app`, ``C`` = 10 classes) behind an in-process
+:func:`simulations.inprocess_grid.market_client_app`, ``C`` = 10 classes) behind an in-process
 grid, and the whole market phase (``MarketPhase.run``: PASS, scores and bids, auction, awards)
 over it. Every message crosses Flower's wire format and every node's ``Context`` is kept as
-serialised protobuf between messages, as :class:`~flmarket_flwr.market.inprocess.InProcessGrid`
+serialised protobuf between messages, as :class:`~simulations.inprocess_grid.InProcessGrid`
 does; unlike that test grid, the one here keeps no copy of the messages once delivered
 (a server does not either).
 
@@ -71,9 +71,10 @@ def one_run(num_clients: int, trace: bool) -> dict:
     from flwr.app import Message  # pylint: disable=import-outside-toplevel
 
     from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase  # pylint: disable=import-outside-toplevel
-    from flmarket_flwr.market.inprocess import (  # pylint: disable=import-outside-toplevel
+    from simulations.inprocess_grid import (  # pylint: disable=import-outside-toplevel
         InProcessGrid,
         market_client_app,
+        serverapp_identity,
         wire_roundtrip,
     )
 
@@ -114,7 +115,8 @@ def one_run(num_clients: int, trace: bool) -> dict:
     if trace:
         tracemalloc.start()
     started = time.perf_counter()
-    outcome = MarketPhase(config).run(grid)
+    with serverapp_identity(grid.run.run_id):
+        outcome = MarketPhase(config).run(grid)
     elapsed = time.perf_counter() - started
     result = {
         "clients": num_clients,

@@ -62,8 +62,8 @@ from benchmarks.bench_secagg import (
 from flmarket_flwr.app.client_app import market_noise_of
 from flmarket_flwr.market import MarketConfig, MarketPhase, register_market_handlers
 from flmarket_flwr.market.bidding import CostBasedBid
-from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.pass_protocol import IdentityDirectory, generate_identity, save_identity_key
+from simulations.inprocess_grid import InProcessGrid, serverapp_identity
 
 SIZES = (100, 1_000)
 NUM_CLASSES = 10
@@ -200,16 +200,17 @@ def main() -> None:
     rows: list[Row] = []
     for num_clients in args.sizes:
         counts = make_counts(num_clients, args.classes)
-        rows.append(run_market(counts, "default"))
-        if num_clients <= args.secure_whole_max:
-            rows.append(run_market(counts, "secure"))
-        if num_clients <= args.secagg_whole_max:
-            rows.append(run_secagg(counts))
-        else:
-            rows.extend(drive_one_secagg_client(num_clients, {args.classes: counts[0]}))
-        for row in drive_one_secagg_client(num_clients, {args.classes: counts[0]}, degree=num_clients - 1):
-            row.protocol = SECAGG_COMPLETE
-            rows.append(row)
+        with serverapp_identity():  # this process plays the ServerApp of every grid's run (their default run id)
+            rows.append(run_market(counts, "default"))
+            if num_clients <= args.secure_whole_max:
+                rows.append(run_market(counts, "secure"))
+            if num_clients <= args.secagg_whole_max:
+                rows.append(run_secagg(counts))
+            else:
+                rows.extend(drive_one_secagg_client(num_clients, {args.classes: counts[0]}))
+            for row in drive_one_secagg_client(num_clients, {args.classes: counts[0]}, degree=num_clients - 1):
+                row.protocol = SECAGG_COMPLETE
+                rows.append(row)
         print(f"  ... E={num_clients} done, load {os.getloadavg()[0]:.1f}", flush=True)
     print()
     print_rows(rows)

@@ -13,7 +13,7 @@ must return their sum. Both use the same masking graph size: ``k = neighbourhood
 ``t = k // 2 + 1`` (16, 17, 18).
 
 * **PASS v2**: the market's own four message rounds, ``MarketPhase.run_pass``, against real
-  ClientApps with the market handlers (:func:`flmarket_flwr.market.inprocess.market_client_app`):
+  ClientApps with the market handlers (:func:`simulations.inprocess_grid.market_client_app`):
   X25519 + ChaCha20 pairwise masks on the Harary graph of degree ``k``, double masking, Shamir
   shares of both secrets to the ``k`` neighbours at threshold ``t``.
 * **SecAgg+**: Flower's legacy ``DefaultWorkflow(fit_workflow=SecAggPlusWorkflow(...))`` in a
@@ -31,7 +31,7 @@ must return their sum. Both use the same masking graph size: ``k = neighbourhood
 How it is measured
 ------------------
 Both protocols run through the same in-process grid (:class:`MeasuredGrid`, built on
-:class:`~flmarket_flwr.market.inprocess.InProcessGrid`): every message crosses Flower's own wire
+:class:`~simulations.inprocess_grid.InProcessGrid`): every message crosses Flower's own wire
 format and every node's ``Context`` is rebuilt from protobuf for every message, as in a deployment.
 
 * *client CPU*: ``time.process_time`` around each ClientApp call (context load and save included;
@@ -99,8 +99,8 @@ from flwr.supercore.primitives.asymmetric import (
 )
 
 from flmarket_flwr.market import MarketConfig, MarketPhase, register_market_handlers
-from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app, wire_roundtrip
 from flmarket_flwr.pass_protocol.graph import neighbourhood_size, share_threshold
+from simulations.inprocess_grid import InProcessGrid, market_client_app, serverapp_identity, wire_roundtrip
 
 SIZES = (100, 1_000, 10_000)
 QUICK_SIZES = (100,)
@@ -642,12 +642,15 @@ def main() -> None:
     rows: list[Row] = []
     for num_clients in () if args.simulation_only else sizes:
         data = {c: make_counts(num_clients, c) for c in args.classes}
-        for num_classes in args.classes:
-            rows.append(run_pass(data[num_classes]))
-            if num_clients <= args.secagg_whole_max:
-                rows.append(run_secagg(data[num_classes]))
-            print(f"  ... E={num_clients} C={num_classes} whole runs done, load {os.getloadavg()[0]:.1f}", flush=True)
-        driven = drive_one_secagg_client(num_clients, {c: data[c][0] for c in args.classes})
+        with serverapp_identity():  # this process plays the ServerApp of every grid's run (their default run id)
+            for num_classes in args.classes:
+                rows.append(run_pass(data[num_classes]))
+                if num_clients <= args.secagg_whole_max:
+                    rows.append(run_secagg(data[num_classes]))
+                print(
+                    f"  ... E={num_clients} C={num_classes} whole runs done, load {os.getloadavg()[0]:.1f}", flush=True
+                )
+            driven = drive_one_secagg_client(num_clients, {c: data[c][0] for c in args.classes})
         if num_clients <= args.secagg_whole_max:
             for row in driven:
                 row.how += " (check of the driver)"

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flmarket_flwr.app import task
-from flmarket_flwr.app.run_config import Scalar, field_name, neighbours_of
+from flmarket_flwr.app.run_config import field_name, neighbours_of
 from flmarket_flwr.app.task import DEFAULT_NUM_CLIENTS, DataConfig
 from flmarket_flwr.market.bidding import cost_based_bid, simulated_cost_per_sample
 from flmarket_flwr.pricing import cohort_budget, run_auction
@@ -68,7 +68,8 @@ from simulations.baselines.selectors import (
     select_within_budget,
 )
 from simulations.record import job_record
-from simulations.run_config import EXPERIMENT_SCHEMA
+from simulations.run_config import ENGINE_APP_KEYS, EXPERIMENT_SCHEMA, ROUNDS_KEY, SWEEP_DEFAULTS
+from simulations.settings_fields import EngineFields
 
 if TYPE_CHECKING:
     import torch
@@ -113,23 +114,6 @@ MARKET_NODE_BASE = 1_000
 TensorPair = tuple["torch.Tensor", "torch.Tensor"]
 
 
-SWEEP_DEFAULTS: dict[str, Scalar] = {
-    "dataset": "digits_xl",
-    "test-per-class": 50,
-    "num-selected": 10,
-    "num-server-rounds": 60,
-    "local-epochs": 1,
-    "batch-size": 32,
-    "learning-rate": 0.05,
-    "momentum": 0.9,
-    "device": "cpu",
-}
-"""The keys whose :class:`EngineConfig` default differs from the schema's (:data:`EXPERIMENT_SCHEMA`): the profile
-of ``python -m simulations.engine``'s grids, the sweeps' protocol (digits_xl, a cohort of 10, fixed local steps at
-batch 32 until the plateau, on the CPU), on which the archived grids set their data set, cohort and rounds by
-flag. Hydra's ``engine=inprocess`` starts from the schema's defaults instead, and sets its own training keys in
-``conf/engine/inprocess.yaml``."""
-
 ENGINE_IGNORES = frozenset(
     {"market-timeout", "wait-for-nodes-timeout", "round-timeout", "results-dir", "run-name", "train-log-dir"}
 )
@@ -140,65 +124,8 @@ JOB_IDENTITY = ("selector", "dataset", "model", "distribution", "num_clients", "
 """The fields that name a job in its record."""
 
 
-ENGINE_APP_KEYS = (
-    "dataset",
-    "data-root",
-    "test-per-class",
-    "val-per-class",
-    "model",
-    "distribution",
-    "schedule",
-    "alpha",
-    "seed",
-    "selector",
-    "num-selected",
-    "budget",
-    "neighbours",
-    "audit-winners",
-    "cost-low",
-    "cost-high",
-    "bid-markup",
-    "local-epochs",
-    "batch-size",
-    "learning-rate",
-    "momentum",
-    "device",
-    "torch-threads",
-)
-"""The run-config keys (:data:`EXPERIMENT_SCHEMA`) the engine implements (a field each,
-:func:`~flmarket_flwr.app.run_config.field_name`), besides ``num-server-rounds``, its :attr:`EngineConfig.rounds`;
-any other set to a non-default value is refused."""
-
-ROUNDS_KEY = "num-server-rounds"
-"""The run-config key of :attr:`EngineConfig.rounds`: the field keeps the name ``rounds`` because the archived
-records (``engine.config``), ``python -m simulations.engine --rounds`` and the sweep scripts use it."""
-
-_EngineFields: Any = EXPERIMENT_SCHEMA.schema_class(
-    "EngineConfig",
-    ENGINE_APP_KEYS,
-    overrides=SWEEP_DEFAULTS,
-    extra=[
-        ("num_clients", int, DEFAULT_NUM_CLIENTS),
-        ("budget_fraction", float, 0.0),
-        ("cohort_budget", bool, True),
-        ("baseline_match", str, "cohort"),
-        ("market", str, "direct"),
-        ("dice_volume_weight", float, DICE_VOLUME_WEIGHT),
-        ("dds_diversity_weight", float, DDS_DIVERSITY_WEIGHT),
-        ("bid_policy", str, "volume"),
-        ("cost_per_sample", float, 1.0),
-        ("rounds", int, EXPERIMENT_SCHEMA.typed(ROUNDS_KEY, SWEEP_DEFAULTS[ROUNDS_KEY])),
-        ("min_rounds", int, 0),
-        ("local_steps", int, 20),
-        ("clip_norm", float, 5.0),
-        ("final_window", int, 10),
-        ("plateau_tolerance", float, 0.01),
-        ("collapse_drop", float, 0.3),
-    ],
-)
-
-
-class EngineConfig(_EngineFields):
+@dataclass(frozen=True)
+class EngineConfig(EngineFields):
     """One in-process job.
 
     A field per run-config key of :data:`ENGINE_APP_KEYS`, its type, default (but :data:`SWEEP_DEFAULTS`) and check
@@ -245,6 +172,23 @@ class EngineConfig(_EngineFields):
     device, torch_threads
         Torch device and intra-op threads.
     """
+
+    num_clients: int = DEFAULT_NUM_CLIENTS
+    budget_fraction: float = 0.0
+    cohort_budget: bool = True
+    baseline_match: str = "cohort"
+    market: str = "direct"
+    dice_volume_weight: float = DICE_VOLUME_WEIGHT
+    dds_diversity_weight: float = DDS_DIVERSITY_WEIGHT
+    bid_policy: str = "volume"
+    cost_per_sample: float = 1.0
+    rounds: int = int(SWEEP_DEFAULTS[ROUNDS_KEY])
+    min_rounds: int = 0
+    local_steps: int = 20
+    clip_norm: float = 5.0
+    final_window: int = 10
+    plateau_tolerance: float = 0.01
+    collapse_drop: float = 0.3
 
     def check(self) -> None:
         """Reject settings the engine cannot run (the run-config keys by the schema's checks); run at construction."""
@@ -458,7 +402,7 @@ def run_market_protocol(cfg: EngineConfig, label_counts: np.ndarray, budget: flo
     """
     # pylint: disable=import-outside-toplevel
     from flmarket_flwr.market import BidPolicy, CostBasedBid, MarketConfig, MarketPhase
-    from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
+    from simulations.inprocess_grid import InProcessGrid, market_client_app, serverapp_identity
 
     def constant_bid(label_counts: np.ndarray, score: float, context: Any) -> float:
         return 1.0
@@ -477,7 +421,9 @@ def run_market_protocol(cfg: EngineConfig, label_counts: np.ndarray, budget: flo
         expected_nodes=len(nodes),
     )
     started = time.perf_counter()
-    outcome = MarketPhase(config).run(InProcessGrid(app, nodes))
+    grid = InProcessGrid(app, nodes)
+    with serverapp_identity(grid.run.run_id):
+        outcome = MarketPhase(config).run(grid)
     elapsed = time.perf_counter() - started
     winners = [node - MARKET_NODE_BASE for node in outcome.winners]
     return winners, {"market_phase_s": elapsed, "market_timings": dict(outcome.timings), "pass_attempts": 1}

@@ -4,7 +4,8 @@
 the experiments' jobs carry them (Hydra's ``conf/``, the engine, ``simulations.run``, the records), and
 :func:`split_run_config` hands the app its own keys and the experiments' runner the rest.
 ``python -m simulations.run_config`` prints the experiments' own keys (``python -m flmarket_flwr.app.run_config``
-the app's).
+the app's); ``--python`` the source of :mod:`simulations.settings_fields`, the experiments' generated settings
+classes (:data:`EXPERIMENT_SETTINGS_FIELDS`), which a test holds equal to it.
 """
 
 from __future__ import annotations
@@ -12,11 +13,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from flmarket_flwr.app.run_config import APP_SCHEMA, AppKey, RunConfigSchema
+from flmarket_flwr.app.run_config import APP_SCHEMA, AppKey, RunConfigSchema, Scalar, SettingsFields
 from flmarket_flwr.market.config_keys import at_least, one_of
 from simulations.record import SELECTOR_LABELS
+from simulations.settings_fields import ExperimentFields
 
-__all__ = ["EXPERIMENT_KEYS", "EXPERIMENT_SCHEMA", "ExperimentSettings", "markdown_table", "split_run_config"]
+__all__ = [
+    "ENGINE_APP_KEYS",
+    "EXPERIMENT_KEYS",
+    "EXPERIMENT_SCHEMA",
+    "EXPERIMENT_SETTINGS_FIELDS",
+    "ROUNDS_KEY",
+    "SWEEP_DEFAULTS",
+    "ExperimentSettings",
+    "markdown_table",
+    "python_source",
+    "split_run_config",
+]
 
 EXPERIMENT_KEYS: Final[tuple[AppKey, ...]] = (
     AppKey("val-per-class", 0, "server-side validation split from the training set (S-FedAvg needs > 0; the runs "
@@ -30,10 +43,72 @@ EXPERIMENT_SCHEMA: Final[RunConfigSchema] = APP_SCHEMA.extended(EXPERIMENT_KEYS,
 """The run config of an experiment job: the app's keys, then :data:`EXPERIMENT_KEYS`."""
 
 
-_ExperimentFields: Any = EXPERIMENT_SCHEMA.schema_class("ExperimentSettings", [key.name for key in EXPERIMENT_KEYS])
+ENGINE_APP_KEYS: Final = (
+    "dataset",
+    "data-root",
+    "test-per-class",
+    "val-per-class",
+    "model",
+    "distribution",
+    "schedule",
+    "alpha",
+    "seed",
+    "selector",
+    "num-selected",
+    "budget",
+    "neighbours",
+    "audit-winners",
+    "cost-low",
+    "cost-high",
+    "bid-markup",
+    "local-epochs",
+    "batch-size",
+    "learning-rate",
+    "momentum",
+    "device",
+    "torch-threads",
+)
+"""The run-config keys (:data:`EXPERIMENT_SCHEMA`) the engine implements (a field each,
+:func:`~flmarket_flwr.app.run_config.field_name`), besides ``num-server-rounds``, its
+:attr:`~simulations.engine.EngineConfig.rounds`; any other set to a non-default value is refused."""
+
+ROUNDS_KEY: Final = "num-server-rounds"
+"""The run-config key of :attr:`~simulations.engine.EngineConfig.rounds`: the field keeps the name ``rounds``
+because the archived records (``engine.config``), ``python -m simulations.engine --rounds`` and the sweep scripts
+use it."""
+
+SWEEP_DEFAULTS: Final[dict[str, Scalar]] = {
+    "dataset": "digits_xl",
+    "test-per-class": 50,
+    "num-selected": 10,
+    "num-server-rounds": 60,
+    "local-epochs": 1,
+    "batch-size": 32,
+    "learning-rate": 0.05,
+    "momentum": 0.9,
+    "device": "cpu",
+}
+"""The keys whose :class:`~simulations.engine.EngineConfig` default differs from the schema's
+(:data:`EXPERIMENT_SCHEMA`): the profile of ``python -m simulations.engine``'s grids, the sweeps' protocol
+(digits_xl, a cohort of 10, fixed local steps at batch 32 until the plateau, on the CPU), on which the archived
+grids set their data set, cohort and rounds by flag. Hydra's ``engine=inprocess`` starts from the schema's defaults
+instead, and sets its own training keys in ``conf/engine/inprocess.yaml``."""
+
+EXPERIMENT_SETTINGS_FIELDS: Final = (
+    SettingsFields(
+        "ExperimentFields", tuple(key.name for key in EXPERIMENT_KEYS), "The experiments' own keys of a job."
+    ),
+    SettingsFields(
+        "EngineFields",
+        ENGINE_APP_KEYS,
+        "The run-config keys of an in-process job of the engine, at the sweeps' profile (SWEEP_DEFAULTS).",
+        overrides={key: value for key, value in SWEEP_DEFAULTS.items() if key in ENGINE_APP_KEYS},
+    ),
+)
+"""The experiments' generated settings classes, in :mod:`simulations.settings_fields`."""
 
 
-class ExperimentSettings(_ExperimentFields):
+class ExperimentSettings(ExperimentFields):
     """The experiments' own keys of a job, typed and checked: a field per key of :data:`EXPERIMENT_KEYS`
     (``val_per_class``, ``selector``), with the schema's defaults."""
 
@@ -70,5 +145,12 @@ def markdown_table() -> str:
     return RunConfigSchema(EXPERIMENT_KEYS, EXPERIMENT_SCHEMA.command).markdown_table()
 
 
+def python_source() -> str:
+    """The source of :mod:`simulations.settings_fields` (``python -m simulations.run_config --python``)."""
+    return EXPERIMENT_SCHEMA.python_source(EXPERIMENT_SETTINGS_FIELDS, "python -m simulations.run_config --python")
+
+
 if __name__ == "__main__":
-    print(markdown_table(), end="")
+    import sys
+
+    print(python_source() if sys.argv[1:] == ["--python"] else markdown_table(), end="")

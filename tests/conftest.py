@@ -1,13 +1,26 @@
 """Make the test oracles in tests/ and the repository's top-level packages (simulations,
-benchmarks) importable however pytest is started."""
+benchmarks) importable however pytest is started; let each test play a ServerApp process; list the slow tests."""
 
 import pathlib
 import sys
+from collections.abc import Iterator
+
+import pytest
 
 TESTS = pathlib.Path(__file__).resolve().parent
 for folder in (TESTS, TESTS.parent):
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
+
+
+@pytest.fixture(autouse=True)
+def _plays_the_serverapp() -> Iterator[None]:
+    """Each test plays a ServerApp process: Flower's ``Message(...)`` needs the identity its runtime would set
+    (``simulations.inprocess_grid.serverapp_identity``, put back after the test; the grid leaves it alone)."""
+    from simulations.inprocess_grid import serverapp_identity  # pylint: disable=import-outside-toplevel
+
+    with serverapp_identity():
+        yield
 
 
 # --- The slow tests: one list ----------------------------------------------------------------------
@@ -55,8 +68,6 @@ SLOW_TESTS = {
 
 def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
     """Mark the tests listed above ``slow``; a listed name that matches nothing is an error (renamed test)."""
-    import pytest
-
     unmatched = set(SLOW_TESTS)
     for item in items:
         module = item.path.name

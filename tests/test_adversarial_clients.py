@@ -24,13 +24,13 @@ from adversary import (
 from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import CostBasedBid, MarketError, MarketPhase, register_market_handlers
-from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.messages import RECORD_KEY
 from flmarket_flwr.pass_protocol import PassClient
 from flmarket_flwr.pass_protocol.encoding import bitmap_to_indices
 from flmarket_flwr.pass_protocol.identity import sign_share_ciphertext, sign_survivor_set, verify_survivor_set
 from flmarket_flwr.pass_protocol.messages import MaskRequest, UnmaskRequest
 from flmarket_flwr.pricing import run_auction, score
+from simulations.inprocess_grid import InProcessGrid
 
 POLICY = CostBasedBid(0.01)
 

@@ -27,7 +27,6 @@ from adversary import (
 from test_secure_profile_market import drop_in_app, profile_setup, secure_config
 
 from flmarket_flwr.market import MarketError, MarketPhase
-from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.messages import RECORD_KEY
 from flmarket_flwr.pass_protocol import PassClient, PassServer
 from flmarket_flwr.pass_protocol import client as client_module
@@ -35,6 +34,7 @@ from flmarket_flwr.pass_protocol.dleq import share_point
 from flmarket_flwr.pass_protocol.graph import neighbourhood_size, secret_threshold, share_threshold
 from flmarket_flwr.pass_protocol.messages import UnmaskRequest
 from flmarket_flwr.pass_protocol.shamir import random_scalar, scalar_to_bytes
+from simulations.inprocess_grid import InProcessGrid
 
 SIZES = [8, 40]
 PROFILES = ["default", "secure"]

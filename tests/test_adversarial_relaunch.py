@@ -20,10 +20,10 @@ from test_secure_profile_market import profile_setup
 
 from flmarket_flwr.market import MarketError, MarketPhase
 from flmarket_flwr.market import server as market_server
-from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.records import context_to_bytes
 from flmarket_flwr.pass_protocol import PassError
 from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_DELTA, SkellamNoise, composed_epsilon
+from simulations.inprocess_grid import InProcessGrid
 
 
 @pytest.fixture(autouse=True)

@@ -18,10 +18,10 @@ from adversary import NUM_CLASSES, make_counts, market_config, record_of, send
 from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import CostBasedBid, MarketError, MarketPhase, register_market_handlers
-from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.ledger import LEDGER_FILE, ReleaseLedger, RosterHistory, isolates_a_small_group
 from flmarket_flwr.market.messages import KEY_ROSTER_NODE_IDS, KEY_ROSTER_WANTED, RECORD_KEY
 from flmarket_flwr.pass_protocol import IdentityDirectory, PassServer, generate_identity
+from simulations.inprocess_grid import InProcessGrid
 
 LEDGER_REASON = "flmarket: market_mask: refused by the node's release ledger"
 

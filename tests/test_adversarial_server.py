@@ -25,7 +25,6 @@ from flwr.clientapp import ClientApp
 
 from flmarket_flwr import pass_protocol
 from flmarket_flwr.market import CostBasedBid, MarketPhase, register_market_handlers
-from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.messages import RECORD_KEY
 from flmarket_flwr.pass_protocol import IdentityDirectory, PassServer, generate_identity
 from flmarket_flwr.pass_protocol.channel import rebuild_secret, scalar_pair_mask
@@ -33,6 +32,7 @@ from flmarket_flwr.pass_protocol.graph import share_threshold
 from flmarket_flwr.pass_protocol.messages import UnmaskRequest
 from flmarket_flwr.pass_protocol.primitives import expand_seed
 from flmarket_flwr.pricing import score
+from simulations.inprocess_grid import InProcessGrid
 
 GENERIC = "flmarket: market_bid: request refused"
 

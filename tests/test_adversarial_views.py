@@ -32,7 +32,6 @@ from flwr.app import Message
 from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import CostBasedBid, MarketPhase, register_market_handlers
-from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, PassError, PassServer, generate_identity
 from flmarket_flwr.pass_protocol.channel import rebuild_secret, scalar_pair_mask
 from flmarket_flwr.pass_protocol.encoding import roster_fingerprint
@@ -45,6 +44,7 @@ from flmarket_flwr.pass_protocol.graph import (
 )
 from flmarket_flwr.pass_protocol.messages import ConsistencyRequest, MaskRequest, UnmaskRequest
 from flmarket_flwr.pass_protocol.primitives import expand_seed
+from simulations.inprocess_grid import InProcessGrid
 
 BOUND = 10**9
 

@@ -20,8 +20,8 @@ from flwr.app import Context, RecordDict
 
 from flmarket_flwr.app.client_app import build_client_app, label_counts
 from flmarket_flwr.market import MarketConfig, MarketError, MarketOutcome, MarketPhase
-from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.pass_protocol import IdentityDirectory, generate_identity, save_identity_key
+from simulations.inprocess_grid import InProcessGrid
 
 NODES = [101, 202, 303, 404, 505]
 VICTIM = 101

@@ -24,7 +24,7 @@ from flwr.app import Context, RecordDict
 from processes import pids_with_cmdline
 from test_app_simulation import LocalFlower, _explain, needs_flower_cli
 
-from flmarket_flwr.market.inprocess import InProcessGrid
+from simulations.inprocess_grid import InProcessGrid
 
 QUICKSTART = Path(__file__).resolve().parent / "quickstart_app"
 PROJECT = QUICKSTART.parents[1]

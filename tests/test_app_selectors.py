@@ -20,9 +20,9 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from flmarket_flwr.app import client_app, server_app
 from flmarket_flwr.app.task import EMBEDDING_DIM, DataConfig, all_label_counts, data_embedding
-from flmarket_flwr.market.inprocess import InProcessGrid
 from simulations import apps
 from simulations.baselines.selectors import select_clients
+from simulations.inprocess_grid import InProcessGrid
 from simulations.run_config import split_run_config
 
 PROJECT = Path(__file__).resolve().parents[1]

@@ -35,7 +35,7 @@ from processes import pids_with_cmdline, stop_started
 
 from flmarket_flwr.app import client_app, server_app
 from flmarket_flwr.market import MarketError
-from flmarket_flwr.market.inprocess import InProcessGrid
+from simulations.inprocess_grid import InProcessGrid
 
 PROJECT = Path(__file__).resolve().parents[1]
 BIN_DIR = Path(sys.executable).parent

@@ -38,7 +38,6 @@ from flmarket_flwr.market.award import (
     unpack_endorsements,
 )
 from flmarket_flwr.market.bidding import CostBasedBid
-from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 from flmarket_flwr.market.messages import (
     ACTION_AUDIT,
     ACTION_ENDORSE,
@@ -57,6 +56,7 @@ from flmarket_flwr.market.records import config_record
 from flmarket_flwr.pass_protocol import generate_identity
 from flmarket_flwr.pass_protocol.identity import sign_award_endorsement
 from flmarket_flwr.pricing import run_auction
+from simulations.inprocess_grid import InProcessGrid, market_client_app
 
 BUYER = Ed25519PrivateKey.generate()
 BUYER_PUBLIC = BUYER.public_key().public_bytes_raw()

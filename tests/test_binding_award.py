@@ -33,7 +33,6 @@ from flmarket_flwr.market.award import Bidder, SignedAward, binding_quorum, sett
 from flmarket_flwr.market.bidding import CostBasedBid
 from flmarket_flwr.market.client import read_award
 from flmarket_flwr.market.config import PROFILE_COLLUDER_SHARE
-from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 from flmarket_flwr.market.messages import (
     ACTION_AUDIT,
     ACTION_AWARD,
@@ -43,6 +42,7 @@ from flmarket_flwr.market.messages import (
 )
 from flmarket_flwr.pass_protocol import load_identity_key
 from flmarket_flwr.pass_protocol.identity import sign_award_endorsement
+from simulations.inprocess_grid import InProcessGrid, market_client_app
 
 NODES = 10
 BUDGET = 40.0

@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 from test_secure_profile_market import profile_setup, secure_config
 
 from flmarket_flwr.market import CostBasedBid, MarketError, MarketPhase, register_market_handlers
-from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.ledger import BudgetExhausted, ReleaseLedger
 from flmarket_flwr.market.messages import ACTIONS
 from flmarket_flwr.market.node_config import colluders_of, min_participants_of, node_noise_of
@@ -34,6 +33,7 @@ from flmarket_flwr.pass_protocol.noise import (
     SkellamNoise,
     skellam_epsilon,
 )
+from simulations.inprocess_grid import InProcessGrid
 
 PROFILE = SkellamNoise(SECURE_PROFILE_EPSILON, SECURE_PROFILE_DELTA)
 TARGET_SD = math.sqrt(PROFILE.target_variance)

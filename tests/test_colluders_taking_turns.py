@@ -29,7 +29,6 @@ from test_secure_profile_market import drop_in_app, profile_setup, secure_config
 from flmarket_flwr.app.run_config import check_run_config, pass_reruns_of
 from flmarket_flwr.market import MarketConfig, MarketError, MarketPhase
 from flmarket_flwr.market.config import DEFAULT_PASS_RERUNS, profile_colluders
-from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.messages import RECORD_KEY
 from flmarket_flwr.market.node_config import (
     PROFILE_ROSTER_SHARE,
@@ -39,6 +38,7 @@ from flmarket_flwr.market.node_config import (
 )
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, generate_identity
 from flmarket_flwr.pass_protocol.graph import secret_threshold
+from simulations.inprocess_grid import InProcessGrid
 
 Hook = Callable[[Any, Any], Any]
 

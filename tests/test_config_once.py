@@ -2,15 +2,18 @@
 or, for the experiments' own keys (``selector``, ``val-per-class``), in their extension of it
 (``simulations.run_config.EXPERIMENT_KEYS``), which the product app neither declares nor reads.
 
-The boundaries' settings (ServerApp, ClientApp, data config, train message, engine job) are generated from the
-schema; the plugin's own defaults (``MarketConfig``, ``SimulatedCostBid``) are the schema's for the keys that
-set them; the ServerApp waits for nodes once; ``FLMarket`` takes a ``MarketConfig`` or the drop-in's shorthand.
+The boundaries' settings (ServerApp, ClientApp, data config, train message, engine job) subclass classes whose
+source is generated from the schema and checked in, held equal to it here, so ``mypy`` sees every field and a renamed
+key fails the type check; the plugin's own defaults (``MarketConfig``, ``SimulatedCostBid``) are the schema's for the
+keys that set them; the ServerApp waits for nodes once; ``FLMarket`` takes a ``MarketConfig`` or the drop-in's
+shorthand.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import typing
 from pathlib import Path
 
 import pytest
@@ -18,24 +21,29 @@ from flwr.app import Context, RecordDict
 from flwr.serverapp.strategy import FedAvg
 from hypothesis import given
 from hypothesis import strategies as st
+from mypy import api as mypy_api
 
 from flmarket_flwr.app import client_app, server_app
+from flmarket_flwr.app import run_config as app_run_config
 from flmarket_flwr.app.run_config import (
     APP_KEYS,
+    APP_SCHEMA,
     DEFAULTS,
     TRAIN_MESSAGE_KEYS,
+    RunConfigSchema,
+    SettingsFields,
     default,
     field_name,
     keys_read_by,
-    schema_class,
     settings_from,
     train_message_config,
 )
 from flmarket_flwr.app.task import DataConfig
 from flmarket_flwr.market import FLMarket, MarketConfig, MarketError, SimulatedCostBid
 from flmarket_flwr.market import server as market_server
-from flmarket_flwr.market.inprocess import InProcessGrid
+from simulations import run_config as experiments_run_config
 from simulations.engine import ENGINE_APP_KEYS, ROUNDS_KEY, SWEEP_DEFAULTS, EngineConfig
+from simulations.inprocess_grid import InProcessGrid
 from simulations.run_config import EXPERIMENT_KEYS, EXPERIMENT_SCHEMA, ExperimentSettings
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -44,6 +52,14 @@ SCHEMA_MODULE = PACKAGE / "app" / "run_config.py"
 NODE_SCHEMA_MODULE = PACKAGE / "market" / "node_config.py"
 PLUGIN_SOURCES = {"MarketConfig", "SimulatedCostBid"}
 """The plugin's classes whose field defaults the schema reads (a key's one default lives there)."""
+GENERATED = {
+    PACKAGE / "app" / "settings_fields.py": app_run_config.python_source,
+    PROJECT / "simulations" / "settings_fields.py": experiments_run_config.python_source,
+}
+"""Each module generated from a schema, and the function that prints its source."""
+OWN_FIELDS = {"DataConfig.val_per_class"}
+"""Fields named like a key that are a boundary's own: the data config's validation split (``0`` in the app, which
+has no ``val-per-class`` key; the experiments set it from theirs)."""
 
 
 def _python_files(*roots: Path) -> list[Path]:
@@ -86,6 +102,8 @@ def test_no_class_restates_a_key_as_a_field_with_its_own_default() -> None:
     fields = {key.field: key.default for key in EXPERIMENT_SCHEMA.keys}
     found = []
     for path in _python_files(PACKAGE, PROJECT / "simulations", PROJECT / "benchmarks"):
+        if path in GENERATED:  # printed from the schema, and held equal to it below
+            continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(node, ast.ClassDef) or node.name in PLUGIN_SOURCES:
                 continue
@@ -94,6 +112,7 @@ def test_no_class_restates_a_key_as_a_field_with_its_own_default() -> None:
                     isinstance(statement, ast.AnnAssign)
                     and isinstance(statement.target, ast.Name)
                     and statement.target.id in fields
+                    and f"{node.name}.{statement.target.id}" not in OWN_FIELDS
                     and _restates(statement.value, statement.target.id, fields[statement.target.id])
                 ):
                     found.append(f"{path.relative_to(PROJECT)}:{statement.lineno} {node.name}.{statement.target.id}")
@@ -132,17 +151,29 @@ def test_the_plugin_and_the_app_share_each_default() -> None:
     ids=["server", "client", "train message", "data", "engine", "experiments"],
 )
 def test_each_boundary_has_a_field_per_schema_key_with_its_default(settings: type, keys: tuple, own: tuple) -> None:
-    """The fields are the keys' Python names, typed and defaulted by the schema, then the boundary's own."""
+    """The fields are the keys' Python names, typed (as a type checker reads them too) and defaulted by the schema,
+    then the boundary's own; the settings are frozen."""
     names = [item.name for item in dataclasses.fields(settings)]
     assert names[: len(keys)] == [field_name(key) for key in keys]
     if own is not None:
         assert names[len(keys) :] == list(own)
     instance = settings()
+    annotations = typing.get_type_hints(settings)
     defaults = EXPERIMENT_SCHEMA.defaults  # the app's, and the engine's selector and val-per-class
     for key in keys:
         if settings is not EngineConfig:  # the engine's sweep profile differs on purpose (SWEEP_DEFAULTS)
             assert getattr(instance, field_name(key)) == defaults[key], key
-        assert type(getattr(instance, field_name(key))) is type(defaults[key]), key
+        assert type(getattr(instance, field_name(key))) is type(defaults[key]) is annotations[field_name(key)], key
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(instance, names[0], getattr(instance, names[0]))
+
+
+@pytest.mark.parametrize("path", sorted(GENERATED), ids=lambda path: str(path.relative_to(PROJECT)))
+def test_each_generated_settings_module_is_what_its_schema_prints(path: Path) -> None:
+    """The checked-in source of the settings classes is the schema's: a key added, renamed, retyped or given another
+    default in the schema fails here until the module is printed again (the command is in its first line)."""
+    command = path.read_text(encoding="utf-8").split("``")[1]
+    assert path.read_text(encoding="utf-8") == GENERATED[path](), f"stale: run {command} > {path.relative_to(PROJECT)}"
 
 
 def test_each_key_is_declared_once_and_the_app_declares_no_experiment_key() -> None:
@@ -184,17 +215,41 @@ def test_a_wrongly_typed_value_is_refused_naming_the_key() -> None:
     with pytest.raises(ValueError, match="num-selected"):
         settings_from(server_app.ServerSettings, {"num-selected": "three"})
     with pytest.raises(ValueError, match="num-selected"):
-        schema_class("Profile", ["num-selected"], overrides={"num-selected": "three"})
+        APP_SCHEMA.python_source([SettingsFields("Profile", ("num-selected",), "-", {"num-selected": "three"})], "-")
+
+
+def _generated(schema: RunConfigSchema, spec: SettingsFields) -> type:
+    namespace: dict[str, object] = {}
+    exec(schema.python_source([spec], "test"), namespace)  # pylint: disable=exec-used
+    made = namespace[spec.name]
+    assert isinstance(made, type)
+    return made
 
 
 def test_a_key_added_to_the_schema_reaches_every_boundary_reading_it() -> None:
-    """The fields follow the schema: a boundary built from a set of keys has exactly those fields, nothing else."""
-    keys = ("budget", "momentum", "run-name")
-    made = schema_class("Made", keys, extra=[("own", int, 7)])
-    assert [item.name for item in dataclasses.fields(made)] == ["budget", "momentum", "run_name", "own"]
-    assert made() == made(budget=DEFAULTS["budget"], momentum=DEFAULTS["momentum"], run_name="", own=7)
+    """The fields follow the schema: a class printed from a set of keys has exactly those fields, nothing else."""
+    made = _generated(APP_SCHEMA, SettingsFields("Made", ("budget", "momentum", "run-name"), "Made.", {"budget": 2}))
+    assert [item.name for item in dataclasses.fields(made)] == ["budget", "momentum", "run_name"]
+    assert made() == made(budget=2.0, momentum=DEFAULTS["momentum"], run_name="")
     with pytest.raises(dataclasses.FrozenInstanceError):
-        made().budget = 1.0  # type: ignore[misc]
+        made().budget = 1.0
+
+
+def test_mypy_catches_a_key_renamed_in_the_schema(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Code that reads ``local_epochs`` type-checks against the schema's classes, and fails ``mypy`` once the key
+    is renamed in the schema and the classes printed again (no run needed)."""
+    reader = "from fields import TrainFields\n\nepochs: int = TrainFields().local_epochs\n"
+    (tmp_path / "reader.py").write_text(reader, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    renamed = [dataclasses.replace(key, name="local-rounds") if key.name == "local-epochs" else key for key in APP_KEYS]
+    reports = []
+    for schema, keys in ((APP_SCHEMA, TRAIN_MESSAGE_KEYS), (RunConfigSchema(renamed, "-"), ("local-rounds",))):
+        source = schema.python_source([SettingsFields("TrainFields", keys, "Train.")], "test")
+        (tmp_path / "fields.py").write_text(source, encoding="utf-8")
+        report, _, status = mypy_api.run(["--no-incremental", "--cache-dir", str(tmp_path / ".mypy"), "reader.py"])
+        reports.append((status, report))
+    assert reports[0][0] == 0, reports[0][1]
+    assert reports[1][0] == 1 and '"TrainFields" has no attribute "local_epochs"' in reports[1][1], reports[1][1]
 
 
 def test_the_train_message_carries_the_servers_training_keys() -> None:

@@ -8,7 +8,7 @@ from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, 
 from test_strategy import INITIAL, market_grid, receivers, wrapped
 
 from flmarket_flwr.market import FLMarket
-from flmarket_flwr.market.inprocess import InProcessGrid
+from simulations.inprocess_grid import InProcessGrid
 
 
 def drop_train_replies_of(grid: InProcessGrid, node: int) -> None:

@@ -32,10 +32,10 @@ from scipy.stats import chi2
 from test_colluders import charged_variance
 
 from flmarket_flwr.market import CostBasedBid, MarketPhase, register_market_handlers
-from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.ledger import LEDGER_FILE, BudgetExhausted, LedgerError, ReleaseLedger
 from flmarket_flwr.pass_protocol import SkellamNoise
 from flmarket_flwr.pass_protocol.noise import PrivacyBudget, composed_epsilon, skellam_epsilon
+from simulations.inprocess_grid import InProcessGrid
 
 REPO = Path(__file__).resolve().parent.parent
 E = 30

@@ -15,7 +15,7 @@ from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, 
 from test_grid_view import NUM_CLASSES, make_counts, training_app
 
 from flmarket_flwr.market import FLMarket, MarketConfig
-from flmarket_flwr.market.inprocess import InProcessGrid
+from simulations.inprocess_grid import InProcessGrid
 
 PROJECT = Path(__file__).resolve().parents[1]
 NOISE_MULTIPLIER, CLIPPING_NORM = 1.0, 10.0  # the documented block's

@@ -24,7 +24,6 @@ from flmarket_flwr.app.task import (
     train,
 )
 from flmarket_flwr.market import MarketConfig, MarketPhase, WinnersGrid
-from flmarket_flwr.market.inprocess import InProcessGrid
 from simulations.apps import build_client_app
 from simulations.baselines.selectors import select_clients
 from simulations.config import app_config_defaults
@@ -39,6 +38,7 @@ from simulations.engine import (
     run_engine,
     select,
 )
+from simulations.inprocess_grid import InProcessGrid
 from simulations.run_config import split_run_config
 
 NODE_BASE = 7_000

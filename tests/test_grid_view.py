@@ -11,7 +11,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAdagrad, FedAvg, FedProx
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase, WinnersGrid, read_award
-from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
+from simulations.inprocess_grid import InProcessGrid, market_client_app
 
 NUM_CLASSES = 4
 

@@ -9,7 +9,7 @@ from flwr.app import Context
 from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketError, MarketPhase, register_market_handlers
-from flmarket_flwr.market.inprocess import InProcessGrid
+from simulations.inprocess_grid import InProcessGrid
 
 C = 4
 NODES = [11, 22, 33, 44, 55]

@@ -24,6 +24,7 @@ FLOORS: dict[str, int] = {
     "flmarket_flwr.market": 1,  # the Flower glue: FLMarket, the market phase, the client handlers
     "flmarket_flwr": 1,  # the package's own __init__
     "flmarket_flwr.app.data": 2,  # the example app's data sets
+    "simulations.inprocess_grid": 2,  # the test harness: a Grid running real ClientApps in one process (not the wheel)
     "flmarket_flwr.app": 3,  # the example app: ServerApp, ClientApp, run config, task, models, demo
     "simulations.baselines": 4,  # the experiments' baselines: RS, QBS, DICE, DDS, S-FedAvg
     "simulations": 5,  # the experiments' runtime: engine, sweeps, report
@@ -144,6 +145,7 @@ def test_the_rooms_import_one_another_without_a_circle() -> None:
         ("flmarket_flwr.app.server_app", "flmarket_flwr.app"),
         ("simulations.baselines.selectors", "simulations.baselines"),
         ("simulations.engine", "simulations"),
+        ("simulations.inprocess_grid", "simulations.inprocess_grid"),
     ],
 )
 def test_a_module_belongs_to_its_longest_room(module: str, room: str) -> None:

@@ -28,7 +28,6 @@ from flmarket_flwr.market import (
 )
 from flmarket_flwr.market.award import AwardTerms, BidsTree, SignedAward, build_award, sign_award
 from flmarket_flwr.market.client import ERROR_PREFIX
-from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 from flmarket_flwr.market.messages import (
     ACTION_ADVERTISE,
     ACTION_AUDIT,
@@ -61,6 +60,7 @@ from flmarket_flwr.market.messages import (
 from flmarket_flwr.pass_protocol import PassServer, SkellamNoise, counts_commitment
 from flmarket_flwr.pass_protocol.messages import MaskedInput
 from flmarket_flwr.pricing import score
+from simulations.inprocess_grid import InProcessGrid, market_client_app
 
 C = 5
 SESSION = b"flmarket/test-session"

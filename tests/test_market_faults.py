@@ -20,7 +20,6 @@ from flwr.common.constant import ErrorCode
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketError, MarketOutcome, MarketPhase
 from flmarket_flwr.market.award import Award
-from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 from flmarket_flwr.market.messages import (
     ACTION_ADVERTISE,
     ACTION_AUDIT,
@@ -38,6 +37,7 @@ from flmarket_flwr.market.messages import (
 )
 from flmarket_flwr.pass_protocol.encoding import bitmap_to_indices
 from flmarket_flwr.pricing import run_auction, score
+from simulations.inprocess_grid import InProcessGrid, market_client_app
 
 NUM_CLASSES = 6
 COST, MARKUP = 0.05, 0.2

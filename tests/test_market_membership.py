@@ -25,9 +25,9 @@ from flmarket_flwr.market.award import (
     check_award,
     sign_award,
 )
-from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 from flmarket_flwr.market.membership import auction_budget, parse_node_ids, plan_membership
 from flmarket_flwr.pricing import run_auction
+from simulations.inprocess_grid import InProcessGrid, market_client_app
 
 NUM_CLASSES = 10
 KEY = Ed25519PrivateKey.generate()

@@ -15,7 +15,7 @@ from test_app_simulation import app_run_config
 
 from flmarket_flwr.app import client_app, server_app
 from flmarket_flwr.market import FLMarket, MarketConfig, MarketError, MarketPhase
-from flmarket_flwr.market.inprocess import InProcessGrid
+from simulations.inprocess_grid import InProcessGrid
 
 
 def dropping(nodes: set[int], message_type: str):

@@ -25,9 +25,9 @@ from flmarket_flwr.market import (
     simulated_cost_per_sample,
 )
 from flmarket_flwr.market.award import SignedAward
-from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 from flmarket_flwr.market.messages import RECORD_KEY
 from flmarket_flwr.pricing import cohort_budget, run_auction, score
+from simulations.inprocess_grid import InProcessGrid, market_client_app
 
 NUM_CLASSES = 10
 

@@ -12,7 +12,7 @@ from test_app_simulation import app_run_config
 
 from flmarket_flwr.app import client_app, server_app
 from flmarket_flwr.app.market_progress import UNFINISHED
-from flmarket_flwr.market.inprocess import InProcessGrid
+from simulations.inprocess_grid import InProcessGrid
 
 NODES = [101, 202, 303, 404, 505, 606]
 

@@ -19,7 +19,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase, records
-from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 from flmarket_flwr.market.records import (
     config_record,
     config_record_to_proto,
@@ -29,6 +28,7 @@ from flmarket_flwr.market.records import (
     inflate_message,
     set_values,
 )
+from simulations.inprocess_grid import InProcessGrid, market_client_app
 
 T = TypeVar("T")
 PROTOBUF_BOOL_AS_INT = "Expected an int, got a boolean"

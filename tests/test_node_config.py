@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from flmarket_flwr.app.client_app import NODE_CONFIG, build_client_app
 from flmarket_flwr.app.run_config import APP_KEYS
 from flmarket_flwr.market import MarketConfig, MarketPhase
-from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.node_config import (
     MARKET_NODE_KEYS,
     MARKET_SCHEMA,
@@ -28,6 +27,7 @@ from flmarket_flwr.market.node_config import (
 )
 from flmarket_flwr.pass_protocol import IdentityDirectory, SkellamNoise, generate_identity
 from flmarket_flwr.pass_protocol.noise import PrivacyBudget
+from simulations.inprocess_grid import InProcessGrid
 
 KEY = generate_identity()[1].hex()
 BAD_VALUES: dict[str, list[Any]] = {

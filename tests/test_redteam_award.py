@@ -39,7 +39,6 @@ from flmarket_flwr.market.award import (  # _signed_message: the buyer signs raw
 )
 from flmarket_flwr.market.client import read_award
 from flmarket_flwr.market.config import PROFILE_COLLUDER_SHARE
-from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.messages import (
     ACTION_AUDIT,
     ACTION_AWARD,
@@ -52,6 +51,7 @@ from flmarket_flwr.market.messages import (
     KEY_SESSION,
 )
 from flmarket_flwr.pass_protocol.identity import sign_award_endorsement
+from simulations.inprocess_grid import InProcessGrid
 
 STATED = math.ceil(PROFILE_COLLUDER_SHARE * NODES)
 QUORUM = binding_quorum(NODES, STATED)

@@ -35,7 +35,6 @@ from flmarket_flwr.market import (
     NoWinnerConnectedError,
     WinnersGrid,
 )
-from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 from flmarket_flwr.market.messages import (
     ACTION_AUDIT,
     ACTION_BID,
@@ -46,6 +45,7 @@ from flmarket_flwr.market.messages import (
     ACTIONS,
 )
 from flmarket_flwr.pricing import run_auction, score
+from simulations.inprocess_grid import InProcessGrid, market_client_app
 
 NUM_CLASSES = 5
 COST = 0.05

@@ -44,7 +44,6 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase
-from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app, wire_roundtrip
 from flmarket_flwr.market.messages import (
     ACTION_ADVERTISE,
     ACTION_AUDIT,
@@ -67,6 +66,7 @@ from flmarket_flwr.market.messages import (
 )
 from flmarket_flwr.pass_protocol.primitives import load_public_key
 from flmarket_flwr.pricing import run_auction, score
+from simulations.inprocess_grid import InProcessGrid, market_client_app, wire_roundtrip
 
 NUM_CLASSES = 5
 NUM_NODES = 6

@@ -19,7 +19,7 @@ import torch
 from flwr.app import Context, RecordDict
 
 from flmarket_flwr.app import client_app, server_app
-from flmarket_flwr.market.inprocess import InProcessGrid
+from simulations.inprocess_grid import InProcessGrid
 
 PROJECT = Path(__file__).resolve().parents[1]
 NODE_IDS = [11, 22, 33, 44, 55, 66]

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flmarket_flwr.market import MarketConfig, MarketPhase, read_award
-from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
+from simulations.inprocess_grid import InProcessGrid, market_client_app
 
 NUM_CLASSES = 6
 FACTORS = (0.01, 0.3, 0.7, 0.9, 0.99, 1.01, 1.1, 1.5, 3.0, 50.0)

@@ -1,6 +1,6 @@
 """Tests of S-FedAvg: the Shapley estimator, relevance-weighted sampling and the Flower strategy.
 
-The strategy runs over :class:`~flmarket_flwr.market.inprocess.InProcessGrid` (a real
+The strategy runs over :class:`~simulations.inprocess_grid.InProcessGrid` (a real
 ``ClientApp`` per node, messages through Flower's wire format) with toy clients whose
 "models" are plain numpy vectors: relevant clients move the model towards a target vector,
 noisy clients add large random noise; the validation score rewards closeness to the target.
@@ -26,7 +26,6 @@ from hypothesis import strategies as st
 
 from flmarket_flwr.app.models import DigitsCNN, get_arrays
 from flmarket_flwr.app.task import evaluate
-from flmarket_flwr.market.inprocess import InProcessGrid
 from simulations.apps import make_validation_fn
 from simulations.baselines import (
     SFedAvg,
@@ -34,6 +33,7 @@ from simulations.baselines import (
     sample_without_replacement,
     softmax,
 )
+from simulations.inprocess_grid import InProcessGrid
 
 TARGET = np.linspace(-1.0, 1.0, 16)
 NODES = list(range(101, 111))

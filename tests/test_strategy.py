@@ -18,7 +18,7 @@ from flwr.serverapp.strategy import (
 from test_grid_view import NUM_CLASSES, make_counts, training_app
 
 from flmarket_flwr.market import FLMarket, MarketConfig, MarketError, WinnersGrid
-from flmarket_flwr.market.inprocess import InProcessGrid
+from simulations.inprocess_grid import InProcessGrid
 
 INITIAL = ArrayRecord({"w": Array(np.zeros(3))})
 

@@ -24,12 +24,10 @@ from flwr.clientapp import ClientApp
 
 from flmarket_flwr.app.run_config import (
     DEFAULTS,
-    TRAIN_MESSAGE_KEYS,
-    keys_read_by,
     market_noise,
-    schema_class,
     settings_from,
 )
+from flmarket_flwr.app.settings_fields import ClientFields, TrainFields
 from flmarket_flwr.app.task import (
     DataConfig,
     build_task_model,
@@ -75,16 +73,12 @@ NODE_CONFIG: Final = MARKET_SCHEMA.extended(APP_NODE_KEYS, run_config_keys=DEFAU
 """Every node-config key of the app; a run-config key given as node config is refused by name."""
 
 
-_ClientFields: Any = schema_class("ClientSettings", keys_read_by("data", "client", "both"))
-_TrainFields: Any = schema_class("TrainSettings", TRAIN_MESSAGE_KEYS)
-
-
-class ClientSettings(_ClientFields):
+class ClientSettings(ClientFields):
     """The run config as the ClientApp reads it: a field per key of :data:`~flmarket_flwr.app.run_config.APP_KEYS`
     read by the data config, the client or both apps, typed (the ServerApp checks the values)."""
 
 
-class TrainSettings(_TrainFields):
+class TrainSettings(TrainFields):
     """A train message's local-training settings (its ``config`` record, else the run config's)."""
 
 

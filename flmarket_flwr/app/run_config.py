@@ -2,8 +2,10 @@
 
 ``[tool.flwr.app.config]`` in ``pyproject.toml`` (what ``flwr run`` reads) restates :data:`APP_KEYS`
 (``python -m flmarket_flwr.app.run_config`` prints the block; a test holds the two equal). Each boundary's settings
-(the ServerApp's, the ClientApp's, the data config, the train message, the engine's job) is a
-:func:`schema_class` dataclass generated from it; Hydra's ``conf/`` reads it as a structured config. The keys
+(the ServerApp's, the ClientApp's, the data config, the train message, the engine's job) subclass a frozen
+dataclass whose source is generated from it (:data:`APP_SETTINGS_FIELDS`, written to
+:mod:`flmarket_flwr.app.settings_fields` by ``python -m flmarket_flwr.app.run_config --python``; a test holds the
+file equal), so a type checker sees every field; Hydra's ``conf/`` reads the schema as a structured config. The keys
 the plugin also takes (the market's, the simulated bids') default to the plugin's own defaults. An app built on
 this one (the experiments, :mod:`simulations.run_config`) extends :data:`APP_SCHEMA` with its own keys.
 """
@@ -12,8 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import re
+import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar
@@ -33,6 +37,7 @@ from flmarket_flwr.pass_protocol.noise import SkellamNoise
 __all__ = [
     "APP_KEYS",
     "APP_SCHEMA",
+    "APP_SETTINGS_FIELDS",
     "DEFAULTS",
     "TRAIN_MESSAGE_KEYS",
     "AppKey",
@@ -48,11 +53,12 @@ __all__ = [
     "neighbours_of",
     "pass_reruns_of",
     "pyproject_table",
+    "python_source",
     "read",
     "RunConfigSchema",
     "relaunch_of",
-    "schema_class",
     "settings_from",
+    "SettingsFields",
     "train_message_config",
     "typed",
 ]
@@ -97,6 +103,29 @@ class AppKey:
 def field_name(key: str) -> str:
     """A run-config key as a Python name (``num-selected`` -> ``num_selected``): the one place names change."""
     return key.replace("-", "_")
+
+
+@dataclass(frozen=True)
+class SettingsFields:
+    """One generated class of a boundary's settings: a frozen dataclass with a field per run-config key.
+
+    Attributes
+    ----------
+    name : str
+        The class name; the boundary's class subclasses it (``class ServerSettings(ServerFields)``) to add methods,
+        or its own fields under ``@dataclass(frozen=True)``.
+    keys : tuple of str
+        Its run-config keys in order, each a field named by :func:`field_name`, typed and defaulted by the schema.
+    meaning : str
+        Whose settings these are (the class docstring).
+    overrides : Mapping[str, Scalar]
+        Other defaults for some keys (a profile, like the engine's sweeps'), each checked as the key's type.
+    """
+
+    name: str
+    keys: tuple[str, ...]
+    meaning: str
+    overrides: Mapping[str, Scalar] = dataclasses.field(default_factory=dict)
 
 
 def _default_of(cls: type, name: str) -> Scalar:
@@ -158,10 +187,10 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
     AppKey("test-per-class", 30, "server-side balanced test set (digits: 300 images)", "data", _at_least(1), ">= 1"),
     AppKey("seed", 0, "data split, initial model, sampling, simulated costs", "data", _at_least(0), ">= 0"),
     # Selection.
-    AppKey("budget", 600.0, "the buyer's budget R for the run: total payments, every market together, never exceed "
-           "it", "server", _positive, "> 0"),
-    AppKey("num-selected", 0, "0: the budget decides; n > 0: at most n winners, within the budget", "server",
-           _at_least(0), ">= 0 (0: the budget decides)"),
+    AppKey("budget", 600.0, "the buyer's auction budget R for the run: total payments, every market together, "
+           "never exceed it", "server", _positive, "> 0"),
+    AppKey("num-selected", 0, "0: the auction budget decides; n > 0: at most n winners, within it", "server",
+           _at_least(0), ">= 0 (0: the auction budget decides)"),
     AppKey("cost-low", _default_of(SimulatedCostBid, "low"),
            "simulated cost per sample, uniform in [cost-low, cost-high)", "client", _positive, "> 0"),
     AppKey("cost-high", _default_of(SimulatedCostBid, "high"), "upper end of the simulated cost per sample", "client",
@@ -198,15 +227,15 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
     AppKey("roster-history", "", "path of the buyer's record of its markets' members (JSON): each market leaves out "
            'the few clients the nodes\' release ledgers would refuse it for; "" for none', "server"),
     AppKey("market-include", "", "nodes that must train, outside the auction, each paid market-include-payment "
-           'charged against the budget before the auction runs: ids or tags ("12, 345, tag:partner"; a tag is node '
-           'config market-tag); "" for none', "server", _node_ids_ok,
+           'charged against the auction budget before the auction runs: ids or tags ("12, 345, tag:partner"; a tag '
+           'is node config market-tag); "" for none', "server", _node_ids_ok,
            "comma-separated node ids or tag:<label>, like '12, tag:partner'"),
     AppKey("market-include-payment", 0.0, "fixed payment of each market-include node", "server",
            lambda value: 0.0 <= value < math.inf, ">= 0 and finite"),
     AppKey("market-exclude", "", 'nodes the market never invites: ids or tags ("12, tag:rival"); "" for none',
            "server", _node_ids_ok, "comma-separated node ids or tag:<label>, like '12, tag:rival'"),
     AppKey("market-relaunch-every", 0, "run the market again every n rounds, in the same run, out of what is left of "
-           "the budget (0: off; by default it buys only nodes that have not released yet, the secure profile "
+           "the auction budget (0: off; by default it buys only nodes that have not released yet, the secure profile "
            "invites every node again)", "server", _at_least(0), ">= 0 (0: off)"),
     AppKey("market-relaunch-churn", 0.0, "run the market again when more than this fraction of the nodes joined or "
            "left since the last one (0: off)", "server", lambda value: 0.0 <= value < math.inf,
@@ -273,13 +302,18 @@ def pass_reruns_of(value: str) -> int | str:
     return int(value) if value.isdigit() else value
 
 
-def _run_check(self: Any) -> None:
-    self.check()
+def _python(value: Scalar) -> str:
+    """``value`` as a Python literal, double-quoted as ``ruff format`` writes strings."""
+    return json.dumps(value) if isinstance(value, str) else repr(value)
 
 
-def _check_nothing(self: Any) -> None:
-    """Raise ``ValueError`` for settings that cannot work together (the keys' own checks are :func:`check_values`)."""
-    del self
+def _docstring(text: str, indent: str) -> list[str]:
+    """``text`` as a docstring's lines at ``indent``, wrapped within 120 characters."""
+    quotes = '"' * 3
+    lines = textwrap.wrap(text.replace(quotes, "'" * 3), 110 - len(indent), break_on_hyphens=False)
+    lines[0] = quotes + lines[0]
+    lines[-1] += (" " if lines[-1].endswith('"') else "") + quotes  # as ruff format writes a docstring ending in "
+    return [indent + line for line in lines]
 
 
 def _toml(value: Scalar) -> str:
@@ -338,46 +372,55 @@ class RunConfigSchema:
         """Key ``name`` of ``run_config``, typed, or its default when absent."""
         return self.typed(name, run_config[name]) if name in run_config else self.default(name)
 
-    def schema_class(
-        self,
-        name: str,
-        keys: Iterable[str],
-        *,
-        extra: Sequence[tuple[str, type, Any]] = (),
-        overrides: Mapping[str, Scalar] | None = None,
-    ) -> Any:
-        """A frozen dataclass with a typed field per run-config key, its default the schema's: a boundary's settings.
+    def python_source(self, classes: Sequence[SettingsFields], command: str) -> str:
+        """The source of a module declaring ``classes``: what ``command`` writes, which a type checker can read.
 
-        Subclass it to add methods (``class ServerSettings(schema_class("ServerSettings", keys_read_by("server")))``);
-        its fields are never written out by hand, so a key is named in its schema only. Every instance runs
-        its ``check()`` method when made (nothing, unless a subclass overrides it with its own rules).
+        Each class is a frozen dataclass with a field per key, typed and defaulted by this schema (or its
+        ``overrides``), each key's meaning as the field's docstring; it runs its ``check()`` when made (nothing,
+        unless the boundary's subclass overrides it with its own rules). The fields are never written by hand: a
+        key is named in its schema only, and a test holds the module equal to this text.
 
-        Parameters
-        ----------
-        name : str
-            The class name (give the subclass's, for its ``repr``).
-        keys : iterable of str
-            Run-config keys, each a field named by :func:`field_name`, typed and defaulted by the schema.
-        extra : sequence of (name, type, default)
-            Fields of the boundary's own, not run-config keys, after the keys'.
-        overrides : Mapping[str, Scalar], optional
-            Other defaults for some keys (a profile), each checked as the key's type.
-
-        Returns
-        -------
-        type
-            The dataclass (``frozen=True``): hashable, comparable, ``asdict``-able.
+        Raises
+        ------
+        ValueError
+            An override of the wrong type, naming the key.
         """
-        key_fields = []
-        for key in keys:
-            value = self.typed(key, overrides[key]) if overrides is not None and key in overrides else self.default(key)
-            key_fields.append((field_name(key), type(self.default(key)), dataclasses.field(default=value)))
-        own = [(field, kind, dataclasses.field(default=value)) for field, kind, value in extra]
-        namespace = {"__post_init__": _run_check, "check": _check_nothing}
-        return dataclasses.make_dataclass(name, [*key_fields, *own], frozen=True, namespace=namespace)
+        lines = [
+            f'"""Generated by ``{command}``: do not edit (a test holds the two equal).',
+            "",
+            "A frozen dataclass per boundary with a field per run-config key (``-`` there for ``_`` here), typed and",
+            "defaulted by the schema, each key's meaning as its docstring; each boundary's settings subclass one.",
+            '"""',
+            "",
+            "from __future__ import annotations",
+            "",
+            "from dataclasses import dataclass",
+            "",
+            "__all__ = [" + ", ".join(f'"{spec.name}"' for spec in classes) + "]",
+        ]
+        for spec in classes:
+            lines += ["", "", "@dataclass(frozen=True)", f"class {spec.name}:", *_docstring(spec.meaning, "    "), ""]
+            for name in spec.keys:
+                value = self.typed(name, spec.overrides[name]) if name in spec.overrides else self.default(name)
+                kind = type(self.default(name)).__name__
+                lines += [
+                    f"    {field_name(name)}: {kind} = {_python(value)}",
+                    *_docstring(self.key(name).meaning, "    "),
+                ]
+            lines += [
+                "",
+                "    def __post_init__(self) -> None:",
+                "        self.check()",
+                "",
+                "    def check(self) -> None:",
+                '        """Raise ``ValueError`` for settings that cannot work together: a subclass\'s rules (the',
+                '        schema checks each key\'s value)."""',
+            ]
+        return "\n".join(lines) + "\n"
 
     def settings_from(self, cls: type[SettingsType], run_config: Mapping[str, Any], **extra: Any) -> SettingsType:
-        """An instance of a :meth:`schema_class` class read from ``run_config``: each key typed, absent ones at default.
+        """An instance of a generated settings class (:meth:`python_source`) read from ``run_config``: each key
+        typed, absent ones at default.
 
         Only typed (:meth:`read`), not checked: check the whole run config once where it enters
         (:meth:`check_run_config`). ``extra`` sets the class's own fields.
@@ -460,7 +503,6 @@ default = APP_SCHEMA.default
 keys_read_by = APP_SCHEMA.keys_read_by
 typed = APP_SCHEMA.typed
 read = APP_SCHEMA.read
-schema_class = APP_SCHEMA.schema_class
 settings_from = APP_SCHEMA.settings_from
 check_values = APP_SCHEMA.check_values
 check_run_config = APP_SCHEMA.check_run_config
@@ -473,12 +515,35 @@ TRAIN_MESSAGE_KEYS: Final = ("local-epochs", "batch-size", "learning-rate", "mom
 
 
 def train_message_config(settings: object) -> dict[str, Any]:
-    """The train message's ``config`` record: the :data:`TRAIN_MESSAGE_KEYS` fields of ``settings`` (a
-    :func:`schema_class` instance that has them)."""
+    """The train message's ``config`` record: the :data:`TRAIN_MESSAGE_KEYS` fields of ``settings`` (an instance of
+    a generated settings class that has them)."""
     return {name: getattr(settings, field_name(name)) for name in TRAIN_MESSAGE_KEYS}
+
+
+APP_SETTINGS_FIELDS: Final = (
+    SettingsFields(
+        "ServerFields",
+        keys_read_by("data", "server", "both"),
+        "The run config as the ServerApp reads it: the keys read by the data config, the server or both apps.",
+    ),
+    SettingsFields(
+        "ClientFields",
+        keys_read_by("data", "client", "both"),
+        "The run config as the ClientApp reads it: the keys read by the data config, the client or both apps.",
+    ),
+    SettingsFields("TrainFields", TRAIN_MESSAGE_KEYS, "A train message's local-training settings."),
+    SettingsFields("DataFields", keys_read_by("data"), "The data config's run-config keys."),
+)
+"""The app's generated settings classes, in :mod:`flmarket_flwr.app.settings_fields`."""
+
+
+def python_source() -> str:
+    """The source of :mod:`flmarket_flwr.app.settings_fields` (``python -m flmarket_flwr.app.run_config --python``)."""
+    return APP_SCHEMA.python_source(APP_SETTINGS_FIELDS, "python -m flmarket_flwr.app.run_config --python")
 
 
 if __name__ == "__main__":
     import sys
 
-    print(markdown_table() if sys.argv[1:] == ["--markdown"] else pyproject_table(), end="")
+    printers: dict[tuple[str, ...], Callable[[], str]] = {("--markdown",): markdown_table, ("--python",): python_source}
+    print(printers.get(tuple(sys.argv[1:]), pyproject_table)(), end="")

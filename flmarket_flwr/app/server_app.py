@@ -31,16 +31,15 @@ from flmarket_flwr.app.market_progress import MarketProgress, ProgressGrid
 from flmarket_flwr.app.results import CentralEvaluation, make_run_dir, save_results
 from flmarket_flwr.app.run_config import (
     check_run_config,
-    keys_read_by,
     market_noise,
     membership_of,
     neighbours_of,
     pass_reruns_of,
     relaunch_of,
-    schema_class,
     settings_from,
     train_message_config,
 )
+from flmarket_flwr.app.settings_fields import ServerFields
 from flmarket_flwr.app.task import (
     DataConfig,
     build_task_model,
@@ -65,10 +64,7 @@ __all__ = [
 ]
 
 
-_ServerFields: Any = schema_class("ServerSettings", keys_read_by("data", "server", "both"))
-
-
-class ServerSettings(_ServerFields):
+class ServerSettings(ServerFields):
     """The run config as the ServerApp reads it, typed: a field per key of
     :data:`~flmarket_flwr.app.run_config.APP_KEYS` read by the data config, the server or both apps (``-`` there for
     ``_`` here), with the schema's defaults."""

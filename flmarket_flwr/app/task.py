@@ -27,7 +27,8 @@ from flmarket_flwr.app.data.registry import (
     canonical_dataset_name,
     load_dataset,
 )
-from flmarket_flwr.app.run_config import check_values, field_name, keys_read_by, schema_class, settings_from
+from flmarket_flwr.app.run_config import check_values, field_name, keys_read_by, settings_from
+from flmarket_flwr.app.settings_fields import DataFields
 
 if TYPE_CHECKING:
     import torch
@@ -78,12 +79,8 @@ DEFAULT_NUM_CLIENTS = 20
 """Partitions of the training pool when neither the node config (``num-partitions``) nor the caller says."""
 
 
-_DataConfigFields: Any = schema_class(
-    "DataConfig", _DATA_KEYS, extra=[("num_clients", int, DEFAULT_NUM_CLIENTS), ("val_per_class", int, 0)]
-)
-
-
-class DataConfig(_DataConfigFields):
+@dataclasses.dataclass(frozen=True)
+class DataConfig(DataFields):
     """How the data set is split between the server's test set and the clients.
 
     A field per ``data`` key of :data:`~flmarket_flwr.app.run_config.APP_KEYS` (``-`` there for ``_`` here; their
@@ -113,6 +110,9 @@ class DataConfig(_DataConfigFields):
     ``torch`` is imported inside the functions that need tensors, not at module level: in a deployment
     every message runs in a fresh ClientApp process, and the market messages only need the label counts.
     """
+
+    num_clients: int = DEFAULT_NUM_CLIENTS
+    val_per_class: int = 0
 
     @classmethod
     def from_run_config(
@@ -505,8 +505,9 @@ def train(
     seed : int, optional
         Seed of the mini-batch shuffling (unseeded when ``None``).
     steps : int, optional
-        Train exactly this many mini-batches instead, drawn from successive random permutations of the
-        data (so a client with fewer than ``batch_size * steps`` samples passes over it more than once).
+        The training budget in mini-batches: train exactly this many instead of ``epochs`` passes, drawn from
+        successive random permutations of the data (so a client with fewer than ``batch_size * steps`` samples
+        passes over it more than once).
     clip_norm : float (default: 0.0)
         Clip the gradient norm of every step at this value (0: no clipping).
 
@@ -521,8 +522,8 @@ def train(
 
     images, labels = data[0].to(device), data[1].to(device)
     num_samples = int(labels.shape[0])
-    budget = steps if steps is not None else epochs * -(-num_samples // batch_size)
-    if num_samples == 0 or budget <= 0:
+    training_steps = steps if steps is not None else epochs * -(-num_samples // batch_size)
+    if num_samples == 0 or training_steps <= 0:
         return float("nan")
     model.to(device)
     model.train()
@@ -532,7 +533,7 @@ def train(
     if seed is not None:
         generator.manual_seed(seed)
     total_loss, num_batches = 0.0, 0
-    while num_batches < budget:
+    while num_batches < training_steps:
         order = torch.randperm(num_samples, generator=generator).to(device)
         for start in range(0, num_samples, batch_size):
             batch = order[start : start + batch_size]
@@ -544,7 +545,7 @@ def train(
             optimizer.step()
             total_loss += float(loss.item())
             num_batches += 1
-            if num_batches == budget:
+            if num_batches == training_steps:
                 break
     return total_loss / num_batches
 

@@ -91,8 +91,8 @@ def exchange(grid: Grid, action: str, requests: Mapping[int, ConfigRecord], time
 def send_and_receive_within(grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
     """Push ``messages`` and pull their replies until all arrived or ``timeout`` seconds passed.
 
-    The deadline counts from the end of the push (a grid that computes the replies inside the push,
-    as :class:`~flmarket_flwr.market.inprocess.InProcessGrid` does, is not charged for that work).
+    The deadline counts from the end of the push (a grid that computes the replies inside the push, as an
+    in-process test grid does, is not charged for that work).
     The first pull follows the push at once; while replies are missing the wait between pulls
     doubles from ``FIRST_PULL_DELAY_S`` to ``MAX_PULL_DELAY_S`` and starts again after every pull that
     brought a reply, so a fast step costs milliseconds and a slow one a pull every 0.1 s. While a pull is

@@ -1,14 +1,18 @@
-"""An in-process ``Grid`` that runs a real ``ClientApp`` per node: no Ray, no SuperLink.
+"""A test harness, not part of the plugin: an in-process ``Grid`` that runs a real ``ClientApp`` per node (no Ray,
+no SuperLink).
 
 :class:`InProcessGrid` delivers every message the way Flower's runtimes do (Flower's wire format both ways,
 a freshly deserialised ``Context`` per message, an exception as an error reply), only synchronously and in
-one process. The experiments engine, the benchmarks and the tests run on it.
+one process. The experiments engine, the benchmarks and the tests run on it; the code that plays the ServerApp
+runs inside :func:`serverapp_identity`, as Flower's ServerApp runtime would set it up. The grid itself leaves
+Flower's process-wide state alone.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from uuid import uuid4
 
 import numpy as np
@@ -24,10 +28,37 @@ from flmarket_flwr.market.client import register_market_handlers
 from flmarket_flwr.market.grid_view import reply_filter
 from flmarket_flwr.market.records import context_from_bytes, context_to_bytes, deflate_message, inflate_message
 
-__all__ = ["InProcessGrid", "ReplyHook", "market_client_app", "wire_roundtrip"]
+__all__ = ["DEFAULT_RUN_ID", "InProcessGrid", "ReplyHook", "market_client_app", "serverapp_identity", "wire_roundtrip"]
+
+DEFAULT_RUN_ID = 1
+"""The run id of an :class:`InProcessGrid` and of :func:`serverapp_identity` unless given."""
 
 ReplyHook = Callable[[Message, Message], Message | None]
 """``(instruction as delivered, reply) -> reply to return, or None to drop it (a timeout)``."""
+
+
+@contextmanager
+def serverapp_identity(run_id: int = DEFAULT_RUN_ID) -> Iterator[None]:
+    """Run the block as the ServerApp of run ``run_id``, then put back Flower's task identity as it was.
+
+    Flower's ``Message(content, dst_node_id, message_type)`` stamps an instruction with the run, node and task of
+    the process that builds it (``flwr.supercore.task_identity.TaskIdentity``, which Flower's ServerApp runtimes
+    set before the app starts). Code that plays the ServerApp over an :class:`InProcessGrid` (a market phase, a
+    strategy) runs inside this block; the grid itself never writes that process-wide state.
+
+    Parameters
+    ----------
+    run_id : int (default: :data:`DEFAULT_RUN_ID`)
+        The run the instructions belong to: the grid's (``grid.run.run_id``).
+    """
+    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)  # pylint: disable=protected-access
+    TaskIdentity.task_id = 1
+    TaskIdentity.run_id = run_id
+    TaskIdentity.node_id = SUPERLINK_NODE_ID
+    try:
+        yield
+    finally:
+        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved  # pylint: disable=protected-access
 
 
 def market_client_app(
@@ -90,7 +121,7 @@ class InProcessGrid(Grid):
         ``{"partition-id": i, "num-partitions": n}`` with ``i`` the node's position.
     run_config : UserConfig, optional
         The run config every node sees.
-    run_id : int (default: 1)
+    run_id : int (default: :data:`DEFAULT_RUN_ID`)
         Run id of the grid's ``Run`` and of the nodes' contexts.
     reply_hook : ReplyHook, optional
         Called with each (instruction, reply); returns the reply to deliver or ``None``.
@@ -116,8 +147,8 @@ class InProcessGrid(Grid):
     the server sees a timeout); :attr:`InProcessGrid.received_wire` holds the serialised bytes of
     every reply the server received, for privacy checks; replies come back in shuffled order.
 
-    Constructing the grid sets Flower's process-wide ``TaskIdentity`` to a ServerApp identity
-    (as ``flwr.simulation.run_simulation`` does), so ``Message(...)`` can be built in tests.
+    The grid never writes Flower's process-wide ``TaskIdentity``: the code that plays the ServerApp builds its
+    messages inside :func:`serverapp_identity`.
     """
 
     def __init__(  # pylint: disable=too-many-arguments
@@ -127,7 +158,7 @@ class InProcessGrid(Grid):
         *,
         node_configs: Mapping[int, UserConfig] | None = None,
         run_config: UserConfig | None = None,
-        run_id: int = 1,
+        run_id: int = DEFAULT_RUN_ID,
         reply_hook: ReplyHook | None = None,
         shuffle_seed: int | None = 0,
     ) -> None:
@@ -155,9 +186,6 @@ class InProcessGrid(Grid):
         self.sent: list[Message] = []
         self.received: list[Message] = []
         self.received_wire: list[bytes] = []
-        TaskIdentity.task_id = 1
-        TaskIdentity.run_id = run_id
-        TaskIdentity.node_id = SUPERLINK_NODE_ID
 
     # --- Grid API ------------------------------------------------------------------------------
     def set_run(self, run: Run) -> None:
