@@ -27,6 +27,7 @@ from flmarket_flwr import pass_protocol
 from flmarket_flwr.market import CostBasedBid, MarketPhase, register_market_handlers
 from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.messages import RECORD_KEY
+from flmarket_flwr.market.node_config import NodeSettings
 from flmarket_flwr.pass_protocol import IdentityDirectory, PassServer, generate_identity
 from flmarket_flwr.pass_protocol.channel import rebuild_secret, scalar_pair_mask
 from flmarket_flwr.pass_protocol.graph import share_threshold
@@ -201,8 +202,7 @@ def test_with_a_directory_substituted_or_sybil_keys_are_refused() -> None:
         app,
         lambda context: counts[context.node_id],
         CostBasedBid(0.01),
-        identity_key=lambda context: identities[context.node_id][0],
-        directory=lambda context: directory,
+        settings=lambda context: NodeSettings(identity_key=identities[context.node_id][0], directory=directory),
     )
     grid = InProcessGrid(app, list(counts))
     server = PassServer(b"attack/mitm-signed", NUM_CLASSES, 10**9, directory=directory, run_id=grid.run.run_id)
@@ -302,7 +302,7 @@ def test_a_roster_cut_down_to_the_servers_choice_is_refused_below_the_clients_fl
         app,
         lambda context: counts[context.node_id],
         CostBasedBid(0.01),
-        min_participants=(lambda context: floor) if as_callable else floor,
+        settings=lambda context: NodeSettings(min_participants=floor),
     )
     grid = InProcessGrid(app, list(counts))
     server = PassServer(b"attack/small-roster", NUM_CLASSES, 10**9, run_id=grid.run.run_id)

@@ -31,12 +31,7 @@ from flmarket_flwr.market import MarketConfig, MarketError, MarketPhase
 from flmarket_flwr.market.config import DEFAULT_PASS_RERUNS, profile_colluders
 from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.messages import RECORD_KEY
-from flmarket_flwr.market.node_config import (
-    PROFILE_ROSTER_SHARE,
-    PROFILE_SPLIT_TOLERANCE,
-    colluders_of,
-    min_participants_of,
-)
+from flmarket_flwr.market.node_config import PROFILE_ROSTER_SHARE, PROFILE_SPLIT_TOLERANCE, read_node_settings
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, generate_identity
 from flmarket_flwr.pass_protocol.graph import secret_threshold
 
@@ -74,8 +69,8 @@ def test_the_secure_profiles_reruns_are_the_colluders_its_nodes_assume(tmp_path:
         {},
     )
     buyer = MarketConfig(budget=1.0, num_classes=2, security="malicious", directory=directory)
-    assert buyer.pass_reruns == colluders_of(node) == profile_colluders(size) == math.ceil(size / 5)
-    assert size - buyer.pass_reruns >= min_participants_of(node)
+    assert buyer.pass_reruns == read_node_settings(node).colluders == profile_colluders(size) == math.ceil(size / 5)
+    assert size - buyer.pass_reruns >= read_node_settings(node).min_participants
 
 
 def test_at_every_directory_size_the_profiles_c_fits_under_the_floor_and_the_unmask_thresholds() -> None:

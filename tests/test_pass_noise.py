@@ -27,6 +27,7 @@ from scipy.stats import skellam
 from flmarket_flwr.market import CostBasedBid, MarketPhase, register_market_handlers
 from flmarket_flwr.market.inprocess import InProcessGrid
 from flmarket_flwr.market.ledger import ReleaseLedger
+from flmarket_flwr.market.node_config import NodeSettings
 from flmarket_flwr.pass_protocol import PassClient, PassError, PassServer, SkellamNoise
 from flmarket_flwr.pass_protocol.noise import skellam_epsilon, skellam_rdp, skellam_variance_for
 
@@ -178,8 +179,9 @@ def noisy_app(counts: Mapping[int, np.ndarray], noise: SkellamNoise, ledgers: Pa
         app,
         lambda context: counts[context.node_id],
         CostBasedBid(0.01),
-        noise=lambda context: noise,
-        release_ledger=(lambda context: ReleaseLedger(ledgers / str(context.node_id))) if ledgers else None,
+        settings=lambda context: NodeSettings(
+            noise=noise, release_ledger=ReleaseLedger(ledgers / str(context.node_id)) if ledgers else None
+        ),
     )
     return app
 
@@ -366,7 +368,10 @@ def per_node_app(counts: Mapping[int, np.ndarray], noises: Mapping[int, SkellamN
     """Market handlers where node ``n`` adds ``noises[n]`` (``None``: no noise, as a server's sybil would)."""
     app = ClientApp()
     register_market_handlers(
-        app, lambda context: counts[context.node_id], CostBasedBid(0.01), noise=lambda context: noises[context.node_id]
+        app,
+        lambda context: counts[context.node_id],
+        CostBasedBid(0.01),
+        settings=lambda context: NodeSettings(noise=noises[context.node_id]),
     )
     return app
 
