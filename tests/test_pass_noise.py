@@ -278,10 +278,10 @@ def test_the_apps_clients_add_the_run_configs_noise_and_a_node_ceiling_refuses_a
     deviation = np.abs(np.subtract(noisy.global_counts, exact.global_counts))
     assert deviation.max() <= SkellamNoise(1.0).tail_bound()
     refused = outcome({"pass-dp-epsilon": 1.0}, ceiling=0.5)
-    assert 505 in refused.excluded and refused.excluded[505].startswith("market_mask")
+    assert 505 in refused.excluded and refused.excluded[505].startswith("market_advertise")
     assert refused.pass_participants == nodes[:-1]
     no_noise = outcome({}, ceiling=1.0)  # a run that announces no noise at all: refused by the same ceiling
-    assert 505 in no_noise.excluded and no_noise.excluded[505].startswith("market_mask")
+    assert 505 in no_noise.excluded and no_noise.excluded[505].startswith("market_advertise")
     assert no_noise.pass_participants == nodes[:-1]
     assert not outcome({"pass-dp-epsilon": 1.0}, ceiling=1.0).excluded  # at the ceiling: taken part
     # Less noise at the same epsilon: a larger delta (13 times less variance at 0.9) or a roster assumed all honest
@@ -290,7 +290,7 @@ def test_the_apps_clients_add_the_run_configs_noise_and_a_node_ceiling_refuses_a
         run_config = {"pass-dp-epsilon": 1.0, **weaker}
         assert market_noise(1.0, run_config.get("pass-dp-delta", 1e-6), 0.5) is not None
         refused = outcome(run_config, ceiling=1.0)
-        assert 505 in refused.excluded and refused.excluded[505].startswith("market_mask"), weaker
+        assert 505 in refused.excluded and refused.excluded[505].startswith("market_advertise"), weaker
 
 
 def test_a_noisy_market_with_a_client_dropping_at_the_mask_step_finishes_over_the_survivors() -> None:
