@@ -29,7 +29,6 @@ from flmarket_flwr.market import (
     simulated_cost_per_sample,
 )
 from flmarket_flwr.market.award import AwardTerms, BidsTree, SignedAward, build_award, sign_award
-from flmarket_flwr.market.client import ERROR_PREFIX
 from flmarket_flwr.market.inprocess import InProcessGrid, market_client_app
 from flmarket_flwr.market.messages import (
     ACTION_ADVERTISE,
@@ -41,6 +40,7 @@ from flmarket_flwr.market.messages import (
     ACTION_SHARE,
     ACTION_UNMASK,
     ACTIONS,
+    ERROR_PREFIX,
     KEY_ACCEPTED,
     KEY_AWARD,
     KEY_AWARD_DIGEST,

@@ -71,8 +71,13 @@ from flmarket_flwr.market.messages import (
     KEY_TAG,
     KEY_TRANSCRIPT,
     KEY_WON,
+    LABEL_COUNTS_FAILED,
+    LEDGER_REFUSED,
+    PRIVACY_BUDGET_REFUSED,
     RECORD_KEY,
+    REQUEST_REFUSED,
     make_content,
+    refusal_reason,
 )
 from flmarket_flwr.market.records import config_record, set_values
 from flmarket_flwr.pass_protocol import PassClient, PassError
@@ -84,14 +89,8 @@ from flmarket_flwr.pricing import score as compute_score
 if TYPE_CHECKING:
     from flmarket_flwr.market.node_config import NodeSettings
 
-__all__ = ["ERROR_PREFIX", "MarketAward", "read_award", "register_market_handlers"]
+__all__ = ["MarketAward", "read_award", "register_market_handlers"]
 
-ERROR_PREFIX = "flmarket: "
-"""Prefix of the reason of every error reply sent by the market handlers."""
-LABEL_COUNTS_FAILED = "get_label_counts raised "
-"""Marks an error reply whose cause is the app's own label-count callback (followed by its exception)."""
-PRIVACY_BUDGET_REFUSED = "refused by the node's privacy budget"
-"""The reason of an error reply to a release past the node's privacy budget (the buyer stops re-launching on it)."""
 _MAX_CAUSE_CHARS = 300
 
 LabelCountsFn = Callable[[Context], NDArray[np.integer]]
@@ -888,8 +887,8 @@ def _refusal(message: Message, action: str, err: Exception) -> Message:
     elif isinstance(err, BudgetExhausted):  # the reason only; the spends and the budget stay in the log
         detail = PRIVACY_BUDGET_REFUSED
     elif isinstance(err, LedgerError):  # the reason only; the file and the sets stay in the client's log
-        detail = "refused by the node's release ledger"
+        detail = LEDGER_REFUSED
     else:
-        detail = "request refused"
-    reason = f"{ERROR_PREFIX}{action}: {detail}"
+        detail = REQUEST_REFUSED
+    reason = refusal_reason(action, detail)
     return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)

@@ -25,6 +25,7 @@ __all__ = [
     "ACTION_SURVIVORS",
     "ACTION_TAGS",
     "ACTION_UNMASK",
+    "ERROR_PREFIX",
     "KEY_ACCEPTED",
     "KEY_AWARD",
     "KEY_AWARD_DIGEST",
@@ -47,12 +48,18 @@ __all__ = [
     "KEY_SESSION",
     "KEY_TRANSCRIPT",
     "KEY_WON",
+    "LABEL_COUNTS_FAILED",
+    "LEDGER_REFUSED",
+    "PRIVACY_BUDGET_REFUSED",
+    "REQUEST_REFUSED",
     "RECORD_KEY",
     "ReplyError",
+    "label_counts_failure",
     "make_content",
     "message_type",
     "read_config",
     "read_float",
+    "refusal_reason",
 ]
 
 # --- Actions (message type ``query.<action>``) -------------------------------------------------
@@ -119,6 +126,34 @@ KEY_ENDORSEMENT: Final = "endorsement"
 KEY_ENDORSEMENTS: Final = "endorsements"
 """Endorse reply: one signature on the award's digest; audit request: all of them, packed
 (:func:`~flmarket_flwr.market.award.pack_endorsements`)."""
+
+
+# --- Refusals: the reason of a node's error reply ----------------------------------------------------------------
+ERROR_PREFIX: Final = "flmarket: "
+"""Prefix of the reason of every error reply sent by the market handlers: ``flmarket: <action>: <detail>``."""
+REQUEST_REFUSED: Final = "request refused"
+"""The detail of a refusal whose reason stays in the node's own log."""
+LEDGER_REFUSED: Final = "refused by the node's release ledger"
+"""The detail of a refusal by the node's release ledger (the file and the sets stay in its log)."""
+PRIVACY_BUDGET_REFUSED: Final = "refused by the node's privacy budget"
+"""The detail of a refusal of a release past the node's privacy budget (the buyer stops re-launching on it)."""
+LABEL_COUNTS_FAILED: Final = "get_label_counts raised "
+"""Starts the detail of a refusal whose cause is the app's own label-count callback (then its exception)."""
+
+
+def refusal_reason(action: str, detail: str) -> str:
+    """The reason of a node's error reply to ``action``: ``flmarket: <action>: <detail>``."""
+    return f"{ERROR_PREFIX}{action}: {detail}"
+
+
+def label_counts_failure(reason: str) -> str | None:
+    """The app's label-count exception named in an error reply's ``reason`` (``None`` if it names none).
+
+    Flower's ``Error`` carries a code and a reason only, so the cause travels in the reason's text, as the node
+    wrote it (:data:`LABEL_COUNTS_FAILED`).
+    """
+    start = reason.find(LABEL_COUNTS_FAILED)
+    return None if start < 0 else reason[start:]
 
 
 class ReplyError(ValueError):
