@@ -29,24 +29,24 @@ from flmarket_flwr.pass_protocol import IdentityDirectory, save_identity_key
 
 SEMI_HONEST_DIGESTS = {
     "query.market_advertise": "798d32055321615d393f5c4b15d950368eb195b6934ca900fdcb08508c64ea72",
-    "query.market_audit": "72c21e195719d30fbd5b9279dee13fd431fd7a86659f777e72361b0c0d07b2f9",
+    "query.market_audit": "27ad7255da922edab3b42d4b64a790c8df06239af0d0afc671b4895836fd4511",
     "query.market_award": "34209e6b5dfad74fc201f55d91228cb2e1bb8a0f01c3924faaddcc7cd55fab3b",
     "query.market_bid": "7acbbe39e656dc1eb1d98d466b5ca31e529ce55f6cb331f9f846a2d0ba20b56a",
     "query.market_endorse": "9286f28b51a619d69744108bf20afa95af13efdfe0ce844f454ddea393caa0fd",
-    "query.market_mask": "8ef01312a612ec2c0047ca401a78e26ee2725cc5c39e4bba16903b6fd2da4347",
-    "query.market_share": "446577634391f003999b37af9092d2c12557b886273d1b575e15aa981daa57e2",
-    "query.market_unmask": "e2f29530794607f7edbf55ab5e3930ae51765dc57bf3cfc9ae1b9104f9fbdb29",
+    "query.market_mask": "48000a64b0a7d68db3e04ead5ba7ee27d235a3843d53f3934c1b543b7e7673f6",
+    "query.market_share": "ebbeeb859c706894d5db489f6f87100213bfc477f999225572f41b2c07b13217",
+    "query.market_unmask": "99a65bf39b9a1c16dc9bbd60604cdd1aedabd26a9abc8148d3147e33375ec429",
 }
 SECURE_PROFILE_DIGESTS = {
-    "query.market_advertise": "d3b805589febfef539a8b37d86f040d7dca97fb4332cfcb7e7608d26fd39a2d6",
-    "query.market_audit": "5e5276ac68bb1032a6c1073f73f85fd97438f1653f434598b191170b716b74f7",
+    "query.market_advertise": "6ba1ef5f2aaddaf59f801af73ed76521241549f19f69916b5705d41d7fc58d18",
+    "query.market_audit": "9428752ec6701daa60ba71ed1eef92d79ce0b1e2f7c6e2fc716c27158d629b6d",
     "query.market_award": "34209e6b5dfad74fc201f55d91228cb2e1bb8a0f01c3924faaddcc7cd55fab3b",
-    "query.market_bid": "b2537e4e015a9db4d2b10476030e5a5dbdd31c5c852d1da7b182eb0879c2130b",
-    "query.market_endorse": "9b17e79deeaf06839897d623e1deaefe5c0d357e2cc39b11483801bc6b8a295c",
-    "query.market_mask": "a12828e99a8a450cee10760996d41c22516f41116fece773539088ed0590c31d",
-    "query.market_share": "d58649a8ce858369813e594029e987aee37d18fa03137367150767178611e494",
+    "query.market_bid": "510f4f82b812d48193f103eb176a8e84cb664c0641ced7972426ceccfda9a505",
+    "query.market_endorse": "4faa15ead2663e29de0e0531ea1ba32596dfe249fd4ad325769dc687a805504b",
+    "query.market_mask": "174dd231d2c3b07ef95cee359959706de5b43202632d1234a5d2461b2d87e265",
+    "query.market_share": "7dc3cf53121173b52f00010e6bf662752c05770b6f66ba8c3da1581ff807a97f",
     "query.market_survivors": "198ec7057221af9e0a1d687305721e71b0433ab98d7aae269c2c42108dadd2cd",
-    "query.market_unmask": "25bfc6d9e60b5c16a986ad49b9185f60d37182619832d9df2ba1af5fb8112d4e",
+    "query.market_unmask": "e7dfb52d84efedccb0bfad51d0305df04d952819fef24f33db3b81769c9b8aea",
 }
 
 
@@ -77,7 +77,12 @@ def _reply_digests(
     monkeypatch: pytest.MonkeyPatch, run: Callable[[Callable[[Message, Message], Message]], None]
 ) -> dict[str, str]:
     """SHA-256 per message type over the content bytes of every node reply, in the order the nodes sent them, in a
-    market whose every random draw comes from a fixed stream."""
+    market whose every random draw comes from a fixed stream.
+
+    The market runs once first on real randomness, so that whatever draws once per process (a lazy import, a
+    first use) has drawn before the stream starts: the pinned run then draws the same bytes in any test order.
+    """
+    run(lambda instruction, reply: reply)
     _fix_randomness(monkeypatch)
     hashes: dict[str, Any] = defaultdict(hashlib.sha256)
 
