@@ -24,7 +24,7 @@ from test_secure_profile_market import profile_setup, secure_config
 
 from flmarket_flwr.market import CostBasedBid, MarketError, MarketPhase, register_market_handlers
 from flmarket_flwr.market.inprocess import InProcessGrid
-from flmarket_flwr.market.ledger import BudgetExhausted, ReleaseLedger
+from flmarket_flwr.market.ledger import PrivacyBudgetExhausted, ReleaseLedger
 from flmarket_flwr.market.messages import ACTIONS
 from flmarket_flwr.market.node_config import read_node_settings
 from flmarket_flwr.pass_protocol.noise import (
@@ -274,12 +274,12 @@ def test_the_release_charge_rises_to_what_the_survivors_give_and_is_recorded_eve
     ledger.charge_release(1, b"A", noise.target_variance)  # a charge never falls back
     assert [s.variance for s in ledger.spends()] == [pytest.approx(4 / 5 * noise.target_variance)]
     ledger.spend(1, b"B", noise.target_variance)
-    with pytest.raises(BudgetExhausted, match="withholds its shares"):
+    with pytest.raises(PrivacyBudgetExhausted, match="withholds its shares"):
         ledger.charge_release(1, b"B", noise.release_variance(9, 6))  # 2 honest survivors: 2 target / 5
     assert [s.variance for s in ledger.spends()][1] == pytest.approx(2 / 5 * noise.target_variance)  # recorded
-    with pytest.raises(BudgetExhausted):  # asked again (a retried message), still refused
+    with pytest.raises(PrivacyBudgetExhausted):  # asked again (a retried message), still refused
         ledger.charge_release(1, b"B", noise.release_variance(9, 6))
-    with pytest.raises(BudgetExhausted):  # and every later release is counted against it
+    with pytest.raises(PrivacyBudgetExhausted):  # and every later release is counted against it
         ledger.spend(1, b"C", noise.target_variance)
     assert noise.release_variance(9, 4) == 0.0  # survivors that may all be colluders: no noise for certain
     with pytest.raises(ValueError, match="survivors"):

@@ -33,7 +33,7 @@ from test_colluders import charged_variance
 
 from flmarket_flwr.market import CostBasedBid, MarketPhase, register_market_handlers
 from flmarket_flwr.market.inprocess import InProcessGrid
-from flmarket_flwr.market.ledger import LEDGER_FILE, BudgetExhausted, LedgerError, ReleaseLedger
+from flmarket_flwr.market.ledger import LEDGER_FILE, LedgerError, PrivacyBudgetExhausted, ReleaseLedger
 from flmarket_flwr.market.node_config import NodeSettings
 from flmarket_flwr.pass_protocol import SkellamNoise
 from flmarket_flwr.pass_protocol.noise import PrivacyBudget, composed_epsilon, skellam_epsilon
@@ -183,12 +183,11 @@ def test_spends_compose_retries_are_free_and_a_refusal_records_nothing(tmp_path:
     ledger.spend(2, b"s2", 50.0)
     assert [(s.run_id, s.session, s.variance) for s in ledger.spends()] == [(1, "7331", 21.6), (2, "7332", 50.0)]
     assert ledger.epsilon_spent() == pytest.approx(composed_epsilon([21.6, 50.0], 1e-6))
-    with pytest.raises(BudgetExhausted, match="another variance|variance 21.6, now 5"):
+    with pytest.raises(PrivacyBudgetExhausted, match="another variance|variance 21.6, now 5"):
         ledger.spend(1, b"s1", 5.0)  # a server that reruns a session asking for less noise
     before = (tmp_path / LEDGER_FILE).read_bytes()
-    with pytest.raises(
-        BudgetExhausted, match=r"from 1\.207 to 1\.61 at delta 1e-06 \(2 releases recorded in .*budget 1.5: refused"
-    ):
+    refusal = r"from 1\.207 to 1\.61 at delta 1e-06 \(2 releases recorded in .*budget 1.5: refused"
+    with pytest.raises(PrivacyBudgetExhausted, match=refusal):
         ledger.spend(3, b"s3", 21.6)
     assert (tmp_path / LEDGER_FILE).read_bytes() == before
     with pytest.raises(ValueError, match="variance"):
@@ -206,7 +205,7 @@ def test_whatever_is_asked_the_recorded_spends_stay_within_the_budget(variances:
         for run_id, variance in enumerate(variances):
             try:
                 ledger.spend(run_id, b"s%d" % run_id, variance)
-            except BudgetExhausted:
+            except PrivacyBudgetExhausted:
                 assert composed_epsilon([*kept, variance], 1e-6) > total
                 continue
             kept.append(variance)
@@ -220,7 +219,7 @@ def test_spends_without_a_budget_are_kept_and_count_once_a_budget_is_set(tmp_pat
     with pytest.raises(ValueError, match="no privacy budget"):
         ReleaseLedger(tmp_path).epsilon_spent()
     assert ReleaseLedger(tmp_path, privacy_budget=PrivacyBudget(100.0)).epsilon_spent() == math.inf
-    with pytest.raises(BudgetExhausted):
+    with pytest.raises(PrivacyBudgetExhausted):
         ReleaseLedger(tmp_path, privacy_budget=PrivacyBudget(100.0)).spend(3, b"c", 1e6)
 
 

@@ -36,7 +36,7 @@ from flmarket_flwr.market.award import (
     unpack_endorsements,
 )
 from flmarket_flwr.market.bidding import DEFAULT_COST_PER_SAMPLE, BidPolicy, CostBasedBid
-from flmarket_flwr.market.ledger import BudgetExhausted, LedgerError, ReleaseLedger
+from flmarket_flwr.market.ledger import LedgerError, PrivacyBudgetExhausted, ReleaseLedger
 from flmarket_flwr.market.messages import (
     ACTION_ADVERTISE,
     ACTION_AUDIT,
@@ -260,12 +260,12 @@ def register_market_handlers(
       server never gets two sums of one run to difference; each step is answered once, in order. The one
       exception: a market re-launched in the same run after the earlier one closed (``FLMarket``'s ``relaunch``)
       is joined by a client whose release ledger has a privacy budget (the secure profile), each release then
-      charged to that budget as below. Two runs are two sums:
+      charged to that privacy budget as below. Two runs are two sums:
       with a ``release_ledger`` (:mod:`flmarket_flwr.market.ledger`) the client records the members of
       every sum it releases, in its own directory, and refuses to unmask for a survivor set that,
       differenced with an earlier one, would isolate fewer than ``min_roster_change`` clients. That rule
       does not stop colluders who leave with a victim; the noise does: before its masked input leaves, the
-      ledger records the release's privacy cost and refuses it past the node's total budget, if it has one;
+      ledger records the release's privacy cost and refuses it past the node's privacy budget, if it has one;
     * with an identity key and a ``directory`` (the secure set-up) its advert is signed under the run,
       the session and the roster, its neighbours' adverts are checked the same way, and it unmasks only
       for the survivor set it signed, with ``t`` of its neighbours' signatures on it (the consistency
@@ -411,7 +411,7 @@ class _MarketHandlers:
             if ledger is not None:  # before Y_e leaves: the participants U1 must pass already
                 members = self._ledger_members(context, settings, client.state.participants)
                 ledger.check(int(context.run_id), client.state.session, members)
-                # write-ahead: the release's privacy cost, refused past the node's budget (0: exact counts)
+                # write-ahead: the release's privacy cost, refused past the node's privacy budget (0: exact counts)
                 ledger.spend(
                     int(context.run_id), client.state.session, noise.target_variance if noise is not None else 0.0
                 )
@@ -818,7 +818,7 @@ def _leave_unreleased_session(state: ConfigRecord, request: ConfigRecord, ledger
 
     A market re-launched in the same run (the earlier market closed: its award, or its abort, received) is
     joined only by a node whose release ledger has a privacy budget: each release then carries the node's noise,
-    is composed into its ``epsilon`` and refused past the budget, and is checked against the earlier releases'
+    is composed into its ``epsilon`` and refused past the privacy budget, and is checked against the earlier releases'
     members (:meth:`_MarketHandlers.mask`). The earlier market's receipt is kept (:data:`_EARLIER_AWARDS`).
 
     Raises
@@ -884,7 +884,7 @@ def _refusal(message: Message, action: str, err: Exception) -> Message:
     log(WARNING, "Market request %s refused: %s", action, err)
     if isinstance(err, _LabelCountsError):
         detail = str(err)
-    elif isinstance(err, BudgetExhausted):  # the reason only; the spends and the budget stay in the log
+    elif isinstance(err, PrivacyBudgetExhausted):  # the reason only; the spends and the privacy budget stay in the log
         detail = PRIVACY_BUDGET_REFUSED
     elif isinstance(err, LedgerError):  # the reason only; the file and the sets stay in the client's log
         detail = LEDGER_REFUSED

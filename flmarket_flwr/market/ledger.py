@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MIN_ROSTER_CHANGE",
     "LEDGER_FILE",
-    "BudgetExhausted",
+    "PrivacyBudgetExhausted",
     "LedgerError",
     "PrivacySpend",
     "ReleaseLedger",
@@ -59,8 +59,8 @@ class ReleaseRefused(LedgerError):
     """The new member set, differenced with an earlier release, would isolate fewer than ``min_roster_change``."""
 
 
-class BudgetExhausted(LedgerError):
-    """The release would take the node's composed ``epsilon`` past its total budget (or it carries no noise)."""
+class PrivacyBudgetExhausted(LedgerError):
+    """The release would take the node's composed ``epsilon`` past its privacy budget (or it carries no noise)."""
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,7 @@ class ReleaseLedger:
     What bounds that attack is the noise (:mod:`flmarket_flwr.pass_protocol.noise`), composed over releases: the
     ledger also records each release's privacy cost (:meth:`ReleaseLedger.spend`, write-ahead, when the client's
     masked input is about to leave) and, given the node's :class:`~flmarket_flwr.pass_protocol.noise.PrivacyBudget`,
-    refuses the release that would take the composed ``epsilon`` past it (:class:`BudgetExhausted`). At unmask,
+    refuses the release that would take the composed ``epsilon`` past it (:class:`PrivacyBudgetExhausted`). At unmask,
     once the survivors are known, :meth:`ReleaseLedger.charge_release` sets that cost to what the release's honest
     noise gives: the survivors less the colluders its noise allows for (``pass-colluders``, or half the roster),
     adding none.
@@ -230,7 +230,8 @@ class ReleaseLedger:
             return self._read()[2]
 
     def epsilon_spent(self) -> float:
-        """The composed ``epsilon`` of every recorded spend at the budget's ``delta`` (``ValueError`` without one)."""
+        """The composed ``epsilon`` of every recorded spend at the privacy budget's ``delta`` (``ValueError``
+        without one)."""
         if self.privacy_budget is None:
             raise ValueError(f"release ledger {self.path} has no privacy budget to convert its spends at")
         return self.privacy_budget.spent([spend.variance for spend in self.spends()])
@@ -249,7 +250,7 @@ class ReleaseLedger:
 
         Raises
         ------
-        BudgetExhausted
+        PrivacyBudgetExhausted
             With the new spend the composed ``epsilon`` would exceed :attr:`privacy_budget` (a release without noise
             always does), or the session was recorded with another variance. Nothing is recorded.
         LedgerError
@@ -264,7 +265,7 @@ class ReleaseLedger:
                 if (earlier.run_id, earlier.session) == (spend.run_id, spend.session):
                     if earlier.variance == spend.variance:
                         return
-                    raise BudgetExhausted(
+                    raise PrivacyBudgetExhausted(
                         f"run {spend.run_id}, session {spend.session[:16]}: already recorded in {self.path} with "
                         f"variance {earlier.variance}, now {spend.variance}"
                     )
@@ -273,7 +274,7 @@ class ReleaseLedger:
                 after = self.privacy_budget.spent([*(s.variance for s in spends), spend.variance])
                 if after > self.privacy_budget.epsilon:
                     noise = "no noise" if spend.variance == 0 else f"aggregate variance {spend.variance:.4g}"
-                    raise BudgetExhausted(
+                    raise PrivacyBudgetExhausted(
                         f"run {spend.run_id}: a release with {noise} would take this node's composed epsilon from "
                         f"{before:.4g} to {after:.4g} at delta {self.privacy_budget.delta:g} ({len(spends)} releases "
                         f"recorded in {self.path}), past its total budget {self.privacy_budget.epsilon:g}: refused"
@@ -281,7 +282,8 @@ class ReleaseLedger:
             self._write(salt, records, [*spends, spend])
 
     def charge_release(self, run_id: int, session: bytes, variance: float) -> None:
-        """At release time, set the session's charge to what its honest survivors' noise gives; refuse past the budget.
+        """At release time, set the session's charge to what its honest survivors' noise gives; refuse past the
+        privacy budget.
 
         :meth:`spend` charged the release before the masked input left, at the noise's calibration (``h`` honest
         survivors). Once the survivors ``U3`` are known (the unmask request) the honest noise in the sum has
@@ -293,7 +295,7 @@ class ReleaseLedger:
 
         Raises
         ------
-        BudgetExhausted
+        PrivacyBudgetExhausted
             With this charge the composed ``epsilon`` exceeds :attr:`privacy_budget`. The charge *is* recorded: the
             masked input has left and the neighbours' shares can release the sum without this node, so every later
             release is counted against it; the node only withholds its own shares.
@@ -316,7 +318,7 @@ class ReleaseLedger:
             after = self.privacy_budget.spent([*(s.variance for s in others), charge.variance])
             if after > self.privacy_budget.epsilon:
                 noise = "no noise" if charge.variance == 0 else f"honest aggregate variance {charge.variance:.4g}"
-                raise BudgetExhausted(
+                raise PrivacyBudgetExhausted(
                     f"run {charge.run_id}: its survivors' release carries {noise}, which takes this node's composed "
                     f"epsilon to {after:.4g} at delta {self.privacy_budget.delta:g}, past its total budget "
                     f"{self.privacy_budget.epsilon:g} (recorded in {self.path}): this node withholds its shares"

@@ -143,7 +143,7 @@ def _parses(parse: Callable[[str, str], bytes], value: str) -> bool:
 MARKET_NODE_KEYS: Final[tuple[NodeKey, ...]] = (
     # The profile: one key that turns on every defence the threat model needs against a malicious server.
     NodeKey("market-security", str, "semi-honest", "semi-honest, or malicious: the secure profile (identity key, "
-            "pinned directory, complete graph, roster floor, split tolerance, noise, budget, ledger)",
+            "pinned directory, complete graph, roster floor, split tolerance, noise, privacy budget, ledger)",
             one_of(profile.replace("-", "_") for profile in SECURITY_PROFILES), f"one of {list(SECURITY_PROFILES)}"),
     # Identity: the node's key, and the directory it checks its neighbours against, pinned.
     NodeKey("identity-key", str, "", 'path of this node\'s Ed25519 identity key (PKCS#8 PEM); "" signs nothing'),
@@ -176,7 +176,7 @@ MARKET_NODE_KEYS: Final[tuple[NodeKey, ...]] = (
     NodeKey("pass-dp-max-epsilon", float, 0.0, "refuse a run whose pass-dp-* noise is weaker than this epsilon "
             "needs; 0: no ceiling", _finite_at_least_zero, ">= 0 and finite (0: none)"),
     NodeKey("pass-dp-total-epsilon", float, 0.0, "the node's epsilon over all its releases, composed (kept in "
-            "market-ledger-dir); 0: no budget", _finite_at_least_zero, ">= 0 and finite (0: none)"),
+            "market-ledger-dir); 0: no privacy budget", _finite_at_least_zero, ">= 0 and finite (0: none)"),
     NodeKey("pass-dp-total-delta", float, SECURE_PROFILE_DELTA, "the delta pass-dp-total-epsilon is counted at",
             lambda value: 0.0 < value < 1.0, "in (0, 1)"),
 )  # fmt: skip
@@ -323,7 +323,7 @@ class NodeSettings:
         How many colluding neighbours the node's secrets withstand in a split consistency round.
     release_ledger : ReleaseLedger or None
         The node's release ledger (differencing checks, privacy spends); with ``privacy_budget`` it refuses a
-        release past the budget.
+        release past the privacy budget.
     noise_ceiling : float
         The node's own epsilon ceiling (``pass-dp-max-epsilon``; 0: none): weaker announced noise is refused.
     privacy_budget : PrivacyBudget or None
@@ -391,7 +391,7 @@ def read_node_settings(context: Context, announced_noise: SkellamNoise | None = 
     * ``pass-min-participants`` defaults to two thirds of the pinned directory, ``pass-split-tolerance`` to 2,
       ``pass-colluders`` to a fifth of the directory (:func:`~flmarket_flwr.market.config.profile_colluders`);
     * noise on the counts: at least epsilon :data:`SECURE_PROFILE_EPSILON` per release (``pass-dp-max-epsilon``
-      defaults to it), within a composed budget (``pass-dp-total-epsilon`` defaults to
+      defaults to it), within a composed privacy budget (``pass-dp-total-epsilon`` defaults to
       :data:`SECURE_PROFILE_TOTAL_EPSILON`), kept in the node's release ledger, which defaults to
       ``$FLMARKET_HOME/ledger/<identity key fingerprint>`` (``~/.flmarket`` without ``FLMARKET_HOME``).
 
