@@ -48,7 +48,6 @@ from flmarket_flwr.market.messages import (
     ACTION_SURVIVORS,
     ACTION_TAGS,
     ACTION_UNMASK,
-    KEY_ACCEPTED,
     KEY_AWARD,
     KEY_AWARD_DIGEST,
     KEY_AWARD_SIGNATURE,
@@ -57,25 +56,24 @@ from flmarket_flwr.market.messages import (
     KEY_BUDGET,
     KEY_BUYER_KEY,
     KEY_COHORT_CAP,
-    KEY_COUNTS,
-    KEY_ENDORSEMENT,
     KEY_ENDORSEMENTS,
-    KEY_GLOBAL_COUNTS,
-    KEY_NONCE,
-    KEY_NUM_CLIENTS,
     KEY_PAYMENT,
     KEY_ROSTER_NODE_IDS,
     KEY_ROSTER_WANTED,
     KEY_SCORE,
     KEY_SESSION,
-    KEY_TAG,
-    KEY_TRANSCRIPT,
     KEY_WON,
     LABEL_COUNTS_FAILED,
     LEDGER_REFUSED,
     PRIVACY_BUDGET_REFUSED,
     RECORD_KEY,
     REQUEST_REFUSED,
+    AuditReply,
+    AwardReply,
+    BidReply,
+    BidRequest,
+    EndorseReply,
+    TagsReply,
     make_content,
     refusal_reason,
 )
@@ -339,7 +337,7 @@ _PASS_ACTIONS: Final = frozenset({ACTION_ADVERTISE, ACTION_SHARE, ACTION_MASK, A
 
 def _tags(message: Message, context: Context, settings: NodeSettings) -> Message:
     """The tags step: reply with the node's ``market-tag`` (no market state is read or kept)."""
-    return _reply(message, config_record({KEY_TAG: settings.tag}))
+    return _reply(message, config_record(TagsReply(settings.tag).to_record()))
 
 
 class _MarketHandlers:
@@ -471,16 +469,18 @@ class _MarketHandlers:
         """Score the local data against the session's ``N_s`` and ``E``, then bid (once)."""
         state = _state_record(context)
         try:
-            request = _request(message)
+            request = BidRequest.from_record(_request(message))
             client = _pass_client(state)
-            _check_session(request, state)
+            _check_session_id(request.session, state)
             if client.transcript is None or state.get(_STAGE) is not None:
                 raise _RequestError("no completed PASS session to bid for, or already bid")
-            if request.get(KEY_TRANSCRIPT) != client.transcript:
+            if request.transcript != client.transcript:
                 raise _RequestError("the transcript hash is not that of the session this client took part in")
-            if request.get(KEY_NUM_CLIENTS) != client.survivor_count:
+            if request.num_clients != client.survivor_count:
                 raise _RequestError("E is not the number of survivors of the session")
-            global_counts = np.asarray(_int_list_field(request, KEY_GLOBAL_COUNTS), dtype=np.int64)
+            if not request.global_counts or min(request.global_counts) < 0:
+                raise _RequestError("the global counts must be a non-empty list of non-negative ints")
+            global_counts = np.asarray(request.global_counts, dtype=np.int64)
             counts = self._label_counts(context)
             noise = settings.noise
             tolerance = 0 if noise is None else noise.tail_bound()  # N_s is noisy: its classes move that far
@@ -497,7 +497,7 @@ class _MarketHandlers:
         state[_STAGE] = _STAGE_BID
         state[KEY_SCORE] = score
         state[KEY_BID] = bid
-        return _reply(message, config_record({KEY_SCORE: score, KEY_BID: bid}))
+        return _reply(message, config_record(BidReply(score, bid).to_record()))
 
     def endorse(self, message: Message, context: Context, settings: NodeSettings) -> Message:
         """Check the buyer-signed award against this client's own session, terms, score and bid; endorse it, once.
@@ -544,7 +544,7 @@ class _MarketHandlers:
                 _ENDORSED_PAYMENT: 0.0 if own is None else own.payment,
             },
         )
-        return _reply(message, config_record({KEY_ENDORSEMENT: endorsement}))
+        return _reply(message, config_record(EndorseReply(endorsement).to_record()))
 
     def audit(self, message: Message, context: Context, settings: NodeSettings) -> Message:
         """As a winner of the award it endorsed, paid at least its bid, open the counts commitment, once.
@@ -586,7 +586,7 @@ class _MarketHandlers:
         except (PassError, ValueError, TypeError, KeyError) as err:
             return _refusal(message, ACTION_AUDIT, err)
         state[_STAGE] = _STAGE_AUDITED
-        return _reply(message, config_record({KEY_COUNTS: [int(c) for c in counts], KEY_NONCE: nonce}))
+        return _reply(message, config_record(AuditReply([int(c) for c in counts], nonce).to_record()))
 
     def award(self, message: Message, context: Context) -> Message:
         """Record the outcome from the buyer-signed final award (the receipt) and wipe what is left of PASS.
@@ -615,7 +615,7 @@ class _MarketHandlers:
                 _close_pass_state(state)
             return _refusal(message, ACTION_AWARD, err)
         self._record_receipt(state, signed, won, payment)
-        return _reply(message, config_record({KEY_ACCEPTED: True}))
+        return _reply(message, config_record(AwardReply(accepted=True).to_record()))
 
     @staticmethod
     def _final_award(
@@ -706,8 +706,13 @@ def _request(message: Message) -> ConfigRecord:
 
 def _check_session(request: ConfigRecord, state: ConfigRecord) -> None:
     """The request must name the one PASS session this client took part in."""
+    _check_session_id(request.get(KEY_SESSION), state)
+
+
+def _check_session_id(named: object, state: ConfigRecord) -> None:
+    """``named`` must be the one PASS session this client took part in."""
     session = _pass_client(state).session
-    if not session or request.get(KEY_SESSION) != session:
+    if not session or named != session:
         raise _RequestError("the request is not for the PASS session this client took part in")
 
 
@@ -746,17 +751,6 @@ def _survivor_rank(client: PassClient) -> int:
     if not survivors[client.state.index - 1]:
         raise _RequestError("this client is not a survivor of the session it took part in")
     return int(np.count_nonzero(survivors[: client.state.index - 1]))
-
-
-def _int_list_field(record: ConfigRecord, key: str) -> list[int]:
-    value = record.get(key)
-    if (
-        not isinstance(value, list)
-        or not value
-        or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in value)
-    ):
-        raise _RequestError(f"'{key}' must be a non-empty list of non-negative ints")
-    return [int(v) for v in value]
 
 
 def _checked_roster(client: PassClient, packed: object, context: Context) -> bytes:

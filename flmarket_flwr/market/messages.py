@@ -8,13 +8,22 @@ before excluding the node.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Final
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Self
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
 __all__ = [
     "ACTIONS",
+    "AuditReply",
+    "AwardReply",
+    "BidReply",
+    "BidRequest",
+    "EndorseReply",
+    "TagsReply",
     "ACTION_ADVERTISE",
     "ACTION_AUDIT",
     "ACTION_AWARD",
@@ -158,6 +167,110 @@ def label_counts_failure(reason: str) -> str | None:
 
 class ReplyError(ValueError):
     """A reply that cannot be used; ``str(error)`` is the reason logged by the server."""
+
+
+# --- Typed records: the market steps' requests and replies beside PASS's ------------------------------------------
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)  # type: ignore[arg-type]
+
+
+_FIELD_CHECKS: Final[dict[str, Callable[[Any], bool]]] = {
+    "bool": lambda value: isinstance(value, bool),
+    "bytes": lambda value: isinstance(value, bytes),
+    "float": _is_number,
+    "int": _is_int,
+    "str": lambda value: isinstance(value, str),
+    "list[int]": lambda value: isinstance(value, list) and all(_is_int(item) for item in value),
+}
+
+
+class _MarketRecord:
+    """Dataclass mixin: a market record as the ``ConfigRecord`` items it travels as, and back.
+
+    Each field travels under its name with ``_`` written ``-`` (``global_counts`` as ``global-counts``), in field
+    order: the order of the record's items on the wire.
+    """
+
+    def to_record(self) -> dict[str, Any]:
+        """The record's items, keyed as on the wire."""
+        return {_wire_key(field.name): getattr(self, field.name) for field in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Self:
+        """Parse and type-check the items of a record made by :meth:`to_record`.
+
+        Raises
+        ------
+        ReplyError
+            Naming the record and the key, if an item is missing or of the wrong type (a float item takes an int
+            as a float; no item takes a bool for a number).
+        """
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+            key, kind = _wire_key(field.name), str(field.type)
+            if key not in record:
+                raise ReplyError(f"{cls.__name__} lacks '{key}'")
+            value = record[key]
+            if not _FIELD_CHECKS[kind](value):
+                raise ReplyError(f"{cls.__name__} '{key}' must be a finite {kind}" if kind == "float" else
+                                 f"{cls.__name__} '{key}' must be {kind}, got {type(value).__name__}")  # fmt: skip
+            values[field.name] = float(value) if kind == "float" else value
+        return cls(**values)
+
+
+def _wire_key(name: str) -> str:
+    return name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class BidRequest(_MarketRecord):
+    """Bid step, buyer -> node: the session, its noisy or exact sum ``N_s``, its survivors ``E`` and transcript."""
+
+    session: bytes
+    global_counts: list[int]
+    num_clients: int
+    transcript: bytes
+
+
+@dataclass(frozen=True)
+class BidReply(_MarketRecord):
+    """Bid step, node -> buyer: the node's score against ``N_s`` and its bid."""
+
+    score: float
+    bid: float
+
+
+@dataclass(frozen=True)
+class EndorseReply(_MarketRecord):
+    """Endorse step, node -> buyer: its Ed25519 endorsement of the award's digest (``b""`` without a key)."""
+
+    endorsement: bytes
+
+
+@dataclass(frozen=True)
+class AuditReply(_MarketRecord):
+    """Audit step, winner -> buyer: its label counts and the nonce that opens its counts commitment."""
+
+    counts: list[int]
+    nonce: bytes
+
+
+@dataclass(frozen=True)
+class AwardReply(_MarketRecord):
+    """Award step, node -> buyer: the final award was taken (its receipt kept)."""
+
+    accepted: bool
+
+
+@dataclass(frozen=True)
+class TagsReply(_MarketRecord):
+    """Tags step, node -> buyer: the node's ``market-tag`` (``""``: none)."""
+
+    tag: str
 
 
 def message_type(action: str) -> str:
