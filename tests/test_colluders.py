@@ -159,8 +159,9 @@ def test_each_node_sizes_its_noise_for_its_colluders_and_the_semi_honest_profile
     the roster is the stricter rule, so the noise withstands 4 colluders. With ``pass-colluders=5`` (and a floor of
     7) it adds ``target / 4`` and withstands 5. Outside the profile nothing changes."""
     configs, _ = profile_setup(tmp_path, list(range(1, 10)))
-    default = read_node_settings(node_context(configs[1])).noise
-    assert default is not None and default.colluders == read_node_settings(node_context(configs[1])).colluders == 2
+    settings = read_node_settings(node_context(configs[1]))
+    default = settings.noise
+    assert default is not None and default.colluders == settings.colluders == 2
     assert default.client_variance(9) == pytest.approx(PROFILE.target_variance / 5)
     assert default.assumed_colluders(9) == 4 and default.assumed_colluders(6) == 3
     five = read_node_settings(node_context(configs[1] | {"pass-colluders": 5, "pass-min-participants": 7})).noise

@@ -14,7 +14,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from flmarket_flwr.market import FLMarket, MarketConfig
 from flmarket_flwr.market.config import PROFILE_COLLUDER_SHARE
-from flmarket_flwr.market.node_config import PROFILE_SPLIT_TOLERANCE, read_node_settings
+from flmarket_flwr.market.node_config import PROFILE_SPLIT_TOLERANCE, NodeSettings, read_node_settings
 from flmarket_flwr.pass_protocol import IdentityDirectory, SkellamNoise, generate_identity, save_identity_key
 from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_EPSILON, SECURE_PROFILE_TOTAL_EPSILON, PrivacyBudget
 
@@ -41,16 +41,16 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 
 def test_the_profile_turns_every_node_defence_on(node: dict[str, Any], tmp_path: Path) -> None:
-    ctx = context(node)
-    assert read_node_settings(ctx).security == "malicious"
-    assert read_node_settings(ctx).identity_key is not None and len(read_node_settings(ctx).directory or {}) == 30
-    assert read_node_settings(ctx).complete_graph is True
-    assert read_node_settings(ctx).min_participants == math.ceil(2 / 3 * 30) == 20
-    assert read_node_settings(ctx).split_tolerance == PROFILE_SPLIT_TOLERANCE == 2
-    assert read_node_settings(ctx).colluders == math.ceil(PROFILE_COLLUDER_SHARE * 30) == 6  # a fifth of the directory
-    assert read_node_settings(ctx).noise_ceiling == SECURE_PROFILE_EPSILON
-    assert read_node_settings(ctx).privacy_budget == PrivacyBudget(SECURE_PROFILE_TOTAL_EPSILON)
-    ledger = read_node_settings(ctx).release_ledger
+    settings = read_node_settings(context(node))
+    assert settings.security == "malicious" and settings.secure
+    assert settings.identity_key is not None and len(settings.directory or {}) == 30
+    assert settings.complete_graph is True
+    assert settings.min_participants == math.ceil(2 / 3 * 30) == 20
+    assert settings.split_tolerance == PROFILE_SPLIT_TOLERANCE == 2
+    assert settings.colluders == math.ceil(PROFILE_COLLUDER_SHARE * 30) == 6  # a fifth of the directory
+    assert settings.noise_ceiling == SECURE_PROFILE_EPSILON
+    assert settings.privacy_budget == PrivacyBudget(SECURE_PROFILE_TOTAL_EPSILON)
+    ledger = settings.release_ledger
     assert ledger is not None and ledger.privacy_budget == PrivacyBudget(SECURE_PROFILE_TOTAL_EPSILON)
     assert Path(ledger.directory).parent == tmp_path / "home" / "ledger"  # one folder per identity key
 
@@ -61,28 +61,14 @@ def test_a_node_in_the_profile_adds_noise_when_the_run_announces_none(node: dict
     assert noise.colluders == 6  # sized for the node's pass-colluders: a fifth of the directory of 30
     stronger = SkellamNoise(0.5)
     assert read_node_settings(context(node), stronger).noise == SkellamNoise(0.5, colluders=6)
-    assert read_node_settings(context(node), SkellamNoise(0.5, colluders=9)).noise == SkellamNoise(
-        0.5, colluders=9
-    )  # more
+    more = SkellamNoise(0.5, colluders=9)
+    assert read_node_settings(context(node), more).noise == more
     with pytest.raises(ValueError, match="pass-dp-max-epsilon"):
         read_node_settings(context(node), SkellamNoise(4.0))  # weaker than the profile's: refused
 
 
 def test_without_the_profile_nothing_changes() -> None:
-    ctx = context({})
-    assert read_node_settings(ctx).security == "semi-honest"
-    assert (
-        read_node_settings(ctx).identity_key is None
-        and read_node_settings(ctx).directory is None
-        and read_node_settings(ctx).complete_graph is False
-    )
-    assert (
-        read_node_settings(ctx).min_participants == 3
-        and read_node_settings(ctx).split_tolerance == 0
-        and read_node_settings(ctx, None).noise is None
-    )
-    assert read_node_settings(ctx).colluders == 0
-    assert read_node_settings(ctx).privacy_budget is None and read_node_settings(ctx).release_ledger is None
+    assert read_node_settings(context({})) == NodeSettings()  # the semi-honest defaults, nothing loaded
 
 
 @pytest.mark.parametrize(
@@ -109,12 +95,9 @@ def test_explicit_settings_within_the_profile_are_kept(node: dict[str, Any]) -> 
         node
         | {"pass-min-participants": 28, "pass-split-tolerance": 3, "pass-dp-total-epsilon": 2.0, "pass-colluders": 9}
     )
-    assert (
-        read_node_settings(ctx).min_participants == 28
-        and read_node_settings(ctx).split_tolerance == 3
-        and read_node_settings(ctx).colluders == 9
-    )
-    assert read_node_settings(ctx).privacy_budget == PrivacyBudget(2.0)
+    settings = read_node_settings(ctx)
+    assert (settings.min_participants, settings.split_tolerance, settings.colluders) == (28, 3, 9)
+    assert settings.privacy_budget == PrivacyBudget(2.0)
 
 
 def test_the_buyers_side_runs_the_complete_graph_with_noise_against_the_pinned_directory(tmp_path: Path) -> None:

@@ -241,15 +241,15 @@ def register_market_handlers(
     * its label-count vector ``N_e`` is never sent during PASS (the server gets public keys, encrypted
       shares of other clients' secrets, and ``Y_e``, which is uniform on its own). It opens its counts
       commitment to the buyer once, for the audit of its score, and only as a *winner* of a signed award
-      (:mod:`flmarket_flwr.market.award`): the buyer's terms (budget, cohort cap, its Ed25519 key; with
-      ``buyer_key`` pinned by the node) come with the advertisement, before PASS; after the auction the
+      (:mod:`flmarket_flwr.market.award`): the buyer's terms (the auction's budget, cohort cap, its Ed25519 key;
+      with ``NodeSettings.buyer_key`` pinned by the node) come with the advertisement, before PASS; after the auction the
       client checks the buyer-signed award (its own score and bid in its bids tree as sent, every bidder it
       names a survivor, the winners and payments those of ``run_auction`` over the auction's decisive head
       under the terms) and endorses it, once per session: the award is never re-issued. It opens only for
       the award it endorsed, that pays it at least its bid, and with a directory that a quorum of the
       session's survivors endorsed (node config ``pass-colluders``: so the buyer cannot show different
       bidders different awards). The signed award is its receipt (:func:`read_award`), kept whatever the
-      closing message says. ``audit=False`` makes it refuse, and then it cannot be paid.
+      closing message says. ``NodeSettings(audit=False)`` makes it refuse, and then it cannot be paid.
       Its score and bid are functions of its counts and are sent: ``CostBasedBid`` reveals ``N_e`` to
       anyone who knows its cost (docs/threat-model.md);
     * at most one released PASS session per run: a client joins a fresh session of the same run (the
@@ -259,12 +259,12 @@ def register_market_handlers(
       exception: a market re-launched in the same run after the earlier one closed (``FLMarket``'s ``relaunch``)
       is joined by a client whose release ledger has a privacy budget (the secure profile), each release then
       charged to that privacy budget as below. Two runs are two sums:
-      with a ``release_ledger`` (:mod:`flmarket_flwr.market.ledger`) the client records the members of
+      with a release ledger (:mod:`flmarket_flwr.market.ledger`) the client records the members of
       every sum it releases, in its own directory, and refuses to unmask for a survivor set that,
       differenced with an earlier one, would isolate fewer than ``min_roster_change`` clients. That rule
       does not stop colluders who leave with a victim; the noise does: before its masked input leaves, the
       ledger records the release's privacy cost and refuses it past the node's privacy budget, if it has one;
-    * with an identity key and a ``directory`` (the secure set-up) its advert is signed under the run,
+    * with an identity key and a directory (the secure set-up) its advert is signed under the run,
       the session and the roster, its neighbours' adverts are checked the same way, and it unmasks only
       for the survivor set it signed, with ``t`` of its neighbours' signatures on it (the consistency
       round); without them the server is trusted to relay keys and sets (semi-honest server only);
@@ -274,12 +274,12 @@ def register_market_handlers(
       with a directory only for a ciphertext its sender signed; left with fewer than ``t`` senders by its
       accusations it withdraws, sending them without a masked input;
     * it bids once, for the session whose sum it took part in, with that session's ``E`` and
-      transcript hash; a global count below its own is refused (with ``noise``: below its own by more than
+      transcript hash; a global count below its own is refused (with noise: below its own by more than
       the noise's tail);
     * private key material lives only in ``context.state`` and is deleted once it has masked, on every
       refusal, and at the final award (which the server sends to every node it contacted);
     * error replies say only which step was refused; the details go to the client's own log. One
-      exception: when the app's own ``get_label_counts`` raises, the reply names that exception (type and
+      exception: when the app's own ``label_counts`` callback raises, the reply names that exception (type and
       message), so the server can report the root cause instead of a protocol symptom.
     """
     from flmarket_flwr.market import node_config  # here, so that `python -m ...node_config` runs it once
