@@ -242,8 +242,8 @@ def register_market_handlers(
       shares of other clients' secrets, and ``Y_e``, which is uniform on its own). It opens its counts
       commitment to the buyer once, for the audit of its score, and only as a *winner* of a signed award
       (:mod:`flmarket_flwr.market.award`): the buyer's terms (the auction's budget, cohort cap, its Ed25519 key;
-      with ``NodeSettings.buyer_key`` pinned by the node) come with the advertisement, before PASS; after the auction the
-      client checks the buyer-signed award (its own score and bid in its bids tree as sent, every bidder it
+      with ``NodeSettings.buyer_key`` pinned by the node) come with the advertisement, before PASS; after the
+      auction the client checks the buyer-signed award (its own score and bid in its bids tree as sent, every bidder it
       names a survivor, the winners and payments those of ``run_auction`` over the auction's decisive head
       under the terms) and endorses it, once per session: the award is never re-issued. It opens only for
       the award it endorsed, that pays it at least its bid, and with a directory that a quorum of the
