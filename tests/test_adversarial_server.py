@@ -289,13 +289,10 @@ def test_the_full_transcript_reveals_no_losers_counts_and_no_single_masked_vecto
     assert outcome.global_counts == [int(c) for c in np.sum(list(counts.values()), axis=0)]
 
 
-@pytest.mark.parametrize("as_callable", [False, True], ids=["int", "callable"])
 @pytest.mark.parametrize("floor, refused", [(3, False), (6, True)])
-def test_a_roster_cut_down_to_the_servers_choice_is_refused_below_the_clients_floor(
-    floor: int, refused: bool, as_callable: bool
-) -> None:
-    """A server that shows clients a small roster (say, one victim and its own sybils) meets each client's floor,
-    given as an int or as a callable of the context (the app's node config ``pass-min-participants``)."""
+def test_a_roster_cut_down_to_the_servers_choice_is_refused_below_the_clients_floor(floor: int, refused: bool) -> None:
+    """A server that shows clients a small roster (say, one victim and its own sybils) meets each client's floor
+    (its settings' ``min_participants``: node config ``pass-min-participants``)."""
     counts = make_counts(6)
     app = ClientApp()
     register_market_handlers(
