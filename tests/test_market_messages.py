@@ -13,10 +13,13 @@ from hypothesis import strategies as st
 
 from flmarket_flwr.market.messages import (
     AuditReply,
+    AuditRequest,
     AwardReply,
+    AwardRequest,
     BidReply,
     BidRequest,
     EndorseReply,
+    EndorseRequest,
     ReplyError,
     TagsReply,
 )
@@ -24,11 +27,15 @@ from flmarket_flwr.market.records import config_record, config_record_from_proto
 
 _u64 = st.integers(0, 2**63 - 1)
 _floats = st.floats(allow_nan=False, allow_infinity=False)
+_maybe_bytes = st.none() | st.binary(max_size=64)
 RECORDS = st.one_of(
     st.builds(BidRequest, st.binary(max_size=48), st.lists(_u64, max_size=12), _u64, st.binary(max_size=32)),
     st.builds(BidReply, _floats, _floats),
+    st.builds(EndorseRequest, st.binary(max_size=48), st.binary(max_size=64), st.binary(max_size=64), st.binary()),
     st.builds(EndorseReply, st.binary(max_size=64)),
+    st.builds(AuditRequest, st.binary(max_size=48), st.binary(), st.binary(max_size=64), _maybe_bytes),
     st.builds(AuditReply, st.lists(_u64, max_size=12), st.binary(max_size=32)),
+    st.builds(AwardRequest, st.binary(max_size=48), _maybe_bytes, _maybe_bytes, _maybe_bytes),
     st.builds(AwardReply, st.booleans()),
     st.builds(TagsReply, st.text(max_size=40)),
 )
@@ -62,6 +69,13 @@ def test_the_items_travel_under_the_wire_keys_in_field_order() -> None:
 def test_a_missing_or_mistyped_item_is_refused_by_name(record: Any, items: dict, refusal: str) -> None:  # type: ignore[type-arg]
     with pytest.raises(ReplyError, match=refusal):
         record.from_record(items)
+
+
+def test_an_optional_item_that_is_none_does_not_travel() -> None:
+    assert AwardRequest(b"s").to_record() == {"session": b"s"}  # an aborted market's award step
+    held = AwardRequest(b"s", award_signature=b"g", award_digest=b"d")
+    assert held.to_record() == {"session": b"s", "award-signature": b"g", "award-digest": b"d"}
+    assert AwardRequest.from_record(held.to_record()) == held
 
 
 def test_an_int_is_a_float_item() -> None:

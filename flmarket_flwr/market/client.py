@@ -49,14 +49,11 @@ from flmarket_flwr.market.messages import (
     ACTION_TAGS,
     ACTION_UNMASK,
     KEY_AWARD,
-    KEY_AWARD_DIGEST,
     KEY_AWARD_SIGNATURE,
     KEY_BID,
-    KEY_BID_PROOF,
     KEY_BUDGET,
     KEY_BUYER_KEY,
     KEY_COHORT_CAP,
-    KEY_ENDORSEMENTS,
     KEY_PAYMENT,
     KEY_ROSTER_NODE_IDS,
     KEY_ROSTER_WANTED,
@@ -69,10 +66,13 @@ from flmarket_flwr.market.messages import (
     RECORD_KEY,
     REQUEST_REFUSED,
     AuditReply,
+    AuditRequest,
     AwardReply,
+    AwardRequest,
     BidReply,
     BidRequest,
     EndorseReply,
+    EndorseRequest,
     TagsReply,
     make_content,
     refusal_reason,
@@ -471,7 +471,7 @@ class _MarketHandlers:
         try:
             request = BidRequest.from_record(_request(message))
             client = _pass_client(state)
-            _check_session_id(request.session, state)
+            _check_session(request.session, state)
             if client.transcript is None or state.get(_STAGE) is not None:
                 raise _RequestError("no completed PASS session to bid for, or already bid")
             if request.transcript != client.transcript:
@@ -507,12 +507,12 @@ class _MarketHandlers:
         """
         state = _state_record(context)
         try:
-            request = _request(message)
-            _check_session(request, state)
+            request = EndorseRequest.from_record(_request(message))
+            _check_session(request.session, state)
             if state.get(_STAGE) != _STAGE_BID or _endorsed_award(state) is not None:
                 raise _RequestError("no bid of this client for an award to list, or it already endorsed this "
                                     "session's award (an award is never re-issued)")  # fmt: skip
-            signed, award = _verified_award(request, state)
+            signed, award = _verified_award(request.award, request.award_signature, state)
             client = _pass_client(state)
             index, node_id = client.state.index, int(context.node_id)
             check_award(
@@ -527,7 +527,7 @@ class _MarketHandlers:
                 node_id=node_id,
                 score=float(state[KEY_SCORE]),  # type: ignore[arg-type]
                 bid=float(state[KEY_BID]),  # type: ignore[arg-type]
-                proof=request.get(KEY_BID_PROOF),
+                proof=request.bid_proof,
                 survivor_nodes=self._survivor_nodes(context, client, settings),
             )
             identity_key = settings.identity_key
@@ -555,14 +555,14 @@ class _MarketHandlers:
         """
         state = _state_record(context)
         try:
-            request = _request(message)
-            _check_session(request, state)
+            request = AuditRequest.from_record(_request(message))
+            _check_session(request.session, state)
             if not settings.audit:
                 raise _RequestError("this client does not open its counts for audits")
             if state.get(_STAGE) != _STAGE_BID:
                 raise _RequestError("no bid to audit, or already audited")
             endorsed = _endorsed_award(state)
-            if endorsed is None or request.get(KEY_AWARD) != endorsed.encoded:
+            if endorsed is None or request.award != endorsed.encoded:
                 raise _RequestError("the audit does not show the award this client endorsed")
             award = Award.decode(endorsed.encoded)
             node_id = int(context.node_id)
@@ -573,7 +573,7 @@ class _MarketHandlers:
             if directory is not None:
                 client = _pass_client(state)
                 needed = binding_quorum(client.state.survivor_count, settings.colluders)
-                endorsements = unpack_endorsements(request.get(KEY_ENDORSEMENTS))  # type: ignore[arg-type]
+                endorsements = unpack_endorsements(request.endorsements)  # type: ignore[arg-type]  # None: refused
                 eligible = self._survivor_nodes(context, client, settings)
                 valid = 1 + count_endorsements(endorsed.digest, endorsements, directory, node_id, eligible)
                 if valid < needed:
@@ -601,8 +601,8 @@ class _MarketHandlers:
         held = _endorsed_award(state)
         signed: SignedAward | None
         try:
-            request = _request(message)
-            _check_session(request, state)
+            request = AwardRequest.from_record(_request(message))
+            _check_session(request.session, state)
             if held is not None:
                 _check_final_award(request, held)
                 signed, won, payment = held, bool(state[_ENDORSED_WON]), float(state[_ENDORSED_PAYMENT])  # type: ignore[arg-type]
@@ -619,14 +619,14 @@ class _MarketHandlers:
 
     @staticmethod
     def _final_award(
-        request: ConfigRecord, state: ConfigRecord, context: Context
+        request: AwardRequest, state: ConfigRecord, context: Context
     ) -> tuple[SignedAward | None, bool, float]:
         """The final award sent to a client that endorsed none, checked, and what it gives this client."""
-        if request.get(KEY_AWARD) is None:
-            if request.get(KEY_AWARD_DIGEST) is not None:
+        if request.award is None:
+            if request.award_digest is not None:
                 raise _RequestError("the award named by its digest is not one this client endorsed")
             return None, False, 0.0
-        signed, award = _verified_award(request, state)
+        signed, award = _verified_award(request.award, request.award_signature, state)
         if (award.run_id, award.session) != (int(context.run_id), _pass_client(state).session):
             raise _RequestError("the award is not for this client's run and PASS session")
         if award.terms != _stored_terms(state):
@@ -704,28 +704,23 @@ def _request(message: Message) -> ConfigRecord:
     return record
 
 
-def _check_session(request: ConfigRecord, state: ConfigRecord) -> None:
-    """The request must name the one PASS session this client took part in."""
-    _check_session_id(request.get(KEY_SESSION), state)
-
-
-def _check_session_id(named: object, state: ConfigRecord) -> None:
+def _check_session(named: object, state: ConfigRecord) -> None:
     """``named`` must be the one PASS session this client took part in."""
     session = _pass_client(state).session
     if not session or named != session:
         raise _RequestError("the request is not for the PASS session this client took part in")
 
 
-def _verified_award(request: ConfigRecord, state: ConfigRecord) -> tuple[SignedAward, Award]:
-    """The request's award and the award itself, verified under the buyer key of the stored terms."""
-    signed = SignedAward(request.get(KEY_AWARD), request.get(KEY_AWARD_SIGNATURE))  # type: ignore[arg-type]
+def _verified_award(encoded: bytes, signature: bytes | None, state: ConfigRecord) -> tuple[SignedAward, Award]:
+    """The signed award a request carries, and the award itself, verified under the buyer key of the stored terms."""
+    signed = SignedAward(encoded, signature)  # type: ignore[arg-type]  # no signature: refused by verify
     return signed, signed.verify(_stored_terms(state).buyer_key)
 
 
-def _check_final_award(request: ConfigRecord, held: SignedAward) -> None:
+def _check_final_award(request: AwardRequest, held: SignedAward) -> None:
     """The final award must be the one this client endorsed: named by its digest and signature, or sent in full."""
-    named = (request.get(KEY_AWARD_DIGEST), request.get(KEY_AWARD_SIGNATURE))
-    sent = (request.get(KEY_AWARD), request.get(KEY_AWARD_SIGNATURE))
+    named = (request.award_digest, request.award_signature)
+    sent = (request.award, request.award_signature)
     if named != (held.digest, held.signature) and sent != (held.encoded, held.signature):
         raise _RequestError("the final award is not the award this client endorsed, which it keeps as its receipt")
 

@@ -19,10 +19,13 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 __all__ = [
     "ACTIONS",
     "AuditReply",
+    "AuditRequest",
     "AwardReply",
+    "AwardRequest",
     "BidReply",
     "BidRequest",
     "EndorseReply",
+    "EndorseRequest",
     "TagsReply",
     "ACTION_ADVERTISE",
     "ACTION_AUDIT",
@@ -192,12 +195,14 @@ class _MarketRecord:
     """Dataclass mixin: a market record as the ``ConfigRecord`` items it travels as, and back.
 
     Each field travels under its name with ``_`` written ``-`` (``global_counts`` as ``global-counts``), in field
-    order: the order of the record's items on the wire.
+    order: the order of the record's items on the wire. An optional field (``bytes | None``) that is ``None``
+    does not travel.
     """
 
     def to_record(self) -> dict[str, Any]:
         """The record's items, keyed as on the wire."""
-        return {_wire_key(field.name): getattr(self, field.name) for field in dataclasses.fields(self)}  # type: ignore[arg-type]
+        items = ((_wire_key(field.name), getattr(self, field.name)) for field in dataclasses.fields(self))  # type: ignore[arg-type]
+        return {key: value for key, value in items if value is not None}
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> Self:
@@ -212,7 +217,12 @@ class _MarketRecord:
         values: dict[str, Any] = {}
         for field in dataclasses.fields(cls):  # type: ignore[arg-type]
             key, kind = _wire_key(field.name), str(field.type)
+            optional = kind.endswith(" | None")
+            kind = kind.removesuffix(" | None")
             if key not in record:
+                if optional:
+                    values[field.name] = None
+                    continue
                 raise ReplyError(f"{cls.__name__} lacks '{key}'")
             value = record[key]
             if not _FIELD_CHECKS[kind](value):
@@ -245,10 +255,31 @@ class BidReply(_MarketRecord):
 
 
 @dataclass(frozen=True)
+class EndorseRequest(_MarketRecord):
+    """Endorse step, buyer -> bidder: the buyer-signed award and the bidder's path in its bids tree."""
+
+    session: bytes
+    award: bytes
+    award_signature: bytes
+    bid_proof: bytes
+
+
+@dataclass(frozen=True)
 class EndorseReply(_MarketRecord):
     """Endorse step, node -> buyer: its Ed25519 endorsement of the award's digest (``b""`` without a key)."""
 
     endorsement: bytes
+
+
+@dataclass(frozen=True)
+class AuditRequest(_MarketRecord):
+    """Audit step, buyer -> winner: the award it endorsed and, with a directory, the endorsements it gathered
+    (:func:`~flmarket_flwr.market.award.pack_endorsements`)."""
+
+    session: bytes
+    award: bytes
+    award_signature: bytes
+    endorsements: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -257,6 +288,17 @@ class AuditReply(_MarketRecord):
 
     counts: list[int]
     nonce: bytes
+
+
+@dataclass(frozen=True)
+class AwardRequest(_MarketRecord):
+    """Award step, buyer -> every node it contacted: the final award and its signature (to a node that endorsed
+    it, the award's digest in its place; neither if the market aborted)."""
+
+    session: bytes
+    award: bytes | None = None
+    award_signature: bytes | None = None
+    award_digest: bytes | None = None
 
 
 @dataclass(frozen=True)
