@@ -1,9 +1,13 @@
-"""Wire format of the market phase: message types, record keys and reply validation.
+"""Wire format of the market phase: message types, record keys, typed records, refusals and reply validation.
 
 Every market message, in both directions, carries one ``ConfigRecord`` under :data:`RECORD_KEY`; each step is
 a Flower ``query`` message ``query.<action>`` (:func:`message_type` lists the actions and what each carries).
-The helpers turn one reply into typed values or raise :class:`ReplyError` with a reason that the server logs
-before excluding the node.
+The bid, endorse, audit and award steps and the nodes' replies are frozen records (:class:`BidRequest`, ...,
+:class:`TagsReply`) beside PASS's (:mod:`flmarket_flwr.pass_protocol.messages`), each with one ``to_record`` and
+one ``from_record``. A node's refusal is an error reply whose reason :func:`refusal_reason` writes and
+:func:`label_counts_failure` reads. The helpers turn one reply into typed values or raise :class:`ReplyError`
+with a reason that the server logs before excluding the node. Buyer and node meet here, never importing each
+other.
 """
 
 from __future__ import annotations
