@@ -33,7 +33,7 @@ RECORDS = st.one_of(
     st.builds(BidReply, _floats, _floats),
     st.builds(EndorseRequest, st.binary(max_size=48), st.binary(max_size=64), st.binary(max_size=64), st.binary()),
     st.builds(EndorseReply, st.binary(max_size=64)),
-    st.builds(AuditRequest, st.binary(max_size=48), st.binary(), st.binary(max_size=64), _maybe_bytes),
+    st.builds(AuditRequest, st.binary(max_size=48), st.binary(), _maybe_bytes, _maybe_bytes),
     st.builds(AuditReply, st.lists(_u64, max_size=12), st.binary(max_size=32)),
     st.builds(AwardRequest, st.binary(max_size=48), _maybe_bytes, _maybe_bytes, _maybe_bytes),
     st.builds(AwardReply, st.booleans()),

@@ -277,12 +277,12 @@ class EndorseReply(_MarketRecord):
 
 @dataclass(frozen=True)
 class AuditRequest(_MarketRecord):
-    """Audit step, buyer -> winner: the award it endorsed and, with a directory, the endorsements it gathered
-    (:func:`~flmarket_flwr.market.award.pack_endorsements`)."""
+    """Audit step, buyer -> winner: the award it endorsed (the winner holds its signature already) and, with a
+    directory, the endorsements it gathered (:func:`~flmarket_flwr.market.award.pack_endorsements`)."""
 
     session: bytes
     award: bytes
-    award_signature: bytes
+    award_signature: bytes | None = None
     endorsements: bytes | None = None
 
 
