@@ -53,6 +53,9 @@ def test_the_items_travel_under_the_wire_keys_in_field_order() -> None:
     assert list(request.to_record()) == ["session", "global-counts", "num-clients", "transcript"]
     assert BidReply(1.5, 2.0).to_record() == {"score": 1.5, "bid": 2.0}
     assert AuditReply([3], b"n").to_record() == {"counts": [3], "nonce": b"n"}
+    assert EndorseReply(b"e").to_record() == {"endorsement": b"e"}
+    assert AwardReply(accepted=True).to_record() == {"accepted": True}
+    assert TagsReply("lab-3").to_record() == {"tag": "lab-3"}  # the tags step, which no pinned market sends
 
 
 @pytest.mark.parametrize(
