@@ -59,7 +59,7 @@ from benchmarks.bench_secagg import (
     node_ids,
     run_secagg,
 )
-from flmarket_flwr.app.client_app import market_noise_of
+from flmarket_flwr.app.client_app import node_settings_of
 from flmarket_flwr.market import MarketConfig, MarketPhase, register_market_handlers
 from flmarket_flwr.market.bidding import CostBasedBid
 from flmarket_flwr.pass_protocol import IdentityDirectory, generate_identity, save_identity_key
@@ -96,14 +96,12 @@ def secure_node_configs(nodes: list[int], folder: Path) -> tuple[dict[int, UserC
 
 
 def profile_client_app(label_counts: dict[int, np.ndarray]) -> ClientApp:
-    """The market handlers as ``client_app.build_client_app`` registers them (every node-config reader), serving
-    fixed counts and bids of 0.01 per sample: a node without node config is in the default profile."""
+    """The market handlers as ``client_app.build_client_app`` registers them (the node config's settings with the
+    run config's noise), serving fixed counts and bids of 0.01 per sample: a node without node config is in the
+    default profile."""
     app = ClientApp()
     register_market_handlers(
-        app,
-        get_label_counts=lambda context: label_counts[context.node_id],
-        bid_policy=CostBasedBid(0.01),
-        noise=market_noise_of,  # as the app: the run config's noise too; every other option from the node config
+        app, lambda context: label_counts[context.node_id], CostBasedBid(0.01), settings=node_settings_of
     )
     return app
 

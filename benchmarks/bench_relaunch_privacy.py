@@ -29,13 +29,7 @@ import numpy as np
 from flwr.app import Context, RecordDict
 
 from flmarket_flwr.market.ledger import LedgerError, ReleaseLedger
-from flmarket_flwr.market.node_config import (
-    colluders_of,
-    min_participants_of,
-    node_noise_of,
-    privacy_budget_of,
-    release_ledger_of,
-)
+from flmarket_flwr.market.node_config import read_node_settings
 from flmarket_flwr.pass_protocol import IdentityDirectory, SkellamNoise, generate_identity, save_identity_key
 from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_DELTA, SECURE_PROFILE_EPSILON
 
@@ -78,10 +72,11 @@ def federation(
             "market-min-roster-change": min_roster_change,
         }
         context = Context(run_id=1, node_id=node, node_config=config, state=RecordDict(), run_config={})
-        noise, ledger = node_noise_of(context), release_ledger_of(context)
-        assert noise is not None and ledger is not None and privacy_budget_of(context) is not None
+        settings = read_node_settings(context)
+        noise, ledger = settings.noise, settings.release_ledger
+        assert noise is not None and ledger is not None and settings.privacy_budget is not None
         nodes.append(Node(node, publics[node], replace(noise, rng=seeded(rng)), ledger))
-        colluders, floor = colluders_of(context), min_participants_of(context)
+        colluders, floor = settings.colluders, settings.min_participants
     return nodes, colluders, floor
 
 
@@ -99,7 +94,7 @@ def release(members: list[Node], honest: list[Node], run: int) -> str:
             node.ledger.check(run, session, keys)
         except LedgerError as err:
             return f"node {node.node_id}: {err}"
-        budget = node.ledger.budget
+        budget = node.ledger.privacy_budget
         spends = [spend.variance for spend in node.ledger.spends()]
         if budget is not None and budget.spent([*spends, node.noise.target_variance]) > budget.epsilon:
             return f"node {node.node_id}: its budget (epsilon {budget.epsilon:g} at delta {budget.delta:g})"

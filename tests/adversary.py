@@ -12,6 +12,7 @@ from flwr.clientapp import ClientApp
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase, register_market_handlers
 from flmarket_flwr.market.bidding import BidPolicy
 from flmarket_flwr.market.messages import ACTION_BID, ACTIONS, KEY_SCORE, RECORD_KEY, make_content, message_type
+from flmarket_flwr.market.node_config import NodeSettings
 from flmarket_flwr.pass_protocol import IdentityDirectory, PassServer, generate_identity
 from simulations.inprocess_grid import InProcessGrid, market_client_app
 
@@ -76,8 +77,7 @@ def signed_setup(counts: Mapping[int, np.ndarray]) -> tuple[ClientApp, IdentityD
         app,
         lambda context: counts[context.node_id],
         CostBasedBid(0.01),
-        identity_key=lambda context: identities[context.node_id][0],
-        directory=lambda context: directory,
+        settings=lambda context: NodeSettings(identity_key=identities[context.node_id][0], directory=directory),
     )
     return app, directory, {node: private for node, (private, _) in identities.items()}
 

@@ -25,6 +25,7 @@ from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import CostBasedBid, MarketError, MarketPhase, register_market_handlers
 from flmarket_flwr.market.messages import RECORD_KEY
+from flmarket_flwr.market.node_config import NodeSettings
 from flmarket_flwr.pass_protocol import PassClient
 from flmarket_flwr.pass_protocol.encoding import bitmap_to_indices
 from flmarket_flwr.pass_protocol.identity import sign_share_ciphertext, sign_survivor_set, verify_survivor_set
@@ -136,7 +137,9 @@ def test_a_winner_that_refuses_the_audit_is_not_paid() -> None:
     winner = MarketPhase(market_config()).run(honest_grid(counts)).winners[0]
 
     refusing = ClientApp()
-    register_market_handlers(refusing, lambda context: counts[context.node_id], POLICY, audit=False)
+    register_market_handlers(
+        refusing, lambda context: counts[context.node_id], POLICY, settings=lambda context: NodeSettings(audit=False)
+    )
     grid = InProcessGrid(lambda: refusing, list(counts))  # every client refuses audits
     outcome = MarketPhase(market_config()).run(grid)
     assert outcome.winners == [] and outcome.total_payment == 0.0

@@ -20,6 +20,7 @@ from flwr.clientapp import ClientApp
 from flmarket_flwr.market import CostBasedBid, MarketError, MarketPhase, register_market_handlers
 from flmarket_flwr.market.ledger import LEDGER_FILE, ReleaseLedger, RosterHistory, isolates_a_small_group
 from flmarket_flwr.market.messages import KEY_ROSTER_NODE_IDS, KEY_ROSTER_WANTED, RECORD_KEY
+from flmarket_flwr.market.node_config import NodeSettings
 from flmarket_flwr.pass_protocol import IdentityDirectory, PassServer, generate_identity
 from simulations.inprocess_grid import InProcessGrid
 
@@ -37,9 +38,11 @@ def ledger_app(
         app,
         lambda context: counts[context.node_id],
         CostBasedBid(0.01),
-        identity_key=(lambda context: identities[context.node_id][0]) if signed else None,
-        directory=(lambda context: directory) if signed else None,
-        release_ledger=(lambda context: ReleaseLedger(root / str(context.node_id))) if ledgers else None,
+        settings=lambda context: NodeSettings(
+            identity_key=identities[context.node_id][0] if signed else None,
+            directory=directory if signed else None,
+            release_ledger=ReleaseLedger(root / str(context.node_id)) if ledgers else None,
+        ),
     )
     return app, directory
 
@@ -318,8 +321,8 @@ def test_the_release_is_recorded_before_the_unmask_shares_leave_and_a_failed_wri
         app,
         lambda context: counts[context.node_id],
         CostBasedBid(0.01),
-        release_ledger=lambda context: (FullDisk if context.node_id == full else ReleaseLedger)(
-            tmp_path / str(context.node_id)
+        settings=lambda context: NodeSettings(
+            release_ledger=(FullDisk if context.node_id == full else ReleaseLedger)(tmp_path / str(context.node_id))
         ),
     )
     recorded_when_sent: dict[int, bool] = {}
@@ -361,9 +364,11 @@ def test_a_sybil_under_the_victims_node_id_passes_the_ledgers_only_without_a_dir
             app,
             lambda context: sybil_counts if is_sybil(context) else counts[context.node_id],
             CostBasedBid(0.01),
-            identity_key=(lambda c: impostor_key if is_sybil(c) else identities[c.node_id][0]) if signed else None,
-            directory=(lambda context: directory) if signed else None,
-            release_ledger=lambda c: None if is_sybil(c) else ReleaseLedger(tmp_path / str(c.node_id)),
+            settings=lambda c: NodeSettings(
+                identity_key=(impostor_key if is_sybil(c) else identities[c.node_id][0]) if signed else None,
+                directory=directory if signed else None,
+                release_ledger=None if is_sybil(c) else ReleaseLedger(tmp_path / str(c.node_id)),
+            ),
         )
         return app
 

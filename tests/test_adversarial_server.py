@@ -26,6 +26,7 @@ from flwr.clientapp import ClientApp
 from flmarket_flwr import pass_protocol
 from flmarket_flwr.market import CostBasedBid, MarketPhase, register_market_handlers
 from flmarket_flwr.market.messages import RECORD_KEY
+from flmarket_flwr.market.node_config import NodeSettings
 from flmarket_flwr.pass_protocol import IdentityDirectory, PassServer, generate_identity
 from flmarket_flwr.pass_protocol.channel import rebuild_secret, scalar_pair_mask
 from flmarket_flwr.pass_protocol.graph import share_threshold
@@ -201,8 +202,7 @@ def test_with_a_directory_substituted_or_sybil_keys_are_refused() -> None:
         app,
         lambda context: counts[context.node_id],
         CostBasedBid(0.01),
-        identity_key=lambda context: identities[context.node_id][0],
-        directory=lambda context: directory,
+        settings=lambda context: NodeSettings(identity_key=identities[context.node_id][0], directory=directory),
     )
     grid = InProcessGrid(app, list(counts))
     server = PassServer(b"attack/mitm-signed", NUM_CLASSES, 10**9, directory=directory, run_id=grid.run.run_id)
@@ -289,20 +289,17 @@ def test_the_full_transcript_reveals_no_losers_counts_and_no_single_masked_vecto
     assert outcome.global_counts == [int(c) for c in np.sum(list(counts.values()), axis=0)]
 
 
-@pytest.mark.parametrize("as_callable", [False, True], ids=["int", "callable"])
 @pytest.mark.parametrize("floor, refused", [(3, False), (6, True)])
-def test_a_roster_cut_down_to_the_servers_choice_is_refused_below_the_clients_floor(
-    floor: int, refused: bool, as_callable: bool
-) -> None:
-    """A server that shows clients a small roster (say, one victim and its own sybils) meets each client's floor,
-    given as an int or as a callable of the context (the app's node config ``pass-min-participants``)."""
+def test_a_roster_cut_down_to_the_servers_choice_is_refused_below_the_clients_floor(floor: int, refused: bool) -> None:
+    """A server that shows clients a small roster (say, one victim and its own sybils) meets each client's floor
+    (its settings' ``min_participants``: node config ``pass-min-participants``)."""
     counts = make_counts(6)
     app = ClientApp()
     register_market_handlers(
         app,
         lambda context: counts[context.node_id],
         CostBasedBid(0.01),
-        min_participants=(lambda context: floor) if as_callable else floor,
+        settings=lambda context: NodeSettings(min_participants=floor),
     )
     grid = InProcessGrid(app, list(counts))
     server = PassServer(b"attack/small-roster", NUM_CLASSES, 10**9, run_id=grid.run.run_id)

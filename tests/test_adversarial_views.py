@@ -32,6 +32,7 @@ from flwr.app import Message
 from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import CostBasedBid, MarketPhase, register_market_handlers
+from flmarket_flwr.market.node_config import NodeSettings
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, PassError, PassServer, generate_identity
 from flmarket_flwr.pass_protocol.channel import rebuild_secret, scalar_pair_mask
 from flmarket_flwr.pass_protocol.encoding import roster_fingerprint
@@ -407,7 +408,10 @@ def test_a_node_that_takes_part_only_on_the_complete_graph_cannot_be_placed_amon
     nodes = sorted(counts)
     app = ClientApp()
     register_market_handlers(
-        app, lambda context: counts[context.node_id], CostBasedBid(0.01), complete_graph=lambda c: c.node_id == nodes[0]
+        app,
+        lambda context: counts[context.node_id],
+        CostBasedBid(0.01),
+        settings=lambda c: NodeSettings(complete_graph=c.node_id == nodes[0]),
     )
     grid = InProcessGrid(app, nodes)
     server = PassServer(b"attack/placement", NUM_CLASSES, BOUND, run_id=grid.run.run_id)
@@ -427,7 +431,12 @@ def test_a_node_that_takes_part_only_on_the_complete_graph_cannot_be_placed_amon
 
     small = make_counts(12, seed=43)
     every = ClientApp()
-    register_market_handlers(every, lambda context: small[context.node_id], CostBasedBid(0.01), complete_graph=True)
+    register_market_handlers(
+        every,
+        lambda context: small[context.node_id],
+        CostBasedBid(0.01),
+        settings=lambda c: NodeSettings(complete_graph=True),
+    )
     complete = MarketPhase(market_config(neighbours="all")).run(InProcessGrid(every, list(small)))
     assert sorted(complete.participants) == sorted(small) and not complete.excluded
     assert complete.global_counts == [int(c) for c in np.sum(list(small.values()), axis=0)]
@@ -452,15 +461,17 @@ def _invite_a_colluding_majority(
     if signed:
         identities = {node: generate_identity() for node in nodes}
         directory = IdentityDirectory({node: public for node, (_, public) in identities.items()})
-        options = {"identity_key": lambda c: identities[c.node_id][0], "directory": lambda c: directory}
+        options = {"identity_key": lambda c: identities[c.node_id][0], "directory": lambda c: directory}  # per node
     app = ClientApp()
     register_market_handlers(
         app,
         lambda context: counts[context.node_id],
         CostBasedBid(0.01),
-        complete_graph=lambda c: c.node_id == victim_node,
-        min_participants=lambda c: floor if c.node_id == victim_node else MIN_PARTICIPANTS,
-        **options,
+        settings=lambda c: NodeSettings(
+            complete_graph=c.node_id == victim_node,
+            min_participants=floor if c.node_id == victim_node else MIN_PARTICIPANTS,
+            **{name: read(c) for name, read in options.items()},
+        ),
     )
     grid = InProcessGrid(app, nodes)
     roster = nodes[:size]  # the victim, its colluders, then honest nodes: the server chose who is in it

@@ -51,6 +51,7 @@ from flmarket_flwr.market.messages import (
     KEY_SESSION,
     RECORD_KEY,
 )
+from flmarket_flwr.market.node_config import NodeSettings
 from flmarket_flwr.market.pass_rounds import PassResult
 from flmarket_flwr.market.records import config_record
 from flmarket_flwr.pass_protocol import generate_identity
@@ -651,7 +652,7 @@ def test_a_configured_buyer_key_signs_and_a_pinned_node_refuses_any_other() -> N
             app,
             lambda context: counts[context.node_id],
             CostBasedBid(0.01),
-            buyer_key=lambda context: key if context.node_id == pinned else None,
+            settings=lambda context: NodeSettings(buyer_key=key if context.node_id == pinned else None),
         )
         return app
 

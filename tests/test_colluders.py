@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,9 @@ from hypothesis import strategies as st
 from test_secure_profile_market import profile_setup, secure_config
 
 from flmarket_flwr.market import CostBasedBid, MarketError, MarketPhase, register_market_handlers
-from flmarket_flwr.market.ledger import BudgetExhausted, ReleaseLedger
+from flmarket_flwr.market.ledger import PrivacyBudgetExhausted, ReleaseLedger
 from flmarket_flwr.market.messages import ACTIONS
-from flmarket_flwr.market.node_config import colluders_of, min_participants_of, node_noise_of
+from flmarket_flwr.market.node_config import read_node_settings
 from flmarket_flwr.pass_protocol.noise import (
     MIN_HONEST_CLIENTS,
     SECURE_PROFILE_DELTA,
@@ -73,8 +74,7 @@ def colluding_app(counts: Mapping[int, np.ndarray], colluders: Iterable[int]) ->
         colluding,
         lambda context: counts[context.node_id],
         CostBasedBid(0.01),
-        noise=lambda context: None,
-        release_ledger=lambda context: None,
+        settings=lambda context: replace(read_node_settings(context), noise=None, release_ledger=None),
     )
     app = ClientApp()
 
@@ -159,26 +159,27 @@ def test_each_node_sizes_its_noise_for_its_colluders_and_the_semi_honest_profile
     the roster is the stricter rule, so the noise withstands 4 colluders. With ``pass-colluders=5`` (and a floor of
     7) it adds ``target / 4`` and withstands 5. Outside the profile nothing changes."""
     configs, _ = profile_setup(tmp_path, list(range(1, 10)))
-    default = node_noise_of(node_context(configs[1]))
-    assert default is not None and default.colluders == colluders_of(node_context(configs[1])) == 2
+    settings = read_node_settings(node_context(configs[1]))
+    default = settings.noise
+    assert default is not None and default.colluders == settings.colluders == 2
     assert default.client_variance(9) == pytest.approx(PROFILE.target_variance / 5)
     assert default.assumed_colluders(9) == 4 and default.assumed_colluders(6) == 3
-    five = node_noise_of(node_context(configs[1] | {"pass-colluders": 5, "pass-min-participants": 7}))
+    five = read_node_settings(node_context(configs[1] | {"pass-colluders": 5, "pass-min-participants": 7})).noise
     assert five is not None and five.client_variance(9) == pytest.approx(PROFILE.target_variance / 4)
     assert five.assumed_colluders(9) == 5 and five.assumed_colluders(7) == 5
     plain = node_context({})
-    assert colluders_of(plain) == 0 and node_noise_of(plain, PROFILE) is PROFILE
+    assert read_node_settings(plain).colluders == 0 and read_node_settings(plain, PROFILE).noise is PROFILE
 
 
 # --- A roster too small for the assumption ----------------------------------------------------------------------
 def test_a_roster_floor_too_small_for_the_colluders_is_refused_naming_pass_colluders(tmp_path: Path) -> None:
     configs, _ = profile_setup(tmp_path, list(range(1, 10)))
-    assert min_participants_of(node_context(configs[1] | {"pass-colluders": 4})) == 6
+    assert read_node_settings(node_context(configs[1] | {"pass-colluders": 4})).min_participants == 6
     with pytest.raises(ValueError, match="pass-colluders 5 needs rosters of at least 7.*pass-min-participants is 6"):
-        min_participants_of(node_context(configs[1] | {"pass-colluders": 5}))
+        read_node_settings(node_context(configs[1] | {"pass-colluders": 5}))
     with pytest.raises(ValueError, match="pass-colluders"):
-        min_participants_of(node_context({"pass-colluders": 2}))  # the plain floor, 3, is too small too
-    assert min_participants_of(node_context({"pass-colluders": 2, "pass-min-participants": 4})) == 4
+        read_node_settings(node_context({"pass-colluders": 2}))  # the plain floor, 3, is too small too
+    assert read_node_settings(node_context({"pass-colluders": 2, "pass-min-participants": 4})).min_participants == 4
     with pytest.raises(ValueError, match="pass-colluders"):  # the noise refuses too, whatever floor was given
         SkellamNoise(1.0, colluders=5).client_variance(6)
 
@@ -232,7 +233,7 @@ def test_at_the_profiles_defaults_four_colluders_in_nine_meet_the_stated_noise(
     errors, configs, _ = honest_noise_draws(
         tmp_path, DRAWS, colluders=4, roster=9, ledger_home=ledger_home, monkeypatch=monkeypatch
     )
-    noise = node_noise_of(node_context(next(iter(configs.values()))))
+    noise = read_node_settings(node_context(next(iter(configs.values())))).noise
     assert noise is not None and noise.assumed_colluders(9) == 4
     rms = float(np.sqrt(np.mean(errors**2)))
     assert 0.8 * TARGET_SD <= rms <= 1.2 * TARGET_SD
@@ -249,7 +250,7 @@ def test_with_more_colluders_than_the_noise_withstands_the_claimed_bound_no_long
         tmp_path, DRAWS, colluders=5, roster=6, ledger_home=ledger_home, monkeypatch=monkeypatch
     )
     assert len(members) == 6
-    noise = node_noise_of(node_context(next(iter(configs.values()))))
+    noise = read_node_settings(node_context(next(iter(configs.values())))).noise
     assert noise is not None and noise.colluders == 2 and noise.assumed_colluders(6) == 3
     own = math.sqrt(noise.client_variance(6))
     assert own == pytest.approx(TARGET_SD / math.sqrt(3))
@@ -265,7 +266,7 @@ def test_the_release_charge_rises_to_what_the_survivors_give_and_is_recorded_eve
     tmp_path: Path,
 ) -> None:
     noise = SkellamNoise(1.0, SECURE_PROFILE_DELTA, colluders=2)
-    ledger = ReleaseLedger(tmp_path / "ledger", budget=PrivacyBudget(2.0, SECURE_PROFILE_DELTA))
+    ledger = ReleaseLedger(tmp_path / "ledger", privacy_budget=PrivacyBudget(2.0, SECURE_PROFILE_DELTA))
     ledger.spend(1, b"A", noise.target_variance)  # at mask: the calibration's 5 honest survivors of 9
     ledger.charge_release(1, b"A", noise.release_variance(9, 9))  # all 9 survived: as charged
     assert [s.variance for s in ledger.spends()] == [pytest.approx(noise.target_variance)]
@@ -274,12 +275,12 @@ def test_the_release_charge_rises_to_what_the_survivors_give_and_is_recorded_eve
     ledger.charge_release(1, b"A", noise.target_variance)  # a charge never falls back
     assert [s.variance for s in ledger.spends()] == [pytest.approx(4 / 5 * noise.target_variance)]
     ledger.spend(1, b"B", noise.target_variance)
-    with pytest.raises(BudgetExhausted, match="withholds its shares"):
+    with pytest.raises(PrivacyBudgetExhausted, match="withholds its shares"):
         ledger.charge_release(1, b"B", noise.release_variance(9, 6))  # 2 honest survivors: 2 target / 5
     assert [s.variance for s in ledger.spends()][1] == pytest.approx(2 / 5 * noise.target_variance)  # recorded
-    with pytest.raises(BudgetExhausted):  # asked again (a retried message), still refused
+    with pytest.raises(PrivacyBudgetExhausted):  # asked again (a retried message), still refused
         ledger.charge_release(1, b"B", noise.release_variance(9, 6))
-    with pytest.raises(BudgetExhausted):  # and every later release is counted against it
+    with pytest.raises(PrivacyBudgetExhausted):  # and every later release is counted against it
         ledger.spend(1, b"C", noise.target_variance)
     assert noise.release_variance(9, 4) == 0.0  # survivors that may all be colluders: no noise for certain
     with pytest.raises(ValueError, match="survivors"):

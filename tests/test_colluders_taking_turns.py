@@ -30,13 +30,8 @@ from flmarket_flwr.app.run_config import check_run_config, pass_reruns_of
 from flmarket_flwr.market import MarketConfig, MarketError, MarketPhase
 from flmarket_flwr.market.config import DEFAULT_PASS_RERUNS, profile_colluders
 from flmarket_flwr.market.messages import RECORD_KEY
-from flmarket_flwr.market.node_config import (
-    PROFILE_ROSTER_SHARE,
-    PROFILE_SPLIT_TOLERANCE,
-    colluders_of,
-    min_participants_of,
-)
-from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, generate_identity
+from flmarket_flwr.market.node_config import PROFILE_ROSTER_SHARE, PROFILE_SPLIT_TOLERANCE, read_node_settings
+from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, generate_identity, save_identity_key
 from flmarket_flwr.pass_protocol.graph import secret_threshold
 from simulations.inprocess_grid import InProcessGrid
 
@@ -62,11 +57,13 @@ def test_the_secure_profiles_reruns_are_the_colluders_its_nodes_assume(tmp_path:
     roster at the nodes' own floor (two thirds of it), so the re-runs are not cut short by the floor."""
     directory = _directory(size)
     (tmp_path / "directory.json").write_text(directory.to_json())
+    save_identity_key(generate_identity()[0], tmp_path / "node.pem")  # the profile's settings are read whole
     node = Context(
         1,
         5,
         {
             "market-security": "malicious",
+            "identity-key": str(tmp_path / "node.pem"),
             "identity-directory": str(tmp_path / "directory.json"),
             "identity-directory-digest": directory.digest().hex(),
         },
@@ -74,8 +71,9 @@ def test_the_secure_profiles_reruns_are_the_colluders_its_nodes_assume(tmp_path:
         {},
     )
     buyer = MarketConfig(budget=1.0, num_classes=2, security="malicious", directory=directory)
-    assert buyer.pass_reruns == colluders_of(node) == profile_colluders(size) == math.ceil(size / 5)
-    assert size - buyer.pass_reruns >= min_participants_of(node)
+    settings = read_node_settings(node)
+    assert buyer.pass_reruns == settings.colluders == profile_colluders(size) == math.ceil(size / 5)
+    assert size - buyer.pass_reruns >= settings.min_participants
 
 
 def test_at_every_directory_size_the_profiles_c_fits_under_the_floor_and_the_unmask_thresholds() -> None:

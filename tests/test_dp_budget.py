@@ -32,7 +32,8 @@ from scipy.stats import chi2
 from test_colluders import charged_variance
 
 from flmarket_flwr.market import CostBasedBid, MarketPhase, register_market_handlers
-from flmarket_flwr.market.ledger import LEDGER_FILE, BudgetExhausted, LedgerError, ReleaseLedger
+from flmarket_flwr.market.ledger import LEDGER_FILE, LedgerError, PrivacyBudgetExhausted, ReleaseLedger
+from flmarket_flwr.market.node_config import NodeSettings
 from flmarket_flwr.pass_protocol import SkellamNoise
 from flmarket_flwr.pass_protocol.noise import PrivacyBudget, composed_epsilon, skellam_epsilon
 from simulations.inprocess_grid import InProcessGrid
@@ -59,16 +60,17 @@ def app(
     def ledger(context: Context) -> ReleaseLedger | None:
         if ledgers is None:
             return None
-        budget = (budgets or {}).get(context.node_id)
-        return ReleaseLedger(ledgers / str(context.node_id), min_roster_change=min_roster_change, budget=budget)
+        privacy_budget = (budgets or {}).get(context.node_id)
+        return ReleaseLedger(
+            ledgers / str(context.node_id), min_roster_change=min_roster_change, privacy_budget=privacy_budget
+        )
 
     client = ClientApp()
     register_market_handlers(
         client,
         lambda context: counts[context.node_id],
         CostBasedBid(0.01),
-        noise=lambda context: noises[context.node_id],
-        release_ledger=ledger,
+        settings=lambda context: NodeSettings(noise=noises[context.node_id], release_ledger=ledger(context)),
     )
     return client
 
@@ -147,7 +149,7 @@ def test_a_node_that_has_spent_its_budget_refuses_the_next_release_and_spent_wha
 
     assert run(1).pass_participants == sorted(counts)
     assert run(2).pass_participants == sorted(counts)
-    ledger = ReleaseLedger(tmp_path / str(thrifty), budget=budgets[thrifty])
+    ledger = ReleaseLedger(tmp_path / str(thrifty), privacy_budget=budgets[thrifty])
     assert ledger.epsilon_spent() == pytest.approx(skellam_epsilon(noise.target_variance, 1e-6, releases=2))
     assert round(ledger.epsilon_spent(), 2) == 1.45
     third = run(3)
@@ -156,7 +158,7 @@ def test_a_node_that_has_spent_its_budget_refuses_the_next_release_and_spent_wha
     assert [s.run_id for s in ledger.spends()] == [1, 2]  # the refused release is not recorded
     third_charge = charged_variance(noise, 6, 5)  # n0's refusal at mask thinned the third sum's noise
     for node in set(counts) - {thrifty}:
-        spent = ReleaseLedger(tmp_path / str(node), budget=generous[node]).epsilon_spent()
+        spent = ReleaseLedger(tmp_path / str(node), privacy_budget=generous[node]).epsilon_spent()
         assert spent == pytest.approx(composed_epsilon([noise.target_variance] * 2 + [third_charge], 1e-6))
 
 
@@ -175,18 +177,17 @@ def test_a_node_with_a_budget_refuses_a_release_without_noise(tmp_path: Path) ->
 # --- The ledger's spends -----------------------------------------------------------------------------------
 def test_spends_compose_retries_are_free_and_a_refusal_records_nothing(tmp_path: Path) -> None:
     budget = PrivacyBudget(1.5, 1e-6)  # 21.6 and 50 cost 1.21; another 21.6 would take it to 1.61
-    ledger = ReleaseLedger(tmp_path, budget=budget)
+    ledger = ReleaseLedger(tmp_path, privacy_budget=budget)
     ledger.spend(1, b"s1", 21.6)
     ledger.spend(1, b"s1", 21.6)  # the same mask message again: no second spend
     ledger.spend(2, b"s2", 50.0)
     assert [(s.run_id, s.session, s.variance) for s in ledger.spends()] == [(1, "7331", 21.6), (2, "7332", 50.0)]
     assert ledger.epsilon_spent() == pytest.approx(composed_epsilon([21.6, 50.0], 1e-6))
-    with pytest.raises(BudgetExhausted, match="another variance|variance 21.6, now 5"):
+    with pytest.raises(PrivacyBudgetExhausted, match="another variance|variance 21.6, now 5"):
         ledger.spend(1, b"s1", 5.0)  # a server that reruns a session asking for less noise
     before = (tmp_path / LEDGER_FILE).read_bytes()
-    with pytest.raises(
-        BudgetExhausted, match=r"from 1\.207 to 1\.61 at delta 1e-06 \(2 releases recorded in .*budget 1.5: refused"
-    ):
+    refusal = r"from 1\.207 to 1\.61 at delta 1e-06 \(2 releases recorded in .*budget 1.5: refused"
+    with pytest.raises(PrivacyBudgetExhausted, match=refusal):
         ledger.spend(3, b"s3", 21.6)
     assert (tmp_path / LEDGER_FILE).read_bytes() == before
     with pytest.raises(ValueError, match="variance"):
@@ -199,12 +200,12 @@ def test_whatever_is_asked_the_recorded_spends_stay_within_the_budget(variances:
     """Every refusal had a witness (the spend would have passed the budget); what was kept composes within it."""
     budget = PrivacyBudget(total, 1e-6)
     with tempfile.TemporaryDirectory() as folder:
-        ledger = ReleaseLedger(folder, budget=budget)
+        ledger = ReleaseLedger(folder, privacy_budget=budget)
         kept: list[float] = []
         for run_id, variance in enumerate(variances):
             try:
                 ledger.spend(run_id, b"s%d" % run_id, variance)
-            except BudgetExhausted:
+            except PrivacyBudgetExhausted:
                 assert composed_epsilon([*kept, variance], 1e-6) > total
                 continue
             kept.append(variance)
@@ -217,9 +218,9 @@ def test_spends_without_a_budget_are_kept_and_count_once_a_budget_is_set(tmp_pat
     ReleaseLedger(tmp_path).spend(2, b"b", 0.0)  # a release without noise, recorded as such
     with pytest.raises(ValueError, match="no privacy budget"):
         ReleaseLedger(tmp_path).epsilon_spent()
-    assert ReleaseLedger(tmp_path, budget=PrivacyBudget(100.0)).epsilon_spent() == math.inf
-    with pytest.raises(BudgetExhausted):
-        ReleaseLedger(tmp_path, budget=PrivacyBudget(100.0)).spend(3, b"c", 1e6)
+    assert ReleaseLedger(tmp_path, privacy_budget=PrivacyBudget(100.0)).epsilon_spent() == math.inf
+    with pytest.raises(PrivacyBudgetExhausted):
+        ReleaseLedger(tmp_path, privacy_budget=PrivacyBudget(100.0)).spend(3, b"c", 1e6)
 
 
 def test_member_records_and_spends_live_side_by_side_and_a_version_1_ledger_has_spent_nothing(tmp_path: Path) -> None:
@@ -252,7 +253,7 @@ def test_a_corrupt_spend_fails_closed_naming_the_file(tmp_path: Path, spent: str
     path = tmp_path / LEDGER_FILE
     content = '{"version": 2, "salt": "' + "00" * 32 + '", "records": [], "spent": ' + spent + "}"
     path.write_text(content, encoding="utf-8")
-    ledger = ReleaseLedger(tmp_path, budget=PrivacyBudget(4.0))
+    ledger = ReleaseLedger(tmp_path, privacy_budget=PrivacyBudget(4.0))
     for attempt in (ledger.spends, lambda: ledger.spend(1, b"s", 21.6)):
         with pytest.raises(LedgerError, match=f"release ledger {path} is unreadable.*fail closed"):
             attempt()
@@ -293,25 +294,28 @@ def test_a_node_killed_mid_write_keeps_a_readable_ledger_with_every_spend_it_ack
 
 # --- The app's node config ---------------------------------------------------------------------------------
 def test_the_app_reads_the_total_budget_from_the_node_config(tmp_path: Path) -> None:
-    from flmarket_flwr.market.node_config import privacy_budget_of, release_ledger_of
+    from flmarket_flwr.market.node_config import read_node_settings
 
     def context(node_config: dict) -> Context:  # type: ignore[type-arg]
         return Context(1, 5, node_config, RecordDict(), {})
 
-    assert privacy_budget_of(context({})) is None
-    assert privacy_budget_of(context({"pass-dp-total-epsilon": 4})) == PrivacyBudget(4.0, 1e-6)
-    assert privacy_budget_of(context({"pass-dp-total-epsilon": "2.5", "pass-dp-total-delta": 1e-8})) == PrivacyBudget(
-        2.5, 1e-8
-    )
-    ledger = release_ledger_of(context({"market-ledger-dir": str(tmp_path), "pass-dp-total-epsilon": 4.0}))
-    assert ledger is not None and ledger.budget == PrivacyBudget(4.0)
-    assert release_ledger_of(context({"market-ledger-dir": str(tmp_path)})).budget is None  # type: ignore[union-attr]
+    ledger_dir = {"market-ledger-dir": str(tmp_path)}
+    assert read_node_settings(context({})).privacy_budget is None
+    four = read_node_settings(context(ledger_dir | {"pass-dp-total-epsilon": 4}))
+    assert four.privacy_budget == PrivacyBudget(4.0, 1e-6)
+    small_delta = context(ledger_dir | {"pass-dp-total-epsilon": "2.5", "pass-dp-total-delta": 1e-8})
+    assert read_node_settings(small_delta).privacy_budget == PrivacyBudget(2.5, 1e-8)
+    ledger = read_node_settings(
+        context({"market-ledger-dir": str(tmp_path), "pass-dp-total-epsilon": 4.0})
+    ).release_ledger
+    assert ledger is not None and ledger.privacy_budget == PrivacyBudget(4.0)
+    assert read_node_settings(context({"market-ledger-dir": str(tmp_path)})).release_ledger.privacy_budget is None  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="needs market-ledger-dir"):
-        release_ledger_of(context({"pass-dp-total-epsilon": 4.0}))
+        read_node_settings(context({"pass-dp-total-epsilon": 4.0}))
     with pytest.raises(ValueError, match="pass-dp-total-epsilon"):
-        privacy_budget_of(context({"pass-dp-total-epsilon": "four"}))
+        read_node_settings(context({"pass-dp-total-epsilon": "four"}))
     with pytest.raises(ValueError, match="pass-dp-total-delta"):
-        privacy_budget_of(context({"pass-dp-total-epsilon": 4.0, "pass-dp-total-delta": 2.0}))
+        read_node_settings(context({"pass-dp-total-epsilon": 4.0, "pass-dp-total-delta": 2.0}))
 
 
 def test_the_apps_supernode_with_a_total_budget_takes_part_until_it_is_spent(tmp_path: Path) -> None:
@@ -333,5 +337,5 @@ def test_the_apps_supernode_with_a_total_budget_takes_part_until_it_is_spent(tmp
     ]
     assert [o.pass_participants for o in outcomes] == [nodes, nodes, nodes[:-1]]
     assert outcomes[2].excluded[505].endswith("market_mask: refused by the node's privacy budget")
-    ledger = ReleaseLedger(tmp_path, budget=PrivacyBudget(1.5))
+    ledger = ReleaseLedger(tmp_path, privacy_budget=PrivacyBudget(1.5))
     assert ledger.epsilon_spent() == pytest.approx(skellam_epsilon(noise.target_variance, 1e-6, releases=2))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import replace
+from typing import Any
 from uuid import uuid4
 
 import numpy as np
@@ -27,7 +29,6 @@ from flmarket_flwr.market import (
     simulated_cost_per_sample,
 )
 from flmarket_flwr.market.award import AwardTerms, BidsTree, SignedAward, build_award, sign_award
-from flmarket_flwr.market.client import ERROR_PREFIX
 from flmarket_flwr.market.messages import (
     ACTION_ADVERTISE,
     ACTION_AUDIT,
@@ -38,6 +39,7 @@ from flmarket_flwr.market.messages import (
     ACTION_SHARE,
     ACTION_UNMASK,
     ACTIONS,
+    ERROR_PREFIX,
     KEY_ACCEPTED,
     KEY_AWARD,
     KEY_AWARD_DIGEST,
@@ -57,6 +59,7 @@ from flmarket_flwr.market.messages import (
     RECORD_KEY,
     message_type,
 )
+from flmarket_flwr.market.node_config import NodeSettings, read_node_settings
 from flmarket_flwr.pass_protocol import PassServer, SkellamNoise, counts_commitment
 from flmarket_flwr.pass_protocol.messages import MaskedInput
 from flmarket_flwr.pricing import score
@@ -85,7 +88,10 @@ class Node:
         self.counts = np.asarray(counts)
         self.app = ClientApp()
         register_market_handlers(
-            self.app, lambda context: self.counts, bid_policy, audit=audit, noise=lambda context: noise
+            self.app,
+            lambda context: self.counts,
+            bid_policy,
+            settings=lambda context: replace(read_node_settings(context), audit=audit, noise=noise),
         )
         self.context = Context(1, node_id, dict(node_config or {"partition-id": 3}), RecordDict(), {})
 
@@ -598,31 +604,32 @@ def test_register_refuses_a_second_registration() -> None:
         register_market_handlers(app, lambda context: np.ones(C))
 
 
-def test_register_refuses_a_complete_graph_setting_that_is_not_a_bool() -> None:
+def test_node_settings_refuse_a_complete_graph_setting_that_is_not_a_bool() -> None:
     with pytest.raises(TypeError, match="complete_graph must be a bool"):
-        register_market_handlers(ClientApp(), lambda context: np.ones(C), complete_graph="false")  # type: ignore[arg-type]
+        NodeSettings(complete_graph="false")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("floor", ["90", 90.0, True], ids=["str", "float", "bool"])
-def test_register_refuses_a_roster_floor_that_is_neither_an_int_nor_a_callable(floor: object) -> None:
-    """(``None``, the default, reads the node config's ``pass-min-participants`` / ``pass-split-tolerance``.)"""
+def test_node_settings_refuse_a_roster_floor_that_is_not_an_int(floor: object) -> None:
     with pytest.raises(TypeError, match="min_participants must be an int"):
-        register_market_handlers(ClientApp(), lambda context: np.ones(C), min_participants=floor)  # type: ignore[arg-type]
+        NodeSettings(min_participants=floor)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="split_tolerance must be an int"):
-        register_market_handlers(ClientApp(), lambda context: np.ones(C), split_tolerance=floor)  # type: ignore[arg-type]
+        NodeSettings(split_tolerance=floor)  # type: ignore[arg-type]
 
 
-def test_numpy_integer_settings_are_taken_and_a_callable_returning_a_bool_is_refused_at_advertise() -> None:
+def test_numpy_integer_settings_are_taken_and_settings_that_cannot_be_built_are_refused_at_advertise() -> None:
     request = PassServer(SESSION, C, BOUND).advertise_requests([7, 8, 9])[1].to_record()
-    settings_and_outcomes = (
+    settings_and_outcomes: tuple[tuple[dict[str, Any], bool], ...] = (
         ({"min_participants": np.int64(3), "split_tolerance": np.int64(1)}, True),
-        ({"min_participants": lambda context: True}, False),
-        ({"split_tolerance": lambda context: True}, False),
+        ({"min_participants": True}, False),
+        ({"split_tolerance": True}, False),
     )
     for settings, taken in settings_and_outcomes:
         node = Node([3, 1, 4, 1, 5])
         node.app = ClientApp()
-        register_market_handlers(node.app, lambda context, node=node: node.counts, **settings)  # type: ignore[arg-type]
+        register_market_handlers(
+            node.app, lambda context, node=node: node.counts, settings=lambda context, s=settings: NodeSettings(**s)
+        )
         reply = node.call(ACTION_ADVERTISE, **request)
         if taken:
             assert not reply.has_error()

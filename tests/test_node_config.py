@@ -20,10 +20,8 @@ from flmarket_flwr.market.node_config import (
     MARKET_NODE_KEYS,
     MARKET_SCHEMA,
     NodeKey,
-    buyer_key_of,
     check_noise_ceiling,
-    identity_directory_of,
-    privacy_budget_of,
+    read_node_settings,
 )
 from flmarket_flwr.pass_protocol import IdentityDirectory, SkellamNoise, generate_identity
 from flmarket_flwr.pass_protocol.noise import PrivacyBudget
@@ -132,31 +130,37 @@ def test_the_apps_keys_are_checked_too_and_an_app_can_declare_its_own() -> None:
         MARKET_SCHEMA.extended([NodeKey("identity-key", str, "", "again")])
 
 
-def test_the_readers_of_the_pins_and_the_budgets() -> None:
-    assert buyer_key_of(context({})) is None and buyer_key_of(context({"market-buyer-key": KEY})) == bytes.fromhex(KEY)
-    assert privacy_budget_of(context({"pass-dp-total-epsilon": "3"})) == PrivacyBudget(3.0, 1e-6)
+def test_the_settings_read_the_pins_and_the_privacy_budget(tmp_path: Path) -> None:
+    assert read_node_settings(context({})).buyer_key is None
+    assert read_node_settings(context({"market-buyer-key": KEY})).buyer_key == bytes.fromhex(KEY)
+    budgeted = read_node_settings(context({"pass-dp-total-epsilon": "3", "market-ledger-dir": str(tmp_path)}))
+    assert budgeted.privacy_budget == PrivacyBudget(3.0, 1e-6)
+    assert budgeted.release_ledger is not None and budgeted.release_ledger.privacy_budget == budgeted.privacy_budget
     with pytest.raises(ValueError, match="market-buyer-key"):
-        buyer_key_of(context({"market-buyer-key": KEY[:-2]}))
+        read_node_settings(context({"market-buyer-key": KEY[:-2]}))
 
 
 def test_a_pin_without_a_directory_or_a_directory_without_a_pin_is_refused(tmp_path: Path) -> None:
     directory = IdentityDirectory({7: generate_identity()[1]})
     (tmp_path / "d.json").write_text(directory.to_json())
-    assert identity_directory_of(context({})) is None
+    assert read_node_settings(context({})).directory is None
     with pytest.raises(ValueError, match="identity-directory-digest/-signer pin a directory"):
-        identity_directory_of(context({"identity-directory-digest": directory.digest().hex()}))
+        read_node_settings(context({"identity-directory-digest": directory.digest().hex()}))
     with pytest.raises(ValueError, match="node-config identity-directory: .* is not pinned.*set identity-directory"):
-        identity_directory_of(context({"identity-directory": str(tmp_path / "d.json")}))
+        read_node_settings(context({"identity-directory": str(tmp_path / "d.json")}))
     pinned = {"identity-directory": str(tmp_path / "d.json"), "identity-directory-digest": directory.digest().hex()}
-    assert identity_directory_of(context(pinned)) == directory
+    assert read_node_settings(context(pinned)).directory == directory
     with pytest.raises(ValueError, match="node-config identity-directory-digest: .*No such file"):
-        identity_directory_of(context(pinned | {"identity-directory": str(tmp_path / "missing.json")}))
+        read_node_settings(context(pinned | {"identity-directory": str(tmp_path / "missing.json")}))
 
 
 def test_the_noise_ceiling_refuses_weaker_noise_by_name() -> None:
-    ceiling = context({"pass-dp-max-epsilon": 1.0})
-    assert check_noise_ceiling(None, context({})) is None
+    ceiling = 1.0
+    assert check_noise_ceiling(None, read_node_settings(context({})).noise_ceiling) is None
     assert check_noise_ceiling(SkellamNoise(0.5), ceiling) == SkellamNoise(0.5)
+    assert read_node_settings(context({"pass-dp-max-epsilon": 1.0}), SkellamNoise(0.5)).noise == SkellamNoise(0.5)
+    with pytest.raises(ValueError, match="pass-dp-max-epsilon 1.0"):
+        read_node_settings(context({"pass-dp-max-epsilon": 1.0}), SkellamNoise(2.0))
     for weaker in (None, SkellamNoise(2.0), SkellamNoise(1.0, delta=1e-3), SkellamNoise(1.0, honest_fraction=0.9)):
         with pytest.raises(ValueError, match="pass-dp-max-epsilon 1.0"):
             check_noise_ceiling(weaker, ceiling)

@@ -26,6 +26,7 @@ from scipy.stats import skellam
 
 from flmarket_flwr.market import CostBasedBid, MarketPhase, register_market_handlers
 from flmarket_flwr.market.ledger import ReleaseLedger
+from flmarket_flwr.market.node_config import NodeSettings
 from flmarket_flwr.pass_protocol import PassClient, PassError, PassServer, SkellamNoise
 from flmarket_flwr.pass_protocol.noise import skellam_epsilon, skellam_rdp, skellam_variance_for
 from simulations.inprocess_grid import InProcessGrid
@@ -178,8 +179,9 @@ def noisy_app(counts: Mapping[int, np.ndarray], noise: SkellamNoise, ledgers: Pa
         app,
         lambda context: counts[context.node_id],
         CostBasedBid(0.01),
-        noise=lambda context: noise,
-        release_ledger=(lambda context: ReleaseLedger(ledgers / str(context.node_id))) if ledgers else None,
+        settings=lambda context: NodeSettings(
+            noise=noise, release_ledger=ReleaseLedger(ledgers / str(context.node_id)) if ledgers else None
+        ),
     )
     return app
 
@@ -276,10 +278,10 @@ def test_the_apps_clients_add_the_run_configs_noise_and_a_node_ceiling_refuses_a
     deviation = np.abs(np.subtract(noisy.global_counts, exact.global_counts))
     assert deviation.max() <= SkellamNoise(1.0).tail_bound()
     refused = outcome({"pass-dp-epsilon": 1.0}, ceiling=0.5)
-    assert 505 in refused.excluded and refused.excluded[505].startswith("market_mask")
+    assert 505 in refused.excluded and refused.excluded[505].startswith("market_advertise")
     assert refused.pass_participants == nodes[:-1]
     no_noise = outcome({}, ceiling=1.0)  # a run that announces no noise at all: refused by the same ceiling
-    assert 505 in no_noise.excluded and no_noise.excluded[505].startswith("market_mask")
+    assert 505 in no_noise.excluded and no_noise.excluded[505].startswith("market_advertise")
     assert no_noise.pass_participants == nodes[:-1]
     assert not outcome({"pass-dp-epsilon": 1.0}, ceiling=1.0).excluded  # at the ceiling: taken part
     # Less noise at the same epsilon: a larger delta (13 times less variance at 0.9) or a roster assumed all honest
@@ -288,7 +290,7 @@ def test_the_apps_clients_add_the_run_configs_noise_and_a_node_ceiling_refuses_a
         run_config = {"pass-dp-epsilon": 1.0, **weaker}
         assert market_noise(1.0, run_config.get("pass-dp-delta", 1e-6), 0.5) is not None
         refused = outcome(run_config, ceiling=1.0)
-        assert 505 in refused.excluded and refused.excluded[505].startswith("market_mask"), weaker
+        assert 505 in refused.excluded and refused.excluded[505].startswith("market_advertise"), weaker
 
 
 def test_a_noisy_market_with_a_client_dropping_at_the_mask_step_finishes_over_the_survivors() -> None:
@@ -366,7 +368,10 @@ def per_node_app(counts: Mapping[int, np.ndarray], noises: Mapping[int, SkellamN
     """Market handlers where node ``n`` adds ``noises[n]`` (``None``: no noise, as a server's sybil would)."""
     app = ClientApp()
     register_market_handlers(
-        app, lambda context: counts[context.node_id], CostBasedBid(0.01), noise=lambda context: noises[context.node_id]
+        app,
+        lambda context: counts[context.node_id],
+        CostBasedBid(0.01),
+        settings=lambda context: NodeSettings(noise=noises[context.node_id]),
     )
     return app
 

@@ -221,50 +221,52 @@ def test_concurrent_conflicting_releases_let_exactly_one_through(tmp_path: Path)
 
 # --- The app's node config -------------------------------------------------------------------------
 def test_the_app_reads_the_ledger_from_the_node_config(tmp_path: Path) -> None:
-    from flmarket_flwr.app.client_app import release_ledger_of
+    from flmarket_flwr.market.node_config import read_node_settings
 
     def context(node_config: dict) -> Context:  # type: ignore[type-arg]
         return Context(1, 5, node_config, RecordDict(), {})
 
-    assert release_ledger_of(context({"partition-id": 0})) is None
-    ledger = release_ledger_of(context({"market-ledger-dir": str(tmp_path), "market-min-roster-change": 4}))
+    assert read_node_settings(context({"partition-id": 0})).release_ledger is None
+    ledger = read_node_settings(
+        context({"market-ledger-dir": str(tmp_path), "market-min-roster-change": 4})
+    ).release_ledger
     assert ledger is not None and ledger.directory == tmp_path and ledger.min_roster_change == 4
-    assert release_ledger_of(context({"market-ledger-dir": str(tmp_path)})).min_roster_change == 3  # type: ignore[union-attr]
+    assert read_node_settings(context({"market-ledger-dir": str(tmp_path)})).release_ledger.min_roster_change == 3  # type: ignore[union-attr]
 
 
 def test_the_app_reads_the_complete_graph_requirement_from_the_node_config() -> None:
-    from flmarket_flwr.app.client_app import complete_graph_of
+    from flmarket_flwr.market.node_config import read_node_settings
 
     def context(node_config: dict) -> Context:  # type: ignore[type-arg]
         return Context(1, 5, node_config, RecordDict(), {})
 
-    assert complete_graph_of(context({})) is False
-    assert complete_graph_of(context({"pass-complete-graph": True})) is True
-    assert complete_graph_of(context({"pass-complete-graph": "true"})) is True
-    assert complete_graph_of(context({"pass-complete-graph": False})) is False
+    assert read_node_settings(context({})).complete_graph is False
+    assert read_node_settings(context({"pass-complete-graph": True})).complete_graph is True
+    assert read_node_settings(context({"pass-complete-graph": "true"})).complete_graph is True
+    assert read_node_settings(context({"pass-complete-graph": False})).complete_graph is False
     with pytest.raises(ValueError, match="pass-complete-graph"):
-        complete_graph_of(context({"pass-complete-graph": "yes please"}))
+        read_node_settings(context({"pass-complete-graph": "yes please"}))
 
 
 def test_the_app_reads_the_roster_floor_and_the_split_tolerance_from_the_node_config() -> None:
-    from flmarket_flwr.app.client_app import min_participants_of, split_tolerance_of
+    from flmarket_flwr.market.node_config import read_node_settings
 
     def context(node_config: dict) -> Context:  # type: ignore[type-arg]
         return Context(1, 5, node_config, RecordDict(), {})
 
-    assert min_participants_of(context({})) == 3
-    assert min_participants_of(context({"pass-min-participants": 90})) == 90
-    assert min_participants_of(context({"pass-min-participants": "90"})) == 90
-    assert min_participants_of(context({"pass-min-participants": " 3 "})) == 3
+    assert read_node_settings(context({})).min_participants == 3
+    assert read_node_settings(context({"pass-min-participants": 90})).min_participants == 90
+    assert read_node_settings(context({"pass-min-participants": "90"})).min_participants == 90
+    assert read_node_settings(context({"pass-min-participants": " 3 "})).min_participants == 3
     for bad in (2, 0, -90, "2", "ninety", "90.0", "", "-90", "٩٠", 90.0, True, None, [90]):
         with pytest.raises(ValueError, match="pass-min-participants"):
-            min_participants_of(context({"pass-min-participants": bad}))
-    assert split_tolerance_of(context({})) == 0
-    assert split_tolerance_of(context({"pass-split-tolerance": 4})) == 4
-    assert split_tolerance_of(context({"pass-split-tolerance": " 0 "})) == 0
+            read_node_settings(context({"pass-min-participants": bad}))
+    assert read_node_settings(context({})).split_tolerance == 0
+    assert read_node_settings(context({"pass-split-tolerance": 4})).split_tolerance == 4
+    assert read_node_settings(context({"pass-split-tolerance": " 0 "})).split_tolerance == 0
     for bad in (-1, "-1", "two", "2.0", "", 2.0, True, False, None, [2]):
         with pytest.raises(ValueError, match="pass-split-tolerance"):
-            split_tolerance_of(context({"pass-split-tolerance": bad}))
+            read_node_settings(context({"pass-split-tolerance": bad}))
 
 
 # --- The buyer's side ------------------------------------------------------------------------------

@@ -14,20 +14,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from flmarket_flwr.market import FLMarket, MarketConfig
 from flmarket_flwr.market.config import PROFILE_COLLUDER_SHARE
-from flmarket_flwr.market.node_config import (
-    PROFILE_SPLIT_TOLERANCE,
-    colluders_of,
-    complete_graph_of,
-    identity_directory_of,
-    identity_key_of,
-    min_participants_of,
-    node_noise_of,
-    noise_ceiling_of,
-    privacy_budget_of,
-    release_ledger_of,
-    security_of,
-    split_tolerance_of,
-)
+from flmarket_flwr.market.node_config import PROFILE_SPLIT_TOLERANCE, NodeSettings, read_node_settings
 from flmarket_flwr.pass_protocol import IdentityDirectory, SkellamNoise, generate_identity, save_identity_key
 from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_EPSILON, SECURE_PROFILE_TOTAL_EPSILON, PrivacyBudget
 
@@ -54,38 +41,34 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 
 def test_the_profile_turns_every_node_defence_on(node: dict[str, Any], tmp_path: Path) -> None:
-    ctx = context(node)
-    assert security_of(ctx) == "malicious"
-    assert identity_key_of(ctx) is not None and len(identity_directory_of(ctx) or {}) == 30
-    assert complete_graph_of(ctx) is True
-    assert min_participants_of(ctx) == math.ceil(2 / 3 * 30) == 20
-    assert split_tolerance_of(ctx) == PROFILE_SPLIT_TOLERANCE == 2
-    assert colluders_of(ctx) == math.ceil(PROFILE_COLLUDER_SHARE * 30) == 6  # a fifth of the directory
-    assert noise_ceiling_of(ctx) == SECURE_PROFILE_EPSILON
-    assert privacy_budget_of(ctx) == PrivacyBudget(SECURE_PROFILE_TOTAL_EPSILON)
-    ledger = release_ledger_of(ctx)
-    assert ledger is not None and ledger.budget == PrivacyBudget(SECURE_PROFILE_TOTAL_EPSILON)
+    settings = read_node_settings(context(node))
+    assert settings.security == "malicious" and settings.secure
+    assert settings.identity_key is not None and len(settings.directory or {}) == 30
+    assert settings.complete_graph is True
+    assert settings.min_participants == math.ceil(2 / 3 * 30) == 20
+    assert settings.split_tolerance == PROFILE_SPLIT_TOLERANCE == 2
+    assert settings.colluders == math.ceil(PROFILE_COLLUDER_SHARE * 30) == 6  # a fifth of the directory
+    assert settings.noise_ceiling == SECURE_PROFILE_EPSILON
+    assert settings.privacy_budget == PrivacyBudget(SECURE_PROFILE_TOTAL_EPSILON)
+    ledger = settings.release_ledger
+    assert ledger is not None and ledger.privacy_budget == PrivacyBudget(SECURE_PROFILE_TOTAL_EPSILON)
     assert Path(ledger.directory).parent == tmp_path / "home" / "ledger"  # one folder per identity key
 
 
 def test_a_node_in_the_profile_adds_noise_when_the_run_announces_none(node: dict[str, Any]) -> None:
-    noise = node_noise_of(context(node), None)
+    noise = read_node_settings(context(node), None).noise
     assert noise is not None and noise.epsilon == SECURE_PROFILE_EPSILON
     assert noise.colluders == 6  # sized for the node's pass-colluders: a fifth of the directory of 30
     stronger = SkellamNoise(0.5)
-    assert node_noise_of(context(node), stronger) == SkellamNoise(0.5, colluders=6)
-    assert node_noise_of(context(node), SkellamNoise(0.5, colluders=9)) == SkellamNoise(0.5, colluders=9)  # more
+    assert read_node_settings(context(node), stronger).noise == SkellamNoise(0.5, colluders=6)
+    more = SkellamNoise(0.5, colluders=9)
+    assert read_node_settings(context(node), more).noise == more
     with pytest.raises(ValueError, match="pass-dp-max-epsilon"):
-        node_noise_of(context(node), SkellamNoise(4.0))  # weaker than the profile's: refused
+        read_node_settings(context(node), SkellamNoise(4.0))  # weaker than the profile's: refused
 
 
 def test_without_the_profile_nothing_changes() -> None:
-    ctx = context({})
-    assert security_of(ctx) == "semi-honest"
-    assert identity_key_of(ctx) is None and identity_directory_of(ctx) is None and complete_graph_of(ctx) is False
-    assert min_participants_of(ctx) == 3 and split_tolerance_of(ctx) == 0 and node_noise_of(ctx, None) is None
-    assert colluders_of(ctx) == 0
-    assert privacy_budget_of(ctx) is None and release_ledger_of(ctx) is None
+    assert read_node_settings(context({})) == NodeSettings()  # the semi-honest defaults, nothing loaded
 
 
 @pytest.mark.parametrize(
@@ -104,9 +87,7 @@ def test_the_profile_refuses_what_would_weaken_it_naming_the_key(
     config = {key: value for key, value in node.items() if key != drop} | add
     ctx = context(config)
     with pytest.raises(ValueError, match=message):
-        identity_key_of(ctx)
-        identity_directory_of(ctx)
-        complete_graph_of(ctx)
+        read_node_settings(ctx)
 
 
 def test_explicit_settings_within_the_profile_are_kept(node: dict[str, Any]) -> None:
@@ -114,8 +95,9 @@ def test_explicit_settings_within_the_profile_are_kept(node: dict[str, Any]) -> 
         node
         | {"pass-min-participants": 28, "pass-split-tolerance": 3, "pass-dp-total-epsilon": 2.0, "pass-colluders": 9}
     )
-    assert min_participants_of(ctx) == 28 and split_tolerance_of(ctx) == 3 and colluders_of(ctx) == 9
-    assert privacy_budget_of(ctx) == PrivacyBudget(2.0)
+    settings = read_node_settings(ctx)
+    assert (settings.min_participants, settings.split_tolerance, settings.colluders) == (28, 3, 9)
+    assert settings.privacy_budget == PrivacyBudget(2.0)
 
 
 def test_the_buyers_side_runs_the_complete_graph_with_noise_against_the_pinned_directory(tmp_path: Path) -> None:

@@ -45,16 +45,9 @@ from flmarket_flwr.market.node_config import (
     MARKET_SCHEMA,
     NodeConfigCheck,
     NodeKey,
-    buyer_key_of,
-    complete_graph_of,
-    identity_directory_of,
-    identity_key_of,
-    min_participants_of,
-    node_noise_of,
-    release_ledger_of,
-    split_tolerance_of,
+    NodeSettings,
+    read_node_settings,
 )
-from flmarket_flwr.pass_protocol import SkellamNoise
 
 if TYPE_CHECKING:
     import torch
@@ -294,15 +287,16 @@ class RunConfigOverride:
             context.run_config = original
 
 
-def market_noise_of(context: Context) -> SkellamNoise | None:
-    """The node's distributed-DP noise on its counts: the run config's ``pass-dp-*`` keys (``None``: off).
+def node_settings_of(context: Context) -> NodeSettings:
+    """The node's market settings: its node config's, with the run config's ``pass-dp-*`` noise announced.
 
-    Refused below the node's own ceiling, ``pass-dp-max-epsilon`` in its node config; in the secure profile the
-    node adds the profile's noise when the run announces none (:func:`~flmarket_flwr.market.node_config.node_noise_of`).
+    The node adds that noise to its counts, refused below its own ceiling (``pass-dp-max-epsilon`` in its node
+    config); in the secure profile it adds the profile's noise when the run announces none
+    (:func:`~flmarket_flwr.market.node_config.read_node_settings`).
     """
-    settings = settings_of(context)
-    noise = market_noise(settings.pass_dp_epsilon, settings.pass_dp_delta, settings.pass_dp_honest_fraction)
-    return node_noise_of(context, noise)
+    run = settings_of(context)
+    noise = market_noise(run.pass_dp_epsilon, run.pass_dp_delta, run.pass_dp_honest_fraction)
+    return read_node_settings(context, announced_noise=noise)
 
 
 def build_client_app(run_config: Mapping[str, Any] | None = None, val_per_class: int = 0) -> ClientApp:
@@ -331,19 +325,20 @@ def build_client_app(run_config: Mapping[str, Any] | None = None, val_per_class:
       counts ``N_e`` come from its partition; its bid is its (simulated,
       heterogeneous) cost per sample times ``N_e``, plus a markup
       (:func:`simulated_cost_bid`). The server only ever sees them masked (PASS).
-      A node started with ``--node-config "... identity-key='<pem>' identity-directory='<json>'"``
-      and a pin (``identity-directory-digest`` or ``identity-directory-signer``) signs its PASS key
-      advertisement and checks its neighbours' against the directory it pins (:func:`identity_key_of`,
-      :func:`identity_directory_of`). With ``market-ledger-dir='<dir>'`` in its node config it keeps
-      a release ledger there and refuses a market whose members differ too little from one it already
-      released a sum for (:func:`release_ledger_of`); with ``pass-complete-graph=true`` it takes part in
-      PASS only on the complete graph (:func:`complete_graph_of`), and with ``pass-min-participants=<n>``
-      only in a roster of at least ``n`` nodes (:func:`min_participants_of`); with
-      ``pass-split-tolerance=<c>`` its secrets withstand ``c`` colluding neighbours in a split consistency
-      round (:func:`split_tolerance_of`); with ``pass-dp-total-epsilon=<e>`` it refuses a release that would
-      take its composed epsilon past ``e`` (:func:`privacy_budget_of`, kept in its release ledger); with
-      ``market-buyer-key=<64 hex digits>`` it takes part only in a market whose terms name that buyer key,
-      which must sign the award before the node opens its counts (:func:`buyer_key_of`).
+      The node's settings come from its node config, read once per message
+      (:func:`~flmarket_flwr.market.node_config.read_node_settings`), with the run config's ``pass-dp-*`` noise
+      announced (:func:`node_settings_of`). A node started with
+      ``--node-config "... identity-key='<pem>' identity-directory='<json>'"`` and a pin
+      (``identity-directory-digest`` or ``identity-directory-signer``) signs its PASS key advertisement and
+      checks its neighbours' against the directory it pins. With ``market-ledger-dir='<dir>'`` it keeps a
+      release ledger there and refuses a market whose members differ too little from one it already released a
+      sum for; with ``pass-complete-graph=true`` it takes part in PASS only on the complete graph, and with
+      ``pass-min-participants=<n>`` only in a roster of at least ``n`` nodes; with ``pass-split-tolerance=<c>``
+      its secrets withstand ``c`` colluding neighbours in a split consistency round; with
+      ``pass-dp-total-epsilon=<e>`` it refuses a release that would take its composed epsilon past ``e`` (its
+      privacy budget, kept in its release ledger); with ``market-buyer-key=<64 hex digits>`` it takes part only
+      in a market whose terms name that buyer key, which must sign the award before the node opens its counts.
+      ``market-security=malicious`` turns all of these on (the secure profile).
     * No other query: the baselines' raw-statistics query (RS, QBS, DICE, DDS) is answered
       only by the experiments' ClientApp (:mod:`simulations.apps`), never by this one.
     * **Training** (``train`` / ``evaluate`` messages): plain local SGD on the
@@ -371,17 +366,7 @@ def build_client_app(run_config: Mapping[str, Any] | None = None, val_per_class:
     mods: list[Any] = [NodeConfigCheck(NODE_CONFIG)]
     client = ClientApp(mods=[*mods, RunConfigOverride(run_config)] if run_config else mods)
     register_market_handlers(
-        client,
-        get_label_counts=with_split(label_counts, val_per_class),
-        bid_policy=simulated_cost_bid,
-        identity_key=identity_key_of,
-        directory=identity_directory_of,
-        release_ledger=release_ledger_of,
-        noise=market_noise_of,
-        complete_graph=complete_graph_of,
-        min_participants=min_participants_of,
-        split_tolerance=split_tolerance_of,
-        buyer_key=buyer_key_of,
+        client, with_split(label_counts, val_per_class), simulated_cost_bid, settings=node_settings_of
     )
     client.train()(with_split(train, val_per_class))
     client.evaluate()(with_split(evaluate_local, val_per_class))

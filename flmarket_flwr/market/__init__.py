@@ -7,7 +7,7 @@ Server (inside ``@app.main()``)::
 
 Client::
 
-    register_market_handlers(client_app, get_label_counts=label_counts, bid_policy=CostBasedBid(0.01))
+    register_market_handlers(client_app, label_counts, CostBasedBid(0.01))
 """
 
 from flmarket_flwr.market.bidding import (

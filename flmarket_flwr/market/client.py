@@ -3,7 +3,7 @@
 Usage::
 
     app = ClientApp()
-    register_market_handlers(app, get_label_counts=my_label_counts, bid_policy=CostBasedBid(0.01))
+    register_market_handlers(app, my_label_counts, CostBasedBid(0.01))
 
 The client enforces its own disclosure rules whatever the server asks: it never sends its counts during
 PASS, releases at most one sum per run, opens its counts only as a winner of an award it checked and
@@ -17,10 +17,9 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from logging import WARNING
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import ConfigRecord, Context, Error, Message
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
@@ -37,7 +36,7 @@ from flmarket_flwr.market.award import (
     unpack_endorsements,
 )
 from flmarket_flwr.market.bidding import DEFAULT_COST_PER_SAMPLE, BidPolicy, CostBasedBid
-from flmarket_flwr.market.ledger import BudgetExhausted, LedgerError, ReleaseLedger
+from flmarket_flwr.market.ledger import LedgerError, PrivacyBudgetExhausted, ReleaseLedger
 from flmarket_flwr.market.messages import (
     ACTION_ADVERTISE,
     ACTION_AUDIT,
@@ -49,58 +48,52 @@ from flmarket_flwr.market.messages import (
     ACTION_SURVIVORS,
     ACTION_TAGS,
     ACTION_UNMASK,
-    KEY_ACCEPTED,
     KEY_AWARD,
-    KEY_AWARD_DIGEST,
     KEY_AWARD_SIGNATURE,
     KEY_BID,
-    KEY_BID_PROOF,
     KEY_BUDGET,
     KEY_BUYER_KEY,
     KEY_COHORT_CAP,
-    KEY_COUNTS,
-    KEY_ENDORSEMENT,
-    KEY_ENDORSEMENTS,
-    KEY_GLOBAL_COUNTS,
-    KEY_NONCE,
-    KEY_NUM_CLIENTS,
     KEY_PAYMENT,
     KEY_ROSTER_NODE_IDS,
     KEY_ROSTER_WANTED,
     KEY_SCORE,
     KEY_SESSION,
-    KEY_TAG,
-    KEY_TRANSCRIPT,
     KEY_WON,
+    LABEL_COUNTS_FAILED,
+    LEDGER_REFUSED,
+    PRIVACY_BUDGET_REFUSED,
     RECORD_KEY,
+    REQUEST_REFUSED,
+    AuditReply,
+    AuditRequest,
+    AwardReply,
+    AwardRequest,
+    BidReply,
+    BidRequest,
+    EndorseReply,
+    EndorseRequest,
+    TagsReply,
     make_content,
+    refusal_reason,
 )
 from flmarket_flwr.market.records import config_record, set_values
-from flmarket_flwr.pass_protocol import IdentityDirectory, PassClient, PassError, SkellamNoise
+from flmarket_flwr.pass_protocol import PassClient, PassError
 from flmarket_flwr.pass_protocol.encoding import bitmap_bits, bitmap_to_indices, roster_fingerprint
 from flmarket_flwr.pass_protocol.identity import sign_award_endorsement
-from flmarket_flwr.pass_protocol.primitives import is_integer, validate_counts
+from flmarket_flwr.pass_protocol.primitives import validate_counts
 from flmarket_flwr.pricing import score as compute_score
 
-__all__ = ["ERROR_PREFIX", "MarketAward", "read_award", "register_market_handlers"]
+if TYPE_CHECKING:
+    from flmarket_flwr.market.node_config import NodeSettings
 
-ERROR_PREFIX = "flmarket: "
-"""Prefix of the reason of every error reply sent by the market handlers."""
-LABEL_COUNTS_FAILED = "get_label_counts raised "
-"""Marks an error reply whose cause is the app's own label-count callback (followed by its exception)."""
-PRIVACY_BUDGET_REFUSED = "refused by the node's privacy budget"
-"""The reason of an error reply to a release past the node's privacy budget (the buyer stops re-launching on it)."""
+__all__ = ["MarketAward", "read_award", "register_market_handlers"]
+
 _MAX_CAUSE_CHARS = 300
 
 LabelCountsFn = Callable[[Context], NDArray[np.integer]]
-IdentityFn = Callable[[Context], Ed25519PrivateKey | None]
-DirectoryFn = Callable[[Context], IdentityDirectory | None]
-LedgerFn = Callable[[Context], ReleaseLedger | None]
-GraphFn = Callable[[Context], bool]
-RosterFloorFn = Callable[[Context], int]
-ToleranceFn = Callable[[Context], int]
-NoiseFn = Callable[[Context], SkellamNoise | None]
-BuyerKeyFn = Callable[[Context], bytes | None]
+SettingsFn = Callable[[Context], "NodeSettings"]
+"""``context -> NodeSettings``: the node's settings at one message (default: its node config's)."""
 
 _PASS_PREFIX = "pass/"
 _STAGE = "stage"
@@ -202,18 +195,10 @@ def read_award(context: Context) -> MarketAward | None:
 
 def register_market_handlers(
     app: ClientApp,
-    get_label_counts: LabelCountsFn,
+    label_counts: LabelCountsFn,
     bid_policy: BidPolicy | None = None,
     *,
-    audit: bool = True,
-    identity_key: IdentityFn | None = None,
-    directory: DirectoryFn | None = None,
-    min_participants: int | RosterFloorFn | None = None,
-    release_ledger: LedgerFn | None = None,
-    noise: NoiseFn | None = None,
-    complete_graph: bool | GraphFn | None = None,
-    split_tolerance: int | ToleranceFn | None = None,
-    buyer_key: bytes | BuyerKeyFn | None = None,
+    settings: SettingsFn | None = None,
 ) -> None:
     """Add the market's ``query`` handlers to an existing ``ClientApp``.
 
@@ -221,87 +206,33 @@ def register_market_handlers(
     ``market_unmask`` (PASS), ``market_bid``, ``market_endorse``, ``market_audit``, ``market_award`` and
     ``market_tags`` (the node's ``market-tag``, for a buyer that includes or excludes nodes by tag).
 
-    Every option left at ``None`` is read from the node's own node config at each message, through the market's
-    node-config schema (:mod:`flmarket_flwr.market.node_config`, ``python -m flmarket_flwr.market.node_config``
+    At each message the node's settings are read once, from its own node config
+    (:func:`~flmarket_flwr.market.node_config.read_node_settings`; ``python -m flmarket_flwr.market.node_config``
     lists the keys): a SuperNode started with ``market-security='malicious'`` and its identity material runs the
-    secure profile with no change to the app's code. An option given here replaces the node config's.
+    secure profile with no change to the app's code. A node config that cannot work is refused at every message.
 
     Parameters
     ----------
     app : ClientApp
         A ``ClientApp`` built with decorators (not with a legacy ``client_fn``).
-    get_label_counts : Callable[[Context], numpy.ndarray]
+    label_counts : Callable[[Context], numpy.ndarray]
         Returns the client's per-class label counts ``N_e``: shape ``(C,)``, non-negative integers,
-        the same every time. Called once per market message, possibly in a fresh process (as in a
-        deployment): read them the way the app loads its partition, and cache them in
-        ``context.state`` if that is slow.
+        the same every time. Called once per market message that needs them, possibly in a fresh process (as in a
+        deployment): read them the way the app loads its partition, and cache them in ``context.state`` if that
+        is slow.
     bid_policy : BidPolicy, optional
         The client's bid policy; defaults to ``CostBasedBid(DEFAULT_COST_PER_SAMPLE)``.
-    audit : bool (default: True)
-        Whether, as a winner of the latest buyer-signed award it endorsed, paid at least its bid (and with
-        ``directory`` endorsed by ``t`` other members), the client opens its counts commitment to the buyer
-        (once). With ``False`` it refuses, and a market that audits will not pay it.
-    identity_key : Callable[[Context], Ed25519PrivateKey | None], optional
-        The client's long-term identity key, to sign its PASS key advertisement.
-    directory : Callable[[Context], IdentityDirectory | None], optional
-        The directory of identity keys; with it the client verifies every neighbour's signed
-        advertisement (bound to this run, the session and the roster) before masking, so the server
-        cannot substitute or replay keys, and it unmasks only for a survivor set that it signed and
-        that at least ``t`` of its neighbours signed too (the consistency round). Recommended: without
-        it PASS is secure against a semi-honest server only.
-    min_participants : int or Callable[[Context], int], optional
-        The smallest PASS roster this client accepts (below 3 counts as 3); refused before it sends a share
-        or a masked input. The server chooses whom it invites, so it could show a client a roster of its own
-        colluders or sybils and a few others; set this close to the size of the federation you expect (it is
-        the client's own setting, never the server's). A callable is called with the context at every
-        advertisement (the app reads node config ``pass-min-participants``).
-    release_ledger : Callable[[Context], ReleaseLedger | None], optional
-        The node's release ledger (:class:`~flmarket_flwr.market.ledger.ReleaseLedger`, in a directory of
-        the node's own). With it the client checks the roster's node ids against the fingerprint it signs,
-        and before unmasking records the survivor set (write-ahead) and refuses one that, differenced with a
-        sum it released before, isolates fewer than ``min_roster_change`` clients (the two-run attack). The
-        members are the directory's identity keys when ``directory`` is given, else the node ids. A ledger
-        that cannot be read fails closed. Recommended in a deployment (docs/threat-model.md). Before the
-        masked input leaves, the ledger also records the release's privacy cost (the noise's aggregate
-        variance; none: exact counts) and, with a budget, refuses the release that would exceed it.
-    noise : Callable[[Context], SkellamNoise | None], optional
-        Distributed differential privacy on ``N_s`` (:mod:`flmarket_flwr.pass_protocol.noise`): the client
-        adds Skellam noise to its counts inside its masked input, calibrated from its own setting and the
-        roster it sees, so that a server cannot turn it off. Its bid accepts a noisy ``N_s`` within the
-        noise's tail. Give the market the same setting (``MarketConfig.noise``).
-    complete_graph : bool or Callable[[Context], bool], optional
-        Take part in PASS only on the complete graph (the market's ``neighbours="all"``). The server assigns
-        the PASS indices, so on a sparse graph it can seat a client among ``t`` colluding clients, who then
-        open its masked input; on the complete graph that takes ``t`` colluders of the roster, more than
-        half of it. The server also chooses the roster, so this helps only with ``min_participants`` close to
-        the federation's size (and with ``directory``, so that the roster cannot be filled with sybils):
-        otherwise a roster of the client, ``t`` colluders and a few others opens its masked input all the
-        same. Splitting the consistency round takes only two colluders unless ``split_tolerance`` is raised.
-        Costs ``O(E)`` work per client instead of ``O(k)``: for markets of up to a few hundred clients whose
-        server is not trusted (docs/threat-model.md).
-
-    split_tolerance : int or Callable[[Context], int], optional
-        How many colluding neighbours this client's own secrets withstand when a malicious server splits the
-        consistency round (some neighbours told it survived, the others that it dropped): its Shamir
-        threshold becomes the least ``t`` with ``2t - k > split_tolerance``
-        (:func:`~flmarket_flwr.pass_protocol.graph.secret_threshold`). The default threshold withstands one
-        colluding neighbour when ``k`` is even and none when it is odd. The price: its secrets then need ``t``
-        surviving neighbours, so fewer of them may drop out (it refuses a graph too sparse for the setting).
-        The app reads node config ``pass-split-tolerance``.
-    buyer_key : bytes or Callable[[Context], bytes | None], optional
-        The buyer's Ed25519 public key (32 raw bytes) this node trusts, from its own configuration: it refuses
-        an advertisement whose terms name another key (or none). Without it the client takes the key the terms
-        announce, before PASS, and holds the buyer to it (every award must verify under it). The app reads node
-        config ``market-buyer-key`` (64 hex digits).
+    settings : Callable[[Context], NodeSettings], optional
+        The node's settings at one message, in place of the node config's
+        (:class:`~flmarket_flwr.market.node_config.NodeSettings` lists them and what each guards against): for an
+        app that reads something elsewhere, such as the run's announced noise
+        (``lambda context: read_node_settings(context, announced_noise=...)``), or a test that hands a node its
+        keys (``lambda context: NodeSettings(identity_key=..., directory=...)``).
 
     Raises
     ------
     ValueError
         If one of the actions is already registered on ``app``, or ``app`` uses a ``client_fn``.
-    TypeError
-        If ``complete_graph`` is neither a bool nor a callable (a string such as ``"false"`` must not pass),
-        or ``min_participants`` or ``split_tolerance`` neither an int (a bool is not one) nor a callable,
-        or ``buyer_key`` neither 32 bytes nor a callable.
 
     Notes
     -----
@@ -310,15 +241,15 @@ def register_market_handlers(
     * its label-count vector ``N_e`` is never sent during PASS (the server gets public keys, encrypted
       shares of other clients' secrets, and ``Y_e``, which is uniform on its own). It opens its counts
       commitment to the buyer once, for the audit of its score, and only as a *winner* of a signed award
-      (:mod:`flmarket_flwr.market.award`): the buyer's terms (budget, cohort cap, its Ed25519 key; with
-      ``buyer_key`` pinned by the node) come with the advertisement, before PASS; after the auction the
-      client checks the buyer-signed award (its own score and bid in its bids tree as sent, every bidder it
+      (:mod:`flmarket_flwr.market.award`): the buyer's terms (the auction's budget, cohort cap, its Ed25519 key;
+      with ``NodeSettings.buyer_key`` pinned by the node) come with the advertisement, before PASS; after the
+      auction the client checks the buyer-signed award (its own score and bid in its bids tree as sent, every bidder it
       names a survivor, the winners and payments those of ``run_auction`` over the auction's decisive head
       under the terms) and endorses it, once per session: the award is never re-issued. It opens only for
       the award it endorsed, that pays it at least its bid, and with a directory that a quorum of the
       session's survivors endorsed (node config ``pass-colluders``: so the buyer cannot show different
       bidders different awards). The signed award is its receipt (:func:`read_award`), kept whatever the
-      closing message says. ``audit=False`` makes it refuse, and then it cannot be paid.
+      closing message says. ``NodeSettings(audit=False)`` makes it refuse, and then it cannot be paid.
       Its score and bid are functions of its counts and are sent: ``CostBasedBid`` reveals ``N_e`` to
       anyone who knows its cost (docs/threat-model.md);
     * at most one released PASS session per run: a client joins a fresh session of the same run (the
@@ -327,13 +258,13 @@ def register_market_handlers(
       server never gets two sums of one run to difference; each step is answered once, in order. The one
       exception: a market re-launched in the same run after the earlier one closed (``FLMarket``'s ``relaunch``)
       is joined by a client whose release ledger has a privacy budget (the secure profile), each release then
-      charged to that budget as below. Two runs are two sums:
-      with a ``release_ledger`` (:mod:`flmarket_flwr.market.ledger`) the client records the members of
+      charged to that privacy budget as below. Two runs are two sums:
+      with a release ledger (:mod:`flmarket_flwr.market.ledger`) the client records the members of
       every sum it releases, in its own directory, and refuses to unmask for a survivor set that,
       differenced with an earlier one, would isolate fewer than ``min_roster_change`` clients. That rule
       does not stop colluders who leave with a victim; the noise does: before its masked input leaves, the
-      ledger records the release's privacy cost and refuses it past the node's total budget, if it has one;
-    * with an identity key and a ``directory`` (the secure set-up) its advert is signed under the run,
+      ledger records the release's privacy cost and refuses it past the node's privacy budget, if it has one;
+    * with an identity key and a directory (the secure set-up) its advert is signed under the run,
       the session and the roster, its neighbours' adverts are checked the same way, and it unmasks only
       for the survivor set it signed, with ``t`` of its neighbours' signatures on it (the consistency
       round); without them the server is trusted to relay keys and sets (semi-honest server only);
@@ -343,95 +274,81 @@ def register_market_handlers(
       with a directory only for a ciphertext its sender signed; left with fewer than ``t`` senders by its
       accusations it withdraws, sending them without a masked input;
     * it bids once, for the session whose sum it took part in, with that session's ``E`` and
-      transcript hash; a global count below its own is refused (with ``noise``: below its own by more than
+      transcript hash; a global count below its own is refused (with noise: below its own by more than
       the noise's tail);
     * private key material lives only in ``context.state`` and is deleted once it has masked, on every
       refusal, and at the final award (which the server sends to every node it contacted);
     * error replies say only which step was refused; the details go to the client's own log. One
-      exception: when the app's own ``get_label_counts`` raises, the reply names that exception (type and
+      exception: when the app's own ``label_counts`` callback raises, the reply names that exception (type and
       message), so the server can report the root cause instead of a protocol symptom.
     """
-    if not (complete_graph is None or isinstance(complete_graph, bool) or callable(complete_graph)):
-        raise TypeError(f"complete_graph must be a bool or a callable of the context, got {complete_graph!r}")
-    for name, value in (("min_participants", min_participants), ("split_tolerance", split_tolerance)):
-        if not (value is None or is_integer(value) or callable(value)):
-            raise TypeError(f"{name} must be an int or a callable of the context, got {value!r}")
-    if not (buyer_key is None or callable(buyer_key) or (isinstance(buyer_key, bytes) and len(buyer_key) == 32)):
-        raise TypeError(f"buyer_key must be 32 bytes (a raw Ed25519 public key) or a callable, got {buyer_key!r}")
     from flmarket_flwr.market import node_config  # here, so that `python -m ...node_config` runs it once
 
     handlers = _MarketHandlers(
-        get_label_counts=get_label_counts,
-        bid_policy=bid_policy if bid_policy is not None else CostBasedBid(DEFAULT_COST_PER_SAMPLE),
-        audit=audit,
-        identity_key=_option(identity_key, node_config.identity_key_of),
-        directory=_option(directory, node_config.identity_directory_of),
-        min_participants=_option(min_participants, node_config.min_participants_of),
-        release_ledger=_option(release_ledger, node_config.release_ledger_of),
-        noise=_option(noise, node_config.node_noise_of),
-        complete_graph=_option(complete_graph, node_config.complete_graph_of),
-        split_tolerance=_option(split_tolerance, node_config.split_tolerance_of),
-        buyer_key=_option(buyer_key, node_config.buyer_key_of),
-        colluders=node_config.colluders_of,
+        label_counts, bid_policy if bid_policy is not None else CostBasedBid(DEFAULT_COST_PER_SAMPLE)
     )
-    app.query(ACTION_ADVERTISE)(handlers.advertise)
-    app.query(ACTION_SHARE)(handlers.share)
-    app.query(ACTION_MASK)(handlers.mask)
-    app.query(ACTION_SURVIVORS)(handlers.survivors)
-    app.query(ACTION_UNMASK)(handlers.unmask)
-    app.query(ACTION_BID)(handlers.bid)
-    app.query(ACTION_ENDORSE)(handlers.endorse)
-    app.query(ACTION_AUDIT)(handlers.audit)
-    app.query(ACTION_AWARD)(handlers.award)
-    app.query(ACTION_TAGS)(_tags_handler(node_config.market_tag_of))
+    read = settings if settings is not None else node_config.read_node_settings
+    for action, handler in (
+        (ACTION_ADVERTISE, handlers.advertise),
+        (ACTION_SHARE, handlers.share),
+        (ACTION_MASK, handlers.mask),
+        (ACTION_SURVIVORS, handlers.survivors),
+        (ACTION_UNMASK, handlers.unmask),
+        (ACTION_BID, handlers.bid),
+        (ACTION_ENDORSE, handlers.endorse),
+        (ACTION_AUDIT, handlers.audit),
+        (ACTION_TAGS, _tags),
+    ):
+        app.query(action)(_WithSettings(action, handler, read))
+    app.query(ACTION_AWARD)(handlers.award)  # the receipt is kept whatever the node's settings say
 
 
-def _tags_handler(tag_of: Callable[[Context], str]) -> Callable[[Message, Context], Message]:
-    """The tags step: reply with the node's ``market-tag`` (no market state is read or kept)."""
+class _WithSettings:
+    """One market action: the node's settings read once, then the handler run with them.
 
-    def tags(message: Message, context: Context) -> Message:
-        try:
-            tag = tag_of(context)
-        except ValueError as err:
-            return _refusal(message, ACTION_TAGS, err)
-        return _reply(message, config_record({KEY_TAG: tag}))
-
-    return tags
-
-
-class _MarketHandlers:
-    """The market handlers, sharing the label-count source, the bid policy and the identity settings."""
+    Settings that cannot be read (a node config the profile refuses, an unreadable key file) refuse the message;
+    a PASS step's state is wiped then, and a refused bid closes the market for the node, as any refusal of those
+    steps does. A module-level class, so that Ray can pickle the ``ClientApp`` that carries it.
+    """
 
     def __init__(
         self,
-        get_label_counts: LabelCountsFn,
-        bid_policy: BidPolicy,
-        audit: bool,
-        identity_key: IdentityFn,
-        directory: DirectoryFn,
-        min_participants: RosterFloorFn,
-        release_ledger: LedgerFn,
-        noise: NoiseFn,
-        complete_graph: GraphFn,
-        split_tolerance: ToleranceFn,
-        buyer_key: BuyerKeyFn,
-        colluders: Callable[[Context], int],
+        action: str,
+        handler: Callable[[Message, Context, NodeSettings], Message],
+        read: SettingsFn,
     ) -> None:
-        self._get_label_counts = get_label_counts
+        self.action, self.handler, self.read = action, handler, read
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        """Read the settings and run the handler, or refuse."""
+        try:
+            settings = self.read(context)
+        except (ValueError, TypeError) as err:
+            if self.action in _PASS_ACTIONS:
+                _close_pass_state(_state_record(context))
+            elif self.action == ACTION_BID:
+                _state_record(context)[_STAGE] = _STAGE_CLOSED
+            return _refusal(message, self.action, err)
+        return self.handler(message, context, settings)
+
+
+_PASS_ACTIONS: Final = frozenset({ACTION_ADVERTISE, ACTION_SHARE, ACTION_MASK, ACTION_SURVIVORS, ACTION_UNMASK})
+
+
+def _tags(message: Message, context: Context, settings: NodeSettings) -> Message:
+    """The tags step: reply with the node's ``market-tag`` (no market state is read or kept)."""
+    return _reply(message, config_record(TagsReply(settings.tag).to_record()))
+
+
+class _MarketHandlers:
+    """The market handlers, sharing the label-count source and the bid policy; each gets the node's settings."""
+
+    def __init__(self, label_counts: LabelCountsFn, bid_policy: BidPolicy) -> None:
+        self._get_label_counts = label_counts
         self._bid_policy = bid_policy
-        self._audit = audit
-        self._identity_key = identity_key
-        self._directory = directory
-        self._min_participants = min_participants
-        self._release_ledger = release_ledger
-        self._noise = noise
-        self._complete_graph = complete_graph
-        self._split_tolerance = split_tolerance
-        self._buyer_key = buyer_key
-        self._colluders = colluders
 
     # --- PASS ----------------------------------------------------------------------------------
-    def advertise(self, message: Message, context: Context) -> Message:
+    def advertise(self, message: Message, context: Context, settings: NodeSettings) -> Message:
         """PASS round 1: take the market's terms and make the session's key pairs (private halves stay local).
 
         A new session of the same run is joined only if this client released nothing in the earlier one
@@ -439,28 +356,28 @@ class _MarketHandlers:
         """
         state = _state_record(context)
         try:
-            _leave_unreleased_session(state, _request(message), self._release_ledger(context))
+            _leave_unreleased_session(state, _request(message), settings.release_ledger)
         except _RequestError as err:
             _close_pass_state(state)
             return _refusal(message, ACTION_ADVERTISE, err)
 
         def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
-            terms = self._announced_terms(request, context)
+            terms = self._announced_terms(request, settings)
             counts = self._label_counts(context)
             advert = client.advertise(
                 request,
                 counts,
-                identity_key=self._identity_key(context),
-                min_participants=self._min_participants(context),
+                identity_key=settings.identity_key,
+                min_participants=settings.min_participants,
                 run_id=int(context.run_id),
-                complete_graph=self._complete_graph(context),
-                split_tolerance=self._split_tolerance(context),
+                complete_graph=settings.complete_graph,
+                split_tolerance=settings.split_tolerance,
             )
             reply = dict(advert.to_record())
-            ledger = self._release_ledger(context)
+            ledger = settings.release_ledger
             if ledger is not None:  # a ledger that cannot be read fails closed, before anything is sent
                 ledger.check_new_session(int(context.run_id), client.state.session)
-            if ledger is not None or self._directory(context) is not None:
+            if ledger is not None or settings.directory is not None:
                 reply[KEY_ROSTER_WANTED] = True  # the roster's node ids come with the share request
             if terms is not None:
                 set_values(
@@ -471,28 +388,28 @@ class _MarketHandlers:
 
         return self._pass_step(message, context, ACTION_ADVERTISE, step)
 
-    def share(self, message: Message, context: Context) -> Message:
+    def share(self, message: Message, context: Context, settings: NodeSettings) -> Message:
         """PASS round 2: check the graph and the neighbours' keys, send encrypted shares of the secrets."""
 
         def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
             sent = request.get(KEY_ROSTER_NODE_IDS)
-            if self._release_ledger(context) is not None or (sent is not None and self._directory(context) is not None):
+            if settings.release_ledger is not None or (sent is not None and settings.directory is not None):
                 # the roster's node ids, checked against what it signed: for the ledger and the award's checks (a node
                 # with a directory and no ledger that is not sent them cannot check an award: it refuses to endorse)
                 _state_record(context)[_LEDGER_ROSTER] = _checked_roster(client, sent, context)
-            return client.share_keys(request, self._directory(context), self._identity_key(context)).to_record()
+            return client.share_keys(request, settings.directory, settings.identity_key).to_record()
 
         return self._pass_step(message, context, ACTION_SHARE, step)
 
-    def mask(self, message: Message, context: Context) -> Message:
+    def mask(self, message: Message, context: Context, settings: NodeSettings) -> Message:
         """PASS round 3: the masked counts and the counts commitment; the private keys are wiped."""
 
         def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
-            ledger, noise, drawn = self._release_ledger(context), self._noise(context), None
+            ledger, noise, drawn = settings.release_ledger, settings.noise, None
             if ledger is not None:  # before Y_e leaves: the participants U1 must pass already
-                members = self._ledger_members(context, client.state.participants)
+                members = self._ledger_members(context, settings, client.state.participants)
                 ledger.check(int(context.run_id), client.state.session, members)
-                # write-ahead: the release's privacy cost, refused past the node's budget (0: exact counts)
+                # write-ahead: the release's privacy cost, refused past the node's privacy budget (0: exact counts)
                 ledger.spend(
                     int(context.run_id), client.state.session, noise.target_variance if noise is not None else 0.0
                 )
@@ -502,24 +419,24 @@ class _MarketHandlers:
 
         return self._pass_step(message, context, ACTION_MASK, step)
 
-    def survivors(self, message: Message, context: Context) -> Message:
+    def survivors(self, message: Message, context: Context, settings: NodeSettings) -> Message:
         """Consistency round (with identity keys): sign the survivor set shown, once."""
 
         def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
-            return client.sign_survivors(request, self._identity_key(context)).to_record()
+            return client.sign_survivors(request, settings.identity_key).to_record()
 
         return self._pass_step(message, context, ACTION_SURVIVORS, step)
 
-    def unmask(self, message: Message, context: Context) -> Message:
+    def unmask(self, message: Message, context: Context, settings: NodeSettings) -> Message:
         """PASS round 4: shares for the survivors' self-masks and the dropped clients' keys, once."""
 
         def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
             reply = client.unmask(request).to_record()
-            ledger = self._release_ledger(context)
+            ledger = settings.release_ledger
             if ledger is not None:  # write-ahead: the survivors U3 recorded before the shares leave
-                members = self._ledger_members(context, request["survivors"])
+                members = self._ledger_members(context, settings, request["survivors"])
                 ledger.record_release(int(context.run_id), client.state.session, members)
-                noise = self._noise(context)
+                noise = settings.noise
                 if noise is not None:  # the release's cost: the noise its honest survivors carry, not the roster's
                     variance = noise.release_variance(client.participant_count, int(client.survivor_count or 0))
                     ledger.charge_release(int(context.run_id), client.state.session, variance)
@@ -548,22 +465,24 @@ class _MarketHandlers:
         return _reply(message, config_record(reply))
 
     # --- Market --------------------------------------------------------------------------------
-    def bid(self, message: Message, context: Context) -> Message:
+    def bid(self, message: Message, context: Context, settings: NodeSettings) -> Message:
         """Score the local data against the session's ``N_s`` and ``E``, then bid (once)."""
         state = _state_record(context)
         try:
-            request = _request(message)
+            request = BidRequest.from_record(_request(message))
             client = _pass_client(state)
-            _check_session(request, state)
+            _check_session(request.session, state)
             if client.transcript is None or state.get(_STAGE) is not None:
                 raise _RequestError("no completed PASS session to bid for, or already bid")
-            if request.get(KEY_TRANSCRIPT) != client.transcript:
+            if request.transcript != client.transcript:
                 raise _RequestError("the transcript hash is not that of the session this client took part in")
-            if request.get(KEY_NUM_CLIENTS) != client.survivor_count:
+            if request.num_clients != client.survivor_count:
                 raise _RequestError("E is not the number of survivors of the session")
-            global_counts = np.asarray(_int_list_field(request, KEY_GLOBAL_COUNTS), dtype=np.int64)
+            if not request.global_counts or min(request.global_counts) < 0:
+                raise _RequestError("the global counts must be a non-empty list of non-negative ints")
+            global_counts = np.asarray(request.global_counts, dtype=np.int64)
             counts = self._label_counts(context)
-            noise = self._noise(context)
+            noise = settings.noise
             tolerance = 0 if noise is None else noise.tail_bound()  # N_s is noisy: its classes move that far
             if global_counts.shape != counts.shape or np.any(global_counts + tolerance < counts):
                 raise _RequestError("the global counts cannot be the sum this client took part in")
@@ -578,9 +497,9 @@ class _MarketHandlers:
         state[_STAGE] = _STAGE_BID
         state[KEY_SCORE] = score
         state[KEY_BID] = bid
-        return _reply(message, config_record({KEY_SCORE: score, KEY_BID: bid}))
+        return _reply(message, config_record(BidReply(score, bid).to_record()))
 
-    def endorse(self, message: Message, context: Context) -> Message:
+    def endorse(self, message: Message, context: Context, settings: NodeSettings) -> Message:
         """Check the buyer-signed award against this client's own session, terms, score and bid; endorse it, once.
 
         A client endorses one award per PASS session: the buyer cannot re-issue it, so it opens at most the winners
@@ -588,12 +507,12 @@ class _MarketHandlers:
         """
         state = _state_record(context)
         try:
-            request = _request(message)
-            _check_session(request, state)
+            request = EndorseRequest.from_record(_request(message))
+            _check_session(request.session, state)
             if state.get(_STAGE) != _STAGE_BID or _endorsed_award(state) is not None:
                 raise _RequestError("no bid of this client for an award to list, or it already endorsed this "
                                     "session's award (an award is never re-issued)")  # fmt: skip
-            signed, award = _verified_award(request, state)
+            signed, award = _verified_award(request.award, request.award_signature, state)
             client = _pass_client(state)
             index, node_id = client.state.index, int(context.node_id)
             check_award(
@@ -608,10 +527,10 @@ class _MarketHandlers:
                 node_id=node_id,
                 score=float(state[KEY_SCORE]),  # type: ignore[arg-type]
                 bid=float(state[KEY_BID]),  # type: ignore[arg-type]
-                proof=request.get(KEY_BID_PROOF),
-                survivor_nodes=self._survivor_nodes(context, client),
+                proof=request.bid_proof,
+                survivor_nodes=self._survivor_nodes(context, client, settings),
             )
-            identity_key = self._identity_key(context)
+            identity_key = settings.identity_key
             endorsement = b"" if identity_key is None else sign_award_endorsement(identity_key, signed.digest)
         except (PassError, ValueError, TypeError, KeyError) as err:
             return _refusal(message, ACTION_ENDORSE, err)
@@ -625,9 +544,9 @@ class _MarketHandlers:
                 _ENDORSED_PAYMENT: 0.0 if own is None else own.payment,
             },
         )
-        return _reply(message, config_record({KEY_ENDORSEMENT: endorsement}))
+        return _reply(message, config_record(EndorseReply(endorsement).to_record()))
 
-    def audit(self, message: Message, context: Context) -> Message:
+    def audit(self, message: Message, context: Context, settings: NodeSettings) -> Message:
         """As a winner of the award it endorsed, paid at least its bid, open the counts commitment, once.
 
         With a directory the award must also carry endorsements by a quorum of the session's survivors
@@ -636,26 +555,26 @@ class _MarketHandlers:
         """
         state = _state_record(context)
         try:
-            request = _request(message)
-            _check_session(request, state)
-            if not self._audit:
+            request = AuditRequest.from_record(_request(message))
+            _check_session(request.session, state)
+            if not settings.audit:
                 raise _RequestError("this client does not open its counts for audits")
             if state.get(_STAGE) != _STAGE_BID:
                 raise _RequestError("no bid to audit, or already audited")
             endorsed = _endorsed_award(state)
-            if endorsed is None or request.get(KEY_AWARD) != endorsed.encoded:
+            if endorsed is None or request.award != endorsed.encoded:
                 raise _RequestError("the audit does not show the award this client endorsed")
             award = Award.decode(endorsed.encoded)
             node_id = int(context.node_id)
             own = award.bidder(node_id)
             if own is None or node_id not in award.winners or own.payment < own.bid:
                 raise _RequestError("this client is not a winner paid at least its bid in the award it endorsed")
-            directory = self._directory(context)
+            directory = settings.directory
             if directory is not None:
                 client = _pass_client(state)
-                needed = binding_quorum(client.state.survivor_count, self._colluders(context))
-                endorsements = unpack_endorsements(request.get(KEY_ENDORSEMENTS))  # type: ignore[arg-type]
-                eligible = self._survivor_nodes(context, client)
+                needed = binding_quorum(client.state.survivor_count, settings.colluders)
+                endorsements = unpack_endorsements(request.endorsements)  # type: ignore[arg-type]  # None: refused
+                eligible = self._survivor_nodes(context, client, settings)
                 valid = 1 + count_endorsements(endorsed.digest, endorsements, directory, node_id, eligible)
                 if valid < needed:
                     raise _RequestError(f"only {valid} survivors (this client among them) endorsed the award, "
@@ -667,7 +586,7 @@ class _MarketHandlers:
         except (PassError, ValueError, TypeError, KeyError) as err:
             return _refusal(message, ACTION_AUDIT, err)
         state[_STAGE] = _STAGE_AUDITED
-        return _reply(message, config_record({KEY_COUNTS: [int(c) for c in counts], KEY_NONCE: nonce}))
+        return _reply(message, config_record(AuditReply([int(c) for c in counts], nonce).to_record()))
 
     def award(self, message: Message, context: Context) -> Message:
         """Record the outcome from the buyer-signed final award (the receipt) and wipe what is left of PASS.
@@ -682,8 +601,8 @@ class _MarketHandlers:
         held = _endorsed_award(state)
         signed: SignedAward | None
         try:
-            request = _request(message)
-            _check_session(request, state)
+            request = AwardRequest.from_record(_request(message))
+            _check_session(request.session, state)
             if held is not None:
                 _check_final_award(request, held)
                 signed, won, payment = held, bool(state[_ENDORSED_WON]), float(state[_ENDORSED_PAYMENT])  # type: ignore[arg-type]
@@ -696,18 +615,18 @@ class _MarketHandlers:
                 _close_pass_state(state)
             return _refusal(message, ACTION_AWARD, err)
         self._record_receipt(state, signed, won, payment)
-        return _reply(message, config_record({KEY_ACCEPTED: True}))
+        return _reply(message, config_record(AwardReply(accepted=True).to_record()))
 
     @staticmethod
     def _final_award(
-        request: ConfigRecord, state: ConfigRecord, context: Context
+        request: AwardRequest, state: ConfigRecord, context: Context
     ) -> tuple[SignedAward | None, bool, float]:
         """The final award sent to a client that endorsed none, checked, and what it gives this client."""
-        if request.get(KEY_AWARD) is None:
-            if request.get(KEY_AWARD_DIGEST) is not None:
+        if request.award is None:
+            if request.award_digest is not None:
                 raise _RequestError("the award named by its digest is not one this client endorsed")
             return None, False, 0.0
-        signed, award = _verified_award(request, state)
+        signed, award = _verified_award(request.award, request.award_signature, state)
         if (award.run_id, award.session) != (int(context.run_id), _pass_client(state).session):
             raise _RequestError("the award is not for this client's run and PASS session")
         if award.terms != _stored_terms(state):
@@ -731,35 +650,38 @@ class _MarketHandlers:
             state[KEY_AWARD_SIGNATURE] = signed.signature
 
     # --- Helpers -------------------------------------------------------------------------------
-    def _announced_terms(self, request: Mapping[str, Any], context: Context) -> AwardTerms | None:
+    @staticmethod
+    def _announced_terms(request: Mapping[str, Any], settings: NodeSettings) -> AwardTerms | None:
         """The market's terms in an advertise request (``None`` if it has none); a pinned buyer key must match."""
         fields = (request.get(KEY_BUDGET), request.get(KEY_COHORT_CAP), request.get(KEY_BUYER_KEY))
         terms = None if all(value is None for value in fields) else AwardTerms(*fields)  # type: ignore[arg-type]
-        pinned = self._buyer_key(context)
+        pinned = settings.buyer_key
         if pinned is not None and (terms is None or terms.buyer_key != pinned):
             raise _RequestError("the market's terms do not name the buyer key this node pinned")
         return terms
 
-    def _survivor_nodes(self, context: Context, client: PassClient) -> set[int] | None:
+    @staticmethod
+    def _survivor_nodes(context: Context, client: PassClient, settings: NodeSettings) -> set[int] | None:
         """The node ids of the session's survivors, from the roster kept at the share step (with a release ledger:
         always in the secure profile); ``None`` where no roster was kept. The secure profile requires it."""
         roster = _state_record(context).get(_LEDGER_ROSTER)
         if not isinstance(roster, bytes):
-            if self._colluders(context) > 0 or self._directory(context) is not None:
+            if settings.colluders > 0 or settings.directory is not None:
                 raise _RequestError("no roster of the session kept: the award's bidders cannot be checked")
             return None
         node_ids = np.frombuffer(roster, dtype=">u8")
         alive = bitmap_bits(client.state.survivors, node_ids.size)[: node_ids.size]
         return {int(node) for node in node_ids[alive]}
 
-    def _ledger_members(self, context: Context, bitmap: object) -> list[bytes]:
+    @staticmethod
+    def _ledger_members(context: Context, settings: NodeSettings, bitmap: object) -> list[bytes]:
         """The ledger's identities of the PASS indices in ``bitmap``: directory keys if any, else node ids."""
         roster = _state_record(context).get(_LEDGER_ROSTER)
         if not isinstance(roster, bytes) or not isinstance(bitmap, bytes):
             raise _RequestError("no roster kept from the advertise step for the release ledger")
         node_ids = np.frombuffer(roster, dtype=">u8")
         nodes = [int(node_ids[index - 1]) for index in bitmap_to_indices(bitmap)]
-        directory = self._directory(context)
+        directory = settings.directory
         if directory is None:
             return [b"node:" + node.to_bytes(8, "big") for node in nodes]
         return [b"key:" + directory.key_of(node) for node in nodes]  # an unregistered node: refused
@@ -774,16 +696,6 @@ class _MarketHandlers:
         return validate_counts(counts).astype(np.int64)
 
 
-def _option(value: Any, from_node_config: Callable[[Context], Any]) -> Callable[[Context], Any]:
-    """An option of :func:`register_market_handlers` as a callable of the context: a callable as given, a value as
-    a constant, ``None`` as the node config's reader."""
-    if value is None:
-        return from_node_config
-    if callable(value):
-        return cast(Callable[[Context], Any], value)
-    return lambda context: value
-
-
 # --- Request parsing -----------------------------------------------------------------------------
 def _request(message: Message) -> ConfigRecord:
     record = message.content.get(RECORD_KEY) if message.has_content() else None
@@ -792,23 +704,23 @@ def _request(message: Message) -> ConfigRecord:
     return record
 
 
-def _check_session(request: ConfigRecord, state: ConfigRecord) -> None:
-    """The request must name the one PASS session this client took part in."""
+def _check_session(named: object, state: ConfigRecord) -> None:
+    """``named`` must be the one PASS session this client took part in."""
     session = _pass_client(state).session
-    if not session or request.get(KEY_SESSION) != session:
+    if not session or named != session:
         raise _RequestError("the request is not for the PASS session this client took part in")
 
 
-def _verified_award(request: ConfigRecord, state: ConfigRecord) -> tuple[SignedAward, Award]:
-    """The request's award and the award itself, verified under the buyer key of the stored terms."""
-    signed = SignedAward(request.get(KEY_AWARD), request.get(KEY_AWARD_SIGNATURE))  # type: ignore[arg-type]
+def _verified_award(encoded: bytes, signature: bytes | None, state: ConfigRecord) -> tuple[SignedAward, Award]:
+    """The signed award a request carries, and the award itself, verified under the buyer key of the stored terms."""
+    signed = SignedAward(encoded, signature)  # type: ignore[arg-type]  # no signature: refused by verify
     return signed, signed.verify(_stored_terms(state).buyer_key)
 
 
-def _check_final_award(request: ConfigRecord, held: SignedAward) -> None:
+def _check_final_award(request: AwardRequest, held: SignedAward) -> None:
     """The final award must be the one this client endorsed: named by its digest and signature, or sent in full."""
-    named = (request.get(KEY_AWARD_DIGEST), request.get(KEY_AWARD_SIGNATURE))
-    sent = (request.get(KEY_AWARD), request.get(KEY_AWARD_SIGNATURE))
+    named = (request.award_digest, request.award_signature)
+    sent = (request.award, request.award_signature)
     if named != (held.digest, held.signature) and sent != (held.encoded, held.signature):
         raise _RequestError("the final award is not the award this client endorsed, which it keeps as its receipt")
 
@@ -834,17 +746,6 @@ def _survivor_rank(client: PassClient) -> int:
     if not survivors[client.state.index - 1]:
         raise _RequestError("this client is not a survivor of the session it took part in")
     return int(np.count_nonzero(survivors[: client.state.index - 1]))
-
-
-def _int_list_field(record: ConfigRecord, key: str) -> list[int]:
-    value = record.get(key)
-    if (
-        not isinstance(value, list)
-        or not value
-        or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in value)
-    ):
-        raise _RequestError(f"'{key}' must be a non-empty list of non-negative ints")
-    return [int(v) for v in value]
 
 
 def _checked_roster(client: PassClient, packed: object, context: Context) -> bytes:
@@ -906,7 +807,7 @@ def _leave_unreleased_session(state: ConfigRecord, request: ConfigRecord, ledger
 
     A market re-launched in the same run (the earlier market closed: its award, or its abort, received) is
     joined only by a node whose release ledger has a privacy budget: each release then carries the node's noise,
-    is composed into its ``epsilon`` and refused past the budget, and is checked against the earlier releases'
+    is composed into its ``epsilon`` and refused past the privacy budget, and is checked against the earlier releases'
     members (:meth:`_MarketHandlers.mask`). The earlier market's receipt is kept (:data:`_EARLIER_AWARDS`).
 
     Raises
@@ -923,7 +824,7 @@ def _leave_unreleased_session(state: ConfigRecord, request: ConfigRecord, ledger
     if session in left:
         raise _RequestError("a PASS session of this run that this client already left or closed")
     if earlier.unmask_requested or state.get(_STAGE) is not None:
-        if state.get(_STAGE) == _STAGE_CLOSED and ledger is not None and ledger.budget is not None:
+        if state.get(_STAGE) == _STAGE_CLOSED and ledger is not None and ledger.privacy_budget is not None:
             _start_relaunched_market(state, [*left, earlier.session])
             return
         raise _RequestError(
@@ -972,11 +873,11 @@ def _refusal(message: Message, action: str, err: Exception) -> Message:
     log(WARNING, "Market request %s refused: %s", action, err)
     if isinstance(err, _LabelCountsError):
         detail = str(err)
-    elif isinstance(err, BudgetExhausted):  # the reason only; the spends and the budget stay in the log
+    elif isinstance(err, PrivacyBudgetExhausted):  # the reason only; the spends and the privacy budget stay in the log
         detail = PRIVACY_BUDGET_REFUSED
     elif isinstance(err, LedgerError):  # the reason only; the file and the sets stay in the client's log
-        detail = "refused by the node's release ledger"
+        detail = LEDGER_REFUSED
     else:
-        detail = "request refused"
-    reason = f"{ERROR_PREFIX}{action}: {detail}"
+        detail = REQUEST_REFUSED
+    reason = refusal_reason(action, detail)
     return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)

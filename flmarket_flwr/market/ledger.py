@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MIN_ROSTER_CHANGE",
     "LEDGER_FILE",
-    "BudgetExhausted",
+    "PrivacyBudgetExhausted",
     "LedgerError",
     "PrivacySpend",
     "ReleaseLedger",
@@ -59,8 +59,8 @@ class ReleaseRefused(LedgerError):
     """The new member set, differenced with an earlier release, would isolate fewer than ``min_roster_change``."""
 
 
-class BudgetExhausted(LedgerError):
-    """The release would take the node's composed ``epsilon`` past its total budget (or it carries no noise)."""
+class PrivacyBudgetExhausted(LedgerError):
+    """The release would take the node's composed ``epsilon`` past its privacy budget (or it carries no noise)."""
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,7 @@ class ReleaseLedger:
         The node's own ledger directory (created, mode 0700, if missing).
     min_roster_change : int (default: 3)
         Smallest non-empty one-sided difference allowed between a new member set and any earlier one.
-    budget : PrivacyBudget, optional
+    privacy_budget : PrivacyBudget, optional
         The node's total ``(epsilon, delta)`` over all its releases; :meth:`spend` refuses a release past it.
         ``None``: spends are recorded, none is refused.
 
@@ -194,12 +194,12 @@ class ReleaseLedger:
     What bounds that attack is the noise (:mod:`flmarket_flwr.pass_protocol.noise`), composed over releases: the
     ledger also records each release's privacy cost (:meth:`ReleaseLedger.spend`, write-ahead, when the client's
     masked input is about to leave) and, given the node's :class:`~flmarket_flwr.pass_protocol.noise.PrivacyBudget`,
-    refuses the release that would take the composed ``epsilon`` past it (:class:`BudgetExhausted`). At unmask,
+    refuses the release that would take the composed ``epsilon`` past it (:class:`PrivacyBudgetExhausted`). At unmask,
     once the survivors are known, :meth:`ReleaseLedger.charge_release` sets that cost to what the release's honest
     noise gives: the survivors less the colluders its noise allows for (``pass-colluders``, or half the roster),
     adding none.
     Pure Python, no Flower, standard library only at import: the market client calls it
-    (:func:`flmarket_flwr.market.register_market_handlers`); the budget brings its own accountant.
+    (:func:`flmarket_flwr.market.register_market_handlers`); the privacy budget brings its own accountant.
     """
 
     def __init__(
@@ -207,12 +207,12 @@ class ReleaseLedger:
         directory: str | os.PathLike[str],
         *,
         min_roster_change: int = DEFAULT_MIN_ROSTER_CHANGE,
-        budget: PrivacyBudget | None = None,
+        privacy_budget: PrivacyBudget | None = None,
     ):
         _check_min_roster_change(min_roster_change)
         self.directory = Path(directory).expanduser()
         self.min_roster_change = min_roster_change
-        self.budget = budget
+        self.privacy_budget = privacy_budget
 
     @property
     def path(self) -> Path:
@@ -230,10 +230,11 @@ class ReleaseLedger:
             return self._read()[2]
 
     def epsilon_spent(self) -> float:
-        """The composed ``epsilon`` of every recorded spend at the budget's ``delta`` (``ValueError`` without one)."""
-        if self.budget is None:
+        """The composed ``epsilon`` of every recorded spend at the privacy budget's ``delta`` (``ValueError``
+        without one)."""
+        if self.privacy_budget is None:
             raise ValueError(f"release ledger {self.path} has no privacy budget to convert its spends at")
-        return self.budget.spent([spend.variance for spend in self.spends()])
+        return self.privacy_budget.spent([spend.variance for spend in self.spends()])
 
     def spend(self, run_id: int, session: bytes, variance: float) -> None:
         """Record the privacy cost of a release before the node's masked input leaves (write-ahead).
@@ -249,8 +250,8 @@ class ReleaseLedger:
 
         Raises
         ------
-        BudgetExhausted
-            With the new spend the composed ``epsilon`` would exceed :attr:`budget` (a release without noise
+        PrivacyBudgetExhausted
+            With the new spend the composed ``epsilon`` would exceed :attr:`privacy_budget` (a release without noise
             always does), or the session was recorded with another variance. Nothing is recorded.
         LedgerError
             The ledger file cannot be read, parsed or written: nothing is released.
@@ -264,24 +265,25 @@ class ReleaseLedger:
                 if (earlier.run_id, earlier.session) == (spend.run_id, spend.session):
                     if earlier.variance == spend.variance:
                         return
-                    raise BudgetExhausted(
+                    raise PrivacyBudgetExhausted(
                         f"run {spend.run_id}, session {spend.session[:16]}: already recorded in {self.path} with "
                         f"variance {earlier.variance}, now {spend.variance}"
                     )
-            if self.budget is not None:
-                before = self.budget.spent([s.variance for s in spends])
-                after = self.budget.spent([*(s.variance for s in spends), spend.variance])
-                if after > self.budget.epsilon:
+            if self.privacy_budget is not None:
+                before = self.privacy_budget.spent([s.variance for s in spends])
+                after = self.privacy_budget.spent([*(s.variance for s in spends), spend.variance])
+                if after > self.privacy_budget.epsilon:
                     noise = "no noise" if spend.variance == 0 else f"aggregate variance {spend.variance:.4g}"
-                    raise BudgetExhausted(
+                    raise PrivacyBudgetExhausted(
                         f"run {spend.run_id}: a release with {noise} would take this node's composed epsilon from "
-                        f"{before:.4g} to {after:.4g} at delta {self.budget.delta:g} ({len(spends)} releases "
-                        f"recorded in {self.path}), past its total budget {self.budget.epsilon:g}: refused"
+                        f"{before:.4g} to {after:.4g} at delta {self.privacy_budget.delta:g} ({len(spends)} releases "
+                        f"recorded in {self.path}), past its total budget {self.privacy_budget.epsilon:g}: refused"
                     )
             self._write(salt, records, [*spends, spend])
 
     def charge_release(self, run_id: int, session: bytes, variance: float) -> None:
-        """At release time, set the session's charge to what its honest survivors' noise gives; refuse past the budget.
+        """At release time, set the session's charge to what its honest survivors' noise gives; refuse past the
+        privacy budget.
 
         :meth:`spend` charged the release before the masked input left, at the noise's calibration (``h`` honest
         survivors). Once the survivors ``U3`` are known (the unmask request) the honest noise in the sum has
@@ -293,8 +295,8 @@ class ReleaseLedger:
 
         Raises
         ------
-        BudgetExhausted
-            With this charge the composed ``epsilon`` exceeds :attr:`budget`. The charge *is* recorded: the
+        PrivacyBudgetExhausted
+            With this charge the composed ``epsilon`` exceeds :attr:`privacy_budget`. The charge *is* recorded: the
             masked input has left and the neighbours' shares can release the sum without this node, so every later
             release is counted against it; the node only withholds its own shares.
         LedgerError
@@ -312,14 +314,14 @@ class ReleaseLedger:
             else:  # in the earlier one's place, oldest first
                 kept = [charge if spend in earlier else spend for spend in spends] if earlier else [*spends, charge]
                 self._write(salt, records, kept)
-        if self.budget is not None:
-            after = self.budget.spent([*(s.variance for s in others), charge.variance])
-            if after > self.budget.epsilon:
+        if self.privacy_budget is not None:
+            after = self.privacy_budget.spent([*(s.variance for s in others), charge.variance])
+            if after > self.privacy_budget.epsilon:
                 noise = "no noise" if charge.variance == 0 else f"honest aggregate variance {charge.variance:.4g}"
-                raise BudgetExhausted(
+                raise PrivacyBudgetExhausted(
                     f"run {charge.run_id}: its survivors' release carries {noise}, which takes this node's composed "
-                    f"epsilon to {after:.4g} at delta {self.budget.delta:g}, past its total budget "
-                    f"{self.budget.epsilon:g} (recorded in {self.path}): this node withholds its shares"
+                    f"epsilon to {after:.4g} at delta {self.privacy_budget.delta:g}, past its total budget "
+                    f"{self.privacy_budget.epsilon:g} (recorded in {self.path}): this node withholds its shares"
                 )
 
     def check_new_session(self, run_id: int, session: bytes) -> None:

@@ -1,20 +1,36 @@
-"""Wire format of the market phase: message types, record keys and reply validation.
+"""Wire format of the market phase: message types, record keys, typed records, refusals and reply validation.
 
 Every market message, in both directions, carries one ``ConfigRecord`` under :data:`RECORD_KEY`; each step is
 a Flower ``query`` message ``query.<action>`` (:func:`message_type` lists the actions and what each carries).
-The helpers turn one reply into typed values or raise :class:`ReplyError` with a reason that the server logs
-before excluding the node.
+The bid, endorse, audit and award steps and the nodes' replies are frozen records (:class:`BidRequest`, ...,
+:class:`TagsReply`) beside PASS's (:mod:`flmarket_flwr.pass_protocol.messages`), each with one ``to_record`` and
+one ``from_record``. A node's refusal is an error reply whose reason :func:`refusal_reason` writes and
+:func:`label_counts_failure` reads. The helpers turn one reply into typed values or raise :class:`ReplyError`
+with a reason that the server logs before excluding the node. Buyer and node meet here, never importing each
+other.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Final
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Self
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
 __all__ = [
     "ACTIONS",
+    "AuditReply",
+    "AuditRequest",
+    "AwardReply",
+    "AwardRequest",
+    "BidReply",
+    "BidRequest",
+    "EndorseReply",
+    "EndorseRequest",
+    "TagsReply",
     "ACTION_ADVERTISE",
     "ACTION_AUDIT",
     "ACTION_AWARD",
@@ -25,6 +41,7 @@ __all__ = [
     "ACTION_SURVIVORS",
     "ACTION_TAGS",
     "ACTION_UNMASK",
+    "ERROR_PREFIX",
     "KEY_ACCEPTED",
     "KEY_AWARD",
     "KEY_AWARD_DIGEST",
@@ -47,12 +64,18 @@ __all__ = [
     "KEY_SESSION",
     "KEY_TRANSCRIPT",
     "KEY_WON",
+    "LABEL_COUNTS_FAILED",
+    "LEDGER_REFUSED",
+    "PRIVACY_BUDGET_REFUSED",
+    "REQUEST_REFUSED",
     "RECORD_KEY",
     "ReplyError",
+    "label_counts_failure",
     "make_content",
     "message_type",
     "read_config",
     "read_float",
+    "refusal_reason",
 ]
 
 # --- Actions (message type ``query.<action>``) -------------------------------------------------
@@ -121,8 +144,179 @@ KEY_ENDORSEMENTS: Final = "endorsements"
 (:func:`~flmarket_flwr.market.award.pack_endorsements`)."""
 
 
+# --- Refusals: the reason of a node's error reply ----------------------------------------------------------------
+ERROR_PREFIX: Final = "flmarket: "
+"""Prefix of the reason of every error reply sent by the market handlers: ``flmarket: <action>: <detail>``."""
+REQUEST_REFUSED: Final = "request refused"
+"""The detail of a refusal whose reason stays in the node's own log."""
+LEDGER_REFUSED: Final = "refused by the node's release ledger"
+"""The detail of a refusal by the node's release ledger (the file and the sets stay in its log)."""
+PRIVACY_BUDGET_REFUSED: Final = "refused by the node's privacy budget"
+"""The detail of a refusal of a release past the node's privacy budget (the buyer stops re-launching on it)."""
+LABEL_COUNTS_FAILED: Final = "get_label_counts raised "
+"""Starts the detail of a refusal whose cause is the app's own label-count callback (then its exception)."""
+
+
+def refusal_reason(action: str, detail: str) -> str:
+    """The reason of a node's error reply to ``action``: ``flmarket: <action>: <detail>``."""
+    return f"{ERROR_PREFIX}{action}: {detail}"
+
+
+def label_counts_failure(reason: str) -> str | None:
+    """The app's label-count exception named in an error reply's ``reason`` (``None`` if it names none).
+
+    Flower's ``Error`` carries a code and a reason only, so the cause travels in the reason's text, as the node
+    wrote it (:data:`LABEL_COUNTS_FAILED`).
+    """
+    start = reason.find(LABEL_COUNTS_FAILED)
+    return None if start < 0 else reason[start:]
+
+
 class ReplyError(ValueError):
     """A reply that cannot be used; ``str(error)`` is the reason logged by the server."""
+
+
+# --- Typed records: the market steps' requests and replies beside PASS's ------------------------------------------
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)  # type: ignore[arg-type]
+
+
+_FIELD_CHECKS: Final[dict[str, Callable[[Any], bool]]] = {
+    "bool": lambda value: isinstance(value, bool),
+    "bytes": lambda value: isinstance(value, bytes),
+    "float": _is_number,
+    "int": _is_int,
+    "str": lambda value: isinstance(value, str),
+    "list[int]": lambda value: isinstance(value, list) and all(_is_int(item) for item in value),
+}
+
+
+class _MarketRecord:
+    """Dataclass mixin: a market record as the ``ConfigRecord`` items it travels as, and back.
+
+    Each field travels under its name with ``_`` written ``-`` (``global_counts`` as ``global-counts``), in field
+    order: the order of the record's items on the wire. An optional field (``bytes | None``) that is ``None``
+    does not travel.
+    """
+
+    def to_record(self) -> dict[str, Any]:
+        """The record's items, keyed as on the wire."""
+        items = ((_wire_key(field.name), getattr(self, field.name)) for field in dataclasses.fields(self))  # type: ignore[arg-type]
+        return {key: value for key, value in items if value is not None}
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Self:
+        """Parse and type-check the items of a record made by :meth:`to_record`.
+
+        Raises
+        ------
+        ReplyError
+            Naming the record and the key, if an item is missing or of the wrong type (a float item takes an int
+            as a float; no item takes a bool for a number).
+        """
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+            key, kind = _wire_key(field.name), str(field.type)
+            optional = kind.endswith(" | None")
+            kind = kind.removesuffix(" | None")
+            if key not in record:
+                if optional:
+                    values[field.name] = None
+                    continue
+                raise ReplyError(f"{cls.__name__} lacks '{key}'")
+            value = record[key]
+            if not _FIELD_CHECKS[kind](value):
+                raise ReplyError(f"{cls.__name__} '{key}' must be a finite {kind}" if kind == "float" else
+                                 f"{cls.__name__} '{key}' must be {kind}, got {type(value).__name__}")  # fmt: skip
+            values[field.name] = float(value) if kind == "float" else value
+        return cls(**values)
+
+
+def _wire_key(name: str) -> str:
+    return name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class BidRequest(_MarketRecord):
+    """Bid step, buyer -> node: the session, its noisy or exact sum ``N_s``, its survivors ``E`` and transcript."""
+
+    session: bytes
+    global_counts: list[int]
+    num_clients: int
+    transcript: bytes
+
+
+@dataclass(frozen=True)
+class BidReply(_MarketRecord):
+    """Bid step, node -> buyer: the node's score against ``N_s`` and its bid."""
+
+    score: float
+    bid: float
+
+
+@dataclass(frozen=True)
+class EndorseRequest(_MarketRecord):
+    """Endorse step, buyer -> bidder: the buyer-signed award and the bidder's path in its bids tree."""
+
+    session: bytes
+    award: bytes
+    award_signature: bytes
+    bid_proof: bytes
+
+
+@dataclass(frozen=True)
+class EndorseReply(_MarketRecord):
+    """Endorse step, node -> buyer: its Ed25519 endorsement of the award's digest (``b""`` without a key)."""
+
+    endorsement: bytes
+
+
+@dataclass(frozen=True)
+class AuditRequest(_MarketRecord):
+    """Audit step, buyer -> winner: the award it endorsed (the winner holds its signature already) and, with a
+    directory, the endorsements it gathered (:func:`~flmarket_flwr.market.award.pack_endorsements`)."""
+
+    session: bytes
+    award: bytes
+    award_signature: bytes | None = None
+    endorsements: bytes | None = None
+
+
+@dataclass(frozen=True)
+class AuditReply(_MarketRecord):
+    """Audit step, winner -> buyer: its label counts and the nonce that opens its counts commitment."""
+
+    counts: list[int]
+    nonce: bytes
+
+
+@dataclass(frozen=True)
+class AwardRequest(_MarketRecord):
+    """Award step, buyer -> every node it contacted: the final award and its signature (to a node that endorsed
+    it, the award's digest in its place; neither if the market aborted)."""
+
+    session: bytes
+    award: bytes | None = None
+    award_signature: bytes | None = None
+    award_digest: bytes | None = None
+
+
+@dataclass(frozen=True)
+class AwardReply(_MarketRecord):
+    """Award step, node -> buyer: the final award was taken (its receipt kept)."""
+
+    accepted: bool
+
+
+@dataclass(frozen=True)
+class TagsReply(_MarketRecord):
+    """Tags step, node -> buyer: the node's ``market-tag`` (``""``: none)."""
+
+    tag: str
 
 
 def message_type(action: str) -> str:

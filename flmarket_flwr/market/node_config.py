@@ -1,8 +1,9 @@
-"""The market's node-config schema, the readers of its keys, and a ``ClientApp`` mod that checks a node config.
+"""The market's node-config schema, the node's settings read from it, and a ``ClientApp`` mod that checks it.
 
 Each key is one a SuperNode's operator sets for the market, with its type, default, check and meaning. The mod
-refuses an unknown key, a run-config key, or a value that cannot work. An app declares its own keys and builds
-its schema (``MARKET_SCHEMA.extended(app_keys, run_config_keys=...)``); ``python -m
+refuses an unknown key, a run-config key, or a value that cannot work; :func:`read_node_settings` turns a node
+config into the frozen :class:`NodeSettings` the market's handlers get at each message. An app declares its own
+keys and builds its schema (``MARKET_SCHEMA.extended(app_keys, run_config_keys=...)``); ``python -m
 flmarket_flwr.market.node_config`` prints the market's keys.
 """
 
@@ -40,7 +41,7 @@ from flmarket_flwr.pass_protocol.noise import (
     PrivacyBudget,
     SkellamNoise,
 )
-from flmarket_flwr.pass_protocol.primitives import MIN_PARTICIPANTS
+from flmarket_flwr.pass_protocol.primitives import MIN_PARTICIPANTS, is_integer
 
 __all__ = [
     "MARKET_NODE_KEYS",
@@ -48,20 +49,9 @@ __all__ = [
     "NodeConfigCheck",
     "NodeConfigSchema",
     "NodeKey",
-    "buyer_key_of",
+    "NodeSettings",
     "check_noise_ceiling",
-    "colluders_of",
-    "complete_graph_of",
-    "identity_directory_of",
-    "identity_key_of",
-    "market_tag_of",
-    "min_participants_of",
-    "node_noise_of",
-    "noise_ceiling_of",
-    "release_ledger_of",
-    "security_of",
-    "privacy_budget_of",
-    "split_tolerance_of",
+    "read_node_settings",
 ]
 
 _TRUE_FALSE: Final = {"true": True, "false": False}
@@ -153,8 +143,8 @@ def _parses(parse: Callable[[str, str], bytes], value: str) -> bool:
 MARKET_NODE_KEYS: Final[tuple[NodeKey, ...]] = (
     # The profile: one key that turns on every defence the threat model needs against a malicious server.
     NodeKey("market-security", str, "semi-honest", "semi-honest, or malicious: the secure profile (identity key, "
-            "pinned directory, complete graph, roster floor, split tolerance, noise, budget, ledger)",
-            one_of(("semi_honest", "malicious")), f"one of {list(SECURITY_PROFILES)}"),
+            "pinned directory, complete graph, roster floor, split tolerance, noise, privacy budget, ledger)",
+            one_of(profile.replace("-", "_") for profile in SECURITY_PROFILES), f"one of {list(SECURITY_PROFILES)}"),
     # Identity: the node's key, and the directory it checks its neighbours against, pinned.
     NodeKey("identity-key", str, "", 'path of this node\'s Ed25519 identity key (PKCS#8 PEM); "" signs nothing'),
     NodeKey("identity-directory", str, "", 'path of the directory of identity keys (JSON) the node checks its '
@@ -186,7 +176,7 @@ MARKET_NODE_KEYS: Final[tuple[NodeKey, ...]] = (
     NodeKey("pass-dp-max-epsilon", float, 0.0, "refuse a run whose pass-dp-* noise is weaker than this epsilon "
             "needs; 0: no ceiling", _finite_at_least_zero, ">= 0 and finite (0: none)"),
     NodeKey("pass-dp-total-epsilon", float, 0.0, "the node's epsilon over all its releases, composed (kept in "
-            "market-ledger-dir); 0: no budget", _finite_at_least_zero, ">= 0 and finite (0: none)"),
+            "market-ledger-dir); 0: no privacy budget", _finite_at_least_zero, ">= 0 and finite (0: none)"),
     NodeKey("pass-dp-total-delta", float, SECURE_PROFILE_DELTA, "the delta pass-dp-total-epsilon is counted at",
             lambda value: 0.0 < value < 1.0, "in (0, 1)"),
 )  # fmt: skip
@@ -298,68 +288,205 @@ class NodeConfigCheck:
         return call_next(msg, context)
 
 
-# --- Readers: one per market key, each through the schema ---------------------------------------------------------
-def _value(context: Context, name: str) -> Any:
-    return MARKET_SCHEMA.value(context.node_config, name)
+# --- The node's settings: read once per message ------------------------------------------------------------------
+@dataclass(frozen=True)
+class NodeSettings:
+    """What the market's handlers need from a node's own configuration, read once per message.
+
+    :func:`read_node_settings` builds it from ``context.node_config`` (every market key through
+    :data:`MARKET_SCHEMA`), with the secure profile's defaults applied; the handlers get it at each message and
+    never read the node config themselves. A node that needs something else passes its own (all fields have the
+    semi-honest defaults of an empty node config), usually ``dataclasses.replace(read_node_settings(context),
+    ...)``.
+
+    Attributes
+    ----------
+    security : {"semi-honest", "malicious"}
+        The node's profile (``market-security``); ``"malicious"`` is the secure profile.
+    identity_key : Ed25519PrivateKey or None
+        The node's identity key: it signs its PASS key advertisement, its survivor set and its endorsement.
+    directory : IdentityDirectory or None
+        The pinned directory of identity keys the node checks its neighbours against (the consistency round, the
+        endorsement quorum); without it PASS is secure against a semi-honest server only.
+    tag : str
+        The node's ``market-tag`` (``""``: none), told to a buyer that includes or excludes nodes by tag.
+    buyer_key : bytes or None
+        The buyer's Ed25519 public key (32 bytes) the node pins: it refuses terms that name another.
+    complete_graph : bool
+        Take part in PASS only on the complete graph (docs/threat-model.md: with ``min_participants`` close to the
+        federation's size and a directory).
+    min_participants : int
+        The smallest PASS roster the node takes part in (below 3 counts as 3).
+    colluders : int
+        How many colluding clients the node's guarantees assume at most (its noise, the binding quorum).
+    split_tolerance : int
+        How many colluding neighbours the node's secrets withstand in a split consistency round.
+    release_ledger : ReleaseLedger or None
+        The node's release ledger (differencing checks, privacy spends); with ``privacy_budget`` it refuses a
+        release past the privacy budget.
+    noise_ceiling : float
+        The node's own epsilon ceiling (``pass-dp-max-epsilon``; 0: none): weaker announced noise is refused.
+    privacy_budget : PrivacyBudget or None
+        The node's total ``(epsilon, delta)`` over all its releases (``pass-dp-total-epsilon``), kept in the
+        release ledger.
+    noise : SkellamNoise or None
+        The distributed-DP noise the node adds to its counts, sized for ``colluders``; ``None``: exact counts.
+    audit : bool
+        Whether the node, as a paid winner of the award it endorsed, opens its counts commitment to the buyer.
+        Not a node-config key: a node that never opens (and so is never paid) sets it to ``False``.
+
+    Raises
+    ------
+    TypeError
+        If a field has the wrong type (a string where a bool or an int is needed, a key of the wrong length).
+    """
+
+    security: str = SECURITY_PROFILES[0]
+    identity_key: Ed25519PrivateKey | None = None
+    directory: IdentityDirectory | None = None
+    tag: str = ""
+    buyer_key: bytes | None = None
+    complete_graph: bool = False
+    min_participants: int = MIN_PARTICIPANTS
+    colluders: int = 0
+    split_tolerance: int = 0
+    release_ledger: ReleaseLedger | None = None
+    noise_ceiling: float = 0.0
+    privacy_budget: PrivacyBudget | None = None
+    noise: SkellamNoise | None = None
+    audit: bool = True
+
+    def __post_init__(self) -> None:
+        if self.security not in SECURITY_PROFILES:
+            raise TypeError(f"security must be one of {list(SECURITY_PROFILES)}, got {self.security!r}")
+        for name in ("complete_graph", "audit"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        for name in ("min_participants", "colluders", "split_tolerance"):
+            value = getattr(self, name)
+            if not is_integer(value):
+                raise TypeError(f"{name} must be an int, got {value!r}")
+        if self.buyer_key is not None and not (isinstance(self.buyer_key, bytes) and len(self.buyer_key) == 32):
+            raise TypeError(f"buyer_key must be 32 bytes (a raw Ed25519 public key), got {self.buyer_key!r}")
+
+    @property
+    def secure(self) -> bool:
+        """Whether the node runs the secure profile."""
+        return self.security == "malicious"
 
 
-def _is_set(context: Context, name: str) -> bool:
-    return name in context.node_config
+def read_node_settings(context: Context, announced_noise: SkellamNoise | None = None) -> NodeSettings:
+    """The node's :class:`NodeSettings` from ``context.node_config``, the secure profile's defaults applied here.
 
+    ``announced_noise`` is the run's noise setting where the app reads one (the example app: the run config's
+    ``pass-dp-*`` keys); the node adds it, checked against its own ceiling, and in the secure profile adds the
+    profile's noise when the run announces none.
 
-def security_of(context: Context) -> str:
-    """The node's profile (``market-security``): ``"semi-honest"`` (default) or ``"malicious"``.
-
-    In the secure profile (``malicious``) every reader below turns on what the threat model needs against a
-    malicious server, and refuses a node config that would weaken it, naming the key:
+    In the secure profile (``market-security=malicious``) the settings are what the threat model needs against a
+    malicious server, and a node config that would weaken them is refused, naming the key:
 
     * ``identity-key`` and ``identity-directory`` are required, and the directory must be pinned
       (``identity-directory-digest`` or ``-signer``; ``identity-directory-unpinned`` is refused);
     * ``pass-complete-graph`` is on (``false`` is refused);
-    * ``pass-min-participants`` defaults to two thirds of the pinned directory, ``pass-split-tolerance`` to 2;
+    * ``pass-min-participants`` defaults to two thirds of the pinned directory, ``pass-split-tolerance`` to 2,
+      ``pass-colluders`` to a fifth of the directory (:func:`~flmarket_flwr.market.config.profile_colluders`);
     * noise on the counts: at least epsilon :data:`SECURE_PROFILE_EPSILON` per release (``pass-dp-max-epsilon``
-      defaults to it), within a composed budget (``pass-dp-total-epsilon`` defaults to
+      defaults to it), within a composed privacy budget (``pass-dp-total-epsilon`` defaults to
       :data:`SECURE_PROFILE_TOTAL_EPSILON`), kept in the node's release ledger, which defaults to
       ``$FLMARKET_HOME/ledger/<identity key fingerprint>`` (``~/.flmarket`` without ``FLMARKET_HOME``).
+
+    The identity key and the directory are read from their files once per process and kept by the files' content
+    digest (a changed file is read again).
+
+    Raises
+    ------
+    ValueError
+        Naming the node-config key, for a value of the wrong type, one its check refuses, or a setting the profile
+        refuses or needs; or if the announced noise is weaker than the node's ``pass-dp-max-epsilon``.
     """
-    return str(_value(context, "market-security")).lower().replace("_", "-")
+    config = context.node_config
+    value = _ConfigValues(config)
+    secure = _profile(str(value("market-security"))) == "malicious"
+    identity_key = _identity_key(value, secure)
+    directory = _identity_directory(value, secure)
+    directory_size = len(directory) if directory is not None else 0
+    colluders = int(value("pass-colluders"))
+    if secure and "pass-colluders" not in config:
+        colluders = profile_colluders(directory_size)
+    privacy_budget = _privacy_budget(value, secure, "pass-dp-total-epsilon" in config)
+    noise_ceiling = float(value("pass-dp-max-epsilon"))
+    if secure and "pass-dp-max-epsilon" not in config:
+        noise_ceiling = SECURE_PROFILE_EPSILON
+    if announced_noise is None and secure:
+        announced_noise = SkellamNoise(SECURE_PROFILE_EPSILON, SECURE_PROFILE_DELTA)
+    return NodeSettings(
+        security="malicious" if secure else "semi-honest",
+        identity_key=identity_key,
+        directory=directory,
+        tag=str(value("market-tag")),
+        buyer_key=_buyer_key(value),
+        complete_graph=_complete_graph(value, secure, "pass-complete-graph" in config),
+        min_participants=_min_participants(value, secure, "pass-min-participants" in config, directory_size, colluders),
+        colluders=colluders,
+        split_tolerance=(
+            PROFILE_SPLIT_TOLERANCE
+            if secure and "pass-split-tolerance" not in config
+            else int(value("pass-split-tolerance"))
+        ),
+        release_ledger=_release_ledger(value, secure, identity_key, privacy_budget),
+        noise_ceiling=noise_ceiling,
+        privacy_budget=privacy_budget,
+        noise=_sized_noise(check_noise_ceiling(announced_noise, noise_ceiling), colluders),
+    )
 
 
-def _secure(context: Context) -> bool:
-    return security_of(context) == "malicious"
+class _ConfigValues:
+    """``name -> value`` of one node config through :data:`MARKET_SCHEMA` (typed, checked, default when absent)."""
+
+    def __init__(self, node_config: Mapping[str, Any]) -> None:
+        self._node_config = node_config
+
+    def __call__(self, name: str) -> Any:
+        return MARKET_SCHEMA.value(self._node_config, name)
+
+
+def _profile(spelled: str) -> str:
+    """The profile in its one spelling (:data:`SECURITY_PROFILES`): ``semi_honest`` is read as ``semi-honest``."""
+    return spelled.lower().replace("_", "-")
 
 
 def _profile_requires(name: str) -> NoReturn:
     raise ValueError(f"node-config market-security=malicious needs {name}: set it in the SuperNode's --node-config")
 
 
-def identity_key_of(context: Context) -> Ed25519PrivateKey | None:
+def _identity_key(value: _ConfigValues, secure: bool) -> Ed25519PrivateKey | None:
     """The node's Ed25519 identity key, from the PEM file named by ``identity-key`` (``None``: none)."""
-    path = _value(context, "identity-key")
-    if not path and _secure(context):
-        _profile_requires("identity-key (identity_cli keygen makes one)")
-    return load_identity_key(path) if path else None
+    path = value("identity-key")
+    if not path:
+        if secure:
+            _profile_requires("identity-key (identity_cli keygen makes one)")
+        return None
+    try:
+        return _FILES.identity_key(Path(path).expanduser())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"node-config identity-key: {error}") from error
 
 
-def identity_directory_of(context: Context) -> IdentityDirectory | None:
+def _identity_directory(value: _ConfigValues, secure: bool) -> IdentityDirectory | None:
     """The directory of identity keys named by ``identity-directory``, checked against the node's pins.
 
     The node pins the directory it trusts: ``identity-directory-digest`` (its SHA-256) and/or
     ``identity-directory-signer`` (the key of the third party that signs it). A directory with neither pin is
     refused unless ``identity-directory-unpinned`` is true: the buyer must not be able to write what the node
     trusts. ``None`` without ``identity-directory``.
-
-    Raises
-    ------
-    ValueError
-        Naming the node-config keys, if the directory is unreadable, fails a pin, or has none.
     """
-    path = _value(context, "identity-directory")
-    digest, signer = _value(context, "identity-directory-digest"), _value(context, "identity-directory-signer")
-    if _secure(context):
+    path = value("identity-directory")
+    digest, signer = value("identity-directory-digest"), value("identity-directory-signer")
+    unpinned = bool(value("identity-directory-unpinned"))
+    if secure:
         if not path:
             _profile_requires("identity-directory, pinned by identity-directory-digest or -signer")
-        if _value(context, "identity-directory-unpinned"):
+        if unpinned:
             raise ValueError("node-config identity-directory-unpinned is refused with market-security=malicious: "
                              "pin the directory by identity-directory-digest or -signer")  # fmt: skip
     if not path:
@@ -367,62 +494,48 @@ def identity_directory_of(context: Context) -> IdentityDirectory | None:
             raise ValueError("node-config identity-directory-digest/-signer pin a directory, but identity-directory "
                              "names none: refused")  # fmt: skip
         return None
+    pins = (
+        parse_digest(digest, "identity-directory-digest") if digest else None,
+        parse_public_key(signer, "identity-directory-signer") if signer else None,
+        unpinned,
+    )
     try:
-        return load_directory(
-            Path(path).expanduser(),
-            digest=parse_digest(digest, "identity-directory-digest") if digest else None,
-            signer=parse_public_key(signer, "identity-directory-signer") if signer else None,
-            unpinned=_value(context, "identity-directory-unpinned"),
-        )
+        return _FILES.directory(Path(path).expanduser(), *pins)
     except (OSError, ValueError) as error:
-        keys = [name for name, value in (("identity-directory-digest", digest), ("identity-directory-signer", signer))]
-        pinned = [name for name in keys if _value(context, name)]
+        pinned = [name for name, pin in (("identity-directory-digest", digest), ("identity-directory-signer", signer))
+                  if pin]  # fmt: skip
         hint = "" if pinned else "; set identity-directory-digest or identity-directory-signer"
         raise ValueError(f"node-config {'/'.join(pinned) or 'identity-directory'}: {error}{hint}") from error
 
 
-def market_tag_of(context: Context) -> str:
-    """The node's ``market-tag`` (``""``: none)."""
-    return str(_value(context, "market-tag"))
-
-
-def buyer_key_of(context: Context) -> bytes | None:
+def _buyer_key(value: _ConfigValues) -> bytes | None:
     """The buyer's Ed25519 public key the node pins (``market-buyer-key``, 32 bytes; ``None``: none)."""
-    text = _value(context, "market-buyer-key")
+    text = value("market-buyer-key")
     return parse_public_key(text, "market-buyer-key") if text else None
 
 
-def complete_graph_of(context: Context) -> bool:
-    """Whether the node takes part in PASS only on the complete graph (``pass-complete-graph``; always in the
-    secure profile, where an explicit ``false`` is refused)."""
-    if _secure(context):
-        if _is_set(context, "pass-complete-graph") and not _value(context, "pass-complete-graph"):
+def _complete_graph(value: _ConfigValues, secure: bool, is_set: bool) -> bool:
+    """``pass-complete-graph``; always on in the secure profile, where an explicit ``false`` is refused."""
+    if secure:
+        if is_set and not value("pass-complete-graph"):
             raise ValueError("node-config pass-complete-graph=false is refused with market-security=malicious")
         return True
-    return bool(_value(context, "pass-complete-graph"))
+    return bool(value("pass-complete-graph"))
 
 
-def min_participants_of(context: Context) -> int:
-    """The smallest PASS roster the node takes part in (``pass-min-participants``, default 3).
+def _min_participants(value: _ConfigValues, secure: bool, is_set: bool, directory_size: int, colluders: int) -> int:
+    """The roster floor (``pass-min-participants``; the secure profile: two thirds of the pinned directory).
 
-    The server chooses whom it invites, so the complete graph (:func:`complete_graph_of`) protects a node only
-    when this is close to the size of the federation it expects. In the secure profile it defaults to two thirds
-    of the pinned directory (rounded up): seating the node among ``t`` colluders on the complete graph then takes
-    about a third of the federation.
-
-    Raises
-    ------
-    ValueError
-        Naming ``pass-colluders``, if the floor admits a roster with fewer than
-        :data:`~flmarket_flwr.pass_protocol.noise.MIN_HONEST_CLIENTS` clients beside the assumed colluders.
+    The server chooses whom it invites, so the complete graph protects a node only when this is close to the size
+    of the federation it expects; seating the node among ``t`` colluders on the complete graph then takes about a
+    third of the federation. The floor must leave
+    :data:`~flmarket_flwr.pass_protocol.noise.MIN_HONEST_CLIENTS` clients beside the assumed colluders (refused
+    naming ``pass-colluders`` otherwise).
     """
-    if _secure(context) and not _is_set(context, "pass-min-participants"):
-        directory = identity_directory_of(context)
-        size = len(directory) if directory is not None else 0
-        floor = max(MIN_PARTICIPANTS, math.ceil(PROFILE_ROSTER_SHARE * size - 1e-9))
+    if secure and not is_set:
+        floor = max(MIN_PARTICIPANTS, math.ceil(PROFILE_ROSTER_SHARE * directory_size - 1e-9))
     else:
-        floor = int(_value(context, "pass-min-participants"))
-    colluders = colluders_of(context)
+        floor = int(value("pass-min-participants"))
     if floor < colluders + MIN_HONEST_CLIENTS:
         raise ValueError(
             f"node-config pass-colluders {colluders} needs rosters of at least {colluders + MIN_HONEST_CLIENTS} "
@@ -432,86 +545,42 @@ def min_participants_of(context: Context) -> int:
     return floor
 
 
-def colluders_of(context: Context) -> int:
-    """How many colluding clients the node's guarantees assume at most (``pass-colluders``; default 0).
+def _privacy_budget(value: _ConfigValues, secure: bool, is_set: bool) -> PrivacyBudget | None:
+    """The node's total privacy budget (``pass-dp-total-epsilon`` at ``pass-dp-total-delta``; ``None``: none)."""
+    epsilon = SECURE_PROFILE_TOTAL_EPSILON if secure and not is_set else float(value("pass-dp-total-epsilon"))
+    return PrivacyBudget(epsilon, float(value("pass-dp-total-delta"))) if epsilon > 0 else None
 
-    A colluder is a client allied with the buyer: it adds no noise, endorses whatever the buyer asks, and shares
-    what it sees. The node sizes its noise so that the honest clients' noise alone reaches its epsilon, counts
-    an award as binding only with a majority that this many colluders cannot make twice, and refuses a roster
-    too small for the assumption (docs/threat-model.md). In the secure profile it defaults to
-    :func:`~flmarket_flwr.market.config.profile_colluders` of the pinned directory (a fifth, rounded up), the
-    number the buyer's ``pass-reruns`` outlasts by default.
+
+def _release_ledger(
+    value: _ConfigValues, secure: bool, identity_key: Ed25519PrivateKey | None, privacy_budget: PrivacyBudget | None
+) -> ReleaseLedger | None:
+    """The node's release ledger in ``market-ledger-dir`` (the secure profile: one folder per identity key).
+
+    Off by default: a simulation's nodes are not lasting parties, and the operator of each SuperNode chooses where
+    its state lives.
     """
-    if _secure(context) and not _is_set(context, "pass-colluders"):
-        directory = identity_directory_of(context)
-        size = len(directory) if directory is not None else 0
-        return profile_colluders(size)
-    return int(_value(context, "pass-colluders"))
-
-
-def split_tolerance_of(context: Context) -> int:
-    """How many colluding neighbours the node's PASS secrets withstand in a split consistency round
-    (``pass-split-tolerance``, default 0: the protocol's own threshold).
-
-    It raises the Shamir threshold of the node's secrets
-    (:func:`~flmarket_flwr.pass_protocol.graph.secret_threshold`), at the price of fewer neighbours that may drop.
-    In the secure profile it defaults to :data:`PROFILE_SPLIT_TOLERANCE`.
-    """
-    if _secure(context) and not _is_set(context, "pass-split-tolerance"):
-        return PROFILE_SPLIT_TOLERANCE
-    return int(_value(context, "pass-split-tolerance"))
-
-
-def release_ledger_of(context: Context) -> ReleaseLedger | None:
-    """The node's release ledger in the folder named by ``market-ledger-dir`` (``None``: none).
-
-    ``market-min-roster-change`` (default 3) is the smallest group two releases may differ by; the ledger also
-    keeps the node's privacy spends when it has a budget (:func:`privacy_budget_of`). Off by default: a
-    simulation's nodes are not lasting parties, and the operator of each SuperNode chooses where its state lives.
-    """
-    path = _value(context, "market-ledger-dir")
-    budget = privacy_budget_of(context)
-    if not path and _secure(context):
-        path = str(_profile_ledger_dir(context))
+    path = str(value("market-ledger-dir"))
+    if not path and secure and identity_key is not None:
+        path = str(_profile_ledger_dir(identity_key))
     if not path:
-        if budget is not None:
+        if privacy_budget is not None:
             raise ValueError("node-config pass-dp-total-epsilon needs market-ledger-dir, where the spends are kept")
         return None
-    return ReleaseLedger(path, min_roster_change=int(_value(context, "market-min-roster-change")), budget=budget)
+    min_roster_change = int(value("market-min-roster-change"))
+    return ReleaseLedger(path, min_roster_change=min_roster_change, privacy_budget=privacy_budget)
 
 
-def noise_ceiling_of(context: Context) -> float:
-    """The node's own epsilon ceiling (``pass-dp-max-epsilon``; 0: none; the secure profile's epsilon when unset
-    there)."""
-    if _secure(context) and not _is_set(context, "pass-dp-max-epsilon"):
-        return SECURE_PROFILE_EPSILON
-    return float(_value(context, "pass-dp-max-epsilon"))
+def check_noise_ceiling(noise: SkellamNoise | None, ceiling: float) -> SkellamNoise | None:
+    """``noise`` (a run's announced setting), unless it is weaker than a node's ``pass-dp-max-epsilon`` needs.
 
-
-def privacy_budget_of(context: Context) -> PrivacyBudget | None:
-    """The node's total privacy budget (``pass-dp-total-epsilon`` at ``pass-dp-total-delta``; ``None``: none).
-
-    The node's release ledger records each release's noise before its masked input leaves and refuses the release
-    that would take the composed epsilon past the budget (:meth:`~flmarket_flwr.market.ledger.ReleaseLedger.spend`).
-    """
-    epsilon = float(_value(context, "pass-dp-total-epsilon"))
-    if _secure(context) and not _is_set(context, "pass-dp-total-epsilon"):
-        epsilon = SECURE_PROFILE_TOTAL_EPSILON
-    return PrivacyBudget(epsilon, float(_value(context, "pass-dp-total-delta"))) if epsilon > 0 else None
-
-
-def check_noise_ceiling(noise: SkellamNoise | None, context: Context) -> SkellamNoise | None:
-    """``noise`` (a run's announced setting), unless it is weaker than the node's ``pass-dp-max-epsilon`` needs.
-
-    With a ceiling, the node refuses to mask in a run that announces no noise, a larger epsilon, or less noise
-    than its ceiling needs at delta 1e-6 with half the roster honest (a larger delta or honest fraction).
+    With a ceiling (``> 0``), the node refuses to mask in a run that announces no noise, a larger epsilon, or less
+    noise than its ceiling needs at delta 1e-6 with half the roster honest (a larger delta or honest fraction).
 
     Raises
     ------
     ValueError
         Naming ``pass-dp-max-epsilon``, if the noise falls short.
     """
-    ceiling = noise_ceiling_of(context)
     if ceiling > 0:
         floor = SkellamNoise(ceiling)  # the noise the node's ceiling needs: delta 1e-6, half the roster honest
         if (
@@ -524,37 +593,69 @@ def check_noise_ceiling(noise: SkellamNoise | None, context: Context) -> Skellam
     return noise
 
 
-def node_noise_of(context: Context, announced: SkellamNoise | None = None) -> SkellamNoise | None:
-    """The noise this node adds to its counts: the run's ``announced`` setting, checked against its ceiling.
-
-    In the secure profile a run that announces no noise still gets the profile's (epsilon
-    :data:`SECURE_PROFILE_EPSILON`, delta :data:`SECURE_PROFILE_DELTA`): the node adds it itself, whatever the
-    server says; a weaker announcement is refused (:func:`check_noise_ceiling`).
-    The node sizes it for its own ``pass-colluders`` (:func:`colluders_of`; a run may announce more, never
-    fewer): the honest clients' noise alone reaches the epsilon with that many colluders adding none.
-
-    Raises
-    ------
-    ValueError
-        Naming ``pass-dp-max-epsilon``, if the announced noise is weaker than the node's ceiling.
-    """
-    if announced is None and _secure(context):
-        announced = SkellamNoise(SECURE_PROFILE_EPSILON, SECURE_PROFILE_DELTA)
-    noise = check_noise_ceiling(announced, context)
-    colluders = colluders_of(context)
+def _sized_noise(noise: SkellamNoise | None, colluders: int) -> SkellamNoise | None:
+    """``noise`` sized for at least ``colluders`` (a run may announce more, never fewer): the honest clients' noise
+    alone reaches its epsilon with that many colluders adding none."""
     if noise is not None and noise.colluders < colluders:
-        noise = replace(noise, colluders=colluders)
+        return replace(noise, colluders=colluders)
     return noise
 
 
-def _profile_ledger_dir(context: Context) -> Path:
+def _profile_ledger_dir(identity_key: Ed25519PrivateKey) -> Path:
     """``$FLMARKET_HOME/ledger/<first 16 hex of SHA-256 of the identity public key>``: one folder per identity."""
-    key = identity_key_of(context)  # the secure profile requires it: raises without one
-    if key is None:
-        _profile_requires("identity-key")
-    public = key.public_key().public_bytes_raw()
+    public = identity_key.public_key().public_bytes_raw()
     home = Path(os.environ.get(LEDGER_HOME_ENV, "~/.flmarket")).expanduser()
     return home / "ledger" / hashlib.sha256(public).hexdigest()[:16]
+
+
+class _KeyFiles:
+    """The identity keys and directories this process has read, kept by the SHA-256 of each file's content.
+
+    A file is read (and hashed) at every message, parsed and checked only when its content is new: a changed
+    file is read again, an unchanged one costs a read and a hash. :attr:`loads` counts the parses.
+    """
+
+    _MAX_ENTRIES = 256
+
+    def __init__(self) -> None:
+        self._keys: dict[bytes, Ed25519PrivateKey] = {}
+        self._directories: dict[tuple[bytes, bytes | None, bytes | None, bool], IdentityDirectory] = {}
+        self.loads = {"identity-key": 0, "identity-directory": 0}
+
+    def identity_key(self, path: Path) -> Ed25519PrivateKey:
+        """The Ed25519 private key in the PEM file at ``path``."""
+        digest = _content_digest(path)
+        key = self._keys.get(digest)
+        if key is None:
+            key = load_identity_key(path)
+            self.loads["identity-key"] += 1
+            if _content_digest(path) == digest:  # the file did not change while it was parsed
+                self._keep(self._keys, digest, key)
+        return key
+
+    def directory(self, path: Path, digest: bytes | None, signer: bytes | None, unpinned: bool) -> IdentityDirectory:
+        """The directory at ``path``, checked against the pins (:func:`load_directory`)."""
+        cache_key = (_content_digest(path), digest, signer, unpinned)
+        directory = self._directories.get(cache_key)
+        if directory is None:
+            directory = load_directory(path, digest=digest, signer=signer, unpinned=unpinned)
+            self.loads["identity-directory"] += 1
+            if _content_digest(path) == cache_key[0]:
+                self._keep(self._directories, cache_key, directory)
+        return directory
+
+    def _keep(self, cache: dict[Any, Any], key: Any, value: Any) -> None:
+        if len(cache) >= self._MAX_ENTRIES:
+            cache.clear()
+        cache[key] = value
+
+
+def _content_digest(path: Path) -> bytes:
+    return hashlib.sha256(path.read_bytes()).digest()
+
+
+_FILES: Final = _KeyFiles()
+"""This process's identity keys and directories (a SuperNode runs one node; a simulation, many)."""
 
 
 if __name__ == "__main__":

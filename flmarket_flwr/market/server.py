@@ -32,7 +32,6 @@ from flmarket_flwr.market.award import (
     pack_endorsements,
     sign_award,
 )
-from flmarket_flwr.market.client import LABEL_COUNTS_FAILED
 from flmarket_flwr.market.config import MarketConfig, MarketOutcome, PassSession
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.ledger import LedgerError
@@ -59,6 +58,7 @@ from flmarket_flwr.market.messages import (
     KEY_TAG,
     KEY_TRANSCRIPT,
     ReplyError,
+    label_counts_failure,
     read_config,
 )
 from flmarket_flwr.market.pass_rounds import PassResult, PassRounds, sessions_summary
@@ -754,8 +754,9 @@ def _label_count_failures(excluded: Mapping[int, str]) -> str:
     """The clients whose own ``get_label_counts`` raised, grouped by exception ("" if none)."""
     nodes_of: dict[str, list[int]] = {}
     for node, reason in sorted(excluded.items()):
-        if LABEL_COUNTS_FAILED in reason:
-            nodes_of.setdefault(reason[reason.index(LABEL_COUNTS_FAILED) :], []).append(node)
+        cause = label_counts_failure(reason)
+        if cause is not None:
+            nodes_of.setdefault(cause, []).append(node)
     return "; ".join(
         f"the label-count callback failed on {len(nodes)} client(s) {nodes}: {cause}"
         for cause, nodes in nodes_of.items()

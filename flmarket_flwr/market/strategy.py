@@ -28,13 +28,12 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
-from flmarket_flwr.market.client import ERROR_PREFIX, PRIVACY_BUDGET_REFUSED
 from flmarket_flwr.market.config import MarketConfig, MarketOutcome
 from flmarket_flwr.market.delivery import DeliveryLedger
 from flmarket_flwr.market.errors import MarketError
 from flmarket_flwr.market.grid_view import WinnersGrid
 from flmarket_flwr.market.membership import Member
-from flmarket_flwr.market.messages import ACTION_ADVERTISE
+from flmarket_flwr.market.messages import ACTION_ADVERTISE, ERROR_PREFIX, PRIVACY_BUDGET_REFUSED
 from flmarket_flwr.market.relaunch import RELAUNCH_METRIC, Commitment, RelaunchPolicy, budget_left
 from flmarket_flwr.market.server import MarketPhase
 from flmarket_flwr.pass_protocol import IdentityDirectory

@@ -19,14 +19,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
-from flmarket_flwr.app.client_app import (
-    evaluate_local,
-    identity_directory_of,
-    identity_key_of,
-    label_counts,
-    simulated_cost_bid,
-    train,
-)
+from flmarket_flwr.app.client_app import evaluate_local, label_counts, simulated_cost_bid, train
 from flmarket_flwr.market import register_market_handlers
 
 HANG_MARKER_ENV = "FLMARKET_TEST_HANG_MARKER"
@@ -59,12 +52,6 @@ def pad_mask_reply(msg: Message, context: Context, call_next) -> Message:
 
 
 app = ClientApp(mods=[hang_in_mask, pad_mask_reply])
-register_market_handlers(  # as flmarket_flwr.app.client_app.build_client_app does
-    app,
-    get_label_counts=label_counts,
-    bid_policy=simulated_cost_bid,
-    identity_key=identity_key_of,
-    directory=identity_directory_of,
-)
+register_market_handlers(app, label_counts, simulated_cost_bid)  # settings from the node config
 app.train()(train)
 app.evaluate()(evaluate_local)

@@ -1,0 +1,171 @@
+"""The bytes of every market message a node sends, pinned in two deterministic honest markets.
+
+Every source of randomness (``os.urandom``, ``secrets.token_bytes``, X25519 key generation) is replaced by a
+counter-seeded stream, the buyer's key is fixed, and the nodes' replies are hashed per message type in the order
+they arrive: a refactoring of the node side that changes one byte of one reply changes a digest here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from adversary import make_counts
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from flwr.app import Message
+from flwr.common.serde import recorddict_to_proto
+
+from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase
+from flmarket_flwr.pass_protocol import IdentityDirectory, save_identity_key
+from simulations.inprocess_grid import InProcessGrid, market_client_app
+
+SEMI_HONEST_DIGESTS = {
+    "query.market_advertise": "798d32055321615d393f5c4b15d950368eb195b6934ca900fdcb08508c64ea72",
+    "query.market_audit": "27ad7255da922edab3b42d4b64a790c8df06239af0d0afc671b4895836fd4511",
+    "query.market_award": "34209e6b5dfad74fc201f55d91228cb2e1bb8a0f01c3924faaddcc7cd55fab3b",
+    "query.market_bid": "7acbbe39e656dc1eb1d98d466b5ca31e529ce55f6cb331f9f846a2d0ba20b56a",
+    "query.market_endorse": "9286f28b51a619d69744108bf20afa95af13efdfe0ce844f454ddea393caa0fd",
+    "query.market_mask": "48000a64b0a7d68db3e04ead5ba7ee27d235a3843d53f3934c1b543b7e7673f6",
+    "query.market_share": "ebbeeb859c706894d5db489f6f87100213bfc477f999225572f41b2c07b13217",
+    "query.market_unmask": "99a65bf39b9a1c16dc9bbd60604cdd1aedabd26a9abc8148d3147e33375ec429",
+}
+SECURE_PROFILE_DIGESTS = {
+    "query.market_advertise": "6ba1ef5f2aaddaf59f801af73ed76521241549f19f69916b5705d41d7fc58d18",
+    "query.market_audit": "9428752ec6701daa60ba71ed1eef92d79ce0b1e2f7c6e2fc716c27158d629b6d",
+    "query.market_award": "34209e6b5dfad74fc201f55d91228cb2e1bb8a0f01c3924faaddcc7cd55fab3b",
+    "query.market_bid": "510f4f82b812d48193f103eb176a8e84cb664c0641ced7972426ceccfda9a505",
+    "query.market_endorse": "4faa15ead2663e29de0e0531ea1ba32596dfe249fd4ad325769dc687a805504b",
+    "query.market_mask": "174dd231d2c3b07ef95cee359959706de5b43202632d1234a5d2461b2d87e265",
+    "query.market_share": "7dc3cf53121173b52f00010e6bf662752c05770b6f66ba8c3da1581ff807a97f",
+    "query.market_survivors": "198ec7057221af9e0a1d687305721e71b0433ab98d7aae269c2c42108dadd2cd",
+    "query.market_unmask": "e7dfb52d84efedccb0bfad51d0305df04d952819fef24f33db3b81769c9b8aea",
+}
+
+
+def _stream(label: bytes) -> Callable[[int], bytes]:
+    """``n -> n`` bytes of a SHA-256 counter stream: the same bytes in the same order at every run."""
+    counter = iter(range(1 << 62))
+
+    def draw(size: int) -> bytes:
+        out = b""
+        while len(out) < size:
+            out += hashlib.sha256(label + next(counter).to_bytes(8, "big")).digest()
+        return out[:size]
+
+    return draw
+
+
+def _fix_randomness(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every random draw of the market, server and nodes alike, from a fresh fixed stream."""
+    draw = _stream(b"flmarket-wire-pin")
+    monkeypatch.setattr(os, "urandom", draw)
+    monkeypatch.setattr(secrets, "token_bytes", lambda size=32: draw(size))
+    monkeypatch.setattr(
+        X25519PrivateKey, "generate", classmethod(lambda cls: X25519PrivateKey.from_private_bytes(draw(32)))
+    )
+
+
+def _reply_digests(
+    monkeypatch: pytest.MonkeyPatch, run: Callable[[Callable[[Message, Message], Message]], None]
+) -> dict[str, str]:
+    """SHA-256 per message type over the content bytes of every node reply, in the order the nodes sent them, in a
+    market whose every random draw comes from a fixed stream.
+
+    The market runs once first on real randomness, so that whatever draws once per process (a lazy import, a
+    first use) has drawn before the stream starts: the pinned run then draws the same bytes in any test order.
+    """
+    run(lambda instruction, reply: reply)
+    _fix_randomness(monkeypatch)
+    hashes: dict[str, Any] = defaultdict(hashlib.sha256)
+
+    def record(instruction: Message, reply: Message) -> Message:
+        kind = instruction.metadata.message_type
+        body = (
+            recorddict_to_proto(reply.content).SerializeToString(deterministic=True)
+            if reply.has_content()
+            else reply.error.reason.encode()
+        )
+        hashes[kind].update(instruction.metadata.dst_node_id.to_bytes(8, "big") + len(body).to_bytes(8, "big") + body)
+        return reply
+
+    run(record)
+    return {kind: digest.hexdigest() for kind, digest in sorted(hashes.items())}
+
+
+def _buyer_key() -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.from_private_bytes(hashlib.sha256(b"buyer").digest())
+
+
+def test_the_replies_of_an_honest_semi_honest_market_keep_their_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    counts = make_counts(6, seed=41)
+
+    def run(hook: Callable[[Message, Message], Message]) -> None:
+        grid = InProcessGrid(market_client_app(counts, CostBasedBid(0.01)), list(counts), reply_hook=hook)
+        config = MarketConfig(budget=100.0, num_classes=10, poll_interval=0.001, buyer_key=_buyer_key())
+        assert MarketPhase(config).run(grid).status == "succeeded"
+
+    assert _reply_digests(monkeypatch, run) == SEMI_HONEST_DIGESTS
+
+
+def test_the_replies_of_an_honest_market_in_the_secure_profile_keep_their_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLMARKET_HOME", str(tmp_path / "home"))
+    counts = make_counts(6, seed=42)
+    nodes = sorted(counts)
+    publics = {}
+    for node in nodes:
+        private = Ed25519PrivateKey.from_private_bytes(hashlib.sha256(b"node-%d" % node).digest())
+        save_identity_key(private, tmp_path / f"node-{node}.pem")
+        publics[node] = private.public_key().public_bytes_raw()
+    directory = IdentityDirectory(publics)
+    (tmp_path / "directory.json").write_text(directory.to_json())
+    configs = {
+        node: {
+            "market-security": "malicious",
+            "identity-key": str(tmp_path / f"node-{node}.pem"),
+            "identity-directory": str(tmp_path / "directory.json"),
+            "identity-directory-digest": directory.digest().hex(),
+        }
+        for node in nodes
+    }
+
+    def run(hook: Callable[[Message, Message], Message]) -> None:
+        app = market_client_app(counts, CostBasedBid(0.01))
+        grid = InProcessGrid(app, nodes, node_configs=configs, reply_hook=hook)
+        config = MarketConfig(
+            budget=100.0,
+            num_classes=10,
+            poll_interval=0.001,
+            timeout_per_node=0.0,
+            buyer_key=_buyer_key(),
+            directory=directory,
+            security="malicious",
+        )
+        assert MarketPhase(config).run(grid).status == "succeeded"
+
+    assert _reply_digests(monkeypatch, run) == SECURE_PROFILE_DIGESTS
+
+
+def test_the_pin_is_deterministic(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same market twice under the same stream gives the same bytes (so the digests above can pin them)."""
+    counts = {node: np.asarray(value) for node, value in make_counts(4, seed=43).items()}
+
+    def digests() -> dict[str, str]:
+        def run(hook: Callable[[Message, Message], Message]) -> None:
+            grid = InProcessGrid(market_client_app(counts, CostBasedBid(0.01)), list(counts), reply_hook=hook)
+            MarketPhase(MarketConfig(budget=100.0, num_classes=10, poll_interval=0.001, buyer_key=_buyer_key())).run(
+                grid
+            )
+
+        return _reply_digests(monkeypatch, run)
+
+    assert digests() == digests()
