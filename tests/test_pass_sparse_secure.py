@@ -178,3 +178,214 @@ def test_an_honest_session_sums_exactly_over_the_survivors(size: int, drops: dic
     assert np.array_equal(total, run.expected())
     for u, out in run.server.state.graph.items():
         assert len(out) == k and u not in out
+
+
+# The buyer's hand ------------------------------------------------------------
+
+View = tuple[list[int], list[int]]
+
+
+def relay(run: SparseSession, u: int, out: tuple[int, ...], draws: dict[int, tuple[tuple[int, ...], bytes]]) -> dict:
+    """The share-keys request the buyer builds for ``u`` from any draws it likes (``draws``: the in-neighbours')."""
+    adverts = run.server.state.adverts
+    union = sorted(set(out) | set(draws))
+    return SparseShareKeysRequest(
+        out_neighbours=list(out),
+        neighbours=union,
+        neighbour_node_ids=[run.nodes[v - 1] for v in union],
+        cipher_public_keys=[adverts[v].cipher_public_key for v in union],
+        mask_public_keys=[adverts[v].mask_public_key for v in union],
+        signatures=[adverts[v].signature for v in union],
+        cipher_key_proofs=[adverts[v].cipher_key_proof for v in union],
+        in_neighbours=sorted(draws),
+        in_draws=[pack_indices(draws[v][0]) for v in sorted(draws)],
+        in_draw_signatures=[draws[v][1] for v in sorted(draws)],
+    ).to_record()
+
+
+def binding(run: SparseSession, participants: list[int], session: bytes = b"sparse-1") -> SessionBinding:
+    return SessionBinding(RUN_ID, session, run.server.state.roster, roster_digest(session, participants))
+
+
+@dataclasses.dataclass
+class Unmasked:
+    """What the buyer holds after playing the consistency and unmask rounds by hand."""
+
+    replies: dict[int, dict[str, Any]]
+    refused: dict[int, str]
+
+    def shares(self, victim: int, kind: str) -> list[tuple[int, bytes]]:
+        """The shares of ``victim``'s self-mask seed (``"b"``) or mask key (``"s"``) the buyer received."""
+        indices, shares = ("survivor_indices", "survivor_shares") if kind == "b" else ("dropped_indices", "dropped_shares")
+        return [
+            (j, reply[shares][reply[indices].index(victim)])
+            for j, reply in sorted(self.replies.items())
+            if victim in reply[indices]
+        ]
+
+
+def play_views(run: SparseSession, masked: dict[int, dict[str, Any]], views: dict[int, View]) -> Unmasked:
+    """Show each client its view, collect its signature, then hand it every signature of an out-neighbour shown the
+    same view and every surviving dealer's signed masked-with list (more than the rules let the buyer give)."""
+    signatures = {}
+    for i, (alive, gone) in sorted(views.items()):
+        request = ConsistencyRequest(indices_to_bitmap(alive), indices_to_bitmap(gone)).to_record()
+        reply = run.call(i, "sign_survivors", request, run.key(i))
+        if reply is not None:
+            signatures[i] = reply["signature"]
+    graph, ins = run.server.state.graph, run.server.state.in_graph
+    before = dict(run.refused)
+    replies = {}
+    for u, (alive, gone) in sorted(views.items()):
+        if u not in signatures:
+            continue
+        signers = [v for v in graph[u] if v in signatures and views[v] == views[u]]
+        dealers = [v for v in ins[u] if v in masked and masked[v]["masked_counts"] and v in alive]
+        request = SparseUnmaskRequest(
+            indices_to_bitmap(alive),
+            indices_to_bitmap(gone),
+            signers,
+            [signatures[v] for v in signers],
+            dealers,
+            [pack_indices(masked[v]["masked_with"]) for v in dealers],
+            [masked[v]["masked_with_signature"] for v in dealers],
+        ).to_record()
+        reply = run.call(u, "unmask", request)
+        if reply is not None:
+            replies[u] = reply
+    refused = {i: why for i, why in run.refused.items() if before.get(i) != why}
+    return Unmasked(replies, refused)
+
+
+def to_masking(run: SparseSession, drops: dict[str, tuple[int, ...]] | None = None) -> dict[int, Any]:
+    """An honest session up to the mask requests."""
+    drops = drops or {}
+    requests = run.advertise()
+    requests = run.draw(requests, drops.get("draw", ()))
+    return run.share(requests, drops.get("share", ()))
+
+
+def masked_inputs(run: SparseSession, requests: dict[int, Any], tamper=None) -> dict[int, dict[str, Any]]:
+    """Every client's masked input, the buyer keeping them rather than handing them to the server's checks."""
+    tamper = tamper or {}
+    replies = {}
+    for i, request in sorted(requests.items()):
+        record = tamper.get(i, lambda r: r)(request.to_record())
+        reply = run.call(i, "mask_input", record, run.key(i))
+        if reply is not None:
+            replies[i] = reply
+    return replies
+
+
+# Rule 1: placement, settings and (k, t) ----------------------------------------
+
+
+def test_the_buyer_cannot_place_a_victim_an_altered_or_forged_draw_is_refused() -> None:
+    """The draw request carries no neighbour: the buyer's only hand is the relay. An out-neighbour list rewritten to
+    seat the victim among chosen clients, a draw altered in flight, or one signed by another key, is refused: by the
+    server's own check, by the victim (before it deals a share), and by the drawer (its own draw echoed otherwise)."""
+    run = SparseSession(30)
+    requests = run.advertise()
+    assert set(DrawRequest.from_record(requests[1].to_record()).to_record()) == {"participants", "degree", "threshold"}
+    replies = {i: run.call(i, "draw", r.to_record(), run.key(i)) for i, r in requests.items()}
+    victim, drawer = 1, 2
+    out = tuple(replies[drawer]["out_neighbours"])
+    if victim in out:  # make the altered draw name the victim where the honest one did not
+        drawer = next(d for d in range(3, 31) if victim not in replies[d]["out_neighbours"])
+        out = tuple(replies[drawer]["out_neighbours"])
+    altered = tuple(sorted((set(out) - {out[0]}) | {victim}))
+    forged_key = identity(9999)
+    forged = binding(run, list(range(1, 31))).sign_draw(forged_key, drawer, altered, len(out), run.settings.parameters(30).threshold)
+    honest = run.server.receive_draws(
+        {**replies, drawer: OutNeighbourDraw(list(altered), replies[drawer]["signature"]).to_record()}
+    )
+    assert drawer not in honest and "draw refused" in run.server.excluded[drawer]  # the server's own check
+    k, t = run.server.parameters.degree, run.server.parameters.threshold  # type: ignore[union-attr]
+    draws = {v: (tuple(r["out_neighbours"]), r["signature"]) for v, r in replies.items() if victim in r["out_neighbours"]}
+    victim_out = tuple(replies[victim]["out_neighbours"])
+    for signature in (replies[drawer]["signature"], forged):
+        state = dict(run.states[victim])
+        reply = run.call(victim, "share_keys", relay(run, victim, victim_out, {**draws, drawer: (altered, signature)}), run.directory, run.key(victim))
+        assert reply is None and f"in-neighbour {drawer} refused" in run.refused[victim]
+        run.states[victim] = state  # the victim, as it was: it dealt nothing
+    colluders = tuple(range(2, 2 + k))  # seat the victim's shares with clients of the buyer's choosing
+    state = dict(run.states[victim])
+    assert run.call(victim, "share_keys", relay(run, victim, colluders, draws), run.directory, run.key(victim)) is None
+    assert "not the ones this client drew" in run.refused[victim]
+    run.states[victim] = state
+    reply = run.call(victim, "share_keys", relay(run, victim, victim_out, draws), run.directory, run.key(victim))
+    assert reply is not None and reply["receivers"] == list(victim_out) and reply["threshold"] == t  # its own draw
+
+
+def test_weaker_settings_or_another_k_t_are_refused_before_any_key_or_share() -> None:
+    """Settings weaker than the node's own are refused at advertise (no key made); a (k, t) below the finder's, or
+    any other than it, at the draw: no client draws, signs or deals anything."""
+    own = settings_for(30)
+    weaker = {
+        "colluders": dataclasses.replace(own, colluders=own.colluders - 1),
+        "floor": dataclasses.replace(own, roster_floor=own.roster_floor + 1),
+        "dropout": dataclasses.replace(own, dropout_ppm=own.dropout_ppm - 1),
+        "reruns": dataclasses.replace(own, reruns=own.reruns - 1),
+        "bits": dataclasses.replace(own, security_bits=own.security_bits - 1),
+    }
+    for name, session_settings in weaker.items():
+        run = SparseSession(30, own=own)
+        run.server.settings = session_settings
+        with pytest.raises(PassError, match="advertised valid keys"):
+            run.advertise()
+        assert len(run.refused) == 30 and all("weaker than this node's" in why for why in run.refused.values()), name
+        assert all(SparseSecureClient(s).stage == 0 for s in run.states.values())  # nothing made
+    wanted = own.parameters(30)
+    for k, t in ((wanted.degree - 2, wanted.threshold - 1), (wanted.degree, wanted.threshold - 1), (wanted.degree + 1, wanted.threshold)):
+        run = SparseSession(30)
+        requests = run.advertise()
+        low = {i: DrawRequest(r.participants, k, t) for i, r in requests.items()}
+        share_requests = run.draw(low)
+        assert share_requests == {} and len(run.refused) == 30
+        assert all("is not the finder's" in why for why in run.refused.values())
+        assert all(not SparseSecureClient(s).out_neighbours for s in run.states.values())
+
+
+def test_different_u1_or_k_t_shown_to_one_client_is_refused_by_its_holders() -> None:
+    """The buyer shows one client another U1 (same size) or, after stronger settings it accepts, another (k, t): its
+    signed draw carries them, and every out-neighbour it names refuses it before dealing a share."""
+    run = SparseSession(32)
+    run.settings = settings_for(32)
+    run.own = dataclasses.replace(run.settings, roster_floor=30)
+    run.server.settings = run.own
+    requests = run.advertise(drop=(31, 32))  # U1 = 1..30; the buyer shows client 5 U1' = 1..29 + {31}
+    members = list(range(1, 31))
+    replies = {i: run.call(i, "draw", r.to_record(), run.key(i)) for i, r in requests.items() if i != 5}
+    other = [*range(1, 30), 31]
+    shown = DrawRequest(indices_to_bitmap(other), requests[5].degree, requests[5].threshold)
+    client5 = SparseSecureClient(run.states[5], draw=lambda n: 0)  # a draw that happens to avoid the outsider 31
+    replies[5] = client5.draw(shown, run.key(5)).to_record()  # a client cannot tell: its holders can
+    out5 = tuple(replies[5]["out_neighbours"])
+    assert set(out5) <= set(members)
+    holder = out5[0]
+    draws = {v: (tuple(r["out_neighbours"]), r["signature"]) for v, r in replies.items() if holder in r["out_neighbours"]}
+    holder_out = tuple(replies[holder]["out_neighbours"])
+    assert run.call(holder, "share_keys", relay(run, holder, holder_out, draws), run.directory, run.key(holder)) is None
+    assert "in-neighbour 5 refused: out-neighbour draw of client 5 does not verify" in run.refused[holder]
+    # Another (k, t): client 6 accepts stronger settings (one more colluder) and signs the finder's (k', t') for them.
+    stronger = dataclasses.replace(run.own, colluders=run.own.colluders + 1)
+    assert stronger.parameters(30).degree != run.own.parameters(30).degree
+    session = SparseSession(30)
+    session.own = run.own
+    session.server.settings = run.own
+    requests = session.advertise()
+    replies = {i: session.call(i, "draw", r.to_record(), session.key(i)) for i, r in requests.items()}
+    fresh = SparseSecureClient()
+    advert_request = SparseAdvertiseRequest(
+        b"sparse-1", 6, session.nodes[5], NUM_CLASSES, 1000, session.server.state.roster,
+        stronger.colluders, stronger.roster_floor, stronger.dropout_ppm, stronger.reruns, stronger.security_bits,
+    )
+    fresh.advertise(advert_request, session.counts[5], identity_key=session.key(6), settings=session.own, run_id=RUN_ID)
+    wanted = stronger.parameters(30)
+    draw6 = fresh.draw(DrawRequest(indices_to_bitmap(range(1, 31)), wanted.degree, wanted.threshold), session.key(6))
+    holder = draw6.out_neighbours[0]
+    draws = {v: (tuple(r["out_neighbours"]), r["signature"]) for v, r in replies.items() if holder in r["out_neighbours"] and v != 6}
+    draws[6] = (tuple(draw6.out_neighbours), draw6.signature)
+    holder_out = tuple(replies[holder]["out_neighbours"])
+    got = session.call(holder, "share_keys", relay(session, holder, holder_out, draws), session.directory, session.key(holder))
+    assert got is None and "in-neighbour 6 is not 26 members" in session.refused[holder]  # k' = 27 draws
