@@ -22,8 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flmarket_flwr.pass_protocol import messages
-from flmarket_flwr.pass_protocol.channel import rebuild_secret
-from flmarket_flwr.pass_protocol.encoding import PassError, bitmap_to_indices, indices_to_bitmap
+from flmarket_flwr.pass_protocol.encoding import PassError, indices_to_bitmap
 from flmarket_flwr.pass_protocol.graph import roster_digest
 from flmarket_flwr.pass_protocol.identity import IdentityDirectory, public_key_of
 from flmarket_flwr.pass_protocol.messages import (
@@ -31,8 +30,6 @@ from flmarket_flwr.pass_protocol.messages import (
     DrawRequest,
     OutNeighbourDraw,
     SparseAdvertiseRequest,
-    SparseMaskedInput,
-    SparseMaskRequest,
     SparseShareKeysRequest,
     SparseUnmaskRequest,
 )
@@ -216,7 +213,9 @@ class Unmasked:
 
     def shares(self, victim: int, kind: str) -> list[tuple[int, bytes]]:
         """The shares of ``victim``'s self-mask seed (``"b"``) or mask key (``"s"``) the buyer received."""
-        indices, shares = ("survivor_indices", "survivor_shares") if kind == "b" else ("dropped_indices", "dropped_shares")
+        indices, shares = (
+            ("survivor_indices", "survivor_shares") if kind == "b" else ("dropped_indices", "dropped_shares")
+        )
         return [
             (j, reply[shares][reply[indices].index(victim)])
             for j, reply in sorted(self.replies.items())
@@ -227,6 +226,8 @@ class Unmasked:
 def play_views(run: SparseSession, masked: dict[int, dict[str, Any]], views: dict[int, View]) -> Unmasked:
     """Show each client its view, collect its signature, then hand it every signature of an out-neighbour shown the
     same view and every surviving dealer's signed masked-with list (more than the rules let the buyer give)."""
+    for i in views:
+        run.refused.pop(i, None)
     signatures = {}
     for i, (alive, gone) in sorted(views.items()):
         request = ConsistencyRequest(indices_to_bitmap(alive), indices_to_bitmap(gone)).to_record()
@@ -234,7 +235,6 @@ def play_views(run: SparseSession, masked: dict[int, dict[str, Any]], views: dic
         if reply is not None:
             signatures[i] = reply["signature"]
     graph, ins = run.server.state.graph, run.server.state.in_graph
-    before = dict(run.refused)
     replies = {}
     for u, (alive, gone) in sorted(views.items()):
         if u not in signatures:
@@ -253,8 +253,7 @@ def play_views(run: SparseSession, masked: dict[int, dict[str, Any]], views: dic
         reply = run.call(u, "unmask", request)
         if reply is not None:
             replies[u] = reply
-    refused = {i: why for i, why in run.refused.items() if before.get(i) != why}
-    return Unmasked(replies, refused)
+    return Unmasked(replies, {i: run.refused[i] for i in views if i in run.refused})
 
 
 def to_masking(run: SparseSession, drops: dict[str, tuple[int, ...]] | None = None) -> dict[int, Any]:
@@ -295,17 +294,27 @@ def test_the_buyer_cannot_place_a_victim_an_altered_or_forged_draw_is_refused() 
         out = tuple(replies[drawer]["out_neighbours"])
     altered = tuple(sorted((set(out) - {out[0]}) | {victim}))
     forged_key = identity(9999)
-    forged = binding(run, list(range(1, 31))).sign_draw(forged_key, drawer, altered, len(out), run.settings.parameters(30).threshold)
+    forged = binding(run, list(range(1, 31))).sign_draw(
+        forged_key, drawer, altered, len(out), run.settings.parameters(30).threshold
+    )
     honest = run.server.receive_draws(
         {**replies, drawer: OutNeighbourDraw(list(altered), replies[drawer]["signature"]).to_record()}
     )
     assert drawer not in honest and "draw refused" in run.server.excluded[drawer]  # the server's own check
     k, t = run.server.parameters.degree, run.server.parameters.threshold  # type: ignore[union-attr]
-    draws = {v: (tuple(r["out_neighbours"]), r["signature"]) for v, r in replies.items() if victim in r["out_neighbours"]}
+    draws = {
+        v: (tuple(r["out_neighbours"]), r["signature"]) for v, r in replies.items() if victim in r["out_neighbours"]
+    }
     victim_out = tuple(replies[victim]["out_neighbours"])
     for signature in (replies[drawer]["signature"], forged):
         state = dict(run.states[victim])
-        reply = run.call(victim, "share_keys", relay(run, victim, victim_out, {**draws, drawer: (altered, signature)}), run.directory, run.key(victim))
+        reply = run.call(
+            victim,
+            "share_keys",
+            relay(run, victim, victim_out, {**draws, drawer: (altered, signature)}),
+            run.directory,
+            run.key(victim),
+        )
         assert reply is None and f"in-neighbour {drawer} refused" in run.refused[victim]
         run.states[victim] = state  # the victim, as it was: it dealt nothing
     colluders = tuple(range(2, 2 + k))  # seat the victim's shares with clients of the buyer's choosing
@@ -336,7 +345,11 @@ def test_weaker_settings_or_another_k_t_are_refused_before_any_key_or_share() ->
         assert len(run.refused) == 30 and all("weaker than this node's" in why for why in run.refused.values()), name
         assert all(SparseSecureClient(s).stage == 0 for s in run.states.values())  # nothing made
     wanted = own.parameters(30)
-    for k, t in ((wanted.degree - 2, wanted.threshold - 1), (wanted.degree, wanted.threshold - 1), (wanted.degree + 1, wanted.threshold)):
+    for k, t in (
+        (wanted.degree - 2, wanted.threshold - 1),
+        (wanted.degree, wanted.threshold - 1),
+        (wanted.degree + 1, wanted.threshold),
+    ):
         run = SparseSession(30)
         requests = run.advertise()
         low = {i: DrawRequest(r.participants, k, t) for i, r in requests.items()}
@@ -363,7 +376,9 @@ def test_different_u1_or_k_t_shown_to_one_client_is_refused_by_its_holders() -> 
     out5 = tuple(replies[5]["out_neighbours"])
     assert set(out5) <= set(members)
     holder = out5[0]
-    draws = {v: (tuple(r["out_neighbours"]), r["signature"]) for v, r in replies.items() if holder in r["out_neighbours"]}
+    draws = {
+        v: (tuple(r["out_neighbours"]), r["signature"]) for v, r in replies.items() if holder in r["out_neighbours"]
+    }
     holder_out = tuple(replies[holder]["out_neighbours"])
     assert run.call(holder, "share_keys", relay(run, holder, holder_out, draws), run.directory, run.key(holder)) is None
     assert "in-neighbour 5 refused: out-neighbour draw of client 5 does not verify" in run.refused[holder]
@@ -377,15 +392,271 @@ def test_different_u1_or_k_t_shown_to_one_client_is_refused_by_its_holders() -> 
     replies = {i: session.call(i, "draw", r.to_record(), session.key(i)) for i, r in requests.items()}
     fresh = SparseSecureClient()
     advert_request = SparseAdvertiseRequest(
-        b"sparse-1", 6, session.nodes[5], NUM_CLASSES, 1000, session.server.state.roster,
-        stronger.colluders, stronger.roster_floor, stronger.dropout_ppm, stronger.reruns, stronger.security_bits,
+        b"sparse-1",
+        6,
+        session.nodes[5],
+        NUM_CLASSES,
+        1000,
+        session.server.state.roster,
+        stronger.colluders,
+        stronger.roster_floor,
+        stronger.dropout_ppm,
+        stronger.reruns,
+        stronger.security_bits,
     )
     fresh.advertise(advert_request, session.counts[5], identity_key=session.key(6), settings=session.own, run_id=RUN_ID)
     wanted = stronger.parameters(30)
     draw6 = fresh.draw(DrawRequest(indices_to_bitmap(range(1, 31)), wanted.degree, wanted.threshold), session.key(6))
     holder = draw6.out_neighbours[0]
-    draws = {v: (tuple(r["out_neighbours"]), r["signature"]) for v, r in replies.items() if holder in r["out_neighbours"] and v != 6}
+    draws = {
+        v: (tuple(r["out_neighbours"]), r["signature"])
+        for v, r in replies.items()
+        if holder in r["out_neighbours"] and v != 6
+    }
     draws[6] = (tuple(draw6.out_neighbours), draw6.signature)
     holder_out = tuple(replies[holder]["out_neighbours"])
-    got = session.call(holder, "share_keys", relay(session, holder, holder_out, draws), session.directory, session.key(holder))
+    got = session.call(
+        holder, "share_keys", relay(session, holder, holder_out, draws), session.directory, session.key(holder)
+    )
     assert got is None and "in-neighbour 6 is not 26 members" in session.refused[holder]  # k' = 27 draws
+
+
+# Rule 3: the masked-with lists -------------------------------------------------
+
+
+def everyone(run: SparseSession, masked: dict[int, dict[str, Any]]) -> dict[int, View]:
+    """The honest view: every client that sent a masked input survived, the others of U2 dropped."""
+    alive = sorted(i for i, r in masked.items() if r["masked_counts"])
+    gone = sorted(set(run.server.state.u2) - set(alive))
+    return {i: (alive, gone) for i in alive}
+
+
+def test_a_masked_with_list_replayed_from_another_session_is_refused() -> None:
+    """The buyer hands a holder its dealer's signed list from an earlier session (same clients, same keys): the
+    signature binds the session, the run, the roster and U1, so the holder refuses to unmask and reveals nothing."""
+    first = SparseSession(30, session=b"sparse-0")
+    first.run()
+    old_lists = dict(first.server.lists)
+    run = SparseSession(30)
+    masked = masked_inputs(run, to_masking(run))
+    victim = 1
+    holder = run.server.state.graph[victim][0]
+    assert holder in old_lists[victim][0]  # the old list names the holder too: only its binding differs
+    masked[victim] = {
+        **masked[victim],
+        "masked_with": list(old_lists[victim][0]),
+        "masked_with_signature": old_lists[victim][1],
+    }
+    got = play_views(run, masked, everyone(run, masked))
+    assert holder not in got.replies and "masked-with list of dealer 1 refused" in got.refused[holder]
+    assert all(j not in got.replies for j in run.server.state.graph[victim])  # every holder of the victim refuses
+    assert got.shares(victim, "b") == []
+
+
+def test_a_one_sided_edge_gets_no_self_mask_share() -> None:
+    """The buyer tells the victim that holder j never completed key sharing (j is told the victim did): the victim's
+    signed list omits j, so j does not reveal its share of the victim's self-mask seed, while it answers for every
+    dealer whose list names it. Told the other way round (j told the victim never completed), j's own list omits the
+    victim, and j answers no view in which the victim is a survivor or dropped."""
+    run = SparseSession(30)
+    requests = to_masking(run)
+    victim = 1
+    j = run.server.state.graph[victim][0]
+    cut = {victim: lambda r: {**r, "completed": [v for v in r["completed"] if v != j]}}
+    masked = masked_inputs(run, requests, tamper=cut)
+    assert j not in masked[victim]["masked_with"] and victim in masked[j]["masked_with"]
+    got = play_views(run, masked, everyone(run, masked))
+    assert j in got.replies and victim not in got.replies[j]["survivor_indices"]
+    assert len(got.replies[j]["survivor_indices"]) == len(run.server.state.in_graph[j]) - 1  # all the others
+    assert len(got.shares(victim, "b")) == len(run.server.state.graph[victim]) - 1  # every holder but j
+    # The other way round: j is told the victim never completed; it keeps the victim's shares but masked without it.
+    run = SparseSession(30)
+    requests = to_masking(run)
+    j = run.server.state.graph[victim][0]
+    cut = {j: lambda r: {**r, "completed": [v for v in r["completed"] if v != victim]}}
+    masked = masked_inputs(run, requests, tamper=cut)
+    assert victim not in masked[j]["masked_with"]
+    alive, gone = everyone(run, masked)[j]
+    without = [v for v in alive if v != victim]
+    for view in ((alive, gone), (without, sorted([*gone, victim]))):  # the victim a survivor, then dropped
+        saved = dict(run.states[j])
+        got = play_views(run, masked, {j: view})
+        assert j not in got.replies and "do not match the neighbours that completed" in got.refused[j]
+        run.states[j] = saved
+
+
+# Rule 4: one survivor set, signed by t out-neighbours ----------------------------
+
+
+@pytest.mark.parametrize("dropped_side", [2, 15, 27])
+def test_split_survivor_views_never_open_both_secrets_of_a_victim(dropped_side: int) -> None:
+    """The buyer shows the victim and some clients "everyone survived" and the others (``dropped_side`` of them) "the
+    victim dropped", to get its self-mask seed from the first and its mask key from the second. A holder unmasks only
+    with ``t`` signatures of its own out-neighbours on its own set: a side too small for that refuses, and the buyer
+    never holds ``t`` shares of both secrets."""
+    run = SparseSession(30)
+    masked = masked_inputs(run, to_masking(run))
+    victim, t = 1, run.server.parameters.threshold  # type: ignore[union-attr]
+    honest = everyone(run, masked)[victim]
+    split = ([v for v in honest[0] if v != victim], sorted([*honest[1], victim]))
+    others = [i for i in honest[0] if i != victim]
+    side = set(random.Random(dropped_side).sample(others, dropped_side))
+    views = {i: (split if i in side else honest) for i in honest[0]}
+    got = play_views(run, masked, views)
+    b, s = got.shares(victim, "b"), got.shares(victim, "s")
+    assert not (len(b) >= t and len(s) >= t)
+    graph = run.server.state.graph
+    for j in views:  # whoever answered had t out-neighbours shown its own set; whoever lacked them refused
+        same = sum(1 for v in graph[j] if views[v] == views[j])
+        assert (j in got.replies) == (same >= t), (j, same, got.refused.get(j))
+        if same < t:
+            assert "valid out-neighbour signatures" in got.refused[j] or "signers" in got.refused[j]
+    if dropped_side == 2:  # the large side unmasks as usual: the victim's self-mask seed, never its mask key
+        assert len(b) >= t and len(s) == 0
+    if dropped_side == 15:  # two halves: neither side has t signatures, the buyer gets nothing
+        assert got.replies == {}
+
+
+# In-degree and isolation (E = 80, where the graph is sparser) ---------------------
+
+
+def test_an_in_degree_over_the_cap_is_refused_before_any_share() -> None:
+    """Colluders (here every other client, re-signing its draw to name the victim) flood the victim's in-degree: at the
+    finder's cap the victim still deals its shares, one above it it refuses before dealing any."""
+    run = SparseSession(80)
+    requests = run.advertise()
+    replies = {i: run.call(i, "draw", r.to_record(), run.key(i)) for i, r in requests.items()}
+    victim = 1
+    wanted = run.settings.parameters(80)
+    assert wanted.in_degree_cap < 79
+    seal = binding(run, list(range(1, 81)))
+    draws = {}
+    for v, reply in replies.items():
+        out = tuple(reply["out_neighbours"])
+        if v != victim and victim not in out:
+            out = tuple(sorted((set(out) - {out[0]}) | {victim}))
+        draws[v] = (out, seal.sign_draw(run.key(v), v, out, wanted.degree, wanted.threshold))
+    victim_out = tuple(replies[victim]["out_neighbours"])
+    flood = {v: draws[v] for v in sorted(draws) if v != victim}
+    at_cap = dict(list(flood.items())[: wanted.in_degree_cap])
+    saved = dict(run.states[victim])
+    over = run.call(victim, "share_keys", relay(run, victim, victim_out, flood), run.directory, run.key(victim))
+    assert (
+        over is None
+        and f"{len(flood)} in-neighbours, above the in-degree cap {wanted.in_degree_cap}" in run.refused[victim]
+    )
+    run.states[victim] = saved
+    reply = run.call(victim, "share_keys", relay(run, victim, victim_out, at_cap), run.directory, run.key(victim))
+    assert reply is not None and reply["receivers"] == list(victim_out)  # its shares go to its own draw only
+
+
+def test_declaring_every_neighbour_of_a_victim_dropped_gets_no_self_mask_share() -> None:
+    """To read the victim's input alone, the buyer declares all its out- and in-neighbours dropped and shows everyone
+    that one set: its out-neighbours, listed as dropped, refuse; the victim, with fewer than ``t`` out-neighbours
+    alive, refuses; the buyer gets no share of the victim's self-mask seed."""
+    run = SparseSession(80)
+    masked = masked_inputs(run, to_masking(run))
+    victim = 1
+    graph, ins = run.server.state.graph, run.server.state.in_graph
+    around = set(graph[victim]) | set(ins[victim])
+    alive, gone = everyone(run, masked)[victim]
+    assert len(around) < 79  # not everyone: the set has survivors besides the victim
+    isolating = ([v for v in alive if v not in around], sorted(set(gone) | (around & set(alive))))
+    got = play_views(run, masked, {i: isolating for i in alive})
+    assert got.shares(victim, "b") == []
+    assert "out-neighbours survived" in got.refused[victim]
+    assert all("not listed as a survivor" in got.refused[j] for j in graph[victim])
+
+
+# The messages and the pieces -----------------------------------------------------
+
+SPARSE_MESSAGES = (
+    messages.SparseAdvertiseRequest,
+    messages.DrawRequest,
+    messages.OutNeighbourDraw,
+    messages.SparseShareKeysRequest,
+    messages.SparseMaskRequest,
+    messages.SparseMaskedInput,
+    messages.SparseUnmaskRequest,
+)
+VALUES = {
+    "int": st.integers(0, 2**63 - 1),
+    "bytes": st.binary(max_size=80),
+    "list[int]": st.lists(st.integers(0, 2**31), max_size=6),
+    "list[bytes]": st.lists(st.binary(max_size=40), max_size=6),
+}
+
+
+@st.composite
+def sparse_message(draw: st.DrawFn) -> Any:
+    kind = draw(st.sampled_from(SPARSE_MESSAGES))
+    return kind(**{f.name: draw(VALUES[str(f.type)]) for f in dataclasses.fields(kind)})
+
+
+@given(sparse_message())
+@settings(max_examples=300, deadline=None)
+def test_every_sparse_message_round_trips_through_its_record(message: Any) -> None:
+    record = message.to_record()
+    assert type(message).from_record(record) == message
+    assert type(message).coerce(record) == message
+    name = dataclasses.fields(message)[0].name
+    with pytest.raises(PassError, match=name):
+        type(message).from_record({k: v for k, v in record.items() if k != name})
+    with pytest.raises(PassError, match=name):
+        type(message).from_record({**record, name: 1.5})
+
+
+@given(st.sets(st.integers(1, 2**32 - 1), max_size=40))
+def test_packed_index_lists_round_trip_and_refuse_what_is_not_ascending(indices: set[int]) -> None:
+    ordered = sorted(indices)
+    assert unpack_indices(pack_indices(ordered)) == tuple(ordered)
+    if len(ordered) > 1:
+        with pytest.raises(PassError, match="increasing"):
+            unpack_indices(pack_indices(ordered[::-1]))
+    with pytest.raises(PassError, match="whole 4-byte words"):
+        unpack_indices(pack_indices(ordered) + b"\x00")
+
+
+@given(st.integers(3, 60), st.data())
+def test_a_draw_is_k_distinct_others(size: int, data: st.DataObject) -> None:
+    own = data.draw(st.integers(1, size))
+    k = data.draw(st.integers(1, size - 1))
+    rng = random.Random(data.draw(st.integers(0, 2**32)))
+    out = draw_out_neighbours(range(1, size + 1), own, k, rng.randrange)
+    assert len(out) == k == len(set(out)) and own not in out and list(out) == sorted(out)
+    assert set(out) <= set(range(1, size + 1))
+
+
+def test_a_draw_is_uniform_over_the_others() -> None:
+    """Each other participant is drawn with probability k / (n - 1): 20,000 draws of 3 among 9, within 4 sd."""
+    rng = random.Random(7)
+    hits = np.zeros(11, dtype=int)
+    for _ in range(20_000):
+        for v in draw_out_neighbours(range(1, 11), 5, 3, rng.randrange):
+            hits[v] += 1
+    expected, sd = 20_000 * 3 / 9, np.sqrt(20_000 * (3 / 9) * (6 / 9))
+    assert hits[5] == 0 and all(abs(hits[v] - expected) < 4 * sd for v in range(1, 11) if v != 5)
+
+
+def test_settings_name_each_way_they_are_weaker() -> None:
+    own = SparseSecureSettings.of(colluders=5, roster_floor=100, dropout=0.05, reruns=2)
+    assert own.weaker_than(own) == [] and own.dropout_ppm == 50_000
+    stronger = SparseSecureSettings(6, 90, 60_000, 3, 41)
+    assert stronger.weaker_than(own) == []
+    assert len(SparseSecureSettings(4, 101, 49_999, 1, 39).weaker_than(own)) == 5
+    with pytest.raises(PassError, match="dropout_ppm"):
+        SparseSecureSettings(1, 10, 1_000_000, 0)
+    with pytest.raises(PassError, match="colluders"):
+        SparseSecureSettings(-1, 10, 0, 0)
+    with pytest.raises(PassError, match="no sparse secure degree"):
+        own.parameters(50)  # a roster below the floor: the finder refuses it
+
+
+def test_the_mode_is_reachable_only_from_its_own_modules() -> None:
+    """Not wired into the market yet: no module outside the sparse secure ones imports them."""
+    root = __import__("pathlib").Path(__file__).resolve().parents[1] / "flmarket_flwr"
+    own = {"sparse_client.py", "sparse_server.py", "sparse_state.py", "sparse_secure.py"}
+    for path in root.rglob("*.py"):
+        if path.name not in own:
+            imports = [line for line in path.read_text().splitlines() if line.lstrip().startswith(("from ", "import "))]
+            assert not any("sparse_" in line for line in imports), path
