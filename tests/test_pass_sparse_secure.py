@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from flmarket_flwr.pass_protocol import messages
 from flmarket_flwr.pass_protocol.encoding import PassError, indices_to_bitmap
 from flmarket_flwr.pass_protocol.graph import roster_digest
-from flmarket_flwr.pass_protocol.identity import IdentityDirectory, public_key_of
+from flmarket_flwr.pass_protocol.identity import IdentityDirectory, public_key_of, sign_advertisement
 from flmarket_flwr.pass_protocol.messages import (
     ConsistencyRequest,
     DrawRequest,
@@ -285,7 +285,7 @@ def test_the_buyer_cannot_place_a_victim_an_altered_or_forged_draw_is_refused() 
     server's own check, by the victim (before it deals a share), and by the drawer (its own draw echoed otherwise)."""
     run = SparseSession(30)
     requests = run.advertise()
-    assert set(DrawRequest.from_record(requests[1].to_record()).to_record()) == {"participants", "degree", "threshold"}
+    assert set(requests[1].to_record()) == {"participants", "degree", "threshold", "node_ids"}  # no neighbour in it
     replies = {i: run.call(i, "draw", r.to_record(), run.key(i)) for i, r in requests.items()}
     victim, drawer = 1, 2
     out = tuple(replies[drawer]["out_neighbours"])
@@ -326,6 +326,42 @@ def test_the_buyer_cannot_place_a_victim_an_altered_or_forged_draw_is_refused() 
     assert reply is not None and reply["receivers"] == list(victim_out) and reply["threshold"] == t  # its own draw
 
 
+def test_the_buyer_cannot_put_a_colluder_behind_an_index_the_victim_drew() -> None:
+    """The victim draws indices; the buyer relays the keys behind them. A colluder's keys and advert, signed by the
+    colluder for the drawn index, are refused: the roster's node ids came with the draw request, checked against the
+    roster fingerprint the victim signed (and node ids that do not match it are refused at the draw)."""
+    run = SparseSession(30)
+    requests = run.advertise()
+    victim, colluder = 1, 30
+    shuffled = dataclasses.replace(requests[victim], node_ids=run.nodes[::-1])
+    assert run.call(victim, "draw", shuffled.to_record(), run.key(victim)) is None
+    assert "do not match the roster fingerprint" in run.refused[victim]
+    replies = {i: run.call(i, "draw", r.to_record(), run.key(i)) for i, r in requests.items()}
+    victim_out = tuple(replies[victim]["out_neighbours"])
+    slot = next(v for v in victim_out if v != colluder)
+    draws = {
+        v: (tuple(r["out_neighbours"]), r["signature"]) for v, r in replies.items() if victim in r["out_neighbours"]
+    }
+    record = relay(run, victim, victim_out, draws)
+    at = record["neighbours"].index(slot)
+    advert = run.server.state.adverts[colluder]
+    record["neighbour_node_ids"][at] = run.nodes[colluder - 1]
+    record["cipher_public_keys"][at] = advert.cipher_public_key
+    record["mask_public_keys"][at] = advert.mask_public_key
+    record["signatures"][at] = sign_advertisement(
+        run.key(colluder),
+        b"sparse-1",
+        slot,
+        run.nodes[colluder - 1],
+        advert.cipher_public_key,
+        advert.mask_public_key,
+        run_id=RUN_ID,
+        roster=run.server.state.roster,
+    )
+    assert run.call(victim, "share_keys", record, run.directory, run.key(victim)) is None
+    assert "not the one the roster fingerprint puts at its index" in run.refused[victim]
+
+
 def test_weaker_settings_or_another_k_t_are_refused_before_any_key_or_share() -> None:
     """Settings weaker than the node's own are refused at advertise (no key made); a (k, t) below the finder's, or
     any other than it, at the draw: no client draws, signs or deals anything."""
@@ -352,7 +388,7 @@ def test_weaker_settings_or_another_k_t_are_refused_before_any_key_or_share() ->
     ):
         run = SparseSession(30)
         requests = run.advertise()
-        low = {i: DrawRequest(r.participants, k, t) for i, r in requests.items()}
+        low = {i: DrawRequest(r.participants, k, t, r.node_ids) for i, r in requests.items()}
         share_requests = run.draw(low)
         assert share_requests == {} and len(run.refused) == 30
         assert all("is not the finder's" in why for why in run.refused.values())
@@ -370,7 +406,7 @@ def test_different_u1_or_k_t_shown_to_one_client_is_refused_by_its_holders() -> 
     members = list(range(1, 31))
     replies = {i: run.call(i, "draw", r.to_record(), run.key(i)) for i, r in requests.items() if i != 5}
     other = [*range(1, 30), 31]
-    shown = DrawRequest(indices_to_bitmap(other), requests[5].degree, requests[5].threshold)
+    shown = DrawRequest(indices_to_bitmap(other), requests[5].degree, requests[5].threshold, requests[5].node_ids)
     client5 = SparseSecureClient(run.states[5], draw=lambda n: 0)  # a draw that happens to avoid the outsider 31
     replies[5] = client5.draw(shown, run.key(5)).to_record()  # a client cannot tell: its holders can
     out5 = tuple(replies[5]["out_neighbours"])
@@ -406,7 +442,9 @@ def test_different_u1_or_k_t_shown_to_one_client_is_refused_by_its_holders() -> 
     )
     fresh.advertise(advert_request, session.counts[5], identity_key=session.key(6), settings=session.own, run_id=RUN_ID)
     wanted = stronger.parameters(30)
-    draw6 = fresh.draw(DrawRequest(indices_to_bitmap(range(1, 31)), wanted.degree, wanted.threshold), session.key(6))
+    draw6 = fresh.draw(
+        DrawRequest(indices_to_bitmap(range(1, 31)), wanted.degree, wanted.threshold, session.nodes), session.key(6)
+    )
     holder = draw6.out_neighbours[0]
     draws = {
         v: (tuple(r["out_neighbours"]), r["signature"])

@@ -230,12 +230,15 @@ class SparseAdvertiseRequest(_Record):
 
 @dataclass(frozen=True)
 class DrawRequest(_Record):
-    """Sparse secure, server -> client once ``U1`` is fixed: ``U1`` (bitmap) and the session's ``(k, t)``, which
-    the client refuses unless the finder gives exactly them for the settings at ``|U1|``."""
+    """Sparse secure, server -> client once ``U1`` is fixed: ``U1`` (bitmap), the session's ``(k, t)``, which the
+    client refuses unless the finder gives exactly them for the settings at ``|U1|``, and the roster's node ids in
+    PASS-index order, which the client checks against the roster fingerprint it signed: the server cannot then put
+    another node behind an index the client draws."""
 
     participants: bytes
     degree: int
     threshold: int
+    node_ids: list[int]
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from flmarket_flwr.pass_protocol.encoding import (
     counts_commitment,
     in_bitmap,
     pair_digest,
+    roster_fingerprint,
     strictly_increasing,
     survivor_transcript,
 )
@@ -207,6 +208,10 @@ class SparseSecureClient:
             raise PassError(
                 f"this client needs at least {state.min_participants} participants, got {len(participants)}"
             )
+        if roster_fingerprint(state.run_id, state.session, request.node_ids) != state.roster:
+            raise PassError("the roster's node ids do not match the roster fingerprint this client signed")
+        if int(participants[-1]) > len(request.node_ids):
+            raise PassError("U1 names an index beyond the roster")
         wanted = state.settings.parameters(len(participants))
         if (request.degree, request.threshold) != (wanted.degree, wanted.threshold):
             raise PassError(
@@ -219,6 +224,7 @@ class SparseSecureClient:
         self._round = dataclasses.replace(
             state,
             participants=request.participants,
+            roster_node_ids=np.asarray(request.node_ids, dtype=">u8").tobytes(),
             degree=wanted.degree,
             threshold=wanted.threshold,
             in_degree_cap=wanted.in_degree_cap,
@@ -259,6 +265,12 @@ class SparseSecureClient:
             raise PassError(
                 f"{len(request.in_neighbours)} in-neighbours, above the in-degree cap {state.in_degree_cap}: refused"
             )
+        members = bitmap_bits(state.participants)
+        if any(v > members.size or not members[v - 1] or v == state.index for v in request.in_neighbours):
+            raise PassError("the in-neighbours must be other members of U1")
+        roster = np.frombuffer(state.roster_node_ids, dtype=">u8")
+        if any(int(roster[v - 1]) != node for v, node in zip(union, request.neighbour_node_ids, strict=True)):
+            raise PassError("a neighbour's node id is not the one the roster fingerprint puts at its index")
         node_of = dict(zip(request.neighbours, request.neighbour_node_ids, strict=True))
         _check_in_draws(state, request, directory, node_of)
         keys_request = ShareKeysRequest(  # the checks of PassClient's share keys, over every neighbour

@@ -158,7 +158,8 @@ class SparseSecureServer:
         self.state.degree, self.state.threshold = parameters.degree, parameters.threshold
         self.state.participants = indices_to_bitmap(sorted(adverts))
         self._awaiting_draws = True
-        request = DrawRequest(self.state.participants, parameters.degree, parameters.threshold)
+        node_ids = [self.node_of[i] for i in sorted(self.node_of)]
+        request = DrawRequest(self.state.participants, parameters.degree, parameters.threshold, node_ids)
         return {u: request for u in sorted(adverts)}
 
     def receive_draws(

@@ -36,6 +36,8 @@ class SparseAdvertised(Advertised):
     reruns: int
     security_bits: int
     participants: bytes = b""
+    roster_node_ids: bytes = b""
+    """The roster's node ids in PASS-index order (big-endian uint64), checked against the roster fingerprint."""
     degree: int = 0
     threshold: int = 0
     in_degree_cap: int = 0
