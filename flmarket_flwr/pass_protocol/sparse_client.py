@@ -172,9 +172,10 @@ class SparseSecureClient:
         weaker = session_settings.weaker_than(settings)
         if weaker:
             raise PassError(f"the session's settings are weaker than this node's: {'; '.join(weaker)}")
+        # PassClient's advertise makes and signs the keys; there is no server seed in this mode, so the slot of its
+        # graph commitment holds a digest of the settings accepted (kept in the state, never sent).
+        terms = hashlib.sha256(repr(dataclasses.astuple(session_settings)).encode()).digest()
         inner = PassClient()
-        terms = hashlib.sha256(repr(dataclasses.astuple(session_settings)).encode()).digest()  # stands in for a
-        # graph commitment: there is no server seed in this mode
         advert = inner.advertise(
             AdvertiseRequest(
                 request.session,

@@ -144,10 +144,10 @@ def unpack_indices(data: bytes) -> tuple[int, ...]:
     """Inverse of :func:`pack_indices`; ``PassError`` unless whole words, strictly increasing."""
     if len(data) % 4:
         raise PassError("a packed index list must be whole 4-byte words")
-    values = tuple(int(v) for v in np.frombuffer(data, dtype=">u4"))
-    if any(a >= b for a, b in zip(values, values[1:], strict=False)) or (values and values[0] < 1):
+    words = np.frombuffer(data, dtype=">u4").astype(np.int64)
+    if words.size and (words[0] < 1 or bool((np.diff(words) <= 0).any())):
         raise PassError("a packed index list must hold distinct PASS indices in increasing order")
-    return values
+    return tuple(words.tolist())
 
 
 @dataclass(frozen=True)
