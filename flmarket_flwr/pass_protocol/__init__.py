@@ -5,7 +5,8 @@ client's own ``N_e``: secure aggregation with double masking on a sparse graph, 
 keys (:mod:`.identity`) and distributed noise (:mod:`.noise`). :class:`PassClient` and :class:`PassServer` run the
 rounds (:mod:`.client`, :mod:`.server`; their state in :mod:`.client_state` and :mod:`.server_state`) over the
 messages in :mod:`.messages`; what each party can and cannot learn, with the test behind each claim, is in
-docs/threat-model.md.
+docs/threat-model.md. The sparse secure mode (client-drawn out-neighbours, issue 40) is :mod:`.sparse_client` and
+:mod:`.sparse_server` over :mod:`.sparse_secure` and :mod:`.sparse_state`; nothing outside its tests uses it yet.
 """
 
 from flmarket_flwr.pass_protocol.client import PassClient

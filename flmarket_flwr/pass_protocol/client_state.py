@@ -192,19 +192,20 @@ class Closed(RoundState):
 ClientRound = Fresh | Advertised | Shared | Masked | Withdrawn | Unmasked | Closed
 """A client's state at one stage of its session."""
 
-ROUND_OF_STAGE: dict[Stage, type[ClientRound]] = {
+ROUND_OF_STAGE: dict[Stage, type[RoundState]] = {
     state.stage: state for state in (Fresh, Advertised, Shared, Masked, Withdrawn, Unmasked, Closed)
 }
 
 
-def read_state(record: Mapping[str, Any]) -> ClientRound:
+def read_state(record: Mapping[str, Any], rounds: Mapping[Stage, type[RoundState]] = ROUND_OF_STAGE) -> Any:
     """Read a state written by :meth:`RoundState.to_record`; :class:`PassError` naming a key this stage's state
-    does not have, or a mistyped value."""
+    does not have, or a mistyped value. ``rounds`` maps each stage to its state (another mode's, such as
+    :mod:`.sparse_state`'s); by default the :data:`ClientRound` of :class:`~.client.PassClient`."""
     stage = record.get("stage", Stage.NEW)
     if isinstance(stage, bool) or stage not in set(Stage):
         raise PassError(f"the PASS client state's stage {stage!r} is not a stage")
-    kind = ROUND_OF_STAGE[Stage(stage)]
-    types = {item.name: str(item.type) for item in dataclasses.fields(kind)}
+    kind = rounds[Stage(stage)]
+    types = {item.name: str(item.type) for item in dataclasses.fields(kind)}  # type: ignore[arg-type]
     for key in record:
         if key != "stage" and key not in types:
             raise PassError(f"the PASS client state at stage {Stage(stage).name} has no key {key!r}")

@@ -203,3 +203,107 @@ class UnmaskReply(_Record):
     survivor_shares: list[bytes]
     dropped_indices: list[int]
     dropped_shares: list[bytes]
+
+
+# The sparse secure mode (:mod:`.sparse_client`, :mod:`.sparse_server`): its rounds' own messages; the others
+# (Advertisement, ShareKeysReply, ConsistencyRequest / Reply, UnmaskReply) are the ones above.
+
+
+@dataclass(frozen=True)
+class SparseAdvertiseRequest(_Record):
+    """Sparse secure round 1, server -> client ``index``: the terms, the roster fingerprint and the session's
+    settings (:class:`~flmarket_flwr.pass_protocol.sparse_secure.SparseSecureSettings`, which a client refuses if
+    weaker than its own)."""
+
+    session: bytes
+    index: int
+    node_id: int
+    num_classes: int
+    count_bound: int
+    roster: bytes
+    colluders: int
+    roster_floor: int
+    dropout_ppm: int
+    reruns: int
+    security_bits: int
+
+
+@dataclass(frozen=True)
+class DrawRequest(_Record):
+    """Sparse secure, server -> client once ``U1`` is fixed: ``U1`` (bitmap), the session's ``(k, t)``, which the
+    client refuses unless the finder gives exactly them for the settings at ``|U1|``, and the roster's node ids in
+    PASS-index order, which the client checks against the roster fingerprint it signed: the server cannot then put
+    another node behind an index the client draws."""
+
+    participants: bytes
+    degree: int
+    threshold: int
+    node_ids: list[int]
+
+
+@dataclass(frozen=True)
+class OutNeighbourDraw(_Record):
+    """Sparse secure, client -> server: the ``k`` out-neighbours the client drew (ascending), and its Ed25519
+    signature over them, ``(k, t)``, ``U1``'s digest, the roster fingerprint, the session and the run."""
+
+    out_neighbours: list[int]
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class SparseShareKeysRequest(_Record):
+    """Sparse secure round 2, server -> client: its out-neighbours (its draw, echoed), and for every neighbour
+    (out- or in-, ascending in ``neighbours``) its node id, keys, advert signature and proof of possession; then
+    each in-neighbour's signed draw naming this client (``in_draws[i]`` packed
+    :func:`~flmarket_flwr.pass_protocol.sparse_secure.pack_indices`)."""
+
+    out_neighbours: list[int]
+    neighbours: list[int]
+    neighbour_node_ids: list[int]
+    cipher_public_keys: list[bytes]
+    mask_public_keys: list[bytes]
+    signatures: list[bytes]
+    cipher_key_proofs: list[bytes]
+    in_neighbours: list[int]
+    in_draws: list[bytes]
+    in_draw_signatures: list[bytes]
+
+
+@dataclass(frozen=True)
+class SparseMaskRequest(_Record):
+    """Sparse secure round 3, server -> client: the ciphertexts its in-neighbours dealt it (as
+    :class:`MaskRequest`), and ``completed``, its neighbours that completed key sharing (U2, as the server says):
+    the client masks with those."""
+
+    senders: list[int]
+    ciphertexts: list[bytes]
+    share_digests: list[bytes]
+    signatures: list[bytes]
+    completed: list[int]
+
+
+@dataclass(frozen=True)
+class SparseMaskedInput(_Record):
+    """Sparse secure round 3, client -> server: :class:`MaskedInput`'s fields, and the neighbours it masked with
+    (ascending) with its signature on that list (bound to the run, session, roster fingerprint and ``U1``)."""
+
+    masked_counts: bytes
+    counts_commitment: bytes
+    accused: list[int]
+    proofs: list[bytes]
+    masked_with: list[int]
+    masked_with_signature: bytes
+
+
+@dataclass(frozen=True)
+class SparseUnmaskRequest(_Record):
+    """Sparse secure round 4, server -> client: :class:`UnmaskRequest`'s split and its out-neighbours' signatures
+    on it, and for each surviving dealer whose shares it holds, that dealer's signed masked-with list (packed)."""
+
+    survivors: bytes
+    dropped: bytes
+    signers: list[int]
+    signatures: list[bytes]
+    dealers: list[int]
+    dealer_lists: list[bytes]
+    dealer_list_signatures: list[bytes]

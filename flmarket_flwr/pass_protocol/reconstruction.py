@@ -22,11 +22,23 @@ def holders(state: ServerState, dealer: int, alive: set[int]) -> list[int]:
     return [v for v in state.graph[dealer] if v in alive and (v, dealer) not in state.cut]
 
 
+def mask_peers(state: ServerState, dropped: int, alive: set[int]) -> list[int]:
+    """The survivors whose masked inputs carry a mask with ``dropped``: its holders, or in the sparse secure mode
+    its out- and in-neighbours whose signed lists name it."""
+    if not state.in_graph:
+        return holders(state, dropped, alive)
+    around = sorted(set(state.graph.get(dropped, ())) | set(state.in_graph.get(dropped, ())))
+    return [v for v in around if v in alive and dropped in state.masked_with.get(v, ())]
+
+
 def check_recoverable(state: ServerState) -> None:
     """``PassError`` unless ``|U3| >= 3`` and each survivor and dropped client keeps ``t`` surviving neighbours."""
     if len(state.survivors) < MIN_PARTICIPANTS:
         raise PassError(f"only {len(state.survivors)} clients sent masked input, PASS needs {MIN_PARTICIPANTS}")
     alive = set(state.survivors)
+    if state.in_graph:
+        _check_directed(state, alive)
+        return
     for u in state.survivors + state.dropped:
         left = len(holders(state, u, alive))
         if not left and u not in alive and any((v, u) in state.cut for v in state.graph[u]):
@@ -36,6 +48,26 @@ def check_recoverable(state: ServerState) -> None:
                 f"client {u} keeps only {left} surviving neighbours, the threshold is {state.thresholds[u]}: "
                 "its secret cannot be rebuilt, the session stops before any share is requested"
             )
+
+
+def _check_directed(state: ServerState, alive: set[int]) -> None:
+    """:func:`check_recoverable` in the sparse secure mode: the survivors' masks pair up (each edge in both signed
+    lists or in neither), each survivor keeps ``t`` holders whose lists and its own name the edge (only they reveal
+    its self-mask seed), and each dropped client that some survivor masked with keeps ``t`` holders."""
+    for u in state.survivors:
+        one_sided = [v for v in state.masked_with[u] if v in alive and u not in state.masked_with[v]]
+        if one_sided:
+            raise PassError(f"client {u} masked with survivor {one_sided[0]}, which did not mask with it")
+        mutual = [v for v in holders(state, u, alive) if v in state.masked_with[u] and u in state.masked_with[v]]
+        if len(mutual) < state.thresholds[u]:
+            raise PassError(
+                f"client {u} keeps only {len(mutual)} surviving holders that masked with it, the threshold is "
+                f"{state.thresholds[u]}: its self-mask seed cannot be rebuilt"
+            )
+    for d in state.dropped:
+        left = len(holders(state, d, alive))
+        if mask_peers(state, d, alive) and left < state.thresholds[d]:
+            raise PassError(f"client {d} keeps only {left} surviving holders, the threshold is {state.thresholds[d]}")
 
 
 def misdealt_dealer(state: ServerState) -> int | None:
@@ -83,7 +115,7 @@ def unmasked_sum(state: ServerState, session: bytes, num_classes: int) -> npt.ND
         total -= expand_seed(seed, num_classes)
     alive = set(state.survivors)
     for d in state.dropped:
-        kept = holders(state, d, alive)
+        kept = mask_peers(state, d, alive)
         if not kept:  # every surviving neighbour accused it: none masked with it
             continue
         scalar = _rebuild(state, d, state.s_shares.get(d, []), "the mask key")

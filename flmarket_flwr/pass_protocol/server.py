@@ -204,26 +204,10 @@ class PassServer:
     ) -> dict[int, ShareKeysRequest]:
         """Validate the adverts (U1), open the graph seed, and build each client's share-keys request."""
         self._advance(Step.ADVERTISEMENTS, "receive_advertisements")
-        adverts = {i: a for i, r in replies.items() if i in self.state.node_of and (a := self._valid_advert(i, r))}
-        owners: dict[int, list[int]] = {}
-        for i, advert in adverts.items():
-            for key in {montgomery_u(advert.cipher_public_key), montgomery_u(advert.mask_public_key)}:
-                owners.setdefault(key, []).append(i)
-            if montgomery_u(advert.cipher_public_key) == montgomery_u(advert.mask_public_key):
-                owners.setdefault(-1, []).extend([i, i])
-        for clash in (group for group in owners.values() if len(group) > 1):
-            for i in clash:
-                self._exclude(i, "advertisement reuses a public key")
-                adverts.pop(i, None)
-        for i in self.state.node_of:
-            if i not in adverts:
-                self._exclude(i, "no advertisement")
-        participants = sorted(adverts)
-        if len(participants) < MIN_PARTICIPANTS:
-            raise PassError(f"only {len(participants)} clients advertised valid keys, PASS needs {MIN_PARTICIPANTS}")
-        self.state.adverts = adverts
-        self.state.degree = self._degree_for(len(participants))
+        adverts = self._valid_adverts(replies)
+        self.state.degree = self._degree_for(len(adverts))
         self.state.threshold = share_threshold(self.state.degree)
+        participants = sorted(adverts)
         seed = derive_graph_seed(self._server_seed, roster_digest(self.session, participants))
         self.state.graph = mask_graph(seed, participants, self.state.degree)
         requests, roster = {}, indices_to_bitmap(participants)
@@ -242,6 +226,41 @@ class PassServer:
                 cipher_key_proofs=[adverts[v].cipher_key_proof for v in neighbours],
             )
         return requests
+
+    def _valid_adverts(self, replies: Mapping[int, Advertisement | Mapping[str, Any]]) -> dict[int, Advertisement]:
+        """U1: the valid adverts whose keys no other advert reuses (the others excluded, named); kept in the state.
+
+        Raises
+        ------
+        PassError
+            Fewer than :data:`~.primitives.MIN_PARTICIPANTS` remain.
+        """
+        adverts = {i: a for i, r in replies.items() if i in self.state.node_of and (a := self._valid_advert(i, r))}
+        owners: dict[int, list[int]] = {}
+        for i, advert in adverts.items():
+            for key in {montgomery_u(advert.cipher_public_key), montgomery_u(advert.mask_public_key)}:
+                owners.setdefault(key, []).append(i)
+            if montgomery_u(advert.cipher_public_key) == montgomery_u(advert.mask_public_key):
+                owners.setdefault(-1, []).extend([i, i])
+        for clash in (group for group in owners.values() if len(group) > 1):
+            for i in clash:
+                self._exclude(i, "advertisement reuses a public key")
+                adverts.pop(i, None)
+        for i in self.state.node_of:
+            if i not in adverts:
+                self._exclude(i, "no advertisement")
+        participants = sorted(adverts)
+        if len(participants) < MIN_PARTICIPANTS:
+            raise PassError(f"only {len(participants)} clients advertised valid keys, PASS needs {MIN_PARTICIPANTS}")
+        self.state.adverts = adverts
+        return adverts
+
+    def _dealers_of(self, holder: int) -> set[int]:
+        """The clients whose shares ``holder`` may hold: its neighbours, or on the sparse secure mode's directed
+        graph its in-neighbours (:mod:`.sparse_server`)."""
+        if self.state.in_graph:
+            return set(self.state.in_graph.get(holder, ()))
+        return set(self.state.graph[holder])
 
     # Round 2 -----------------------------------------------------------------
     def receive_shares(self, replies: Mapping[int, ShareKeysReply | Mapping[str, Any]]) -> dict[int, MaskRequest]:
@@ -323,7 +342,7 @@ class PassServer:
             ):
                 self._exclude(u, "masked input has the wrong size")
                 continue
-            senders = {v for v in self.state.graph[u] if (v, u) in self.state.ciphertexts}
+            senders = {v for v in self._dealers_of(u) if (v, u) in self.state.ciphertexts}
             if (
                 not strictly_increasing(reply.accused)
                 or not set(reply.accused) <= senders
@@ -548,7 +567,7 @@ class PassServer:
             except PassError as error:
                 self._exclude(v, str(error))
                 continue
-            neighbours = set(self.state.graph[v])
+            neighbours = self._dealers_of(v)
             groups = (
                 (reply.survivor_indices, reply.survivor_shares, alive),
                 (reply.dropped_indices, reply.dropped_shares, gone),

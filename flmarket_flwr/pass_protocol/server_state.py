@@ -56,6 +56,9 @@ class ServerState:
     graph: dict[int, tuple[int, ...]] = field(default_factory=dict)
     degree: int = 0
     threshold: int = 0
+    in_graph: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """The sparse secure mode's directed graph: each participant's in-neighbours (``graph`` holds its
+    out-neighbours, its share holders); empty in the other modes, whose graph is symmetric."""
     # Round 2
     thresholds: dict[int, int] = field(default_factory=dict)
     """Each dealer's own Shamir threshold (its split tolerance may raise it)."""
@@ -68,6 +71,8 @@ class ServerState:
     masked: dict[int, MaskedInput] = field(default_factory=dict)
     accusations: dict[tuple[int, int], bytes] = field(default_factory=dict)
     """(accuser, accused): the accuser's proof, or ``b""``."""
+    masked_with: dict[int, frozenset[int]] = field(default_factory=dict)
+    """The sparse secure mode: the neighbours each client that sent a masked input signed it masked with."""
     culprits: set[int] = field(default_factory=set)
     """Named by a judgement: their masked inputs are not used."""
     wronged: set[int] = field(default_factory=set)
