@@ -4,10 +4,21 @@ benchmarks) importable however pytest is started."""
 import pathlib
 import sys
 
+import pytest
+
 TESTS = pathlib.Path(__file__).resolve().parent
 for folder in (TESTS, TESTS.parent):
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
+
+
+@pytest.fixture
+def ledger_home(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
+    """A fresh ``FLMARKET_HOME`` for the test (the nodes' release ledgers live under it); a module whose in-process
+    nodes keep ledgers uses it with ``pytestmark = pytest.mark.usefixtures("ledger_home")``."""
+    home = tmp_path / "flmarket-home"
+    monkeypatch.setenv("FLMARKET_HOME", str(home))
+    return home
 
 
 # --- The slow tests: one list ----------------------------------------------------------------------
@@ -20,6 +31,7 @@ SLOW_MODULES = {
     "test_app_reproducibility.py",  # two Ray simulations
     "test_deployment.py",  # SuperLink + SuperNodes on loopback
     "test_local_superlink.py",  # docs/usage.md's local SuperLink started by hand
+    "test_federation_deployment.py",  # SuperLink + nine SuperNodes on loopback: churn, include/exclude, every K
     "test_federation_ray.py",  # a re-launching market on Ray: 34 s at load 8-12 (2026-11-27)
     "test_market_simulation.py",  # Ray
     "test_report_archives.py",  # extracts each committed run archive and renders its report (six archives)
@@ -55,8 +67,6 @@ SLOW_TESTS = {
 
 def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
     """Mark the tests listed above ``slow``; a listed name that matches nothing is an error (renamed test)."""
-    import pytest
-
     unmatched = set(SLOW_TESTS)
     for item in items:
         module = item.path.name
