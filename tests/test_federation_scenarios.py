@@ -203,6 +203,33 @@ def test_market_json_keeps_the_trigger_and_the_release_of_a_market_that_failed_a
     assert len(report[1]["global_counts"]) == NUM_CLASSES
     assert report[0]["status"] == "succeeded" and report[0]["reason"] == ""
     assert report[0]["released"] == nodes[:5]
+    # What was bid on the released sum before the market stopped: the one newcomer that bid, as market.json says.
+    assert set(report[1]["bids"]) == set(report[1]["scores"]) == {nodes[8]} and report[1]["bids"][nodes[8]] > 0
+    assert report[1]["payments"] == {} and report[1]["winners"] == []
+    _, files = selection_of(strategy)
+    written = json.loads(json.dumps(files["market.json"], default=str))["markets"][1]
+    assert list(written["bids"]) == [str(nodes[8])] and written["pass_participants"] == nodes[5:]
+
+
+def test_a_market_that_stops_after_its_unmask_request_records_the_sum_as_released() -> None:
+    """Too many withhold their unmask shares: the sum may already be out (some shares were sent), so the failed
+    market's record names every node of the session as a PASS participant, and no bid was asked."""
+    counts = make_counts(5, seed=12)
+    nodes = sorted(counts)
+    withholding = set(nodes[:3])
+
+    def hook(message, reply):  # type: ignore[no-untyped-def]
+        unmask = message.metadata.message_type == "query.market_unmask"
+        return None if unmask and message.metadata.dst_node_id in withholding else reply
+
+    grid = InProcessGrid(training_app(counts), nodes, reply_hook=hook)
+    phase = MarketPhase(market(timeout=0.5))
+    with pytest.raises(MarketError, match="unmask") as caught:
+        phase.run(grid)
+    outcome = caught.value.outcome
+    assert outcome is not None and outcome.status == "failed"
+    assert outcome.pass_participants == phase.released == nodes
+    assert outcome.bids == {} and outcome.scores == {}
 
 
 # --- 3. Exclusion means never messaged ---------------------------------------------------------------------
