@@ -159,7 +159,6 @@ def churn_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "replied": replied,
         "record": json.loads(market_json.read_text()),
         "trained": trained(train_log),
-        "wall_s": time.monotonic() - started,
     }
 
 
