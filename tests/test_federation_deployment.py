@@ -3,12 +3,13 @@
 The default profile (no noise: one PASS release per node per run), ``tests/scenario_app`` (the product's apps, its
 ClientApp behind a mod that holds one train round until the test opens a gate). Five SuperNodes start; the run
 includes one by id (trains at a fixed payment, never bids) and excludes another by id. While round
-:data:`GATED_ROUND` is held, the test kills a winner of the first market (SIGKILL, by PID) and starts three more
-SuperNodes; the churn criterion re-launches the market before the next round among the three newcomers alone (the
-five that released are sent nothing), and its winners train beside the first cohort. The every-K criterion fires
-later, when no connected node can release again: that market is skipped before any message. One deployment serves
-every assertion: the markets, the newcomers' wins, the run's budget (``market.json``), and the messages each
-SuperNode received, counted in its own log (the excluded id: none of any kind). Every process is stopped by PID.
+:data:`GATED_ROUND` is held, the test starts three more SuperNodes, then a winner of the first market crashes
+(SIGKILL, by PID) once its update of that round is uploaded; the churn criterion re-launches the market before the
+next round among the three newcomers alone (the five that released are sent nothing), and its winners train beside
+the first cohort. The every-K criterion fires later, when no connected node can release again: that market is
+skipped before any message. One deployment serves every assertion: the markets, the newcomers' wins, the run's
+budget (``market.json``), and the messages each SuperNode received, counted in its own log (the excluded id: none
+of any kind). Every process is stopped by PID.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ GATED_ROUND = 1
 ROUNDS = 4
 RELAUNCH_EVERY = 2  # the churn market before round 2 comes first; this fires before round 4, nobody left to buy
 BUDGET, INCLUDE_PAYMENT = 2000.0, 50.0
-ROUND_TIMEOUT_S = 90.0  # the round the killed winner misses ends here: the newcomers connect meanwhile
+ROUND_TIMEOUT_S = 90.0  # a round sent to the crashed winner while the SuperLink still lists it ends here
 MARKET_TIMEOUT_S = 60.0
 RUN_TIMEOUT_S = 600
 RECEIVED = "Received successfully"  # Flower's SuperNode logs this line once per message it receives
@@ -99,6 +100,18 @@ class ChurningDeployment(Deployment):
         text = (self.root / f"supernode-{partition_id}.log").read_text(errors="replace")
         return Counter(re.findall(r"Sending: (\S+) message", text))
 
+    def wait_until_sent(
+        self, partition_id: int, message_type: str, run_poll: Callable[[], int | None], timeout_s: float = RUN_TIMEOUT_S
+    ) -> None:
+        """Wait (bounded, while the run lasts) until the SuperNode of ``partition_id`` has uploaded a reply of
+        ``message_type`` (its log: ``Sending: <type> message``, then ``Sent successfully``)."""
+        log = self.root / f"supernode-{partition_id}.log"
+        deadline = time.monotonic() + timeout_s
+        while not _sent_after(log.read_text(errors="replace"), f"Sending: {message_type} "):
+            if run_poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"SuperNode {partition_id} never sent a {message_type} reply\n{self.logs()}")
+            time.sleep(0.2)
+
     def wait_for_files(
         self, names: set[str], run_poll: Callable[[], int | None], timeout_s: float = RUN_TIMEOUT_S
     ) -> None:
@@ -128,7 +141,7 @@ def churn_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             app=SCENARIO_APP,
         )
         market_json = results / "churn" / "market.json"
-        # Round GATED_ROUND is held on every node of the first cohort: kill a winner, start the newcomers.
+        # Round GATED_ROUND is held on every node of the first cohort: the newcomers start, then a winner crashes.
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while not (market_json.is_file() and json.loads(market_json.read_text()).get("status") == "succeeded"):
             if run.poll() is not None or time.monotonic() > deadline:
@@ -137,14 +150,17 @@ def churn_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         first = json.loads(market_json.read_text())
         cohort = [int(node) for node in first["included"]] + [int(node) for node in first["winners"]]
         deployment.wait_for_files({f"held-{node}" for node in cohort}, run.poll)
-        partition_of = {node: partition for partition, node in node_of.items()}
-        killed = next(int(node) for node in first["winners"] if int(node) != node_of[INCLUDED])
-        kill_now(process_tree([deployment.node_pids[partition_of[killed]]]))
         for partition in range(FIRST_NODES, ALL_NODES):
             deployment.start_node(partition)
-        (deployment.gate / "open").write_text("", encoding="utf-8")  # the round ends at its timeout (the killed)
         for partition in range(FIRST_NODES, ALL_NODES):
-            node_of[partition] = deployment.node_id(partition)
+            node_of[partition] = deployment.node_id(partition)  # connected before round 2's re-launch check
+        (deployment.gate / "open").write_text("", encoding="utf-8")
+        # A winner crashes once its round-1 update is uploaded (a kill mid-upload would hold the round for Flower's
+        # object-push session): round 1 aggregates every update, and the crashed node is gone by round 2.
+        partition_of = {node: partition for partition, node in node_of.items()}
+        killed = next(int(node) for node in first["winners"] if int(node) != node_of[INCLUDED])
+        deployment.wait_until_sent(partition_of[killed], "train", run.poll)
+        kill_now(process_tree([deployment.node_pids[partition_of[killed]]]))
         output = deployment.finish(run, timeout_s=RUN_TIMEOUT_S)
         received = {partition: deployment.received(partition) for partition in node_of}
         replied = {partition: deployment.replied(partition) for partition in node_of}
@@ -162,6 +178,12 @@ def churn_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     }
 
 
+def _sent_after(text: str, sending: str) -> bool:
+    """Whether a SuperNode's log ``text`` shows ``sending`` and, after its last occurrence, ``Sent successfully``."""
+    before, found, after = text.rpartition(sending)
+    return bool(found) and "Sent successfully" in after
+
+
 def trained(train_log: Path) -> list[tuple[int, int]]:
     """``(node id, round)`` of every train message the ClientApps logged (the clients' own audit records)."""
     records = [json.loads(path.read_text()) for path in sorted(train_log.glob("run-*/train-*.json"))]
@@ -174,8 +196,8 @@ def nodes(values: object) -> set[int]:
 
 
 def test_churn_relaunches_among_the_newcomers_and_they_win(churn_run: dict[str, Any]) -> None:
-    """The first market runs over the five (one included, one excluded); after a winner is killed and three nodes
-    join, the churn re-launch invites the three alone, the five are sent nothing, and newcomers win and train."""
+    """The first market runs over the five (one included, one excluded); after three nodes join and a winner
+    crashes, the churn re-launch invites the three alone, the five are sent nothing, and newcomers win and train."""
     assert "FLMarket run succeeded" in churn_run["output"], churn_run["output"][-4000:]
     node_of, killed = churn_run["node_of"], churn_run["killed"]
     first_nodes = {node_of[p] for p in range(FIRST_NODES)}
@@ -189,12 +211,12 @@ def test_churn_relaunches_among_the_newcomers_and_they_win(churn_run: dict[str, 
     assert nodes(two["invited"]) == newcomers and nodes(two["pass_participants"]) == newcomers, two
     assert nodes(two["winners"]) and nodes(two["winners"]) <= newcomers  # newcomers win
     assert two["cohort_joined"] and nodes(two["released"]) == newcomers
-    # Who trained which round: the first cohort every round (the killed winner only the held one, never
-    # delivered), the newcomers' winners from the round after their market on.
+    # Who trained which round: the first cohort every round (the crashed winner only the held one), the newcomers'
+    # winners from the round after their market on.
     done = set(churn_run["trained"])
     late = {node for node, server_round in done if server_round > GATED_ROUND}
     assert late == (nodes(one["winners"]) | nodes(one["included"]) | nodes(two["winners"])) - {killed}, done
-    assert not any(node == killed for node, _ in done)
+    assert {server_round for node, server_round in done if node == killed} == {GATED_ROUND}
 
 
 def test_every_k_rounds_a_market_nobody_can_join_is_skipped_and_the_run_stays_within_its_budget(
