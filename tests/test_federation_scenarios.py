@@ -369,6 +369,43 @@ def test_newcomers_are_bought_by_a_market_among_themselves_and_no_node_releases_
     assert selection["selected"] == strategy.cohort
 
 
+def test_a_newcomers_market_asks_only_the_newcomers_for_their_tags() -> None:
+    """A list names a tag: the newcomers' market asks the newcomers for their tags and no one else (the nodes that
+    released sit it out and hear nothing, not even the tags query); a node excluded by its tag hears only that query
+    in each market, and the one excluded by id hears nothing all run."""
+    counts = make_counts(10, seed=13)
+    nodes = sorted(counts)
+    rivals = [nodes[4], nodes[9]]  # one among the first six, one newcomer
+    configs = {node: {"market-tag": "rival" if node in rivals else ""} for node in nodes}
+    grid = InProcessGrid(training_app(counts), nodes, node_configs=configs)
+    grid.connected = nodes[:6]
+    marks: dict[str, int] = {}
+
+    def join() -> None:
+        grid.connected = nodes
+        marks["joined"] = len(grid.sent)
+
+    strategy = FLMarket(
+        ChangingAfterRound(1, join, fraction_evaluate=0.0),
+        market_config=market(num_winners=2, exclude=(nodes[5], "rival")),
+        relaunch=RelaunchPolicy(churn_fraction=0.2),
+    )
+    strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=2, train_config=TRAIN)
+
+    second = strategy.markets[1]
+    assert second.outcome.status == "succeeded" and second.outcome.invited == nodes[6:9]
+    after = Counter(
+        (int(m.metadata.dst_node_id), m.metadata.message_type)
+        for m in grid.sent[marks["joined"] :]
+        if m.metadata.message_type.startswith("query")
+    )
+    assert {node for node, _ in after} == {*nodes[6:], nodes[4]}  # the newcomers, and the rival that never released
+    for rival in rivals:
+        assert [kind for node, kind in after if node == rival] == ["query.market_tags"]
+        assert after[(rival, "query.market_tags")] == 1
+    assert messages_per_node(grid)[nodes[5]] == 0
+
+
 def test_too_few_newcomers_is_known_before_pass_and_nothing_is_sent() -> None:
     counts = make_counts(8, seed=6)
     nodes = sorted(counts)

@@ -323,8 +323,9 @@ class MarketPhase:
         (:attr:`sit_out`).
 
         The included nodes and their fixed payments are kept for the award (the auction's budget is what they
-        leave). A node excluded by id, or sitting out, is sent no message of any kind; when a list names a tag,
-        the other nodes are asked theirs first (:meth:`collect_tags`: a node excluded only by its tag hears this
+        leave). A node excluded by id, or sitting out, is sent no message of any kind (not even the tags query: a
+        node sitting out matches no tag in this market); when a list names a tag, the other nodes are asked theirs
+        first (:meth:`collect_tags`: a node excluded only by its tag hears this
         one query), and silent ones are left out. A list member that matches no connected node is an error at a
         run's first market and is logged in a re-launch (:func:`~flmarket_flwr.market.membership.plan_membership`).
 
@@ -343,10 +344,11 @@ class MarketPhase:
         plan = MembershipPlan(included={}, invited=list(nodes), excluded=[])
         if cfg.include or cfg.exclude:
             by_id = [node for node in nodes if node in cfg.exclude]  # never messaged, not even for its tag
+            silent = [node for node in nodes if node in self.sit_out and node not in by_id]  # nor are these
             tags = None
             if names_a_tag(cfg.include, cfg.exclude):
-                tags = self.collect_tags(grid, [node for node in nodes if node not in by_id])
-            known = list(nodes) if tags is None else sorted([*tags, *by_id])
+                tags = self.collect_tags(grid, [node for node in nodes if node not in by_id and node not in silent])
+            known = list(nodes) if tags is None else sorted([*tags, *by_id, *silent])
             try:
                 plan = plan_membership(known, cfg.include, cfg.exclude, cfg.budget, tags, strict=not self.relaunch)
             except ValueError as err:
