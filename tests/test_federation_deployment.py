@@ -1,11 +1,11 @@
 """A federation that changes, in a real loopback deployment: one ``flwr run`` over SuperLink and SuperNode processes.
 
 The default profile (no noise: one PASS release per node per run), ``tests/scenario_app`` (the product's apps, its
-ClientApp behind a mod that holds one train round until the test opens a gate). Five SuperNodes start; the run
-includes one by id (trains at a fixed payment, never bids) and excludes another by id. While round
+ClientApp behind a mod that holds one train round until the test opens a gate). Six SuperNodes start; the run
+includes one by id (trains at a fixed payment, never bids), excludes another by id and a third by its tag. While round
 :data:`GATED_ROUND` is held, the test starts three more SuperNodes, then a winner of the first market crashes
 (SIGKILL, by PID) once its update of that round is uploaded; the churn criterion re-launches the market before the
-next round among the three newcomers alone (the five that released are sent nothing), and its winners train beside
+next round among the three newcomers alone (the three that released are sent nothing), and its winners train beside
 the first cohort. The every-K criterion fires later, when no connected node can release again: that market is
 skipped before any message. One deployment serves every assertion: the markets, the newcomers' wins, the run's
 budget (``market.json``), and the messages each SuperNode received, counted in its own log (the excluded id: none
@@ -28,10 +28,10 @@ from test_deployment import BIN_DIR, STARTUP_TIMEOUT_S, Deployment, running
 
 SCENARIO_APP = Path(__file__).resolve().parent / "scenario_app"
 GATE_ENV, GATE_ROUND_ENV = "FLMARKET_TEST_GATE", "FLMARKET_TEST_GATE_ROUND"  # read by the scenario app's mod
-FIRST_NODES = 5  # one included, one excluded: three bid in the first market
+FIRST_NODES = 6  # one included, one excluded by id, one by its tag: three bid in the first market
 JOINING_NODES = 3  # enough for a market of their own (PASS's three-node minimum)
 ALL_NODES = FIRST_NODES + JOINING_NODES
-INCLUDED, EXCLUDED = 0, 4  # partitions of the first five
+INCLUDED, EXCLUDED, TAGGED = 0, 4, 5  # partitions of the first six; TAGGED declares market-tag 'rival'
 GATED_ROUND = 1
 ROUNDS = 4
 RELAUNCH_EVERY = 2  # the churn market before round 2 comes first; this fires before round 4, nobody left to buy
@@ -74,7 +74,8 @@ class ChurningDeployment(Deployment):
                 "--max-wait-time",
                 str(STARTUP_TIMEOUT_S),
                 "--node-config",
-                f"partition-id={partition_id} num-partitions={ALL_NODES}",
+                f"partition-id={partition_id} num-partitions={ALL_NODES}"
+                + (" market-tag='rival'" if partition_id == TAGGED else ""),
             ],
             {**gate, **(env or {})},
         )
@@ -135,7 +136,8 @@ def churn_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         run = deployment.flwr_run(
             f"distribution='d1' budget={BUDGET} num-server-rounds={ROUNDS} local-epochs=1 "
             f"market-include='{node_of[INCLUDED]}' market-include-payment={INCLUDE_PAYMENT} "
-            f"market-exclude='{node_of[EXCLUDED]}' market-relaunch-churn=0.2 market-relaunch-every={RELAUNCH_EVERY} "
+            f"market-exclude='{node_of[EXCLUDED]}, tag:rival' "
+            f"market-relaunch-churn=0.2 market-relaunch-every={RELAUNCH_EVERY} "
             f"round-timeout={ROUND_TIMEOUT_S} market-timeout={MARKET_TIMEOUT_S} market-timeout-per-node=0.0 "
             f"wait-for-nodes-timeout=60.0 results-dir='{results}' run-name='churn' train-log-dir='{train_log}'",
             app=SCENARIO_APP,
@@ -196,8 +198,9 @@ def nodes(values: object) -> set[int]:
 
 
 def test_churn_relaunches_among_the_newcomers_and_they_win(churn_run: dict[str, Any]) -> None:
-    """The first market runs over the five (one included, one excluded); after three nodes join and a winner
-    crashes, the churn re-launch invites the three alone, the five are sent nothing, and newcomers win and train."""
+    """The first market runs over the six (one included, two excluded); after three nodes join and a winner
+    crashes, the churn re-launch invites the three alone, the nodes that released are sent nothing, and newcomers
+    win and train."""
     assert "FLMarket run succeeded" in churn_run["output"], churn_run["output"][-4000:]
     node_of, killed = churn_run["node_of"], churn_run["killed"]
     first_nodes = {node_of[p] for p in range(FIRST_NODES)}
@@ -207,7 +210,7 @@ def test_churn_relaunches_among_the_newcomers_and_they_win(churn_run: dict[str, 
     one, two = markets[0], markets[1]
     assert one["trigger"] == "the first market" and "3 node(s) joined" in two["trigger"], two["trigger"]
     assert nodes(one["included"]) == {node_of[INCLUDED]} and killed in nodes(one["winners"])
-    assert nodes(one["invited"]) == first_nodes - {node_of[INCLUDED], node_of[EXCLUDED]}
+    assert nodes(one["invited"]) == first_nodes - {node_of[INCLUDED], node_of[EXCLUDED], node_of[TAGGED]}
     assert nodes(two["invited"]) == newcomers and nodes(two["pass_participants"]) == newcomers, two
     assert nodes(two["winners"]) and nodes(two["winners"]) <= newcomers  # newcomers win
     assert two["cohort_joined"] and nodes(two["released"]) == newcomers
@@ -241,12 +244,17 @@ def test_every_k_rounds_a_market_nobody_can_join_is_skipped_and_the_run_stays_wi
 
 
 def test_the_excluded_id_receives_no_message_of_any_kind(churn_run: dict[str, Any]) -> None:
-    """Counted in each SuperNode's own log: the excluded id received nothing; the included node trained every
-    round without a market message; every other node received its market's messages."""
-    received, node_of = churn_run["received"], churn_run["node_of"]
+    """Counted in each SuperNode's own log: the excluded id received nothing; the node excluded by its tag only the
+    tags query, once per market; the included node its tag query and its train messages, no PASS and no bid; the
+    nodes that released in the first market nothing of the newcomers' market, not even its tags query."""
+    received, replied, node_of = churn_run["received"], churn_run["replied"], churn_run["node_of"]
     assert received[EXCLUDED] == 0, received
+    assert replied[TAGGED] == Counter({"query.market_tags": 2}) and received[TAGGED] == 2, replied[TAGGED]
     included = node_of[INCLUDED]
     assert sorted(r for node, r in churn_run["trained"] if node == included) == list(range(1, ROUNDS + 1))
-    assert set(churn_run["replied"][INCLUDED]) == {"train"}, churn_run["replied"]  # no PASS, no bid: it trains
-    for partition in set(range(ALL_NODES)) - {INCLUDED, EXCLUDED}:
-        assert received[partition] > 0, received
+    assert replied[INCLUDED] == Counter({"train": ROUNDS, "query.market_tags": 1}), replied[INCLUDED]
+    first = churn_run["record"]["markets"][0]
+    for partition in range(ALL_NODES):
+        if node_of[partition] in nodes(first["invited"]) or partition >= FIRST_NODES:  # one market each
+            assert replied[partition]["query.market_tags"] == 1, (partition, replied[partition])
+            assert replied[partition]["query.market_advertise"] == 1, (partition, replied[partition])

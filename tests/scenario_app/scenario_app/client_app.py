@@ -3,8 +3,8 @@
 A SuperNode started with ``FLMARKET_TEST_GATE=<folder>`` and ``FLMARKET_TEST_GATE_ROUND=<r>`` in its environment
 (the ClientApp processes it spawns inherit both) writes ``<folder>/held-<node id>`` when its train message of round
 ``r`` arrives, then waits until ``<folder>/open`` exists (at most ``HOLD_S``) before training: the test changes the
-federation (kills a held winner, starts new SuperNodes) while the round is held, so the next round's re-launch sees
-the change. Every other message goes to the product's ClientApp as it is.
+federation (starts new SuperNodes) while the round is held, so the next round's re-launch sees the change. Every
+other message goes to the product's ClientApp as it is.
 """
 
 import os
