@@ -31,7 +31,7 @@ SLOW_MODULES = {
     "test_app_reproducibility.py",  # two Ray simulations
     "test_deployment.py",  # SuperLink + SuperNodes on loopback
     "test_local_superlink.py",  # docs/usage.md's local SuperLink started by hand
-    # one flwr run on a loopback SuperLink, 5 + 3 SuperNodes, two markets: 390-498 s at load 5-12 (2026-11-27)
+    # one flwr run on a loopback SuperLink, 6 + 3 SuperNodes, two markets: 390-498 s at load 5-12 (2026-11-27)
     "test_federation_deployment.py",
     "test_federation_ray.py",  # a re-launching market on Ray: 34 s at load 8-12 (2026-11-27)
     "test_market_simulation.py",  # Ray
