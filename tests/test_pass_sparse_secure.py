@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flmarket_flwr.pass_protocol import messages
-from flmarket_flwr.pass_protocol.encoding import PassError, indices_to_bitmap
+from flmarket_flwr.pass_protocol.encoding import PassError, indices_to_bitmap, roster_fingerprint
 from flmarket_flwr.pass_protocol.graph import roster_digest
 from flmarket_flwr.pass_protocol.identity import IdentityDirectory, public_key_of, sign_advertisement
 from flmarket_flwr.pass_protocol.messages import (
@@ -360,6 +360,66 @@ def test_the_buyer_cannot_put_a_colluder_behind_an_index_the_victim_drew() -> No
     )
     assert run.call(victim, "share_keys", record, run.directory, run.key(victim)) is None
     assert "not the one the roster fingerprint puts at its index" in run.refused[victim]
+
+
+def test_one_colluder_in_several_roster_slots_is_refused_at_the_draw() -> None:
+    """The buyer builds the roster: node 999 (a colluder) at indices 38, 39 and 40 would count as three colluders
+    in every draw and three members against each client's floor. Every honest client refuses at the draw, before it
+    names an out-neighbour (red-team finding: distinct node ids, and a client's own at its index)."""
+    size, colluder, slots = 40, 999, (38, 39, 40)
+    run = SparseSession(size)
+    nodes = [colluder if i + 1 in slots else 100 + i for i in range(size)]
+    run.nodes = nodes
+    run.directory = IdentityDirectory({n: public_key_of(identity(n)) for n in set(nodes)})
+    server = run.server
+    server.directory = server.core.directory = run.directory
+    requests = server.core.advertise_requests([100 + i for i in range(size)])  # distinct, then the buyer's roster
+    roster = roster_fingerprint(RUN_ID, b"sparse-1", nodes)
+    server.core.state.node_of = {i + 1: n for i, n in enumerate(nodes)}
+    server.core.state.roster = roster
+    s = run.settings
+    replies = {}
+    for i in requests:
+        request = SparseAdvertiseRequest(
+            b"sparse-1", i, nodes[i - 1], NUM_CLASSES, 1000, roster, s.colluders, s.roster_floor, s.dropout_ppm,
+            s.reruns, s.security_bits,
+        )  # fmt: skip
+        reply = run.call(
+            i, "advertise", request.to_record(), run.counts[i - 1], identity_key=run.key(i), settings=run.own,
+            run_id=RUN_ID,
+        )  # fmt: skip
+        if reply is not None:
+            replies[i] = reply
+    draw_requests = server.receive_advertisements(replies)
+    honest = [i for i in draw_requests if nodes[i - 1] != colluder]
+    assert len(honest) == size - len(slots)
+    draws = {i: run.call(i, "draw", draw_requests[i].to_record(), run.key(i)) for i in honest}
+    assert all(draw is None for draw in draws.values())
+    assert all("holds two roster slots" in run.refused[i] for i in honest)
+
+
+def test_out_of_range_integers_and_index_0_are_refused_cleanly() -> None:
+    """Negative or 2^64-sized node ids and indices are refused by the message parser, and an in-neighbour at index
+    0 by the client, each as a PassError (no OverflowError or struct.error from deeper down)."""
+    run = SparseSession(32)  # a whole number of bitmap bytes: index 0 would wrap round to slot 32, a member
+    draw_requests = run.advertise()
+    victim = next(iter(draw_requests))
+    for bad in (-1, 2**64):
+        record = dict(draw_requests[victim].to_record())
+        record["node_ids"] = [bad, *record["node_ids"][1:]]
+        with pytest.raises(PassError, match=r"in \[0, 2\^64\)"):
+            DrawRequest.coerce(record)
+    share_requests = run.draw(draw_requests)
+    share = dict(share_requests[victim].to_record())  # index 0 would alias the last slot (node_ids[-1])
+    share["in_neighbours"] = [0, *share["in_neighbours"]]
+    share["in_draws"] = [b"", *share["in_draws"]]
+    share["in_draw_signatures"] = [b"", *share["in_draw_signatures"]]
+    share["neighbours"] = [0, *share["neighbours"]]
+    share["neighbour_node_ids"] = [run.nodes[-1], *share["neighbour_node_ids"]]
+    for column in ("cipher_public_keys", "mask_public_keys", "signatures", "cipher_key_proofs"):
+        share[column] = [share[column][0], *share[column]]
+    assert run.call(victim, "share_keys", share, run.directory, run.key(victim)) is None
+    assert "the in-neighbours must be other members of U1" in run.refused[victim]
 
 
 def test_weaker_settings_or_another_k_t_are_refused_before_any_key_or_share() -> None:

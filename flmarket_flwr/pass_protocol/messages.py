@@ -13,14 +13,22 @@ from typing import Any, Self
 
 from flmarket_flwr.pass_protocol.encoding import PassError, indices_to_bitmap
 
+
+def _is_word(value: Any) -> bool:
+    """An ``int`` (not a ``bool``) in ``[0, 2^64)``: every integer a PASS message carries (indices, node ids, counts,
+    settings) is one, and a value outside it is refused here rather than overflowing a ``uint64`` later."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64
+
+
 FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
     "bool": lambda v: isinstance(v, bool),
     "bytes": lambda v: isinstance(v, bytes),
-    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "list[int]": lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
+    "int": _is_word,
+    "list[int]": lambda v: isinstance(v, list) and all(_is_word(x) for x in v),
     "list[bytes]": lambda v: isinstance(v, list) and all(isinstance(x, bytes) for x in v),
 }
-"""Each ``ConfigRecord`` value type a PASS record may hold, by its annotation, and the check of a value against it."""
+"""Each ``ConfigRecord`` value type a PASS record may hold, by its annotation, and the check of a value against it
+(integers: in ``[0, 2^64)``)."""
 
 
 class _Record:
@@ -41,7 +49,8 @@ class _Record:
             value = record[field.name]
             value = list(value) if isinstance(value, tuple) else value
             if not FIELD_CHECKS[str(field.type)](value):
-                raise PassError(f"{cls.__name__}.{field.name} must be {field.type}")
+                kind = " in [0, 2^64)" if "int" in str(field.type) else ""
+                raise PassError(f"{cls.__name__}.{field.name} must be {field.type}{kind}")
             values[field.name] = value
         return cls(**values)
 

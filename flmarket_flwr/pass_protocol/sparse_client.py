@@ -212,6 +212,10 @@ class SparseSecureClient:
             )
         if roster_fingerprint(state.run_id, state.session, request.node_ids) != state.roster:
             raise PassError("the roster's node ids do not match the roster fingerprint this client signed")
+        if len(set(request.node_ids)) != len(request.node_ids):
+            raise PassError("a node id holds two roster slots: one colluder would count as several (refused)")
+        if not 0 < state.index <= len(request.node_ids) or request.node_ids[state.index - 1] != state.node_id:
+            raise PassError(f"the roster does not put this client's node id {state.node_id} at its index {state.index}")
         if int(participants[-1]) > len(request.node_ids):
             raise PassError("U1 names an index beyond the roster")
         wanted = state.settings.parameters(len(participants))
@@ -268,7 +272,7 @@ class SparseSecureClient:
                 f"{len(request.in_neighbours)} in-neighbours, above the in-degree cap {state.in_degree_cap}: refused"
             )
         members = bitmap_bits(state.participants)
-        if any(v > members.size or not members[v - 1] or v == state.index for v in request.in_neighbours):
+        if any(not 0 < v <= members.size or not members[v - 1] or v == state.index for v in request.in_neighbours):
             raise PassError("the in-neighbours must be other members of U1")
         roster = np.frombuffer(state.roster_node_ids, dtype=">u8")
         if any(int(roster[v - 1]) != node for v, node in zip(union, request.neighbour_node_ids, strict=True)):
