@@ -19,7 +19,6 @@ from typing import Any, NoReturn
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import ConfigRecord, Message
-from flwr.app.typing import ConfigRecordValues
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
@@ -43,21 +42,16 @@ from flmarket_flwr.market.messages import (
     ACTION_BID,
     ACTION_ENDORSE,
     ACTION_TAGS,
-    KEY_AWARD,
-    KEY_AWARD_DIGEST,
-    KEY_AWARD_SIGNATURE,
-    KEY_BID_PROOF,
-    KEY_BUDGET,
-    KEY_BUYER_KEY,
-    KEY_COHORT_CAP,
-    KEY_ENDORSEMENT,
-    KEY_ENDORSEMENTS,
-    KEY_GLOBAL_COUNTS,
-    KEY_NUM_CLIENTS,
-    KEY_SESSION,
-    KEY_TAG,
-    KEY_TRANSCRIPT,
+    AdvertiseTerms,
+    AuditRequest,
+    AwardReply,
+    AwardRequest,
+    BidRequest,
+    EndorseReply,
+    EndorseRequest,
     ReplyError,
+    TagsReply,
+    TagsRequest,
     label_counts_failure,
     read_config,
 )
@@ -382,12 +376,9 @@ class MarketPhase:
         """
 
         def read(reply: Message) -> str:
-            tag = read_config(reply).get(KEY_TAG)
-            if not isinstance(tag, str):
-                raise ReplyError(f"'{KEY_TAG}' must be a str")
-            return tag.strip()
+            return TagsReply.from_record(read_config(reply)).tag.strip()
 
-        requests = {node: config_record({}) for node in nodes}
+        requests = {node: config_record(TagsRequest().to_record()) for node in nodes}
         return dict(self.validated(ACTION_TAGS, requests, self.exchange(grid, ACTION_TAGS, requests), read))
 
     def planned_roster(self, nodes: Sequence[int]) -> list[int]:
@@ -452,7 +443,7 @@ class MarketPhase:
         while True:
             self._session = f"{self.config.session_label}/pass/".encode() + secrets.token_bytes(16)
             terms = self.terms
-            announced = {KEY_BUDGET: terms.budget, KEY_COHORT_CAP: terms.cohort_cap, KEY_BUYER_KEY: terms.buyer_key}
+            announced = AdvertiseTerms(terms.budget, terms.cohort_cap, terms.buyer_key)
             rounds = PassRounds(self.config, self, self._session, announced)
             try:
                 result = rounds.run(grid, roster)
@@ -520,12 +511,12 @@ class MarketPhase:
         MarketError
             If ``N_s`` is all zero (no client can score), or most PASS participants failed.
         """
-        record: dict[str, ConfigRecordValues] = {
-            KEY_SESSION: pass_result.session,
-            KEY_GLOBAL_COUNTS: [int(c) for c in pass_result.global_counts],
-            KEY_NUM_CLIENTS: len(pass_result.participants),
-            KEY_TRANSCRIPT: pass_result.transcript,
-        }
+        record = BidRequest(
+            session=pass_result.session,
+            global_counts=[int(c) for c in pass_result.global_counts],
+            num_clients=len(pass_result.participants),
+            transcript=pass_result.transcript,
+        ).to_record()
         # A survivor excluded at the unmask round stays in N_s and E, but is left out of the rest of the market.
         requests = {node: config_record(record) for node in pass_result.participants if not self.is_excluded(node)}
         highest = highest_possible_score(pass_result, self.config.noise_tolerance)
@@ -612,18 +603,18 @@ class MarketPhase:
         """Send the signed award, with each bidder's path in its bids tree, to every bidder; return
         ``{node: endorsement}`` of those that endorse it (with a directory: a valid signature on its digest; without:
         an empty reply or a 64-byte signature). Anything else excludes its sender."""
-        record: dict[str, ConfigRecordValues] = {
-            KEY_SESSION: self._session,
-            KEY_AWARD: signed.encoded,
-            KEY_AWARD_SIGNATURE: signed.signature,
+        requests = {
+            node: config_record(
+                EndorseRequest(self._session, signed.encoded, signed.signature, tree.proof(node)).to_record()
+            )
+            for node in bidders
         }
-        requests = {node: config_record({**record, KEY_BID_PROOF: tree.proof(node)}) for node in bidders}
         replies = self.exchange(grid, ACTION_ENDORSE, requests)
 
         def read(reply: Message, node: int) -> bytes:
-            endorsement = read_config(reply).get(KEY_ENDORSEMENT)
-            if not isinstance(endorsement, bytes) or len(endorsement) not in (0, SIGNATURE_LENGTH):
-                raise ReplyError(f"'{KEY_ENDORSEMENT}' must be empty or a {SIGNATURE_LENGTH}-byte signature")
+            endorsement = EndorseReply.from_record(read_config(reply)).endorsement
+            if len(endorsement) not in (0, SIGNATURE_LENGTH):
+                raise ReplyError(f"the endorsement must be empty or a {SIGNATURE_LENGTH}-byte signature")
             directory = self.config.directory
             if directory is not None:
                 try:
@@ -645,12 +636,12 @@ class MarketPhase:
     ) -> set[int]:
         """Ask each new winner to open its counts commitment against the award and its endorsements; return
         those that hold."""
-        record: dict[str, ConfigRecordValues] = {
-            KEY_SESSION: pass_result.session,
-            KEY_AWARD: signed.encoded,
-            KEY_AWARD_SIGNATURE: signed.signature,
-            KEY_ENDORSEMENTS: pack_endorsements({node: sig for node, sig in endorsements.items() if sig}),
-        }
+        record = AuditRequest(
+            session=pass_result.session,
+            award=signed.encoded,
+            award_signature=signed.signature,
+            endorsements=pack_endorsements({node: sig for node, sig in endorsements.items() if sig}),
+        ).to_record()
         requests = {node: config_record(record) for node in winners}
         replies = self.exchange(grid, ACTION_AUDIT, requests)
 
@@ -666,14 +657,15 @@ class MarketPhase:
     ) -> list[int]:
         """Send every contacted node the final signed award (none if the market aborted; to its ``endorsers``,
         which hold it, only its digest); return the bidders that acknowledge it."""
-        record: dict[str, ConfigRecordValues] = {KEY_SESSION: self._session}
-        held: dict[str, ConfigRecordValues] = dict(record)
+        record = held = AwardRequest(self._session)
         bidders: list[int] = []
         if signed is not None:
-            record.update({KEY_AWARD: signed.encoded, KEY_AWARD_SIGNATURE: signed.signature})
-            held.update({KEY_AWARD_DIGEST: signed.digest, KEY_AWARD_SIGNATURE: signed.signature})
+            record = AwardRequest(self._session, award=signed.encoded, award_signature=signed.signature)
+            held = AwardRequest(self._session, award_digest=signed.digest, award_signature=signed.signature)
             bidders = list(bids)
-        requests = {node: config_record(held if node in endorsers else record) for node in sorted(self._contacted)}
+        requests = {
+            node: config_record((held if node in endorsers else record).to_record()) for node in sorted(self._contacted)
+        }
         if not requests:
             return []
         replies = self.exchange(grid, ACTION_AWARD, requests)
@@ -683,7 +675,7 @@ class MarketPhase:
             try:
                 if reply is None:
                     raise ReplyError("no reply")
-                read_config(reply)
+                AwardReply.from_record(read_config(reply))
             except ReplyError as err:
                 log(WARNING, "Market: node %d did not acknowledge its award (%s)", node, err)
                 continue
