@@ -10,9 +10,9 @@ from flwr.app import ConfigRecord, Message
 from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase, register_market_handlers
-from flmarket_flwr.market.bidding import BidPolicy
-from flmarket_flwr.market.messages import ACTION_BID, ACTIONS, KEY_SCORE, RECORD_KEY, make_content, message_type
-from flmarket_flwr.market.node_config import NodeSettings
+from flmarket_flwr.market.node.bidding import BidPolicy
+from flmarket_flwr.market.node.node_config import NodeSettings
+from flmarket_flwr.market.wire.messages import ACTION_BID, ACTIONS, KEY_SCORE, RECORD_KEY, make_content, message_type
 from flmarket_flwr.pass_protocol import IdentityDirectory, PassServer, generate_identity
 from simulations.inprocess_grid import InProcessGrid, market_client_app
 

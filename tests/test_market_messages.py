@@ -12,8 +12,8 @@ from flwr.proto.recorddict_pb2 import ConfigRecord as ProtoConfigRecord
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flmarket_flwr.market import messages
-from flmarket_flwr.market.messages import (
+from flmarket_flwr.market.wire import messages
+from flmarket_flwr.market.wire.messages import (
     AdvertiseTerms,
     AuditReply,
     AuditRequest,
@@ -29,7 +29,7 @@ from flmarket_flwr.market.messages import (
     TagsReply,
     TagsRequest,
 )
-from flmarket_flwr.market.records import config_record, config_record_from_proto, config_record_to_proto
+from flmarket_flwr.market.wire.records import config_record, config_record_from_proto, config_record_to_proto
 
 _u64 = st.integers(0, 2**63 - 1)
 _floats = st.floats(allow_nan=False, allow_infinity=False)

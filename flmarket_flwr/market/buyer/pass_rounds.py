@@ -16,9 +16,9 @@ from flwr.app import ConfigRecord, Message
 from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
-from flmarket_flwr.market.config import MarketConfig, PassSession
-from flmarket_flwr.market.errors import MarketError
-from flmarket_flwr.market.messages import (
+from flmarket_flwr.market.buyer.config import MarketConfig, PassSession
+from flmarket_flwr.market.buyer.errors import MarketError
+from flmarket_flwr.market.wire.messages import (
     ACTION_ADVERTISE,
     ACTION_MASK,
     ACTION_SHARE,
@@ -30,7 +30,7 @@ from flmarket_flwr.market.messages import (
     RosterWanted,
     read_config,
 )
-from flmarket_flwr.market.records import config_record
+from flmarket_flwr.market.wire.records import config_record
 from flmarket_flwr.pass_protocol import PassError, PassServer
 
 __all__ = ["PassResult", "PassRounds", "sessions_summary"]
@@ -86,7 +86,7 @@ class Messenger(Protocol):
 
 
 class PassRounds:
-    """Run one PASS session over a ``Grid`` for a :class:`~flmarket_flwr.market.server.MarketPhase`.
+    """Run one PASS session over a ``Grid`` for a :class:`~flmarket_flwr.market.buyer.server.MarketPhase`.
 
     Parameters
     ----------
@@ -97,7 +97,7 @@ class PassRounds:
     session : bytes
         A fresh, unpredictable session id.
     terms : AdvertiseTerms, optional
-        The market's terms (budget, cohort cap, buyer key: :mod:`flmarket_flwr.market.award`), sent with
+        The market's terms (budget, cohort cap, buyer key: :mod:`flmarket_flwr.market.wire.award`), sent with
         every advertise request so that they are fixed before any count is summed.
 
     Notes

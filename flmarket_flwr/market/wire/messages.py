@@ -115,7 +115,7 @@ The four PASS steps carry the fields of the :mod:`flmarket_flwr.pass_protocol.me
 names spell those keys for code that crafts or inspects raw records (tests, red-team apps); the records never
 read them, and ``tests/test_market_messages.py`` checks that each names a record's field. :data:`KEY_WON` and
 :data:`KEY_PAYMENT` are not on the wire: with the award and its signature they are the node's receipt in its
-own state (:func:`~flmarket_flwr.market.client.market_award_of`)."""
+own state (:func:`~flmarket_flwr.market.read_award`)."""
 
 KEY_ROSTER_NODE_IDS: Final = "roster-node-ids"
 KEY_ROSTER_WANTED: Final = "roster-wanted"
@@ -136,7 +136,7 @@ KEY_ACCEPTED: Final = "accepted"
 KEY_BUDGET: Final = "terms-budget"
 KEY_COHORT_CAP: Final = "terms-cohort-cap"
 KEY_BUYER_KEY: Final = "terms-buyer-key"
-"""Advertise step: the market's terms (:class:`~flmarket_flwr.market.award.AwardTerms`), fixed before PASS."""
+"""Advertise step: the market's terms (:class:`~flmarket_flwr.market.wire.award.AwardTerms`), fixed before PASS."""
 KEY_AWARD: Final = "award"
 KEY_AWARD_SIGNATURE: Final = "award-signature"
 """Endorse, audit and award steps: the award's canonical encoding and the buyer's signature on it."""
@@ -147,7 +147,7 @@ KEY_BID_PROOF: Final = "bid-proof"
 KEY_ENDORSEMENT: Final = "endorsement"
 KEY_ENDORSEMENTS: Final = "endorsements"
 """Endorse reply: one signature on the award's digest; audit request: all of them, packed
-(:func:`~flmarket_flwr.market.award.pack_endorsements`)."""
+(:func:`~flmarket_flwr.market.wire.award.pack_endorsements`)."""
 
 
 # --- Refusals: the reason of a node's error reply ----------------------------------------------------------------
@@ -254,7 +254,7 @@ def _wire_key(name: str) -> str:
 @dataclass(frozen=True)
 class AdvertiseTerms(_MarketRecord):
     """Advertise step, buyer -> node, beside PASS's advertise request: the market's terms
-    (:class:`~flmarket_flwr.market.award.AwardTerms`), fixed before PASS; a node keeps them in its state."""
+    (:class:`~flmarket_flwr.market.wire.award.AwardTerms`), fixed before PASS; a node keeps them in its state."""
 
     terms_budget: float
     terms_cohort_cap: int
@@ -320,7 +320,7 @@ class EndorseReply(_MarketRecord):
 @dataclass(frozen=True)
 class AuditRequest(_MarketRecord):
     """Audit step, buyer -> winner: the award it endorsed (the winner holds its signature already) and, with a
-    directory, the endorsements it gathered (:func:`~flmarket_flwr.market.award.pack_endorsements`)."""
+    directory, the endorsements it gathered (:func:`~flmarket_flwr.market.wire.award.pack_endorsements`)."""
 
     session: bytes
     award: bytes

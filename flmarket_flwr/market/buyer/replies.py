@@ -7,10 +7,10 @@ import math
 import numpy as np
 from flwr.app import Message
 
-from flmarket_flwr.market.config import MarketConfig
-from flmarket_flwr.market.errors import MarketError
-from flmarket_flwr.market.messages import AuditReply, BidReply, ReplyError, read_config
-from flmarket_flwr.market.pass_rounds import PassResult
+from flmarket_flwr.market.buyer.config import MarketConfig
+from flmarket_flwr.market.buyer.errors import MarketError
+from flmarket_flwr.market.buyer.pass_rounds import PassResult
+from flmarket_flwr.market.wire.messages import AuditReply, BidReply, ReplyError, read_config
 from flmarket_flwr.pass_protocol import counts_commitment
 from flmarket_flwr.pricing import score as compute_score
 from flmarket_flwr.pricing.auction import VALUE_RANGE

@@ -26,7 +26,8 @@ from flwr.common.constant import ErrorCode
 from flwr.supercore import log
 from numpy.typing import NDArray
 
-from flmarket_flwr.market.award import (
+from flmarket_flwr.market.node.bidding import DEFAULT_COST_PER_SAMPLE, BidPolicy, CostBasedBid
+from flmarket_flwr.market.wire.award import (
     Award,
     AwardTerms,
     SignedAward,
@@ -35,9 +36,8 @@ from flmarket_flwr.market.award import (
     count_endorsements,
     unpack_endorsements,
 )
-from flmarket_flwr.market.bidding import DEFAULT_COST_PER_SAMPLE, BidPolicy, CostBasedBid
-from flmarket_flwr.market.ledger import LedgerError, PrivacyBudgetExhausted, ReleaseLedger
-from flmarket_flwr.market.messages import (
+from flmarket_flwr.market.wire.ledger import LedgerError, PrivacyBudgetExhausted, ReleaseLedger
+from flmarket_flwr.market.wire.messages import (
     ACTION_ADVERTISE,
     ACTION_AUDIT,
     ACTION_AWARD,
@@ -73,7 +73,7 @@ from flmarket_flwr.market.messages import (
     make_content,
     refusal_reason,
 )
-from flmarket_flwr.market.records import config_record, set_values
+from flmarket_flwr.market.wire.records import config_record, set_values
 from flmarket_flwr.pass_protocol import PassClient, PassError
 from flmarket_flwr.pass_protocol.encoding import bitmap_bits, bitmap_to_indices, roster_fingerprint
 from flmarket_flwr.pass_protocol.identity import sign_award_endorsement
@@ -81,7 +81,7 @@ from flmarket_flwr.pass_protocol.primitives import validate_counts
 from flmarket_flwr.pricing import score as compute_score
 
 if TYPE_CHECKING:
-    from flmarket_flwr.market.node_config import NodeSettings
+    from flmarket_flwr.market.node.node_config import NodeSettings
 
 __all__ = ["MarketAward", "read_award", "register_market_handlers"]
 
@@ -137,13 +137,13 @@ class MarketAward:
     bid : float or None
         The bid it reported.
     award : bytes or None
-        The buyer-signed award's canonical encoding (:class:`~flmarket_flwr.market.award.Award`), the client's
+        The buyer-signed award's canonical encoding (:class:`~flmarket_flwr.market.wire.award.Award`), the client's
         receipt; ``None`` if the market closed without one.
     signature : bytes or None
         The buyer's Ed25519 signature on ``award``.
     buyer_key : bytes or None
         The buyer's Ed25519 public key (32 bytes) from the terms announced before PASS, which ``signature``
-        verifies under (:meth:`~flmarket_flwr.market.award.SignedAward.verify`).
+        verifies under (:meth:`~flmarket_flwr.market.wire.award.SignedAward.verify`).
     opened : bool
         Whether the client opened its counts to the buyer for this award (the winners' audit).
     """
@@ -202,9 +202,9 @@ def register_market_handlers(
     ``market_tags`` (the node's ``market-tag``, for a buyer that includes or excludes nodes by tag).
 
     At each message the node's settings are read once, from its own node config
-    (:func:`~flmarket_flwr.market.node_config.read_node_settings`; ``python -m flmarket_flwr.market.node_config``
-    lists the keys): a SuperNode started with ``market-security='malicious'`` and its identity material runs the
-    secure profile with no change to the app's code. A node config that cannot work is refused at every message.
+    (:func:`.node_config.read_node_settings`; ``python -m flmarket_flwr.market.node.node_config`` lists the keys):
+    a SuperNode started with ``market-security='malicious'`` and its identity material runs the secure profile
+    with no change to the app's code. A node config that cannot work is refused at every message.
 
     Parameters
     ----------
@@ -219,7 +219,7 @@ def register_market_handlers(
         The client's bid policy; defaults to ``CostBasedBid(DEFAULT_COST_PER_SAMPLE)``.
     settings : Callable[[Context], NodeSettings], optional
         The node's settings at one message, in place of the node config's
-        (:class:`~flmarket_flwr.market.node_config.NodeSettings` lists them and what each guards against): for an
+        (:class:`~flmarket_flwr.market.node.node_config.NodeSettings` lists them and what each guards against): for an
         app that reads something elsewhere, such as the run's announced noise
         (``lambda context: read_node_settings(context, announced_noise=...)``), or a test that hands a node its
         keys (``lambda context: NodeSettings(identity_key=..., directory=...)``).
@@ -236,7 +236,7 @@ def register_market_handlers(
     * its label-count vector ``N_e`` is never sent during PASS (the server gets public keys, encrypted
       shares of other clients' secrets, and ``Y_e``, which is uniform on its own). It opens its counts
       commitment to the buyer once, for the audit of its score, and only as a *winner* of a signed award
-      (:mod:`flmarket_flwr.market.award`): the buyer's terms (the auction's budget, cohort cap, its Ed25519 key;
+      (:mod:`flmarket_flwr.market.wire.award`): the buyer's terms (the auction's budget, cohort cap, its Ed25519 key;
       with ``NodeSettings.buyer_key`` pinned by the node) come with the advertisement, before PASS; after the
       auction the client checks the buyer-signed award (its own score and bid in its bids tree as sent, every bidder it
       names a survivor, the winners and payments those of ``run_auction`` over the auction's decisive head
@@ -254,7 +254,7 @@ def register_market_handlers(
       exception: a market re-launched in the same run after the earlier one closed (``FLMarket``'s ``relaunch``)
       is joined by a client whose release ledger has a privacy budget (the secure profile), each release then
       charged to that privacy budget as below. Two runs are two sums:
-      with a release ledger (:mod:`flmarket_flwr.market.ledger`) the client records the members of
+      with a release ledger (:mod:`flmarket_flwr.market.wire.ledger`) the client records the members of
       every sum it releases, in its own directory, and refuses to unmask for a survivor set that,
       differenced with an earlier one, would isolate fewer than ``min_roster_change`` clients. That rule
       does not stop colluders who leave with a victim; the noise does: before its masked input leaves, the
@@ -277,7 +277,7 @@ def register_market_handlers(
       exception: when the app's own ``label_counts`` callback raises, the reply names that exception (type and
       message), so the server can report the root cause instead of a protocol symptom.
     """
-    from flmarket_flwr.market import node_config  # here, so that `python -m ...node_config` runs it once
+    from flmarket_flwr.market.node import node_config  # here, so that `python -m ...node_config` runs it once
 
     handlers = _MarketHandlers(
         label_counts, bid_policy if bid_policy is not None else CostBasedBid(DEFAULT_COST_PER_SAMPLE)
@@ -544,7 +544,7 @@ class _MarketHandlers:
         """As a winner of the award it endorsed, paid at least its bid, open the counts commitment, once.
 
         With a directory the award must also carry endorsements by a quorum of the session's survivors
-        (:func:`~flmarket_flwr.market.award.binding_quorum`, with this node's ``pass-colluders``): no other award
+        (:func:`~flmarket_flwr.market.wire.award.binding_quorum`, with this node's ``pass-colluders``): no other award
         of the session can have reached it.
         """
         state = _state_record(context)

@@ -1,7 +1,7 @@
 """Server side of the market: PASS, scores and bids, the audited reverse auction and the awards, over a ``Grid``.
 
 :class:`MarketPhase` runs the steps, each a round of Flower ``query`` messages
-(:mod:`flmarket_flwr.market.messages`): PASS for the global counts, bids, the auction and its signed award,
+(:mod:`flmarket_flwr.market.wire.messages`): PASS for the global counts, bids, the auction and its signed award,
 the winners' audit, the final award. A node whose reply is missing, an error or malformed is excluded with a
 logged reason; what cannot be recovered stops the phase with :class:`MarketError`. The steps are listed in
 :class:`MarketPhase`; the threat model is in docs/threat-model.md.
@@ -22,7 +22,13 @@ from flwr.app import ConfigRecord, Message
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from flmarket_flwr.market.award import (
+from flmarket_flwr.market.buyer.config import MarketConfig, MarketOutcome, PassSession
+from flmarket_flwr.market.buyer.errors import MarketError
+from flmarket_flwr.market.buyer.membership import MembershipPlan, auction_budget, names_a_tag, plan_membership
+from flmarket_flwr.market.buyer.pass_rounds import PassResult, PassRounds, sessions_summary
+from flmarket_flwr.market.buyer.replies import check_opening, highest_possible_score, read_score_and_bid
+from flmarket_flwr.market.buyer.transport import exchange
+from flmarket_flwr.market.wire.award import (
     Award,
     AwardTerms,
     BidsTree,
@@ -31,11 +37,8 @@ from flmarket_flwr.market.award import (
     pack_endorsements,
     sign_award,
 )
-from flmarket_flwr.market.config import MarketConfig, MarketOutcome, PassSession
-from flmarket_flwr.market.errors import MarketError
-from flmarket_flwr.market.ledger import LedgerError
-from flmarket_flwr.market.membership import MembershipPlan, auction_budget, names_a_tag, plan_membership
-from flmarket_flwr.market.messages import (
+from flmarket_flwr.market.wire.ledger import LedgerError
+from flmarket_flwr.market.wire.messages import (
     ACTION_ADVERTISE,
     ACTION_AUDIT,
     ACTION_AWARD,
@@ -55,10 +58,7 @@ from flmarket_flwr.market.messages import (
     label_counts_failure,
     read_config,
 )
-from flmarket_flwr.market.pass_rounds import PassResult, PassRounds, sessions_summary
-from flmarket_flwr.market.records import config_record
-from flmarket_flwr.market.replies import check_opening, highest_possible_score, read_score_and_bid
-from flmarket_flwr.market.transport import exchange
+from flmarket_flwr.market.wire.records import config_record
 from flmarket_flwr.nodes import wait_for_nodes
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS
 from flmarket_flwr.pass_protocol.identity import SIGNATURE_LENGTH, verify_award_endorsement
@@ -93,12 +93,12 @@ class MarketPhase:
 
     Notes
     -----
-    Steps (each a round of Flower ``query`` messages, see :mod:`flmarket_flwr.market.messages`):
+    Steps (each a round of Flower ``query`` messages, see :mod:`flmarket_flwr.market.wire.messages`):
 
     1. Wait for the nodes (bounded), set aside the buyer's included and excluded nodes (:meth:`MarketPhase.admitted`;
        by tag, after asking every node its ``market-tag``), leave out those a ``roster_history`` says would make the
        clients' release ledgers refuse (:meth:`MarketPhase.planned_roster`), and run PASS over the rest
-       (:mod:`flmarket_flwr.market.pass_rounds`): the server learns the global counts ``N_s`` and each
+       (:mod:`flmarket_flwr.market.buyer.pass_rounds`): the server learns the global counts ``N_s`` and each
        survivor's commitment to its counts, once. A session that fails closed before any unmask request is
        run again without the clients it named (``pass_reruns`` times at most: ``c`` re-runs outlast ``c``
        deviating clients taking turns, while the nodes' roster floors and budgets allow); one that fails later
@@ -107,7 +107,7 @@ class MarketPhase:
        bid (``query.market_bid``). The market aborts if most PASS participants fail this step.
     3. Run the auction (:func:`flmarket_flwr.pricing.run_auction`, the product's one selection rule:
        the total payment is within the budget in every mode) and sign its award with the buyer key
-       (:mod:`flmarket_flwr.market.award`; the terms, budget, cohort cap and key, went out with the PASS
+       (:mod:`flmarket_flwr.market.wire.award`; the terms, budget, cohort cap and key, went out with the PASS
        advertisement): one award per PASS session, never re-issued. Every bidder checks and endorses it
        (``query.market_endorse``); every winner that endorsed it then opens its counts commitment to the buyer
        against the award and the endorsements (``query.market_audit``). A winner that does not endorse, or whose
@@ -123,7 +123,7 @@ class MarketPhase:
     :attr:`MarketOutcome.excluded`; what cannot be recovered, or a thin market (fewer than ``min_participation`` of
     the invited nodes left as bidders; known at PASS's first round, before any sum, when too few accept the
     invitation), stops the phase with :class:`MarketError`, whose ``outcome`` records it.
-    The threat model is in docs/threat-model.md and in :mod:`flmarket_flwr.market.pass_rounds`.
+    The threat model is in docs/threat-model.md and in :mod:`flmarket_flwr.market.buyer.pass_rounds`.
     """
 
     def __init__(
@@ -137,7 +137,7 @@ class MarketPhase:
         sent no market message, its reason kept in :attr:`MarketOutcome.excluded`."""
         self.relaunch = relaunch
         """A re-launch within a run: members of the include or exclude list that match no connected node are
-        logged and skipped, not an error (:func:`~flmarket_flwr.market.membership.plan_membership`)."""
+        logged and skipped, not an error (:func:`~flmarket_flwr.market.buyer.membership.plan_membership`)."""
         self._thin = False
         self.released: list[int] = []
         """Node ids whose masked counts went into a sum the buyer could unmask in the last :meth:`run`: the
@@ -313,7 +313,7 @@ class MarketPhase:
         leave). A node excluded by id, or sitting out, is sent no message of any kind; when a list names a tag,
         the other nodes are asked theirs first (:meth:`collect_tags`: a node excluded only by its tag hears this
         one query), and silent ones are left out. A list member that matches no connected node is an error at a
-        run's first market and is logged in a re-launch (:func:`~flmarket_flwr.market.membership.plan_membership`).
+        run's first market and is logged in a re-launch (:func:`.membership.plan_membership`).
 
         Raises
         ------
