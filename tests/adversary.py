@@ -1,13 +1,15 @@
-"""Tools for the adversarial tests: a server that sends whatever it likes to the real client handlers."""
+"""Tools for the adversarial and federation tests: a server that sends whatever it likes to the real client
+handlers, and wrapped strategies that change the federation between rounds or note what it was sent."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Message
 from flwr.clientapp import ClientApp
+from flwr.serverapp.strategy import FedAvg
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase, register_market_handlers
 from flmarket_flwr.market.node.bidding import BidPolicy
@@ -153,3 +155,45 @@ def altering(node: int, action: str, change):
         return reply
 
     return hook
+
+
+class ChangingAfterRound(FedAvg):
+    """FedAvg that calls ``change()`` once, right after aggregating train round ``after_round``: the federation
+    changes (nodes join, a winner is killed, the buyer drops a node) before the next round's re-launch check.
+
+    Parameters
+    ----------
+    after_round : int
+        The train round after which ``change`` runs.
+    change : Callable[[], None]
+        What changes (it sees the test's grid and strategy through its closure).
+    **fedavg : Any
+        ``FedAvg``'s own arguments.
+    """
+
+    def __init__(self, after_round: int, change: Callable[[], None], **fedavg: Any) -> None:
+        super().__init__(**fedavg)
+        self.after_round, self.change = after_round, change
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> Any:
+        """Run ``change`` after round ``after_round``, then aggregate as FedAvg does."""
+        if server_round == self.after_round:
+            self.change()
+        return super().aggregate_train(server_round, replies)
+
+
+class CountingQueries(FedAvg):
+    """FedAvg that notes, before each train round, how many market queries ``grid`` had been sent so far
+    (:attr:`queries_before`: round -> count): a market that was skipped sent nothing between two rounds."""
+
+    def __init__(self, grid: InProcessGrid, **fedavg: Any) -> None:
+        super().__init__(**fedavg)
+        self.grid = grid
+        self.queries_before: dict[int, int] = {}
+
+    def configure_train(self, server_round: int, arrays: Any, config: Any, grid: Any) -> Any:
+        """Note the count, then configure as FedAvg does."""
+        self.queries_before[server_round] = sum(
+            1 for message in self.grid.sent if message.metadata.message_type.startswith("query")
+        )
+        return super().configure_train(server_round, arrays, config, grid)

@@ -1,5 +1,6 @@
 """Make the test oracles in tests/ and the repository's top-level packages (simulations,
-benchmarks) importable however pytest is started; let each test play a ServerApp process; list the slow tests."""
+benchmarks) importable however pytest is started; let each test play a ServerApp process; a fresh ledger home;
+list the slow tests."""
 
 import pathlib
 import sys
@@ -23,6 +24,15 @@ def _plays_the_serverapp() -> Iterator[None]:
         yield
 
 
+@pytest.fixture
+def ledger_home(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
+    """A fresh ``FLMARKET_HOME`` for the test (the nodes' release ledgers live under it); a module whose in-process
+    nodes keep ledgers uses it with ``pytestmark = pytest.mark.usefixtures("ledger_home")``."""
+    home = tmp_path / "flmarket-home"
+    monkeypatch.setenv("FLMARKET_HOME", str(home))
+    return home
+
+
 # --- The slow tests: one list ----------------------------------------------------------------------
 # `python -m pytest -m "not slow"` is the fast suite (README); `.ci/run` runs everything. A test is slow here when it
 # starts Flower's Ray simulation or a `flwr run`, a deployment, a sweep in subprocesses, a fresh virtual
@@ -33,6 +43,8 @@ SLOW_MODULES = {
     "test_app_reproducibility.py",  # two Ray simulations
     "test_deployment.py",  # SuperLink + SuperNodes on loopback
     "test_local_superlink.py",  # docs/usage.md's local SuperLink started by hand
+    # one flwr run on a loopback SuperLink, 6 + 3 SuperNodes, two markets: 390-498 s at load 5-12 (2026-11-27)
+    "test_federation_deployment.py",
     "test_federation_ray.py",  # a re-launching market on Ray: 34 s at load 8-12 (2026-11-27)
     "test_market_simulation.py",  # Ray
     "test_report_archives.py",  # extracts each committed run archive and renders its report (six archives)

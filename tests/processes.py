@@ -1,8 +1,8 @@
 """Process helpers shared by the end-to-end tests that start Flower's own processes.
 
 Free loopback ports, the process tree under given PIDs (read from /proc), the processes whose environment carries
-a marker (a test's own ``FLWR_HOME``), and a bounded stop: SIGTERM children first, wait until all are gone or the
-grace period ends, SIGKILL the rest.
+a marker (a test's own ``FLWR_HOME``), a bounded stop (SIGTERM children first, wait until all are gone or the
+grace period ends, SIGKILL the rest) and a crash (SIGKILL at once).
 """
 
 from __future__ import annotations
@@ -127,6 +127,12 @@ def is_alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def kill_now(pids: list[int]) -> None:
+    """SIGKILL ``pids`` at once (a crash: nothing of theirs runs again, not even an exit handler)."""
+    for pid in pids:
+        _signal(pid, signal.SIGKILL)
 
 
 def stop_pids(pids: list[int], grace_s: float = 10.0) -> None:

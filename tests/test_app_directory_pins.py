@@ -129,13 +129,14 @@ def test_without_a_pin_the_buyers_directory_seats_the_victim_among_sybils(tmp_pa
 def test_a_node_that_pins_refuses_the_directory_the_buyer_wrote(
     tmp_path: Path, pin: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The buyer's directory (re-signed with its own key) fails the victim's pin: the victim leaves at the share
-    round, before it sends a share, and never sends a masked input. Its own log names the pin."""
+    """The buyer's directory (re-signed with its own key) fails the victim's pin: the victim reads the directory
+    with its settings before its first step and leaves at the advertise round, before it makes a session key, so it
+    never sends a key, a share or a masked input. Its own log names the pin."""
     fed = federation(tmp_path)
     grid, outcome = attack(fed, pins(fed, pin), fed.forged)
     assert isinstance(outcome, MarketOutcome)
-    assert VICTIM not in outcome.pass_participants and outcome.excluded[VICTIM].startswith("market_share")
-    assert pass_rounds_of_victim(grid) == {"query.market_advertise"}
+    assert VICTIM not in outcome.pass_participants and outcome.excluded[VICTIM].startswith("market_advertise")
+    assert pass_rounds_of_victim(grid) == set()
     assert f"node-config identity-directory-{pin}" in caplog.text and f"the pinned {pin} " in caplog.text
     assert "identity-directory" not in outcome.excluded[VICTIM]  # the server gets a generic reason
 

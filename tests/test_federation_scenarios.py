@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from adversary import ChangingAfterRound, CountingQueries
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType
 from flwr.serverapp.strategy import FedAvg
 from hypothesis import given, settings, target
@@ -28,12 +29,7 @@ from simulations.inprocess_grid import InProcessGrid
 INITIAL = ArrayRecord({"w": Array(np.zeros(3))})
 TRAIN = ConfigRecord({"lr": 0.1})
 
-
-@pytest.fixture(autouse=True)
-def ledger_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    home = tmp_path / "flmarket-home"
-    monkeypatch.setenv("FLMARKET_HOME", str(home))
-    return home
+pytestmark = pytest.mark.usefixtures("ledger_home")  # tests/conftest.py: the nodes' ledgers, per test
 
 
 def messages_per_node(grid: InProcessGrid, start: int = 0) -> Counter[int]:
@@ -151,15 +147,10 @@ def test_a_relaunch_with_nothing_left_to_spend_is_skipped_before_any_message(tmp
     of the run's budget cannot cover it, the re-launch is skipped with that reason and no node hears of it."""
     grid, counts, directory = secure_grid(tmp_path, 7, total_epsilon=6.0)
     nodes = sorted(counts)
-    queries_before: dict[int, int] = {}
-
-    class Marking(FedAvg):
-        def configure_train(self, server_round, arrays, config, grid_view):  # type: ignore[no-untyped-def]
-            queries_before[server_round] = sum(1 for m in grid.sent if m.metadata.message_type.startswith("query"))
-            return super().configure_train(server_round, arrays, config, grid_view)
-
+    counting = CountingQueries(grid, fraction_evaluate=0.0)
+    queries_before = counting.queries_before
     strategy = FLMarket(
-        Marking(fraction_evaluate=0.0),
+        counting,
         market_config=market(directory, budget=10.0, include={nodes[0]: 4.0}),
         relaunch=RelaunchPolicy(every_rounds=1),
     )
@@ -193,15 +184,12 @@ def test_market_json_keeps_the_trigger_and_the_release_of_a_market_that_failed_a
 
     grid.reply_hook = hook
 
-    class Joining(FedAvg):
-        def aggregate_train(self, server_round, replies):  # type: ignore[no-untyped-def]
-            if server_round == 1:
-                grid.connected = nodes  # four newcomers, three of which will not bid
-                silent.update(nodes[5:8])
-            return super().aggregate_train(server_round, replies)
+    def join() -> None:
+        grid.connected = nodes  # four newcomers, three of which will not bid
+        silent.update(nodes[5:8])
 
     strategy = FLMarket(
-        Joining(fraction_evaluate=0.0),
+        ChangingAfterRound(1, join, fraction_evaluate=0.0),
         market_config=market(num_winners=2, timeout=0.5),
         relaunch=RelaunchPolicy(churn_fraction=0.5),
     )
@@ -215,6 +203,33 @@ def test_market_json_keeps_the_trigger_and_the_release_of_a_market_that_failed_a
     assert len(report[1]["global_counts"]) == NUM_CLASSES
     assert report[0]["status"] == "succeeded" and report[0]["reason"] == ""
     assert report[0]["released"] == nodes[:5]
+    # What was bid on the released sum before the market stopped: the one newcomer that bid, as market.json says.
+    assert set(report[1]["bids"]) == set(report[1]["scores"]) == {nodes[8]} and report[1]["bids"][nodes[8]] > 0
+    assert report[1]["payments"] == {} and report[1]["winners"] == []
+    _, files = selection_of(strategy)
+    written = json.loads(json.dumps(files["market.json"], default=str))["markets"][1]
+    assert list(written["bids"]) == [str(nodes[8])] and written["pass_participants"] == nodes[5:]
+
+
+def test_a_market_that_stops_after_its_unmask_request_records_the_sum_as_released() -> None:
+    """Too many withhold their unmask shares: the sum may already be out (some shares were sent), so the failed
+    market's record names every node of the session as a PASS participant, and no bid was asked."""
+    counts = make_counts(5, seed=12)
+    nodes = sorted(counts)
+    withholding = set(nodes[:3])
+
+    def hook(message, reply):  # type: ignore[no-untyped-def]
+        unmask = message.metadata.message_type == "query.market_unmask"
+        return None if unmask and message.metadata.dst_node_id in withholding else reply
+
+    grid = InProcessGrid(training_app(counts), nodes, reply_hook=hook)
+    phase = MarketPhase(market(timeout=0.5))
+    with pytest.raises(MarketError, match="unmask") as caught:
+        phase.run(grid)
+    outcome = caught.value.outcome
+    assert outcome is not None and outcome.status == "failed"
+    assert outcome.pass_participants == phase.released == nodes
+    assert outcome.bids == {} and outcome.scores == {}
 
 
 # --- 3. Exclusion means never messaged ---------------------------------------------------------------------
@@ -275,15 +290,10 @@ def test_relaunching_stops_with_one_line_when_the_nodes_privacy_budgets_are_spen
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     grid, _, directory = secure_grid(tmp_path, 6, total_epsilon=1.6)
-    queries_before: dict[int, int] = {}
-
-    class Marking(FedAvg):
-        def configure_train(self, server_round, arrays, config, grid_view):  # type: ignore[no-untyped-def]
-            queries_before[server_round] = sum(1 for m in grid.sent if m.metadata.message_type.startswith("query"))
-            return super().configure_train(server_round, arrays, config, grid_view)
-
+    counting = CountingQueries(grid, fraction_evaluate=0.0)
+    queries_before = counting.queries_before
     strategy = FLMarket(
-        Marking(fraction_evaluate=0.0),
+        counting,
         market_config=market(directory, num_winners=2),
         relaunch=RelaunchPolicy(every_rounds=1),
     )
@@ -326,16 +336,13 @@ def test_newcomers_are_bought_by_a_market_among_themselves_and_no_node_releases_
     grid.connected = nodes[:6]
     marks: dict[str, int] = {}
 
-    class Joining(FedAvg):
-        def aggregate_train(self, server_round, replies):  # type: ignore[no-untyped-def]
-            if server_round == 2:
-                grid.connected = nodes
-                marks["joined"] = len(grid.sent)
-            return super().aggregate_train(server_round, replies)
+    def join() -> None:
+        grid.connected = nodes
+        marks["joined"] = len(grid.sent)
 
     budget = 40.0
     strategy = FLMarket(
-        Joining(fraction_evaluate=0.0),
+        ChangingAfterRound(2, join, fraction_evaluate=0.0),
         market_config=market(budget=budget, num_winners=2),
         relaunch=RelaunchPolicy(churn_fraction=0.3),
     )
@@ -362,6 +369,43 @@ def test_newcomers_are_bought_by_a_market_among_themselves_and_no_node_releases_
     assert selection["selected"] == strategy.cohort
 
 
+def test_a_newcomers_market_asks_only_the_newcomers_for_their_tags() -> None:
+    """A list names a tag: the newcomers' market asks the newcomers for their tags and no one else (the nodes that
+    released sit it out and hear nothing, not even the tags query); a node excluded by its tag hears only that query
+    in each market, and the one excluded by id hears nothing all run."""
+    counts = make_counts(10, seed=13)
+    nodes = sorted(counts)
+    rivals = [nodes[4], nodes[9]]  # one among the first six, one newcomer
+    configs = {node: {"market-tag": "rival" if node in rivals else ""} for node in nodes}
+    grid = InProcessGrid(training_app(counts), nodes, node_configs=configs)
+    grid.connected = nodes[:6]
+    marks: dict[str, int] = {}
+
+    def join() -> None:
+        grid.connected = nodes
+        marks["joined"] = len(grid.sent)
+
+    strategy = FLMarket(
+        ChangingAfterRound(1, join, fraction_evaluate=0.0),
+        market_config=market(num_winners=2, exclude=(nodes[5], "rival")),
+        relaunch=RelaunchPolicy(churn_fraction=0.2),
+    )
+    strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=2, train_config=TRAIN)
+
+    second = strategy.markets[1]
+    assert second.outcome.status == "succeeded" and second.outcome.invited == nodes[6:9]
+    after = Counter(
+        (int(m.metadata.dst_node_id), m.metadata.message_type)
+        for m in grid.sent[marks["joined"] :]
+        if m.metadata.message_type.startswith("query")
+    )
+    assert {node for node, _ in after} == {*nodes[6:], nodes[4]}  # the newcomers, and the rival that never released
+    for rival in rivals:
+        assert [kind for node, kind in after if node == rival] == ["query.market_tags"]
+        assert after[(rival, "query.market_tags")] == 1
+    assert messages_per_node(grid)[nodes[5]] == 0
+
+
 def test_too_few_newcomers_is_known_before_pass_and_nothing_is_sent() -> None:
     counts = make_counts(8, seed=6)
     nodes = sorted(counts)
@@ -369,15 +413,12 @@ def test_too_few_newcomers_is_known_before_pass_and_nothing_is_sent() -> None:
     grid.connected = nodes[:6]
     marks: dict[str, int] = {}
 
-    class Joining(FedAvg):
-        def aggregate_train(self, server_round, replies):  # type: ignore[no-untyped-def]
-            if server_round == 1:
-                grid.connected = nodes  # two newcomers: too few for a PASS of their own
-                marks["joined"] = len(grid.sent)
-            return super().aggregate_train(server_round, replies)
+    def join() -> None:
+        grid.connected = nodes  # two newcomers: too few for a PASS of their own
+        marks["joined"] = len(grid.sent)
 
     strategy = FLMarket(
-        Joining(fraction_evaluate=0.0),
+        ChangingAfterRound(1, join, fraction_evaluate=0.0),
         market_config=market(num_winners=2),
         relaunch=RelaunchPolicy(churn_fraction=0.2),
     )
@@ -401,14 +442,11 @@ def test_the_wrapped_strategy_drops_a_named_node_mid_run_and_it_keeps_what_it_de
     counts = make_counts(7, seed=8)
     grid = InProcessGrid(training_app(counts), sorted(counts))
 
-    class Judging(FedAvg):
-        def aggregate_train(self, server_round, replies):  # type: ignore[no-untyped-def]
-            if server_round == 1:
-                strategy.drop_nodes([strategy.cohort[0]], reason="its updates diverge")
-            return super().aggregate_train(server_round, replies)
+    def judge() -> None:
+        strategy.drop_nodes([strategy.cohort[0]], reason="its updates diverge")
 
     strategy = FLMarket(
-        Judging(fraction_evaluate=0.0),
+        ChangingAfterRound(1, judge, fraction_evaluate=0.0),
         market_config=market(num_winners=3),
         settle_on_delivery=settle_on_delivery,
     )
@@ -433,14 +471,11 @@ def test_the_wrapped_strategy_drops_a_named_node_mid_run_and_it_keeps_what_it_de
 def test_a_dropped_node_is_not_invited_to_a_later_market(tmp_path: Path) -> None:
     grid, counts, directory = secure_grid(tmp_path, 7, total_epsilon=6.0, **{"market-min-roster-change": 1})
 
-    class Judging(FedAvg):
-        def aggregate_train(self, server_round, replies):  # type: ignore[no-untyped-def]
-            if server_round == 1:
-                strategy.drop_nodes([strategy.cohort[0]])
-            return super().aggregate_train(server_round, replies)
+    def judge() -> None:
+        strategy.drop_nodes([strategy.cohort[0]])
 
     strategy = FLMarket(
-        Judging(fraction_evaluate=0.0),
+        ChangingAfterRound(1, judge, fraction_evaluate=0.0),
         market_config=market(directory, num_winners=2),
         relaunch=RelaunchPolicy(every_rounds=2),
     )
@@ -537,14 +572,11 @@ def test_a_stopped_relaunch_resumes_when_nodes_that_can_take_part_connect(caplog
     grid = InProcessGrid(training_app(counts), nodes)
     grid.connected = nodes[:6]
 
-    class Joining(FedAvg):
-        def aggregate_train(self, server_round, replies):  # type: ignore[no-untyped-def]
-            if server_round == 3:
-                grid.connected = nodes
-            return super().aggregate_train(server_round, replies)
+    def join() -> None:
+        grid.connected = nodes
 
     strategy = FLMarket(
-        Joining(fraction_evaluate=0.0),
+        ChangingAfterRound(3, join, fraction_evaluate=0.0),
         market_config=market(num_winners=2),
         relaunch=RelaunchPolicy(every_rounds=1),
     )

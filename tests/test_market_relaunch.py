@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from adversary import ChangingAfterRound
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, MetricRecord
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
 from test_grid_view import NUM_CLASSES, make_counts, training_app
@@ -27,11 +28,7 @@ INITIAL = ArrayRecord({"w": Array(np.zeros(3))})
 TRAIN = ConfigRecord({"lr": 0.1})
 
 
-@pytest.fixture(autouse=True)
-def ledger_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    home = tmp_path / "flmarket-home"
-    monkeypatch.setenv("FLMARKET_HOME", str(home))
-    return home
+pytestmark = pytest.mark.usefixtures("ledger_home")  # tests/conftest.py: the nodes' ledgers, per test
 
 
 def market(directory: IdentityDirectory | None = None, **overrides: object) -> MarketConfig:
@@ -217,16 +214,13 @@ def test_on_churn_the_relaunch_invites_the_nodes_that_joined_and_replaces_a_winn
     killed: set[int] = set()
     grid.reply_hook = lambda message, reply: None if message.metadata.dst_node_id in killed else reply
 
-    class Churn(FedAvg):
-        def aggregate_train(self, server_round, replies):  # type: ignore[no-untyped-def]
-            if server_round == 2:
-                winner = strategy.markets[0].outcome.winners[0]
-                killed.add(winner)
-                grid.connected = [node for node in nodes if node != winner]
-            return super().aggregate_train(server_round, replies)
+    def churn() -> None:
+        winner = strategy.markets[0].outcome.winners[0]
+        killed.add(winner)
+        grid.connected = [node for node in nodes if node != winner]
 
     strategy = FLMarket(
-        Churn(fraction_evaluate=0.0), market_config=market(directory, num_winners=3),
+        ChangingAfterRound(2, churn, fraction_evaluate=0.0), market_config=market(directory, num_winners=3),
         relaunch=RelaunchPolicy(churn_fraction=0.3), absent_timeout=None,
     )  # fmt: skip
     strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=4, train_config=TRAIN, timeout=5.0)

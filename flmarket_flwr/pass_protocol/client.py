@@ -19,13 +19,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from flmarket_flwr.pass_protocol.channel import (
-    accusation_context,
     noise_words,
     possession_context,
     seal,
     signed_mask,
     unseal,
 )
+from flmarket_flwr.pass_protocol.client_keys import check_neighbour_keys, prove_channel, signed_by
 from flmarket_flwr.pass_protocol.client_state import (
     Advertised,
     ClientRound,
@@ -43,10 +43,7 @@ from flmarket_flwr.pass_protocol.client_state import (
 from flmarket_flwr.pass_protocol.client_views import check_consistency, check_view
 from flmarket_flwr.pass_protocol.dleq import (
     mask_scalar,
-    montgomery_u,
-    prove_exchange,
     prove_possession,
-    verify_possession,
 )
 from flmarket_flwr.pass_protocol.encoding import (
     MAX_PARTICIPANTS,
@@ -78,8 +75,6 @@ from flmarket_flwr.pass_protocol.identity import (
     sign_advertisement,
     sign_share_ciphertext,
     sign_survivor_set,
-    verify_advertisement,
-    verify_share_ciphertext,
 )
 from flmarket_flwr.pass_protocol.messages import (
     Advertisement,
@@ -95,13 +90,9 @@ from flmarket_flwr.pass_protocol.messages import (
 )
 from flmarket_flwr.pass_protocol.primitives import (
     MIN_PARTICIPANTS,
-    derive_pair_seed,
-    exchange_shared_secret,
     expand_seed,
     is_integer,
-    parse_public_key,
     validate_counts,
-    validate_public_key_bytes,
 )
 from flmarket_flwr.pass_protocol.shamir import random_scalar, scalar_to_bytes, split_scalars
 
@@ -377,7 +368,7 @@ class PassClient:
             threshold = secret_threshold(k, state.split_tolerance)
         except ValueError as error:
             raise PassError(str(error)) from error
-        pair_seeds, channel_secrets = _check_neighbour_keys(state, request, directory)
+        pair_seeds, channel_secrets = check_neighbour_keys(state, request, directory)
         self_seed = scalar_to_bytes(random_scalar())
         key = int.from_bytes(mask_scalar(state.mask_private_key), "little")
         rows = split_scalars([key, int.from_bytes(self_seed, "little")], neighbours, threshold)
@@ -472,8 +463,8 @@ class PassClient:
             both = unseal(state.channel_secrets[position[v]], ciphertext, session, v, index, digest)
             if both is None:  # the sender's signature matters only now: an accusation reveals the edge's secret
                 accused.append(v)
-                forged = signed and not _signed_by(state, v, request.signatures[i], ciphertext, digest)
-                proofs.append(b"" if forged else _prove_channel(state, v))
+                forged = signed and not signed_by(state, v, request.signatures[i], ciphertext, digest)
+                proofs.append(b"" if forged else prove_channel(state, v))
                 continue
             held.append(both)
             held_from.append(v)
@@ -505,8 +496,8 @@ class PassClient:
         return MaskedInput(masked.astype("<u8").tobytes(), commitment, accused, proofs)
 
     def _prove_channel(self, accused: int) -> bytes:
-        """:func:`_prove_channel` of this client's state (at masked input)."""
-        return _prove_channel(self._at(Shared, "an accusation"), accused)
+        """:func:`~.client_keys.prove_channel` of this client's state (at masked input)."""
+        return prove_channel(self._at(Shared, "an accusation"), accused)
 
     # Consistency round (with identity keys) ------------------------------------
     def sign_survivors(
@@ -575,93 +566,3 @@ class PassClient:
 def _terms(state: Joined) -> dict[str, Any]:
     """The session's terms as ``state`` holds them, for the next round's record (:class:`~.client_state.Joined`)."""
     return {item.name: getattr(state, item.name) for item in dataclasses.fields(Joined)}
-
-
-def _check_neighbour_keys(
-    state: Advertised, request: ShareKeysRequest, directory: IdentityDirectory | None
-) -> tuple[list[bytes], list[bytes]]:
-    """Keys valid and pairwise distinct (own keys included); signatures valid when a directory is given.
-
-    Each key is validated by the one exchange this client makes with it (a low-order point gives the
-    all-zero secret, which the exchange refuses). Returns each neighbour's pairwise mask seed and the
-    edge's channel secret: two X25519 exchanges per neighbour, the whole of this client's key agreement.
-    """
-    mask_key = X25519PrivateKey.from_private_bytes(state.mask_private_key)
-    cipher_key = X25519PrivateKey.from_private_bytes(state.cipher_private_key)
-    pair_seeds, channel_secrets = [], []
-    session, index = state.session, state.index
-    seen = {montgomery_u(state.cipher_public_key), montgomery_u(state.mask_public_key)}
-    for v, node_id, cipher_public, mask_public, signature in zip(
-        request.neighbours,
-        request.neighbour_node_ids,
-        request.cipher_public_keys,
-        request.mask_public_keys,
-        request.signatures,
-        strict=True,
-    ):
-        try:
-            validate_public_key_bytes(cipher_public, v)
-            validate_public_key_bytes(mask_public, v)
-            channel_secrets.append(exchange_shared_secret(cipher_key, parse_public_key(cipher_public, v), v))
-            mask_secret = exchange_shared_secret(mask_key, parse_public_key(mask_public, v), v)
-            pair_seeds.append(derive_pair_seed(mask_secret, session, index, v))
-            if directory is not None:
-                if node_id == state.node_id:
-                    raise ValueError(f"neighbour {v} claims this client's node id {node_id}")
-                verify_advertisement(
-                    directory.key_of(node_id),
-                    signature,
-                    session,
-                    v,
-                    node_id,
-                    cipher_public,
-                    mask_public,
-                    run_id=state.run_id,
-                    roster=state.roster,
-                )
-        except (TypeError, ValueError) as error:
-            raise PassError(f"neighbour {v} refused: {error}") from error
-        keys = {montgomery_u(cipher_public), montgomery_u(mask_public)}
-        if len(keys) != 2 or keys & seen:
-            raise PassError(f"neighbour {v} reuses a public key already in this session")
-        seen |= keys
-    if directory is not None and len(set(request.neighbour_node_ids)) != len(request.neighbour_node_ids):
-        raise PassError("two neighbours claim one node id")
-    return pair_seeds, channel_secrets
-
-
-def _signed_by(state: Shared, sender: int, signature: bytes, ciphertext: bytes, digest: bytes) -> bool:
-    """Whether ``sender``'s identity key signed this ciphertext and digest (run, session, roster bound)."""
-    try:
-        verify_share_ciphertext(
-            state.identity_keys[state.neighbours.index(sender)],
-            signature,
-            sender,
-            state.index,
-            ciphertext,
-            digest,
-            run_id=state.run_id,
-            session=state.session,
-            roster=state.roster,
-        )
-    except ValueError:
-        return False
-    return True
-
-
-def _prove_channel(state: Shared, accused: int) -> bytes:
-    """The channel secret with ``accused`` and its proof, bound to this run, roster, session and edge.
-
-    ``b""`` (nothing revealed) unless the accused's cipher key came with a valid proof of possession: a
-    key made as a multiple of another client's key would otherwise turn the secret proven here into the
-    secret of another edge. The server checked every advertised proof, so an honest relay never gets here
-    with a bad one; a server that relays one is the party deviating.
-    """
-    run_id, roster, session = state.run_id, state.roster, state.session
-    position = state.neighbours.index(accused)
-    peer_key = state.neighbour_cipher_keys[position]
-    possession = state.neighbour_cipher_proofs[position]
-    if not verify_possession(peer_key, possession, possession_context(run_id, session, accused)):
-        return b""
-    context = accusation_context(run_id, roster, session, state.index, accused)
-    return prove_exchange(state.cipher_private_key, state.cipher_public_key, peer_key, context)

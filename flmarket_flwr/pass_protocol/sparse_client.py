@@ -22,7 +22,8 @@ import numpy.typing as npt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from flmarket_flwr.pass_protocol.channel import noise_words, seal, signed_mask, unseal
-from flmarket_flwr.pass_protocol.client import PassClient, _check_neighbour_keys, _prove_channel, _signed_by
+from flmarket_flwr.pass_protocol.client import PassClient
+from flmarket_flwr.pass_protocol.client_keys import check_neighbour_keys, prove_channel, signed_by
 from flmarket_flwr.pass_protocol.client_state import Closed, Fresh, Joined, Stage, Unmasked, Withdrawn, read_state
 from flmarket_flwr.pass_protocol.dleq import mask_scalar
 from flmarket_flwr.pass_protocol.encoding import (
@@ -285,7 +286,7 @@ class SparseSecureClient:
             signatures=request.signatures,
             cipher_key_proofs=request.cipher_key_proofs,
         )
-        pair_seeds, channel_secrets = _check_neighbour_keys(state, keys_request, directory)
+        pair_seeds, channel_secrets = check_neighbour_keys(state, keys_request, directory)
         secret_of = dict(zip(union, channel_secrets, strict=True))
         self_seed = scalar_to_bytes(random_scalar())
         key = int.from_bytes(mask_scalar(state.mask_private_key), "little")
@@ -362,8 +363,8 @@ class SparseSecureClient:
             both = unseal(state.channel_secrets[position[v]], ciphertext, state.session, v, state.index, digest)
             if both is None:
                 accused.append(v)
-                forged = not _signed_by(state, v, signature, ciphertext, digest)
-                proofs.append(b"" if forged else _prove_channel(state, v))
+                forged = not signed_by(state, v, signature, ciphertext, digest)
+                proofs.append(b"" if forged else prove_channel(state, v))
                 continue
             held.append(both)
             held_from.append(v)

@@ -139,6 +139,8 @@ class MarketPhase:
         """A re-launch within a run: members of the include or exclude list that match no connected node are
         logged and skipped, not an error (:func:`~flmarket_flwr.market.buyer.membership.plan_membership`)."""
         self._thin = False
+        self.bids: dict[int, tuple[float, float]] = {}
+        """``{node: (score, bid)}``: the valid bids of the last :meth:`run` (kept if the market fails after them)."""
         self.released: list[int] = []
         """Node ids whose masked counts went into a sum the buyer could unmask in the last :meth:`run`: the
         survivors of the released session, or every node of a session that stopped after its unmask request."""
@@ -180,6 +182,7 @@ class MarketPhase:
         self._included = {}
         self.pass_sessions = []
         self.released = []
+        self.bids = {}
         self._thin = False
         self._buyer_key = self.config.buyer_key if self.config.buyer_key is not None else Ed25519PrivateKey.generate()
         if self.config.buyer_key is None:
@@ -206,9 +209,13 @@ class MarketPhase:
             timings["total"] = time.perf_counter() - started
             err.outcome = MarketOutcome.failed(str(err), self.config.budget, self._invited, self._excluded, timings)
             err.outcome.pass_sessions = list(self.pass_sessions)
-            if pass_result is not None:  # the sum was released before the market stopped: the record says so
-                err.outcome.pass_participants = list(pass_result.participants)
+            # A sum released before the market stopped: the record says whose (a session that stopped after its
+            # unmask request counts as released), and what was bid on it.
+            err.outcome.pass_participants = list(pass_result.participants if pass_result is not None else self.released)
+            if pass_result is not None:
                 err.outcome.global_counts = [int(c) for c in pass_result.global_counts]
+            err.outcome.scores = {node: score for node, (score, _) in self.bids.items()}
+            err.outcome.bids = {node: bid for node, (_, bid) in self.bids.items()}
             raise
         acknowledged = self._timed(
             timings, "award", lambda: self._close(grid, result.signed, result.endorsers, sorted(bids))
@@ -310,8 +317,9 @@ class MarketPhase:
         (:attr:`sit_out`).
 
         The included nodes and their fixed payments are kept for the award (the auction's budget is what they
-        leave). A node excluded by id, or sitting out, is sent no message of any kind; when a list names a tag,
-        the other nodes are asked theirs first (:meth:`collect_tags`: a node excluded only by its tag hears this
+        leave). A node excluded by id, or sitting out, is sent no message of any kind (not even the tags query: a
+        node sitting out matches no tag in this market); when a list names a tag, the other nodes are asked theirs
+        first (:meth:`collect_tags`: a node excluded only by its tag hears this
         one query), and silent ones are left out. A list member that matches no connected node is an error at a
         run's first market and is logged in a re-launch (:func:`.membership.plan_membership`).
 
@@ -330,10 +338,11 @@ class MarketPhase:
         plan = MembershipPlan(included={}, invited=list(nodes), excluded=[])
         if cfg.include or cfg.exclude:
             by_id = [node for node in nodes if node in cfg.exclude]  # never messaged, not even for its tag
+            silent = [node for node in nodes if node in self.sit_out and node not in by_id]  # nor are these
             tags = None
             if names_a_tag(cfg.include, cfg.exclude):
-                tags = self.collect_tags(grid, [node for node in nodes if node not in by_id])
-            known = list(nodes) if tags is None else sorted([*tags, *by_id])
+                tags = self.collect_tags(grid, [node for node in nodes if node not in by_id and node not in silent])
+            known = list(nodes) if tags is None else sorted([*tags, *by_id, *silent])
             try:
                 plan = plan_membership(known, cfg.include, cfg.exclude, cfg.budget, tags, strict=not self.relaunch)
             except ValueError as err:
@@ -522,6 +531,7 @@ class MarketPhase:
         highest = highest_possible_score(pass_result, self.config.noise_tolerance)
         replies = self.exchange(grid, ACTION_BID, requests)
         bids = self.validated(ACTION_BID, requests, replies, lambda reply: read_score_and_bid(reply, highest))
+        self.bids = dict(bids)  # recorded even if the market stops now
         self.require_participation(len(bids))
         return bids
 
