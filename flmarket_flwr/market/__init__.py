@@ -8,6 +8,9 @@ Server (inside ``@app.main()``)::
 Client::
 
     register_market_handlers(client_app, label_counts, CostBasedBid(0.01))
+
+Inside, the buyer's modules (:mod:`.buyer`) and the node's (:mod:`.node`) never import each other; they meet at
+:mod:`.wire`, what both read (``docs/layout.md``). This module is the public API over the three.
 """
 
 from flmarket_flwr.market.buyer.config import MarketConfig, MarketOutcome
