@@ -35,7 +35,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from flmarket_flwr.app.data import load_dataset, make_partition
-from flmarket_flwr.market.bidding import cost_based_bid, simulated_cost_per_sample
+from flmarket_flwr.market.node.bidding import cost_based_bid, simulated_cost_per_sample
 from flmarket_flwr.pass_protocol import SkellamNoise
 from flmarket_flwr.pass_protocol.noise import skellam_epsilon, skellam_variance_for
 from flmarket_flwr.pricing import run_auction, score

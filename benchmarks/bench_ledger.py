@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flmarket_flwr.market.ledger import ReleaseLedger, isolates_a_small_group, plan_roster
+from flmarket_flwr.market.wire.ledger import ReleaseLedger, isolates_a_small_group, plan_roster
 from simulations.baselines.selectors import select_flmarket
 
 

@@ -61,7 +61,7 @@ from benchmarks.bench_secagg import (
 )
 from flmarket_flwr.app.client_app import node_settings_of
 from flmarket_flwr.market import MarketConfig, MarketPhase, register_market_handlers
-from flmarket_flwr.market.bidding import CostBasedBid
+from flmarket_flwr.market.node.bidding import CostBasedBid
 from flmarket_flwr.pass_protocol import IdentityDirectory, generate_identity, save_identity_key
 from simulations.inprocess_grid import InProcessGrid, serverapp_identity
 

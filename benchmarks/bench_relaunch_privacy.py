@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 from flwr.app import Context, RecordDict
 
-from flmarket_flwr.market.ledger import LedgerError, ReleaseLedger
-from flmarket_flwr.market.node_config import read_node_settings
+from flmarket_flwr.market.node.node_config import read_node_settings
+from flmarket_flwr.market.wire.ledger import LedgerError, ReleaseLedger
 from flmarket_flwr.pass_protocol import IdentityDirectory, SkellamNoise, generate_identity, save_identity_key
 from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_DELTA, SECURE_PROFILE_EPSILON
 

@@ -38,7 +38,7 @@ from flmarket_flwr.app.task import (
     resolve_device,
 )
 from flmarket_flwr.market import WinnersGrid
-from flmarket_flwr.market.strategy import start_on_nodes
+from flmarket_flwr.market.buyer.strategy import start_on_nodes
 from flmarket_flwr.nodes import connected_nodes
 from simulations.baselines import SFedAvg
 from simulations.baselines.selectors import select_clients

@@ -58,7 +58,7 @@ import numpy as np
 from flmarket_flwr.app import task
 from flmarket_flwr.app.run_config import field_name, neighbours_of
 from flmarket_flwr.app.task import DEFAULT_NUM_CLIENTS, DataConfig
-from flmarket_flwr.market.bidding import cost_based_bid, simulated_cost_per_sample
+from flmarket_flwr.market.node.bidding import cost_based_bid, simulated_cost_per_sample
 from flmarket_flwr.pricing import cohort_budget, run_auction
 from simulations.baselines.selectors import (
     DDS_DIVERSITY_WEIGHT,

@@ -23,10 +23,10 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
-from flmarket_flwr.market.bidding import BidPolicy
-from flmarket_flwr.market.client import register_market_handlers
-from flmarket_flwr.market.grid_view import reply_filter
-from flmarket_flwr.market.records import context_from_bytes, context_to_bytes, deflate_message, inflate_message
+from flmarket_flwr.market.buyer.grid_view import reply_filter
+from flmarket_flwr.market.node.bidding import BidPolicy
+from flmarket_flwr.market.node.client import register_market_handlers
+from flmarket_flwr.market.wire.records import context_from_bytes, context_to_bytes, deflate_message, inflate_message
 
 __all__ = ["DEFAULT_RUN_ID", "InProcessGrid", "ReplyHook", "market_client_app", "serverapp_identity", "wire_roundtrip"]
 
@@ -72,7 +72,7 @@ def market_client_app(
     label_counts : Mapping[int, numpy.ndarray]
         Node id -> that node's per-class label counts.
     bid_policy : BidPolicy, optional
-        Passed to :func:`~flmarket_flwr.market.client.register_market_handlers`.
+        Passed to :func:`~flmarket_flwr.market.node.client.register_market_handlers`.
 
     Returns
     -------
@@ -138,7 +138,7 @@ class InProcessGrid(Grid):
     * each node keeps its ``Context`` as serialised protobuf bytes and gets a freshly deserialised
       ``Context`` for every message (deployment runs each message in a fresh process, so state that
       is not in ``context.state`` is lost, exactly as there); the bytes are those of Flower's
-      ``context_to_proto``, made and read by :mod:`flmarket_flwr.market.records` without Flower's
+      ``context_to_proto``, made and read by :mod:`flmarket_flwr.market.wire.records` without Flower's
       per-item overhead;
     * a ``ClientApp`` exception becomes an error reply (``ErrorCode.CLIENT_APP_RAISED_EXCEPTION``)
       and the node's context is not updated, as in Flower's simulation and deployment runtimes.
@@ -246,7 +246,7 @@ class InProcessGrid(Grid):
         """Return the replies to the given messages not pulled yet; with no ids, every reply not pulled yet.
 
         Both of Flower's signatures: ``pull_messages(ids)``, ``pull_messages(reply_to_message_ids=ids)`` and
-        ``pull_messages(message_ids=ids)`` (:func:`~flmarket_flwr.market.grid_view.reply_filter`).
+        ``pull_messages(message_ids=ids)`` (:func:`~flmarket_flwr.market.buyer.grid_view.reply_filter`).
         """
         wanted = reply_filter(reply_to_message_ids, message_ids)
         replies = []

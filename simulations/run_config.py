@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from flmarket_flwr.app.run_config import APP_SCHEMA, AppKey, RunConfigSchema, Scalar, SettingsFields
-from flmarket_flwr.market.config_keys import at_least, one_of
+from flmarket_flwr.market.wire.config_keys import at_least, one_of
 from simulations.record import SELECTOR_LABELS
 from simulations.settings_fields import ExperimentFields
 

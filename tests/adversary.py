@@ -12,9 +12,9 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase, register_market_handlers
-from flmarket_flwr.market.bidding import BidPolicy
-from flmarket_flwr.market.messages import ACTION_BID, ACTIONS, KEY_SCORE, RECORD_KEY, make_content, message_type
-from flmarket_flwr.market.node_config import NodeSettings
+from flmarket_flwr.market.node.bidding import BidPolicy
+from flmarket_flwr.market.node.node_config import NodeSettings
+from flmarket_flwr.market.wire.messages import ACTION_BID, ACTIONS, KEY_SCORE, RECORD_KEY, make_content, message_type
 from flmarket_flwr.pass_protocol import IdentityDirectory, PassServer, generate_identity
 from simulations.inprocess_grid import InProcessGrid, market_client_app
 

@@ -24,8 +24,8 @@ from adversary import (
 from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import CostBasedBid, MarketError, MarketPhase, register_market_handlers
-from flmarket_flwr.market.messages import RECORD_KEY
-from flmarket_flwr.market.node_config import NodeSettings
+from flmarket_flwr.market.node.node_config import NodeSettings
+from flmarket_flwr.market.wire.messages import RECORD_KEY
 from flmarket_flwr.pass_protocol import PassClient
 from flmarket_flwr.pass_protocol.encoding import bitmap_to_indices
 from flmarket_flwr.pass_protocol.identity import sign_share_ciphertext, sign_survivor_set, verify_survivor_set

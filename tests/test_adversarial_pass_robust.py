@@ -27,7 +27,7 @@ from adversary import (
 from test_secure_profile_market import drop_in_app, profile_setup, secure_config
 
 from flmarket_flwr.market import MarketError, MarketPhase
-from flmarket_flwr.market.messages import RECORD_KEY
+from flmarket_flwr.market.wire.messages import RECORD_KEY
 from flmarket_flwr.pass_protocol import PassClient, PassServer
 from flmarket_flwr.pass_protocol import client as client_module
 from flmarket_flwr.pass_protocol.dleq import share_point

@@ -19,8 +19,8 @@ from test_market_relaunch import market, secure_grid
 from test_secure_profile_market import profile_setup
 
 from flmarket_flwr.market import MarketError, MarketPhase
-from flmarket_flwr.market import server as market_server
-from flmarket_flwr.market.records import context_to_bytes
+from flmarket_flwr.market.buyer import server as market_server
+from flmarket_flwr.market.wire.records import context_to_bytes
 from flmarket_flwr.pass_protocol import PassError
 from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_DELTA, SkellamNoise, composed_epsilon
 from simulations.inprocess_grid import InProcessGrid
@@ -48,7 +48,7 @@ def reuse_session_ids(monkeypatch: pytest.MonkeyPatch, tokens: list[bytes]) -> N
 def test_the_ledger_refuses_a_new_session_under_a_run_and_session_it_spent_or_released(tmp_path: Path) -> None:
     """:meth:`ReleaseLedger.check_new_session`: a session id this node spent (at mask) or released (at unmask) in
     a run is refused when joined again; another run or another session passes."""
-    from flmarket_flwr.market.ledger import LedgerError, ReleaseLedger
+    from flmarket_flwr.market.wire.ledger import LedgerError, ReleaseLedger
 
     ledger = ReleaseLedger(tmp_path / "ledger")
     ledger.check_new_session(1, b"A")
@@ -167,7 +167,7 @@ def test_an_award_endorsed_in_an_earlier_market_opens_no_counts_after_a_relaunch
     at its bid in market 2 (it endorsed market 2's award), asks it to open its counts against market 1's award,
     under either session: refused, the counts stay shut."""
     from flmarket_flwr.market import read_award
-    from flmarket_flwr.market.messages import KEY_AWARD, KEY_ENDORSEMENTS, KEY_SESSION
+    from flmarket_flwr.market.wire.messages import KEY_AWARD, KEY_ENDORSEMENTS, KEY_SESSION
 
     grid, counts, directory = secure_grid(tmp_path, 6, total_epsilon=4.0)
     node = sorted(counts)[0]
@@ -336,7 +336,7 @@ def test_including_a_colluder_by_tag_pays_it_from_the_budget_announced_before_pa
     """The buyer re-launches including a colluder by its tag at a fixed payment of 600 of its 1000. The bidders
     are told the budget left (400) with the terms before PASS and their award is checked against it; the
     colluder gets no PASS message (no roster, no keys, no sum) and is listed in the award beside the bidders."""
-    from flmarket_flwr.market.messages import KEY_BUDGET
+    from flmarket_flwr.market.wire.messages import KEY_BUDGET
 
     grid, counts, directory = secure_grid(tmp_path, 8, total_epsilon=4.0, **{"market-min-roster-change": 1})
     nodes = sorted(counts)

@@ -1,7 +1,7 @@
 """Differencing across runs (issue 21): two markets whose sums differ by one client give its exact counts.
 
 Each test runs real client handlers (``InProcessGrid``, fresh-process semantics) whose nodes keep a release
-ledger (:mod:`flmarket_flwr.market.ledger`) in a directory of their own, and plays the server: run 1 with the
+ledger (:mod:`flmarket_flwr.market.wire.ledger`) in a directory of their own, and plays the server: run 1 with the
 victim, run 2 without it (or with it dropped mid-session, or with sybils in its place). Without ledgers the
 attack succeeds (``test_adversarial_views.py::test_two_markets_differenced_give_a_victims_counts_not_prevented``
 and the first test here); with them run 2 releases nothing.
@@ -18,9 +18,9 @@ from adversary import NUM_CLASSES, make_counts, market_config, record_of, send
 from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import CostBasedBid, MarketError, MarketPhase, register_market_handlers
-from flmarket_flwr.market.ledger import LEDGER_FILE, ReleaseLedger, RosterHistory, isolates_a_small_group
-from flmarket_flwr.market.messages import KEY_ROSTER_NODE_IDS, KEY_ROSTER_WANTED, RECORD_KEY
-from flmarket_flwr.market.node_config import NodeSettings
+from flmarket_flwr.market.node.node_config import NodeSettings
+from flmarket_flwr.market.wire.ledger import LEDGER_FILE, ReleaseLedger, RosterHistory, isolates_a_small_group
+from flmarket_flwr.market.wire.messages import KEY_ROSTER_NODE_IDS, KEY_ROSTER_WANTED, RECORD_KEY
 from flmarket_flwr.pass_protocol import IdentityDirectory, PassServer, generate_identity
 from simulations.inprocess_grid import InProcessGrid
 
@@ -307,7 +307,7 @@ def test_the_server_app_reads_the_roster_history_from_the_run_config(tmp_path: P
 def test_the_release_is_recorded_before_the_unmask_shares_leave_and_a_failed_write_sends_none(tmp_path: Path) -> None:
     """Write-ahead: when a node's unmask reply leaves, its ledger already holds the release; if the write fails
     the node refuses (no shares), and PASS finishes without its shares."""
-    from flmarket_flwr.market.ledger import LedgerError
+    from flmarket_flwr.market.wire.ledger import LedgerError
 
     counts = make_counts(6, seed=32)
     full = sorted(counts)[2]

@@ -25,8 +25,8 @@ from flwr.clientapp import ClientApp
 
 from flmarket_flwr import pass_protocol
 from flmarket_flwr.market import CostBasedBid, MarketPhase, register_market_handlers
-from flmarket_flwr.market.messages import RECORD_KEY
-from flmarket_flwr.market.node_config import NodeSettings
+from flmarket_flwr.market.node.node_config import NodeSettings
+from flmarket_flwr.market.wire.messages import RECORD_KEY
 from flmarket_flwr.pass_protocol import IdentityDirectory, PassServer, generate_identity
 from flmarket_flwr.pass_protocol.channel import rebuild_secret, scalar_pair_mask
 from flmarket_flwr.pass_protocol.graph import share_threshold

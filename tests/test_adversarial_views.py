@@ -32,7 +32,7 @@ from flwr.app import Message
 from flwr.clientapp import ClientApp
 
 from flmarket_flwr.market import CostBasedBid, MarketPhase, register_market_handlers
-from flmarket_flwr.market.node_config import NodeSettings
+from flmarket_flwr.market.node.node_config import NodeSettings
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, PassError, PassServer, generate_identity
 from flmarket_flwr.pass_protocol.channel import rebuild_secret, scalar_pair_mask
 from flmarket_flwr.pass_protocol.encoding import roster_fingerprint

@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from flmarket_flwr.app.client_app import build_client_app
 from flmarket_flwr.market import MarketConfig, MarketPhase
-from flmarket_flwr.market.messages import RECORD_KEY
+from flmarket_flwr.market.wire.messages import RECORD_KEY
 from flmarket_flwr.pass_protocol import IdentityDirectory, generate_identity, load_identity_key, save_identity_key
 from simulations.inprocess_grid import InProcessGrid
 

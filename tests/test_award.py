@@ -21,7 +21,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flmarket_flwr.market import MarketError, MarketPhase, read_award, register_market_handlers
-from flmarket_flwr.market.award import (
+from flmarket_flwr.market.buyer.pass_rounds import PassResult
+from flmarket_flwr.market.node.bidding import CostBasedBid
+from flmarket_flwr.market.node.node_config import NodeSettings
+from flmarket_flwr.market.wire.award import (
     Award,
     AwardError,
     AwardTerms,
@@ -37,8 +40,7 @@ from flmarket_flwr.market.award import (
     sign_award,
     unpack_endorsements,
 )
-from flmarket_flwr.market.bidding import CostBasedBid
-from flmarket_flwr.market.messages import (
+from flmarket_flwr.market.wire.messages import (
     ACTION_AUDIT,
     ACTION_ENDORSE,
     KEY_AWARD,
@@ -51,9 +53,7 @@ from flmarket_flwr.market.messages import (
     KEY_SESSION,
     RECORD_KEY,
 )
-from flmarket_flwr.market.node_config import NodeSettings
-from flmarket_flwr.market.pass_rounds import PassResult
-from flmarket_flwr.market.records import config_record
+from flmarket_flwr.market.wire.records import config_record
 from flmarket_flwr.pass_protocol import generate_identity
 from flmarket_flwr.pass_protocol.identity import sign_award_endorsement
 from flmarket_flwr.pricing import run_auction

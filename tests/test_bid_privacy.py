@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flmarket_flwr.market import BucketedCostBid, CostBasedBid
-from flmarket_flwr.market.bidding import NoBidError, bucket_ceiling
+from flmarket_flwr.market.node.bidding import NoBidError, bucket_ceiling
 
 COST, MARKUP = 0.37, 0.2
 

@@ -29,17 +29,17 @@ from test_award import (
 from test_secure_profile_market import drop_in_app, profile_setup
 
 from flmarket_flwr.market import MarketPhase
-from flmarket_flwr.market.award import Bidder, SignedAward, binding_quorum, settle, sign_award
-from flmarket_flwr.market.bidding import CostBasedBid
-from flmarket_flwr.market.client import read_award
-from flmarket_flwr.market.config import PROFILE_COLLUDER_SHARE
-from flmarket_flwr.market.messages import (
+from flmarket_flwr.market.node.bidding import CostBasedBid
+from flmarket_flwr.market.node.client import read_award
+from flmarket_flwr.market.wire.award import Bidder, SignedAward, binding_quorum, settle, sign_award
+from flmarket_flwr.market.wire.messages import (
     ACTION_AUDIT,
     ACTION_AWARD,
     ACTION_ENDORSE,
     KEY_ENDORSEMENT,
     RECORD_KEY,
 )
+from flmarket_flwr.market.wire.profiles import PROFILE_COLLUDER_SHARE
 from flmarket_flwr.pass_protocol import load_identity_key
 from flmarket_flwr.pass_protocol.identity import sign_award_endorsement
 from simulations.inprocess_grid import InProcessGrid, market_client_app

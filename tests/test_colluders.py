@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 from test_secure_profile_market import profile_setup, secure_config
 
 from flmarket_flwr.market import CostBasedBid, MarketError, MarketPhase, register_market_handlers
-from flmarket_flwr.market.ledger import PrivacyBudgetExhausted, ReleaseLedger
-from flmarket_flwr.market.messages import ACTIONS
-from flmarket_flwr.market.node_config import read_node_settings
+from flmarket_flwr.market.node.node_config import read_node_settings
+from flmarket_flwr.market.wire.ledger import PrivacyBudgetExhausted, ReleaseLedger
+from flmarket_flwr.market.wire.messages import ACTIONS
 from flmarket_flwr.pass_protocol.noise import (
     MIN_HONEST_CLIENTS,
     SECURE_PROFILE_DELTA,

@@ -28,9 +28,10 @@ from test_secure_profile_market import drop_in_app, profile_setup, secure_config
 
 from flmarket_flwr.app.run_config import check_run_config, pass_reruns_of
 from flmarket_flwr.market import MarketConfig, MarketError, MarketPhase
-from flmarket_flwr.market.config import DEFAULT_PASS_RERUNS, profile_colluders
-from flmarket_flwr.market.messages import RECORD_KEY
-from flmarket_flwr.market.node_config import PROFILE_ROSTER_SHARE, PROFILE_SPLIT_TOLERANCE, read_node_settings
+from flmarket_flwr.market.buyer.config import DEFAULT_PASS_RERUNS
+from flmarket_flwr.market.node.node_config import PROFILE_ROSTER_SHARE, PROFILE_SPLIT_TOLERANCE, read_node_settings
+from flmarket_flwr.market.wire.messages import RECORD_KEY
+from flmarket_flwr.market.wire.profiles import profile_colluders
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, generate_identity, save_identity_key
 from flmarket_flwr.pass_protocol.graph import secret_threshold
 from simulations.inprocess_grid import InProcessGrid

@@ -40,7 +40,7 @@ from flmarket_flwr.app.run_config import (
 )
 from flmarket_flwr.app.task import DataConfig
 from flmarket_flwr.market import FLMarket, MarketConfig, MarketError, SimulatedCostBid
-from flmarket_flwr.market import server as market_server
+from flmarket_flwr.market.buyer import server as market_server
 from simulations import run_config as experiments_run_config
 from simulations.engine import ENGINE_APP_KEYS, ROUNDS_KEY, SWEEP_DEFAULTS, EngineConfig
 from simulations.inprocess_grid import InProcessGrid
@@ -49,7 +49,7 @@ from simulations.run_config import EXPERIMENT_KEYS, EXPERIMENT_SCHEMA, Experimen
 PROJECT = Path(__file__).resolve().parents[1]
 PACKAGE = PROJECT / "flmarket_flwr"
 SCHEMA_MODULE = PACKAGE / "app" / "run_config.py"
-NODE_SCHEMA_MODULE = PACKAGE / "market" / "node_config.py"
+NODE_SCHEMA_MODULE = PACKAGE / "market" / "node" / "node_config.py"
 PLUGIN_SOURCES = {"MarketConfig", "SimulatedCostBid"}
 """The plugin's classes whose field defaults the schema reads (a key's one default lives there)."""
 GENERATED = {

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from flmarket_flwr.app.run_config import DEFAULTS, markdown_table
-from flmarket_flwr.market.node_config import MARKET_SCHEMA
+from flmarket_flwr.market.node.node_config import MARKET_SCHEMA
 from simulations.run_config import markdown_table as experiments_table
 
 PROJECT = Path(__file__).resolve().parent.parent

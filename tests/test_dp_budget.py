@@ -32,8 +32,8 @@ from scipy.stats import chi2
 from test_colluders import charged_variance
 
 from flmarket_flwr.market import CostBasedBid, MarketPhase, register_market_handlers
-from flmarket_flwr.market.ledger import LEDGER_FILE, LedgerError, PrivacyBudgetExhausted, ReleaseLedger
-from flmarket_flwr.market.node_config import NodeSettings
+from flmarket_flwr.market.node.node_config import NodeSettings
+from flmarket_flwr.market.wire.ledger import LEDGER_FILE, LedgerError, PrivacyBudgetExhausted, ReleaseLedger
 from flmarket_flwr.pass_protocol import SkellamNoise
 from flmarket_flwr.pass_protocol.noise import PrivacyBudget, composed_epsilon, skellam_epsilon
 from simulations.inprocess_grid import InProcessGrid
@@ -280,7 +280,7 @@ def test_a_node_killed_mid_write_keeps_a_readable_ledger_with_every_spend_it_ack
     for round_ in range(4):
         folder = tmp_path / str(round_)
         process = subprocess.Popen(
-            [sys.executable, "-c", _SPENDER, str(REPO / "flmarket_flwr/market/ledger.py"), str(folder)],
+            [sys.executable, "-c", _SPENDER, str(REPO / "flmarket_flwr/market/wire/ledger.py"), str(folder)],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -294,7 +294,7 @@ def test_a_node_killed_mid_write_keeps_a_readable_ledger_with_every_spend_it_ack
 
 # --- The app's node config ---------------------------------------------------------------------------------
 def test_the_app_reads_the_total_budget_from_the_node_config(tmp_path: Path) -> None:
-    from flmarket_flwr.market.node_config import read_node_settings
+    from flmarket_flwr.market.node.node_config import read_node_settings
 
     def context(node_config: dict) -> Context:  # type: ignore[type-arg]
         return Context(1, 5, node_config, RecordDict(), {})

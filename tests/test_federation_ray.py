@@ -21,7 +21,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from flmarket_flwr.market import FLMarket, MarketConfig, MarketPhase, SimulatedCostBid, register_market_handlers
-from flmarket_flwr.market.relaunch import RelaunchPolicy
+from flmarket_flwr.market.buyer.relaunch import RelaunchPolicy
 
 NUM_CLASSES = 10
 NUM_NODES = 6

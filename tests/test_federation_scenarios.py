@@ -21,8 +21,8 @@ from test_market_relaunch import market, secure_grid
 
 from flmarket_flwr.app.results import selection_of
 from flmarket_flwr.market import FLMarket, MarketConfig, MarketError, MarketPhase
-from flmarket_flwr.market.membership import plan_membership
-from flmarket_flwr.market.relaunch import Commitment, RelaunchPolicy, budget_left
+from flmarket_flwr.market.buyer.membership import plan_membership
+from flmarket_flwr.market.buyer.relaunch import Commitment, RelaunchPolicy, budget_left
 from flmarket_flwr.pricing import run_auction
 from simulations.inprocess_grid import InProcessGrid
 

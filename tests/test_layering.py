@@ -21,15 +21,19 @@ FLOORS: dict[str, int] = {
     "flmarket_flwr.pass_protocol": 0,  # PASS: no Flower, no market
     "flmarket_flwr.pricing": 0,  # the score and the auction: numpy only
     "flmarket_flwr.nodes": 0,
-    "flmarket_flwr.market": 1,  # the Flower glue: FLMarket, the market phase, the client handlers
-    "flmarket_flwr": 1,  # the package's own __init__
-    "flmarket_flwr.app.data": 2,  # the example app's data sets
-    "simulations.inprocess_grid": 2,  # the test harness: a Grid running real ClientApps in one process (not the wheel)
-    "flmarket_flwr.app": 3,  # the example app: ServerApp, ClientApp, run config, task, models, demo
-    "simulations.baselines": 4,  # the experiments' baselines: RS, QBS, DICE, DDS, S-FedAvg
-    "simulations": 5,  # the experiments' runtime: engine, sweeps, report
-    "benchmarks": 6,
+    "flmarket_flwr.market.wire": 1,  # what buyer and node both read: messages, records, award, ledger rule
+    "flmarket_flwr.market.buyer": 2,  # FLMarket, the market phase over a Grid: never imports the node
+    "flmarket_flwr.market.node": 2,  # the ClientApp handlers, node settings, bids: never imports the buyer
+    "flmarket_flwr.market": 3,  # the public API (market/__init__.py): what a Flower user imports
+    "flmarket_flwr": 3,  # the package's own __init__
+    "flmarket_flwr.app.data": 4,  # the example app's data sets
+    "simulations.inprocess_grid": 4,  # the test harness: a Grid running real ClientApps in one process (not the wheel)
+    "flmarket_flwr.app": 5,  # the example app: ServerApp, ClientApp, run config, task, models, demo
+    "simulations.baselines": 6,  # the experiments' baselines: RS, QBS, DICE, DDS, S-FedAvg
+    "simulations": 7,  # the experiments' runtime: engine, sweeps, report
+    "benchmarks": 8,
 }
+BUYER, NODE = "flmarket_flwr.market.buyer", "flmarket_flwr.market.node"
 PLUGIN = ("flmarket_flwr.pass_protocol", "flmarket_flwr.pricing", "flmarket_flwr.nodes", "flmarket_flwr.market")
 
 
@@ -140,7 +144,10 @@ def test_the_rooms_import_one_another_without_a_circle() -> None:
 @pytest.mark.parametrize(
     ("module", "room"),
     [
-        ("flmarket_flwr.market.client", "flmarket_flwr.market"),
+        ("flmarket_flwr.market.node.client", "flmarket_flwr.market.node"),
+        ("flmarket_flwr.market.buyer.server", "flmarket_flwr.market.buyer"),
+        ("flmarket_flwr.market.wire.messages", "flmarket_flwr.market.wire"),
+        ("flmarket_flwr.market", "flmarket_flwr.market"),
         ("flmarket_flwr.app.data.partition", "flmarket_flwr.app.data"),
         ("flmarket_flwr.app.server_app", "flmarket_flwr.app"),
         ("simulations.baselines.selectors", "simulations.baselines"),
@@ -159,3 +166,33 @@ def test_the_walk_sees_an_upward_import_the_plugin_would_make(tmp_path: Path) ->
     imported = [name for name, _ in own_imports(source, "flmarket_flwr.market.probe")]
     assert imported == ["flmarket_flwr.app.task", "flmarket_flwr.app"]
     assert all(FLOORS[room_of(name)] > FLOORS["flmarket_flwr.market"] for name in imported)
+
+
+def test_the_buyer_and_the_node_never_import_each_other() -> None:
+    """Two rooms of one floor: they meet at the wire room below them, with no arrow either way between them."""
+    arrows = room_arrows()
+    assert FLOORS[BUYER] == FLOORS[NODE] > FLOORS["flmarket_flwr.market.wire"]
+    assert (BUYER, "flmarket_flwr.market.wire") in arrows and (NODE, "flmarket_flwr.market.wire") in arrows
+    assert not {(BUYER, NODE), (NODE, BUYER)} & set(arrows), {edge: arrows[edge] for edge in arrows if BUYER in edge}
+
+
+@pytest.mark.parametrize(
+    ("module", "statement"),
+    [
+        ("flmarket_flwr.market.buyer.probe", "from flmarket_flwr.market.node.client import read_award\n"),
+        ("flmarket_flwr.market.node.probe", "def f():\n    from ..buyer import server\n"),
+        ("flmarket_flwr.market.wire.probe", "from flmarket_flwr.market.buyer.config import MarketConfig\n"),
+        ("flmarket_flwr.market.node.probe", "from flmarket_flwr.market import FLMarket\n"),
+    ],
+)
+def test_an_import_between_the_buyer_and_the_node_breaks_the_layout(
+    tmp_path: Path, module: str, statement: str
+) -> None:
+    """The checker itself: a buyer module importing the node (or back, or the wire importing either, or a room
+    importing the public API above it) is an arrow the floors forbid."""
+    source = tmp_path / "probe.py"
+    source.write_text(statement, encoding="utf-8")
+    imported = [name for name, _ in own_imports(source, module)]
+    assert imported
+    for name in imported:
+        assert FLOORS[room_of(name)] >= FLOORS[room_of(module)], name

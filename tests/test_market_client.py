@@ -28,8 +28,9 @@ from flmarket_flwr.market import (
     register_market_handlers,
     simulated_cost_per_sample,
 )
-from flmarket_flwr.market.award import AwardTerms, BidsTree, SignedAward, build_award, sign_award
-from flmarket_flwr.market.messages import (
+from flmarket_flwr.market.node.node_config import NodeSettings, read_node_settings
+from flmarket_flwr.market.wire.award import AwardTerms, BidsTree, SignedAward, build_award, sign_award
+from flmarket_flwr.market.wire.messages import (
     ACTION_ADVERTISE,
     ACTION_AUDIT,
     ACTION_AWARD,
@@ -59,7 +60,6 @@ from flmarket_flwr.market.messages import (
     RECORD_KEY,
     message_type,
 )
-from flmarket_flwr.market.node_config import NodeSettings, read_node_settings
 from flmarket_flwr.pass_protocol import PassServer, SkellamNoise, counts_commitment
 from flmarket_flwr.pass_protocol.messages import MaskedInput
 from flmarket_flwr.pricing import score

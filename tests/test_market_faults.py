@@ -19,8 +19,8 @@ from flwr.app import ConfigRecord, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketError, MarketOutcome, MarketPhase
-from flmarket_flwr.market.award import Award
-from flmarket_flwr.market.messages import (
+from flmarket_flwr.market.wire.award import Award
+from flmarket_flwr.market.wire.messages import (
     ACTION_ADVERTISE,
     ACTION_AUDIT,
     ACTION_AWARD,

@@ -16,7 +16,8 @@ from test_strategy import INITIAL, market_grid, receivers, wrapped
 
 from flmarket_flwr.app.run_config import check_run_config, membership_of
 from flmarket_flwr.market import CostBasedBid, FLMarket, MarketConfig, MarketError, MarketPhase, read_award
-from flmarket_flwr.market.award import (
+from flmarket_flwr.market.buyer.membership import auction_budget, parse_node_ids, plan_membership
+from flmarket_flwr.market.wire.award import (
     Award,
     AwardError,
     AwardTerms,
@@ -25,7 +26,6 @@ from flmarket_flwr.market.award import (
     check_award,
     sign_award,
 )
-from flmarket_flwr.market.membership import auction_budget, parse_node_ids, plan_membership
 from flmarket_flwr.pricing import run_auction
 from simulations.inprocess_grid import InProcessGrid, market_client_app
 

@@ -3,6 +3,7 @@ record with a missing or mistyped item is refused naming the record and the key.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -11,7 +12,9 @@ from flwr.proto.recorddict_pb2 import ConfigRecord as ProtoConfigRecord
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flmarket_flwr.market.messages import (
+from flmarket_flwr.market.wire import messages
+from flmarket_flwr.market.wire.messages import (
+    AdvertiseTerms,
     AuditReply,
     AuditRequest,
     AwardReply,
@@ -21,9 +24,12 @@ from flmarket_flwr.market.messages import (
     EndorseReply,
     EndorseRequest,
     ReplyError,
+    RosterNodeIds,
+    RosterWanted,
     TagsReply,
+    TagsRequest,
 )
-from flmarket_flwr.market.records import config_record, config_record_from_proto, config_record_to_proto
+from flmarket_flwr.market.wire.records import config_record, config_record_from_proto, config_record_to_proto
 
 _u64 = st.integers(0, 2**63 - 1)
 _floats = st.floats(allow_nan=False, allow_infinity=False)
@@ -38,6 +44,10 @@ RECORDS = st.one_of(
     st.builds(AwardRequest, st.binary(max_size=48), _maybe_bytes, _maybe_bytes, _maybe_bytes),
     st.builds(AwardReply, st.booleans()),
     st.builds(TagsReply, st.text(max_size=40)),
+    st.builds(TagsRequest),
+    st.builds(AdvertiseTerms, _floats, _u64, st.binary(max_size=32)),
+    st.builds(RosterWanted, st.booleans()),
+    st.builds(RosterNodeIds, _maybe_bytes),
 )
 
 
@@ -77,9 +87,35 @@ def test_a_missing_or_mistyped_item_is_refused_by_name(record: Any, items: dict,
 def test_an_optional_item_that_is_none_does_not_travel() -> None:
     assert AwardRequest(b"s").to_record() == {"session": b"s"}  # an aborted market's award step
     held = AwardRequest(b"s", award_signature=b"g", award_digest=b"d")
-    assert held.to_record() == {"session": b"s", "award-signature": b"g", "award-digest": b"d"}
+    assert list(held.to_record().items()) == [("session", b"s"), ("award-digest", b"d"), ("award-signature", b"g")]
     assert AwardRequest.from_record(held.to_record()) == held
 
 
 def test_an_int_is_a_float_item() -> None:
     assert BidReply.from_record({"score": 2, "bid": 3}) == BidReply(2.0, 3.0)
+
+
+def test_the_advertise_terms_and_the_roster_items_travel_under_their_keys() -> None:
+    assert AdvertiseTerms(2.0, 3, b"k").to_record() == {
+        "terms-budget": 2.0,
+        "terms-cohort-cap": 3,
+        "terms-buyer-key": b"k",
+    }
+    assert RosterWanted(True).to_record() == {"roster-wanted": True}
+    assert RosterNodeIds(b"\0" * 8).to_record() == {"roster-node-ids": b"\0" * 8}
+    assert TagsRequest().to_record() == {}
+
+
+_RECORD_CLASSES = [
+    value
+    for value in vars(messages).values()
+    if isinstance(value, type) and hasattr(value, "wire_keys") and dataclasses.is_dataclass(value)
+]
+_RECEIPT_KEYS = {messages.KEY_WON, messages.KEY_PAYMENT}  # the node's receipt in its own state, not on the wire
+
+
+def test_every_key_name_spells_a_records_field() -> None:
+    """The ``KEY_`` names are spellings of the records' keys for raw records, never a second wire format."""
+    record_keys = {key for record in _RECORD_CLASSES for key in record.wire_keys()}
+    named = {value for name, value in vars(messages).items() if name.startswith("KEY_")}
+    assert named - _RECEIPT_KEYS <= record_keys, named - _RECEIPT_KEYS - record_keys

@@ -24,8 +24,8 @@ from flmarket_flwr.market import (
     read_award,
     simulated_cost_per_sample,
 )
-from flmarket_flwr.market.award import SignedAward
-from flmarket_flwr.market.messages import RECORD_KEY
+from flmarket_flwr.market.wire.award import SignedAward
+from flmarket_flwr.market.wire.messages import RECORD_KEY
 from flmarket_flwr.pricing import cohort_budget, run_auction, score
 from simulations.inprocess_grid import InProcessGrid, market_client_app
 

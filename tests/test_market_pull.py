@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
-from flmarket_flwr.market import transport
+from flmarket_flwr.market.buyer import transport
 
 
 class CutOffGrid:

@@ -1,4 +1,4 @@
-"""market.records: the same checks as Flower's ConfigRecord, byte for byte Flower's serialisation, no warning."""
+"""market.wire.records: the same checks as Flower's ConfigRecord, byte for byte Flower's serialisation, no warning."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_conte
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase, records
-from flmarket_flwr.market.records import (
+from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase
+from flmarket_flwr.market.wire import records
+from flmarket_flwr.market.wire.records import (
     config_record,
     config_record_to_proto,
     context_from_bytes,

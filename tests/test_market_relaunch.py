@@ -19,7 +19,7 @@ from flmarket_flwr.app.results import selection_of
 from flmarket_flwr.app.run_config import relaunch_of
 from flmarket_flwr.app.server_app import ServerSettings
 from flmarket_flwr.market import FLMarket, MarketConfig, MarketError, MarketPhase
-from flmarket_flwr.market.relaunch import RELAUNCH_METRIC, RelaunchPolicy
+from flmarket_flwr.market.buyer.relaunch import RELAUNCH_METRIC, RelaunchPolicy
 from flmarket_flwr.pass_protocol import IdentityDirectory
 from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_DELTA, SkellamNoise, composed_epsilon
 from simulations.inprocess_grid import InProcessGrid

@@ -1,8 +1,10 @@
-"""The bytes of every market message a node sends, pinned in two deterministic honest markets.
+"""The bytes of every market message, the buyer's requests and the nodes' replies, pinned in two deterministic
+honest markets.
 
 Every source of randomness (``os.urandom``, ``secrets.token_bytes``, X25519 key generation) is replaced by a
-counter-seeded stream, the buyer's key is fixed, and the nodes' replies are hashed per message type in the order
-they arrive: a refactoring of the node side that changes one byte of one reply changes a digest here.
+counter-seeded stream, the buyer's key is fixed, and the requests and the replies are hashed per message type in
+the order the replies arrive: a refactoring of either side that changes one byte of one message changes a digest
+here.
 """
 
 from __future__ import annotations
@@ -36,6 +38,27 @@ SEMI_HONEST_DIGESTS = {
     "query.market_mask": "48000a64b0a7d68db3e04ead5ba7ee27d235a3843d53f3934c1b543b7e7673f6",
     "query.market_share": "ebbeeb859c706894d5db489f6f87100213bfc477f999225572f41b2c07b13217",
     "query.market_unmask": "99a65bf39b9a1c16dc9bbd60604cdd1aedabd26a9abc8148d3147e33375ec429",
+}
+SEMI_HONEST_REQUEST_DIGESTS = {
+    "query.market_advertise": "d4a81a6be125a06dbef113ce266e9d59dab7d484a831a0ff5b7b8702b94014d9",
+    "query.market_audit": "ef6f0fa0037dc64ce8cf24813471fb693895cbc10ca994adbc77c1371d36ecf5",
+    "query.market_award": "6fe3a737da26f0578fce3f33da7f9b89ef229e2cd24a1d20ce543f7ec70c5fe4",
+    "query.market_bid": "81675c961b85b7ce68c29f9f4077d48fff766f21560f3f2f28e516a132133280",
+    "query.market_endorse": "7b152aa7dcc314c04ee0cc17461ff6d234d84fb5d5f87175519b26d09bb8233b",
+    "query.market_mask": "73c57e1c95601cc71f79f8f139ea150069f278d6a38b9050cd8c8bd037e29776",
+    "query.market_share": "c2fef94c831bac7c6235fc2e753014c2b8bfa89507820c7b628882faa0ade37d",
+    "query.market_unmask": "8e1bda3177672aba9aee6e21a6c2852c990034074bbe3652a7264089d687afda",
+}
+SECURE_PROFILE_REQUEST_DIGESTS = {
+    "query.market_advertise": "d4a81a6be125a06dbef113ce266e9d59dab7d484a831a0ff5b7b8702b94014d9",
+    "query.market_audit": "b38b0a65ff0617a23f1b100883298634b3eb6433d82d42775778a6f17e02e06f",
+    "query.market_award": "27f9ce3b0ede43b823d81061b889b392d82899580c9ec09c144fbbddeeba66d3",
+    "query.market_bid": "3ddc44bbfb42eabda4e675c6507670bfcec3c6c284ddfd93abe082cdae7d920a",
+    "query.market_endorse": "ef27e899f14dd342989bc8087b9a188f8fb72ebae315830dbb4aa79c5858d98f",
+    "query.market_mask": "f7de79681a8c7dea9dcc5903290a072b926f63fd2b771f0bf9ff63e8d3d83120",
+    "query.market_share": "1cf2b7ea55f83d44435279ba1d02158eef9df320c3f81eab7b452c94a878a6e7",
+    "query.market_survivors": "59efdd992e90c47ba0b35bd46311964003bbf9856e6be2457843b6244f778ec0",
+    "query.market_unmask": "9db4c03c3baa2afc42bb166ce262a9f0c22e0f5e6db0769542c60f90d7a23998",
 }
 SECURE_PROFILE_DIGESTS = {
     "query.market_advertise": "6ba1ef5f2aaddaf59f801af73ed76521241549f19f69916b5705d41d7fc58d18",
@@ -73,38 +96,48 @@ def _fix_randomness(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
-def _reply_digests(
+def _wire_digests(
     monkeypatch: pytest.MonkeyPatch, run: Callable[[Callable[[Message, Message], Message]], None]
-) -> dict[str, str]:
-    """SHA-256 per message type over the content bytes of every node reply, in the order the nodes sent them, in a
-    market whose every random draw comes from a fixed stream.
+) -> tuple[dict[str, str], dict[str, str]]:
+    """SHA-256 per message type over the content bytes of every buyer request and of every node reply, in the order
+    the nodes replied, in a market whose every random draw comes from a fixed stream: ``(requests, replies)``.
 
     The market runs once first on real randomness, so that whatever draws once per process (a lazy import, a
     first use) has drawn before the stream starts: the pinned run then draws the same bytes in any test order.
     """
     run(lambda instruction, reply: reply)
     _fix_randomness(monkeypatch)
-    hashes: dict[str, Any] = defaultdict(hashlib.sha256)
+    requests: dict[str, Any] = defaultdict(hashlib.sha256)
+    replies: dict[str, Any] = defaultdict(hashlib.sha256)
+
+    def add(hashes: dict[str, Any], kind: str, node: int, body: bytes) -> None:
+        hashes[kind].update(node.to_bytes(8, "big") + len(body).to_bytes(8, "big") + body)
 
     def record(instruction: Message, reply: Message) -> Message:
-        kind = instruction.metadata.message_type
+        kind, node = instruction.metadata.message_type, instruction.metadata.dst_node_id
+        add(requests, kind, node, recorddict_to_proto(instruction.content).SerializeToString(deterministic=True))
         body = (
             recorddict_to_proto(reply.content).SerializeToString(deterministic=True)
             if reply.has_content()
             else reply.error.reason.encode()
         )
-        hashes[kind].update(instruction.metadata.dst_node_id.to_bytes(8, "big") + len(body).to_bytes(8, "big") + body)
+        add(replies, kind, node, body)
         return reply
 
     run(record)
-    return {kind: digest.hexdigest() for kind, digest in sorted(hashes.items())}
+    request_digests, reply_digests = (
+        {kind: digest.hexdigest() for kind, digest in sorted(hashes.items())} for hashes in (requests, replies)
+    )
+    return request_digests, reply_digests
 
 
 def _buyer_key() -> Ed25519PrivateKey:
     return Ed25519PrivateKey.from_private_bytes(hashlib.sha256(b"buyer").digest())
 
 
-def test_the_replies_of_an_honest_semi_honest_market_keep_their_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_requests_and_replies_of_an_honest_semi_honest_market_keep_their_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     counts = make_counts(6, seed=41)
 
     def run(hook: Callable[[Message, Message], Message]) -> None:
@@ -112,10 +145,10 @@ def test_the_replies_of_an_honest_semi_honest_market_keep_their_bytes(monkeypatc
         config = MarketConfig(budget=100.0, num_classes=10, poll_interval=0.001, buyer_key=_buyer_key())
         assert MarketPhase(config).run(grid).status == "succeeded"
 
-    assert _reply_digests(monkeypatch, run) == SEMI_HONEST_DIGESTS
+    assert _wire_digests(monkeypatch, run) == (SEMI_HONEST_REQUEST_DIGESTS, SEMI_HONEST_DIGESTS)
 
 
-def test_the_replies_of_an_honest_market_in_the_secure_profile_keep_their_bytes(
+def test_the_requests_and_replies_of_an_honest_market_in_the_secure_profile_keep_their_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FLMARKET_HOME", str(tmp_path / "home"))
@@ -152,20 +185,20 @@ def test_the_replies_of_an_honest_market_in_the_secure_profile_keep_their_bytes(
         )
         assert MarketPhase(config).run(grid).status == "succeeded"
 
-    assert _reply_digests(monkeypatch, run) == SECURE_PROFILE_DIGESTS
+    assert _wire_digests(monkeypatch, run) == (SECURE_PROFILE_REQUEST_DIGESTS, SECURE_PROFILE_DIGESTS)
 
 
 def test_the_pin_is_deterministic(monkeypatch: pytest.MonkeyPatch) -> None:
     """The same market twice under the same stream gives the same bytes (so the digests above can pin them)."""
     counts = {node: np.asarray(value) for node, value in make_counts(4, seed=43).items()}
 
-    def digests() -> dict[str, str]:
+    def digests() -> tuple[dict[str, str], dict[str, str]]:
         def run(hook: Callable[[Message, Message], Message]) -> None:
             grid = InProcessGrid(market_client_app(counts, CostBasedBid(0.01)), list(counts), reply_hook=hook)
             MarketPhase(MarketConfig(budget=100.0, num_classes=10, poll_interval=0.001, buyer_key=_buyer_key())).run(
                 grid
             )
 
-        return _reply_digests(monkeypatch, run)
+        return _wire_digests(monkeypatch, run)
 
     assert digests() == digests()

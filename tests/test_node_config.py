@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from flmarket_flwr.app.client_app import NODE_CONFIG, build_client_app
 from flmarket_flwr.app.run_config import APP_KEYS
 from flmarket_flwr.market import MarketConfig, MarketPhase
-from flmarket_flwr.market.node_config import (
+from flmarket_flwr.market.node.node_config import (
     MARKET_NODE_KEYS,
     MARKET_SCHEMA,
     NodeKey,
@@ -168,7 +168,7 @@ def test_the_noise_ceiling_refuses_weaker_noise_by_name() -> None:
 
 def test_the_printed_schema_lists_every_market_key_with_its_default() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "flmarket_flwr.market.node_config"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "flmarket_flwr.market.node.node_config"], capture_output=True, text=True, check=True
     )
     lines = result.stdout.splitlines()
     assert [line.split()[0] for line in lines] == [key.name for key in MARKET_NODE_KEYS]
@@ -198,7 +198,7 @@ def test_the_app_refuses_a_misconfigured_node_at_its_first_message(
 def test_the_schema_and_the_directory_tool_import_without_the_app_stack() -> None:
     """The core install reads node config: neither module pulls torch, scipy, Ray or the app's run config."""
     code = (
-        "import sys, flmarket_flwr.market.node_config, flmarket_flwr.pass_protocol.identity_cli\n"
+        "import sys, flmarket_flwr.market.node.node_config, flmarket_flwr.pass_protocol.identity_cli\n"
         "heavy = ('torch', 'scipy', 'sklearn', 'ray', 'hydra',\n"
         "         'flmarket_flwr.app.run_config', 'flmarket_flwr.app.task')\n"
         "print(sorted(m for m in heavy if m in sys.modules))"

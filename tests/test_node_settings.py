@@ -10,8 +10,8 @@ from flwr.app import Context, RecordDict
 from test_secure_profile_market import drop_in_app, profile_setup, secure_config
 
 from flmarket_flwr.market import MarketPhase
-from flmarket_flwr.market import node_config as node_config_module
-from flmarket_flwr.market.node_config import NodeSettings, read_node_settings
+from flmarket_flwr.market.node import node_config as node_config_module
+from flmarket_flwr.market.node.node_config import NodeSettings, read_node_settings
 from flmarket_flwr.pass_protocol import IdentityDirectory, generate_identity, save_identity_key
 from simulations.inprocess_grid import InProcessGrid
 

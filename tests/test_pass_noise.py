@@ -25,8 +25,8 @@ from scipy.special import logsumexp
 from scipy.stats import skellam
 
 from flmarket_flwr.market import CostBasedBid, MarketPhase, register_market_handlers
-from flmarket_flwr.market.ledger import ReleaseLedger
-from flmarket_flwr.market.node_config import NodeSettings
+from flmarket_flwr.market.node.node_config import NodeSettings
+from flmarket_flwr.market.wire.ledger import ReleaseLedger
 from flmarket_flwr.pass_protocol import PassClient, PassError, PassServer, SkellamNoise
 from flmarket_flwr.pass_protocol.noise import skellam_epsilon, skellam_rdp, skellam_variance_for
 from simulations.inprocess_grid import InProcessGrid

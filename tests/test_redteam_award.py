@@ -22,7 +22,8 @@ from test_binding_award import BUDGET, NODES, _colluder_keys, play, profile_grid
 from test_secure_profile_market import drop_in_app, profile_setup
 
 from flmarket_flwr.market import MarketPhase
-from flmarket_flwr.market.award import (  # _signed_message: the buyer signs raw bytes, as a deviating one can
+from flmarket_flwr.market.node.client import read_award
+from flmarket_flwr.market.wire.award import (  # _signed_message: the buyer signs raw bytes, as a deviating one can
     Award,
     AwardError,
     AwardTerms,
@@ -37,9 +38,7 @@ from flmarket_flwr.market.award import (  # _signed_message: the buyer signs raw
     settle,
     sign_award,
 )
-from flmarket_flwr.market.client import read_award
-from flmarket_flwr.market.config import PROFILE_COLLUDER_SHARE
-from flmarket_flwr.market.messages import (
+from flmarket_flwr.market.wire.messages import (
     ACTION_AUDIT,
     ACTION_AWARD,
     ACTION_ENDORSE,
@@ -50,6 +49,7 @@ from flmarket_flwr.market.messages import (
     KEY_ENDORSEMENTS,
     KEY_SESSION,
 )
+from flmarket_flwr.market.wire.profiles import PROFILE_COLLUDER_SHARE
 from flmarket_flwr.pass_protocol.identity import sign_award_endorsement
 from simulations.inprocess_grid import InProcessGrid
 

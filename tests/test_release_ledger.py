@@ -1,4 +1,4 @@
-"""The node's release ledger (:mod:`flmarket_flwr.market.ledger`): the differencing rule, storage, failure modes."""
+"""The node's release ledger (:mod:`flmarket_flwr.market.wire.ledger`): the differencing rule, storage, failures."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from flwr.app import Context, RecordDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flmarket_flwr.market.ledger import (
+from flmarket_flwr.market.wire.ledger import (
     LEDGER_FILE,
     LedgerError,
     ReleaseLedger,
@@ -195,7 +195,7 @@ def test_concurrent_markets_on_one_node_lose_no_record(tmp_path: Path) -> None:
         list(pool.map(lambda w: _record_many(str(tmp_path), w), range(4)))
     processes = [  # ledger.py is standard library only: load it alone, no Flower import in the children
         subprocess.Popen(
-            [sys.executable, "-c", _WORKER, str(REPO / "flmarket_flwr/market/ledger.py"), str(tmp_path), str(w)]
+            [sys.executable, "-c", _WORKER, str(REPO / "flmarket_flwr/market/wire/ledger.py"), str(tmp_path), str(w)]
         )
         for w in range(4, 8)
     ]
@@ -221,7 +221,7 @@ def test_concurrent_conflicting_releases_let_exactly_one_through(tmp_path: Path)
 
 # --- The app's node config -------------------------------------------------------------------------
 def test_the_app_reads_the_ledger_from_the_node_config(tmp_path: Path) -> None:
-    from flmarket_flwr.market.node_config import read_node_settings
+    from flmarket_flwr.market.node.node_config import read_node_settings
 
     def context(node_config: dict) -> Context:  # type: ignore[type-arg]
         return Context(1, 5, node_config, RecordDict(), {})
@@ -235,7 +235,7 @@ def test_the_app_reads_the_ledger_from_the_node_config(tmp_path: Path) -> None:
 
 
 def test_the_app_reads_the_complete_graph_requirement_from_the_node_config() -> None:
-    from flmarket_flwr.market.node_config import read_node_settings
+    from flmarket_flwr.market.node.node_config import read_node_settings
 
     def context(node_config: dict) -> Context:  # type: ignore[type-arg]
         return Context(1, 5, node_config, RecordDict(), {})
@@ -249,7 +249,7 @@ def test_the_app_reads_the_complete_graph_requirement_from_the_node_config() -> 
 
 
 def test_the_app_reads_the_roster_floor_and_the_split_tolerance_from_the_node_config() -> None:
-    from flmarket_flwr.market.node_config import read_node_settings
+    from flmarket_flwr.market.node.node_config import read_node_settings
 
     def context(node_config: dict) -> Context:  # type: ignore[type-arg]
         return Context(1, 5, node_config, RecordDict(), {})

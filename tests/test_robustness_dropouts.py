@@ -35,7 +35,7 @@ from flmarket_flwr.market import (
     NoWinnerConnectedError,
     WinnersGrid,
 )
-from flmarket_flwr.market.messages import (
+from flmarket_flwr.market.wire.messages import (
     ACTION_AUDIT,
     ACTION_BID,
     ACTION_ENDORSE,

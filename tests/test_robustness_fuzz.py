@@ -44,7 +44,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase
-from flmarket_flwr.market.messages import (
+from flmarket_flwr.market.wire.messages import (
     ACTION_ADVERTISE,
     ACTION_AUDIT,
     ACTION_AWARD,

@@ -13,8 +13,8 @@ from flwr.app import Context, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
 from flmarket_flwr.market import FLMarket, MarketConfig
-from flmarket_flwr.market.config import PROFILE_COLLUDER_SHARE
-from flmarket_flwr.market.node_config import PROFILE_SPLIT_TOLERANCE, NodeSettings, read_node_settings
+from flmarket_flwr.market.node.node_config import PROFILE_SPLIT_TOLERANCE, NodeSettings, read_node_settings
+from flmarket_flwr.market.wire.profiles import PROFILE_COLLUDER_SHARE
 from flmarket_flwr.pass_protocol import IdentityDirectory, SkellamNoise, generate_identity, save_identity_key
 from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_EPSILON, SECURE_PROFILE_TOTAL_EPSILON, PrivacyBudget
 

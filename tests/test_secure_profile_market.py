@@ -16,8 +16,8 @@ from flwr.clientapp import ClientApp
 from test_award import MaliciousPhase, _AttackDone, audit_oracle
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketError, MarketPhase, register_market_handlers
-from flmarket_flwr.market.award import SignedAward
-from flmarket_flwr.market.client import read_award
+from flmarket_flwr.market.node.client import read_award
+from flmarket_flwr.market.wire.award import SignedAward
 from flmarket_flwr.pass_protocol import IdentityDirectory, generate_identity, save_identity_key
 from simulations.inprocess_grid import InProcessGrid
 

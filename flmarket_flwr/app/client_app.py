@@ -40,14 +40,14 @@ from flmarket_flwr.app.task import (
 )
 from flmarket_flwr.app.task import train as train_model
 from flmarket_flwr.market import SimulatedCostBid, read_award, register_market_handlers
-from flmarket_flwr.market.config_keys import at_least
-from flmarket_flwr.market.node_config import (
+from flmarket_flwr.market.node.node_config import (
     MARKET_SCHEMA,
     NodeConfigCheck,
     NodeKey,
     NodeSettings,
     read_node_settings,
 )
+from flmarket_flwr.market.wire.config_keys import at_least
 
 if TYPE_CHECKING:
     import torch
@@ -60,7 +60,7 @@ APP_NODE_KEYS: Final[tuple[NodeKey, ...]] = (
             at_least(0), ">= 0"),
     NodeKey("num-partitions", int, None, "the number of partitions: the federation's size", at_least(1), ">= 1"),
 )  # fmt: skip
-"""The app's own node-config keys (the market's are :data:`~flmarket_flwr.market.node_config.MARKET_NODE_KEYS`)."""
+"""The app's own node-config keys (the market's are :data:`~flmarket_flwr.market.node.node_config.MARKET_NODE_KEYS`)."""
 
 NODE_CONFIG: Final = MARKET_SCHEMA.extended(APP_NODE_KEYS, run_config_keys=DEFAULTS)
 """Every node-config key of the app; a run-config key given as node config is refused by name."""
@@ -292,7 +292,7 @@ def node_settings_of(context: Context) -> NodeSettings:
 
     The node adds that noise to its counts, refused below its own ceiling (``pass-dp-max-epsilon`` in its node
     config); in the secure profile it adds the profile's noise when the run announces none
-    (:func:`~flmarket_flwr.market.node_config.read_node_settings`).
+    (:func:`~flmarket_flwr.market.node.node_config.read_node_settings`).
     """
     run = settings_of(context)
     noise = market_noise(run.pass_dp_epsilon, run.pass_dp_delta, run.pass_dp_honest_fraction)
@@ -326,7 +326,7 @@ def build_client_app(run_config: Mapping[str, Any] | None = None, val_per_class:
       heterogeneous) cost per sample times ``N_e``, plus a markup
       (:func:`simulated_cost_bid`). The server only ever sees them masked (PASS).
       The node's settings come from its node config, read once per message
-      (:func:`~flmarket_flwr.market.node_config.read_node_settings`), with the run config's ``pass-dp-*`` noise
+      (:func:`~flmarket_flwr.market.node.node_config.read_node_settings`), with the run config's ``pass-dp-*`` noise
       announced (:func:`node_settings_of`). A node started with
       ``--node-config "... identity-key='<pem>' identity-directory='<json>'"`` and a pin
       (``identity-directory-digest`` or ``identity-directory-signer``) signs its PASS key advertisement and
@@ -345,7 +345,7 @@ def build_client_app(run_config: Mapping[str, Any] | None = None, val_per_class:
       client's partition with the configured model, on CUDA when available.
 
     Every node-config key is declared once (:data:`NODE_CONFIG`: the market's keys,
-    :mod:`flmarket_flwr.market.node_config`, and the app's own); a node config with an unknown key, a
+    :mod:`flmarket_flwr.market.node.node_config`, and the app's own); a node config with an unknown key, a
     run-config key or a value that cannot work is refused at the first message (:class:`NodeConfigCheck`).
 
     The client's partition is ``node_config["partition-id"]`` out of

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from flmarket_flwr.app.data import DISTRIBUTIONS, load_digits_arrays, make_partition, train_test_split_balanced
-from flmarket_flwr.market.bidding import cost_based_bid, simulated_cost_per_sample
+from flmarket_flwr.market.node.bidding import cost_based_bid, simulated_cost_per_sample
 from flmarket_flwr.pass_protocol import PassClient, PassServer
 from flmarket_flwr.pricing import AuctionResult, run_auction, score
 

@@ -19,7 +19,7 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
 from flmarket_flwr.market import MarketOutcome
-from flmarket_flwr.market.messages import ACTIONS, message_type
+from flmarket_flwr.market.wire.messages import ACTIONS, message_type
 
 __all__ = ["MarketProgress", "ProgressGrid"]
 

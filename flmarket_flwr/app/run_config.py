@@ -24,14 +24,14 @@ from typing import Any, Final, Literal, TypeVar
 
 from flmarket_flwr.app.data.partition import DEFAULT_SCHEDULE, DISTRIBUTIONS, SCHEDULES
 from flmarket_flwr.app.data.registry import DATASET_NAMES, canonical_dataset_name
-from flmarket_flwr.market.bidding import SimulatedCostBid
-from flmarket_flwr.market.config import MarketConfig
-from flmarket_flwr.market.config_keys import Scalar, check_value, typed_value
-from flmarket_flwr.market.config_keys import at_least as _at_least
-from flmarket_flwr.market.config_keys import one_of as _one_of
-from flmarket_flwr.market.config_keys import positive as _positive
-from flmarket_flwr.market.membership import Member, parse_node_ids
-from flmarket_flwr.market.relaunch import RelaunchPolicy
+from flmarket_flwr.market.buyer.config import MarketConfig
+from flmarket_flwr.market.buyer.membership import Member, parse_node_ids
+from flmarket_flwr.market.buyer.relaunch import RelaunchPolicy
+from flmarket_flwr.market.node.bidding import SimulatedCostBid
+from flmarket_flwr.market.wire.config_keys import Scalar, check_value, typed_value
+from flmarket_flwr.market.wire.config_keys import at_least as _at_least
+from flmarket_flwr.market.wire.config_keys import one_of as _one_of
+from flmarket_flwr.market.wire.config_keys import positive as _positive
 from flmarket_flwr.pass_protocol.noise import SkellamNoise
 
 __all__ = [

@@ -8,9 +8,19 @@ Server (inside ``@app.main()``)::
 Client::
 
     register_market_handlers(client_app, label_counts, CostBasedBid(0.01))
+
+Inside, the buyer's modules (:mod:`.buyer`) and the node's (:mod:`.node`) never import each other; they meet at
+:mod:`.wire`, what both read (``docs/layout.md``). This module is the public API over the three.
 """
 
-from flmarket_flwr.market.bidding import (
+from flmarket_flwr.market.buyer.config import MarketConfig, MarketOutcome
+from flmarket_flwr.market.buyer.delivery import DeliveryLedger, DeliveryRecord
+from flmarket_flwr.market.buyer.errors import MarketError
+from flmarket_flwr.market.buyer.grid_view import NoWinnerConnectedError, WinnersGrid
+from flmarket_flwr.market.buyer.relaunch import RelaunchPolicy
+from flmarket_flwr.market.buyer.server import MarketPhase
+from flmarket_flwr.market.buyer.strategy import FLMarket
+from flmarket_flwr.market.node.bidding import (
     DEFAULT_COST_PER_SAMPLE,
     BidPolicy,
     BucketedCostBid,
@@ -19,16 +29,9 @@ from flmarket_flwr.market.bidding import (
     SimulatedCostBid,
     simulated_cost_per_sample,
 )
-from flmarket_flwr.market.client import MarketAward, read_award, register_market_handlers
-from flmarket_flwr.market.config import MarketConfig, MarketOutcome
-from flmarket_flwr.market.delivery import DeliveryLedger, DeliveryRecord
-from flmarket_flwr.market.errors import MarketError
-from flmarket_flwr.market.grid_view import NoWinnerConnectedError, WinnersGrid
-from flmarket_flwr.market.labels import label_counts
-from flmarket_flwr.market.ledger import ReleaseLedger, RosterHistory, plan_roster
-from flmarket_flwr.market.relaunch import RelaunchPolicy
-from flmarket_flwr.market.server import MarketPhase
-from flmarket_flwr.market.strategy import FLMarket
+from flmarket_flwr.market.node.client import MarketAward, read_award, register_market_handlers
+from flmarket_flwr.market.node.labels import label_counts
+from flmarket_flwr.market.wire.ledger import ReleaseLedger, RosterHistory, plan_roster
 
 __all__ = [
     "DEFAULT_COST_PER_SAMPLE",

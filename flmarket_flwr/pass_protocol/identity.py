@@ -34,7 +34,7 @@ _SURVIVORS_LABEL: Final[bytes] = b"flmarket-pass/v2/survivor-set"
 _CIPHERTEXT_LABEL: Final[bytes] = b"flmarket-pass/v2/share-ciphertext"
 _ENDORSEMENT_LABEL: Final[bytes] = b"flmarket/v1/award-endorsement"
 AWARD_DIGEST_LENGTH: Final[int] = 32
-"""Bytes of an award digest (SHA-256, :meth:`flmarket_flwr.market.award.Award.digest`)."""
+"""Bytes of an award digest (SHA-256, :meth:`flmarket_flwr.market.wire.award.Award.digest`)."""
 ROSTER_LENGTH: Final[int] = 32
 """Bytes of a roster fingerprint (SHA-256)."""
 _DIRECTORY_VERSION: Final[int] = 1
@@ -379,7 +379,7 @@ class IdentityDirectory(Mapping[int, bytes]):
       that a garbage ciphertext is its own and the server cannot forge one in its name (a receiver reveals its
       channel secret to accuse a sender only for a validly signed ciphertext, :mod:`.client`);
     * the digest of the market's award it checked (:func:`sign_award_endorsement`): a winner opens its counts only
-      for an award that ``t`` other members endorsed (:mod:`flmarket_flwr.market.award`).
+      for an award that ``t`` other members endorsed (:mod:`flmarket_flwr.market.wire.award`).
 
     Without a directory the server is trusted to relay keys and survivor sets faithfully (semi-honest server
     only); with one, it can no longer substitute keys or replay them, and a client unmasks only for a set that ``t``

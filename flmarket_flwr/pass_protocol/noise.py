@@ -209,7 +209,7 @@ class PrivacyBudget:
 
     Notes
     -----
-    **A node's total budget.** A node with a release ledger (:mod:`flmarket_flwr.market.ledger`) records the
+    **A node's total budget.** A node with a release ledger (:mod:`flmarket_flwr.market.wire.ledger`) records the
     aggregate variance each of its releases counted on and refuses one that would take the composed ``epsilon``
     of all of them past its :class:`PrivacyBudget`. Differencing two releases (colluders leaving together with a
     victim, which no ledger rule prevents) is post-processing: it learns what their composition allows, no more.
@@ -281,7 +281,7 @@ class SkellamNoise:
     survivors ``U3``, of which at most ``n - h`` collude, so its honest noise has variance at least
     ``client_variance(n) * (|U3| - (n - h))`` (:meth:`release_variance`): the target when every client survives,
     less when the server drops some after the roster was fixed. That is what a node's ledger charges
-    (:meth:`~flmarket_flwr.market.ledger.ReleaseLedger.charge_release`). It assumes the honest clients share this
+    (:meth:`~flmarket_flwr.market.wire.ledger.ReleaseLedger.charge_release`). It assumes the honest clients share this
     setting; with more colluders than ``n - h`` the release carries less noise than charged, and the guarantee
     stops there.
 

@@ -1,7 +1,7 @@
 """PASS v2, the server's side: :class:`PassServer` builds each round's requests and rebuilds ``N_s``.
 
 It takes and returns messages keyed by PASS index and never touches a Flower message (the glue in
-:mod:`flmarket_flwr.market.pass_rounds` does); a bad reply excludes its client, and only a session that can no
+:mod:`flmarket_flwr.market.buyer.pass_rounds` does); a bad reply excludes its client, and only a session that can no
 longer finish safely raises :class:`~flmarket_flwr.pass_protocol.encoding.PassError`.
 """
 

@@ -290,7 +290,7 @@ def decisive_head(
     eligible) change neither the winners nor any payment, so :func:`run_auction` over the head alone gives the
     outcome over all of them. Not closed means some walk ran off the end of the list (everyone passed): the head
     is then every eligible client, and one more could change the outcome. This is what lets an award carry only
-    the head (:mod:`flmarket_flwr.market.award`); ``tests/test_auction.py`` checks it on random instances.
+    the head (:mod:`flmarket_flwr.market.wire.award`); ``tests/test_auction.py`` checks it on random instances.
 
     Parameters
     ----------

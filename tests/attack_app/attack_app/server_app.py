@@ -22,8 +22,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from flmarket_flwr.market import MarketConfig, MarketError, MarketPhase
-from flmarket_flwr.market.award import Bidder, SignedAward, build_award, pack_endorsements, sign_award
-from flmarket_flwr.market.messages import (
+from flmarket_flwr.market.buyer.pass_rounds import PassResult
+from flmarket_flwr.market.wire.award import Bidder, SignedAward, build_award, pack_endorsements, sign_award
+from flmarket_flwr.market.wire.messages import (
     ACTION_AUDIT,
     ACTION_ENDORSE,
     KEY_AWARD,
@@ -33,8 +34,7 @@ from flmarket_flwr.market.messages import (
     KEY_SESSION,
     RECORD_KEY,
 )
-from flmarket_flwr.market.pass_rounds import PassResult
-from flmarket_flwr.market.records import config_record
+from flmarket_flwr.market.wire.records import config_record
 from flmarket_flwr.pass_protocol import IdentityDirectory
 
 NUM_CLASSES = 10  # digits

@@ -15,7 +15,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from flmarket_flwr.app.client_app import app as product_app
-from flmarket_flwr.market.messages import ACTIONS
+from flmarket_flwr.market.wire.messages import ACTIONS
 
 GATE_ENV = "FLMARKET_TEST_GATE"
 GATE_ROUND_ENV = "FLMARKET_TEST_GATE_ROUND"

@@ -16,19 +16,21 @@ from flwr.app import ConfigRecord, Message
 from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
-from flmarket_flwr.market.config import MarketConfig, PassSession
-from flmarket_flwr.market.errors import MarketError
-from flmarket_flwr.market.messages import (
+from flmarket_flwr.market.buyer.config import MarketConfig, PassSession
+from flmarket_flwr.market.buyer.errors import MarketError
+from flmarket_flwr.market.wire.messages import (
     ACTION_ADVERTISE,
     ACTION_MASK,
     ACTION_SHARE,
     ACTION_SURVIVORS,
     ACTION_UNMASK,
-    KEY_ROSTER_NODE_IDS,
-    KEY_ROSTER_WANTED,
+    AdvertiseTerms,
+    ReplyError,
+    RosterNodeIds,
+    RosterWanted,
     read_config,
 )
-from flmarket_flwr.market.records import config_record
+from flmarket_flwr.market.wire.records import config_record
 from flmarket_flwr.pass_protocol import PassError, PassServer
 
 __all__ = ["PassResult", "PassRounds", "sessions_summary"]
@@ -84,7 +86,7 @@ class Messenger(Protocol):
 
 
 class PassRounds:
-    """Run one PASS session over a ``Grid`` for a :class:`~flmarket_flwr.market.server.MarketPhase`.
+    """Run one PASS session over a ``Grid`` for a :class:`~flmarket_flwr.market.buyer.server.MarketPhase`.
 
     Parameters
     ----------
@@ -94,8 +96,8 @@ class PassRounds:
         The market phase, which sends the messages and keeps the exclusions.
     session : bytes
         A fresh, unpredictable session id.
-    terms : Mapping[str, Any], optional
-        The market's terms (budget, cohort cap, buyer key: :mod:`flmarket_flwr.market.award`), sent with
+    terms : AdvertiseTerms, optional
+        The market's terms (budget, cohort cap, buyer key: :mod:`flmarket_flwr.market.wire.award`), sent with
         every advertise request so that they are fixed before any count is summed.
 
     Notes
@@ -112,12 +114,12 @@ class PassRounds:
     """
 
     def __init__(
-        self, config: MarketConfig, messenger: Messenger, session: bytes, terms: Mapping[str, Any] | None = None
+        self, config: MarketConfig, messenger: Messenger, session: bytes, terms: AdvertiseTerms | None = None
     ) -> None:
         self._messenger = messenger
         self._config = config
         self._session = session
-        self._terms = dict(terms or {})
+        self._terms = {} if terms is None else terms.to_record()
         self._server = self._protocol(run_id=0)
         self.unmask_requested = False
         """Whether the unmask round was reached (some client may have sent shares): no second session then."""
@@ -147,9 +149,9 @@ class PassRounds:
         try:
             requests: Mapping[int, Any] = server.advertise_requests(list(nodes))
             adverts = self._round(grid, ACTION_ADVERTISE, requests, self._terms, to=set(requests))
-            wanting = {index for index, advert in adverts.items() if advert.get(KEY_ROSTER_WANTED) is True}
+            wanting = {index for index, advert in adverts.items() if _wants_roster(advert)}
             node_ids = [server.node_of[index] for index in sorted(server.node_of)]
-            roster = {KEY_ROSTER_NODE_IDS: np.asarray(node_ids, dtype=">u8").tobytes()}  # one shared bytes object
+            roster = RosterNodeIds(np.asarray(node_ids, dtype=">u8").tobytes()).to_record()  # one shared bytes object
             requests = server.receive_advertisements(adverts)
             requests = server.receive_shares(self._round(grid, ACTION_SHARE, requests, roster, to=wanting))
             requests = server.receive_masked(self._round(grid, ACTION_MASK, requests))
@@ -218,6 +220,14 @@ def sessions_summary(sessions: Sequence[PassSession], reruns: int) -> str:
         f"{len(sessions)} PASS session(s) ran, the first and {len(sessions) - 1} re-run(s) of at most {reruns} "
         f"(MarketConfig.pass_reruns; run config pass-reruns), naming {len(named)} client(s) {named} ({each})"
     )
+
+
+def _wants_roster(advert: Mapping[str, Any]) -> bool:
+    """Whether an advertisement asks for the roster's node ids (an unreadable :class:`RosterWanted`: no)."""
+    try:
+        return RosterWanted.from_record(advert).roster_wanted
+    except ReplyError:
+        return False
 
 
 def _reply_record(reply: Message) -> dict[str, Any]:

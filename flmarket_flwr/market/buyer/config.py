@@ -13,31 +13,19 @@ from typing import Any, Final
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from flmarket_flwr.market.ledger import RosterHistory
-from flmarket_flwr.market.membership import Member, check_allow_list, check_membership
+from flmarket_flwr.market.buyer.membership import Member, check_allow_list, check_membership
+from flmarket_flwr.market.wire.ledger import RosterHistory
+from flmarket_flwr.market.wire.profiles import SECURITY_PROFILES, profile_colluders
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, SkellamNoise
 from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_DELTA, SECURE_PROFILE_EPSILON
 from flmarket_flwr.pricing.auction import VALUE_RANGE
 
-__all__ = ["DEFAULT_COUNT_BOUND", "MarketConfig", "MarketOutcome", "PassSession", "profile_colluders"]
+__all__ = ["DEFAULT_COUNT_BOUND", "MarketConfig", "MarketOutcome", "PassSession"]
 
 DEFAULT_COUNT_BOUND = 10**9
 """Default declared maximum of one client's count of one class."""
-SECURITY_PROFILES: Final = ("semi-honest", "malicious")
-"""The market's profiles: against a semi-honest server (the default), or against a malicious one (the secure
-profile, ``docs/threat-model.md``); the buyer sets its side in :class:`MarketConfig`, each node in its node config
-(``market-security``)."""
-PROFILE_COLLUDER_SHARE: Final = 0.2
-"""The colluding clients the secure profile assumes, as a share of the pinned directory (rounded up): the nodes'
-``pass-colluders`` default and the buyer's ``pass_reruns`` default."""
 DEFAULT_PASS_RERUNS: Final = 2
 """:attr:`MarketConfig.pass_reruns` outside the secure profile."""
-
-
-def profile_colluders(directory_size: int) -> int:
-    """The colluding clients the secure profile assumes in a pinned directory of ``directory_size`` nodes:
-    :data:`PROFILE_COLLUDER_SHARE` of them, rounded up."""
-    return math.ceil(PROFILE_COLLUDER_SHARE * directory_size - 1e-9)
 
 
 @dataclass(frozen=True)
@@ -110,14 +98,14 @@ class MarketConfig:
     roster_history : RosterHistory, optional
         The buyer's record of its earlier markets' PASS members. With it the market leaves out, before PASS,
         the few connected clients whose presence would let this sum be differenced with an earlier one to
-        fewer than ``min_roster_change`` clients (:func:`~flmarket_flwr.market.ledger.plan_roster`: the
+        fewer than ``min_roster_change`` clients (:func:`~flmarket_flwr.market.wire.ledger.plan_roster`: the
         clients' release ledgers would refuse the whole market), and records its own members after PASS.
     pass_reruns : int or "auto" (default: "auto")
         How many times a PASS session that fails closed before any unmask request (no sum released: no client
         has sent a share of any secret) is run again, as a fresh session without every client it named (a
         client garbling its shares, a dealer whose key cannot be rebuilt, a dropout). A named client is in no
         later session, so it is named once; a session may name several. ``"auto"``: 2, and in the secure profile
-        the colluding clients the profile assumes, :func:`profile_colluders` of the directory (a fifth, rounded
+        the colluding clients the profile assumes, :func:`.profile_colluders` of the directory (a fifth, rounded
         up; set it to the nodes' ``pass-colluders`` if they set another): ``c`` re-runs let PASS finish despite
         ``c`` colluders taking turns to stop it, while the nodes' roster floors and privacy budgets allow. A
         failure after the unmask request, too few clients left, or a session that names nobody stops the market
@@ -126,14 +114,14 @@ class MarketConfig:
         (docs/threat-model.md). Resolved to an int here.
     buyer_key : Ed25519PrivateKey, optional
         The buyer's signing key. Its public half is announced with the market's terms (budget, cohort cap)
-        in the PASS advertisement, and it signs the award (:mod:`flmarket_flwr.market.award`), which the
+        in the PASS advertisement, and it signs the award (:mod:`flmarket_flwr.market.wire.award`), which the
         clients check and endorse before any winner opens its counts. Nodes may pin its public half
         (node config ``market-buyer-key``) and then refuse any other. ``None`` (default): a fresh key per
         market, its public half logged.
     include : Mapping[int | str, float], optional
         Nodes that must train, by node id (an int) or by the tag they declare (a str: node config
         ``market-tag``, the node's own word) -> the fixed payment each is paid
-        (:mod:`~flmarket_flwr.market.membership`). They take no part in PASS or the auction; their payments are
+        (:mod:`~flmarket_flwr.market.buyer.membership`). They take no part in PASS or the auction; their payments are
         charged against ``budget`` before the auction runs, which then runs over the other nodes with
         ``R' = budget - sum(payments)`` (so it stays truthful, and all payments together stay within
         ``budget``); the award records them. Each must match a connected node when the market runs (a re-launch
@@ -314,7 +302,7 @@ class MarketOutcome:
         Every PASS session run, in order: more than one when a session failed before releasing anything
         and was run again without the clients it named (:attr:`MarketConfig.pass_reruns`).
     award_digest : bytes
-        SHA-256 of the final buyer-signed award (:class:`~flmarket_flwr.market.award.Award`) that every
+        SHA-256 of the final buyer-signed award (:class:`~flmarket_flwr.market.wire.award.Award`) that every
         contacted node was sent; ``b""`` if none was made.
     included : dict[int, float]
         The nodes the buyer included (:attr:`MarketConfig.include`) -> their fixed payment, also in ``payments``

@@ -22,6 +22,7 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
 __all__ = [
     "ACTIONS",
+    "AdvertiseTerms",
     "AuditReply",
     "AuditRequest",
     "AwardReply",
@@ -70,11 +71,13 @@ __all__ = [
     "REQUEST_REFUSED",
     "RECORD_KEY",
     "ReplyError",
+    "RosterNodeIds",
+    "RosterWanted",
+    "TagsRequest",
     "label_counts_failure",
     "make_content",
     "message_type",
     "read_config",
-    "read_float",
     "refusal_reason",
 ]
 
@@ -108,12 +111,15 @@ RECORD_KEY: Final = "flmarket"
 """Key of the single ``ConfigRecord`` in every market message (and in the client's state).
 
 The four PASS steps carry the fields of the :mod:`flmarket_flwr.pass_protocol.messages` dataclasses
-(``to_record()``); the keys below are those of the bid, audit and award steps."""
+(``to_record()``); every other item is a field of a record below, whose key is its field name. The ``KEY_``
+names spell those keys for code that crafts or inspects raw records (tests, red-team apps); the records never
+read them, and ``tests/test_market_messages.py`` checks that each names a record's field. :data:`KEY_WON` and
+:data:`KEY_PAYMENT` are not on the wire: with the award and its signature they are the node's receipt in its
+own state (:func:`~flmarket_flwr.market.read_award`)."""
 
 KEY_ROSTER_NODE_IDS: Final = "roster-node-ids"
 KEY_ROSTER_WANTED: Final = "roster-wanted"
-"""Advertise step: the roster's node ids in PASS-index order, as big-endian uint64 words (``8 E`` bytes: one item,
-not ``E``, for Flower's record checks); their ``roster_fingerprint`` is the request's ``roster``."""
+"""Advertise and share steps: :class:`RosterWanted` and :class:`RosterNodeIds`."""
 KEY_TAG: Final = "tag"
 """Tags step reply: the node's ``market-tag`` (``""``: none)."""
 KEY_SESSION: Final = "session"
@@ -130,7 +136,7 @@ KEY_ACCEPTED: Final = "accepted"
 KEY_BUDGET: Final = "terms-budget"
 KEY_COHORT_CAP: Final = "terms-cohort-cap"
 KEY_BUYER_KEY: Final = "terms-buyer-key"
-"""Advertise step: the market's terms (:class:`~flmarket_flwr.market.award.AwardTerms`), fixed before PASS."""
+"""Advertise step: the market's terms (:class:`~flmarket_flwr.market.wire.award.AwardTerms`), fixed before PASS."""
 KEY_AWARD: Final = "award"
 KEY_AWARD_SIGNATURE: Final = "award-signature"
 """Endorse, audit and award steps: the award's canonical encoding and the buyer's signature on it."""
@@ -141,7 +147,7 @@ KEY_BID_PROOF: Final = "bid-proof"
 KEY_ENDORSEMENT: Final = "endorsement"
 KEY_ENDORSEMENTS: Final = "endorsements"
 """Endorse reply: one signature on the award's digest; audit request: all of them, packed
-(:func:`~flmarket_flwr.market.award.pack_endorsements`)."""
+(:func:`~flmarket_flwr.market.wire.award.pack_endorsements`)."""
 
 
 # --- Refusals: the reason of a node's error reply ----------------------------------------------------------------
@@ -203,6 +209,11 @@ class _MarketRecord:
     does not travel.
     """
 
+    @classmethod
+    def wire_keys(cls) -> tuple[str, ...]:
+        """The keys of the record's items, in wire order."""
+        return tuple(_wire_key(field.name) for field in dataclasses.fields(cls))  # type: ignore[arg-type]
+
     def to_record(self) -> dict[str, Any]:
         """The record's items, keyed as on the wire."""
         items = ((_wire_key(field.name), getattr(self, field.name)) for field in dataclasses.fields(self))  # type: ignore[arg-type]
@@ -238,6 +249,37 @@ class _MarketRecord:
 
 def _wire_key(name: str) -> str:
     return name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class AdvertiseTerms(_MarketRecord):
+    """Advertise step, buyer -> node, beside PASS's advertise request: the market's terms
+    (:class:`~flmarket_flwr.market.wire.award.AwardTerms`), fixed before PASS; a node keeps them in its state."""
+
+    terms_budget: float
+    terms_cohort_cap: int
+    terms_buyer_key: bytes
+
+
+@dataclass(frozen=True)
+class RosterWanted(_MarketRecord):
+    """Advertise step, node -> buyer, beside PASS's advertisement: the node wants the roster's node ids."""
+
+    roster_wanted: bool
+
+
+@dataclass(frozen=True)
+class RosterNodeIds(_MarketRecord):
+    """Share step, buyer -> the nodes that asked (:class:`RosterWanted`), beside PASS's share request: the roster's
+    node ids in PASS-index order as big-endian uint64 words (one item of ``8 E`` bytes, for Flower's record checks);
+    their ``roster_fingerprint`` is the advertise request's ``roster``."""
+
+    roster_node_ids: bytes | None = None
+
+
+@dataclass(frozen=True)
+class TagsRequest(_MarketRecord):
+    """Tags step, buyer -> node: an empty request for the node's ``market-tag``."""
 
 
 @dataclass(frozen=True)
@@ -278,7 +320,7 @@ class EndorseReply(_MarketRecord):
 @dataclass(frozen=True)
 class AuditRequest(_MarketRecord):
     """Audit step, buyer -> winner: the award it endorsed (the winner holds its signature already) and, with a
-    directory, the endorsements it gathered (:func:`~flmarket_flwr.market.award.pack_endorsements`)."""
+    directory, the endorsements it gathered (:func:`~flmarket_flwr.market.wire.award.pack_endorsements`)."""
 
     session: bytes
     award: bytes
@@ -301,8 +343,8 @@ class AwardRequest(_MarketRecord):
 
     session: bytes
     award: bytes | None = None
-    award_signature: bytes | None = None
     award_digest: bytes | None = None
+    award_signature: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -392,20 +434,3 @@ def read_config(reply: Message) -> ConfigRecord:
     if not isinstance(record, ConfigRecord):
         raise ReplyError(f"reply has no ConfigRecord '{RECORD_KEY}'")
     return record
-
-
-def read_float(record: ConfigRecord, key: str) -> float:
-    """Return a finite real number stored under ``key`` (an int is accepted, a bool is not).
-
-    Raises
-    ------
-    ReplyError
-        If the value is missing, not a number, or NaN/infinite.
-    """
-    value = record.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ReplyError(f"'{key}' must be a float, got {type(value).__name__}")
-    number = float(value)
-    if not math.isfinite(number):
-        raise ReplyError(f"'{key}' must be finite, got {number}")
-    return number

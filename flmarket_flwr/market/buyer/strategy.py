@@ -28,14 +28,14 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
-from flmarket_flwr.market.config import MarketConfig, MarketOutcome
-from flmarket_flwr.market.delivery import DeliveryLedger
-from flmarket_flwr.market.errors import MarketError
-from flmarket_flwr.market.grid_view import WinnersGrid
-from flmarket_flwr.market.membership import Member
-from flmarket_flwr.market.messages import ACTION_ADVERTISE, ERROR_PREFIX, PRIVACY_BUDGET_REFUSED
-from flmarket_flwr.market.relaunch import RELAUNCH_METRIC, Commitment, RelaunchPolicy, budget_left
-from flmarket_flwr.market.server import MarketPhase
+from flmarket_flwr.market.buyer.config import MarketConfig, MarketOutcome
+from flmarket_flwr.market.buyer.delivery import DeliveryLedger
+from flmarket_flwr.market.buyer.errors import MarketError
+from flmarket_flwr.market.buyer.grid_view import WinnersGrid
+from flmarket_flwr.market.buyer.membership import Member
+from flmarket_flwr.market.buyer.relaunch import RELAUNCH_METRIC, Commitment, RelaunchPolicy, budget_left
+from flmarket_flwr.market.buyer.server import MarketPhase
+from flmarket_flwr.market.wire.messages import ACTION_ADVERTISE, ERROR_PREFIX, PRIVACY_BUDGET_REFUSED
 from flmarket_flwr.pass_protocol import IdentityDirectory
 from flmarket_flwr.pricing.auction import VALUE_RANGE
 
@@ -101,7 +101,7 @@ class FLMarket(Strategy):
     allow : Iterable[int], optional
         Allow-list-only mode: the only node ids ever sent a message (:attr:`MarketConfig.allow`).
     relaunch : RelaunchPolicy, optional
-        Run the market again between rounds (:class:`~flmarket_flwr.market.relaunch.RelaunchPolicy`: every N
+        Run the market again between rounds (:class:`~flmarket_flwr.market.buyer.relaunch.RelaunchPolicy`: every N
         rounds, on churn, on a shrunken cohort; a wrapped strategy may also ask, with the metric
         ``market-relaunch`` or :meth:`request_market`). FLMarket then drives the rounds itself (Flower's
         ``Strategy.start`` over these hooks) and the wrapped strategy goes on, on the same global model, with

@@ -4,7 +4,7 @@ Each key is one a SuperNode's operator sets for the market, with its type, defau
 refuses an unknown key, a run-config key, or a value that cannot work; :func:`read_node_settings` turns a node
 config into the frozen :class:`NodeSettings` the market's handlers get at each message. An app declares its own
 keys and builds its schema (``MARKET_SCHEMA.extended(app_keys, run_config_keys=...)``); ``python -m
-flmarket_flwr.market.node_config`` prints the market's keys.
+flmarket_flwr.market.node.node_config`` prints the market's keys.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from flwr.app import Context, Error, Message
 from flwr.common.constant import ErrorCode
 from flwr.supercore import log
 
-from flmarket_flwr.market.config import SECURITY_PROFILES, profile_colluders
-from flmarket_flwr.market.config_keys import Scalar, at_least, check_value, one_of, typed_value
-from flmarket_flwr.market.ledger import DEFAULT_MIN_ROSTER_CHANGE, ReleaseLedger
+from flmarket_flwr.market.wire.config_keys import Scalar, at_least, check_value, one_of, typed_value
+from flmarket_flwr.market.wire.ledger import DEFAULT_MIN_ROSTER_CHANGE, ReleaseLedger
+from flmarket_flwr.market.wire.profiles import SECURITY_PROFILES, profile_colluders
 from flmarket_flwr.pass_protocol.identity import (
     IdentityDirectory,
     load_directory,
@@ -234,7 +234,8 @@ class NodeConfigSchema:
         unknown = sorted(set(node_config) - set(self._by_name))
         if unknown:
             raise ValueError(
-                f"unknown node-config key(s) {unknown}: python -m flmarket_flwr.market.node_config lists the market's"
+                f"unknown node-config key(s) {unknown}: python -m flmarket_flwr.market.node.node_config lists the "
+                "market's"
             )
         return {key.name: self.value(node_config, key.name) for key in self.keys}
 
@@ -389,7 +390,7 @@ def read_node_settings(context: Context, announced_noise: SkellamNoise | None = 
       (``identity-directory-digest`` or ``-signer``; ``identity-directory-unpinned`` is refused);
     * ``pass-complete-graph`` is on (``false`` is refused);
     * ``pass-min-participants`` defaults to two thirds of the pinned directory, ``pass-split-tolerance`` to 2,
-      ``pass-colluders`` to a fifth of the directory (:func:`~flmarket_flwr.market.config.profile_colluders`);
+      ``pass-colluders`` to a fifth of the directory (:func:`~flmarket_flwr.market.wire.profiles.profile_colluders`);
     * noise on the counts: at least epsilon :data:`SECURE_PROFILE_EPSILON` per release (``pass-dp-max-epsilon``
       defaults to it), within a composed privacy budget (``pass-dp-total-epsilon`` defaults to
       :data:`SECURE_PROFILE_TOTAL_EPSILON`), kept in the node's release ledger, which defaults to

@@ -7,10 +7,10 @@ import math
 import numpy as np
 from flwr.app import Message
 
-from flmarket_flwr.market.config import MarketConfig
-from flmarket_flwr.market.errors import MarketError
-from flmarket_flwr.market.messages import KEY_BID, KEY_COUNTS, KEY_NONCE, KEY_SCORE, ReplyError, read_config, read_float
-from flmarket_flwr.market.pass_rounds import PassResult
+from flmarket_flwr.market.buyer.config import MarketConfig
+from flmarket_flwr.market.buyer.errors import MarketError
+from flmarket_flwr.market.buyer.pass_rounds import PassResult
+from flmarket_flwr.market.wire.messages import AuditReply, BidReply, ReplyError, read_config
 from flmarket_flwr.pass_protocol import counts_commitment
 from flmarket_flwr.pricing import score as compute_score
 from flmarket_flwr.pricing.auction import VALUE_RANGE
@@ -42,21 +42,20 @@ def highest_possible_score(pass_result: PassResult, tolerance: int = 0) -> float
 
 def read_score_and_bid(reply: Message, highest_score: float) -> tuple[float, float]:
     """``(score, bid)`` of a ``market_bid`` reply: score 0 or in ``[1e-100, highest_score]``, bid in ``VALUE_RANGE``."""
-    record = read_config(reply)
-    score = read_float(record, KEY_SCORE)
-    bid = read_float(record, KEY_BID)
+    bid_reply = BidReply.from_record(read_config(reply))
+    score, bid = bid_reply.score, bid_reply.bid
     if score < 0:
-        raise ReplyError(f"'{KEY_SCORE}' must be >= 0, got {score}")
+        raise ReplyError(f"'score' must be >= 0, got {score}")
     if score > highest_score:
         raise ReplyError(
-            f"'{KEY_SCORE}' {score} exceeds {highest_score:.6g}, the score of all the global counts: "
+            f"'score' {score} exceeds {highest_score:.6g}, the score of all the global counts: "
             "no client can score that much"
         )
     low, high = VALUE_RANGE
     if not low <= bid <= high:
-        raise ReplyError(f"'{KEY_BID}' must be within [{low:g}, {high:g}] (the auction's range), got {bid}")
+        raise ReplyError(f"'bid' must be within [{low:g}, {high:g}] (the auction's range), got {bid}")
     if score != 0 and score < low:
-        raise ReplyError(f"'{KEY_SCORE}' must be 0 or at least {low:g} (the auction's range), got {score}")
+        raise ReplyError(f"'score' must be 0 or at least {low:g} (the auction's range), got {score}")
     return score, bid
 
 
@@ -70,15 +69,15 @@ def check_opening(
     ReplyError
         With the reason the winner is excluded.
     """
-    record = read_config(reply)
-    counts = record.get(KEY_COUNTS)
-    nonce = record.get(KEY_NONCE)
-    if not isinstance(counts, list) or len(counts) != config.num_classes:
-        raise ReplyError(f"audit: '{KEY_COUNTS}' must be a list of {config.num_classes} ints")
-    if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 or c > config.count_bound for c in counts):
-        raise ReplyError(f"audit: '{KEY_COUNTS}' must hold ints in [0, {config.count_bound}]")
-    if not isinstance(nonce, bytes):
-        raise ReplyError(f"audit: '{KEY_NONCE}' must be bytes")
+    try:
+        opening = AuditReply.from_record(read_config(reply))
+    except ReplyError as err:
+        raise ReplyError(f"audit: {err}") from err
+    counts, nonce = opening.counts, opening.nonce
+    if len(counts) != config.num_classes:
+        raise ReplyError(f"audit: 'counts' must be a list of {config.num_classes} ints")
+    if any(c < 0 or c > config.count_bound for c in counts):
+        raise ReplyError(f"audit: 'counts' must hold ints in [0, {config.count_bound}]")
     opened = np.asarray(counts, dtype=np.int64)
     index = pass_result.indices[node]
     if counts_commitment(pass_result.session, index, opened, nonce) != pass_result.commitments[node]:

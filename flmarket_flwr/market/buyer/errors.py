@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from flmarket_flwr.market.config import MarketOutcome
+    from flmarket_flwr.market.buyer.config import MarketOutcome
 
 __all__ = ["MarketError"]
 

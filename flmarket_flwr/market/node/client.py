@@ -26,7 +26,8 @@ from flwr.common.constant import ErrorCode
 from flwr.supercore import log
 from numpy.typing import NDArray
 
-from flmarket_flwr.market.award import (
+from flmarket_flwr.market.node.bidding import DEFAULT_COST_PER_SAMPLE, BidPolicy, CostBasedBid
+from flmarket_flwr.market.wire.award import (
     Award,
     AwardTerms,
     SignedAward,
@@ -35,9 +36,8 @@ from flmarket_flwr.market.award import (
     count_endorsements,
     unpack_endorsements,
 )
-from flmarket_flwr.market.bidding import DEFAULT_COST_PER_SAMPLE, BidPolicy, CostBasedBid
-from flmarket_flwr.market.ledger import LedgerError, PrivacyBudgetExhausted, ReleaseLedger
-from flmarket_flwr.market.messages import (
+from flmarket_flwr.market.wire.ledger import LedgerError, PrivacyBudgetExhausted, ReleaseLedger
+from flmarket_flwr.market.wire.messages import (
     ACTION_ADVERTISE,
     ACTION_AUDIT,
     ACTION_AWARD,
@@ -50,21 +50,14 @@ from flmarket_flwr.market.messages import (
     ACTION_UNMASK,
     KEY_AWARD,
     KEY_AWARD_SIGNATURE,
-    KEY_BID,
-    KEY_BUDGET,
-    KEY_BUYER_KEY,
-    KEY_COHORT_CAP,
     KEY_PAYMENT,
-    KEY_ROSTER_NODE_IDS,
-    KEY_ROSTER_WANTED,
-    KEY_SCORE,
-    KEY_SESSION,
     KEY_WON,
     LABEL_COUNTS_FAILED,
     LEDGER_REFUSED,
     PRIVACY_BUDGET_REFUSED,
     RECORD_KEY,
     REQUEST_REFUSED,
+    AdvertiseTerms,
     AuditReply,
     AuditRequest,
     AwardReply,
@@ -73,11 +66,14 @@ from flmarket_flwr.market.messages import (
     BidRequest,
     EndorseReply,
     EndorseRequest,
+    ReplyError,
+    RosterNodeIds,
+    RosterWanted,
     TagsReply,
     make_content,
     refusal_reason,
 )
-from flmarket_flwr.market.records import config_record, set_values
+from flmarket_flwr.market.wire.records import config_record, set_values
 from flmarket_flwr.pass_protocol import PassClient, PassError
 from flmarket_flwr.pass_protocol.encoding import bitmap_bits, bitmap_to_indices, roster_fingerprint
 from flmarket_flwr.pass_protocol.identity import sign_award_endorsement
@@ -85,7 +81,7 @@ from flmarket_flwr.pass_protocol.primitives import validate_counts
 from flmarket_flwr.pricing import score as compute_score
 
 if TYPE_CHECKING:
-    from flmarket_flwr.market.node_config import NodeSettings
+    from flmarket_flwr.market.node.node_config import NodeSettings
 
 __all__ = ["MarketAward", "read_award", "register_market_handlers"]
 
@@ -141,13 +137,13 @@ class MarketAward:
     bid : float or None
         The bid it reported.
     award : bytes or None
-        The buyer-signed award's canonical encoding (:class:`~flmarket_flwr.market.award.Award`), the client's
+        The buyer-signed award's canonical encoding (:class:`~flmarket_flwr.market.wire.award.Award`), the client's
         receipt; ``None`` if the market closed without one.
     signature : bytes or None
         The buyer's Ed25519 signature on ``award``.
     buyer_key : bytes or None
         The buyer's Ed25519 public key (32 bytes) from the terms announced before PASS, which ``signature``
-        verifies under (:meth:`~flmarket_flwr.market.award.SignedAward.verify`).
+        verifies under (:meth:`~flmarket_flwr.market.wire.award.SignedAward.verify`).
     opened : bool
         Whether the client opened its counts to the buyer for this award (the winners' audit).
     """
@@ -178,17 +174,16 @@ def read_award(context: Context) -> MarketAward | None:
     record = context.state.config_records.get(RECORD_KEY)
     if record is None or KEY_WON not in record:
         return None
-    score = record.get(KEY_SCORE)
-    bid = record.get(KEY_BID)
-    award, signature, buyer_key = record.get(KEY_AWARD), record.get(KEY_AWARD_SIGNATURE), record.get(KEY_BUYER_KEY)
+    sent, terms = _sent_bid(record), _kept_terms(record)
+    award, signature = record.get(KEY_AWARD), record.get(KEY_AWARD_SIGNATURE)
     return MarketAward(
         won=bool(record[KEY_WON]),
         payment=float(record.get(KEY_PAYMENT, 0.0)),  # type: ignore[arg-type]
-        score=None if score is None else float(score),  # type: ignore[arg-type]
-        bid=None if bid is None else float(bid),  # type: ignore[arg-type]
+        score=None if sent is None else sent[0],
+        bid=None if sent is None else sent[1],
         award=award if isinstance(award, bytes) else None,
         signature=signature if isinstance(signature, bytes) else None,
-        buyer_key=buyer_key if isinstance(buyer_key, bytes) else None,
+        buyer_key=None if terms is None else terms.terms_buyer_key,
         opened=record.get(_OPENED) is True,
     )
 
@@ -207,9 +202,9 @@ def register_market_handlers(
     ``market_tags`` (the node's ``market-tag``, for a buyer that includes or excludes nodes by tag).
 
     At each message the node's settings are read once, from its own node config
-    (:func:`~flmarket_flwr.market.node_config.read_node_settings`; ``python -m flmarket_flwr.market.node_config``
-    lists the keys): a SuperNode started with ``market-security='malicious'`` and its identity material runs the
-    secure profile with no change to the app's code. A node config that cannot work is refused at every message.
+    (:func:`.node_config.read_node_settings`; ``python -m flmarket_flwr.market.node.node_config`` lists the keys):
+    a SuperNode started with ``market-security='malicious'`` and its identity material runs the secure profile
+    with no change to the app's code. A node config that cannot work is refused at every message.
 
     Parameters
     ----------
@@ -224,7 +219,7 @@ def register_market_handlers(
         The client's bid policy; defaults to ``CostBasedBid(DEFAULT_COST_PER_SAMPLE)``.
     settings : Callable[[Context], NodeSettings], optional
         The node's settings at one message, in place of the node config's
-        (:class:`~flmarket_flwr.market.node_config.NodeSettings` lists them and what each guards against): for an
+        (:class:`~flmarket_flwr.market.node.node_config.NodeSettings` lists them and what each guards against): for an
         app that reads something elsewhere, such as the run's announced noise
         (``lambda context: read_node_settings(context, announced_noise=...)``), or a test that hands a node its
         keys (``lambda context: NodeSettings(identity_key=..., directory=...)``).
@@ -241,7 +236,7 @@ def register_market_handlers(
     * its label-count vector ``N_e`` is never sent during PASS (the server gets public keys, encrypted
       shares of other clients' secrets, and ``Y_e``, which is uniform on its own). It opens its counts
       commitment to the buyer once, for the audit of its score, and only as a *winner* of a signed award
-      (:mod:`flmarket_flwr.market.award`): the buyer's terms (the auction's budget, cohort cap, its Ed25519 key;
+      (:mod:`flmarket_flwr.market.wire.award`): the buyer's terms (the auction's budget, cohort cap, its Ed25519 key;
       with ``NodeSettings.buyer_key`` pinned by the node) come with the advertisement, before PASS; after the
       auction the client checks the buyer-signed award (its own score and bid in its bids tree as sent, every bidder it
       names a survivor, the winners and payments those of ``run_auction`` over the auction's decisive head
@@ -259,7 +254,7 @@ def register_market_handlers(
       exception: a market re-launched in the same run after the earlier one closed (``FLMarket``'s ``relaunch``)
       is joined by a client whose release ledger has a privacy budget (the secure profile), each release then
       charged to that privacy budget as below. Two runs are two sums:
-      with a release ledger (:mod:`flmarket_flwr.market.ledger`) the client records the members of
+      with a release ledger (:mod:`flmarket_flwr.market.wire.ledger`) the client records the members of
       every sum it releases, in its own directory, and refuses to unmask for a survivor set that,
       differenced with an earlier one, would isolate fewer than ``min_roster_change`` clients. That rule
       does not stop colluders who leave with a victim; the noise does: before its masked input leaves, the
@@ -282,7 +277,7 @@ def register_market_handlers(
       exception: when the app's own ``label_counts`` callback raises, the reply names that exception (type and
       message), so the server can report the root cause instead of a protocol symptom.
     """
-    from flmarket_flwr.market import node_config  # here, so that `python -m ...node_config` runs it once
+    from flmarket_flwr.market.node import node_config  # here, so that `python -m ...node_config` runs it once
 
     handlers = _MarketHandlers(
         label_counts, bid_policy if bid_policy is not None else CostBasedBid(DEFAULT_COST_PER_SAMPLE)
@@ -333,6 +328,8 @@ class _WithSettings:
 
 
 _PASS_ACTIONS: Final = frozenset({ACTION_ADVERTISE, ACTION_SHARE, ACTION_MASK, ACTION_SURVIVORS, ACTION_UNMASK})
+_TERMS_KEYS: Final = AdvertiseTerms.wire_keys()
+"""The keys under which an advertise request carries the market's terms, and this client keeps them."""
 
 
 def _tags(message: Message, context: Context, settings: NodeSettings) -> Message:
@@ -378,12 +375,9 @@ class _MarketHandlers:
             if ledger is not None:  # a ledger that cannot be read fails closed, before anything is sent
                 ledger.check_new_session(int(context.run_id), client.state.session)
             if ledger is not None or settings.directory is not None:
-                reply[KEY_ROSTER_WANTED] = True  # the roster's node ids come with the share request
+                reply.update(RosterWanted(True).to_record())  # the roster's node ids come with the share request
             if terms is not None:
-                set_values(
-                    _state_record(context),
-                    {KEY_BUDGET: terms.budget, KEY_COHORT_CAP: terms.cohort_cap, KEY_BUYER_KEY: terms.buyer_key},
-                )
+                set_values(_state_record(context), terms.to_record())
             return reply
 
         return self._pass_step(message, context, ACTION_ADVERTISE, step)
@@ -392,7 +386,7 @@ class _MarketHandlers:
         """PASS round 2: check the graph and the neighbours' keys, send encrypted shares of the secrets."""
 
         def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
-            sent = request.get(KEY_ROSTER_NODE_IDS)
+            sent = RosterNodeIds.from_record(request).roster_node_ids  # checked by _checked_roster where needed
             if settings.release_ledger is not None or (sent is not None and settings.directory is not None):
                 # the roster's node ids, checked against what it signed: for the ledger and the award's checks (a node
                 # with a directory and no ledger that is not sent them cannot check an award: it refuses to endorse)
@@ -495,9 +489,9 @@ class _MarketHandlers:
             state[_STAGE] = _STAGE_CLOSED
             return _refusal(message, ACTION_BID, err)
         state[_STAGE] = _STAGE_BID
-        state[KEY_SCORE] = score
-        state[KEY_BID] = bid
-        return _reply(message, config_record(BidReply(score, bid).to_record()))
+        own_bid = BidReply(score, bid)
+        set_values(state, own_bid.to_record())  # kept: the award must list the score and bid as sent
+        return _reply(message, config_record(own_bid.to_record()))
 
     def endorse(self, message: Message, context: Context, settings: NodeSettings) -> Message:
         """Check the buyer-signed award against this client's own session, terms, score and bid; endorse it, once.
@@ -525,8 +519,8 @@ class _MarketHandlers:
                 rank=_survivor_rank(client),
                 index=index,
                 node_id=node_id,
-                score=float(state[KEY_SCORE]),  # type: ignore[arg-type]
-                bid=float(state[KEY_BID]),  # type: ignore[arg-type]
+                score=_own_bid(state).score,
+                bid=_own_bid(state).bid,
                 proof=request.bid_proof,
                 survivor_nodes=self._survivor_nodes(context, client, settings),
             )
@@ -550,7 +544,7 @@ class _MarketHandlers:
         """As a winner of the award it endorsed, paid at least its bid, open the counts commitment, once.
 
         With a directory the award must also carry endorsements by a quorum of the session's survivors
-        (:func:`~flmarket_flwr.market.award.binding_quorum`, with this node's ``pass-colluders``): no other award
+        (:func:`~flmarket_flwr.market.wire.award.binding_quorum`, with this node's ``pass-colluders``): no other award
         of the session can have reached it.
         """
         state = _state_record(context)
@@ -632,7 +626,7 @@ class _MarketHandlers:
         if award.terms != _stored_terms(state):
             raise _RequestError("the award's terms are not those announced at the advertisement")
         own = award.bidder(int(context.node_id))
-        if own is not None and (own.score, own.bid) != (state.get(KEY_SCORE), state.get(KEY_BID)):
+        if own is not None and (own.score, own.bid) != _sent_bid(state):
             raise _RequestError("the award does not list this client's score and bid as it sent them")
         won = own is not None and own.node_id in award.winners
         return signed, won, 0.0 if own is None else own.payment
@@ -651,12 +645,15 @@ class _MarketHandlers:
 
     # --- Helpers -------------------------------------------------------------------------------
     @staticmethod
-    def _announced_terms(request: Mapping[str, Any], settings: NodeSettings) -> AwardTerms | None:
-        """The market's terms in an advertise request (``None`` if it has none); a pinned buyer key must match."""
-        fields = (request.get(KEY_BUDGET), request.get(KEY_COHORT_CAP), request.get(KEY_BUYER_KEY))
-        terms = None if all(value is None for value in fields) else AwardTerms(*fields)  # type: ignore[arg-type]
+    def _announced_terms(request: Mapping[str, Any], settings: NodeSettings) -> AdvertiseTerms | None:
+        """The market's terms in an advertise request (``None`` if it has none), checked as an :class:`AwardTerms`;
+        a pinned buyer key must match."""
+        terms = None
+        if any(key in request for key in _TERMS_KEYS):
+            terms = AdvertiseTerms.from_record(request)
+            _award_terms(terms)  # every field in its range, or refused here
         pinned = settings.buyer_key
-        if pinned is not None and (terms is None or terms.buyer_key != pinned):
+        if pinned is not None and (terms is None or terms.terms_buyer_key != pinned):
             raise _RequestError("the market's terms do not name the buyer key this node pinned")
         return terms
 
@@ -727,9 +724,34 @@ def _check_final_award(request: AwardRequest, held: SignedAward) -> None:
 
 def _stored_terms(state: ConfigRecord) -> AwardTerms:
     """The terms announced at this client's advertisement."""
-    if KEY_BUYER_KEY not in state:
+    terms = _kept_terms(state)
+    if terms is None:
         raise _RequestError("no market terms were announced at the advertisement: no award can bind the buyer")
-    return AwardTerms(state[KEY_BUDGET], state[KEY_COHORT_CAP], state[KEY_BUYER_KEY])  # type: ignore[arg-type]
+    return _award_terms(terms)
+
+
+def _kept_terms(state: ConfigRecord) -> AdvertiseTerms | None:
+    """The terms announced at this client's advertisement as it keeps them (``None``: none were announced)."""
+    return AdvertiseTerms.from_record(state) if any(key in state for key in _TERMS_KEYS) else None
+
+
+def _award_terms(terms: AdvertiseTerms) -> AwardTerms:
+    """The award's terms that an advertise request announced (:class:`AwardError` names a field out of range)."""
+    return AwardTerms(terms.terms_budget, terms.terms_cohort_cap, terms.terms_buyer_key)
+
+
+def _own_bid(state: ConfigRecord) -> BidReply:
+    """The score and bid this client sent at the bid step, as it keeps them."""
+    return BidReply.from_record(state)
+
+
+def _sent_bid(state: ConfigRecord) -> tuple[float, float] | None:
+    """``(score, bid)`` this client sent at the bid step, ``None`` if it sent none."""
+    try:
+        own = _own_bid(state)
+    except ReplyError:
+        return None
+    return own.score, own.bid
 
 
 def _endorsed_award(state: ConfigRecord) -> SignedAward | None:
@@ -748,11 +770,13 @@ def _survivor_rank(client: PassClient) -> int:
     return int(np.count_nonzero(survivors[: client.state.index - 1]))
 
 
-def _checked_roster(client: PassClient, packed: object, context: Context) -> bytes:
+def _checked_roster(client: PassClient, packed: bytes | None, context: Context) -> bytes:
     """The roster's node ids (as sent), checked against the fingerprint this client signed and its own place in it."""
     run_id, signed = int(context.run_id), client.state
-    if not isinstance(packed, bytes) or not packed or len(packed) % 8:
-        raise _RequestError(f"'{KEY_ROSTER_NODE_IDS}' must be node ids as uint64 words (needed by the release ledger)")
+    if packed is None or not packed or len(packed) % 8:
+        raise _RequestError(
+            f"'{RosterNodeIds.wire_keys()[0]}' must be node ids as uint64 words (needed by the release ledger)"
+        )
     nodes = [int(node) for node in np.frombuffer(packed, dtype=">u8")]
     if roster_fingerprint(run_id, signed.session, nodes) != signed.roster:
         raise _RequestError("the roster's node ids do not match the roster fingerprint")
@@ -817,7 +841,7 @@ def _leave_unreleased_session(state: ConfigRecord, request: ConfigRecord, ledger
         it left before.
     """
     earlier = _pass_client(state)
-    session = request.get(KEY_SESSION)
+    session = request.get("session")  # PASS's advertise request: AdvertiseRequest.session
     if not earlier.session or session == earlier.session:
         return
     left = _kept_bytes(state, _EARLIER_SESSIONS)

@@ -17,7 +17,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from flmarket_flwr.market.messages import make_content, message_type
+from flmarket_flwr.market.wire.messages import make_content, message_type
 
 __all__ = ["exchange", "send_and_receive_within"]
 

@@ -1,7 +1,7 @@
 """Server side of the market: PASS, scores and bids, the audited reverse auction and the awards, over a ``Grid``.
 
 :class:`MarketPhase` runs the steps, each a round of Flower ``query`` messages
-(:mod:`flmarket_flwr.market.messages`): PASS for the global counts, bids, the auction and its signed award,
+(:mod:`flmarket_flwr.market.wire.messages`): PASS for the global counts, bids, the auction and its signed award,
 the winners' audit, the final award. A node whose reply is missing, an error or malformed is excluded with a
 logged reason; what cannot be recovered stops the phase with :class:`MarketError`. The steps are listed in
 :class:`MarketPhase`; the threat model is in docs/threat-model.md.
@@ -19,11 +19,16 @@ from typing import Any, NoReturn
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import ConfigRecord, Message
-from flwr.app.typing import ConfigRecordValues
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from flmarket_flwr.market.award import (
+from flmarket_flwr.market.buyer.config import MarketConfig, MarketOutcome, PassSession
+from flmarket_flwr.market.buyer.errors import MarketError
+from flmarket_flwr.market.buyer.membership import MembershipPlan, auction_budget, names_a_tag, plan_membership
+from flmarket_flwr.market.buyer.pass_rounds import PassResult, PassRounds, sessions_summary
+from flmarket_flwr.market.buyer.replies import check_opening, highest_possible_score, read_score_and_bid
+from flmarket_flwr.market.buyer.transport import exchange
+from flmarket_flwr.market.wire.award import (
     Award,
     AwardTerms,
     BidsTree,
@@ -32,39 +37,28 @@ from flmarket_flwr.market.award import (
     pack_endorsements,
     sign_award,
 )
-from flmarket_flwr.market.config import MarketConfig, MarketOutcome, PassSession
-from flmarket_flwr.market.errors import MarketError
-from flmarket_flwr.market.ledger import LedgerError
-from flmarket_flwr.market.membership import MembershipPlan, auction_budget, names_a_tag, plan_membership
-from flmarket_flwr.market.messages import (
+from flmarket_flwr.market.wire.ledger import LedgerError
+from flmarket_flwr.market.wire.messages import (
     ACTION_ADVERTISE,
     ACTION_AUDIT,
     ACTION_AWARD,
     ACTION_BID,
     ACTION_ENDORSE,
     ACTION_TAGS,
-    KEY_AWARD,
-    KEY_AWARD_DIGEST,
-    KEY_AWARD_SIGNATURE,
-    KEY_BID_PROOF,
-    KEY_BUDGET,
-    KEY_BUYER_KEY,
-    KEY_COHORT_CAP,
-    KEY_ENDORSEMENT,
-    KEY_ENDORSEMENTS,
-    KEY_GLOBAL_COUNTS,
-    KEY_NUM_CLIENTS,
-    KEY_SESSION,
-    KEY_TAG,
-    KEY_TRANSCRIPT,
+    AdvertiseTerms,
+    AuditRequest,
+    AwardReply,
+    AwardRequest,
+    BidRequest,
+    EndorseReply,
+    EndorseRequest,
     ReplyError,
+    TagsReply,
+    TagsRequest,
     label_counts_failure,
     read_config,
 )
-from flmarket_flwr.market.pass_rounds import PassResult, PassRounds, sessions_summary
-from flmarket_flwr.market.records import config_record
-from flmarket_flwr.market.replies import check_opening, highest_possible_score, read_score_and_bid
-from flmarket_flwr.market.transport import exchange
+from flmarket_flwr.market.wire.records import config_record
 from flmarket_flwr.nodes import wait_for_nodes
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS
 from flmarket_flwr.pass_protocol.identity import SIGNATURE_LENGTH, verify_award_endorsement
@@ -99,12 +93,12 @@ class MarketPhase:
 
     Notes
     -----
-    Steps (each a round of Flower ``query`` messages, see :mod:`flmarket_flwr.market.messages`):
+    Steps (each a round of Flower ``query`` messages, see :mod:`flmarket_flwr.market.wire.messages`):
 
     1. Wait for the nodes (bounded), set aside the buyer's included and excluded nodes (:meth:`MarketPhase.admitted`;
        by tag, after asking every node its ``market-tag``), leave out those a ``roster_history`` says would make the
        clients' release ledgers refuse (:meth:`MarketPhase.planned_roster`), and run PASS over the rest
-       (:mod:`flmarket_flwr.market.pass_rounds`): the server learns the global counts ``N_s`` and each
+       (:mod:`flmarket_flwr.market.buyer.pass_rounds`): the server learns the global counts ``N_s`` and each
        survivor's commitment to its counts, once. A session that fails closed before any unmask request is
        run again without the clients it named (``pass_reruns`` times at most: ``c`` re-runs outlast ``c``
        deviating clients taking turns, while the nodes' roster floors and budgets allow); one that fails later
@@ -113,7 +107,7 @@ class MarketPhase:
        bid (``query.market_bid``). The market aborts if most PASS participants fail this step.
     3. Run the auction (:func:`flmarket_flwr.pricing.run_auction`, the product's one selection rule:
        the total payment is within the budget in every mode) and sign its award with the buyer key
-       (:mod:`flmarket_flwr.market.award`; the terms, budget, cohort cap and key, went out with the PASS
+       (:mod:`flmarket_flwr.market.wire.award`; the terms, budget, cohort cap and key, went out with the PASS
        advertisement): one award per PASS session, never re-issued. Every bidder checks and endorses it
        (``query.market_endorse``); every winner that endorsed it then opens its counts commitment to the buyer
        against the award and the endorsements (``query.market_audit``). A winner that does not endorse, or whose
@@ -129,7 +123,7 @@ class MarketPhase:
     :attr:`MarketOutcome.excluded`; what cannot be recovered, or a thin market (fewer than ``min_participation`` of
     the invited nodes left as bidders; known at PASS's first round, before any sum, when too few accept the
     invitation), stops the phase with :class:`MarketError`, whose ``outcome`` records it.
-    The threat model is in docs/threat-model.md and in :mod:`flmarket_flwr.market.pass_rounds`.
+    The threat model is in docs/threat-model.md and in :mod:`flmarket_flwr.market.buyer.pass_rounds`.
     """
 
     def __init__(
@@ -143,7 +137,7 @@ class MarketPhase:
         sent no market message, its reason kept in :attr:`MarketOutcome.excluded`."""
         self.relaunch = relaunch
         """A re-launch within a run: members of the include or exclude list that match no connected node are
-        logged and skipped, not an error (:func:`~flmarket_flwr.market.membership.plan_membership`)."""
+        logged and skipped, not an error (:func:`~flmarket_flwr.market.buyer.membership.plan_membership`)."""
         self._thin = False
         self.bids: dict[int, tuple[float, float]] = {}
         """``{node: (score, bid)}``: the valid bids of the last :meth:`run` (kept if the market fails after them)."""
@@ -327,7 +321,7 @@ class MarketPhase:
         node sitting out matches no tag in this market); when a list names a tag, the other nodes are asked theirs
         first (:meth:`collect_tags`: a node excluded only by its tag hears this
         one query), and silent ones are left out. A list member that matches no connected node is an error at a
-        run's first market and is logged in a re-launch (:func:`~flmarket_flwr.market.membership.plan_membership`).
+        run's first market and is logged in a re-launch (:func:`.membership.plan_membership`).
 
         Raises
         ------
@@ -391,12 +385,9 @@ class MarketPhase:
         """
 
         def read(reply: Message) -> str:
-            tag = read_config(reply).get(KEY_TAG)
-            if not isinstance(tag, str):
-                raise ReplyError(f"'{KEY_TAG}' must be a str")
-            return tag.strip()
+            return TagsReply.from_record(read_config(reply)).tag.strip()
 
-        requests = {node: config_record({}) for node in nodes}
+        requests = {node: config_record(TagsRequest().to_record()) for node in nodes}
         return dict(self.validated(ACTION_TAGS, requests, self.exchange(grid, ACTION_TAGS, requests), read))
 
     def planned_roster(self, nodes: Sequence[int]) -> list[int]:
@@ -461,7 +452,7 @@ class MarketPhase:
         while True:
             self._session = f"{self.config.session_label}/pass/".encode() + secrets.token_bytes(16)
             terms = self.terms
-            announced = {KEY_BUDGET: terms.budget, KEY_COHORT_CAP: terms.cohort_cap, KEY_BUYER_KEY: terms.buyer_key}
+            announced = AdvertiseTerms(terms.budget, terms.cohort_cap, terms.buyer_key)
             rounds = PassRounds(self.config, self, self._session, announced)
             try:
                 result = rounds.run(grid, roster)
@@ -529,12 +520,12 @@ class MarketPhase:
         MarketError
             If ``N_s`` is all zero (no client can score), or most PASS participants failed.
         """
-        record: dict[str, ConfigRecordValues] = {
-            KEY_SESSION: pass_result.session,
-            KEY_GLOBAL_COUNTS: [int(c) for c in pass_result.global_counts],
-            KEY_NUM_CLIENTS: len(pass_result.participants),
-            KEY_TRANSCRIPT: pass_result.transcript,
-        }
+        record = BidRequest(
+            session=pass_result.session,
+            global_counts=[int(c) for c in pass_result.global_counts],
+            num_clients=len(pass_result.participants),
+            transcript=pass_result.transcript,
+        ).to_record()
         # A survivor excluded at the unmask round stays in N_s and E, but is left out of the rest of the market.
         requests = {node: config_record(record) for node in pass_result.participants if not self.is_excluded(node)}
         highest = highest_possible_score(pass_result, self.config.noise_tolerance)
@@ -622,18 +613,18 @@ class MarketPhase:
         """Send the signed award, with each bidder's path in its bids tree, to every bidder; return
         ``{node: endorsement}`` of those that endorse it (with a directory: a valid signature on its digest; without:
         an empty reply or a 64-byte signature). Anything else excludes its sender."""
-        record: dict[str, ConfigRecordValues] = {
-            KEY_SESSION: self._session,
-            KEY_AWARD: signed.encoded,
-            KEY_AWARD_SIGNATURE: signed.signature,
+        requests = {
+            node: config_record(
+                EndorseRequest(self._session, signed.encoded, signed.signature, tree.proof(node)).to_record()
+            )
+            for node in bidders
         }
-        requests = {node: config_record({**record, KEY_BID_PROOF: tree.proof(node)}) for node in bidders}
         replies = self.exchange(grid, ACTION_ENDORSE, requests)
 
         def read(reply: Message, node: int) -> bytes:
-            endorsement = read_config(reply).get(KEY_ENDORSEMENT)
-            if not isinstance(endorsement, bytes) or len(endorsement) not in (0, SIGNATURE_LENGTH):
-                raise ReplyError(f"'{KEY_ENDORSEMENT}' must be empty or a {SIGNATURE_LENGTH}-byte signature")
+            endorsement = EndorseReply.from_record(read_config(reply)).endorsement
+            if len(endorsement) not in (0, SIGNATURE_LENGTH):
+                raise ReplyError(f"the endorsement must be empty or a {SIGNATURE_LENGTH}-byte signature")
             directory = self.config.directory
             if directory is not None:
                 try:
@@ -655,12 +646,12 @@ class MarketPhase:
     ) -> set[int]:
         """Ask each new winner to open its counts commitment against the award and its endorsements; return
         those that hold."""
-        record: dict[str, ConfigRecordValues] = {
-            KEY_SESSION: pass_result.session,
-            KEY_AWARD: signed.encoded,
-            KEY_AWARD_SIGNATURE: signed.signature,
-            KEY_ENDORSEMENTS: pack_endorsements({node: sig for node, sig in endorsements.items() if sig}),
-        }
+        record = AuditRequest(
+            session=pass_result.session,
+            award=signed.encoded,
+            award_signature=signed.signature,
+            endorsements=pack_endorsements({node: sig for node, sig in endorsements.items() if sig}),
+        ).to_record()
         requests = {node: config_record(record) for node in winners}
         replies = self.exchange(grid, ACTION_AUDIT, requests)
 
@@ -676,14 +667,15 @@ class MarketPhase:
     ) -> list[int]:
         """Send every contacted node the final signed award (none if the market aborted; to its ``endorsers``,
         which hold it, only its digest); return the bidders that acknowledge it."""
-        record: dict[str, ConfigRecordValues] = {KEY_SESSION: self._session}
-        held: dict[str, ConfigRecordValues] = dict(record)
+        record = held = AwardRequest(self._session)
         bidders: list[int] = []
         if signed is not None:
-            record.update({KEY_AWARD: signed.encoded, KEY_AWARD_SIGNATURE: signed.signature})
-            held.update({KEY_AWARD_DIGEST: signed.digest, KEY_AWARD_SIGNATURE: signed.signature})
+            record = AwardRequest(self._session, award=signed.encoded, award_signature=signed.signature)
+            held = AwardRequest(self._session, award_digest=signed.digest, award_signature=signed.signature)
             bidders = list(bids)
-        requests = {node: config_record(held if node in endorsers else record) for node in sorted(self._contacted)}
+        requests = {
+            node: config_record((held if node in endorsers else record).to_record()) for node in sorted(self._contacted)
+        }
         if not requests:
             return []
         replies = self.exchange(grid, ACTION_AWARD, requests)
@@ -693,7 +685,7 @@ class MarketPhase:
             try:
                 if reply is None:
                     raise ReplyError("no reply")
-                read_config(reply)
+                AwardReply.from_record(read_config(reply))
             except ReplyError as err:
                 log(WARNING, "Market: node %d did not acknowledge its award (%s)", node, err)
                 continue
