@@ -40,7 +40,7 @@ from flmarket_flwr.pass_protocol.client_state import (
     Withdrawn,
     read_state,
 )
-from flmarket_flwr.pass_protocol.client_views import check_consistency, check_view
+from flmarket_flwr.pass_protocol.client_views import check_consistency, check_view, sign_view
 from flmarket_flwr.pass_protocol.dleq import (
     mask_scalar,
     prove_possession,
@@ -74,7 +74,6 @@ from flmarket_flwr.pass_protocol.identity import (
     IdentityDirectory,
     sign_advertisement,
     sign_share_ciphertext,
-    sign_survivor_set,
 )
 from flmarket_flwr.pass_protocol.messages import (
     Advertisement,
@@ -515,18 +514,8 @@ class PassClient:
         self._round = state = dataclasses.replace(state, view_requested=True)  # answered or refused, once
         if identity_key is None:
             raise PassError("this client has no identity key to sign a survivor set with")
-        check_view(state, request.survivors, request.dropped)
-        signature = sign_survivor_set(
-            identity_key,
-            request.survivors,
-            request.dropped,
-            run_id=state.run_id,
-            session=state.session,
-            roster=state.roster,
-            participants=state.participants,
-        )
-        self._round = dataclasses.replace(state, signed_survivors=request.survivors, signed_dropped=request.dropped)
-        return ConsistencyReply(signature)
+        self._round, reply = sign_view(state, request, identity_key, check_view)
+        return reply
 
     # Round 4 -----------------------------------------------------------------
     def unmask(self, request: UnmaskRequest | Mapping[str, Any]) -> UnmaskReply:

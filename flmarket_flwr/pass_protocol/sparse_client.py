@@ -25,6 +25,7 @@ from flmarket_flwr.pass_protocol.channel import noise_words, seal, signed_mask, 
 from flmarket_flwr.pass_protocol.client import PassClient
 from flmarket_flwr.pass_protocol.client_keys import check_neighbour_keys, prove_channel, signed_by
 from flmarket_flwr.pass_protocol.client_state import Closed, Fresh, Joined, Stage, Unmasked, Withdrawn, read_state
+from flmarket_flwr.pass_protocol.client_views import check_signed_set, sign_view
 from flmarket_flwr.pass_protocol.dleq import mask_scalar
 from flmarket_flwr.pass_protocol.encoding import (
     SHARE_BYTES,
@@ -42,8 +43,6 @@ from flmarket_flwr.pass_protocol.graph import roster_digest
 from flmarket_flwr.pass_protocol.identity import (
     IdentityDirectory,
     sign_share_ciphertext,
-    sign_survivor_set,
-    verify_survivor_set,
 )
 from flmarket_flwr.pass_protocol.messages import (
     Advertisement,
@@ -419,18 +418,8 @@ class SparseSecureClient:
         if state.view_requested or state.unmask_requested:
             raise PassError("this client already signed a survivor set in this session")
         self._round = state = dataclasses.replace(state, view_requested=True)
-        _check_view(state, request.survivors, request.dropped)
-        signature = sign_survivor_set(
-            identity_key,
-            request.survivors,
-            request.dropped,
-            run_id=state.run_id,
-            session=state.session,
-            roster=state.roster,
-            participants=state.participants,
-        )
-        self._round = dataclasses.replace(state, signed_survivors=request.survivors, signed_dropped=request.dropped)
-        return ConsistencyReply(signature)
+        self._round, reply = sign_view(state, request, identity_key, _check_view)
+        return reply
 
     # Round 6: unmask ---------------------------------------------------------
     def unmask(self, request: SparseUnmaskRequest | Mapping[str, Any]) -> UnmaskReply:
@@ -442,7 +431,9 @@ class SparseSecureClient:
         self._round = state = dataclasses.replace(state, unmask_requested=True)  # answered or refused, once
         survivors = _check_view(state, request.survivors, request.dropped)
         dropped = bitmap_bits(request.dropped, survivors.size)
-        _check_out_signatures(state, request, survivors)
+        check_signed_set(
+            state, request, survivors, signers_from=state.out_neighbours, threshold=state.threshold, who="out-neighbour"
+        )
         lists = _dealer_lists(state, request)
         reply = UnmaskReply([], [], [], [])
         own = set(state.masked_with)
@@ -521,47 +512,6 @@ def _check_view(state: SparseMasked, survivors_bitmap: bytes, dropped_bitmap: by
     if alive < state.threshold:
         raise PassError(f"only {alive} out-neighbours survived, the threshold is {state.threshold}")
     return survivors
-
-
-def _check_out_signatures(state: SparseMasked, request: SparseUnmaskRequest, survivors: npt.NDArray[np.bool_]) -> None:
-    """The set is the one this client signed, and ``t`` of its out-neighbours signed it too (rule 4)."""
-    if not state.signed_survivors:
-        raise PassError("this client unmasks only after signing the survivor set (consistency round)")
-    if (request.survivors, request.dropped) != (state.signed_survivors, state.signed_dropped):
-        raise PassError("the survivor set differs from the one this client signed: two views, refused")
-    signers, out = request.signers, set(state.out_neighbours)
-    if (
-        not strictly_increasing(signers)
-        or not set(signers) <= out
-        or not all(survivors[v - 1] for v in signers)
-        or len(signers) != len(request.signatures)
-    ):
-        raise PassError("the signers must be distinct surviving out-neighbours, one signature each")
-    position = {v: i for i, v in enumerate(state.neighbours)}
-    valid, refused = 0, []
-    for v, signature in zip(signers, request.signatures, strict=True):
-        if valid == state.threshold:
-            break
-        try:
-            verify_survivor_set(
-                state.identity_keys[position[v]],
-                signature,
-                request.survivors,
-                request.dropped,
-                run_id=state.run_id,
-                session=state.session,
-                roster=state.roster,
-                participants=state.participants,
-            )
-        except ValueError as error:
-            refused.append(f"out-neighbour {v}: {error}")
-            continue
-        valid += 1
-    if valid < state.threshold:
-        raise PassError(
-            f"only {valid} valid out-neighbour signatures on this survivor set, the threshold is {state.threshold}"
-            + (f" ({'; '.join(refused)})" if refused else "")
-        )
 
 
 def _dealer_lists(state: SparseMasked, request: SparseUnmaskRequest) -> dict[int, tuple[int, ...]]:
