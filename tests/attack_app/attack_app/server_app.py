@@ -29,6 +29,7 @@ from flmarket_flwr.market.wire.messages import (
     ACTION_ENDORSE,
     KEY_AWARD,
     KEY_AWARD_SIGNATURE,
+    KEY_BID_PROOF,
     KEY_ENDORSEMENTS,
     KEY_PAYMENT,
     KEY_SESSION,
@@ -68,7 +69,7 @@ class AuditOracle(MarketPhase):
     def _audited_auction(self, grid: Grid, pass_result: PassResult, bids: Mapping[int, tuple[float, float]]) -> Any:
         session = pass_result.session
         survivors = sorted((index, node) for node, index in pass_result.indices.items())
-        honest, _ = build_award(int(grid.run.run_id), session, pass_result.transcript, self.terms, survivors, bids)
+        honest, tree = build_award(int(grid.run.run_id), session, pass_result.transcript, self.terms, survivors, bids)
         other_key = Ed25519PrivateKey.generate()
         forged = SignedAward(honest.encode(), other_key.sign(honest.encode()))
         everyone = dataclasses.replace(
@@ -86,7 +87,9 @@ class AuditOracle(MarketPhase):
             }
             if endorsements:
                 fields[KEY_ENDORSEMENTS] = pack_endorsements({})
-            return {node: fields for node in bids}
+                return {node: fields for node in bids}
+            # an endorse request is whole: each node's true path in the bids tree, so only the signature can fail
+            return {node: {**fields, KEY_BID_PROOF: tree.proof(node)} for node in bids}
 
         received = {
             "bidders": sorted(bids),
