@@ -425,8 +425,8 @@ def _corpus() -> dict[str, Case]:
         f"{ACTION_AUDIT}/counts-plus-one",
         Case(ACTION_AUDIT, change_field(KEY_COUNTS, lambda v: [x + 1 for x in v]), True),
     )
-    for i, value in enumerate([False, 0, "no", b"", [], math.nan]):  # any record counts as an acknowledgement
-        add(f"{ACTION_AWARD}/accepted-{i}", Case(ACTION_AWARD, set_field(KEY_ACCEPTED, value), False))
+    for i, value in enumerate([False, 0, "no", b"", [], math.nan]):  # a bool acknowledges; anything else is malformed
+        add(f"{ACTION_AWARD}/accepted-{i}", Case(ACTION_AWARD, set_field(KEY_ACCEPTED, value), value is not False))
     return cases
 
 
@@ -617,8 +617,10 @@ def test_random_records_never_break_the_market(
     assert set(outcome.winners) <= set(outcome.participants)
     if step == ACTION_AUDIT and changed:
         assert OFFENDER in outcome.excluded and OFFENDER not in outcome.winners
-    if step == ACTION_AWARD:
-        assert outcome.award_acknowledged == NODES  # any ConfigRecord acknowledges
+    if step == ACTION_AWARD:  # a reply whose `accepted` is a bool acknowledges; anything else is malformed
+        accepted = record.get(KEY_ACCEPTED, genuine_fields.get(KEY_ACCEPTED) if keep_genuine_fields else None)
+        acknowledges = isinstance(accepted, bool)
+        assert outcome.award_acknowledged == (NODES if acknowledges else others)
     if not changed:
         _, winners, payments, _ = expected(NODES, NODES)
         assert outcome.excluded == {} and outcome.winners == winners
