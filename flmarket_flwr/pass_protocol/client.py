@@ -39,6 +39,7 @@ from flmarket_flwr.pass_protocol.client_state import (
     Unmasked,
     Withdrawn,
     read_state,
+    require_stage,
 )
 from flmarket_flwr.pass_protocol.client_views import check_consistency, check_view, sign_view
 from flmarket_flwr.pass_protocol.dleq import (
@@ -212,10 +213,7 @@ class PassClient:
 
     def _at(self, kind: type[_Round], step: str) -> _Round:
         """The state, or :class:`PassError` unless the client is at the stage of ``kind``."""
-        state = self._round
-        if not isinstance(state, kind):
-            raise PassError(f"{step} is not allowed now (protocol stage {int(state.stage)}, need {int(kind.stage)})")
-        return state
+        return require_stage(self._round, kind, step)
 
     def advertise(
         self,

@@ -15,7 +15,7 @@ import dataclasses
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from flmarket_flwr.pass_protocol.encoding import PassError
 from flmarket_flwr.pass_protocol.messages import FIELD_CHECKS
@@ -243,3 +243,13 @@ class SessionSummary:
         """The summary of ``state`` (its secrets left out)."""
         names = [item.name for item in dataclasses.fields(cls)][1:]
         return cls(state.stage, **{name: getattr(state, name) for name in names if hasattr(state, name)})
+
+
+StageState = TypeVar("StageState", bound=RoundState)
+
+
+def require_stage(state: RoundState, kind: type[StageState], step: str) -> StageState:
+    """``state`` as a ``kind``, or :class:`PassError` naming ``step`` unless the client is at that stage."""
+    if not isinstance(state, kind):
+        raise PassError(f"{step} is not allowed now (protocol stage {int(state.stage)}, need {int(kind.stage)})")
+    return state

@@ -24,7 +24,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flmarket_flwr.pass_protocol.channel import noise_words, seal, signed_mask, unseal
 from flmarket_flwr.pass_protocol.client import PassClient
 from flmarket_flwr.pass_protocol.client_keys import check_neighbour_keys, prove_channel, signed_by
-from flmarket_flwr.pass_protocol.client_state import Closed, Fresh, Joined, Stage, Unmasked, Withdrawn, read_state
+from flmarket_flwr.pass_protocol.client_state import (
+    Closed,
+    Fresh,
+    Joined,
+    Stage,
+    Unmasked,
+    Withdrawn,
+    read_state,
+    require_stage,
+)
 from flmarket_flwr.pass_protocol.client_views import check_signed_set, sign_view
 from flmarket_flwr.pass_protocol.dleq import mask_scalar
 from flmarket_flwr.pass_protocol.encoding import (
@@ -141,10 +150,7 @@ class SparseSecureClient:
         self._round = Closed(session=getattr(self._round, "session", b""), unmask_requested=bool(requested))
 
     def _at(self, kind: type[_Round], step: str) -> _Round:
-        state = self._round
-        if not isinstance(state, kind):
-            raise PassError(f"{step} is not allowed now (protocol stage {int(state.stage)}, need {int(kind.stage)})")
-        return state
+        return require_stage(self._round, kind, step)
 
     # Round 1 -----------------------------------------------------------------
     def advertise(
