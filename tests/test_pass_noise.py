@@ -138,7 +138,7 @@ def test_the_roster_the_noise_is_sized_on_is_the_one_shown_at_share_keys() -> No
     clients = {i: PassClient() for i in range(1, 5)}
     requests = server.advertise_requests([101, 102, 103, 104])
     adverts = {i: clients[i].advertise(r, [1, 2, 3]).to_record() for i, r in requests.items()}
-    with pytest.raises(PassError, match="share_keys has not run"):
+    with pytest.raises(PassError, match="U1 has not been shown"):
         _ = clients[1].participant_count
     for i, request in server.receive_advertisements(adverts).items():
         clients[i].share_keys(request)

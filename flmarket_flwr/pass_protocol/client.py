@@ -29,11 +29,10 @@ from flmarket_flwr.pass_protocol.client_keys import check_neighbour_keys, prove_
 from flmarket_flwr.pass_protocol.client_state import (
     Advertised,
     ClientRound,
-    Closed,
     Fresh,
     Joined,
     Masked,
-    SessionSummary,
+    SessionView,
     Shared,
     Stage,
     Unmasked,
@@ -51,7 +50,6 @@ from flmarket_flwr.pass_protocol.encoding import (
     SHARE_BYTES,
     PassError,
     bitmap_array,
-    bitmap_bits,
     counts_commitment,
     in_bitmap,
     pair_digest,
@@ -101,7 +99,7 @@ __all__ = ["PassClient", "Stage"]
 _Round = TypeVar("_Round", Advertised, Shared, Masked)
 
 
-class PassClient:
+class PassClient(SessionView):
     """One client's side of PASS v2; all its state (keys included) is one round's record (:mod:`.client_state`).
 
     Parameters
@@ -147,69 +145,10 @@ class PassClient:
     def __init__(self, record: Mapping[str, Any] | None = None) -> None:
         self._round: ClientRound = read_state(record or {})
 
-    @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> PassClient:
-        """Restore a client from :meth:`to_record` (a fresh process between rounds)."""
-        return cls(record)
-
-    def to_record(self) -> dict[str, Any]:
-        """The state as a record (:meth:`~.client_state.RoundState.to_record`); holds private keys until they are
-        wiped."""
-        return self._round.to_record()
-
     @property
     def round(self) -> ClientRound:
         """This client's state: the record its last round left (secrets included; the rounds alone replace it)."""
         return self._round
-
-    @property
-    def state(self) -> SessionSummary:
-        """What this client's session has established that is not secret (its terms, roster and survivors)."""
-        return SessionSummary.of(self._round)
-
-    @property
-    def stage(self) -> Stage:
-        """Where this client is in its session."""
-        return self._round.stage
-
-    @property
-    def session(self) -> bytes | None:
-        """The session this client advertised in (``None`` before :meth:`advertise`)."""
-        return getattr(self._round, "session", b"") or None
-
-    @property
-    def transcript(self) -> bytes | None:
-        """``survivor_transcript`` of the sum this client contributed to (after unmask)."""
-        return self._round.transcript if isinstance(self._round, Unmasked) else None
-
-    @property
-    def survivor_count(self) -> int | None:
-        """``|U3|`` (after unmask)."""
-        return self._round.survivor_count if isinstance(self._round, Unmasked) else None
-
-    @property
-    def participant_count(self) -> int:
-        """``|U1|``, the roster this client was shown at share keys; :class:`PassError` before :meth:`share_keys`."""
-        participants = getattr(self._round, "participants", b"")
-        if not participants:
-            raise PassError("no roster yet: share_keys has not run")
-        return int(bitmap_bits(participants).sum())
-
-    @property
-    def counts_nonce(self) -> bytes | None:
-        """Nonce of the counts commitment (kept private; revealed only for an audit)."""
-        return self._round.nonce if isinstance(self._round, Masked | Unmasked) else None
-
-    @property
-    def unmask_requested(self) -> bool:
-        """Whether this client was asked to unmask in its session (answered or refused): it joins no other."""
-        state = self._round
-        return isinstance(state, Unmasked) or (isinstance(state, Masked | Closed) and state.unmask_requested)
-
-    def close(self) -> None:
-        """End the session for this client: wipe every key, seed, share and count; keep only the session and
-        whether an unmask was requested, so that no step of this session runs again."""
-        self._round = Closed(session=self.session or b"", unmask_requested=self.unmask_requested)
 
     def _at(self, kind: type[_Round], step: str) -> _Round:
         """The state, or :class:`PassError` unless the client is at the stage of ``kind``."""

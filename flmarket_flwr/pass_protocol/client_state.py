@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from flmarket_flwr.pass_protocol.encoding import PassError
+from flmarket_flwr.pass_protocol.encoding import PassError, bitmap_bits
 from flmarket_flwr.pass_protocol.messages import FIELD_CHECKS
 
 
@@ -253,3 +253,74 @@ def require_stage(state: RoundState, kind: type[StageState], step: str) -> Stage
     if not isinstance(state, kind):
         raise PassError(f"{step} is not allowed now (protocol stage {int(state.stage)}, need {int(kind.stage)})")
     return state
+
+
+class SessionView:
+    """What a client of either PASS mode shows of its session: read-only views of its round's record, and ``close``.
+
+    :class:`~.client.PassClient` and :class:`~.sparse_client.SparseSecureClient` both build on it, so that the
+    market's node side reads a session the same way whichever mode it runs; ``_round`` is the mode's own record.
+    """
+
+    _round: RoundState
+
+    @classmethod
+    def from_record(cls: type[_View], record: Mapping[str, Any]) -> _View:
+        """Restore a client from its ``to_record()`` (a fresh process between rounds)."""
+        return cls(record)  # type: ignore[call-arg]  # every mode's client takes its record first
+
+    def to_record(self) -> dict[str, Any]:
+        """The state as a record (:meth:`RoundState.to_record`); holds private keys until they are wiped."""
+        return self._round.to_record()
+
+    @property
+    def state(self) -> SessionSummary:
+        """What this client's session has established that is not secret (its terms, roster and survivors)."""
+        return SessionSummary.of(self._round)  # type: ignore[arg-type]  # any mode's record: read by name
+
+    @property
+    def stage(self) -> Stage:
+        """Where this client is in its session."""
+        return self._round.stage
+
+    @property
+    def session(self) -> bytes | None:
+        """The session this client advertised in (``None`` before it advertised)."""
+        return getattr(self._round, "session", b"") or None
+
+    @property
+    def transcript(self) -> bytes | None:
+        """``survivor_transcript`` of the sum this client contributed to (after unmask)."""
+        return self._round.transcript if isinstance(self._round, Unmasked) else None
+
+    @property
+    def survivor_count(self) -> int | None:
+        """``|U3|`` (after unmask)."""
+        return self._round.survivor_count if isinstance(self._round, Unmasked) else None
+
+    @property
+    def participant_count(self) -> int:
+        """``|U1|``, the roster this client was shown; :class:`PassError` before it was."""
+        participants = getattr(self._round, "participants", b"")
+        if not participants:
+            raise PassError("no roster yet: U1 has not been shown to this client")
+        return int(bitmap_bits(participants).sum())
+
+    @property
+    def counts_nonce(self) -> bytes | None:
+        """Nonce of the counts commitment (kept private; revealed only for an audit)."""
+        return self._round.nonce if isinstance(self._round, Masked | Unmasked) else None
+
+    @property
+    def unmask_requested(self) -> bool:
+        """Whether this client was asked to unmask in its session (answered or refused): it joins no other."""
+        state = self._round
+        return isinstance(state, Unmasked) or (isinstance(state, Masked | Closed) and state.unmask_requested)
+
+    def close(self) -> None:
+        """End the session for this client: wipe every key, seed, share and count; keep only the session and
+        whether an unmask was requested, so that no step of this session runs again."""
+        self._round = Closed(session=self.session or b"", unmask_requested=self.unmask_requested)
+
+
+_View = TypeVar("_View", bound=SessionView)

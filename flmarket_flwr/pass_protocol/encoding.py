@@ -94,13 +94,16 @@ def survivor_transcript(session: bytes, survivors: Iterable[int] | np.ndarray) -
     return hashlib.sha256(LABEL + b"/transcript" + body + ordered.astype(">u8").tobytes()).digest()
 
 
-def roster_fingerprint(run_id: int, session: bytes, node_ids: Sequence[int]) -> bytes:
+def roster_fingerprint(run_id: int, session: bytes, node_ids: Sequence[int] | np.ndarray) -> bytes:
     """``SHA-256(label || run id || session || node ids in PASS-index order)``: the roster every advert binds.
 
     The server announces it with each advertise request; a client signs it with its keys, and its neighbours
     check their signatures under their own copy, so all honest neighbours of a client were shown one roster.
     """
-    ids = np.asarray([int(node) for node in node_ids], dtype=np.uint64)
+    if isinstance(node_ids, np.ndarray) and node_ids.dtype.kind == "u":  # a roster sent as uint64 words
+        ids = node_ids.astype(np.uint64)
+    else:
+        ids = np.asarray([int(node) for node in node_ids], dtype=np.uint64)
     body = struct.pack(">QQ", run_id, len(session)) + session + struct.pack(">Q", ids.size)
     return hashlib.sha256(LABEL + b"/roster" + body + ids.astype(">u8").tobytes()).digest()
 

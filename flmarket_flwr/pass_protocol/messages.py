@@ -241,13 +241,14 @@ class SparseAdvertiseRequest(_Record):
 class DrawRequest(_Record):
     """Sparse secure, server -> client once ``U1`` is fixed: ``U1`` (bitmap), the session's ``(k, t)``, which the
     client refuses unless the finder gives exactly them for the settings at ``|U1|``, and the roster's node ids in
-    PASS-index order, which the client checks against the roster fingerprint it signed: the server cannot then put
-    another node behind an index the client draws."""
+    PASS-index order (big-endian uint64 words), which the client checks against the roster fingerprint it signed:
+    the server cannot then put another node behind an index the client draws."""
 
     participants: bytes
     degree: int
     threshold: int
-    node_ids: list[int]
+    node_ids: bytes
+    """Big-endian uint64 words, one per roster slot: one bytes object for every client (no per-id list to build)."""
 
 
 @dataclass(frozen=True)

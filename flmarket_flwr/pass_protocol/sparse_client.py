@@ -25,10 +25,9 @@ from flmarket_flwr.pass_protocol.channel import noise_words, seal, signed_mask, 
 from flmarket_flwr.pass_protocol.client import PassClient
 from flmarket_flwr.pass_protocol.client_keys import check_neighbour_keys, prove_channel, signed_by
 from flmarket_flwr.pass_protocol.client_state import (
-    Closed,
     Fresh,
     Joined,
-    Stage,
+    SessionView,
     Unmasked,
     Withdrawn,
     read_state,
@@ -91,7 +90,7 @@ __all__ = ["SparseSecureClient"]
 _Round = TypeVar("_Round", SparseAdvertised, SparseShared, SparseMasked)
 
 
-class SparseSecureClient:
+class SparseSecureClient(SessionView):
     """One client's side of the sparse secure mode of PASS; all its state is one round's record.
 
     Rounds, each from the record the one before it left (the server's side:
@@ -125,29 +124,15 @@ class SparseSecureClient:
         self._round: SparseRound = read_state(record or {}, SPARSE_ROUNDS)
         self._draw = draw
 
-    def to_record(self) -> dict[str, Any]:
-        """The state as a record; holds private keys until they are wiped."""
-        return self._round.to_record()
-
     @property
     def round(self) -> SparseRound:
         """This client's state (secrets included)."""
         return self._round
 
     @property
-    def stage(self) -> Stage:
-        """Where this client is in its session."""
-        return self._round.stage
-
-    @property
     def out_neighbours(self) -> tuple[int, ...]:
         """The out-neighbours this client drew (empty before :meth:`draw`)."""
         return getattr(self._round, "out_neighbours", ())
-
-    def close(self) -> None:
-        """End the session: wipe every key, seed, share and count (as :meth:`.PassClient.close`)."""
-        requested = isinstance(self._round, Unmasked) or getattr(self._round, "unmask_requested", False)
-        self._round = Closed(session=getattr(self._round, "session", b""), unmask_requested=bool(requested))
 
     def _at(self, kind: type[_Round], step: str) -> _Round:
         return require_stage(self._round, kind, step)
@@ -215,13 +200,16 @@ class SparseSecureClient:
             raise PassError(
                 f"this client needs at least {state.min_participants} participants, got {len(participants)}"
             )
-        if roster_fingerprint(state.run_id, state.session, request.node_ids) != state.roster:
+        if len(request.node_ids) % 8:
+            raise PassError("the roster's node ids must be whole big-endian uint64 words")
+        node_ids = np.frombuffer(request.node_ids, dtype=">u8")
+        if roster_fingerprint(state.run_id, state.session, node_ids) != state.roster:
             raise PassError("the roster's node ids do not match the roster fingerprint this client signed")
-        if len(set(request.node_ids)) != len(request.node_ids):
+        if np.unique(node_ids).size != node_ids.size:
             raise PassError("a node id holds two roster slots: one colluder would count as several (refused)")
-        if not 0 < state.index <= len(request.node_ids) or request.node_ids[state.index - 1] != state.node_id:
+        if not 0 < state.index <= node_ids.size or int(node_ids[state.index - 1]) != state.node_id:
             raise PassError(f"the roster does not put this client's node id {state.node_id} at its index {state.index}")
-        if int(participants[-1]) > len(request.node_ids):
+        if int(participants[-1]) > node_ids.size:
             raise PassError("U1 names an index beyond the roster")
         wanted = state.settings.parameters(len(participants))
         if (request.degree, request.threshold) != (wanted.degree, wanted.threshold):
@@ -235,7 +223,7 @@ class SparseSecureClient:
         self._round = dataclasses.replace(
             state,
             participants=request.participants,
-            roster_node_ids=np.asarray(request.node_ids, dtype=">u8").tobytes(),
+            roster_node_ids=request.node_ids,
             degree=wanted.degree,
             threshold=wanted.threshold,
             in_degree_cap=wanted.in_degree_cap,

@@ -115,6 +115,31 @@ class SparseSecureServer:
         return self.core.index_of
 
     @property
+    def session(self) -> bytes:
+        """The session id."""
+        return self.core.session
+
+    @property
+    def commitments(self) -> dict[int, bytes]:
+        """Each survivor's counts commitment."""
+        return self.core.commitments
+
+    @property
+    def transcript(self) -> bytes:
+        """``survivor_transcript`` of U3."""
+        return self.core.transcript
+
+    @property
+    def culprits(self) -> frozenset[int]:
+        """The clients named for a deviation (:attr:`.PassServer.culprits`)."""
+        return self.core.culprits
+
+    @property
+    def wronged(self) -> frozenset[int]:
+        """Clients that withdrew only because convicted senders left them short of ``t`` (as in ``PassServer``)."""
+        return self.core.wronged
+
+    @property
     def noise_slack(self) -> int:
         """Noise allowed beyond ``[0, count_bound * |U3|]`` in a class of the sum (:class:`~.server.PassServer`)."""
         return self.core.noise_slack
@@ -158,7 +183,7 @@ class SparseSecureServer:
         self.state.degree, self.state.threshold = parameters.degree, parameters.threshold
         self.state.participants = indices_to_bitmap(sorted(adverts))
         self._awaiting_draws = True
-        node_ids = [self.node_of[i] for i in sorted(self.node_of)]
+        node_ids = np.asarray([self.node_of[i] for i in sorted(self.node_of)], dtype=">u8").tobytes()
         request = DrawRequest(self.state.participants, parameters.degree, parameters.threshold, node_ids)
         return {u: request for u in sorted(adverts)}
 
