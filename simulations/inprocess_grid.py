@@ -13,12 +13,14 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from uuid import uuid4
 
 import numpy as np
 from flwr.app import Context, Error, Message, RecordDict, UserConfig
 from flwr.clientapp import ClientApp
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+from flwr.common.typing import Scalar
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
@@ -27,8 +29,17 @@ from flmarket_flwr.market.buyer.grid_view import reply_filter
 from flmarket_flwr.market.node.bidding import BidPolicy
 from flmarket_flwr.market.node.client import register_market_handlers
 from flmarket_flwr.market.wire.records import context_from_bytes, context_to_bytes, deflate_message, inflate_message
+from flmarket_flwr.pass_protocol import IdentityDirectory, generate_identity, save_identity_key
 
-__all__ = ["DEFAULT_RUN_ID", "InProcessGrid", "ReplyHook", "market_client_app", "serverapp_identity", "wire_roundtrip"]
+__all__ = [
+    "DEFAULT_RUN_ID",
+    "InProcessGrid",
+    "ReplyHook",
+    "market_client_app",
+    "secure_profile_setup",
+    "serverapp_identity",
+    "wire_roundtrip",
+]
 
 DEFAULT_RUN_ID = 1
 """The run id of an :class:`InProcessGrid` and of :func:`serverapp_identity` unless given."""
@@ -82,6 +93,35 @@ def market_client_app(
     app = ClientApp()
     register_market_handlers(app, lambda context: label_counts[context.node_id], bid_policy)
     return app
+
+
+def secure_profile_setup(
+    folder: Path, nodes: Sequence[int], directory_keys: Mapping[int, bytes] | None = None
+) -> tuple[dict[int, dict[str, Scalar]], IdentityDirectory]:
+    """Each node's node config in the secure profile, and the honest directory of their identity keys.
+
+    Each node gets its own PEM identity key in ``folder``, the directory file ``folder/directory.json`` and the honest
+    directory's digest as its pin; the file holds ``directory_keys`` when given (a directory the buyer wrote, which
+    the nodes then refuse). A node's ledger goes under ``$FLMARKET_HOME``, as the profile's default.
+    """
+    publics = {}
+    for node in nodes:
+        private, public = generate_identity()
+        save_identity_key(private, folder / f"node-{node}.pem")
+        publics[node] = public
+    directory = IdentityDirectory(dict(directory_keys) if directory_keys is not None else publics)
+    (folder / "directory.json").write_text(directory.to_json())
+    honest = IdentityDirectory(publics)
+    configs: dict[int, dict[str, Scalar]] = {
+        node: {
+            "market-security": "malicious",
+            "identity-key": str(folder / f"node-{node}.pem"),
+            "identity-directory": str(folder / "directory.json"),
+            "identity-directory-digest": honest.digest().hex(),
+        }
+        for node in nodes
+    }
+    return configs, honest
 
 
 def wire_roundtrip(message: Message) -> tuple[Message, bytes]:

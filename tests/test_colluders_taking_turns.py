@@ -26,12 +26,12 @@ from flwr.app import Context, RecordDict
 from test_adversarial_pass_robust import _dealing_a_random_value
 from test_secure_profile_market import drop_in_app, profile_setup, secure_config
 
-from flmarket_flwr.app.run_config import check_run_config, pass_reruns_of
+from flmarket_flwr.app.run_config import check_run_config, count_or_auto
 from flmarket_flwr.market import MarketConfig, MarketError, MarketPhase
 from flmarket_flwr.market.buyer.config import DEFAULT_PASS_RERUNS
-from flmarket_flwr.market.node.node_config import PROFILE_ROSTER_SHARE, PROFILE_SPLIT_TOLERANCE, read_node_settings
+from flmarket_flwr.market.node.node_config import PROFILE_SPLIT_TOLERANCE, read_node_settings
 from flmarket_flwr.market.wire.messages import RECORD_KEY
-from flmarket_flwr.market.wire.profiles import profile_colluders
+from flmarket_flwr.market.wire.profiles import PROFILE_ROSTER_SHARE, profile_colluders
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, generate_identity, save_identity_key
 from flmarket_flwr.pass_protocol.graph import secret_threshold
 from simulations.inprocess_grid import InProcessGrid
@@ -119,7 +119,7 @@ def test_a_bad_rerun_count_is_refused_naming_the_setting(value: object, error: t
 
 
 def test_the_run_config_key_reaches_the_market() -> None:
-    assert pass_reruns_of("auto") == "auto" and pass_reruns_of("5") == 5
+    assert count_or_auto("auto") == "auto" and count_or_auto("5") == 5
     assert check_run_config({"pass-reruns": "5"})["pass-reruns"] == "5"
     for bad in ("-1", "five", "2.5"):
         with pytest.raises(ValueError, match="pass-reruns"):

@@ -126,6 +126,7 @@ BAD_VALUES = {
     "min-market-clients": 2,
     "neighbours": "1",
     "pass-reruns": "-1",
+    "pass-colluders": "many",
     "model": "vgg",
     "num-server-rounds": 0,
     "fraction-train": 0.0,

@@ -24,6 +24,7 @@ from flmarket_flwr.market.wire.ledger import (
     ReleaseLedger,
     ReleaseRefused,
     RosterHistory,
+    SessionCapReached,
     isolates_a_small_group,
     plan_roster,
 )
@@ -340,3 +341,38 @@ def test_a_corrupt_roster_history_is_an_error_naming_the_file(tmp_path: Path, co
     path.write_text(content, encoding="utf-8")
     with pytest.raises(LedgerError, match=f"roster history {path} is unreadable"):
         RosterHistory(path).plan([1, 2, 3])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    per_market=st.integers(1, 4),
+    events=st.lists(st.tuples(st.sampled_from(["session", "release"]), st.integers(1, 2)), max_size=25),
+)
+def test_the_session_cap_bounds_the_sessions_masked_in_by_the_releases(
+    per_market: int, events: list, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The sparse secure mode's cap: whatever a buyer starts, the sessions a node masks in per run (each checked
+    first, then spent) never exceed ``per_market`` times the run's releases plus one; another run counts apart, and a
+    session already spent passes again (a retried message)."""
+    ledger = ReleaseLedger(tmp_path_factory.mktemp("cap"))
+    masked: dict[int, list[bytes]] = {1: [], 2: []}
+    released: dict[int, int] = {1: 0, 2: 0}
+    for number, (event, run) in enumerate(events):
+        if event == "session":
+            session = b"s%d" % number
+            try:
+                ledger.check_session_cap(run, session, per_market)
+            except SessionCapReached:
+                assert len(masked[run]) >= per_market * (released[run] + 1)
+                continue
+            ledger.spend(run, session, 0.0)
+            masked[run].append(session)
+            ledger.check_session_cap(run, session, per_market)  # the same session again: a retry, it passes
+        elif masked[run]:  # the last masked session of the run released its sum
+            ledger.record_release(run, masked[run][-1], [b"key:%d" % i for i in range(5)])
+            released[run] = len(set(_released_sessions(ledger, run)))
+        assert len(masked[run]) <= per_market * (released[run] + 1)
+
+
+def _released_sessions(ledger: ReleaseLedger, run: int) -> list[bytes]:
+    return [bytes.fromhex(record.session) for record in ledger.records() if record.run_id == run]

@@ -104,11 +104,13 @@ def test_the_buyers_side_runs_the_complete_graph_with_noise_against_the_pinned_d
     directory = IdentityDirectory({node: generate_identity()[1] for node in (1, 2, 3)})
     secure = {"budget": 10.0, "num_classes": 3, "security": "malicious", "directory": directory}
     config = MarketConfig(**secure)
-    assert config.neighbours == "all" and config.noise is not None and config.noise.epsilon == SECURE_PROFILE_EPSILON
+    assert config.noise is not None and config.noise.epsilon == SECURE_PROFILE_EPSILON
+    assert config.neighbours == "auto" and not config.runs_sparse(3)  # the finder needs the complete graph here
+    assert MarketConfig(**secure, neighbours="all").sparse_settings is None  # "all": always the complete graph
     own = SkellamNoise(0.5)
     assert MarketConfig(**secure, noise=own).noise is own
     assert MarketConfig(budget=10.0, num_classes=3).neighbours == "auto"  # the default profile is unchanged
-    with pytest.raises(ValueError, match="complete graph"):
+    with pytest.raises(ValueError, match="graph the server places"):
         MarketConfig(**secure, neighbours=8)
     with pytest.raises(ValueError, match="needs the directory"):
         MarketConfig(budget=10.0, num_classes=3, security="malicious")
@@ -118,7 +120,7 @@ def test_the_buyers_side_runs_the_complete_graph_with_noise_against_the_pinned_d
     strategy = FLMarket(
         FedAvg(), budget=10.0, num_classes=3, security="malicious", directory=str(tmp_path / "directory.json")
     )
-    assert strategy.market_config.security == "malicious" and strategy.market_config.neighbours == "all"
+    assert strategy.market_config.security == "malicious" and strategy.market_config.sparse_settings is not None
     assert strategy.market_config.directory is not None and strategy.market_config.directory.digest() == (
         directory.digest()
     )

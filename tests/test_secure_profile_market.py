@@ -18,8 +18,8 @@ from test_award import MaliciousPhase, _AttackDone, audit_oracle
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketError, MarketPhase, register_market_handlers
 from flmarket_flwr.market.node.client import read_award
 from flmarket_flwr.market.wire.award import SignedAward
-from flmarket_flwr.pass_protocol import IdentityDirectory, generate_identity, save_identity_key
-from simulations.inprocess_grid import InProcessGrid
+from flmarket_flwr.pass_protocol import IdentityDirectory, generate_identity
+from simulations.inprocess_grid import InProcessGrid, secure_profile_setup
 
 
 def drop_in_app(counts: Mapping[int, np.ndarray]) -> ClientApp:
@@ -32,28 +32,9 @@ def drop_in_app(counts: Mapping[int, np.ndarray]) -> ClientApp:
 def profile_setup(
     tmp_path: Path, nodes: list[int], directory_keys: Mapping[int, bytes] | None = None
 ) -> tuple[dict, IdentityDirectory]:
-    """Each node's node config in the secure profile (its own PEM key, the directory file, the honest directory's
-    digest as its pin; the file holds ``directory_keys`` when given: a directory the buyer wrote), and the honest
-    directory."""
-    publics = {}
-    for node in nodes:
-        private, public = generate_identity()
-        save_identity_key(private, tmp_path / f"node-{node}.pem")
-        publics[node] = public
-    directory = IdentityDirectory(dict(directory_keys) if directory_keys is not None else publics)
-    (tmp_path / "directory.json").write_text(directory.to_json())
-    honest = IdentityDirectory(publics)
-    honest_digest = honest.digest().hex()
-    configs = {
-        node: {
-            "market-security": "malicious",
-            "identity-key": str(tmp_path / f"node-{node}.pem"),
-            "identity-directory": str(tmp_path / "directory.json"),
-            "identity-directory-digest": honest_digest,
-        }
-        for node in nodes
-    }
-    return configs, honest
+    """Each node's node config in the secure profile and the honest directory
+    (:func:`simulations.inprocess_grid.secure_profile_setup`)."""
+    return secure_profile_setup(tmp_path, nodes, directory_keys)
 
 
 @pytest.fixture(autouse=True)

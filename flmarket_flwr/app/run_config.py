@@ -51,7 +51,7 @@ __all__ = [
     "markdown_table",
     "membership_of",
     "neighbours_of",
-    "pass_reruns_of",
+    "count_or_auto",
     "pyproject_table",
     "python_source",
     "read",
@@ -152,7 +152,7 @@ def _neighbours_ok(value: str) -> bool:
     return value in ("auto", "all") or (value.isdigit() and int(value) >= 2)
 
 
-def _reruns_ok(value: str) -> bool:
+def _count_or_auto_ok(value: str) -> bool:
     return value == "auto" or value.isdigit()
 
 
@@ -212,10 +212,15 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
     AppKey("neighbours", _market_default("neighbours"), 'PASS masking graph: "auto", "all", or a degree "k"',
            "server", _neighbours_ok, "'auto', 'all' or a degree k >= 2 (as a string)"),
     AppKey("pass-reruns", _market_default("pass_reruns"), "PASS sessions run again, each without the clients a "
-           'failed one named: "auto" (2; the secure profile: the colluders it assumes, a fifth of the directory) '
-           'or "n"', "server", _reruns_ok, "'auto' or an integer n >= 0 (as a string)"),
+           'failed one named: "auto" (2; the secure profile: pass-colluders) or "n"', "server", _count_or_auto_ok,
+           "'auto' or an integer n >= 0 (as a string)"),
+    AppKey("pass-colluders", _market_default("pass_colluders"), "the secure profile: colluding clients its "
+           'sparse mode is sized for and announces (nodes refuse fewer than their own pass-colluders): "auto" (a '
+           'fifth of the directory, the nodes\' default) or "n"', "server", _count_or_auto_ok,
+           "'auto' or an integer n >= 0 (as a string)"),
     AppKey("market-security", _market_default("security"), "the buyer's profile: semi-honest, or malicious (the "
-           "secure profile: complete graph, noise; each node sets market-security in its node config)", "server",
+           "secure profile: a graph the clients draw, or the complete graph; noise; each node sets market-security in "
+           "its node config)", "server",
            _one_of(("semi_honest", "malicious")), "semi-honest or malicious"),
     AppKey("audit-winners", _market_default("audit_winners"),
            "winners open their PASS counts commitment to the buyer before payment", "server"),
@@ -297,8 +302,8 @@ def neighbours_of(value: str) -> int | str:
     return int(value) if value.isdigit() else value
 
 
-def pass_reruns_of(value: str) -> int | str:
-    """The re-run setting of key ``pass-reruns`` as the market takes it: a count as an int, else ``"auto"``."""
+def count_or_auto(value: str) -> int | str:
+    """A count setting (keys ``pass-reruns``, ``pass-colluders``) as the market takes it: an int, else ``"auto"``."""
     return int(value) if value.isdigit() else value
 
 

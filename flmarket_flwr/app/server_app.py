@@ -31,10 +31,10 @@ from flmarket_flwr.app.market_progress import MarketProgress, ProgressGrid
 from flmarket_flwr.app.results import CentralEvaluation, make_run_dir, save_results
 from flmarket_flwr.app.run_config import (
     check_run_config,
+    count_or_auto,
     market_noise,
     membership_of,
     neighbours_of,
-    pass_reruns_of,
     relaunch_of,
     settings_from,
     train_message_config,
@@ -223,7 +223,8 @@ def market_config_of(settings: ServerSettings, data_config: DataConfig, run_id: 
         num_winners=settings.num_selected or None,
         min_clients=settings.min_market_clients,
         neighbours=neighbours_of(settings.neighbours),
-        pass_reruns=pass_reruns_of(settings.pass_reruns),
+        pass_reruns=count_or_auto(settings.pass_reruns),
+        pass_colluders=count_or_auto(settings.pass_colluders),
         audit_winners=settings.audit_winners,
         security=settings.market_security.lower().replace("_", "-"),
         directory=IdentityDirectory.from_json(Path(settings.identity_directory))

@@ -46,11 +46,14 @@ class ServerFields:
     neighbours: str = "auto"
     """PASS masking graph: "auto", "all", or a degree "k" """
     pass_reruns: str = "auto"
-    """PASS sessions run again, each without the clients a failed one named: "auto" (2; the secure profile: the
-    colluders it assumes, a fifth of the directory) or "n" """
+    """PASS sessions run again, each without the clients a failed one named: "auto" (2; the secure profile:
+    pass-colluders) or "n" """
+    pass_colluders: str = "auto"
+    """the secure profile: colluding clients its sparse mode is sized for and announces (nodes refuse fewer than
+    their own pass-colluders): "auto" (a fifth of the directory, the nodes' default) or "n" """
     market_security: str = "semi-honest"
-    """the buyer's profile: semi-honest, or malicious (the secure profile: complete graph, noise; each node sets
-    market-security in its node config)"""
+    """the buyer's profile: semi-honest, or malicious (the secure profile: a graph the clients draw, or the
+    complete graph; noise; each node sets market-security in its node config)"""
     audit_winners: bool = True
     """winners open their PASS counts commitment to the buyer before payment"""
     identity_directory: str = ""

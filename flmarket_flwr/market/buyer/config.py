@@ -15,9 +15,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from flmarket_flwr.market.buyer.membership import Member, check_allow_list, check_membership
 from flmarket_flwr.market.wire.ledger import RosterHistory
-from flmarket_flwr.market.wire.profiles import SECURITY_PROFILES, profile_colluders
-from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, SkellamNoise
+from flmarket_flwr.market.wire.profiles import (
+    PROFILE_DROPOUT,
+    SECURITY_PROFILES,
+    profile_colluders,
+    profile_roster_floor,
+)
+from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, PassError, SkellamNoise
+from flmarket_flwr.pass_protocol.graph_parameters import DEFAULT_SECURITY_BITS
 from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_DELTA, SECURE_PROFILE_EPSILON
+from flmarket_flwr.pass_protocol.sparse_secure import SparseSecureSettings
 from flmarket_flwr.pricing.auction import VALUE_RANGE
 
 __all__ = ["DEFAULT_COUNT_BOUND", "MarketConfig", "MarketOutcome", "PassSession"]
@@ -89,9 +96,12 @@ class MarketConfig:
         set both the same). Here it widens the bound checks by the noise's tail, and ``N_s`` is clipped
         below at 0 before it is scored. ``None`` (default): exact counts.
     security : {"semi-honest", "malicious"} (default: "semi-honest")
-        The buyer's side of the secure profile. ``"malicious"`` needs ``directory`` (the one the nodes pin), runs
-        PASS on the complete graph (``neighbours`` ``"auto"`` becomes ``"all"``; a sparse degree is refused) and
-        announces noise on the counts
+        The buyer's side of the secure profile. ``"malicious"`` needs ``directory`` (the one the nodes pin); with
+        ``neighbours="auto"`` it runs PASS's sparse secure mode (each client draws its own out-neighbours, with
+        the degree the nodes' parameter finder gives for :attr:`sparse_settings`) where the finder's degree for the
+        invited roster is below the complete graph's, and the complete graph otherwise; ``"all"``: always the
+        complete graph; a fixed degree is refused (the buyer would place the graph). It announces noise on the
+        counts
         (``noise`` defaults to epsilon 1 per release, delta 1e-6), which nodes in the profile add whatever the
         buyer announces. The nodes' side (identity keys, a pinned directory, roster floor, split tolerance,
         budget, ledger) is each node's own: node config ``market-security=malicious``.
@@ -105,8 +115,8 @@ class MarketConfig:
         has sent a share of any secret) is run again, as a fresh session without every client it named (a
         client garbling its shares, a dealer whose key cannot be rebuilt, a dropout). A named client is in no
         later session, so it is named once; a session may name several. ``"auto"``: 2, and in the secure profile
-        the colluding clients the profile assumes, :func:`.profile_colluders` of the directory (a fifth, rounded
-        up; set it to the nodes' ``pass-colluders`` if they set another): ``c`` re-runs let PASS finish despite
+        the colluding clients it assumes, :attr:`pass_colluders` (by default :func:`.profile_colluders` of the
+        directory, a fifth, rounded up, as the nodes' ``pass-colluders``): ``c`` re-runs let PASS finish despite
         ``c`` colluders taking turns to stop it, while the nodes' roster floors and privacy budgets allow. A
         failure after the unmask request, too few clients left, or a session that names nobody stops the market
         at once. Each session is a full PASS run, bounded by ``timeout`` per round, and each that reached the
@@ -157,6 +167,10 @@ class MarketConfig:
     roster_history: RosterHistory | None = None
     security: str = "semi-honest"
     pass_reruns: int | str = "auto"
+    pass_colluders: int | str = "auto"
+    pass_min_participants: int | str = "auto"
+    pass_dropout: float = PROFILE_DROPOUT
+    pass_security_bits: int = DEFAULT_SECURITY_BITS
     buyer_key: Ed25519PrivateKey | None = None
     include: Mapping[Member, float] = field(default_factory=dict)
     exclude: tuple[Member, ...] = ()
@@ -169,8 +183,9 @@ class MarketConfig:
         if self.security == "malicious":
             if self.neighbours not in ("auto", "all"):
                 raise ValueError(
-                    f"security='malicious' runs PASS on the complete graph: neighbours must be 'auto' or 'all', "
-                    f"got {self.neighbours!r} (on a sparse graph the server can seat a client among colluders)"
+                    f"security='malicious' runs PASS on the complete graph or on a graph the clients draw: neighbours "
+                    f"must be 'auto' or 'all', got {self.neighbours!r} (on a graph the server places it can seat a "
+                    "client among colluders)"
                 )
             if self.directory is None:
                 raise ValueError(
@@ -178,9 +193,13 @@ class MarketConfig:
                     "run config identity-directory; FLMarket(..., directory=...)): the same directory the nodes pin, "
                     "against which the buyer checks signatures and names the clients that break the protocol"
                 )
-            object.__setattr__(self, "neighbours", "all")
+            size = len(self.directory)
+            if self.pass_colluders == "auto":
+                object.__setattr__(self, "pass_colluders", profile_colluders(size))
+            if self.pass_min_participants == "auto":
+                object.__setattr__(self, "pass_min_participants", profile_roster_floor(size, MIN_PARTICIPANTS))
             if self.pass_reruns == "auto":  # c re-runs: PASS finishes despite c colluders taking turns to stop it
-                object.__setattr__(self, "pass_reruns", profile_colluders(len(self.directory)))
+                object.__setattr__(self, "pass_reruns", self.pass_colluders)
             if self.noise is None:
                 object.__setattr__(self, "noise", SkellamNoise(SECURE_PROFILE_EPSILON, SECURE_PROFILE_DELTA))
         check_positive_number("budget", self.budget)
@@ -216,6 +235,15 @@ class MarketConfig:
         if isinstance(self.pass_reruns, str):
             raise ValueError(f'pass_reruns must be an int >= 0 or "auto", got {self.pass_reruns!r}')
         check_int("pass_reruns", self.pass_reruns, minimum=0)
+        for name in ("pass_colluders", "pass_min_participants"):  # "auto" left outside the secure profile: unused
+            value = getattr(self, name)
+            if value != "auto":
+                check_int(name, value, minimum=0 if name == "pass_colluders" else MIN_PARTICIPANTS)
+        if isinstance(self.pass_dropout, bool) or not isinstance(self.pass_dropout, (int, float)):
+            raise TypeError(f"pass_dropout must be a float, got {type(self.pass_dropout).__name__}")
+        if not 0.0 <= self.pass_dropout < 1.0:
+            raise ValueError(f"pass_dropout must be in [0, 1), got {self.pass_dropout}")
+        check_int("pass_security_bits", self.pass_security_bits, minimum=1)
         if self.buyer_key is not None and not isinstance(self.buyer_key, Ed25519PrivateKey):
             raise TypeError(f"buyer_key must be an Ed25519PrivateKey or None, got {type(self.buyer_key).__name__}")
         object.__setattr__(self, "include", dict(self.include))
@@ -226,6 +254,32 @@ class MarketConfig:
         )
         object.__setattr__(self, "exclude", (*ids, *tags))
         object.__setattr__(self, "allow", check_allow_list(self.allow, self.include))
+
+    @property
+    def sparse_settings(self) -> SparseSecureSettings | None:
+        """The settings the sparse secure mode announces (``None``: the mode is off: outside the secure profile, or
+        ``neighbours="all"``)."""
+        if self.security != "malicious" or self.neighbours != "auto":
+            return None
+        return SparseSecureSettings.of(
+            colluders=int(self.pass_colluders),
+            roster_floor=int(self.pass_min_participants),
+            dropout=float(self.pass_dropout),
+            reruns=int(self.pass_reruns),
+            security_bits=int(self.pass_security_bits),
+        )
+
+    def runs_sparse(self, invited: int) -> bool:
+        """Whether PASS over ``invited`` clients runs in the sparse secure mode: :attr:`sparse_settings` is on and the
+        finder's degree for that roster is below the complete graph's (a roster the finder refuses, below the
+        floor: the complete graph, which the nodes then refuse or run)."""
+        settings = self.sparse_settings
+        if settings is None:
+            return False
+        try:
+            return not settings.parameters(invited).complete
+        except PassError:
+            return False
 
     def step_timeout(self, num_nodes: int) -> float:
         """Seconds a message round to ``num_nodes`` nodes may take: ``timeout + timeout_per_node * num_nodes``."""

@@ -1,4 +1,6 @@
-"""PASS over Flower messages: the server's rounds of :class:`~flmarket_flwr.pass_protocol.PassServer`.
+"""PASS over Flower messages: the server's rounds of :class:`~flmarket_flwr.pass_protocol.PassServer`, or of the
+sparse secure mode's :class:`~flmarket_flwr.pass_protocol.sparse_server.SparseSecureServer` where the secure profile
+picks it (:meth:`MarketConfig.runs_sparse`).
 
 :class:`PassRounds` sends each round's ``query`` message to every client (the protocol message's own
 ``ConfigRecord``) and feeds the valid replies back to the pure protocol object, which builds the next round.
@@ -18,8 +20,10 @@ from numpy.typing import NDArray
 
 from flmarket_flwr.market.buyer.config import MarketConfig, PassSession
 from flmarket_flwr.market.buyer.errors import MarketError
+from flmarket_flwr.market.wire.award import binding_quorum
 from flmarket_flwr.market.wire.messages import (
     ACTION_ADVERTISE,
+    ACTION_DRAW,
     ACTION_MASK,
     ACTION_SHARE,
     ACTION_SURVIVORS,
@@ -32,6 +36,7 @@ from flmarket_flwr.market.wire.messages import (
 )
 from flmarket_flwr.market.wire.records import config_record
 from flmarket_flwr.pass_protocol import PassError, PassServer
+from flmarket_flwr.pass_protocol.sparse_server import SparseSecureServer
 
 __all__ = ["PassResult", "PassRounds", "sessions_summary"]
 
@@ -102,9 +107,9 @@ class PassRounds:
 
     Notes
     -----
-    Each round sends one ``query`` message per client (``market_advertise``, ``market_share``,
-    ``market_mask``, with an identity directory the consistency round ``market_survivors``, and
-    ``market_unmask``) whose ``ConfigRecord`` is the
+    Each round sends one ``query`` message per client (``market_advertise``, in the sparse secure mode
+    ``market_draw``, ``market_share``, ``market_mask``, with an identity directory the consistency round
+    ``market_survivors``, and ``market_unmask``) whose ``ConfigRecord`` is the
     protocol message's own record, and feeds the valid replies back to the pure protocol object, which builds
     the next round. A node whose reply is missing, an error or malformed leaves PASS at that round with a
     logged reason; the dropped clients' masks are recovered from Shamir shares, never by a second sum, and a
@@ -120,21 +125,39 @@ class PassRounds:
         self._config = config
         self._session = session
         self._terms = {} if terms is None else terms.to_record()
-        self._server = self._protocol(run_id=0)
+        self._server: PassServer | SparseSecureServer = self._protocol(run_id=0)
         self.unmask_requested = False
         """Whether the unmask round was reached (some client may have sent shares): no second session then."""
 
-    def _protocol(self, run_id: int) -> PassServer:
-        """The protocol object for this session, bound to the run id."""
+    def _protocol(self, run_id: int, invited: int = 0) -> PassServer | SparseSecureServer:
+        """The protocol object for this session over ``invited`` clients, bound to the run id: the sparse secure
+        mode where :meth:`MarketConfig.runs_sparse` says so, else :class:`PassServer` (the secure profile: on the
+        complete graph)."""
         config = self._config
+        settings = config.sparse_settings
+        if settings is not None and config.directory is not None and config.runs_sparse(invited):
+            return SparseSecureServer(
+                self._session,
+                config.num_classes,
+                config.count_bound,
+                settings=settings,
+                directory=config.directory,
+                run_id=run_id,
+            )
+        neighbours = "all" if config.security == "malicious" else config.neighbours
         return PassServer(
             self._session,
             config.num_classes,
             config.count_bound,
-            degree=_degree(config.neighbours),
+            degree=_degree(neighbours),
             directory=config.directory,
             run_id=run_id,
         )
+
+    @property
+    def sparse(self) -> bool:
+        """Whether this session runs the sparse secure mode (each client draws its own out-neighbours)."""
+        return isinstance(self._server, SparseSecureServer)
 
     def run(self, grid: Grid, nodes: Sequence[int]) -> PassResult:
         """Run the rounds over ``nodes`` and return the result.
@@ -144,16 +167,13 @@ class PassRounds:
         MarketError
             Too few clients at some round, a secret without enough shares, or ``N_s`` out of its bounds.
         """
-        server = self._server = self._protocol(run_id=int(grid.run.run_id))
+        server = self._server = self._protocol(int(grid.run.run_id), len(nodes))
         server.noise_slack = self._config.noise_tolerance
         try:
-            requests: Mapping[int, Any] = server.advertise_requests(list(nodes))
-            adverts = self._round(grid, ACTION_ADVERTISE, requests, self._terms, to=set(requests))
-            wanting = {index for index, advert in adverts.items() if _wants_roster(advert)}
-            node_ids = [server.node_of[index] for index in sorted(server.node_of)]
-            roster = RosterNodeIds(np.asarray(node_ids, dtype=">u8").tobytes()).to_record()  # one shared bytes object
-            requests = server.receive_advertisements(adverts)
-            requests = server.receive_shares(self._round(grid, ACTION_SHARE, requests, roster, to=wanting))
+            if isinstance(server, SparseSecureServer):
+                requests = self._sparse_keys_round(grid, server, nodes)
+            else:
+                requests = self._keys_round(grid, server, nodes)
             requests = server.receive_masked(self._round(grid, ACTION_MASK, requests))
             if server.directory is not None:
                 requests = server.receive_signatures(self._round(grid, ACTION_SURVIVORS, requests))
@@ -174,6 +194,40 @@ class PassRounds:
             indices={server.node_of[index]: index for index in server.survivors},
             commitments={server.node_of[index]: server.commitments[index] for index in server.survivors},
         )
+
+    def _keys_round(self, grid: Grid, server: PassServer, nodes: Sequence[int]) -> Mapping[int, Any]:
+        """Advertise and share keys on the server's graph; the mask round's requests."""
+        requests: Mapping[int, Any] = server.advertise_requests(list(nodes))
+        adverts = self._round(grid, ACTION_ADVERTISE, requests, self._terms, to=set(requests))
+        wanting = {index for index, advert in adverts.items() if _wants_roster(advert)}
+        node_ids = [server.node_of[index] for index in sorted(server.node_of)]
+        roster = RosterNodeIds(np.asarray(node_ids, dtype=">u8").tobytes()).to_record()  # one shared bytes object
+        requests = server.receive_advertisements(adverts)
+        return server.receive_shares(self._round(grid, ACTION_SHARE, requests, roster, to=wanting))
+
+    def _sparse_keys_round(self, grid: Grid, server: SparseSecureServer, nodes: Sequence[int]) -> Mapping[int, Any]:
+        """Advertise, draw (the clients' own out-neighbours) and share keys; the mask round's requests.
+
+        With audited winners, the nodes count the award's endorsements over the pinned directory in this mode
+        (:func:`~flmarket_flwr.market.wire.award.binding_quorum` of ``|D|`` and ``c``): a roster of fewer than that
+        quorum plus the ``c`` colluders, who may withhold theirs, could leave the award short, so it is refused here,
+        before any message.
+        """
+        config = self._config
+        settings = server.settings
+        if config.audit_winners and config.directory is not None:
+            floor = binding_quorum(len(config.directory), settings.colluders) + settings.colluders
+            if len(nodes) < floor:
+                raise PassError(
+                    f"the sparse secure mode over {len(nodes)} clients: the award's quorum over the directory of "
+                    f"{len(config.directory)} with {settings.colluders} colluders needs a roster of at least {floor} "
+                    "(MarketConfig.pass_colluders; run config pass-colluders)"
+                )
+        requests: Mapping[int, Any] = server.advertise_requests(list(nodes))
+        adverts = self._round(grid, ACTION_ADVERTISE, requests, self._terms, to=set(requests))
+        requests = server.receive_advertisements(adverts)
+        requests = server.receive_draws(self._round(grid, ACTION_DRAW, requests))
+        return server.receive_shares(self._round(grid, ACTION_SHARE, requests))
 
     def _round(
         self,

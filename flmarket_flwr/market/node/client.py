@@ -42,6 +42,7 @@ from flmarket_flwr.market.wire.messages import (
     ACTION_AUDIT,
     ACTION_AWARD,
     ACTION_BID,
+    ACTION_DRAW,
     ACTION_ENDORSE,
     ACTION_MASK,
     ACTION_SHARE,
@@ -78,10 +79,15 @@ from flmarket_flwr.pass_protocol import PassClient, PassError
 from flmarket_flwr.pass_protocol.encoding import bitmap_bits, bitmap_to_indices, roster_fingerprint
 from flmarket_flwr.pass_protocol.identity import sign_award_endorsement
 from flmarket_flwr.pass_protocol.primitives import validate_counts
+from flmarket_flwr.pass_protocol.sparse_client import SparseSecureClient
 from flmarket_flwr.pricing import score as compute_score
 
 if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     from flmarket_flwr.market.node.node_config import NodeSettings
+    from flmarket_flwr.pass_protocol.identity import IdentityDirectory
+    from flmarket_flwr.pass_protocol.sparse_secure import SparseSecureSettings
 
 __all__ = ["MarketAward", "read_award", "register_market_handlers"]
 
@@ -89,6 +95,10 @@ _MAX_CAUSE_CHARS = 300
 
 LabelCountsFn = Callable[[Context], NDArray[np.integer]]
 SettingsFn = Callable[[Context], "NodeSettings"]
+SessionClient = PassClient | SparseSecureClient
+"""A node's PASS client in either mode; the glue reads both through :class:`~.client_state.SessionView`."""
+_SPARSE_REQUEST_KEY: Final = "dropout_ppm"
+"""A key only the sparse secure mode's advertise request has (:class:`~.messages.SparseAdvertiseRequest`)."""
 """``context -> NodeSettings``: the node's settings at one message (default: its node config's)."""
 
 _PASS_PREFIX = "pass/"
@@ -97,7 +107,13 @@ _STAGE_BID = "bid"
 _STAGE_AUDITED = "audited"
 _STAGE_CLOSED = "closed"
 _LEDGER_ROSTER = "ledger-roster"
-"""The roster's node ids in PASS-index order (big-endian uint64 words), from the share request, for the ledger."""
+"""The roster's node ids in PASS-index order (big-endian uint64 words), from the share request (the sparse secure mode:
+the draw request), checked against the roster fingerprint, for the ledger and the award's checks."""
+_SPARSE = "pass-sparse"
+"""Whether the PASS state under ``pass/`` is the sparse secure mode's (:class:`SparseSecureClient`)."""
+_MARKET_SESSIONS = "pass-market-sessions"
+"""The sparse secure sessions of the market under way in which this client drew out-neighbours (capped at the
+``reruns + 1`` its settings' bound counts)."""
 _EARLIER_SESSIONS = "pass-earlier-sessions"
 """The PASS sessions of this run that this client left before it was asked to unmask, or that closed before a
 re-launch (never joined again)."""
@@ -197,9 +213,10 @@ def register_market_handlers(
 ) -> None:
     """Add the market's ``query`` handlers to an existing ``ClientApp``.
 
-    Registers ``query.market_advertise``, ``market_share``, ``market_mask``, ``market_survivors``,
-    ``market_unmask`` (PASS), ``market_bid``, ``market_endorse``, ``market_audit``, ``market_award`` and
-    ``market_tags`` (the node's ``market-tag``, for a buyer that includes or excludes nodes by tag).
+    Registers ``query.market_advertise``, ``market_draw`` (the sparse secure mode), ``market_share``,
+    ``market_mask``, ``market_survivors``, ``market_unmask`` (PASS), ``market_bid``, ``market_endorse``,
+    ``market_audit``, ``market_award`` and ``market_tags`` (the node's ``market-tag``, for a buyer that includes or
+    excludes nodes by tag).
 
     At each message the node's settings are read once, from its own node config
     (:func:`.node_config.read_node_settings`; ``python -m flmarket_flwr.market.node.node_config`` lists the keys):
@@ -263,6 +280,12 @@ def register_market_handlers(
       the session and the roster, its neighbours' adverts are checked the same way, and it unmasks only
       for the survivor set it signed, with ``t`` of its neighbours' signatures on it (the consistency
       round); without them the server is trusted to relay keys and sets (semi-honest server only);
+    * in the secure profile it takes part on the complete graph, or in the sparse secure mode
+      (docs/threat-model.md, "The sparse secure profile") under settings no weaker than its own
+      (:attr:`NodeSettings.sparse`) and the ``(k, t)`` it computes for them: it draws its own out-neighbours,
+      shares and masks on them only, draws in at most ``reruns + 1`` sessions of a market (its release ledger
+      holds the count for the run), and as a winner opens only with the endorsements of a quorum of the pinned
+      directory;
     * a neighbour whose shares do not open is accused, not fatal: the client masks without it and sends
       that edge's channel secret with a proof of it, which opens the edge's two share pairs (both of which
       the accused holds) and nothing else; only when the accused proved possession of its cipher key, and
@@ -285,6 +308,7 @@ def register_market_handlers(
     read = settings if settings is not None else node_config.read_node_settings
     for action, handler in (
         (ACTION_ADVERTISE, handlers.advertise),
+        (ACTION_DRAW, handlers.draw),
         (ACTION_SHARE, handlers.share),
         (ACTION_MASK, handlers.mask),
         (ACTION_SURVIVORS, handlers.survivors),
@@ -327,7 +351,9 @@ class _WithSettings:
         return self.handler(message, context, settings)
 
 
-_PASS_ACTIONS: Final = frozenset({ACTION_ADVERTISE, ACTION_SHARE, ACTION_MASK, ACTION_SURVIVORS, ACTION_UNMASK})
+_PASS_ACTIONS: Final = frozenset(
+    {ACTION_ADVERTISE, ACTION_DRAW, ACTION_SHARE, ACTION_MASK, ACTION_SURVIVORS, ACTION_UNMASK}
+)
 _TERMS_KEYS: Final = AdvertiseTerms.wire_keys()
 """The keys under which an advertise request carries the market's terms, and this client keeps them."""
 
@@ -353,28 +379,38 @@ class _MarketHandlers:
         """
         state = _state_record(context)
         try:
-            _leave_unreleased_session(state, _request(message), settings.release_ledger)
+            request = _request(message)
+            _leave_unreleased_session(state, request, settings.release_ledger)
         except _RequestError as err:
             _close_pass_state(state)
             return _refusal(message, ACTION_ADVERTISE, err)
+        if not any(key.startswith(_PASS_PREFIX) for key in state):  # a fresh session: its mode is the request's
+            state[_SPARSE] = _SPARSE_REQUEST_KEY in request
 
-        def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
+        def step(client: SessionClient, request: dict[str, Any]) -> Mapping[str, Any]:
             terms = self._announced_terms(request, settings)
             counts = self._label_counts(context)
-            advert = client.advertise(
-                request,
-                counts,
-                identity_key=settings.identity_key,
-                min_participants=settings.min_participants,
-                run_id=int(context.run_id),
-                complete_graph=settings.complete_graph,
-                split_tolerance=settings.split_tolerance,
-            )
+            if isinstance(client, SparseSecureClient):
+                identity_key, _, own = _sparse_keys(settings)
+                advert = client.advertise(
+                    request, counts, identity_key=identity_key, settings=own, run_id=int(context.run_id)
+                )
+            else:
+                advert = client.advertise(
+                    request,
+                    counts,
+                    identity_key=settings.identity_key,
+                    min_participants=settings.min_participants,
+                    run_id=int(context.run_id),
+                    complete_graph=settings.complete_graph,
+                    split_tolerance=settings.split_tolerance,
+                )
             reply = dict(advert.to_record())
             ledger = settings.release_ledger
             if ledger is not None:  # a ledger that cannot be read fails closed, before anything is sent
                 ledger.check_new_session(int(context.run_id), client.state.session)
-            if ledger is not None or settings.directory is not None:
+            wants_roster = ledger is not None or settings.directory is not None
+            if wants_roster and isinstance(client, PassClient):  # the sparse mode's draw request carries it
                 reply.update(RosterWanted(True).to_record())  # the roster's node ids come with the share request
             if terms is not None:
                 set_values(_state_record(context), terms.to_record())
@@ -382,10 +418,28 @@ class _MarketHandlers:
 
         return self._pass_step(message, context, ACTION_ADVERTISE, step)
 
+    def draw(self, message: Message, context: Context, settings: NodeSettings) -> Message:
+        """The sparse secure mode's draw: ``U1`` and ``(k, t)`` checked, out-neighbours drawn here and signed; the
+        roster's node ids, checked against the fingerprint this client signed, are kept for the ledger and the award."""
+
+        def step(client: SessionClient, request: dict[str, Any]) -> Mapping[str, Any]:
+            if not isinstance(client, SparseSecureClient):
+                raise _RequestError("no sparse secure session to draw out-neighbours in")
+            identity_key, _, _ = _sparse_keys(settings)
+            self._count_sparse_session(context, client, settings.release_ledger)
+            reply = client.draw(request, identity_key)
+            _state_record(context)[_LEDGER_ROSTER] = client.round.roster_node_ids  # type: ignore[union-attr]
+            return reply.to_record()
+
+        return self._pass_step(message, context, ACTION_DRAW, step)
+
     def share(self, message: Message, context: Context, settings: NodeSettings) -> Message:
         """PASS round 2: check the graph and the neighbours' keys, send encrypted shares of the secrets."""
 
-        def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
+        def step(client: SessionClient, request: dict[str, Any]) -> Mapping[str, Any]:
+            if isinstance(client, SparseSecureClient):
+                identity_key, directory, _ = _sparse_keys(settings)
+                return client.share_keys(request, directory, identity_key).to_record()
             sent = RosterNodeIds.from_record(request).roster_node_ids  # checked by _checked_roster where needed
             if settings.release_ledger is not None or (sent is not None and settings.directory is not None):
                 # the roster's node ids, checked against what it signed: for the ledger and the award's checks (a node
@@ -398,7 +452,7 @@ class _MarketHandlers:
     def mask(self, message: Message, context: Context, settings: NodeSettings) -> Message:
         """PASS round 3: the masked counts and the counts commitment; the private keys are wiped."""
 
-        def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
+        def step(client: SessionClient, request: dict[str, Any]) -> Mapping[str, Any]:
             ledger, noise, drawn = settings.release_ledger, settings.noise, None
             if ledger is not None:  # before Y_e leaves: the participants U1 must pass already
                 members = self._ledger_members(context, settings, client.state.participants)
@@ -409,6 +463,8 @@ class _MarketHandlers:
                 )
             if noise is not None:  # calibrated on the roster U1 this client was shown
                 drawn = noise.sample(client.state.num_classes, client.participant_count)
+            if isinstance(client, SparseSecureClient):
+                return client.mask_input(request, _sparse_keys(settings)[0], drawn).to_record()
             return client.mask_input(request, drawn).to_record()
 
         return self._pass_step(message, context, ACTION_MASK, step)
@@ -416,7 +472,9 @@ class _MarketHandlers:
     def survivors(self, message: Message, context: Context, settings: NodeSettings) -> Message:
         """Consistency round (with identity keys): sign the survivor set shown, once."""
 
-        def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
+        def step(client: SessionClient, request: dict[str, Any]) -> Mapping[str, Any]:
+            if isinstance(client, SparseSecureClient):
+                return client.sign_survivors(request, _sparse_keys(settings)[0]).to_record()
             return client.sign_survivors(request, settings.identity_key).to_record()
 
         return self._pass_step(message, context, ACTION_SURVIVORS, step)
@@ -424,7 +482,7 @@ class _MarketHandlers:
     def unmask(self, message: Message, context: Context, settings: NodeSettings) -> Message:
         """PASS round 4: shares for the survivors' self-masks and the dropped clients' keys, once."""
 
-        def step(client: PassClient, request: dict[str, Any]) -> Mapping[str, Any]:
+        def step(client: SessionClient, request: dict[str, Any]) -> Mapping[str, Any]:
             reply = client.unmask(request).to_record()
             ledger = settings.release_ledger
             if ledger is not None:  # write-ahead: the survivors U3 recorded before the shares leave
@@ -443,7 +501,7 @@ class _MarketHandlers:
         message: Message,
         context: Context,
         action: str,
-        step: Callable[[PassClient, dict[str, Any]], Mapping[str, Any]],
+        step: Callable[[SessionClient, dict[str, Any]], Mapping[str, Any]],
     ) -> Message:
         """Run one PASS step on the client's stored protocol state; on any refusal wipe that state."""
         state = _state_record(context)
@@ -545,7 +603,9 @@ class _MarketHandlers:
 
         With a directory the award must also carry endorsements by a quorum of the session's survivors
         (:func:`~flmarket_flwr.market.wire.award.binding_quorum`, with this node's ``pass-colluders``): no other award
-        of the session can have reached it.
+        of the session can have reached it. In the sparse secure mode, where the buyer may show different clients
+        different survivor sets, the quorum is counted over the pinned directory instead (endorsers: members of the
+        session's roster ``U1``), which every honest node shares before PASS.
         """
         state = _state_record(context)
         try:
@@ -566,9 +626,13 @@ class _MarketHandlers:
             directory = settings.directory
             if directory is not None:
                 client = _pass_client(state)
-                needed = binding_quorum(client.state.survivor_count, settings.colluders)
                 endorsements = unpack_endorsements(request.endorsements)  # type: ignore[arg-type]  # None: refused
-                eligible = self._survivor_nodes(context, client, settings)
+                if isinstance(client, SparseSecureClient):  # views of U3 may differ: count over the pinned directory
+                    needed = binding_quorum(len(directory), settings.colluders)
+                    eligible: set[int] | None = _roster_nodes(state)
+                else:
+                    needed = binding_quorum(client.state.survivor_count, settings.colluders)
+                    eligible = self._survivor_nodes(context, client, settings)
                 valid = 1 + count_endorsements(endorsed.digest, endorsements, directory, node_id, eligible)
                 if valid < needed:
                     raise _RequestError(f"only {valid} survivors (this client among them) endorsed the award, "
@@ -658,7 +722,7 @@ class _MarketHandlers:
         return terms
 
     @staticmethod
-    def _survivor_nodes(context: Context, client: PassClient, settings: NodeSettings) -> set[int] | None:
+    def _survivor_nodes(context: Context, client: SessionClient, settings: NodeSettings) -> set[int] | None:
         """The node ids of the session's survivors, from the roster kept at the share step (with a release ledger:
         always in the secure profile); ``None`` where no roster was kept. The secure profile requires it."""
         roster = _state_record(context).get(_LEDGER_ROSTER)
@@ -682,6 +746,27 @@ class _MarketHandlers:
         if directory is None:
             return [b"node:" + node.to_bytes(8, "big") for node in nodes]
         return [b"key:" + directory.key_of(node) for node in nodes]  # an unregistered node: refused
+
+    @staticmethod
+    def _count_sparse_session(context: Context, client: SparseSecureClient, ledger: ReleaseLedger | None) -> None:
+        """Count this session among the market's sessions this client draws in; refuse past ``reruns + 1``.
+
+        The session's ``(k, t)`` bounds a victim's risk over the ``reruns + 1`` draws its settings announce
+        (docs/threat-model.md, rule 1): a further session would be outside the bound. Kept in the run's state and,
+        with a release ledger, checked against the sessions the ledger file holds for the run.
+        """
+        state, session = _state_record(context), client.state.session
+        per_market = client.round.reruns + 1  # type: ignore[union-attr]  # at the draw: a SparseAdvertised record
+        masked = _kept_bytes(state, _MARKET_SESSIONS)
+        if session not in masked:
+            if len(masked) >= per_market:
+                raise _RequestError(
+                    f"this client drew in {len(masked)} PASS sessions of this market, the {per_market} its settings'"
+                    " bound counts: a further session is refused"
+                )
+            state[_MARKET_SESSIONS] = [*masked, session]
+        if ledger is not None:
+            ledger.check_session_cap(int(context.run_id), session, per_market)
 
     def _label_counts(self, context: Context) -> NDArray[np.int64]:
         """Fetch and validate the local label counts; a failing callback is reported as such."""
@@ -762,7 +847,7 @@ def _endorsed_award(state: ConfigRecord) -> SignedAward | None:
     return SignedAward(encoded, state[_ENDORSED_SIGNATURE])  # type: ignore[arg-type]
 
 
-def _survivor_rank(client: PassClient) -> int:
+def _survivor_rank(client: SessionClient) -> int:
     """This client's place among the session's survivors, in PASS-index order (its leaf in the award's bids tree)."""
     survivors = bitmap_bits(client.state.survivors, client.state.index)
     if not survivors[client.state.index - 1]:
@@ -786,6 +871,14 @@ def _checked_roster(client: PassClient, packed: bytes | None, context: Context) 
     return packed
 
 
+def _roster_nodes(state: ConfigRecord) -> set[int]:
+    """The node ids of the session's roster, as kept (checked against the roster fingerprint) at the draw."""
+    roster = state.get(_LEDGER_ROSTER)
+    if not isinstance(roster, bytes):
+        raise _RequestError("no roster of the session kept: the award's endorsers cannot be checked")
+    return {int(node) for node in np.frombuffer(roster, dtype=">u8")}
+
+
 def _checked_bid(bid: object) -> float:
     if isinstance(bid, bool) or not isinstance(bid, (int, float, np.integer, np.floating)):
         raise _RequestError(f"the bid policy returned {type(bid).__name__}, not a number")
@@ -804,19 +897,31 @@ def _state_record(context: Context) -> ConfigRecord:
     return record
 
 
-def _pass_client(state: ConfigRecord) -> PassClient:
-    """The PASS client whose state is kept under ``pass/`` keys (a fresh one if none)."""
-    return PassClient.from_record(
-        {key[len(_PASS_PREFIX) :]: value for key, value in state.items() if key.startswith(_PASS_PREFIX)}
-    )
+def _pass_client(state: ConfigRecord) -> SessionClient:
+    """The PASS client whose state is kept under ``pass/`` keys, in the mode :data:`_SPARSE` says (a fresh one if
+    none)."""
+    record = {key[len(_PASS_PREFIX) :]: value for key, value in state.items() if key.startswith(_PASS_PREFIX)}
+    return SparseSecureClient(record) if state.get(_SPARSE) is True else PassClient(record)
 
 
-def _store_pass_client(state: ConfigRecord, client: PassClient | None) -> None:
+def _store_pass_client(state: ConfigRecord, client: SessionClient | None) -> None:
     """Replace the PASS state by ``client``'s (keys the protocol wiped disappear); ``None`` leaves none."""
-    for key in [k for k in state if k.startswith(_PASS_PREFIX)]:
+    for key in [k for k in state if k.startswith(_PASS_PREFIX) or k == _SPARSE]:
         del state[key]
     if client is not None:
         set_values(state, {_PASS_PREFIX + key: value for key, value in client.to_record().items()})
+        state[_SPARSE] = isinstance(client, SparseSecureClient)
+
+
+def _sparse_keys(settings: NodeSettings) -> tuple[Ed25519PrivateKey, IdentityDirectory, SparseSecureSettings]:
+    """The identity key and the directory the sparse secure mode signs and checks with, and the node's settings for
+    it; refused unless the node takes part in that mode (:attr:`NodeSettings.sparse`)."""
+    if settings.sparse is None or settings.identity_key is None or settings.directory is None:
+        raise _RequestError(
+            "this node does not take part in the sparse secure mode of PASS (outside the secure profile, or "
+            "pass-complete-graph set): refused"
+        )
+    return settings.identity_key, settings.directory, settings.sparse
 
 
 def _leave_unreleased_session(state: ConfigRecord, request: ConfigRecord, ledger: ReleaseLedger | None) -> None:

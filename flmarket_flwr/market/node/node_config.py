@@ -25,7 +25,13 @@ from flwr.supercore import log
 
 from flmarket_flwr.market.wire.config_keys import Scalar, at_least, check_value, one_of, typed_value
 from flmarket_flwr.market.wire.ledger import DEFAULT_MIN_ROSTER_CHANGE, ReleaseLedger
-from flmarket_flwr.market.wire.profiles import SECURITY_PROFILES, profile_colluders
+from flmarket_flwr.market.wire.profiles import (
+    PROFILE_DROPOUT,
+    SECURITY_PROFILES,
+    profile_colluders,
+    profile_roster_floor,
+)
+from flmarket_flwr.pass_protocol.graph_parameters import DEFAULT_SECURITY_BITS
 from flmarket_flwr.pass_protocol.identity import (
     IdentityDirectory,
     load_directory,
@@ -42,6 +48,7 @@ from flmarket_flwr.pass_protocol.noise import (
     SkellamNoise,
 )
 from flmarket_flwr.pass_protocol.primitives import MIN_PARTICIPANTS, is_integer
+from flmarket_flwr.pass_protocol.sparse_secure import SparseSecureSettings
 
 __all__ = [
     "MARKET_NODE_KEYS",
@@ -55,8 +62,6 @@ __all__ = [
 ]
 
 _TRUE_FALSE: Final = {"true": True, "false": False}
-PROFILE_ROSTER_SHARE: Final = 2 / 3
-"""The secure profile's roster floor, as a share of the pinned directory (when ``pass-min-participants`` is unset)."""
 PROFILE_SPLIT_TOLERANCE: Final = 2
 """The secure profile's ``pass-split-tolerance`` when unset: two colluders cannot split the consistency round."""
 LEDGER_HOME_ENV: Final = "FLMARKET_HOME"
@@ -143,7 +148,8 @@ def _parses(parse: Callable[[str, str], bytes], value: str) -> bool:
 MARKET_NODE_KEYS: Final[tuple[NodeKey, ...]] = (
     # The profile: one key that turns on every defence the threat model needs against a malicious server.
     NodeKey("market-security", str, "semi-honest", "semi-honest, or malicious: the secure profile (identity key, "
-            "pinned directory, complete graph, roster floor, split tolerance, noise, privacy budget, ledger)",
+            "pinned directory, the complete graph or a graph the clients draw, roster floor, split tolerance, noise, "
+            "privacy budget, ledger)",
             one_of(profile.replace("-", "_") for profile in SECURITY_PROFILES), f"one of {list(SECURITY_PROFILES)}"),
     # Identity: the node's key, and the directory it checks its neighbours against, pinned.
     NodeKey("identity-key", str, "", 'path of this node\'s Ed25519 identity key (PKCS#8 PEM); "" signs nothing'),
@@ -169,6 +175,13 @@ MARKET_NODE_KEYS: Final[tuple[NodeKey, ...]] = (
             at_least(0), ">= 0"),
     NodeKey("pass-split-tolerance", int, 0, "colluding neighbours the node's secrets withstand in a split "
             "consistency round (raises its Shamir threshold)", at_least(0), ">= 0"),
+    NodeKey("pass-dropout", float, PROFILE_DROPOUT, "the secure profile's sparse mode: the dropout its degrees are "
+            "sized for (a session announcing less is refused)", lambda value: 0.0 <= value < 1.0, "in [0, 1)"),
+    NodeKey("pass-reruns", int, -1, "the secure profile's sparse mode: the PASS sessions per market beyond the first "
+            "its bound counts (a session announcing fewer is refused, and no more are joined); -1: the profile's "
+            "colluders", at_least(-1), ">= -1 (-1: pass-colluders)"),
+    NodeKey("pass-security-bits", int, DEFAULT_SECURITY_BITS, "the secure profile's sparse mode: the security level "
+            "2^-bits its degrees are sized for (a session announcing fewer is refused)", at_least(1), ">= 1"),
     # Releases: the node's ledger and its noise.
     NodeKey("market-ledger-dir", str, "", 'folder of the node\'s release ledger; "" for none'),
     NodeKey("market-min-roster-change", int, DEFAULT_MIN_ROSTER_CHANGE, "smallest group two releases of the "
@@ -315,7 +328,12 @@ class NodeSettings:
         The buyer's Ed25519 public key (32 bytes) the node pins: it refuses terms that name another.
     complete_graph : bool
         Take part in PASS only on the complete graph (docs/threat-model.md: with ``min_participants`` close to the
-        federation's size and a directory).
+        federation's size and a directory), or in the sparse secure mode under ``sparse``.
+    sparse : SparseSecureSettings or None
+        The settings under which the node takes part in the sparse secure mode of PASS (each client draws its own
+        out-neighbours; docs/threat-model.md, "The sparse secure profile"): a session announcing weaker ones is
+        refused. ``None``: the node refuses that mode (outside the secure profile, or ``pass-complete-graph=true``
+        set in it).
     min_participants : int
         The smallest PASS roster the node takes part in (below 3 counts as 3).
     colluders : int
@@ -348,6 +366,7 @@ class NodeSettings:
     tag: str = ""
     buyer_key: bytes | None = None
     complete_graph: bool = False
+    sparse: SparseSecureSettings | None = None
     min_participants: int = MIN_PARTICIPANTS
     colluders: int = 0
     split_tolerance: int = 0
@@ -367,6 +386,8 @@ class NodeSettings:
             value = getattr(self, name)
             if not is_integer(value):
                 raise TypeError(f"{name} must be an int, got {value!r}")
+        if self.sparse is not None and not isinstance(self.sparse, SparseSecureSettings):
+            raise TypeError(f"sparse must be SparseSecureSettings or None, got {self.sparse!r}")
         if self.buyer_key is not None and not (isinstance(self.buyer_key, bytes) and len(self.buyer_key) == 32):
             raise TypeError(f"buyer_key must be 32 bytes (a raw Ed25519 public key), got {self.buyer_key!r}")
 
@@ -420,6 +441,7 @@ def read_node_settings(context: Context, announced_noise: SkellamNoise | None = 
         noise_ceiling = SECURE_PROFILE_EPSILON
     if announced_noise is None and secure:
         announced_noise = SkellamNoise(SECURE_PROFILE_EPSILON, SECURE_PROFILE_DELTA)
+    min_participants = _min_participants(value, secure, "pass-min-participants" in config, directory_size, colluders)
     return NodeSettings(
         security="malicious" if secure else "semi-honest",
         identity_key=identity_key,
@@ -427,7 +449,8 @@ def read_node_settings(context: Context, announced_noise: SkellamNoise | None = 
         tag=str(value("market-tag")),
         buyer_key=_buyer_key(value),
         complete_graph=_complete_graph(value, secure, "pass-complete-graph" in config),
-        min_participants=_min_participants(value, secure, "pass-min-participants" in config, directory_size, colluders),
+        sparse=_sparse_settings(value, secure and "pass-complete-graph" not in config, colluders, min_participants),
+        min_participants=min_participants,
         colluders=colluders,
         split_tolerance=(
             PROFILE_SPLIT_TOLERANCE
@@ -524,6 +547,24 @@ def _complete_graph(value: _ConfigValues, secure: bool, is_set: bool) -> bool:
     return bool(value("pass-complete-graph"))
 
 
+def _sparse_settings(
+    value: _ConfigValues, accepts: bool, colluders: int, roster_floor: int
+) -> SparseSecureSettings | None:
+    """The settings the node holds for the sparse secure mode (``None`` where it refuses the mode: outside the secure
+    profile, or with ``pass-complete-graph`` set): its colluders and roster floor, ``pass-dropout``,
+    ``pass-reruns`` (``-1``: as many as colluders, the buyer's default re-runs) and ``pass-security-bits``."""
+    if not accepts:
+        return None
+    reruns = int(value("pass-reruns"))
+    return SparseSecureSettings.of(
+        colluders=colluders,
+        roster_floor=roster_floor,
+        dropout=float(value("pass-dropout")),
+        reruns=colluders if reruns < 0 else reruns,
+        security_bits=int(value("pass-security-bits")),
+    )
+
+
 def _min_participants(value: _ConfigValues, secure: bool, is_set: bool, directory_size: int, colluders: int) -> int:
     """The roster floor (``pass-min-participants``; the secure profile: two thirds of the pinned directory).
 
@@ -534,7 +575,7 @@ def _min_participants(value: _ConfigValues, secure: bool, is_set: bool, director
     naming ``pass-colluders`` otherwise).
     """
     if secure and not is_set:
-        floor = max(MIN_PARTICIPANTS, math.ceil(PROFILE_ROSTER_SHARE * directory_size - 1e-9))
+        floor = profile_roster_floor(directory_size, MIN_PARTICIPANTS)
     else:
         floor = int(value("pass-min-participants"))
     if floor < colluders + MIN_HONEST_CLIENTS:

@@ -34,6 +34,7 @@ __all__ = [
     "ReleaseRecord",
     "ReleaseRefused",
     "RosterHistory",
+    "SessionCapReached",
     "isolates_a_small_group",
     "plan_roster",
 ]
@@ -57,6 +58,10 @@ class LedgerError(ValueError):
 
 class ReleaseRefused(LedgerError):
     """The new member set, differenced with an earlier release, would isolate fewer than ``min_roster_change``."""
+
+
+class SessionCapReached(LedgerError):
+    """Masking in another PASS session would exceed the sessions the sparse secure mode's bound counts per market."""
 
 
 class PrivacyBudgetExhausted(LedgerError):
@@ -339,6 +344,31 @@ class ReleaseLedger:
             raise LedgerError(
                 f"run {run_id}, session {key[1][:16]}: already spent or released in {self.path}; a new session "
                 "under its id is refused"
+            )
+
+    def check_session_cap(self, run_id: int, session: bytes, per_market: int) -> None:
+        """Raise :class:`SessionCapReached` if masking in ``session`` would exceed ``per_market`` sessions per market.
+
+        The sparse secure mode's degrees bound a victim's risk over ``reruns + 1`` draws, each a session the node
+        masked in (its masked input left under masks its out-neighbours' shares rebuild); ``per_market`` is that
+        number. A market ends with at most one release, so the run's cap is ``per_market`` times (the releases
+        recorded in this run, plus one for the market under way), counted from the spends (each session the node
+        masked in; write-ahead) and the releases this file holds, whatever the node's in-memory state. A session
+        already spent is a retried message and passes.
+        """
+        key = (int(run_id), session.hex())
+        with self._locked():
+            _, records, spends = self._read()
+        masked = {spend.session for spend in spends if spend.run_id == key[0]}
+        if key[1] in masked:
+            return
+        released = {record.session for record in records if record.run_id == key[0]}
+        cap = per_market * (len(released) + 1)
+        if len(masked) >= cap:
+            raise SessionCapReached(
+                f"run {run_id}: this node masked in {len(masked)} PASS sessions with {len(released)} released "
+                f"({self.path}); the sparse secure mode's bound counts {per_market} per market: a further session "
+                "is refused"
             )
 
     def check(self, run_id: int, session: bytes, members: Iterable[bytes]) -> None:

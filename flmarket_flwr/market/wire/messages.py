@@ -36,6 +36,7 @@ __all__ = [
     "ACTION_AUDIT",
     "ACTION_AWARD",
     "ACTION_BID",
+    "ACTION_DRAW",
     "ACTION_ENDORSE",
     "ACTION_MASK",
     "ACTION_SHARE",
@@ -83,6 +84,9 @@ __all__ = [
 
 # --- Actions (message type ``query.<action>``) -------------------------------------------------
 ACTION_ADVERTISE: Final = "market_advertise"
+ACTION_DRAW: Final = "market_draw"
+"""The sparse secure mode only (docs/threat-model.md, "The sparse secure profile"): ``U1`` is fixed, each client draws
+its own out-neighbours and signs the draw."""
 ACTION_SHARE: Final = "market_share"
 ACTION_MASK: Final = "market_mask"
 ACTION_SURVIVORS: Final = "market_survivors"
@@ -95,6 +99,7 @@ ACTION_TAGS: Final = "market_tags"
 """Before a market whose buyer includes or excludes nodes by tag: each connected node says its ``market-tag``."""
 ACTIONS: Final = (
     ACTION_ADVERTISE,
+    ACTION_DRAW,
     ACTION_SHARE,
     ACTION_MASK,
     ACTION_SURVIVORS,

@@ -1,0 +1,287 @@
+"""The sparse secure profile in the market (issue 40): drop-in nodes in the secure profile, configured by their node
+config alone, meet a buyer whose profile picks the sparse secure mode of PASS by itself above the parameter finder's
+threshold. An honest market runs it and pays its winners; a buyer that announces weaker settings, grinds placements
+over more sessions than the settings' bound counts, or shows an award endorsed by a quorum of a survivor set instead
+of the pinned directory, gets nothing from it."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from adversary import NUM_CLASSES, make_counts
+from flwr.app import Message
+from test_secure_profile_market import drop_in_app, profile_setup, secure_config
+
+from flmarket_flwr.market import MarketConfig, MarketError, MarketPhase
+from flmarket_flwr.market.buyer.transport import exchange
+from flmarket_flwr.market.node.client import read_award
+from flmarket_flwr.market.node.node_config import read_node_settings
+from flmarket_flwr.market.wire.award import binding_quorum, pack_endorsements, unpack_endorsements
+from flmarket_flwr.market.wire.messages import (
+    ACTION_ADVERTISE,
+    ACTION_AUDIT,
+    ACTION_DRAW,
+    ACTION_MASK,
+    ACTION_SHARE,
+    RECORD_KEY,
+    message_type,
+    read_config,
+)
+from flmarket_flwr.market.wire.records import config_record
+from flmarket_flwr.pass_protocol import IdentityDirectory, generate_identity
+from flmarket_flwr.pass_protocol.sparse_secure import SparseSecureSettings
+from flmarket_flwr.pass_protocol.sparse_server import SparseSecureServer
+from simulations.inprocess_grid import InProcessGrid
+
+NODES = 30
+COLLUDERS = 1
+"""At E = 30 with one colluder stated (floor 20, two thirds of the directory), the finder's out-degree is 26 of 29:
+the smallest federation the sparse mode runs on at a test's cost. The profile's default, a fifth, needs the complete
+graph up to E = 3,000 (docs/threat-model.md)."""
+
+
+pytestmark = pytest.mark.usefixtures("ledger_home")
+
+
+def sparse_federation(
+    tmp_path: Path,
+    num_nodes: int = NODES,
+    seed: int = 40,
+    grid_type: type[InProcessGrid] = InProcessGrid,
+    **node_config: Any,
+) -> tuple[Any, IdentityDirectory, dict[int, np.ndarray], dict[int, dict[str, Any]]]:
+    """Drop-in nodes in the secure profile stating ``pass-colluders`` (and ``node_config``), the directory, their
+    counts and their node configs."""
+    counts = make_counts(num_nodes, seed=seed)
+    configs, directory = profile_setup(tmp_path, sorted(counts))
+    for config in configs.values():
+        config.update({"pass-colluders": COLLUDERS, **node_config})
+    grid = grid_type(drop_in_app(counts), sorted(counts), node_configs=configs)
+    return grid, directory, counts, configs
+
+
+def sparse_config(directory: IdentityDirectory, **overrides: Any) -> MarketConfig:
+    return secure_config(directory, pass_colluders=COLLUDERS, **overrides)
+
+
+def sent_types(grid: InProcessGrid) -> Counter[str]:
+    return Counter(m.metadata.message_type for m in grid.sent)
+
+
+def test_the_profile_runs_the_sparse_mode_above_the_finders_threshold_and_pays_its_winners(tmp_path: Path) -> None:
+    grid, directory, counts, _ = sparse_federation(tmp_path)
+    config = sparse_config(directory)
+    assert config.runs_sparse(NODES) and config.sparse_settings is not None
+    k = config.sparse_settings.parameters(NODES).degree
+    assert k < NODES - 1
+    outcome = MarketPhase(config).run(grid)
+    assert outcome.status == "succeeded" and outcome.winners and outcome.excluded == {}
+    assert sent_types(grid)[message_type(ACTION_DRAW)] == NODES  # each client drew its own out-neighbours
+    exact = np.sum([counts[node] for node in sorted(counts)], axis=0)
+    assert outcome.global_counts != [int(c) for c in exact]  # each node added its noise
+    assert np.all(np.abs(np.asarray(outcome.global_counts) - exact) <= config.noise_tolerance)
+    for node in counts:
+        award = read_award(grid.context(node))
+        assert award is not None and award.award is not None  # every node holds the receipt
+    winners = set(outcome.winners)
+    assert winners == {m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type.endswith("market_audit")}
+
+
+def test_each_client_deals_shares_to_k_out_neighbours_only(tmp_path: Path) -> None:
+    """The share replies carry one ciphertext per out-neighbour: ``k`` of them, not ``E - 1``."""
+    grid, directory, _, _ = sparse_federation(tmp_path)
+    config = sparse_config(directory)
+    k = config.sparse_settings.parameters(NODES).degree  # type: ignore[union-attr]
+    receivers = ReplyLog(grid, ACTION_SHARE)
+    MarketPhase(config).run(grid)
+    assert receivers.lengths("receivers") == [k] * NODES
+
+
+def test_below_the_threshold_or_with_all_the_profile_keeps_the_complete_graph(tmp_path: Path) -> None:
+    """At the profile's default colluders (a fifth) E = 30 needs the complete graph; ``neighbours='all'`` always
+    takes it: no draw request goes out, and the nodes, which accept both, take part."""
+    for config_of in (
+        lambda d: secure_config(d),  # the default colluders: the finder says complete
+        lambda d: sparse_config(d, neighbours="all"),
+    ):
+        grid, directory, _, _ = sparse_federation(tmp_path, num_nodes=12, seed=41, **{"pass-colluders": 1})
+        config = config_of(directory)
+        assert not config.runs_sparse(12)
+        outcome = MarketPhase(config).run(grid)
+        assert outcome.status == "succeeded" and message_type(ACTION_DRAW) not in sent_types(grid)
+
+
+def test_a_buyer_announcing_weaker_settings_than_the_nodes_gets_no_key(tmp_path: Path) -> None:
+    """The nodes state two colluders; the buyer announces one (degrees too small for two): refused at advertise."""
+    grid, directory, _, _ = sparse_federation(tmp_path, **{"pass-colluders": 2})
+    with pytest.raises(MarketError):
+        MarketPhase(sparse_config(directory)).run(grid)
+    types = sent_types(grid)
+    assert types[message_type(ACTION_ADVERTISE)] == NODES
+    assert message_type(ACTION_DRAW) not in types and message_type(ACTION_MASK) not in types
+
+
+def test_a_node_with_pass_complete_graph_refuses_the_sparse_mode(tmp_path: Path) -> None:
+    grid, directory, _, _ = sparse_federation(tmp_path, **{"pass-complete-graph": True})
+    assert read_node_settings(grid.context(next(iter(grid.get_node_ids())))).sparse is None
+    with pytest.raises(MarketError):
+        MarketPhase(sparse_config(directory)).run(grid)
+    assert message_type(ACTION_DRAW) not in sent_types(grid)
+
+
+def test_the_node_settings_of_the_sparse_mode(tmp_path: Path) -> None:
+    """In the profile a node holds settings for the sparse mode (its colluders, floor, dropout, re-runs, security
+    bits); ``pass-reruns`` defaults to its colluders, as the buyer's ``pass_reruns`` to its ``pass_colluders``."""
+    grid, directory, _, _ = sparse_federation(tmp_path, num_nodes=12, seed=42)
+    settings = read_node_settings(grid.context(grid.get_node_ids()[0]))
+    assert settings.sparse == SparseSecureSettings.of(
+        colluders=COLLUDERS, roster_floor=8, dropout=0.05, reruns=COLLUDERS, security_bits=40
+    )
+    config = sparse_config(directory)
+    assert config.sparse_settings == settings.sparse and config.pass_reruns == COLLUDERS
+    assert config.sparse_settings is not None and not config.sparse_settings.weaker_than(settings.sparse)
+
+
+# --- Placement ground over re-runs ---------------------------------------------------------------------------------
+class SparseBuyer:
+    """A buyer that drives the sparse mode's rounds itself, to stop each session where it likes and start another."""
+
+    def __init__(self, grid: InProcessGrid, directory: IdentityDirectory, settings: SparseSecureSettings) -> None:
+        self.grid, self.directory, self.settings = grid, directory, settings
+        self.sessions = 0
+
+    def session(self, nodes: list[int], until: str) -> dict[int, Any]:
+        """One fresh session up to ``until`` (``draw`` or ``mask``); the replies of that round, by node id."""
+        self.sessions += 1
+        server = SparseSecureServer(
+            b"grind-%d" % self.sessions,
+            NUM_CLASSES,
+            10**9,
+            settings=self.settings,
+            directory=self.directory,
+            run_id=int(self.grid.run.run_id),
+        )
+        requests: Mapping[int, Any] = server.advertise_requests(nodes)
+        replies = self._round(server, ACTION_ADVERTISE, requests)
+        requests = server.receive_advertisements(replies)
+        replies = self._round(server, ACTION_DRAW, requests)
+        if until == "draw":
+            return {server.node_of[i]: reply for i, reply in replies.items()}
+        requests = server.receive_shares(self._round(server, ACTION_SHARE, server.receive_draws(replies)))
+        replies = self._round(server, ACTION_MASK, requests)
+        return {server.node_of[i]: reply for i, reply in replies.items()}
+
+    def _round(self, server: SparseSecureServer, action: str, requests: Mapping[int, Any]) -> dict[int, Any]:
+        records = {server.node_of[i]: config_record(r.to_record()) for i, r in requests.items()}
+        replies = exchange(self.grid, action, records, timeout=30.0)
+        return {
+            server.index_of[node]: dict(read_config(reply).items())
+            for node, reply in replies.items()
+            if not reply.has_error()
+        }
+
+
+def grinding_buyer(tmp_path: Path) -> tuple[SparseBuyer, list[int], dict[int, np.ndarray], dict[int, dict[str, Any]]]:
+    """The federation and a buyer that drives its sessions itself, at the settings a market would announce."""
+    grid, directory, counts, configs = sparse_federation(tmp_path)
+    settings = sparse_config(directory).sparse_settings
+    assert settings is not None and not settings.parameters(NODES).complete
+    return SparseBuyer(grid, directory, settings), sorted(counts), counts, configs
+
+
+def test_a_buyer_grinding_placements_gets_no_draw_past_the_sessions_the_bound_counts(tmp_path: Path) -> None:
+    """Each session is a fresh draw the buyer may keep or throw away; the degrees bound ``reruns + 1`` of them per
+    market. The buyer starts more: every node draws in the first ``reruns + 1`` and refuses the next."""
+    buyer, nodes, _, _ = grinding_buyer(tmp_path)
+    for _ in range(buyer.settings.reruns + 1):
+        assert set(buyer.session(nodes, until="draw")) == set(nodes)
+    assert buyer.session(nodes, until="draw") == {}
+
+
+def test_the_ledger_holds_the_cap_when_the_nodes_state_is_lost(tmp_path: Path) -> None:
+    """The buyer masks in ``reruns + 1`` sessions, then restarts the nodes (their run state gone): each node's release
+    ledger still counts the sessions it masked in this run, and the next draw is refused."""
+    buyer, nodes, counts, configs = grinding_buyer(tmp_path)
+    for _ in range(buyer.settings.reruns + 1):
+        assert set(buyer.session(nodes, until="mask")) == set(nodes)
+    buyer.grid = InProcessGrid(drop_in_app(counts), nodes, node_configs=configs)  # a restart: no state kept
+    assert buyer.session(nodes, until="draw") == {}
+
+
+# --- The award's quorum over the directory -------------------------------------------------------------------------
+class ReplyLog:
+    """Record the replies to one action of a grid (wraps its ``pull_messages``)."""
+
+    def __init__(self, grid: InProcessGrid, action: str) -> None:
+        self.replies: list[Message] = []
+        pull, kind = grid.pull_messages, message_type(action)
+        sent = {}
+
+        def pull_messages(message_ids: Iterable[str], *args: Any, **kwargs: Any) -> Any:
+            ids = list(message_ids)
+            replies = pull(ids, *args, **kwargs)
+            for m in grid.sent:
+                sent[m.metadata.message_id] = m.metadata.message_type
+            self.replies += [r for r in replies if sent.get(r.metadata.reply_to_message_id) == kind]
+            return replies
+
+        grid.pull_messages = pull_messages  # type: ignore[method-assign]
+
+    def lengths(self, field: str) -> list[int]:
+        return [len(r.content.config_records[RECORD_KEY][field]) for r in self.replies if not r.has_error()]
+
+
+class TrimmedAuditGrid(InProcessGrid):
+    """A buyer that shows each winner only ``keep`` of the endorsements it gathered."""
+
+    keep = 0
+
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        out = []
+        for message in messages:
+            if message.metadata.message_type == message_type(ACTION_AUDIT):
+                record = message.content.config_records[RECORD_KEY]
+                gathered = unpack_endorsements(record["endorsements"])  # type: ignore[arg-type]
+                kept = dict(sorted(gathered.items())[: self.keep])
+                record["endorsements"] = pack_endorsements(kept)
+            out.append(message)
+        return super().push_messages(out)
+
+
+def test_an_award_endorsed_by_a_quorum_of_survivors_but_not_of_the_directory_opens_nothing(tmp_path: Path) -> None:
+    """The buyer shows each winner as many endorsements as a quorum of a survivor set of ``|U3| = 20`` would need
+    (the complete graph's rule), fewer than the directory's quorum: in the sparse mode no winner opens its counts."""
+    grid, directory, counts, configs = sparse_federation(tmp_path, seed=43, grid_type=TrimmedAuditGrid)
+    survivor_quorum, directory_quorum = binding_quorum(20, COLLUDERS), binding_quorum(NODES, COLLUDERS)
+    assert survivor_quorum < directory_quorum
+    grid.keep = survivor_quorum  # the winner's own endorsement among them, as the buyer gathered it
+    audits = ReplyLog(grid, ACTION_AUDIT)
+    outcome = MarketPhase(sparse_config(directory)).run(grid)
+    assert audits.replies and all(reply.has_error() for reply in audits.replies)  # no winner opened its counts
+    assert outcome.winners == [] and outcome.total_payment == 0  # each was excluded at the audit
+    honest = TrimmedAuditGrid(drop_in_app(counts), sorted(counts), node_configs=configs)
+    honest.keep = directory_quorum  # with the directory's quorum the same market opens its winners (control)
+    audits = ReplyLog(honest, ACTION_AUDIT)
+    outcome = MarketPhase(sparse_config(directory)).run(honest)
+    assert outcome.status == "succeeded" and audits.replies and not any(r.has_error() for r in audits.replies)
+
+
+def test_a_roster_below_the_awards_liveness_floor_is_refused_before_any_message(tmp_path: Path) -> None:
+    """The nodes count the award's endorsements over the directory: with fewer invited than that quorum plus the
+    colluders (here 30 connected of a directory of 60), the buyer stops before PASS rather than run a market whose
+    winners could not open."""
+    grid, directory, counts, _ = sparse_federation(tmp_path)
+    absent = {9000 + node: generate_identity()[1] for node in range(NODES)}
+    larger = IdentityDirectory({node: directory.key_of(node) for node in counts} | absent)
+    floor = binding_quorum(len(larger), COLLUDERS) + COLLUDERS
+    assert NODES < floor
+    config = sparse_config(larger, pass_min_participants=20)
+    assert config.runs_sparse(NODES)
+    with pytest.raises(MarketError, match=f"needs a roster of at least {floor}"):
+        MarketPhase(config).run(grid)
+    assert message_type(ACTION_ADVERTISE) not in sent_types(grid)
