@@ -274,13 +274,14 @@ def quantization_range(num_clients: int) -> int:
     return 2 ** int(math.floor(math.log2((MODULUS_RANGE - 1) / num_clients)))
 
 
-def secagg_shares(num_clients: int, degree: int | None = None) -> tuple[int, int]:
+def secagg_shares(num_clients: int, degree: int | None = None, threshold: int | None = None) -> tuple[int, int]:
     """``(num_shares, reconstruction_threshold)``: ``k`` neighbours plus the client itself, threshold ``t``.
 
-    ``k`` is :func:`matched_degree` unless ``degree`` is given (``E - 1``: SecAgg+ on the complete graph).
+    ``k`` is :func:`matched_degree` unless ``degree`` is given (``E - 1``: SecAgg+ on the complete graph); ``t`` is
+    :func:`share_threshold` of ``k`` unless ``threshold`` is given (another PASS mode's ``t``).
     """
     k = matched_degree(num_clients) if degree is None else degree
-    return k + 1, share_threshold(k)
+    return k + 1, share_threshold(k) if threshold is None else threshold
 
 
 def secagg_workflow(num_clients: int, timeout: float | None = None) -> SecAggPlusWorkflow:
@@ -330,13 +331,14 @@ def run_secagg(counts: np.ndarray) -> Row:
 
 
 def drive_one_secagg_client(
-    num_clients: int, counts_by_classes: dict[int, np.ndarray], degree: int | None = None
+    num_clients: int, counts_by_classes: dict[int, np.ndarray], degree: int | None = None, threshold: int | None = None
 ) -> list[Row]:
     """SecAgg+ for ONE client with its ``k`` real neighbours in a roster of E; see the module docstring.
 
-    ``degree``: ``k`` (default :func:`matched_degree`; ``E - 1`` for the complete graph).
+    ``degree``: ``k`` (default :func:`matched_degree`; ``E - 1`` for the complete graph); ``threshold``: ``t``
+    (default :func:`share_threshold` of ``k``), see :func:`secagg_shares`.
     """
-    shares, threshold = secagg_shares(num_clients, degree)
+    shares, threshold = secagg_shares(num_clients, degree, threshold)
     me, others = 10_000, [10_001 + i for i in range(shares - 1)]
     current: dict[str, np.ndarray] = {}
     grid = MeasuredGrid(secagg_client_app(lambda context: current["counts"]), [me])
