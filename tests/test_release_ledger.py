@@ -126,7 +126,7 @@ def test_the_file_names_no_member_in_the_clear_and_only_its_owner_reads_it(tmp_p
         "",
         '{"version": 1, "salt": "zz"',
         "[]",
-        '{"version": 3, "salt": "' + "00" * 32 + '", "records": [], "spent": []}',
+        '{"version": 4, "salt": "' + "00" * 32 + '", "records": [], "spent": []}',
         '{"version": 2, "salt": "' + "00" * 32 + '", "records": []}',
         '{"version": 1, "salt": "00", "records": []}',
         '{"version": 1, "salt": "' + "00" * 32 + '", "records": [{"run_id": 1}]}',

@@ -80,6 +80,7 @@ from flmarket_flwr.pass_protocol.encoding import bitmap_bits, bitmap_to_indices,
 from flmarket_flwr.pass_protocol.identity import sign_award_endorsement
 from flmarket_flwr.pass_protocol.primitives import validate_counts
 from flmarket_flwr.pass_protocol.sparse_client import SparseSecureClient
+from flmarket_flwr.pass_protocol.sparse_state import SparseAdvertised
 from flmarket_flwr.pricing import score as compute_score
 
 if TYPE_CHECKING:
@@ -423,8 +424,8 @@ class _MarketHandlers:
         roster's node ids, checked against the fingerprint this client signed, are kept for the ledger and the award."""
 
         def step(client: SessionClient, request: dict[str, Any]) -> Mapping[str, Any]:
-            if not isinstance(client, SparseSecureClient):
-                raise _RequestError("no sparse secure session to draw out-neighbours in")
+            if not isinstance(client, SparseSecureClient) or not isinstance(client.round, SparseAdvertised):
+                raise _RequestError("no sparse secure session at its draw to draw out-neighbours in")
             identity_key, _, _ = _sparse_keys(settings)
             self._count_sparse_session(context, client, settings.release_ledger)
             reply = client.draw(request, identity_key)
@@ -753,10 +754,14 @@ class _MarketHandlers:
 
         The session's ``(k, t)`` bounds a victim's risk over the ``reruns + 1`` draws its settings announce
         (docs/threat-model.md, rule 1): a further session would be outside the bound. Kept in the run's state and,
-        with a release ledger, checked against the sessions the ledger file holds for the run.
+        with a release ledger, recorded there before the draw leaves and checked against every session the ledger
+        file holds for the run (drawn or masked in): a draw the buyer throws away, by stopping the session, closing
+        the market and re-launching it, or after a restart that lost the run's state, still counts.
         """
-        state, session = _state_record(context), client.state.session
-        per_market = client.round.reruns + 1  # type: ignore[union-attr]  # at the draw: a SparseAdvertised record
+        state, session, advertised = _state_record(context), client.state.session, client.round
+        if not isinstance(advertised, SparseAdvertised):  # the draw's stage check, before anything is counted
+            raise _RequestError("no sparse secure session at its draw to draw out-neighbours in")
+        per_market = advertised.reruns + 1
         masked = _kept_bytes(state, _MARKET_SESSIONS)
         if session not in masked:
             if len(masked) >= per_market:
@@ -765,8 +770,8 @@ class _MarketHandlers:
                     " bound counts: a further session is refused"
                 )
             state[_MARKET_SESSIONS] = [*masked, session]
-        if ledger is not None:
-            ledger.check_session_cap(int(context.run_id), session, per_market)
+        if ledger is not None:  # write-ahead: a draw the buyer throws away still counts, whatever the run state keeps
+            ledger.record_draw(int(context.run_id), session, per_market)
 
     def _label_counts(self, context: Context) -> NDArray[np.int64]:
         """Fetch and validate the local label counts; a failing callback is reported as such."""

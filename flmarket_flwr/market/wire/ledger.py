@@ -46,9 +46,10 @@ DEFAULT_MIN_ROSTER_CHANGE: Final = 3
 _LOCK_FILE: Final = "release-ledger.lock"
 _VERSION: Final = 1
 """Version of the buyer's roster history file."""
-_LEDGER_VERSION: Final = 2
-_READABLE_LEDGER_VERSIONS: Final = (1, 2)
-"""Ledger files of version 1 (before privacy spends were recorded) are read as having spent nothing."""
+_LEDGER_VERSION: Final = 3
+_READABLE_LEDGER_VERSIONS: Final = (1, 2, 3)
+"""Ledger files of version 1 (before privacy spends were recorded) are read as having spent nothing; of versions 1 and
+2 (before the sparse secure mode's draws were recorded), as having drawn in no session."""
 _DIGEST_BYTES: Final = 16
 
 
@@ -347,29 +348,67 @@ class ReleaseLedger:
             )
 
     def check_session_cap(self, run_id: int, session: bytes, per_market: int) -> None:
-        """Raise :class:`SessionCapReached` if masking in ``session`` would exceed ``per_market`` sessions per market.
+        """Raise :class:`SessionCapReached` if drawing in ``session`` would exceed ``per_market`` sessions per market.
 
-        The sparse secure mode's degrees bound a victim's risk over ``reruns + 1`` draws, each a session the node
-        masked in (its masked input left under masks its out-neighbours' shares rebuild); ``per_market`` is that
-        number. A market ends with at most one release, so the run's cap is ``per_market`` times (the releases
-        recorded in this run, plus one for the market under way), counted from the spends (each session the node
-        masked in; write-ahead) and the releases this file holds, whatever the node's in-memory state. A session
-        already spent is a retried message and passes.
+        The sparse secure mode's degrees bound a victim's risk over ``reruns + 1`` draws: each draw is a placement the
+        buyer sees (the signed out-neighbours) and may keep, by running the session on to the mask round, or throw
+        away, by stopping it; ``per_market`` is that number. A market ends with at most one release, so the run's cap
+        is ``per_market`` times (the releases recorded in this run, plus one for the market under way), counted over
+        every session of the run this node drew in (:meth:`record_draw`, write-ahead) or masked in (its spends), and the
+        releases this file holds, whatever the node's in-memory state. A session already counted is a retried message
+        and passes. Records nothing (:meth:`record_draw` checks and records).
+        """
+        with self._locked():
+            _, records, spends = self._read()
+            draws = self._read_draws()
+        self._check_session_cap(records, spends, draws, int(run_id), session.hex(), per_market)
+
+    def record_draw(self, run_id: int, session: bytes, per_market: int) -> None:
+        """Check the session cap (:meth:`check_session_cap`) and record the draw, before it leaves (write-ahead).
+
+        A draw that never reaches the mask round spends no privacy, so without this record a buyer could stop each
+        session after the draw, close the market, re-launch it in the same run (or have the node restart) and draw
+        again, past the ``reruns + 1`` placements the degrees were computed for. Recording the same run and session
+        again is a no-op (a retried message).
+
+        Raises
+        ------
+        SessionCapReached
+            The run already holds ``per_market`` times (its releases plus one) sessions drawn or masked in.
+        LedgerError
+            The ledger file cannot be read, parsed or written: nothing is drawn.
         """
         key = (int(run_id), session.hex())
         with self._locked():
-            _, records, spends = self._read()
-        masked = {spend.session for spend in spends if spend.run_id == key[0]}
-        if key[1] in masked:
-            return
-        released = {record.session for record in records if record.run_id == key[0]}
+            salt, records, spends = self._read()
+            draws = self._read_draws()
+            if self._check_session_cap(records, spends, draws, *key, per_market):
+                return
+            self._write(salt, records, spends, [*draws, key])
+
+    def _check_session_cap(
+        self,
+        records: list[ReleaseRecord],
+        spends: list[PrivacySpend],
+        draws: list[tuple[int, str]],
+        run_id: int,
+        session: str,
+        per_market: int,
+    ) -> bool:
+        """:class:`SessionCapReached` past the cap; ``True`` if ``session`` is already counted (a retry)."""
+        counted = {spend.session for spend in spends if spend.run_id == run_id}
+        counted |= {drawn for run, drawn in draws if run == run_id}
+        if session in counted:
+            return True
+        released = {record.session for record in records if record.run_id == run_id}
         cap = per_market * (len(released) + 1)
-        if len(masked) >= cap:
+        if len(counted) >= cap:
             raise SessionCapReached(
-                f"run {run_id}: this node masked in {len(masked)} PASS sessions with {len(released)} released "
-                f"({self.path}); the sparse secure mode's bound counts {per_market} per market: a further session "
-                "is refused"
+                f"run {run_id}: this node drew or masked in {len(counted)} PASS sessions with {len(released)} "
+                f"released ({self.path}); the sparse secure mode's bound counts {per_market} per market: a further "
+                "session is refused"
             )
+        return False
 
     def check(self, run_id: int, session: bytes, members: Iterable[bytes]) -> None:
         """Raise :class:`ReleaseRefused` if releasing a sum over ``members`` now would be refused; record nothing.
@@ -448,14 +487,36 @@ class ReleaseLedger:
             ) from err
         return salt, records, spends
 
-    def _write(self, salt: bytes, records: list[ReleaseRecord], spends: list[PrivacySpend]) -> None:
-        """Replace the file atomically (:func:`_replace_atomically`)."""
+    def _read_draws(self) -> list[tuple[int, str]]:
+        """The sparse secure mode's draws ``(run id, session hex)`` the file holds (none before version 3); call it
+        under the lock, after :meth:`_read` (which checks the file)."""
+        if not self.path.exists():
+            return []
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            return [_parse_draw(item) for item in data.get("drawn", [])] if data["version"] >= 3 else []
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise LedgerError(
+                f"release ledger {self.path} is unreadable ({err}): this node releases nothing until the file is "
+                "repaired or moved away (fail closed)"
+            ) from err
+
+    def _write(
+        self,
+        salt: bytes,
+        records: list[ReleaseRecord],
+        spends: list[PrivacySpend],
+        draws: list[tuple[int, str]] | None = None,
+    ) -> None:
+        """Replace the file atomically (:func:`_replace_atomically`); ``draws`` ``None`` keeps the file's."""
+        kept = self._read_draws() if draws is None else draws
         text = json.dumps(
             {
                 "version": _LEDGER_VERSION,
                 "salt": salt.hex(),
                 "records": [r.to_json() for r in records],
                 "spent": [s.to_json() for s in spends],
+                "drawn": [{"run_id": run, "session": session} for run, session in kept],
             },
             indent=1,
         )
@@ -590,6 +651,16 @@ def _parse_record(item: Any) -> ReleaseRecord:
     if not isinstance(members, list) or not all(isinstance(m, str) and len(m) == 2 * _DIGEST_BYTES for m in members):
         raise ValueError("a record's members must be a list of hex digests")
     return ReleaseRecord(run_id, session, frozenset(members))
+
+
+def _parse_draw(item: Any) -> tuple[int, str]:
+    if not isinstance(item, dict):
+        raise ValueError("a draw must be an object")
+    run_id, session = item["run_id"], item["session"]
+    if isinstance(run_id, bool) or not isinstance(run_id, int) or not isinstance(session, str):
+        raise ValueError("a draw needs an int run_id and a str session")
+    bytes.fromhex(session)
+    return run_id, session
 
 
 def _parse_spend(item: Any) -> PrivacySpend:
