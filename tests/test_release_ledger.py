@@ -346,33 +346,29 @@ def test_a_corrupt_roster_history_is_an_error_naming_the_file(tmp_path: Path, co
 @settings(max_examples=40, deadline=None)
 @given(
     per_market=st.integers(1, 4),
-    events=st.lists(st.tuples(st.sampled_from(["session", "release"]), st.integers(1, 2)), max_size=25),
+    events=st.lists(st.tuples(st.sampled_from(["draw", "mask", "release"]), st.integers(1, 3)), max_size=25),
 )
-def test_the_session_cap_bounds_the_sessions_masked_in_by_the_releases(
+def test_the_session_cap_bounds_the_sessions_drawn_by_the_releases(
     per_market: int, events: list, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """The sparse secure mode's cap: whatever a buyer starts, the sessions a node masks in per run (each checked
-    first, then spent) never exceed ``per_market`` times the run's releases plus one; another run counts apart, and a
-    session already spent passes again (a retried message)."""
+    """The sparse secure mode's cap: whatever a buyer starts, in whatever runs, the sessions a node draws in (each
+    checked and recorded before the draw leaves) never exceed ``per_market`` times the releases plus one over the
+    ledger's life; a session counted already passes again (a retried message), and a check records nothing."""
     ledger = ReleaseLedger(tmp_path_factory.mktemp("cap"))
-    masked: dict[int, list[bytes]] = {1: [], 2: []}
-    released: dict[int, int] = {1: 0, 2: 0}
+    drawn: list[tuple[int, bytes]] = []
     for number, (event, run) in enumerate(events):
-        if event == "session":
+        if event in ("draw", "mask"):
             session = b"s%d" % number
             try:
                 ledger.check_session_cap(run, session, per_market)
+                ledger.record_draw(run, session, per_market)
             except SessionCapReached:
-                assert len(masked[run]) >= per_market * (released[run] + 1)
+                assert len(drawn) >= per_market * (len(ledger.records()) + 1)
                 continue
-            ledger.spend(run, session, 0.0)
-            masked[run].append(session)
-            ledger.check_session_cap(run, session, per_market)  # the same session again: a retry, it passes
-        elif masked[run]:  # the last masked session of the run released its sum
-            ledger.record_release(run, masked[run][-1], [b"key:%d" % i for i in range(5)])
-            released[run] = len(set(_released_sessions(ledger, run)))
-        assert len(masked[run]) <= per_market * (released[run] + 1)
-
-
-def _released_sessions(ledger: ReleaseLedger, run: int) -> list[bytes]:
-    return [bytes.fromhex(record.session) for record in ledger.records() if record.run_id == run]
+            drawn.append((run, session))
+            ledger.record_draw(run, session, per_market)  # the same draw again: a retry, it passes
+            if event == "mask":
+                ledger.spend(run, session, 0.0)
+        elif drawn:  # the last session drawn released its sum
+            ledger.record_release(*drawn[-1], [b"key:%d" % i for i in range(5)])
+        assert len(drawn) <= per_market * (len(ledger.records()) + 1)

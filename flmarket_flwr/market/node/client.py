@@ -429,7 +429,7 @@ class _MarketHandlers:
             identity_key, _, _ = _sparse_keys(settings)
             self._count_sparse_session(context, client, settings.release_ledger)
             reply = client.draw(request, identity_key)
-            _state_record(context)[_LEDGER_ROSTER] = client.round.roster_node_ids  # type: ignore[union-attr]
+            _state_record(context)[_LEDGER_ROSTER] = client.round.roster_node_ids
             return reply.to_record()
 
         return self._pass_step(message, context, ACTION_DRAW, step)
@@ -755,21 +755,22 @@ class _MarketHandlers:
         The session's ``(k, t)`` bounds a victim's risk over the ``reruns + 1`` draws its settings announce
         (docs/threat-model.md, rule 1): a further session would be outside the bound. Kept in the run's state and,
         with a release ledger, recorded there before the draw leaves and checked against every session the ledger
-        file holds for the run (drawn or masked in): a draw the buyer throws away, by stopping the session, closing
-        the market and re-launching it, or after a restart that lost the run's state, still counts.
+        holds, of any run (drawn or masked in), at ``reruns + 1`` a release (:meth:`.ReleaseLedger.record_draw`): a
+        draw the buyer throws away, by stopping the session, re-launching the market, restarting the node or starting
+        another run, still counts.
         """
         state, session, advertised = _state_record(context), client.state.session, client.round
         if not isinstance(advertised, SparseAdvertised):  # the draw's stage check, before anything is counted
             raise _RequestError("no sparse secure session at its draw to draw out-neighbours in")
         per_market = advertised.reruns + 1
-        masked = _kept_bytes(state, _MARKET_SESSIONS)
-        if session not in masked:
-            if len(masked) >= per_market:
+        drawn = _kept_bytes(state, _MARKET_SESSIONS)
+        if session not in drawn:
+            if len(drawn) >= per_market:
                 raise _RequestError(
-                    f"this client drew in {len(masked)} PASS sessions of this market, the {per_market} its settings'"
+                    f"this client drew in {len(drawn)} PASS sessions of this market, the {per_market} its settings'"
                     " bound counts: a further session is refused"
                 )
-            state[_MARKET_SESSIONS] = [*masked, session]
+            state[_MARKET_SESSIONS] = [*drawn, session]
         if ledger is not None:  # write-ahead: a draw the buyer throws away still counts, whatever the run state keeps
             ledger.record_draw(int(context.run_id), session, per_market)
 

@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 if TYPE_CHECKING:
     from flmarket_flwr.pass_protocol.noise import PrivacyBudget
@@ -163,6 +163,16 @@ def plan_roster(
     return sorted(roster) if len(roster) >= 3 else []
 
 
+class _LedgerFile(NamedTuple):
+    """What a node's ledger file holds: the members' salt, the releases, the privacy spends, and the sparse secure
+    mode's draws ``(run id, session hex)``."""
+
+    salt: bytes
+    records: list[ReleaseRecord]
+    spends: list[PrivacySpend]
+    draws: list[tuple[int, str]]
+
+
 class ReleaseLedger:
     r"""The releases of one node, persisted in ``directory`` (one directory per node, never shared).
 
@@ -228,12 +238,12 @@ class ReleaseLedger:
     def records(self) -> list[ReleaseRecord]:
         """Every release recorded so far (``LedgerError`` if the file is unreadable)."""
         with self._locked():
-            return self._read()[1]
+            return self._read().records
 
     def spends(self) -> list[PrivacySpend]:
         """Every privacy spend recorded so far, oldest first (``LedgerError`` if the file is unreadable)."""
         with self._locked():
-            return self._read()[2]
+            return self._read().spends
 
     def epsilon_spent(self) -> float:
         """The composed ``epsilon`` of every recorded spend at the privacy budget's ``delta`` (``ValueError``
@@ -266,7 +276,8 @@ class ReleaseLedger:
             raise ValueError(f"variance must be finite and >= 0, got {variance}")
         spend = PrivacySpend(int(run_id), session.hex(), float(variance))
         with self._locked():
-            salt, records, spends = self._read()
+            contents = self._read()
+            spends = contents.spends
             for earlier in spends:
                 if (earlier.run_id, earlier.session) == (spend.run_id, spend.session):
                     if earlier.variance == spend.variance:
@@ -285,7 +296,7 @@ class ReleaseLedger:
                         f"{before:.4g} to {after:.4g} at delta {self.privacy_budget.delta:g} ({len(spends)} releases "
                         f"recorded in {self.path}), past its total budget {self.privacy_budget.epsilon:g}: refused"
                     )
-            self._write(salt, records, [*spends, spend])
+            self._write(contents._replace(spends=[*spends, spend]))
 
     def charge_release(self, run_id: int, session: bytes, variance: float) -> None:
         """At release time, set the session's charge to what its honest survivors' noise gives; refuse past the
@@ -312,14 +323,15 @@ class ReleaseLedger:
             raise ValueError(f"variance must be finite and >= 0, got {variance}")
         charge = PrivacySpend(int(run_id), session.hex(), float(variance))
         with self._locked():
-            salt, records, spends = self._read()
+            contents = self._read()
+            spends = contents.spends
             others = [s for s in spends if (s.run_id, s.session) != (charge.run_id, charge.session)]
             earlier = [s for s in spends if s not in others]
             if earlier and earlier[0].variance <= charge.variance:
                 charge = earlier[0]  # charged as much already (a retried message): checked again below
             else:  # in the earlier one's place, oldest first
                 kept = [charge if spend in earlier else spend for spend in spends] if earlier else [*spends, charge]
-                self._write(salt, records, kept)
+                self._write(contents._replace(spends=kept))
         if self.privacy_budget is not None:
             after = self.privacy_budget.spent([*(s.variance for s in others), charge.variance])
             if after > self.privacy_budget.epsilon:
@@ -339,73 +351,61 @@ class ReleaseLedger:
         """
         key = (int(run_id), session.hex())
         with self._locked():
-            _, records, spends = self._read()
-        seen = {(record.run_id, record.session) for record in records}
-        if key in seen | {(spend.run_id, spend.session) for spend in spends}:
+            contents = self._read()
+        seen = {(record.run_id, record.session) for record in contents.records}
+        if key in seen | {(spend.run_id, spend.session) for spend in contents.spends}:
             raise LedgerError(
                 f"run {run_id}, session {key[1][:16]}: already spent or released in {self.path}; a new session "
                 "under its id is refused"
             )
 
     def check_session_cap(self, run_id: int, session: bytes, per_market: int) -> None:
-        """Raise :class:`SessionCapReached` if drawing in ``session`` would exceed ``per_market`` sessions per market.
+        """Raise :class:`SessionCapReached` if drawing in ``session`` would exceed ``per_market`` sessions a release.
 
         The sparse secure mode's degrees bound a victim's risk over ``reruns + 1`` draws: each draw is a placement the
         buyer sees (the signed out-neighbours) and may keep, by running the session on to the mask round, or throw
-        away, by stopping it; ``per_market`` is that number. A market ends with at most one release, so the run's cap
-        is ``per_market`` times (the releases recorded in this run, plus one for the market under way), counted over
-        every session of the run this node drew in (:meth:`record_draw`, write-ahead) or masked in (its spends), and the
-        releases this file holds, whatever the node's in-memory state. A session already counted is a retried message
-        and passes. Records nothing (:meth:`record_draw` checks and records).
+        away, by stopping it; ``per_market`` is that number. A market ends with at most one release, so over this
+        node's life the cap is ``per_market`` times (the releases recorded, plus one for the market under way),
+        counted over every session, of any run, that this node drew in (:meth:`record_draw`, write-ahead) or masked
+        in (its spends), whatever the node's in-memory state: neither a re-launch, a restart nor a new Flower run
+        starts a fresh count. A session already counted is a retried message and passes. Records nothing.
         """
         with self._locked():
-            _, records, spends = self._read()
-            draws = self._read_draws()
-        self._check_session_cap(records, spends, draws, int(run_id), session.hex(), per_market)
+            contents = self._read()
+        self._check_session_cap(contents, (int(run_id), session.hex()), per_market)
 
     def record_draw(self, run_id: int, session: bytes, per_market: int) -> None:
         """Check the session cap (:meth:`check_session_cap`) and record the draw, before it leaves (write-ahead).
 
         A draw that never reaches the mask round spends no privacy, so without this record a buyer could stop each
-        session after the draw, close the market, re-launch it in the same run (or have the node restart) and draw
+        session after the draw, close the market, re-launch it, restart the node or start another run, and draw
         again, past the ``reruns + 1`` placements the degrees were computed for. Recording the same run and session
         again is a no-op (a retried message).
 
         Raises
         ------
         SessionCapReached
-            The run already holds ``per_market`` times (its releases plus one) sessions drawn or masked in.
+            The ledger already holds ``per_market`` times (its releases plus one) sessions drawn or masked in.
         LedgerError
             The ledger file cannot be read, parsed or written: nothing is drawn.
         """
         key = (int(run_id), session.hex())
         with self._locked():
-            salt, records, spends = self._read()
-            draws = self._read_draws()
-            if self._check_session_cap(records, spends, draws, *key, per_market):
-                return
-            self._write(salt, records, spends, [*draws, key])
+            contents = self._read()
+            if not self._check_session_cap(contents, key, per_market):
+                self._write(contents._replace(draws=[*contents.draws, key]))
 
-    def _check_session_cap(
-        self,
-        records: list[ReleaseRecord],
-        spends: list[PrivacySpend],
-        draws: list[tuple[int, str]],
-        run_id: int,
-        session: str,
-        per_market: int,
-    ) -> bool:
-        """:class:`SessionCapReached` past the cap; ``True`` if ``session`` is already counted (a retry)."""
-        counted = {spend.session for spend in spends if spend.run_id == run_id}
-        counted |= {drawn for run, drawn in draws if run == run_id}
-        if session in counted:
+    def _check_session_cap(self, contents: _LedgerFile, key: tuple[int, str], per_market: int) -> bool:
+        """:class:`SessionCapReached` past the cap; ``True`` if the session ``key`` is already counted (a retry)."""
+        counted = {(spend.run_id, spend.session) for spend in contents.spends} | set(contents.draws)
+        if key in counted:
             return True
-        released = {record.session for record in records if record.run_id == run_id}
+        released = {(record.run_id, record.session) for record in contents.records}
         cap = per_market * (len(released) + 1)
         if len(counted) >= cap:
             raise SessionCapReached(
-                f"run {run_id}: this node drew or masked in {len(counted)} PASS sessions with {len(released)} "
-                f"released ({self.path}); the sparse secure mode's bound counts {per_market} per market: a further "
+                f"this node drew or masked in {len(counted)} PASS sessions with {len(released)} released "
+                f"({self.path}); the sparse secure mode's bound counts {per_market} a release: run {key[0]}'s further "
                 "session is refused"
             )
         return False
@@ -416,8 +416,8 @@ class ReleaseLedger:
         A readable ledger is required (``LedgerError`` otherwise).
         """
         with self._locked():
-            salt, records, _ = self._read()
-            self._check(records, self._record(salt, run_id, session, members))
+            contents = self._read()
+            self._check(contents.records, self._record(contents.salt, run_id, session, members))
 
     def record_release(self, run_id: int, session: bytes, members: Iterable[bytes]) -> None:
         """Check ``members`` against every earlier release and record it, before the node releases anything.
@@ -433,10 +433,10 @@ class ReleaseLedger:
             The ledger file cannot be read, parsed or written: nothing is released.
         """
         with self._locked():
-            salt, records, spends = self._read()
-            record = self._record(salt, run_id, session, members)
-            if not self._check(records, record):
-                self._write(salt, [*records, record], spends)
+            contents = self._read()
+            record = self._record(contents.salt, run_id, session, members)
+            if not self._check(contents.records, record):
+                self._write(contents._replace(records=[*contents.records, record]))
 
     @staticmethod
     def _record(salt: bytes, run_id: int, session: bytes, members: Iterable[bytes]) -> ReleaseRecord:
@@ -466,57 +466,40 @@ class ReleaseLedger:
         """Hold the directory's lock file (exclusive, between processes) for one read-check-write."""
         return _locked(self.directory, _LOCK_FILE, f"release ledger {self.path}")
 
-    def _read(self) -> tuple[bytes, list[ReleaseRecord], list[PrivacySpend]]:
-        """``(salt, records, spends)``; a missing file is an empty ledger with a fresh salt; anything else fails."""
+    def _read(self) -> _LedgerFile:
+        """The file's contents; a missing file is an empty ledger with a fresh salt; anything else fails."""
         if not self.path.exists():
-            return os.urandom(32), [], []
+            return _LedgerFile(os.urandom(32), [], [], [])
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
             if not isinstance(data, dict) or data.get("version") not in _READABLE_LEDGER_VERSIONS:
                 raise ValueError(f'not an object with "version" one of {_READABLE_LEDGER_VERSIONS}')
             salt = bytes.fromhex(data["salt"])
             spent = data["spent"] if data["version"] >= 2 else []
-            if len(salt) != 32 or not isinstance(data["records"], list) or not isinstance(spent, list):
-                raise ValueError("needs a 32-byte hex salt, a list of records and (version 2) a list of spends")
-            records = [_parse_record(item) for item in data["records"]]
-            spends = [_parse_spend(item) for item in spent]
+            drawn = data["drawn"] if data["version"] >= 3 else []
+            if len(salt) != 32 or not all(isinstance(items, list) for items in (data["records"], spent, drawn)):
+                raise ValueError("needs a 32-byte hex salt, a list of records, of spends (version 2), of draws (3)")
+            return _LedgerFile(
+                salt,
+                [_parse_record(item) for item in data["records"]],
+                [_parse_spend(item) for item in spent],
+                [_parse_draw(item) for item in drawn],
+            )
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise LedgerError(
                 f"release ledger {self.path} is unreadable ({err}): this node releases nothing until the file is "
                 "repaired or moved away (fail closed)"
             ) from err
-        return salt, records, spends
 
-    def _read_draws(self) -> list[tuple[int, str]]:
-        """The sparse secure mode's draws ``(run id, session hex)`` the file holds (none before version 3); call it
-        under the lock, after :meth:`_read` (which checks the file)."""
-        if not self.path.exists():
-            return []
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-            return [_parse_draw(item) for item in data.get("drawn", [])] if data["version"] >= 3 else []
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-            raise LedgerError(
-                f"release ledger {self.path} is unreadable ({err}): this node releases nothing until the file is "
-                "repaired or moved away (fail closed)"
-            ) from err
-
-    def _write(
-        self,
-        salt: bytes,
-        records: list[ReleaseRecord],
-        spends: list[PrivacySpend],
-        draws: list[tuple[int, str]] | None = None,
-    ) -> None:
-        """Replace the file atomically (:func:`_replace_atomically`); ``draws`` ``None`` keeps the file's."""
-        kept = self._read_draws() if draws is None else draws
+    def _write(self, contents: _LedgerFile) -> None:
+        """Replace the file atomically (:func:`_replace_atomically`)."""
         text = json.dumps(
             {
                 "version": _LEDGER_VERSION,
-                "salt": salt.hex(),
-                "records": [r.to_json() for r in records],
-                "spent": [s.to_json() for s in spends],
-                "drawn": [{"run_id": run, "session": session} for run, session in kept],
+                "salt": contents.salt.hex(),
+                "records": [r.to_json() for r in contents.records],
+                "spent": [s.to_json() for s in contents.spends],
+                "drawn": [{"run_id": run, "session": session} for run, session in contents.draws],
             },
             indent=1,
         )
