@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from adversary import NUM_CLASSES, make_counts
 from flwr.app import Message
+from test_award import MaliciousPhase, _AttackDone, audit_oracle
 from test_secure_profile_market import drop_in_app, profile_setup, secure_config
 
 from flmarket_flwr.market import MarketConfig, MarketError, MarketPhase
@@ -285,3 +286,25 @@ def test_a_roster_below_the_awards_liveness_floor_is_refused_before_any_message(
     with pytest.raises(MarketError, match=f"needs a roster of at least {floor}"):
         MarketPhase(config).run(grid)
     assert message_type(ACTION_ADVERTISE) not in sent_types(grid)
+
+
+def test_the_audit_oracle_against_nodes_in_the_sparse_mode_opens_nothing(tmp_path: Path) -> None:
+    """The award issue's first attack, in the sparse mode: audit every bidder with payment = bid (no award), then
+    under a signed award naming everyone a winner, unendorsed and then endorsed: no node opens its counts (the award
+    is not the auction's, so no honest node endorses it)."""
+    grid, directory, counts, _ = sparse_federation(tmp_path, seed=44)
+    seen: dict[str, set[int]] = {}
+    phase = MaliciousPhase(
+        audit_oracle(seen),
+        security="malicious",
+        directory=directory,
+        pass_colluders=COLLUDERS,
+        timeout_per_node=0.0,
+        num_classes=NUM_CLASSES,
+    )
+    assert phase.config.runs_sparse(NODES)
+    with pytest.raises(_AttackDone):
+        phase.run(grid)
+    assert message_type(ACTION_DRAW) in sent_types(grid)
+    assert seen.pop("bidders") == set(counts)  # the nodes took part up to the bids
+    assert seen == {"old": set(), "unendorsed": set(), "endorsers": set(), "endorsed": set()}
