@@ -154,11 +154,6 @@ class PassRounds:
             run_id=run_id,
         )
 
-    @property
-    def sparse(self) -> bool:
-        """Whether this session runs the sparse secure mode (each client draws its own out-neighbours)."""
-        return isinstance(self._server, SparseSecureServer)
-
     def run(self, grid: Grid, nodes: Sequence[int]) -> PassResult:
         """Run the rounds over ``nodes`` and return the result.
 

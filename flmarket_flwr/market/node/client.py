@@ -96,11 +96,11 @@ _MAX_CAUSE_CHARS = 300
 
 LabelCountsFn = Callable[[Context], NDArray[np.integer]]
 SettingsFn = Callable[[Context], "NodeSettings"]
+"""``context -> NodeSettings``: the node's settings at one message (default: its node config's)."""
 SessionClient = PassClient | SparseSecureClient
 """A node's PASS client in either mode; the glue reads both through :class:`~.client_state.SessionView`."""
 _SPARSE_REQUEST_KEY: Final = "dropout_ppm"
 """A key only the sparse secure mode's advertise request has (:class:`~.messages.SparseAdvertiseRequest`)."""
-"""``context -> NodeSettings``: the node's settings at one message (default: its node config's)."""
 
 _PASS_PREFIX = "pass/"
 _STAGE = "stage"
@@ -284,9 +284,9 @@ def register_market_handlers(
     * in the secure profile it takes part on the complete graph, or in the sparse secure mode
       (docs/threat-model.md, "The sparse secure profile") under settings no weaker than its own
       (:attr:`NodeSettings.sparse`) and the ``(k, t)`` it computes for them: it draws its own out-neighbours,
-      shares and masks on them only, draws in at most ``reruns + 1`` sessions of a market (its release ledger
-      holds the count for the run), and as a winner opens only with the endorsements of a quorum of the pinned
-      directory;
+      shares and masks on them only, draws in at most ``reruns + 1`` sessions of a market and, over its life
+      (its release ledger holds the count), ``reruns + 1`` per release, and as a winner opens only with the
+      endorsements of a quorum of the pinned directory;
     * a neighbour whose shares do not open is accused, not fatal: the client masks without it and sends
       that edge's channel secret with a proof of it, which opens the edge's two share pairs (both of which
       the accused holds) and nothing else; only when the accused proved possession of its cipher key, and
@@ -427,7 +427,7 @@ class _MarketHandlers:
             if not isinstance(client, SparseSecureClient) or not isinstance(client.round, SparseAdvertised):
                 raise _RequestError("no sparse secure session at its draw to draw out-neighbours in")
             identity_key, _, _ = _sparse_keys(settings)
-            self._count_sparse_session(context, client, settings.release_ledger)
+            self._count_sparse_session(context, client.round, settings.release_ledger)
             reply = client.draw(request, identity_key)
             _state_record(context)[_LEDGER_ROSTER] = client.round.roster_node_ids
             return reply.to_record()
@@ -726,22 +726,20 @@ class _MarketHandlers:
     def _survivor_nodes(context: Context, client: SessionClient, settings: NodeSettings) -> set[int] | None:
         """The node ids of the session's survivors, from the roster kept at the share step (with a release ledger:
         always in the secure profile); ``None`` where no roster was kept. The secure profile requires it."""
-        roster = _state_record(context).get(_LEDGER_ROSTER)
-        if not isinstance(roster, bytes):
+        node_ids = _kept_roster(_state_record(context))
+        if node_ids is None:
             if settings.colluders > 0 or settings.directory is not None:
                 raise _RequestError("no roster of the session kept: the award's bidders cannot be checked")
             return None
-        node_ids = np.frombuffer(roster, dtype=">u8")
         alive = bitmap_bits(client.state.survivors, node_ids.size)[: node_ids.size]
         return {int(node) for node in node_ids[alive]}
 
     @staticmethod
     def _ledger_members(context: Context, settings: NodeSettings, bitmap: object) -> list[bytes]:
         """The ledger's identities of the PASS indices in ``bitmap``: directory keys if any, else node ids."""
-        roster = _state_record(context).get(_LEDGER_ROSTER)
-        if not isinstance(roster, bytes) or not isinstance(bitmap, bytes):
+        node_ids = _kept_roster(_state_record(context))
+        if node_ids is None or not isinstance(bitmap, bytes):
             raise _RequestError("no roster kept from the advertise step for the release ledger")
-        node_ids = np.frombuffer(roster, dtype=">u8")
         nodes = [int(node_ids[index - 1]) for index in bitmap_to_indices(bitmap)]
         directory = settings.directory
         if directory is None:
@@ -749,7 +747,7 @@ class _MarketHandlers:
         return [b"key:" + directory.key_of(node) for node in nodes]  # an unregistered node: refused
 
     @staticmethod
-    def _count_sparse_session(context: Context, client: SparseSecureClient, ledger: ReleaseLedger | None) -> None:
+    def _count_sparse_session(context: Context, advertised: SparseAdvertised, ledger: ReleaseLedger | None) -> None:
         """Count this session among the market's sessions this client draws in; refuse past ``reruns + 1``.
 
         The session's ``(k, t)`` bounds a victim's risk over the ``reruns + 1`` draws its settings announce
@@ -759,9 +757,7 @@ class _MarketHandlers:
         draw the buyer throws away, by stopping the session, re-launching the market, restarting the node or starting
         another run, still counts.
         """
-        state, session, advertised = _state_record(context), client.state.session, client.round
-        if not isinstance(advertised, SparseAdvertised):  # the draw's stage check, before anything is counted
-            raise _RequestError("no sparse secure session at its draw to draw out-neighbours in")
+        state, session = _state_record(context), advertised.session
         per_market = advertised.reruns + 1
         drawn = _kept_bytes(state, _MARKET_SESSIONS)
         if session not in drawn:
@@ -877,12 +873,19 @@ def _checked_roster(client: PassClient, packed: bytes | None, context: Context) 
     return packed
 
 
-def _roster_nodes(state: ConfigRecord) -> set[int]:
-    """The node ids of the session's roster, as kept (checked against the roster fingerprint) at the draw."""
+def _kept_roster(state: ConfigRecord) -> NDArray[np.uint64] | None:
+    """The session's roster node ids in PASS-index order, as kept at the share step or the draw (checked against the
+    roster fingerprint then); ``None`` where none was kept."""
     roster = state.get(_LEDGER_ROSTER)
-    if not isinstance(roster, bytes):
+    return np.frombuffer(roster, dtype=">u8") if isinstance(roster, bytes) else None
+
+
+def _roster_nodes(state: ConfigRecord) -> set[int]:
+    """The node ids of the session's roster (:func:`_kept_roster`); refused where none was kept."""
+    node_ids = _kept_roster(state)
+    if node_ids is None:
         raise _RequestError("no roster of the session kept: the award's endorsers cannot be checked")
-    return {int(node) for node in np.frombuffer(roster, dtype=">u8")}
+    return {int(node) for node in node_ids}
 
 
 def _checked_bid(bid: object) -> float:

@@ -62,7 +62,8 @@ class ReleaseRefused(LedgerError):
 
 
 class SessionCapReached(LedgerError):
-    """Masking in another PASS session would exceed the sessions the sparse secure mode's bound counts per market."""
+    """Drawing in another PASS session would exceed the ``reruns + 1`` draws a release the sparse secure mode's bound
+    counts (:meth:`ReleaseLedger.record_draw`)."""
 
 
 class PrivacyBudgetExhausted(LedgerError):
