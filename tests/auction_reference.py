@@ -4,6 +4,8 @@ It is O(K * E) and slow on purpose: it follows the pseudo-code, with the brief's
 (the "after everyone" last position, and zero-score clients always failing the rule), and the
 product's two additions: bids above the budget are left out of the ranking, and an optional cap
 of ``num_winners`` winners (a client can take a position only with fewer than that many ahead).
+``share`` is the share of the budget the rule walks with: ``0.5`` for the paper's rule, ``1.0`` for the
+whole-budget rule.
 """
 
 from __future__ import annotations
@@ -13,7 +15,11 @@ from collections.abc import Sequence
 
 
 def reference_auction(
-    scores: Sequence[float], bids: Sequence[float], budget: float, num_winners: int | None = None
+    scores: Sequence[float],
+    bids: Sequence[float],
+    budget: float,
+    num_winners: int | None = None,
+    share: float = 0.5,
 ) -> tuple[list[int], list[float]]:
     """Return (winners in selection order, payment per client) by transcribing Algorithm 1."""
     size = len(scores)
@@ -22,7 +28,7 @@ def reference_auction(
     order = [k for k in ranked if bids[k] <= budget]
 
     def passes(k: int, total_with_k: float) -> bool:
-        return scores[k] > 0 and bids[k] <= budget / 2.0 * scores[k] / total_with_k
+        return scores[k] > 0 and bids[k] <= budget * share * scores[k] / total_with_k
 
     winners: list[int] = []
     total = 0.0
@@ -43,13 +49,13 @@ def reference_auction(
                 walked_everyone = False
                 break
             lam = u_e * bids[j] / scores[j] if scores[j] > 0 else math.inf
-            beta = budget / 2.0 * u_e / (total + u_e)
+            beta = budget * share * u_e / (total + u_e)
             payment = max(payment, min(lam, beta))
             if not passes(j, total + scores[j]):
                 walked_everyone = False
                 break
             total += scores[j]
         if walked_everyone and len(order) - 1 < cap:
-            payment = max(payment, budget / 2.0 * u_e / (total + u_e))
+            payment = max(payment, budget * share * u_e / (total + u_e))
         payments[e] = payment
     return winners, payments

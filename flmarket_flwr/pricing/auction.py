@@ -1,9 +1,11 @@
 """Budget-constrained reverse auction (FLMarket, Algorithm 1): truthful, individually rational, budget-feasible.
 
 :func:`run_auction` ranks clients by score per bid, admits them while they pass the budget rule, and pays
-each winner its critical value, in ``O(E log E)``; an optional cohort cap keeps every guarantee.
-:func:`cohort_budget` gives the least budget that buys a full cohort. The rules, the payment and the proofs
-are in :func:`run_auction` and docs/mechanism.md.
+each winner its critical value, in ``O(E log E)``; an optional cohort cap keeps every guarantee. The budget
+rule is a named choice (:data:`BUDGET_RULES`): the paper's ``"half"`` (Algorithm 1, ``R/2``) or ``"whole"``
+(the same walk at ``R``, sound because FLMarket's value is additive). :func:`cohort_budget` gives the least
+budget that buys a full cohort. The rules, the payment and the proofs are in :func:`run_auction` and
+docs/mechanism.md.
 """
 
 from __future__ import annotations
@@ -16,7 +18,17 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["AuctionResult", "auction_order", "cohort_budget", "decisive_head", "run_auction"]
+__all__ = ["BUDGET_RULES", "AuctionResult", "auction_order", "cohort_budget", "decisive_head", "run_auction"]
+
+BUDGET_RULES: tuple[str, ...] = ("half", "whole")
+"""The auction's budget rules: ``"half"``, Algorithm 1 as the paper states it (a client joins while
+``b_e <= R/2 * u_e / U(S + e)``; Singer's factor for submodular values), and ``"whole"``, the same walk at the
+whole budget (``b_e <= R * u_e / U(S + e)``; FLMarket's value ``U(S) = sum u_e`` is additive). Under either rule
+every winner is paid one price per unit of score (docs/mechanism.md): the total is at most ``R/2`` under
+``"half"`` and at most ``R`` under ``"whole"``."""
+
+_RULE_SHARE: dict[str, float] = {"half": 0.5, "whole": 1.0}
+"""The share of ``R`` each rule walks with."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +47,8 @@ class AuctionResult:
         The budget ``R``.
     num_winners : int or None
         The cohort cap, ``None`` for none.
+    budget_rule : str
+        The budget rule that ran (:data:`BUDGET_RULES`).
     """
 
     winners: NDArray[np.intp]
@@ -42,6 +56,7 @@ class AuctionResult:
     order: NDArray[np.intp]
     budget: float
     num_winners: int | None = None
+    budget_rule: str = "half"
 
     @property
     def total_payment(self) -> float:
@@ -61,6 +76,7 @@ class AuctionResult:
             "order": [int(i) for i in self.order],
             "budget": self.budget,
             "num_winners": self.num_winners,
+            "budget_rule": self.budget_rule,
             "total_payment": self.total_payment,
         }
 
@@ -69,6 +85,19 @@ VALUE_RANGE: tuple[float, float] = (1e-100, 1e100)
 """The range of a positive score, every bid and the budget: inside it the payments' products and quotients stay
 far from float64's overflow and underflow, so the guarantees (``p_e >= b_e``, ``sum p <= R``) hold in floating
 point; outside it they can fail (a total payment above ``R`` near ``1e150``), so such input is refused."""
+
+
+def rule_budget(budget: float, budget_rule: str) -> float:
+    """The budget the rule walks with: ``R/2`` under ``"half"``, ``R`` under ``"whole"``.
+
+    Raises
+    ------
+    ValueError
+        If ``budget_rule`` is not one of :data:`BUDGET_RULES`.
+    """
+    if not isinstance(budget_rule, str) or budget_rule not in _RULE_SHARE:
+        raise ValueError(f"budget_rule must be one of {BUDGET_RULES}, got {budget_rule!r}")
+    return budget * _RULE_SHARE[budget_rule]
 
 
 def _outside_range(values: NDArray[np.float64]) -> NDArray[np.intp]:
@@ -159,12 +188,12 @@ def _first_true(
 def _budget_winner_count(
     sorted_scores: NDArray[np.float64],
     sorted_bids: NDArray[np.float64],
-    half_budget: float,
+    walk_budget: float,
     prefix: NDArray[np.float64],
 ) -> int:
     """Length of the prefix of the ranking that passes the budget rule."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        passes = (sorted_scores > 0) & (sorted_bids <= half_budget * sorted_scores / prefix)
+        passes = (sorted_scores > 0) & (sorted_bids <= walk_budget * sorted_scores / prefix)
     failing = np.flatnonzero(~passes)
     return int(failing[0]) if failing.size else int(passes.size)
 
@@ -172,7 +201,7 @@ def _budget_winner_count(
 def _walk_ends(
     sorted_scores: NDArray[np.float64],
     sorted_bids: NDArray[np.float64],
-    half_budget: float,
+    walk_budget: float,
     prefix: NDArray[np.float64],
     num_winners: int,
 ) -> NDArray[np.intp]:
@@ -187,7 +216,7 @@ def _walk_ends(
     def fails_without_winner(m: NDArray[np.intp], rows: NDArray[np.intp]) -> NDArray[np.bool_]:
         u_m = sorted_scores[m]
         with np.errstate(divide="ignore", invalid="ignore"):
-            threshold = half_budget * u_m / (prefix[m] - winner_score[rows])
+            threshold = walk_budget * u_m / (prefix[m] - winner_score[rows])
         return (u_m <= 0) | (sorted_bids[m] > threshold)
 
     start = np.full(num_winners, num_winners, dtype=np.intp)
@@ -197,7 +226,7 @@ def _walk_ends(
 def _budget_payments(
     sorted_scores: NDArray[np.float64],
     sorted_bids: NDArray[np.float64],
-    half_budget: float,
+    walk_budget: float,
     prefix: NDArray[np.float64],
     num_winners: int,
     cohort_cap: int,
@@ -206,7 +235,7 @@ def _budget_payments(
     size = sorted_scores.size
     winner_position = np.arange(num_winners, dtype=np.intp)
     winner_score = sorted_scores[:num_winners]
-    first_failing = _walk_ends(sorted_scores, sorted_bids, half_budget, prefix, num_winners)
+    first_failing = _walk_ends(sorted_scores, sorted_bids, walk_budget, prefix, num_winners)
     # Candidate positions j' of V^-e run from 0 to last_candidate (inclusive); V^-e[j'] is ranked
     # client j' before e's own position and j' + 1 after it; j' = size - 1 is "after everyone".
     # With a cohort cap, e must also find fewer than cohort_cap others ahead of it: j' <= cohort_cap - 1.
@@ -223,7 +252,7 @@ def _budget_payments(
             lam = np.where(inside & (u_j > 0), u_e * sorted_bids[clipped] / u_j, np.inf)
         before = np.where(j > 0, prefix[np.maximum(j - 1, 0)], 0.0)
         others_before = np.where(j <= own_position, before, prefix[np.minimum(j, size - 1)] - u_e)
-        beta = half_budget * u_e / (others_before + u_e)
+        beta = walk_budget * u_e / (others_before + u_e)
         return lam, beta
 
     def crossed(j: NDArray[np.intp], rows: NDArray[np.intp]) -> NDArray[np.bool_]:
@@ -241,13 +270,14 @@ def _budget_payments(
     return payments
 
 
-def cohort_budget(scores: ArrayLike, bids: ArrayLike, num_winners: int) -> float:
+def cohort_budget(scores: ArrayLike, bids: ArrayLike, num_winners: int, *, budget_rule: str = "half") -> float:
     """The least budget at which :func:`run_auction` with ``num_winners`` selects a full cohort.
 
     With budget ``R`` the first ``n`` positive-score clients of the ranking all pass the rule iff
-    ``R >= 2 * b_k * U_k / u_k`` for each of them (``U_k`` the scores summed up to ``k``), and then
-    every one of them is eligible (``b_k <= R / 2``). For experiments that compare selectors at
-    equal cohort size: the budget is then as small as the cohort allows, and still binds in total.
+    ``s R >= b_k * U_k / u_k`` for each of them (``U_k`` the scores summed up to ``k``; ``s`` the rule's share
+    of ``R``: ``1/2`` or ``1``), and then every one of them is eligible (``b_k <= s R``). For experiments that
+    compare selectors at equal cohort size: the budget is then as small as the cohort allows, and still binds in
+    total.
 
     Parameters
     ----------
@@ -255,6 +285,8 @@ def cohort_budget(scores: ArrayLike, bids: ArrayLike, num_winners: int) -> float
         As for :func:`run_auction`.
     num_winners : int
         The cohort size ``n >= 1``, at most the number of positive-score clients.
+    budget_rule : str
+        As for :func:`run_auction`.
 
     Returns
     -------
@@ -267,6 +299,7 @@ def cohort_budget(scores: ArrayLike, bids: ArrayLike, num_winners: int) -> float
         Invalid scores or bids, or fewer than ``num_winners`` clients with a positive score.
     """
     score_array, bid_array, _ = _validate(scores, bids, 1.0)
+    share = rule_budget(1.0, budget_rule)
     count = _cohort_size(num_winners, score_array.size)
     order = auction_order(score_array, bid_array)
     positive = order[score_array[order] > 0][:count]
@@ -275,12 +308,12 @@ def cohort_budget(scores: ArrayLike, bids: ArrayLike, num_winners: int) -> float
             f"num_winners={count} but only {positive.size} clients have a positive score: no budget buys that cohort"
         )
     head_scores = score_array[positive]
-    bound = float(np.max(2.0 * bid_array[positive] * np.cumsum(head_scores) / head_scores))
+    bound = float(np.max(bid_array[positive] * np.cumsum(head_scores) / head_scores / share))
     return bound * (1.0 + 1e-9)
 
 
 def decisive_head(
-    scores: ArrayLike, bids: ArrayLike, budget: float, *, num_winners: int | None = None
+    scores: ArrayLike, bids: ArrayLike, budget: float, *, num_winners: int | None = None, budget_rule: str = "half"
 ) -> tuple[NDArray[np.intp], bool]:
     """The head of the ranking that :func:`run_auction`'s outcome depends on, and whether it is closed.
 
@@ -292,9 +325,13 @@ def decisive_head(
     is then every eligible client, and one more could change the outcome. This is what lets an award carry only
     the head (:mod:`flmarket_flwr.market.wire.award`); ``tests/test_auction.py`` checks it on random instances.
 
+    Under either rule the outcome reads at most the winners and the first eligible client after them (the payments
+    are one price per unit of score, fixed by the last winner and that client: docs/mechanism.md); the head may be
+    that long or, where a walk over ``V^-e`` ends later, longer, and it is exactly what the payment walks read.
+
     Parameters
     ----------
-    scores, bids, budget, num_winners
+    scores, bids, budget, num_winners, budget_rule
         As for :func:`run_auction`.
 
     Returns
@@ -303,6 +340,7 @@ def decisive_head(
         The head's input positions in ranking order, and whether it is closed.
     """
     score_array, bid_array, budget_value = _validate(scores, bids, budget)
+    walk_budget = rule_budget(budget_value, budget_rule)
     cap = score_array.size if num_winners is None else _cohort_size(num_winners, score_array.size)
     order = auction_order(score_array, bid_array)
     eligible = order[bid_array[order] <= budget_value]
@@ -311,12 +349,12 @@ def decisive_head(
         return eligible, False
     sorted_scores, sorted_bids = score_array[eligible], bid_array[eligible]
     prefix = np.cumsum(sorted_scores)
-    count = min(_budget_winner_count(sorted_scores, sorted_bids, budget_value / 2.0, prefix), cap)
+    count = min(_budget_winner_count(sorted_scores, sorted_bids, walk_budget, prefix), cap)
     if count == 0:
         return eligible[:1], True  # the first ranked client failed the rule: nobody after it is read
     # The selection reads up to its failing client (at ``count``) or stops at the cap; each payment reads up to
     # the end of its walk over V^-e or, with the cap, up to position ``cap`` (lambda of the client there).
-    ends = _walk_ends(sorted_scores, sorted_bids, budget_value / 2.0, prefix, count)
+    ends = _walk_ends(sorted_scores, sorted_bids, walk_budget, prefix, count)
     last_read = int(np.max(np.minimum(ends, cap)))
     closed = last_read < size
     return eligible[: min(last_read + 1, size)], closed
@@ -331,7 +369,9 @@ def _cohort_size(num_winners: object, num_clients: int) -> int:
     return int(num_winners)
 
 
-def run_auction(scores: ArrayLike, bids: ArrayLike, budget: float, *, num_winners: int | None = None) -> AuctionResult:
+def run_auction(
+    scores: ArrayLike, bids: ArrayLike, budget: float, *, num_winners: int | None = None, budget_rule: str = "half"
+) -> AuctionResult:
     r"""Select winners and pay each its critical value: FLMarket's selection rule, the one the product applies.
 
     Algorithm 1 over the eligible clients (bid at most the budget), optionally capped at
@@ -348,6 +388,9 @@ def run_auction(scores: ArrayLike, bids: ArrayLike, budget: float, *, num_winner
         Budget ``R > 0``.
     num_winners : int, optional
         Cohort cap ``1 <= n <= E``: at most ``n`` winners, the head of the same walk.
+    budget_rule : str
+        ``"half"`` (default: Algorithm 1 as the paper states it, the walk at ``R/2``, total paid at most ``R/2``)
+        or ``"whole"`` (the same walk at ``R``, total paid at most ``R``). See :data:`BUDGET_RULES` and the notes.
 
     Returns
     -------
@@ -358,8 +401,8 @@ def run_auction(scores: ArrayLike, bids: ArrayLike, budget: float, *, num_winner
     ------
     ValueError
         Non-finite or non-positive bids, negative or non-finite scores, ``budget <= 0``, a positive
-        score, a bid or the budget outside :data:`VALUE_RANGE`, mismatched lengths, or ``num_winners``
-        not in ``[1, E]``.
+        score, a bid or the budget outside :data:`VALUE_RANGE`, mismatched lengths, ``num_winners``
+        not in ``[1, E]``, or a ``budget_rule`` not in :data:`BUDGET_RULES`.
 
     Notes
     -----
@@ -394,6 +437,18 @@ def run_auction(scores: ArrayLike, bids: ArrayLike, budget: float, *, num_winner
     equal to the critical bid (truthful), ``p_e >= b_e`` (individually rational), ``sum p_e <= R``
     (budget-feasible).
 
+    One price per unit of score
+        Write ``s R`` for the budget the rule walks with (``s = 1/2`` under ``"half"``, ``1`` under
+        ``"whole"``: the formulas above use ``R/2``). With winners ``S`` and ``next`` the first eligible
+        client after them (none: ``b_next / u_next = inf``), every winner's critical value is
+        ``p* u_e`` with ``p* = min(s R / U(S), b_next / u_next)``: bidding up to it keeps ``e`` ahead of
+        ``next`` and within the rule at any position up to ``U(S)``, and past ``b_next / u_next`` either
+        ``next`` fails (the walk stops before ``e``) or takes its place. Hence ``sum p_e = p* U(S) <= s R``:
+        the paper's rule never spends more than half the budget, ``"whole"`` up to all of it. Because
+        the value ``U`` is additive, no factor below 1 is needed for budget feasibility; Singer's ``1/2``
+        is for submodular values. docs/mechanism.md has the argument in full, with what each rule
+        guarantees against the best affordable set.
+
     Eligibility
         A bid above the budget can never be paid, so such a client is left out of the ranking: it
         neither wins nor stops the walk nor moves anyone's critical value (Algorithm 1 would let it
@@ -415,6 +470,7 @@ def run_auction(scores: ArrayLike, bids: ArrayLike, budget: float, *, num_winner
         ``n`` clients win. :func:`cohort_budget` gives the least budget that buys a full cohort.
     """
     score_array, bid_array, budget_value = _validate(scores, bids, budget)
+    walk_budget = rule_budget(budget_value, budget_rule)
     cap = score_array.size if num_winners is None else _cohort_size(num_winners, score_array.size)
 
     order = auction_order(score_array, bid_array)
@@ -424,12 +480,12 @@ def run_auction(scores: ArrayLike, bids: ArrayLike, budget: float, *, num_winner
     payments = np.zeros(score_array.size)
 
     prefix = np.cumsum(sorted_scores)
-    count = min(_budget_winner_count(sorted_scores, sorted_bids, budget_value / 2.0, prefix), cap)
+    count = min(_budget_winner_count(sorted_scores, sorted_bids, walk_budget, prefix), cap)
     winners = eligible[:count]
     if count:
-        sorted_payments = _budget_payments(sorted_scores, sorted_bids, budget_value / 2.0, prefix, count, cap)
+        sorted_payments = _budget_payments(sorted_scores, sorted_bids, walk_budget, prefix, count, cap)
         # p_e >= b_e holds exactly in theory; the clamp only absorbs floating-point rounding, and
-        # the cap at R only guards the total's rounding (every payment is at most R/2 in theory).
+        # the cap at R only guards the total's rounding (every payment is at most s R in theory).
         payments[winners] = np.minimum(np.maximum(sorted_payments, sorted_bids[:count]), budget_value)
     return AuctionResult(
         winners=winners,
@@ -437,4 +493,5 @@ def run_auction(scores: ArrayLike, bids: ArrayLike, budget: float, *, num_winner
         order=order,
         budget=budget_value,
         num_winners=None if num_winners is None else cap,
+        budget_rule=budget_rule,
     )
