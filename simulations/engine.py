@@ -323,7 +323,9 @@ def select(cfg: EngineConfig, federation: Federation) -> tuple[list[int], dict[s
     bids = bids_for(cfg, counts)
     scores = flmarket_scores(counts)
     budget = auction_budget(cfg, scores, bids)
-    auction = run_auction(scores, bids, budget, num_winners=cfg.num_selected or None)
+    auction = run_auction(
+        scores, bids, budget, num_winners=cfg.num_selected or None, budget_rule=cfg.auction_budget_rule
+    )
     positions = [int(p) for p in auction.winners]
     protocol: dict[str, Any] = {}
     if cfg.market == "protocol":
@@ -333,6 +335,8 @@ def select(cfg: EngineConfig, federation: Federation) -> tuple[list[int], dict[s
     market = {
         "total_payment": float(auction.total_payment),
         "budget": budget,
+        "budget_rule": cfg.auction_budget_rule,
+        "paid_share": float(auction.total_payment) / budget,
         "within_budget": bool(auction.within_budget),
         "pass_attempts": 0,
         "scores": scores.tolist(),
@@ -365,7 +369,7 @@ def _select_baseline(cfg: EngineConfig, federation: Federation) -> tuple[list[in
             paid = float(sum(float(bids[p]) for p in bought))
             matched = {"match": "budget", "payment_rule": "pay-as-bid", "budget": budget, "paid": paid}
             return bought, matched | {"bid_policy": cfg.bid_policy}
-        size = len(run_auction(scores, bids, budget).winners)
+        size = len(run_auction(scores, bids, budget, budget_rule=cfg.auction_budget_rule).winners)
         matched = {"matched_cohort": size, "budget": budget, "bid_policy": cfg.bid_policy}
         if not size:
             return [], matched
@@ -387,7 +391,7 @@ def auction_budget(cfg: EngineConfig, scores: np.ndarray, bids: np.ndarray) -> f
     if not (cfg.cohort_budget and cfg.num_selected):
         return float(cfg.budget)
     buyable = min(cfg.num_selected, int(np.count_nonzero(scores > 0)))
-    return cohort_budget(scores, bids, buyable) if buyable else float(cfg.budget)
+    return cohort_budget(scores, bids, buyable, budget_rule=cfg.auction_budget_rule) if buyable else float(cfg.budget)
 
 
 def run_market_protocol(cfg: EngineConfig, label_counts: np.ndarray, budget: float) -> tuple[list[int], dict[str, Any]]:
@@ -416,6 +420,7 @@ def run_market_protocol(cfg: EngineConfig, label_counts: np.ndarray, budget: flo
         budget=budget,
         num_classes=label_counts.shape[1],
         num_winners=cfg.num_selected or None,
+        budget_rule=cfg.auction_budget_rule,
         neighbours=neighbours_of(cfg.neighbours),
         audit_winners=cfg.audit_winners,
         expected_nodes=len(nodes),

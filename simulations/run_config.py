@@ -56,6 +56,7 @@ ENGINE_APP_KEYS: Final = (
     "selector",
     "num-selected",
     "budget",
+    "auction-budget-rule",
     "neighbours",
     "audit-winners",
     "cost-low",

@@ -58,6 +58,9 @@ class EngineFields:
     """0: the auction budget decides; n > 0: at most n winners, within it"""
     budget: float = 600.0
     """the buyer's auction budget R for the run: total payments, every market together, never exceed it"""
+    auction_budget_rule: str = "half"
+    """the auction's budget rule: half (the paper's Algorithm 1, pays at most R/2) or whole (the same walk at R,
+    pays up to R)"""
     neighbours: str = "auto"
     """PASS masking graph: "auto", "all", or a degree "k" """
     audit_winners: bool = True

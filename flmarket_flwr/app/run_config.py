@@ -33,6 +33,7 @@ from flmarket_flwr.market.wire.config_keys import at_least as _at_least
 from flmarket_flwr.market.wire.config_keys import one_of as _one_of
 from flmarket_flwr.market.wire.config_keys import positive as _positive
 from flmarket_flwr.pass_protocol.noise import SkellamNoise
+from flmarket_flwr.pricing import BUDGET_RULES
 
 __all__ = [
     "APP_KEYS",
@@ -191,6 +192,9 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
            "never exceed it", "server", _positive, "> 0"),
     AppKey("num-selected", 0, "0: the auction budget decides; n > 0: at most n winners, within it", "server",
            _at_least(0), ">= 0 (0: the auction budget decides)"),
+    AppKey("auction-budget-rule", _market_default("budget_rule"), "the auction's budget rule: half (the paper's "
+           "Algorithm 1, pays at most R/2) or whole (the same walk at R, pays up to R)", "server",
+           _one_of(BUDGET_RULES), f"one of {list(BUDGET_RULES)}"),
     AppKey("cost-low", _default_of(SimulatedCostBid, "low"),
            "simulated cost per sample, uniform in [cost-low, cost-high)", "client", _positive, "> 0"),
     AppKey("cost-high", _default_of(SimulatedCostBid, "high"), "upper end of the simulated cost per sample", "client",

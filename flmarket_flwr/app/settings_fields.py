@@ -33,6 +33,9 @@ class ServerFields:
     """the buyer's auction budget R for the run: total payments, every market together, never exceed it"""
     num_selected: int = 0
     """0: the auction budget decides; n > 0: at most n winners, within it"""
+    auction_budget_rule: str = "half"
+    """the auction's budget rule: half (the paper's Algorithm 1, pays at most R/2) or whole (the same walk at R,
+    pays up to R)"""
     market_timeout: float = 60.0
     """base seconds per market message round"""
     market_timeout_per_node: float = 1.0

@@ -25,7 +25,7 @@ from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, Pas
 from flmarket_flwr.pass_protocol.graph_parameters import DEFAULT_SECURITY_BITS
 from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_DELTA, SECURE_PROFILE_EPSILON
 from flmarket_flwr.pass_protocol.sparse_secure import SparseSecureSettings
-from flmarket_flwr.pricing.auction import VALUE_RANGE
+from flmarket_flwr.pricing.auction import VALUE_RANGE, rule_budget
 
 __all__ = ["DEFAULT_COUNT_BOUND", "MarketConfig", "MarketOutcome", "PassSession"]
 
@@ -50,6 +50,11 @@ class MarketConfig:
         Cohort cap: at most ``num_winners`` winners, the head of the budget-feasible walk (see
         :func:`flmarket_flwr.pricing.run_auction`); fewer win when the budget binds. ``None``
         (default): the budget alone decides. More than the connected nodes is an error.
+    budget_rule : {"half", "whole"} (default: "half")
+        The auction's budget rule (:data:`flmarket_flwr.pricing.BUDGET_RULES`): ``"half"``, Algorithm 1 as the
+        paper states it, whose payments add up to at most ``R/2``; ``"whole"``, the same walk at the whole budget,
+        whose payments add up to at most ``R`` (both truthful and individually rational; docs/mechanism.md). Part of
+        the terms announced before PASS and signed in the award: every node re-runs this rule when it checks it.
     min_clients : int (default: 3)
         Fewest PASS survivors accepted; at least 3 (with 2, each learns the other's counts).
     min_participation : float (default: 0.5)
@@ -150,6 +155,7 @@ class MarketConfig:
     budget: float
     num_classes: int
     num_winners: int | None = None
+    budget_rule: str = "half"
     min_clients: int = MIN_PARTICIPANTS
     min_participation: float = 0.5
     timeout: float = 60.0
@@ -208,6 +214,7 @@ class MarketConfig:
         check_int("num_classes", self.num_classes, minimum=1)
         if self.num_winners is not None:
             check_int("num_winners", self.num_winners, minimum=1)
+        rule_budget(self.budget, self.budget_rule)  # a ValueError naming the rules, for any other value
         check_int("min_clients", self.min_clients, minimum=MIN_PARTICIPANTS)
         check_positive_number("min_participation", self.min_participation)
         if self.min_participation > 1:
