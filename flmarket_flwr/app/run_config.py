@@ -251,6 +251,9 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
            ">= 0 and finite (0: off)"),
     AppKey("market-relaunch-min-cohort", 0, "run the market again when fewer of its cohort are connected (0: off)",
            "server", _at_least(0), ">= 0 (0: off)"),
+    AppKey("market-relaunch-share", 1.0, "the most one market's auction may spend, as a share of budget (1: the first "
+           "market may spend all of it; 0.5 keeps half for re-launches)", "server", lambda value: 0.0 < value <= 1.0,
+           "in (0, 1]"),
     AppKey("settle-on-delivery", False, "true: each winner is paid pro rata to the rounds it delivered", "server"),
     AppKey("pass-dp-epsilon", 0.0, "distributed DP on N_s: record-level epsilon per market, 0 = off (exact N_s)",
            "both", lambda value: 0.0 <= value < math.inf, ">= 0 and finite (0: off)"),
@@ -295,10 +298,11 @@ def membership_of(include: str, include_payment: float, exclude: str) -> tuple[d
     return dict.fromkeys(included, float(include_payment)), parse_node_ids("market-exclude", exclude)
 
 
-def relaunch_of(every: int, churn: float, min_cohort: int) -> RelaunchPolicy | None:
-    """The re-launch policy from keys ``market-relaunch-every``, ``-churn`` and ``-min-cohort`` (None: all off)."""
-    policy = RelaunchPolicy(every_rounds=every, churn_fraction=churn, min_cohort=min_cohort)
-    return policy if policy.enabled else None
+def relaunch_of(every: int, churn: float, min_cohort: int, share: float = 1.0) -> RelaunchPolicy | None:
+    """The re-launch policy from keys ``market-relaunch-every``, ``-churn``, ``-min-cohort`` and ``-share`` (None: all
+    off and the whole budget to the first market)."""
+    policy = RelaunchPolicy(every_rounds=every, churn_fraction=churn, min_cohort=min_cohort, market_share=share)
+    return policy if policy.enabled or share < 1 else None
 
 
 def neighbours_of(value: str) -> int | str:

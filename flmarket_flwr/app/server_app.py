@@ -158,7 +158,10 @@ def _run(grid: Grid, context: Context, factory: StrategyFactory | None, val_per_
     market = market_config_of(settings, data_config, context.run_id)
     if factory is None:  # the market phase waits for the nodes
         relaunch = relaunch_of(
-            settings.market_relaunch_every, settings.market_relaunch_churn, settings.market_relaunch_min_cohort
+            settings.market_relaunch_every,
+            settings.market_relaunch_churn,
+            settings.market_relaunch_min_cohort,
+            settings.market_relaunch_share,
         )
         strategy: Strategy = FLMarket(
             fedavg(settings),
@@ -221,6 +224,7 @@ def market_config_of(settings: ServerSettings, data_config: DataConfig, run_id: 
         budget=settings.budget,
         num_classes=num_classes(data_config),
         num_winners=settings.num_selected or None,
+        budget_rule=settings.auction_budget_rule,
         min_clients=settings.min_market_clients,
         neighbours=neighbours_of(settings.neighbours),
         pass_reruns=count_or_auto(settings.pass_reruns),

@@ -83,6 +83,9 @@ class ServerFields:
     """run the market again when more than this fraction of the nodes joined or left since the last one (0: off)"""
     market_relaunch_min_cohort: int = 0
     """run the market again when fewer of its cohort are connected (0: off)"""
+    market_relaunch_share: float = 1.0
+    """the most one market's auction may spend, as a share of budget (1: the first market may spend all of it;
+    0.5 keeps half for re-launches)"""
     settle_on_delivery: bool = False
     """true: each winner is paid pro rata to the rounds it delivered"""
     pass_dp_epsilon: float = 0.0

@@ -338,6 +338,8 @@ class MarketOutcome:
         Sum of the payments.
     budget : float
         The budget ``R``.
+    budget_rule : str
+        The auction's budget rule (:attr:`MarketConfig.budget_rule`); :attr:`paid_share` is what it spent of ``R``.
     global_counts : list[int]
         ``N_s``, the per-class label counts summed over the PASS survivors (with :attr:`MarketConfig.noise`:
         plus the clients' noise, clipped below at 0).
@@ -389,10 +391,18 @@ class MarketOutcome:
     reason: str = ""
     invited: list[int] = field(default_factory=list)
     included: dict[int, float] = field(default_factory=dict)
+    budget_rule: str = "half"
 
     @classmethod
-    def failed(
-        cls, reason: str, budget: float, invited: list[int], excluded: dict[int, str], timings: dict[str, float]
+    def failed(  # pylint: disable=too-many-arguments
+        cls,
+        reason: str,
+        budget: float,
+        invited: list[int],
+        excluded: dict[int, str],
+        timings: dict[str, float],
+        *,
+        budget_rule: str = "half",
     ) -> MarketOutcome:
         """The record of a market that stopped: nobody won or is paid; who was excluded at which step, and why."""
         return cls(
@@ -409,6 +419,7 @@ class MarketOutcome:
             status="failed",
             reason=reason,
             invited=sorted(invited),
+            budget_rule=budget_rule,
         )
 
     def exclusion_summary(self) -> str:
@@ -431,6 +442,11 @@ class MarketOutcome:
         """Whether the total payment is within the budget (always in budget mode)."""
         return self.total_payment <= self.budget * (1.0 + 1e-12)
 
+    @property
+    def paid_share(self) -> float:
+        """The total payment over the budget ``R``: at most 1/2 under the paper's rule, at most 1 under ``"whole"``."""
+        return self.total_payment / self.budget
+
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python form (int node-id keys; :meth:`save_json` writes them as strings)."""
         return {
@@ -446,6 +462,8 @@ class MarketOutcome:
             "payments": dict(self.payments),
             "total_payment": self.total_payment,
             "budget": self.budget,
+            "budget_rule": self.budget_rule,
+            "paid_share": self.paid_share,
             "within_budget": self.within_budget,
             "num_winners": self.num_winners,
             "global_counts": list(self.global_counts),

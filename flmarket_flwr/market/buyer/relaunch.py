@@ -31,6 +31,12 @@ class RelaunchPolicy:
         nodes connected then.
     min_cohort : int (default: 0)
         Re-launch when fewer than this many of the cohort (winners and included nodes) are connected.
+    market_share : float (default: 1.0)
+        The most any one market's auction may spend, as a share of the run's budget ``R``, in ``(0, 1]``: each
+        market gets ``min(market_share * R, what is left of R)``. At ``1.0`` the first market may spend all of
+        ``R`` (under the whole-budget rule it spends close to all of it, leaving little for re-launches); at
+        ``0.5`` the first market buys with half of ``R`` (a smaller first cohort: fewer winners, each paid the same
+        price per unit of score as the auction at that budget sets) and keeps the rest for later markets.
 
     A wrapped strategy may also ask (:data:`RELAUNCH_METRIC`, or ``FLMarket.request_market``), whatever the
     criteria. Each re-launch is another PASS release of the global counts: nodes join it only with a release
@@ -40,6 +46,7 @@ class RelaunchPolicy:
     every_rounds: int = 0
     churn_fraction: float = 0.0
     min_cohort: int = 0
+    market_share: float = 1.0
 
     def __post_init__(self) -> None:
         """Check each criterion; a ``ValueError`` names the field (the app's run-config schema names its key)."""
@@ -50,6 +57,13 @@ class RelaunchPolicy:
         churn = self.churn_fraction
         if isinstance(churn, bool) or not isinstance(churn, (int, float)) or not 0 <= churn < math.inf:
             raise ValueError(f"churn_fraction must be a finite number >= 0 (0: off), got {churn!r}")
+        share = self.market_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+            raise ValueError(f"market_share must be a number in (0, 1], got {share!r}")
+
+    def market_budget(self, run_budget: float, left: float) -> float:
+        """What one market's auction may spend: ``min(market_share * run_budget, left)``."""
+        return min(self.market_share * run_budget, left)
 
     @property
     def enabled(self) -> bool:

@@ -207,7 +207,14 @@ class MarketPhase:
             log(WARNING, "Market: aborted (%s)", err)
             self._close(grid, None, set())
             timings["total"] = time.perf_counter() - started
-            err.outcome = MarketOutcome.failed(str(err), self.config.budget, self._invited, self._excluded, timings)
+            err.outcome = MarketOutcome.failed(
+                str(err),
+                self.config.budget,
+                self._invited,
+                self._excluded,
+                timings,
+                budget_rule=self.config.budget_rule,
+            )
             err.outcome.pass_sessions = list(self.pass_sessions)
             # A sum released before the market stopped: the record says whose (a session that stopped after its
             # unmask request counts as released), and what was bid on it.
@@ -246,11 +253,12 @@ class MarketPhase:
             pass_sessions=list(self.pass_sessions),
             award_digest=result.signed.digest,
             included=dict(self._included),
+            budget_rule=self.config.budget_rule,
         )
         log(
             INFO,
             "Market: %d winners of %d bidders, %d included (%d invited, %d excluded%s), total payment %.4g "
-            "(budget %.4g)",
+            "(budget %.4g, rule %s: %.2f of it)",
             len(result.winners),
             len(bidders),
             len(self._included),
@@ -259,16 +267,18 @@ class MarketPhase:
             f": {outcome.exclusion_summary()}" if self._excluded else "",
             outcome.total_payment,
             outcome.budget,
+            outcome.budget_rule,
+            outcome.paid_share,
         )
         return outcome
 
     @property
     def terms(self) -> AwardTerms:
         """The market's terms, announced with the PASS advertisement: the auction's budget (``R`` less the included
-        nodes' payments), cohort cap (0: none), buyer key."""
+        nodes' payments), cohort cap (0: none), buyer key, budget rule."""
         public = self._buyer_key.public_key().public_bytes_raw()
         budget = auction_budget(self.config.budget, self._included.values())
-        return AwardTerms(budget, self.config.num_winners or 0, public)
+        return AwardTerms(budget, self.config.num_winners or 0, public, self.config.budget_rule)
 
     # --- Step 0: nodes -------------------------------------------------------------------------
     def wait_for_nodes(self, grid: Grid) -> list[int]:
@@ -452,7 +462,8 @@ class MarketPhase:
         while True:
             self._session = f"{self.config.session_label}/pass/".encode() + secrets.token_bytes(16)
             terms = self.terms
-            announced = AdvertiseTerms(terms.budget, terms.cohort_cap, terms.buyer_key)
+            rule = None if terms.budget_rule == "half" else terms.budget_rule  # the paper's rule: as before
+            announced = AdvertiseTerms(terms.budget, terms.cohort_cap, terms.buyer_key, rule)
             rounds = PassRounds(self.config, self, self._session, announced)
             try:
                 result = rounds.run(grid, roster)

@@ -73,9 +73,9 @@ class FLMarket(Strategy):
         Number of classes ``C``. Required unless ``market_config`` is given.
     market_config : MarketConfig, optional
         Every market setting (cohort cap, timeouts, PASS graph, members, ...); then ``budget``, ``num_classes``,
-        ``security``, ``directory``, ``include``, ``exclude`` and ``allow`` must be left unset. Those are a
-        drop-in's shorthand for ``MarketConfig(budget=..., num_classes=..., security=..., directory=...,
-        include=..., exclude=..., allow=...)``, the rest at its defaults.
+        ``security``, ``directory``, ``include``, ``exclude``, ``allow`` and ``budget_rule`` must be left unset.
+        Those are a drop-in's shorthand for ``MarketConfig(budget=..., num_classes=..., security=..., directory=...,
+        include=..., exclude=..., allow=..., budget_rule=...)``, the rest at its defaults.
     seed : int or None (default: 0)
         Seeds the wrapped strategy's node sampling among the winners (see ``WinnersGrid``).
     absent_timeout : float or None (default: 600.0)
@@ -100,6 +100,10 @@ class FLMarket(Strategy):
         Nodes never invited, by id or tag (:attr:`MarketConfig.exclude`).
     allow : Iterable[int], optional
         Allow-list-only mode: the only node ids ever sent a message (:attr:`MarketConfig.allow`).
+    budget_rule : {"half", "whole"}, optional
+        The auction's budget rule (:attr:`MarketConfig.budget_rule`; default ``"half"``, the paper's Algorithm 1,
+        which pays at most ``R/2``): ``"whole"`` walks at the whole budget and pays up to ``R``, still truthful and
+        individually rational (docs/mechanism.md).
     relaunch : RelaunchPolicy, optional
         Run the market again between rounds (:class:`~flmarket_flwr.market.buyer.relaunch.RelaunchPolicy`: every N
         rounds, on churn, on a shrunken cohort; a wrapped strategy may also ask, with the metric
@@ -116,7 +120,9 @@ class FLMarket(Strategy):
         sent nothing, so a re-launch with too few of them is skipped before PASS, releasing nothing. When the nodes'
         privacy budgets are spent (or, by default, every node has released once), one line says so and
         re-launching stops until nodes that can take part connect. :attr:`markets` keeps every market, run or
-        skipped, with why it ran, what it released and why it stopped.
+        skipped, with why it ran, what it released and why it stopped. Its ``market_share`` caps what each
+        market's auction may spend, as a share of ``budget`` (the first market's included): a policy with that
+        alone, and no re-launch criterion, only caps the one market.
 
     Notes
     -----
@@ -149,6 +155,7 @@ class FLMarket(Strategy):
         exclude: Iterable[Member] | None = None,
         relaunch: RelaunchPolicy | None = None,
         allow: Iterable[int] | None = None,
+        budget_rule: str | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(strategy, Strategy):
@@ -161,6 +168,7 @@ class FLMarket(Strategy):
             "include": include,
             "exclude": exclude,
             "allow": allow,
+            "budget_rule": budget_rule,
         }
         given = sorted(name for name, value in shorthand.items() if value is not None)
         if market_config is not None and given:
@@ -177,6 +185,7 @@ class FLMarket(Strategy):
                 include=dict(include or {}),
                 exclude=tuple(exclude or ()),
                 allow=tuple(allow or ()),
+                budget_rule=budget_rule or "half",
             )
             if security is not None:
                 market_config = dataclasses.replace(market_config, security=security)
@@ -190,6 +199,8 @@ class FLMarket(Strategy):
         if relaunch is not None and not isinstance(relaunch, RelaunchPolicy):
             raise TypeError(f"relaunch must be a RelaunchPolicy or None, got {type(relaunch).__name__}")
         self.relaunch = relaunch if relaunch is not None and relaunch.enabled else None
+        self.market_share = 1.0 if relaunch is None else relaunch.market_share
+        """The most one market's auction may spend, as a share of the run's budget (``RelaunchPolicy.market_share``)."""
         self.market_outcome: MarketOutcome | None = None
         self.delivery: DeliveryLedger | None = None
         self.markets: list[MarketEntry] = []
@@ -283,7 +294,10 @@ class FLMarket(Strategy):
         """
         if self._winners_grid is not None:
             return self._winners_grid
-        phase = MarketPhase(self.market_config)
+        config = self.market_config
+        if self.market_share < 1:  # the first market keeps the rest of the run's budget for later markets
+            config = dataclasses.replace(config, budget=self.market_share * config.budget)
+        phase = MarketPhase(config)
         try:
             outcome = self._run_market(grid, phase)
         except MarketError as err:
@@ -440,7 +454,7 @@ class FLMarket(Strategy):
             config = dataclasses.replace(
                 self.market_config,
                 expected_nodes=None,
-                budget=left,
+                budget=min(self.market_share * run_budget, left),
                 include={} if joins else include,
                 exclude=(*self.market_config.exclude, *self.dropped),
             )
@@ -839,4 +853,11 @@ def log_market_outcome(outcome: MarketOutcome) -> None:
             float(outcome.bids.get(node_id, float("nan"))),
             float(outcome.payments.get(node_id, float("nan"))),
         )
-    log(INFO, "\t└── total payment %.2f of budget %.2f", float(outcome.total_payment), float(outcome.budget))
+    log(
+        INFO,
+        "\t└── total payment %.2f of budget %.2f (%.0f%%, budget rule %s)",
+        float(outcome.total_payment),
+        float(outcome.budget),
+        100.0 * outcome.paid_share,
+        outcome.budget_rule,
+    )

@@ -824,7 +824,9 @@ def _kept_terms(state: ConfigRecord) -> AdvertiseTerms | None:
 
 def _award_terms(terms: AdvertiseTerms) -> AwardTerms:
     """The award's terms that an advertise request announced (:class:`AwardError` names a field out of range)."""
-    return AwardTerms(terms.terms_budget, terms.terms_cohort_cap, terms.terms_buyer_key)
+    return AwardTerms(
+        terms.terms_budget, terms.terms_cohort_cap, terms.terms_buyer_key, terms.terms_budget_rule or "half"
+    )
 
 
 def _own_bid(state: ConfigRecord) -> BidReply:

@@ -1,8 +1,8 @@
 """The market's award: the buyer's one signed statement per PASS session of who won and what each is paid, and
 its checks.
 
-The buyer fixes its terms (:class:`AwardTerms`: budget ``R``, cohort cap, its Ed25519 public key) in the PASS
-advertisement, before any count is summed. After the auction it signs one :class:`Award`: run, session, PASS
+The buyer fixes its terms (:class:`AwardTerms`: budget ``R``, cohort cap, budget rule, its Ed25519 public key) in the
+PASS advertisement, before any count is summed. After the auction it signs one :class:`Award`: run, session, PASS
 transcript, terms, the root of a hash tree over every survivor's score and bid (:class:`BidsTree`), the *decisive
 head* of the ranking (:func:`~flmarket_flwr.pricing.auction.decisive_head`: the bidders the outcome depends on, with
 their payments) and the winners. What a client receives is ``O(head + log E)``, not ``O(E)``. Each bidder checks it
@@ -28,7 +28,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from flmarket_flwr.pass_protocol.identity import IDENTITY_KEY_LENGTH, SIGNATURE_LENGTH, verify_award_endorsement
-from flmarket_flwr.pricing import run_auction
+from flmarket_flwr.pricing import BUDGET_RULES, run_auction
 from flmarket_flwr.pricing.auction import decisive_head
 
 __all__ = [
@@ -61,6 +61,9 @@ _BIDDER_ROW: Final = np.dtype([("node", ">u8"), ("score", ">f8"), ("bid", ">f8")
 """One bidder in the encoding: node id, score, bid, payment (big-endian uint64 and IEEE-754 doubles)."""
 _INCLUDED_ROW: Final = np.dtype([("node", ">u8"), ("payment", ">f8")])
 """One included node in the encoding: node id and its fixed payment."""
+_WHOLE_RULE_BIT: Final[int] = 1 << 63
+"""The budget rule in the terms' encoding: the cohort cap is below ``2**63``, so its word's top bit is free; it is set
+for ``"whole"`` and clear for ``"half"``, whose terms therefore encode exactly as before the rule was a term."""
 _PAYMENT_REL_TOL: Final[float] = 1e-9
 """A listed payment must equal the one recomputed here to this relative tolerance (floating-point paths may
 differ between machines); the winners must be the same exactly, and the payments' sum at most ``R``."""
@@ -72,7 +75,8 @@ class AwardError(ValueError):
 
 @dataclass(frozen=True)
 class AwardTerms:
-    """The market's terms, announced before PASS: budget, cohort cap (``0``: none) and the buyer's key.
+    """The market's terms, announced before PASS: budget, cohort cap (``0``: none), the buyer's key and the
+    auction's budget rule.
 
     Attributes
     ----------
@@ -82,11 +86,15 @@ class AwardTerms:
         At most this many winners; ``0`` for no cap.
     buyer_key : bytes
         The buyer's raw Ed25519 public key (32 bytes), which signs the award.
+    budget_rule : str
+        The auction's budget rule (:data:`~flmarket_flwr.pricing.BUDGET_RULES`): every bidder re-runs it when it
+        checks the award.
     """
 
     budget: float
     cohort_cap: int
     buyer_key: bytes
+    budget_rule: str = "half"
 
     def __post_init__(self) -> None:
         """Validate every field; :class:`AwardError` names the one that is wrong."""
@@ -98,10 +106,19 @@ class AwardTerms:
         if isinstance(cap, bool) or not isinstance(cap, int) or not 0 <= cap < 2**63:
             raise AwardError(f"terms: the cohort cap must be an int >= 0 (0: none), got {cap!r}")
         _public_key(self.buyer_key, "terms: the buyer key")
+        if self.budget_rule not in BUDGET_RULES:
+            raise AwardError(f"terms: the budget rule must be one of {list(BUDGET_RULES)}, got {self.budget_rule!r}")
 
     def encode(self) -> bytes:
-        """Canonical bytes: the budget (IEEE-754 double), the cap, the key."""
-        return struct.pack(">dQ", self.budget, self.cohort_cap) + self.buyer_key
+        """Canonical bytes: the budget (IEEE-754 double), the cap with the rule in its top bit, the key."""
+        rule = _WHOLE_RULE_BIT if self.budget_rule == "whole" else 0
+        return struct.pack(">dQ", self.budget, self.cohort_cap | rule) + self.buyer_key
+
+    @classmethod
+    def decode_fields(cls, budget: float, cap_word: int, buyer_key: bytes) -> AwardTerms:
+        """The terms whose :meth:`encode` gave ``budget``, the cap's word and the key."""
+        rule = "whole" if cap_word & _WHOLE_RULE_BIT else "half"
+        return cls(budget, cap_word & ~_WHOLE_RULE_BIT, buyer_key, rule)
 
 
 @dataclass(frozen=True)
@@ -225,8 +242,8 @@ class Award:
             raise AwardError("not an award (wrong label)")
         run_id = reader.unpack(">Q")[0]
         session, transcript = reader.field(), reader.field()
-        budget, cap = reader.unpack(">dQ")
-        terms = AwardTerms(budget, cap, reader.take(IDENTITY_KEY_LENGTH))
+        budget, cap_word = reader.unpack(">dQ")
+        terms = AwardTerms.decode_fields(budget, cap_word, reader.take(IDENTITY_KEY_LENGTH))
         survivors = int(reader.unpack(">Q")[0])
         bids_root = reader.take(_HASH_BYTES)
         table = np.frombuffer(reader.take(_BIDDER_ROW.itemsize * reader.count(_BIDDER_ROW.itemsize)), _BIDDER_ROW)
@@ -382,7 +399,8 @@ def sign_award(award: Award, buyer_key: Ed25519PrivateKey) -> SignedAward:
 
 
 def settle(terms: AwardTerms, bids: Sequence[tuple[int, float, float]]) -> tuple[tuple[int, ...], dict[int, float]]:
-    """Winners (selection order) and payments of ``run_auction`` over ``(node, score, bid)`` under ``terms``.
+    """Winners (selection order) and payments of ``run_auction`` over ``(node, score, bid)`` under ``terms`` (its
+    budget, cohort cap and budget rule).
 
     The bidders are taken in ascending node id (the auction's tie rule then favours the lower node id); a cohort cap
     larger than their number is lowered to it.
@@ -399,7 +417,11 @@ def settle(terms: AwardTerms, bids: Sequence[tuple[int, float, float]]) -> tuple
         return (), payments
     try:
         result = run_auction(
-            [s for _, s, _ in ordered], [b for _, _, b in ordered], terms.budget, num_winners=_cap(terms, len(nodes))
+            [s for _, s, _ in ordered],
+            [b for _, _, b in ordered],
+            terms.budget,
+            num_winners=_cap(terms, len(nodes)),
+            budget_rule=terms.budget_rule,
         )
     except ValueError as err:
         raise AwardError(f"the auction rejects the listed bids: {err}") from err
@@ -415,7 +437,11 @@ def head_of(terms: AwardTerms, bids: Sequence[tuple[int, float, float]]) -> tupl
         return [], False
     try:
         positions, closed = decisive_head(
-            [s for _, s, _ in ordered], [b for _, _, b in ordered], terms.budget, num_winners=_cap(terms, len(ordered))
+            [s for _, s, _ in ordered],
+            [b for _, _, b in ordered],
+            terms.budget,
+            num_winners=_cap(terms, len(ordered)),
+            budget_rule=terms.budget_rule,
         )
     except ValueError as err:
         raise AwardError(f"the auction rejects the listed bids: {err}") from err

@@ -52,6 +52,7 @@ __all__ = [
     "KEY_BID",
     "KEY_BUDGET",
     "KEY_BUYER_KEY",
+    "KEY_BUDGET_RULE",
     "KEY_COHORT_CAP",
     "KEY_COUNTS",
     "KEY_GLOBAL_COUNTS",
@@ -141,7 +142,9 @@ KEY_ACCEPTED: Final = "accepted"
 KEY_BUDGET: Final = "terms-budget"
 KEY_COHORT_CAP: Final = "terms-cohort-cap"
 KEY_BUYER_KEY: Final = "terms-buyer-key"
-"""Advertise step: the market's terms (:class:`~flmarket_flwr.market.wire.award.AwardTerms`), fixed before PASS."""
+KEY_BUDGET_RULE: Final = "terms-budget-rule"
+"""Advertise step: the market's terms (:class:`~flmarket_flwr.market.wire.award.AwardTerms`), fixed before PASS (the
+budget rule only when it is not the paper's ``"half"``)."""
 KEY_AWARD: Final = "award"
 KEY_AWARD_SIGNATURE: Final = "award-signature"
 """Endorse, audit and award steps: the award's canonical encoding and the buyer's signature on it."""
@@ -259,11 +262,14 @@ def _wire_key(name: str) -> str:
 @dataclass(frozen=True)
 class AdvertiseTerms(_MarketRecord):
     """Advertise step, buyer -> node, beside PASS's advertise request: the market's terms
-    (:class:`~flmarket_flwr.market.wire.award.AwardTerms`), fixed before PASS; a node keeps them in its state."""
+    (:class:`~flmarket_flwr.market.wire.award.AwardTerms`), fixed before PASS; a node keeps them in its state. The
+    budget rule travels only when it is not the paper's (``None``: ``"half"``), so the default terms' items are as they
+    were before the rule was a term."""
 
     terms_budget: float
     terms_cohort_cap: int
     terms_buyer_key: bytes
+    terms_budget_rule: str | None = None
 
 
 @dataclass(frozen=True)
