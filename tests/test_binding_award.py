@@ -2,7 +2,8 @@
 nodes configured by their node config alone, the real handlers. Issue 39: an award chain, an award naming a node in
 no roster, split awards with the stated colluders (and beyond them), a closing message that would take back a
 receipt, and malformed endorsements. What the buyer gets is asserted exactly: which bidders opened and what it is
-committed to pay them."""
+committed to pay them. The attacks on the award run under both budget rules (issue 49), and an award under another rule
+than the one announced, or over the budget, is endorsed by no one."""
 
 from __future__ import annotations
 
@@ -42,10 +43,12 @@ from flmarket_flwr.market.wire.messages import (
 from flmarket_flwr.market.wire.profiles import PROFILE_COLLUDER_SHARE
 from flmarket_flwr.pass_protocol import load_identity_key
 from flmarket_flwr.pass_protocol.identity import sign_award_endorsement
+from flmarket_flwr.pricing import BUDGET_RULES
 from simulations.inprocess_grid import InProcessGrid, market_client_app
 
 NODES = 10
 BUDGET = 40.0
+rules = pytest.mark.parametrize("budget_rule", BUDGET_RULES)
 
 
 @pytest.fixture(autouse=True)
@@ -71,7 +74,10 @@ def play(tmp_path: Path, attack: Any, seed: int = 21, **overrides: Any) -> InPro
     return grid
 
 
-def test_an_award_chain_opens_only_the_winners_of_the_first_award_and_their_receipts_stand(tmp_path: Path) -> None:
+@rules
+def test_an_award_chain_opens_only_the_winners_of_the_first_award_and_their_receipts_stand(
+    tmp_path: Path, budget_rule: str
+) -> None:
     """Issue 39 item 1: audit the endorsed award's winners, re-issue the award without them ("failed the audit"),
     have it endorsed, audit its winners, and so on. On main at b3b74f6 this opened 5 of 10 bidders with promises
     of 81.8 > R = 40, and closed with all five listed as losers paid 0."""
@@ -93,7 +99,7 @@ def test_an_award_chain_opens_only_the_winners_of_the_first_award_and_their_rece
                 remaining.pop(winner)
         seen["bidders"] = set(bids)
 
-    grid = play(tmp_path, attack)
+    grid = play(tmp_path, attack, budget_rule=budget_rule)
     awards = seen["awards"]
     assert len(awards) >= 3  # the chain went on: the buyer tried at least two re-issues
     first, first_endorsers, first_opened = awards[0]
@@ -109,7 +115,10 @@ def test_an_award_chain_opens_only_the_winners_of_the_first_award_and_their_rece
         assert SignedAward(receipt.award, receipt.signature).verify(receipt.buyer_key) == first  # type: ignore[arg-type]
 
 
-def test_a_closing_award_other_than_the_endorsed_one_is_refused_and_the_receipt_kept(tmp_path: Path) -> None:
+@rules
+def test_a_closing_award_other_than_the_endorsed_one_is_refused_and_the_receipt_kept(
+    tmp_path: Path, budget_rule: str
+) -> None:
     """After the audit the buyer closes with a second award listing the opened winner as a loser paid 0."""
     seen: dict[str, Any] = {}
 
@@ -126,7 +135,7 @@ def test_a_closing_award_other_than_the_endorsed_one_is_refused_and_the_receipt_
         closing = send_all(phase, grid, ACTION_AWARD, {n: fields_of(pass_result, second) for n in bids})
         seen.update(first=award, opened=opened_now, closing=closing)
 
-    grid = play(tmp_path, attack)
+    grid = play(tmp_path, attack, budget_rule=budget_rule)
     assert seen["opened"] == set(seen["first"].winners)
     for winner in seen["first"].winners:
         assert seen["closing"][winner].has_error()  # refused ...
@@ -135,7 +144,8 @@ def test_a_closing_award_other_than_the_endorsed_one_is_refused_and_the_receipt_
         assert receipt.payment == seen["first"].payments[winner]
 
 
-def test_an_award_naming_a_node_in_no_roster_is_endorsed_by_no_one(tmp_path: Path) -> None:
+@rules
+def test_an_award_naming_a_node_in_no_roster_is_endorsed_by_no_one(tmp_path: Path, budget_rule: str) -> None:
     """Issue 39 item 2: node 4242, in no roster, made a winner with every payment recomputed (on main at b3b74f6 all
     10 honest bidders endorsed it)."""
     seen: dict[str, Any] = {}
@@ -154,8 +164,43 @@ def test_an_award_naming_a_node_in_no_roster_is_endorsed_by_no_one(tmp_path: Pat
             send_all(phase, grid, ACTION_ENDORSE, endorse_requests(pass_result, signed, tree, bids))
         )
 
-    play(tmp_path, attack)
+    play(tmp_path, attack, budget_rule=budget_rule)
     assert seen["endorsers"] == {}
+
+
+@rules
+def test_an_award_under_another_rule_or_over_the_budget_is_endorsed_by_no_one(tmp_path: Path, budget_rule: str) -> None:
+    """The rule is one of the terms announced before PASS. The buyer signs (a) the other rule's award under the other
+    rule's terms, (b) the other rule's outcome under the announced terms, (c) the announced rule's award with every
+    payment doubled: each bidder re-runs the announced rule over the head and endorses none of them; the honest award
+    is endorsed by every bidder."""
+    other = next(rule for rule in BUDGET_RULES if rule != budget_rule)
+    seen: dict[str, Any] = {}
+
+    def attack(phase, grid, pass_result, bids):  # type: ignore[no-untyped-def]
+        other_terms = dataclasses.replace(phase.terms, budget_rule=other)
+        honest, tree = award_for(phase, grid, pass_result, bids)
+        under_other, other_tree = award_for(phase, grid, pass_result, bids, terms=other_terms)
+        assert under_other.payments != honest.payments  # the rules pay differently on this market
+        relabelled = dataclasses.replace(under_other, terms=phase.terms)
+        doubled = dataclasses.replace(
+            honest, head=tuple(dataclasses.replace(b, payment=2 * b.payment) for b in honest.head)
+        )
+        forged = {"other rule": (under_other, other_tree), "relabelled": (relabelled, other_tree)}
+        forged["doubled"] = (doubled, tree)
+        for name, (award, award_tree) in forged.items():
+            signed = sign_award(award, phase._buyer_key)  # pylint: disable=protected-access
+            requests = endorse_requests(pass_result, signed, award_tree, bids)
+            seen[name] = endorsed(send_all(phase, grid, ACTION_ENDORSE, requests))
+        signed = sign_award(honest, phase._buyer_key)  # pylint: disable=protected-access
+        seen["honest"] = endorsed(
+            send_all(phase, grid, ACTION_ENDORSE, endorse_requests(pass_result, signed, tree, bids))
+        )
+        seen["bidders"] = set(bids)
+
+    play(tmp_path, attack, budget_rule=budget_rule)
+    assert seen["other rule"] == seen["relabelled"] == seen["doubled"] == {}
+    assert set(seen["honest"]) == seen["bidders"]
 
 
 def _colluder_keys(tmp_path: Path, colluders: list[int]) -> dict[int, Any]:
