@@ -171,3 +171,22 @@ def test_an_award_decodes_to_the_rule_it_was_built_under() -> None:
     for rule in BUDGET_RULES:
         award = Award(1, b"s", b"t", AwardTerms(20.0, 2, KEY, rule), 1, bytes(32), (), ())
         assert Award.decode(award.encode()) == award and Award.decode(award.encode()).terms.budget_rule == rule
+
+
+def test_the_budget_rules_benchmark_reads_an_archived_grid_and_prints_both_rules(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from benchmarks.bench_budget_rules import main
+
+    archive = Path(__file__).resolve().parent.parent / "results" / "fashion_mnist_budget" / "raw.tar.gz"
+    main(["--markets", "200", "--grid", str(archive)])
+    lines = capsys.readouterr().out.splitlines()
+    paid = {
+        (line.split("|")[0].strip(), line.split("|")[1].strip()): float(line.split("paid / R mean ")[1].split()[0])
+        for line in lines
+        if "paid / R mean" in line
+    }
+    assert set(paid) == {(name, rule) for name in ("random markets", "fashion_mnist_budget/equal",
+                                                   "fashion_mnist_budget/volume") for rule in BUDGET_RULES}  # fmt: skip
+    for (name, rule), share in paid.items():
+        assert share <= 0.5 if rule == "half" else share >= 0.9, (name, rule, share)
