@@ -4,6 +4,7 @@ share of ``R`` it spent. The paper's rule stays the default and encodes as befor
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Iterable
 from pathlib import Path
@@ -190,3 +191,27 @@ def test_the_budget_rules_benchmark_reads_an_archived_grid_and_prints_both_rules
                                                    "fashion_mnist_budget/volume") for rule in BUDGET_RULES}  # fmt: skip
     for (name, rule), share in paid.items():
         assert share <= 0.5 if rule == "half" else share >= 0.9, (name, rule, share)
+
+
+def test_re_launches_under_the_whole_rule_share_the_run_s_budget_and_never_pass_it(tmp_path: Path) -> None:
+    """The secure profile re-invites every node; each market may spend half of the run's budget: the first gets R/2,
+    the second what is left up to R/2, and every market's payments together stay within R."""
+    from test_market_relaunch import market, secure_grid
+
+    grid, _, directory = secure_grid(tmp_path, 6, total_epsilon=1.6)
+    strategy = FLMarket(
+        FedAvg(fraction_evaluate=0.0),
+        market_config=market(directory, budget_rule="whole"),
+        relaunch=RelaunchPolicy(every_rounds=1, market_share=0.5),
+    )
+    strategy.start(
+        grid=grid, initial_arrays=ArrayRecord({"w": Array(np.zeros(3))}), num_rounds=3, train_config=ConfigRecord()
+    )
+    run_budget = strategy.market_config.budget
+    ran = [entry for entry in strategy.markets if entry.outcome.status == "succeeded"]
+    assert len(ran) == 2 and all(entry.outcome.budget_rule == "whole" for entry in ran)
+    first, second = (entry.outcome for entry in ran)
+    assert first.budget == pytest.approx(0.5 * run_budget)
+    assert second.budget == pytest.approx(min(0.5 * run_budget, run_budget - first.total_payment))
+    assert first.paid_share > 0.5  # the whole rule spends most of what each market may
+    assert math.fsum(strategy.settled_across_markets().values()) <= run_budget * (1 + 1e-12)
