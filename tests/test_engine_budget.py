@@ -189,3 +189,24 @@ def test_in_the_engine_every_arm_spends_at_most_the_same_r(selector: str, bid_po
     assert matched["paid"] == pytest.approx(bids[chosen].sum()) and matched["paid"] <= matched["budget"]
     assert market["total_payment"] <= market["budget"] * (1 + 1e-12)
     assert chosen  # R = 0.2 x the total bid pays for someone
+
+
+@pytest.mark.parametrize("bid_policy", ["volume", "constant"])
+def test_the_engine_runs_the_budget_rule_it_is_given_and_records_it(bid_policy: str) -> None:
+    """``auction_budget_rule`` (run config ``auction-budget-rule``) reaches the engine's auction and its record; the
+    budget-matched baselines and the cohort match follow the same rule's auction."""
+    federation = load_federation(BUDGET_MODE)
+    outcome = {}
+    for rule in ("half", "whole"):
+        cfg = replace(BUDGET_MODE, bid_policy=bid_policy, auction_budget_rule=rule)
+        positions, market = select(cfg, federation)
+        counts = federation.label_counts
+        expected = run_auction(flmarket_scores(counts), bids_for(cfg, counts), market["budget"], budget_rule=rule)
+        assert positions == [int(p) for p in expected.winners]
+        assert market["budget_rule"] == rule and market["paid_share"] == pytest.approx(
+            expected.total_payment / market["budget"]
+        )
+        matched = select(replace(cfg, selector="rs"), federation)[1]
+        assert matched["matched_cohort"] == len(positions)
+        outcome[rule] = market
+    assert outcome["half"]["paid_share"] <= 0.5 < outcome["whole"]["paid_share"]
