@@ -1363,7 +1363,13 @@ def report(raw: Path, command: str) -> str:
         "## Why FLMarket buys the smallest clients under volume bids",
         "",
         "Every bidder of every FLMarket auction of the grid, from the recorded scores, bids and label counts (no "
-        "re-run): winners against losers, median (range).",
+        "re-run): winners against losers, median (range)."
+        + (
+            " The auctions are those under the paper's rule; the whole-budget rule ranks the same bidders by the same "
+            "u_e / b_e and differs only in where its walk stops."
+            if {FLMARKET, FLMARKET_WHOLE} <= arms_run(runs)
+            else ""
+        ),
         "",
         *bidder_lines(runs),
         "",

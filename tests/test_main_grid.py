@@ -636,6 +636,8 @@ def test_a_budget_rule_grid_tests_the_whole_budget_rule_against_rs_and_dice_with
                              "registration is seeds 200-209 on d4, d5, d6;")  # fmt: skip
     # The paper's headline is read on the paper's rule; the deviation names the whole-budget rule.
     assert "read on FLMarket under the paper's rule" in text
+    assert "The auctions are those under the paper's rule;" in text
+    assert len(main_grid.bidders(runs["volume"])) == 6 * len(SIZES)  # one arm's auctions, not both rules' at once
     assert "| auction budget rule | Algorithm 1 admits" in text and "`auction_budget_rule` = half, whole" in text
 
 
