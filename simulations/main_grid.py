@@ -1,15 +1,23 @@
-"""The main grid's pre-registered analysis (simulations/PILOT.md section 6), as Markdown.
+"""A grid's pre-registered analysis (simulations/PILOT.md section 6, or the PREREG.md beside its raw/), as Markdown.
 
-Primary: ``auc`` (mean test accuracy over rounds 1-30, in points), FLMarket minus RS and minus DICE under the
+Arms: a run's arm is its selector, FLMarket under the whole-budget rule (``auction_budget_rule="whole"``) an arm of
+its own (:func:`arm_of`); ``raw/<policy>`` and ``raw/<policy>-whole`` are read together (:func:`runs_by_policy`).
+The lead arm (:func:`lead_arm`) is the whole-budget rule where the grid ran it, else the paper's rule.
+Primary: ``auc`` (mean test accuracy over rounds 1-30, in points), the lead arm minus RS and minus DICE under the
 volume and the equal (constant) bid policies, paired by partition (distribution, seed), pooled over d4-d6: the
 mean difference with its 95% t-interval, the two-sided paired t-test, Holm over the four; Wilcoxon beside it.
-Secondary and descriptive: QBS and DDS, the ``final`` endpoint, each distribution alone, the headroom (all the
-clients minus each arm), paid / R and the winners' share of the pool. Then, from the recorded auctions alone (no
-re-run): why FLMarket buys the smallest clients under volume bids (:func:`bidders`, :func:`small_clients`,
-:func:`volume_elasticity`), what each arm buys (:func:`bought`, the paper's Table 2 analogue), the deviations from
-the paper read from the records' configs (:func:`deviation_lines`) and what of its headline reproduces
-(:func:`reproduce_lines`). The grid's federation size is read from its records: the pre-registered grid has
-``REGISTERED_CLIENTS`` clients; a grid of any other size is reported as secondary, exploratory, not pre-registered.
+Where both rules ran, the whole-budget rule minus the paper's under each policy, Holm over the two
+(:func:`rule_lines`). Secondary and descriptive: QBS and DDS, the ``final`` endpoint, each distribution alone, the
+headroom (all the clients minus each arm), paid / R and the winners' share of the pool, the time to accuracy. Then,
+from the recorded auctions alone (no re-run): why FLMarket buys the smallest clients under volume bids
+(:func:`bidders`, :func:`small_clients`, :func:`volume_elasticity`), what each arm buys (:func:`bought`, the paper's
+Table 2 analogue), the deviations from the paper read from the records' configs (:func:`deviation_lines`) and what of
+its headline reproduces (:func:`reproduce_lines`). A contrast that does not reject is "not detected at this size".
+
+The header reads the grid's registration from the grid itself (:func:`registration`: its seeds, distributions and
+partitions) and its seeds from the records (:func:`grid_status`): the pre-registered test only when every registered
+partition finished in every primary arm, an interim look otherwise, and exploratory for a grid on other seeds, of
+another federation size than the main grid's :data:`REGISTERED_CLIENTS`, or with no registration.
 
 ``python -m simulations.main_grid results/fashion_mnist_main/raw --out results/fashion_mnist_main``
 """
@@ -18,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -36,13 +45,20 @@ from simulations.stats import Record, holm, records_from_dirs, t_interval, top_s
 PRIMARY_BASELINES = ("rs", "dice")
 SECONDARY_BASELINES = ("qbs", "dds")
 POLICIES = {"volume": "volume", "equal": "constant"}
-"""The grid's folders under ``raw/`` and the bid policy each was run with."""
-PARTITIONS_REGISTERED = 54
+"""The grid's folders under ``raw/`` and the bid policy each was run with; ``raw/<folder>-whole`` holds the same
+policy's FLMarket runs under the whole-budget rule (read with them: a record's arm comes from its config)."""
+WHOLE_SUFFIX = "-whole"
+FLMARKET, FLMARKET_WHOLE = "flmarket", "flmarket" + WHOLE_SUFFIX
+"""FLMarket's arms: the paper's rule (Algorithm 1, ``budget_rule="half"``) and the whole-budget rule."""
+ARMS = (FLMARKET, FLMARKET_WHOLE, *PRIMARY_BASELINES, *SECONDARY_BASELINES)
+"""Every arm a grid may run, in the order of the report's tables."""
 REGISTERED_CLIENTS = 20
-"""The pre-registered grid (simulations/PILOT.md section 6): 54 partitions of a 20-client federation."""
-BUDGET_PREREG = "results/fashion_mnist_budget/PREREG.md"
-PARTITIONS_BUDGET = 30
-"""The budget-matched grid's pre-registration (issue 43) and its registered partitions (seeds 30-39 on d4-d6)."""
+"""The federation size of the main grid's pre-registration (simulations/PILOT.md section 6)."""
+PILOT = Path(__file__).resolve().parent / "PILOT.md"
+"""The main grid's pre-registration (its section 6), for a cohort-matched grid without a PREREG.md of its own."""
+COHORT_SCRIPT = "bash simulations/fashion_mnist_main.sh"
+"""The script of the cohort-matched grids (the main grid, and at other federation sizes with ``CLIENTS``)."""
+DATASET_NAMES = {"fashion_mnist": "Fashion-MNIST", "mnist": "MNIST", "digits": "Digits", "cifar10": "CIFAR-10"}
 PAPER_COHORTS = {20: "5/10/15", 100: "25/50/75"}
 """The paper's cohort sizes k by federation size (sections 5.1 and Appendix, 100 clients)."""
 
@@ -62,6 +78,7 @@ class Contrast:  # pylint: disable=too-many-instance-attributes
     p_t: float
     p_wilcoxon: float
     wins: int
+    arm: str = FLMARKET
 
 
 def unit(record: Record) -> tuple[str, int]:
@@ -69,9 +86,50 @@ def unit(record: Record) -> tuple[str, int]:
     return str(record["distribution"]), int(record["seed"])
 
 
-def arm_values(records: Sequence[Record], selector: str, name: str) -> dict[tuple[str, int], float]:
-    """``{partition: endpoint}`` for one selector's runs (diverged runs left out)."""
-    values = {unit(r): endpoint(r, name) for r in records if r["selector"] == selector}
+def budget_rule(record: Record) -> str:
+    """The auction's budget rule of a run: the engine config's ``auction_budget_rule``, else the market's
+    ``budget_rule``; ``half`` (Algorithm 1) for records from before the rule was a setting."""
+    config = record.get("engine", {}).get("config", {})
+    return str(config.get("auction_budget_rule", record.get("market", {}).get("budget_rule", "half")))
+
+
+def arm_of(record: Record) -> str:
+    """A run's arm: its selector, FLMarket under the whole-budget rule being an arm of its own
+    (:data:`FLMARKET_WHOLE`)."""
+    selector = str(record["selector"])
+    return FLMARKET_WHOLE if selector == FLMARKET and budget_rule(record) == "whole" else selector
+
+
+def is_flmarket(arm: str) -> bool:
+    """Whether an arm is FLMarket's (under either budget rule)."""
+    return arm in (FLMARKET, FLMARKET_WHOLE)
+
+
+def arm_label(arm: str) -> str:
+    """An arm's name in prose and table heads: ``FLMarket``, ``FLMarket (whole)``, or the baseline in capitals."""
+    return {FLMARKET: "FLMarket", FLMARKET_WHOLE: "FLMarket (whole)"}.get(arm, arm.upper())
+
+
+def arms_run(runs: Mapping[str, Sequence[Record]]) -> set[str]:
+    """The arms with at least one run under a bid policy of the grid."""
+    return {arm_of(r) for folder in POLICIES for r in runs.get(folder, [])}
+
+
+def lead_arm(runs: Mapping[str, Sequence[Record]]) -> str:
+    """The FLMarket arm the primary contrasts are of: the whole-budget rule where the grid ran it (the budget-rule
+    grid's pre-registration), else the paper's rule."""
+    return FLMARKET_WHOLE if FLMARKET_WHOLE in arms_run(runs) else FLMARKET
+
+
+def auction_arm(runs: Mapping[str, Sequence[Record]]) -> str:
+    """The FLMarket arm whose auctions the bidder analysis reads: the paper's rule where the grid ran it (the
+    section explains Algorithm 1; both rules rank the bidders alike), else the lead arm."""
+    return FLMARKET if FLMARKET in arms_run(runs) else lead_arm(runs)
+
+
+def arm_values(records: Sequence[Record], arm: str, name: str) -> dict[tuple[str, int], float]:
+    """``{partition: endpoint}`` for one arm's runs (:func:`arm_of`; diverged runs left out)."""
+    values = {unit(r): endpoint(r, name) for r in records if arm_of(r) == arm}
     return {key: value for key, value in values.items() if not math.isnan(value)}
 
 
@@ -81,8 +139,10 @@ def contrast(
     policy: str,
     baseline: str,
     name: str,
+    arm: str = FLMARKET,
 ) -> Contrast:
-    """The paired contrast over the partitions in both: mean, t-interval, paired t-test, Wilcoxon."""
+    """The paired contrast ``arm`` minus ``baseline`` over the partitions in both: mean, t-interval, paired t-test,
+    Wilcoxon."""
     shared = sorted(set(mine) & set(theirs))
     differences = np.array([mine[key] - theirs[key] for key in shared], dtype=np.float64)
     enough = differences.size >= 2 and float(differences.std(ddof=1)) > 1e-9  # else no t-test: no variance
@@ -99,6 +159,7 @@ def contrast(
         p_t=float(scipy_stats.ttest_1samp(differences, 0.0).pvalue) if enough else math.nan,
         p_wilcoxon=wilcoxon_p(differences.tolist()) if differences.size >= 2 else math.nan,
         wins=int((differences > 0).sum()),
+        arm=arm,
     )
 
 
@@ -124,32 +185,38 @@ def grid_match(runs: Mapping[str, Sequence[Record]]) -> str:
     ValueError
         Baselines of both matches in one grid.
     """
-    found = {
-        str(r["engine"].get("config", {}).get("baseline_match", "cohort"))
-        for folder in POLICIES
-        for r in runs.get(folder, [])
-        if r["selector"] != "flmarket"
-    }
+    every = [r for folder in POLICIES for r in runs.get(folder, [])]
+    baselines = [r for r in every if r["selector"] != FLMARKET] or every  # FLMarket's config, before any baseline ran
+    found = {str(r["engine"].get("config", {}).get("baseline_match", "cohort")) for r in baselines}
     if len(found) > 1:
         raise ValueError(f"expected the baselines of one match, found {sorted(found)} (two grids in one folder)")
     return found.pop() if found else "cohort"
 
 
 def runs_by_policy(raw: Path) -> dict[str, Sequence[Record]]:
-    """Every finished run of the grid, by bid policy folder (``volume``, ``equal``) and ``all``."""
-    return {name: records_from_dirs([raw / name]) for name in (*POLICIES, "all") if (raw / name).is_dir()}
+    """Every finished run of the grid, by bid policy (``volume``, ``equal``) and ``all``: a policy's runs are those
+    of ``raw/<policy>`` and ``raw/<policy>-whole`` together."""
+    out: dict[str, Sequence[Record]] = {}
+    for name in (*POLICIES, "all"):
+        folders = [folder for folder in (raw / name, raw / f"{name}{WHOLE_SUFFIX}") if folder.is_dir()]
+        if folders:
+            out[name] = records_from_dirs(folders)
+    return out
 
 
-def contrasts(runs: Mapping[str, Sequence[Record]], name: str, baselines: Sequence[str]) -> list[Contrast]:
-    """FLMarket against each baseline under each policy, pooled over the distributions.
+def contrasts(
+    runs: Mapping[str, Sequence[Record]], name: str, baselines: Sequence[str], arm: str = FLMARKET
+) -> list[Contrast]:
+    """``arm`` (FLMarket under the paper's rule by default) against each baseline under each policy, pooled over the
+    distributions.
 
     A policy or an arm the grid has no finished runs of is left out (no contrast over zero partitions).
     """
     out: list[Contrast] = []
     for folder in POLICIES:
         records = runs.get(folder, [])
-        mine = arm_values(records, "flmarket", name)
-        rows = (contrast(mine, arm_values(records, b, name), folder, b, name) for b in baselines)
+        mine = arm_values(records, arm, name)
+        rows = (contrast(mine, arm_values(records, b, name), folder, b, name, arm) for b in baselines if b != arm)
         out.extend(row for row in rows if row.partitions)
     return out
 
@@ -162,9 +229,21 @@ def _p(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.3g}"
 
 
-def contrast_lines(rows: Sequence[Contrast], adjusted: Sequence[float] | None = None) -> list[str]:
-    """A Markdown table of contrasts (with Holm's p when given)."""
-    head = "| bids | FLMarket vs | partitions | mean diff [95% t-CI] | sd | FLMarket ahead | p (t) | p (Holm) "
+def contrast_lines(
+    rows: Sequence[Contrast], adjusted: Sequence[float] | None = None, arm: str | None = None
+) -> list[str]:
+    """A Markdown table of contrasts of one arm (the rows', else ``arm``, else FLMarket), with Holm's p when given.
+
+    Raises
+    ------
+    ValueError
+        Rows of more than one arm.
+    """
+    arms = {c.arm for c in rows}
+    if len(arms) > 1:
+        raise ValueError(f"one table holds the contrasts of one arm, got {sorted(arms)}")
+    mine = arm_label(arms.pop() if arms else arm or FLMARKET)
+    head = f"| bids | {mine} vs | partitions | mean diff [95% t-CI] | sd | {mine} ahead | p (t) | p (Holm) "
     lines = [head + "| p (Wilcoxon) |", "|---|---|---:|---|---:|---:|---:|---:|---:|"]
     for i, c in enumerate(rows):
         holm_p = _p(adjusted[i]) if adjusted is not None else "-"
@@ -181,7 +260,7 @@ def headroom_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
     clients = federation_size(runs)
     lines = [f"| bids | arm | partitions | all {clients} clients minus arm, mean [95% t-CI] |", "|---|---|---:|---|"]
     for folder in POLICIES:
-        for arm in ("flmarket", *PRIMARY_BASELINES, *SECONDARY_BASELINES):
+        for arm in ARMS:
             values = arm_values(runs.get(folder, []), arm, "auc")
             shared = sorted(set(values) & set(everyone))
             if not shared:
@@ -194,25 +273,27 @@ def headroom_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
 
 
 def market_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
-    """FLMarket's winners, paid / R and the winners' share of the pool's samples, per policy."""
-    lines = ["| bids | runs | winners (median, range) | paid / R (mean, range) | winners' share of samples |"]
-    lines.append("|---|---:|---|---|---:|")
+    """Each FLMarket arm's winners, paid / R and the winners' share of the pool's samples, per policy."""
+    lines = ["| bids | arm | runs | winners: median (range) | paid / R: mean (range) | winners' share of samples |"]
+    lines.append("|---|---|---:|---|---|---:|")
     for folder in POLICIES:
-        rows = [r for r in runs.get(folder, []) if r["selector"] == "flmarket"]
-        if not rows:
-            continue
-        winners = [len(r["selected_partitions"]) for r in rows]
-        paid = [r["market"]["total_payment"] / r["market"]["budget"] for r in rows]
-        share = [np.asarray(r["selected_class_totals"]).sum() / np.asarray(r["pool_class_totals"]).sum() for r in rows]
-        lines.append(
-            f"| {folder} | {len(rows)} | {np.median(winners):.0f} ({min(winners)}-{max(winners)}) "
-            f"| {np.mean(paid):.3f} ({min(paid):.3f}-{max(paid):.3f}) | {np.mean(share):.3f} |"
-        )
+        for arm in (FLMARKET, FLMARKET_WHOLE):
+            rows = [r for r in runs.get(folder, []) if arm_of(r) == arm]
+            if not rows:
+                continue
+            winners = [len(r["selected_partitions"]) for r in rows]
+            paid = [r["market"]["total_payment"] / r["market"]["budget"] for r in rows]
+            share = [
+                np.asarray(r["selected_class_totals"]).sum() / np.asarray(r["pool_class_totals"]).sum() for r in rows
+            ]
+            lines.append(
+                f"| {folder} | {arm} | {len(rows)} | {_spread(winners)} "
+                f"| {np.mean(paid):.3f} ({min(paid):.3f} to {max(paid):.3f}) | {np.mean(share):.3f} |"
+            )
     return lines
 
 
 # --- the small clients under volume bids ------------------------------------------------------------------------------
-ARMS = ("flmarket", *PRIMARY_BASELINES, *SECONDARY_BASELINES)
 
 
 @dataclass(frozen=True)
@@ -232,8 +313,9 @@ class Bidder:
         return self.score / self.bid
 
 
-def bidders(records: Sequence[Record]) -> list[Bidder]:
-    """Every bidder of every FLMarket run in ``records``, from the recorded scores, bids and label counts.
+def bidders(records: Sequence[Record], arm: str = FLMARKET) -> list[Bidder]:
+    """Every bidder of every auction of one FLMarket arm in ``records``, from the recorded scores, bids and label
+    counts (one arm: the two budget rules auction the same partition, with different winners).
 
     Raises
     ------
@@ -243,7 +325,7 @@ def bidders(records: Sequence[Record]) -> list[Bidder]:
     """
     out: list[Bidder] = []
     for record in records:
-        if record["selector"] != "flmarket":
+        if arm_of(record) != arm:
             continue
         market = record.get("market", {})
         if "scores" not in market or "bids" not in market:
@@ -282,10 +364,19 @@ def _by_partition(rows: Sequence[Bidder]) -> dict[tuple[str, int], list[Bidder]]
     return dict(sorted(grouped.items()))
 
 
+def _count(value: float, fmt: str = ",.0f") -> str:
+    """A count, or a median of counts, in ``fmt``; a whole-number format keeps a median's half (5.5, not 6)."""
+    if fmt.endswith(".0f") and not float(value).is_integer():
+        return f"{value:{fmt[:-3]}.1f}"
+    return f"{value:{fmt}}"
+
+
 def _spread(values: Sequence[float], fmt: str = ",.0f") -> str:
-    """``median (min-max)``, or ``-`` for no values."""
+    """``median (min to max)``, or ``-`` for no values; the median of whole numbers keeps its half (:func:`_count`)."""
     if not len(values):
         return "-"
+    if all(float(v).is_integer() for v in values):
+        return f"{_count(float(np.median(values)), fmt)} ({_count(min(values), fmt)} to {_count(max(values), fmt)})"
     return f"{np.median(values):{fmt}} ({min(values):{fmt}} to {max(values):{fmt}})"
 
 
@@ -351,8 +442,9 @@ def bidder_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
         "| bids | group | bidders | samples N_e | score u_e | bid b_e | score per bid u_e / b_e |",
         "|---|---|---:|---|---|---|---|",
     ]
+    arm = auction_arm(runs)
     for folder in POLICIES:
-        rows = bidders(runs.get(folder, []))
+        rows = bidders(runs.get(folder, []), arm)
         for name, won in (("winners", True), ("losers", False)):
             group = [b for b in rows if b.won == won]
             lines.append(
@@ -364,10 +456,11 @@ def bidder_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
 
 
 def small_client_stats(runs: Mapping[str, Sequence[Record]]) -> list[SmallClients]:
-    """:func:`small_clients` for each policy with FLMarket runs."""
+    """:func:`small_clients` for each policy with FLMarket runs (of :func:`auction_arm`)."""
     out = []
+    arm = auction_arm(runs)
     for folder in POLICIES:
-        rows = bidders(runs.get(folder, []))
+        rows = bidders(runs.get(folder, []), arm)
         if rows:
             out.append(small_clients(folder, rows))
     return out
@@ -477,7 +570,7 @@ def bought(runs: Mapping[str, Sequence[Record]]) -> list[Bought]:
     """:class:`Bought` for each arm under each policy, then every client (``all``) once."""
     out = []
     for folder, arm in [(folder, arm) for folder in POLICIES for arm in ARMS] + [("all", "rs")]:
-        rows = [r for r in runs.get(folder, []) if r["selector"] == arm]
+        rows = [r for r in runs.get(folder, []) if arm_of(r) == arm]
         if not rows:
             continue
         counts = [np.asarray(r["selected_class_totals"], dtype=float) for r in rows]
@@ -513,31 +606,32 @@ def bought_lines(rows: Sequence[Bought]) -> list[str]:
     for b in rows:
         everyone = b.policy == "all"
         lines.append(
-            f"| {'-' if everyone else b.policy} | {'all clients' if everyone else b.arm} | {b.runs} | {b.clients:.0f} "
-            f"| {_spread(b.volumes)} | {b.pool_share:.3f} | {b.rarest_share:.3f} | {b.smallest_class:.1%} "
-            f"| {b.absent:.2f} | {b.auc:.2f} |"
+            f"| {'-' if everyone else b.policy} | {'all clients' if everyone else b.arm} | {b.runs} "
+            f"| {_count(b.clients)} | {_spread(b.volumes)} | {b.pool_share:.3f} | {b.rarest_share:.3f} "
+            f"| {b.smallest_class:.1%} | {b.absent:.2f} | {b.auc:.2f} |"
         )
     return lines
 
 
 def bought_reading(rows: Sequence[Bought]) -> list[str]:
-    """What each bid policy buys with FLMarket, against the best other arm and all clients, from the table."""
+    """What each bid policy buys with each FLMarket arm, against the best other (not FLMarket) arm and all clients,
+    from the table."""
     everyone = next((b for b in rows if b.policy == "all"), None)
     lines = []
     for folder in POLICIES:
-        mine = next((b for b in rows if b.policy == folder and b.arm == "flmarket"), None)
-        others = [b for b in rows if b.policy == folder and b.arm != "flmarket" and not math.isnan(b.auc)]
-        if mine is None or not others:
-            continue
-        best = max(others, key=lambda b: b.auc)
-        tail = f"; all clients {everyone.auc:.2f}" if everyone is not None else ""
-        lines.append(
-            f"* **{folder.capitalize()} bids**: FLMarket buys {mine.pool_share:.1%} of the pool's samples "
-            f"but {mine.rarest_share:.1%} of its rarest class ({mine.rarest_share / mine.pool_share:.1f} times its "
-            f"share of the samples; {best.arm.upper()}: {best.rarest_share / best.pool_share:.1f}), with "
-            f"{mine.absent:.2f} classes absent on average; mean auc {mine.auc:.2f} against the best other arm's "
-            f"{best.auc:.2f} ({best.arm.upper()}){tail}."
-        )
+        others = [b for b in rows if b.policy == folder and not is_flmarket(b.arm) and not math.isnan(b.auc)]
+        for mine in (b for b in rows if b.policy == folder and is_flmarket(b.arm)):
+            if not others:
+                continue
+            best = max(others, key=lambda b: b.auc)
+            tail = f"; all clients {everyone.auc:.2f}" if everyone is not None else ""
+            lines.append(
+                f"* **{folder.capitalize()} bids**: {arm_label(mine.arm)} buys {mine.pool_share:.1%} of the pool's "
+                f"samples but {mine.rarest_share:.1%} of its rarest class ({mine.rarest_share / mine.pool_share:.1f} "
+                f"times its share of the samples; {best.arm.upper()}: {best.rarest_share / best.pool_share:.1f}), "
+                f"with {mine.absent:.2f} classes absent on average; mean auc {mine.auc:.2f} against the best other "
+                f"arm's {best.auc:.2f} ({best.arm.upper()}){tail}."
+            )
     return lines
 
 
@@ -571,8 +665,9 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def deviation_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
-    """Each deviation from the paper's protocol, what the grid did (read from its records) and why."""
+def deviation_lines(runs: Mapping[str, Sequence[Record]], prereg: str | None = None) -> list[str]:
+    """Each deviation from the paper's protocol, what the grid did (read from its records) and why; ``prereg`` names
+    the grid's pre-registration where it has one of its own."""
     every = [r for records in runs.values() for r in records]
     policy_fractions = "; ".join(
         f"{folder} bids `budget_fraction` {config_values(runs.get(folder, []), 'budget_fraction')}"
@@ -652,11 +747,27 @@ def deviation_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
         f"R = f x total bid, fixed before selection ({policy_fractions}), no cohort cap; "
         + (
             "each baseline buys in its own order within the same R at the same bids, each client paid its bid "
-            f"(pay-as-bid) | the buyer's question at equal money ({BUDGET_PREREG}); both bid policies co-primary |"
+            f"(pay-as-bid) | the buyer's question at equal money{f' ({prereg})' if prereg else ''}; both bid "
+            "policies co-primary |"
             if grid_match(runs) == "budget"
             else "each baseline takes as many clients as FLMarket buys on the same partition | a budget that decides "
             "the cohort (PILOT.md section 4); both bid policies co-primary |"
         ),
+        *rule_deviation(every),
+    ]
+
+
+def rule_deviation(records: Sequence[Record]) -> list[str]:
+    """The auction's budget rule as a deviation row, where any FLMarket run of ``records`` used the whole budget."""
+    rules = sorted({budget_rule(r) for r in records if r["selector"] == FLMARKET})
+    if "whole" not in rules:
+        return []
+    return [
+        "| auction budget rule | Algorithm 1 admits client e while b_e <= R/2 u_e / U(S + e): its payments add up "
+        f"to at most R/2 (section 3.3) | `auction_budget_rule` = {', '.join(rules)}: the whole-budget rule walks the "
+        "same ranking at R, each winner paid one price per unit of score, p* u_e, in total at most R "
+        "(`docs/mechanism.md`) | FLMarket's value is additive (U(S) = sum of u_e), for which the walk at the whole "
+        "budget is still truthful, individually rational and within R; the paper's rule spent half of R |"
     ]
 
 
@@ -665,17 +776,18 @@ PAPER_HEADLINE = (22, 27, 10.0)
 """The paper's section 5.2: FLMarket highest in 22 of 27 D4-D6 settings; section 1: more than 10% over baselines."""
 
 
-def top_counts(records: Sequence[Record]) -> tuple[float, int, float, int, int]:
-    """FLMarket's share of the top ``auc`` over the partitions every arm of the grid finished (ties shared), the
+def top_counts(records: Sequence[Record], arm: str = FLMARKET) -> tuple[float, int, float, int, int]:
+    """``arm``'s share of the top ``auc`` over the partitions every arm of the comparison finished (ties shared), the
     partitions, in how many distributions its mean ``auc`` is the highest, of how many, and the number of arms.
 
-    The arms are those of :data:`ARMS` with runs in ``records``: an arm the grid did not run is left out."""
-    values = {arm: arm_values(records, arm, "auc") for arm in ARMS}
-    arms = [arm for arm in ARMS if values[arm]]
-    shared = sorted(set.intersection(*(set(values[arm]) for arm in arms))) if "flmarket" in arms else []
+    The arms are ``arm`` and the baselines of :data:`ARMS` with runs in ``records`` (an arm the grid did not run is
+    left out; the other FLMarket arm is no baseline of the paper's headline)."""
+    values = {name: arm_values(records, name, "auc") for name in ARMS if name == arm or not is_flmarket(name)}
+    arms = [name for name in values if values[name]]
+    shared = sorted(set.intersection(*(set(values[name]) for name in arms))) if arm in arms else []
     if not shared or len(arms) < 2:
         return 0.0, 0, 0, 0, len(arms)
-    matrix = np.array([[values[arm][key] for arm in arms] for key in shared])
+    matrix = np.array([[values[name][key] for name in [arm, *(a for a in arms if a != arm)]] for key in shared])
     wins = float(top_shares(matrix, 0).sum())
     distributions = sorted({key[0] for key in shared})
     by_d = np.array([matrix[[k[0] == d for k in shared]].mean(axis=0) for d in distributions])
@@ -683,22 +795,47 @@ def top_counts(records: Sequence[Record]) -> tuple[float, int, float, int, int]:
 
 
 _COUNT_WORDS = {2: "two", 3: "three", 4: "four", 5: "five"}
+UNDETECTED = "not detected at this size"
+"""The reading of a contrast that does not reject (or whose interval covers 0): never "level" or "equal"."""
 
 
 def _side(c: Contrast, p: float) -> str:
-    """``ahead``, ``behind`` or ``level``: by Holm's p for the primary, by the 95% interval otherwise."""
+    """``ahead``, ``behind`` or :data:`UNDETECTED`: by Holm's p where the contrast is in a tested family (``p`` not
+    NaN), by the 95% interval otherwise."""
     significant = p < 0.05 if not math.isnan(p) else (c.ci_low > 0 or c.ci_high < 0)
     if not significant:
-        return "level"
+        return UNDETECTED
     return "ahead" if c.mean > 0 else "behind"
+
+
+def _sides_text(subject: str, sides: Mapping[str, Sequence[str]]) -> str:
+    """``subject is ahead of A; behind B; its difference from C is not detected at this size``."""
+    said = "; ".join(f"{word} {', '.join(sides[side])}" for side, word in (("ahead", "ahead of"), ("behind", "behind"))
+                     if sides.get(side))  # fmt: skip
+    null = list(sides.get(UNDETECTED, []))
+    if not null:
+        return f"{subject} is {said}"
+    differences = f"difference{'s' if len(null) > 1 else ''} from {', '.join(null)}"
+    verb = "are" if len(null) > 1 else "is"
+    if said:
+        return f"{subject} is {said}; its {differences} {verb} {UNDETECTED}"
+    return f"{subject}'s {differences} {verb} {UNDETECTED}"
 
 
 def reproduce_lines(
     runs: Mapping[str, Sequence[Record]], primary: Sequence[Contrast], adjusted: Sequence[float] | None
 ) -> list[str]:
-    """What of the paper's headline reproduces under each bid policy, from the computed contrasts."""
+    """What of the paper's headline reproduces under each bid policy, from the computed contrasts.
+
+    The headline is the paper's mechanism's: it is read on FLMarket under the paper's rule (:func:`auction_arm`);
+    where that arm is the primary one, RS and DICE are read by Holm's p over the primary family, else by the 95%
+    interval, as QBS and DDS always are."""
     wins_paper, settings_paper, margin_paper = PAPER_HEADLINE
-    secondary = contrasts(runs, "auc", SECONDARY_BASELINES)
+    arm = auction_arm(runs)
+    tested = bool(primary) and primary[0].arm == arm
+    if not tested:
+        primary, adjusted = contrasts(runs, "auc", PRIMARY_BASELINES, arm), None
+    secondary = contrasts(runs, "auc", SECONDARY_BASELINES, arm)
     holm_p = dict(zip([(c.policy, c.baseline) for c in primary], adjusted or [math.nan] * len(primary), strict=True))
     lines = []
     for folder in POLICIES:
@@ -709,16 +846,19 @@ def reproduce_lines(
         for c in rows:
             sides[_side(c, holm_p.get((c.policy, c.baseline), math.nan))].append(f"{c.baseline.upper()} ({_f(c.mean)})")
         margin = float(np.mean([c.mean for c in rows]))
-        wins, partitions, best, distributions, arms = top_counts(runs.get(folder, []))
+        wins, partitions, best, distributions, arms = top_counts(runs.get(folder, []), arm)
         if not sides["behind"] and len(sides["ahead"]) == len(rows):
             verdict = "reproduces in direction" + (" and size" if margin >= margin_paper else ", not in size")
         elif sides["ahead"]:
             verdict = "reproduces in part"
         else:
             verdict = "does not reproduce"
-        words = {"ahead": "ahead of", "behind": "behind", "level": "level with"}
-        said = "; ".join(f"{words[side]} {', '.join(sides[side])}" for side in words if sides[side])
         primary_count = _COUNT_WORDS.get(len(holm_p), str(len(holm_p)))
+        how = (
+            f"RS and DICE by Holm's p over the primary {primary_count}, QBS and DDS by the 95% interval"
+            if tested and adjusted is not None
+            else "each by its 95% interval"
+        )
         highest = (
             f"It has the highest auc of the {_COUNT_WORDS.get(arms, str(arms))} arms in {wins:g} of {partitions} "
             f"partitions ({wins / partitions:.0%}; chance {1 / arms:.0%}) and the highest mean in {best:g} of "
@@ -728,11 +868,16 @@ def reproduce_lines(
             else ""
         )
         lines.append(
-            f"* **{folder.capitalize()} bids: the headline {verdict}.** FLMarket is {said}"
-            f" (mean auc difference in points; RS and DICE by Holm's p over the primary {primary_count}, QBS and DDS "
-            f"by the 95% interval). {highest}"
+            f"* **{folder.capitalize()} bids: the headline {verdict}.** {_sides_text(arm_label(arm), sides)}"
+            f" (mean auc difference in points; {how}). {highest}"
             f"{'its' if highest else 'Its'} mean margin over the {_COUNT_WORDS.get(len(rows), str(len(rows)))} "
             f"baselines is {margin:+.1f} points (the paper: more than {margin_paper:g}%)."
+        )
+    if arm != lead_arm(runs):
+        lines.append(
+            f"* The headline is the paper's mechanism's, so it is read on FLMarket under the paper's rule; the "
+            f"whole-budget rule ({arm_label(lead_arm(runs))}) is this product's, and its contrasts are the primary "
+            "ones above."
         )
     partitions = len({unit(r) for records in runs.values() for r in records})
     lines.append(
@@ -750,7 +895,7 @@ def reproduce_lines(
 
 
 def power_sentence(primary: Sequence[Contrast], effect: float = 3.0) -> str:
-    """The partitions a paired t-test would need to detect ``effect`` points at 80% power (level 0.05) at each
+    """The partitions a paired t-test would need to detect ``effect`` points at 80% power (alpha 0.05) at each
     primary contrast's own paired sd; empty when no contrast has one."""
     sds = [c.sd for c in primary if math.isfinite(c.sd) and c.sd > 0]
     if not sds:
@@ -759,84 +904,251 @@ def power_sentence(primary: Sequence[Contrast], effect: float = 3.0) -> str:
     return (
         f" At its own paired sd ({', '.join(f'{sd:.1f}' for sd in sds)} points over the primary contrasts), a "
         f"two-sided paired t-test would need {min(needed)} to {max(needed)} partitions to detect {effect:g} points "
-        "at 80% power (level 0.05)."
+        "at 80% power (alpha 0.05)."
     )
 
 
-def _finished(runs: Mapping[str, Sequence[Record]], primary: Sequence[Contrast]) -> int:
-    """The partitions finished in every primary arm the grid runs under both bid policies (0 when a pair of them has
-    no partition yet: a policy or an arm whose first runs are still to come)."""
-    arms = {r["selector"] for folder in POLICIES for r in runs.get(folder, [])} & set(PRIMARY_BASELINES)
-    done = {(c.policy, c.baseline): c.partitions for c in primary}
-    expected = [(folder, arm) for folder in POLICIES for arm in sorted(arms)]
-    return min((done.get(pair, 0) for pair in expected), default=0)
+@dataclass(frozen=True)
+class Registration:
+    """A grid's pre-registration, as its document states it.
+
+    Attributes
+    ----------
+    source : str
+        The document, as the report names it (``results/<grid>/PREREG.md``, or the main grid's
+        ``simulations/PILOT.md`` section 6).
+    seeds : tuple of int
+        The registered seeds, first and last (inclusive).
+    distributions : tuple of str
+        The registered distributions; a partition is a (distribution, seed).
+    partitions : int
+        The registered partitions.
+    script : str or None
+        The command that runs the grid, when the document names one.
+    clients : int or None
+        The registered federation size, where the report must check it (the main grid's 20).
+    """
+
+    source: str
+    seeds: tuple[int, int]
+    distributions: tuple[str, ...]
+    partitions: int
+    script: str | None
+    clients: int | None = None
+
+    @property
+    def units(self) -> set[tuple[str, int]]:
+        """The registered partitions, as (distribution, seed)."""
+        first, last = self.seeds
+        return {(d, seed) for d in self.distributions for seed in range(first, last + 1)}
+
+    @property
+    def is_prereg(self) -> bool:
+        """Whether the grid has a PREREG.md of its own (which registers its secondary analyses too)."""
+        return self.source.endswith("PREREG.md")
+
+
+PREREG_SEEDS = re.compile(r"\*\*Seeds: (\d+)-(\d+)\*\* on each of ([^:]+?): \*\*(\d+) partitions\*\*")
+"""A PREREG.md's registration line: ``**Seeds: A-B** on each of d4, d5, d6: **N partitions**``."""
+PILOT_SEEDS = re.compile(r"\*\*Pre-registered: (\d+) partitions, \d+ seeds \((\d+)-(\d+)\) on each of ([^.*]+)\.\*\*")
+"""The main grid's registration line in simulations/PILOT.md section 6."""
+
+
+def _registration(  # pylint: disable=too-many-arguments
+    source: str, seeds: tuple[int, int], where: str, partitions: int, script: str | None, clients: int | None = None
+) -> Registration:
+    """A :class:`Registration` from its document's line, checked: the seeds on the distributions are the partitions."""
+    distributions = tuple(d.strip() for d in re.split(r",|\band\b", where) if d.strip())
+    found = Registration(source, seeds, distributions, partitions, script, clients)
+    if len(found.units) != partitions:
+        raise ValueError(
+            f"{source} registers {partitions} partitions, but seeds {seeds[0]}-{seeds[1]} on "
+            f"{', '.join(distributions)} are {len(found.units)}"
+        )
+    return found
+
+
+def registration(raw: Path, runs: Mapping[str, Sequence[Record]]) -> Registration | None:
+    """The grid's pre-registration: the ``PREREG.md`` beside ``raw/`` (its ``**Seeds: A-B** on each of ...: **N
+    partitions**`` line); for a cohort-matched grid without one, the main grid's (simulations/PILOT.md section 6, a
+    :data:`REGISTERED_CLIENTS`-client federation); ``None`` for any other grid.
+
+    Raises
+    ------
+    ValueError
+        A PREREG.md without its registration line, or whose partitions do not add up.
+    """
+    prereg = raw.parent / "PREREG.md"
+    if prereg.is_file():
+        text = prereg.read_text(encoding="utf-8")
+        found = PREREG_SEEDS.search(text)
+        if found is None:
+            raise ValueError(f"{prereg} has no '**Seeds: A-B** on each of ...: **N partitions**' line")
+        script = re.search(r"\bbash (simulations/\S+\.sh)", text)
+        return _registration(
+            f"{raw.parent.as_posix()}/PREREG.md",
+            (int(found[1]), int(found[2])),
+            found[3],
+            int(found[4]),
+            script=f"bash {script[1]}" if script else None,
+        )
+    if grid_match(runs) != "cohort" or not PILOT.is_file():
+        return None
+    found = PILOT_SEEDS.search(PILOT.read_text(encoding="utf-8"))
+    if found is None:
+        return None
+    return _registration(
+        "simulations/PILOT.md section 6",
+        (int(found[2]), int(found[3])),
+        found[4],
+        int(found[1]),
+        script=COHORT_SCRIPT,
+        clients=REGISTERED_CLIENTS,
+    )
+
+
+def finished_partitions(runs: Mapping[str, Sequence[Record]]) -> set[tuple[str, int]]:
+    """The partitions with a finished run (diverged or not) of every primary arm under both bid policies: the lead
+    arm (:func:`lead_arm`) and the primary baselines the grid runs (none when a policy or an arm has no run yet)."""
+    arms = {lead_arm(runs)} | (arms_run(runs) & set(PRIMARY_BASELINES))
+    done = [{unit(r) for r in runs.get(folder, []) if arm_of(r) == arm} for folder in POLICIES for arm in sorted(arms)]
+    return set.intersection(*done) if done else set()
+
+
+def _seed_text(seeds: Sequence[int]) -> str:
+    """Seeds as ranges: ``200-204, 207``."""
+    out: list[str] = []
+    for seed in sorted(set(seeds)):
+        if out and out[-1].split("-")[-1] == str(seed - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{seed}"
+        else:
+            out.append(str(seed))
+    return ", ".join(out)
+
+
+def _distribution_text(distributions: Sequence[str]) -> str:
+    """``d4-d6`` for consecutive ``dN``, else the names."""
+    names = sorted(set(distributions))
+    numbers = [int(d[1:]) for d in names if re.fullmatch(r"d\d+", d)]
+    if len(names) > 1 and len(numbers) == len(names) and numbers == list(range(numbers[0], numbers[-1] + 1)):
+        return f"{names[0]}-{names[-1]}"
+    return ", ".join(names)
+
+
+def grid_status(registration: Registration | None, runs: Mapping[str, Sequence[Record]]) -> tuple[str, int]:
+    """Where the grid stands against its registration: ``complete`` (every registered partition finished in every
+    primary arm), ``interim``, ``other`` (runs of partitions or of a federation size the registration does not
+    name) or ``unregistered``; and the registered partitions finished."""
+    if registration is None:
+        return "unregistered", 0
+    every = {unit(r) for records in runs.values() for r in records}
+    if not every <= registration.units or registration.clients not in (None, federation_size(runs)):
+        return "other", 0
+    done = finished_partitions(runs) & registration.units
+    return ("complete" if done == registration.units else "interim"), len(done)
+
+
+def _title(runs: Mapping[str, Sequence[Record]], rest: str) -> str:
+    """``# <dataset> <rest>``, the dataset named from the records' config."""
+    every = [r for records in runs.values() for r in records]
+    found = config_values(every, "dataset")
+    names = [] if found == "not recorded" else [DATASET_NAMES.get(name, name) for name in found.split(", ")]
+    return " ".join(["#", *names, rest])
+
+
+def _split(runs: Mapping[str, Sequence[Record]]) -> str:
+    """``Dirichlet <alpha>, <distributions>`` from the records."""
+    every = [r for records in runs.values() for r in records]
+    return f"Dirichlet {config_values(every, 'alpha')}, {_distribution_text([unit(r)[0] for r in every])}"
+
+
+def _training(runs: Mapping[str, Sequence[Record]]) -> str:
+    """``<rounds> rounds, <local steps> local steps`` from the records."""
+    every = [r for records in runs.values() for r in records]
+    return f"{config_values(every, 'rounds')} rounds, {config_values(every, 'local_steps')} local steps"
+
+
+def _status_line(kind: str, done: int, found: Registration | None, runs: Mapping[str, Sequence[Record]]) -> str:
+    """The grid's status in bold, for :func:`grid_status`'s ``kind``."""
+    every = [r for records in runs.values() for r in records]
+    if found is None:
+        return (
+            "**Exploratory, not pre-registered** (no PREREG.md beside its raw/ folder): its p-values and Holm's "
+            "adjustment are descriptive and decide nothing."
+        )
+    registered = f"seeds {found.seeds[0]}-{found.seeds[1]} on {', '.join(found.distributions)}"
+    if kind == "other":
+        ran = f"seeds {_seed_text([unit(r)[1] for r in every])} on {_distribution_text([unit(r)[0] for r in every])}"
+        return (
+            f"**Not the pre-registered grid: exploratory.** Its registration (`{found.source}`) is {registered} "
+            f"({found.partitions} partitions); this grid ran {ran}: its p-values and Holm's adjustment are descriptive "
+            "and decide nothing."
+        )
+    if kind == "complete":
+        return (
+            f"**All {found.partitions} pre-registered partitions finished: the primary test below is the "
+            "pre-registered one.**"
+        )
+    return (
+        f"**Interim: {done} of the {found.partitions} pre-registered partitions finished in every primary arm. The "
+        f"registration is {registered}; the pre-registered analysis needs all {found.partitions}; the p-values below "
+        "are an unplanned interim look and decide nothing.**"
+    )
 
 
 def header_lines(
     raw: Path, runs: Mapping[str, Sequence[Record]], command: str, primary: Sequence[Contrast]
 ) -> list[str]:
-    """The title, the regenerate command and the grid's status: pre-registered (complete or interim), or, for any
-    other federation size than :data:`REGISTERED_CLIENTS`, secondary and exploratory."""
+    """The title, the regenerate command and the grid's status against its own registration (:func:`registration`,
+    :func:`grid_status`): pre-registered (complete or interim), or exploratory."""
     clients = federation_size(runs)
-    done = _finished(runs, primary)
+    found = registration(raw, runs)
+    kind, done = grid_status(found, runs)
     root = raw.parent.as_posix()
     regenerate = f"Regenerate (after `tar -xzf {root}/raw.tar.gz -C {root}`): `{command}`."
-    protocol = (
-        f"Protocol: `simulations/PILOT.md` section 6 (Dirichlet 0.1, d4-d6, {clients} clients, budget mode, 30 "
-        "rounds, 10 local steps)."
-    )
+    split, training = _split(runs), _training(runs)
+    seeds = sorted({unit(r)[1] for records in runs.values() for r in records})
+    script = f" Grid: `{found.script}`." if found is not None and found.script else ""
+    tested = "" if kind in ("complete", "interim") else " " + power_sentence(primary).strip()
     if grid_match(runs) == "budget":
-        return _budget_header(regenerate, clients, done)
-    if clients != REGISTERED_CLIENTS:
-        seeds = sorted({unit(r)[1] for records in runs.values() for r in records})
+        whole = lead_arm(runs) == FLMARKET_WHOLE
+        payments = (
+            "FLMarket pays its critical payments (the paper's rule within R/2, the whole-budget rule within R)"
+            if whole
+            else "FLMarket pays its critical payments"
+        )
         return [
-            f"# Fashion-MNIST {clients}-client grid: secondary, exploratory, not pre-registered",
+            _title(runs, "budget-rule grid: what the same money buys under each of FLMarket's budget rules")
+            if whole
+            else _title(runs, "budget-matched grid: what the same money buys"),
+            "",
+            f"{regenerate} Protocol: {f'`{found.source}`' if found is not None else 'not pre-registered'} (the main "
+            f"grid's setting, {clients} clients, {split}, {training}, on seeds {_seed_text(seeds)}; every arm spends "
+            f"at most R: {payments}, each baseline buys in its own order within R at the same bids, pay-as-bid)."
+            f"{script}",
+            "",
+            (_status_line(kind, done, found, runs) + tested).rstrip(),
+        ]
+    source = f"`{found.source}`" if found is not None and found.is_prereg else "`simulations/PILOT.md` section 6"
+    protocol = f"Protocol: {source} ({split}, {clients} clients, budget mode, {training})."
+    if found is not None and found.clients is not None and clients != found.clients:
+        return [
+            _title(runs, f"{clients}-client grid: secondary, exploratory, not pre-registered"),
             "",
             f"**Secondary and exploratory, not pre-registered.** The pre-registered grid is the "
-            f"{REGISTERED_CLIENTS}-client one (`results/fashion_mnist_main/REPORT.md`, {PARTITIONS_REGISTERED} "
-            f"partitions). This grid repeats its protocol at {clients} clients on {done} partitions finished in "
-            "every primary arm: its p-values and Holm's adjustment are descriptive and decide nothing."
-            + power_sentence(primary),
+            f"{found.clients}-client one (`results/fashion_mnist_main/REPORT.md`, {found.partitions} "
+            f"partitions). This grid repeats its protocol at {clients} clients on {len(finished_partitions(runs))} "
+            "partitions finished in every primary arm: its p-values and Holm's adjustment are descriptive and decide "
+            "nothing." + power_sentence(primary),
             "",
-            f"{regenerate} {protocol} Grid: `CLIENTS={clients} bash simulations/fashion_mnist_main.sh "
-            f"{seeds[0]} {seeds[-1]}`.",
+            f"{regenerate} {protocol} Grid: `CLIENTS={clients} {COHORT_SCRIPT} {seeds[0]} {seeds[-1]}`.",
         ]
-    status = (
-        f"**All {PARTITIONS_REGISTERED} pre-registered partitions finished: the primary test below is the "
-        "pre-registered one.**"
-        if done >= PARTITIONS_REGISTERED
-        else f"**Interim: {done} of the {PARTITIONS_REGISTERED} pre-registered partitions finished in every primary "
-        f"arm. The pre-registered test is the one at {PARTITIONS_REGISTERED}; the p-values below are an unplanned "
-        "interim look and decide nothing.**"
-    )
     return [
-        "# Fashion-MNIST main grid: FLMarket against the baselines where selection can matter",
+        _title(runs, "main grid: FLMarket against the baselines where selection can matter"),
         "",
-        f"{regenerate} {protocol} Grid: `bash simulations/fashion_mnist_main.sh`.",
+        f"{regenerate} {protocol}{script}",
         "",
-        status,
-    ]
-
-
-def _budget_header(regenerate: str, clients: int, done: int) -> list[str]:
-    """The budget-matched grid's title and status against its pre-registration (:data:`BUDGET_PREREG`)."""
-    status = (
-        f"**All {PARTITIONS_BUDGET} pre-registered partitions finished: the primary test below is the "
-        "pre-registered one.**"
-        if done >= PARTITIONS_BUDGET
-        else f"**Interim: {done} of the {PARTITIONS_BUDGET} pre-registered partitions finished in every primary "
-        f"arm. The pre-registered analysis needs all {PARTITIONS_BUDGET}; the p-values below are an unplanned "
-        "interim look and decide nothing.**"
-    )
-    return [
-        "# Fashion-MNIST budget-matched grid: what the same money buys",
-        "",
-        f"{regenerate} Protocol: `{BUDGET_PREREG}` (the main grid's setting, {clients} clients, Dirichlet 0.1, "
-        "d4-d6, 30 rounds, 10 local steps, on seeds 30-39; every arm spends at most R: FLMarket pays its critical "
-        "payments, each baseline buys in its own order within R at the same bids, pay-as-bid). "
-        "Grid: `bash simulations/fashion_mnist_budget.sh`.",
-        "",
-        status,
+        (_status_line(kind, done, found, runs) + tested).rstrip(),
     ]
 
 
@@ -848,7 +1160,7 @@ def spend_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
     ]
     for folder in POLICIES:
         for arm in ARMS:
-            rows = [r for r in runs.get(folder, []) if r["selector"] == arm]
+            rows = [r for r in runs.get(folder, []) if arm_of(r) == arm]
             if not rows:
                 continue
             paid = spend(rows)
@@ -874,29 +1186,32 @@ def _rounds_text(value: float) -> str:
 
 
 def time_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
-    """Rounds and seconds to each accuracy of :data:`TIME_TO`, per arm and policy, with the paper's ratios."""
+    """Rounds and seconds to each accuracy of :data:`TIME_TO`, per arm and policy, with the paper's ratios: each arm's
+    median rounds over the lead arm's (:func:`lead_arm`) beside the paper's over its FLMarket."""
     every = [r for records in runs.values() for r in records]
     cpu = bool(every) and all(time_to_accuracy(r, TIME_TO[0]).cpu for r in every)
     unit_name = "CPU s" if cpu else "wall s (training + evaluation; these records have no CPU time)"
+    lead = lead_arm(runs)
     lines = [
         f"| bids | arm | runs | reach {TIME_TO[0]:g} | rounds to {TIME_TO[0]:g}: median | {unit_name} to "
-        f"{TIME_TO[0]:g}: median of those reaching | rounds: arm / FLMarket | the paper's ratio | reach "
+        f"{TIME_TO[0]:g}: median of those reaching | rounds: arm / {arm_label(lead)} | the paper's ratio | reach "
         f"{TIME_TO[1]:g} | rounds to {TIME_TO[1]:g}: median |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    reference = PAPER_ROUNDS_TO_60[FLMARKET]
     for folder in POLICIES:
         records = runs.get(folder, [])
-        mine = median_rounds([time_to_accuracy(r, TIME_TO[0]) for r in records if r["selector"] == "flmarket"])
+        mine = median_rounds([time_to_accuracy(r, TIME_TO[0]) for r in records if arm_of(r) == lead])
         for arm in ARMS:
-            rows = [r for r in records if r["selector"] == arm]
+            rows = [r for r in records if arm_of(r) == arm]
             if not rows:
                 continue
             first = [time_to_accuracy(r, TIME_TO[0]) for r in rows]
             second = [time_to_accuracy(r, TIME_TO[1]) for r in rows]
             rounds = median_rounds(first)
             ratio = rounds / mine if math.isfinite(rounds) and math.isfinite(mine) and mine > 0 else math.nan
-            paper = PAPER_ROUNDS_TO_60.get(arm)
-            reference = PAPER_ROUNDS_TO_60["flmarket"]
+            # The paper's ratios are over its FLMarket: beside the lead arm and the baselines it ran.
+            paper = reference if arm == lead else None if is_flmarket(arm) else PAPER_ROUNDS_TO_60.get(arm)
             paper_ratio = f"{paper / reference:.2f} ({paper} / {reference})" if paper else "-"
             lines.append(
                 f"| {folder} | {arm} | {len(rows)} | {sum(t.reached for t in first)} | {_rounds_text(rounds)} "
@@ -908,15 +1223,17 @@ def time_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
 
 
 def time_test_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
-    """FLMarket against RS and DICE in rounds to :data:`TIME_TO`'s first accuracy: paired Wilcoxon, Holm over four."""
+    """The lead arm (:func:`lead_arm`) against RS and DICE in rounds to :data:`TIME_TO`'s first accuracy: paired
+    Wilcoxon, Holm over four."""
+    lead = lead_arm(runs)
     rows = []
     for folder in POLICIES:
         records = runs.get(folder, [])
 
         def times(arm: str, records: Sequence[Record] = records) -> dict[tuple[str, int], TimeTo]:
-            return {unit(r): time_to_accuracy(r, TIME_TO[0]) for r in records if r["selector"] == arm}
+            return {unit(r): time_to_accuracy(r, TIME_TO[0]) for r in records if arm_of(r) == arm}
 
-        mine = times("flmarket")
+        mine = times(lead)
         for baseline in PRIMARY_BASELINES:
             theirs = times(baseline)
             differences = rank_differences(mine, theirs)
@@ -924,10 +1241,10 @@ def time_test_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
                 faster = sum(d < 0 for d in differences)
                 rows.append((folder, baseline, len(differences), faster, wilcoxon_p(differences)))
     if not rows:
-        return ["No pair of FLMarket and RS or DICE runs on the same partitions."]
+        return [f"No pair of {arm_label(lead)} and RS or DICE runs on the same partitions."]
     adjusted = holm([row[4] for row in rows])
     lines = [
-        f"| bids | FLMarket vs | partitions | FLMarket reaches {TIME_TO[0]:g} in fewer rounds "
+        f"| bids | {arm_label(lead)} vs | partitions | {arm_label(lead)} reaches {TIME_TO[0]:g} in fewer rounds "
         "| p (Wilcoxon) | p (Holm) |",
         "|---|---|---:|---:|---:|---:|",
     ]
@@ -938,28 +1255,68 @@ def time_test_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
     return lines
 
 
+def family(rows: Sequence[Contrast]) -> list[float] | None:
+    """Holm's adjusted p over one family of contrasts; ``None`` when a contrast has no t-test (no family to adjust)."""
+    return list(holm([c.p_t for c in rows])) if rows and all(not math.isnan(c.p_t) for c in rows) else None
+
+
+def rule_lines(runs: Mapping[str, Sequence[Record]]) -> list[str]:
+    """The two budget rules against each other (the whole-budget rule minus the paper's, ``auc``, per policy, Holm over
+    the two), with the reading of each; empty unless the grid ran both."""
+    if lead_arm(runs) != FLMARKET_WHOLE or FLMARKET not in arms_run(runs):
+        return []
+    rows = contrasts(runs, "auc", (FLMARKET,), FLMARKET_WHOLE)
+    adjusted = family(rows)
+    lines = [
+        f"## Secondary: the two budget rules, {arm_label(FLMARKET_WHOLE)} minus FLMarket under the paper's rule (auc, "
+        f"Holm over the {_COUNT_WORDS.get(len(rows), str(len(rows)))})",
+        "",
+        *contrast_lines(rows, adjusted),
+        "",
+    ]
+    for i, c in enumerate(rows):
+        side = _side(c, adjusted[i] if adjusted is not None else math.nan)
+        said = (
+            f"a difference is {UNDETECTED}"
+            if side == UNDETECTED
+            else f"the whole-budget rule is {side} of the paper's"
+            if side == "ahead"
+            else "the whole-budget rule is behind the paper's"
+        )
+        lines.append(
+            f"* **{c.policy.capitalize()} bids**: {_f(c.mean)} points [{_f(c.ci_low)}, {_f(c.ci_high)}] over "
+            f"{c.partitions} partitions: {said}."
+        )
+    return [*lines, ""]
+
+
 def report(raw: Path, command: str) -> str:
     """The Markdown report of the grid under ``raw``."""
     runs = runs_by_policy(raw)
-    primary = contrasts(runs, "auc", PRIMARY_BASELINES)
-    testable = primary and all(not math.isnan(c.p_t) for c in primary)
-    adjusted = list(holm([c.p_t for c in primary])) if testable else None
+    lead = lead_arm(runs)
+    primary = contrasts(runs, "auc", PRIMARY_BASELINES, lead)
+    adjusted = family(primary)
     per_distribution: dict[str, list[Contrast]] = defaultdict(list)
     for distribution in ("d4", "d5", "d6"):
         only = {k: [r for r in v if r["distribution"] == distribution] for k, v in runs.items()}
-        per_distribution[distribution] = contrasts(only, "auc", PRIMARY_BASELINES)
+        per_distribution[distribution] = contrasts(only, "auc", PRIMARY_BASELINES, lead)
+    found = registration(raw, runs)
+    preregistered = found is not None and found.is_prereg and grid_status(found, runs)[0] in ("complete", "interim")
+    others = [arm for arm in ARMS if arm != lead and arm in arms_run(runs)]
+    secondary = contrasts(runs, "auc", SECONDARY_BASELINES, lead)
     lines = [
         *header_lines(raw, runs, command, primary),
         "",
-        "## Primary: auc (mean accuracy over rounds 1-30, points), pooled over d4-d6",
+        "## Primary: auc (mean accuracy over rounds 1-30, points), pooled over d4-d6"
+        + (f": {arm_label(lead)} against RS and DICE" if lead != FLMARKET else ""),
         "",
-        *contrast_lines(primary, adjusted),
+        *contrast_lines(primary, adjusted, lead),
         "",
-        "## Secondary (descriptive): QBS and DDS; the final endpoint",
+        *rule_lines(runs),
+        f"## Secondary (descriptive): {'QBS and DDS; ' if secondary else ''}the final endpoint",
         "",
-        *contrast_lines(contrasts(runs, "auc", SECONDARY_BASELINES)),
-        "",
-        *contrast_lines(contrasts(runs, "final", (*PRIMARY_BASELINES, *SECONDARY_BASELINES))),
+        *([*contrast_lines(secondary), ""] if secondary else []),
+        *contrast_lines(contrasts(runs, "final", others, lead), arm=lead),
         "",
         "## Each distribution alone (auc, descriptive)",
         "",
@@ -985,11 +1342,11 @@ def report(raw: Path, command: str) -> str:
         f"The first round at which test accuracy reaches {TIME_TO[0]:g} (the paper's threshold) and {TIME_TO[1]:g}; "
         "a run that never does in its rounds is censored (the median is `censored` when the upper middle run "
         "is). The seconds are through that "
-        "round, over the runs that reach it; the ratio is the arm's median rounds over FLMarket's (the paper: "
-        "FLMarket about 130 rounds, RS 550, DICE 170). "
+        f"round, over the runs that reach it; the ratio is the arm's median rounds over {arm_label(lead)}'s (the "
+        "paper: FLMarket about 130 rounds, RS 550, DICE 170). "
         + (
-            f"Pre-registered as secondary ({BUDGET_PREREG})."
-            if grid_match(runs) == "budget"
+            f"Pre-registered as secondary ({found.source})."
+            if preregistered and found is not None
             else "Descriptive: not pre-registered for this grid."
         ),
         "",
@@ -1006,7 +1363,13 @@ def report(raw: Path, command: str) -> str:
         "## Why FLMarket buys the smallest clients under volume bids",
         "",
         "Every bidder of every FLMarket auction of the grid, from the recorded scores, bids and label counts (no "
-        "re-run): winners against losers, median (range).",
+        "re-run): winners against losers, median (range)."
+        + (
+            " The auctions are those under the paper's rule; the whole-budget rule ranks the same bidders by the same "
+            "u_e / b_e and differs only in where its walk stops."
+            if {FLMARKET, FLMARKET_WHOLE} <= arms_run(runs)
+            else ""
+        ),
         "",
         *bidder_lines(runs),
         "",
@@ -1027,7 +1390,7 @@ def report(raw: Path, command: str) -> str:
         "",
         "## Deviations from the paper",
         "",
-        *deviation_lines(runs),
+        *deviation_lines(runs, found.source if preregistered and found is not None else None),
         "",
         "## What reproduces of the paper's headline",
         "",

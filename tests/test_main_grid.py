@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -19,6 +20,9 @@ from simulations.stats import holm
 
 SELECTORS = ("flmarket", "rs", "dice", "qbs", "dds")
 
+
+RECORDED = {"dataset": "fashion_mnist", "alpha": 0.1, "local_steps": 10, "rounds": 30}
+"""The protocol every engine record's config states (the report's header reads it)."""
 
 SIZES = [10, 20, 40, 80, 160, 320, 640, 1280]
 """The clients' volumes in the synthetic auctions: the score is ``10 sqrt(N)`` (sub-linear), bids follow the policy."""
@@ -35,7 +39,8 @@ def _write(
 ) -> None:
     run = folder / f"seed={seed}_distribution={distribution}_num_selected=0_selector={selector}"
     run.mkdir(parents=True, exist_ok=True)
-    bids = [1.0] * len(SIZES) if folder.name == "equal" else [1.2 * n for n in SIZES]
+    equal = folder.name.startswith("equal")  # raw/equal and raw/equal-whole
+    bids = [1.0] * len(SIZES) if equal else [1.2 * n for n in SIZES]
     record = {
         "selector": selector,
         "distribution": distribution,
@@ -46,10 +51,10 @@ def _write(
         "engine": {
             "diverged": diverged,
             "config": {
-                "rounds": 30,
+                **RECORDED,
                 "learning_rate": 0.05,
                 "market": "direct",
-                "bid_policy": "constant" if folder.name == "equal" else "volume",
+                "bid_policy": "constant" if equal else "volume",
             },
             "matched": {"budget": 100.0},
         },
@@ -61,7 +66,7 @@ def _write(
         },
         "timings": {"job_wall_s": 10.0},
         "all_label_counts": [[n // 2, n - n // 2] for n in SIZES],
-        "selected_partitions": [0, 1] if folder.name != "equal" else [6, 7],
+        "selected_partitions": [0, 1] if not equal else [6, 7],
         "selected_class_totals": [10, 20],
         "pool_class_totals": [100, 100],
     }
@@ -419,22 +424,34 @@ def test_a_grid_with_flmarket_alone_has_no_contrast_and_no_division(tmp_path: Pa
     assert "highest auc of the" not in text and "nan" not in text
 
 
-def _budget_grid(tmp_path: Path, seeds: int) -> Path:
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def _prereg(raw: Path, grid: str) -> None:
+    """The committed PREREG.md of ``grid`` beside ``raw`` (where the report reads the registration)."""
+    raw.mkdir(parents=True, exist_ok=True)
+    shutil.copy(PROJECT / "results" / grid / "PREREG.md", raw.parent / "PREREG.md")
+
+
+def _budget_grid(tmp_path: Path, seeds: int, first: int = 30, prereg: str | None = "fashion_mnist_budget") -> Path:
+    """The equal-money grid's arms on ``seeds`` seeds from ``first``, with the PREREG.md of ``prereg`` beside it."""
     raw = tmp_path / "results" / "fashion_mnist_budget" / "raw"
+    if prereg is not None:
+        _prereg(raw, prereg)
     rng = np.random.default_rng(3)
     for folder in ("volume", "equal"):
         for selector in SELECTORS:
             for d in ("d4", "d5", "d6"):
-                for seed in range(30, 30 + seeds):
+                for seed in range(first, first + seeds):
                     value = float(rng.uniform(0.4, 0.9))
-                    config = {"rounds": 30, "market": "direct", "baseline_match": "budget", "bid_policy": "volume"}
+                    config = {**RECORDED, "market": "direct", "baseline_match": "budget", "bid_policy": "volume"}
                     engine = {"diverged": False, "config": config}
                     if selector != "flmarket":
                         engine["matched"] = {
                             "match": "budget",
                             "payment_rule": "pay-as-bid",
                             "budget": 100.0,
-                            "paid": 90.0 + seed - 30,
+                            "paid": 90.0 + seed - first,
                         }
                     curve = [{"accuracy": 0.1}] + [
                         {"accuracy": value * min(1.0, r / 10), "round_time_s": 0.2, "cpu_s": 0.3} for r in range(1, 31)
@@ -448,13 +465,14 @@ def test_a_budget_matched_grid_reports_against_its_own_pre_registration(tmp_path
     text = main_grid.report(raw, "python -m simulations.main_grid raw")
     title, _, protocol, _, status = text.splitlines()[:5]
     assert title == "# Fashion-MNIST budget-matched grid: what the same money buys"
-    assert "`results/fashion_mnist_budget/PREREG.md`" in protocol and "pay-as-bid" in protocol
+    assert f"`{raw.parent.as_posix()}/PREREG.md`" in protocol and "pay-as-bid" in protocol
+    assert "on seeds 30-31;" in protocol and "Grid: `bash simulations/fashion_mnist_budget.sh`." in protocol
     assert status.startswith("**Interim: 6 of the 30 pre-registered partitions finished in every primary arm.")
     assert "needs all 30" in status and "decide nothing" in status
     assert "| volume | rs | 6 | pay-as-bid | 2 (2 to 2) | 0.91 (0.90 to 0.91) | 0 of 6 |" in text
     assert "| volume | flmarket | 6 | critical payments |" in text
     assert "each baseline buys in its own order within the same R at the same bids" in text
-    assert "Pre-registered as secondary (results/fashion_mnist_budget/PREREG.md)." in text
+    assert f"Pre-registered as secondary ({raw.parent.as_posix()}/PREREG.md)." in text
     assert "| CPU s to 0.6: median of those reaching |" in text
     assert "## Headroom" not in text  # the budget-matched grid does not re-run the all-clients arm
 
@@ -504,3 +522,212 @@ def test_the_budget_grid_script_runs_the_registered_seeds_one_at_a_time_budget_m
     (tmp_path / "resume").mkdir()
     status, calls, _ = _grid_calls(tmp_path / "resume", None, "33", "34", script=script)
     assert status == 0 and [call.rsplit(" ", 1)[1] for call in calls] == ["33", "33", "34", "34"]
+
+
+RULE_ARMS = ("flmarket", "flmarket-whole", "rs", "dice")
+"""The budget-rule grid's arms (results/fashion_mnist_budget_rule/PREREG.md)."""
+
+
+def _rule_grid(
+    tmp_path: Path, seeds: range, prereg: str | None = "fashion_mnist_budget_rule", winners: int = 2
+) -> tuple[Path, dict[tuple[str, str, str, int], float]]:
+    """The budget-rule grid: FLMarket (the paper's rule), RS and DICE under raw/<policy>, FLMarket under the
+    whole-budget rule under raw/<policy>-whole, on ``seeds`` of d4-d6; its accuracies by (policy, arm, d, seed)."""
+    raw = tmp_path / "results" / "fashion_mnist_budget_rule" / "raw"
+    if prereg is not None:
+        _prereg(raw, prereg)
+    rng = np.random.default_rng(4)
+    accuracy: dict[tuple[str, str, str, int], float] = {}
+    for policy in ("volume", "equal"):
+        for arm in RULE_ARMS:
+            for d in ("d4", "d5", "d6"):
+                for seed in seeds:
+                    value = accuracy[(policy, arm, d, seed)] = float(rng.uniform(0.4, 0.9))
+                    rule = "whole" if arm == "flmarket-whole" else "half"
+                    config = {**RECORDED, "market": "direct", "baseline_match": "budget", "bid_policy": "volume"}
+                    engine: dict[str, object] = {"diverged": False, "config": config}
+                    market: dict[str, object] = {"scores": [10.0 * math.sqrt(n) for n in SIZES]}
+                    if arm.startswith("flmarket"):
+                        config["auction_budget_rule"] = rule
+                        paid = 95.0 if rule == "whole" else 45.0
+                        bids = [1.0] * len(SIZES) if policy == "equal" else [1.2 * n for n in SIZES]
+                        market.update(
+                            total_payment=paid, budget=100.0, budget_rule=rule, paid_share=paid / 100, bids=bids
+                        )
+                    else:
+                        engine["matched"] = {
+                            "match": "budget",
+                            "payment_rule": "pay-as-bid",
+                            "budget": 100.0,
+                            "paid": 97.0,
+                        }
+                    curve = [{"accuracy": 0.1}] + [
+                        {"accuracy": value * min(1.0, r / 10), "round_time_s": 0.2, "cpu_s": 0.3} for r in range(1, 31)
+                    ]
+                    folder = raw / (f"{policy}-whole" if rule == "whole" and arm != "rs" and arm != "dice" else policy)
+                    selector = "flmarket" if arm.startswith("flmarket") else arm
+                    _write(folder, selector, d, seed, value, engine=engine, market=market, rounds=curve,
+                           num_clients=20, selected_partitions=list(range(winners)))  # fmt: skip
+    return raw, accuracy
+
+
+def test_a_record_s_arm_is_its_selector_and_its_budget_rule() -> None:
+    record = {"selector": "flmarket", "engine": {"config": {"auction_budget_rule": "whole"}}, "market": {}}
+    assert main_grid.arm_of(record) == "flmarket-whole"
+    # A record from before the rule was a setting is the paper's rule; the market's field stands in for the config's.
+    assert main_grid.arm_of({"selector": "flmarket", "engine": {"config": {}}, "market": {}}) == "flmarket"
+    assert (
+        main_grid.arm_of({"selector": "flmarket", "engine": {}, "market": {"budget_rule": "whole"}}) == "flmarket-whole"
+    )
+    assert main_grid.arm_of({"selector": "rs", "engine": {"config": {"auction_budget_rule": "whole"}}}) == "rs"
+
+
+def test_a_budget_rule_grid_tests_the_whole_budget_rule_against_rs_and_dice_with_holm_over_four(
+    tmp_path: Path,
+) -> None:
+    raw, accuracy = _rule_grid(tmp_path, range(200, 202))
+    runs = main_grid.runs_by_policy(raw)
+    assert len(runs["volume"]) == len(runs["equal"]) == 4 * 6  # raw/<policy> and raw/<policy>-whole together
+    assert main_grid.lead_arm(runs) == "flmarket-whole"
+    text = main_grid.report(raw, "python -m simulations.main_grid raw")
+    partitions = [(d, s) for d in ("d4", "d5", "d6") for s in (200, 201)]
+
+    def paired(policy: str, mine: str, theirs: str) -> float:
+        a = np.array([100 * accuracy[(policy, mine, *p)] for p in partitions])
+        b = np.array([100 * accuracy[(policy, theirs, *p)] for p in partitions])
+        return float(scipy_stats.ttest_rel(a, b).pvalue)
+
+    # The primary family: the whole-budget rule minus RS and minus DICE under each policy, Holm over the four.
+    order = [("volume", "rs"), ("volume", "dice"), ("equal", "rs"), ("equal", "dice")]
+    primary = main_grid.contrasts(runs, "auc", main_grid.PRIMARY_BASELINES, "flmarket-whole")
+    assert [(c.policy, c.baseline, c.arm) for c in primary] == [(p, b, "flmarket-whole") for p, b in order]
+    p_values = [paired(p, "flmarket-whole", b) for p, b in order]
+    assert [c.p_t for c in primary] == pytest.approx(p_values)
+    section = text.split("## Primary")[1].split("## ")[0]
+    assert "| bids | FLMarket (whole) vs |" in section and "| FLMarket (whole) ahead |" in section
+    for (policy, baseline), p_holm in zip(order, holm(p_values), strict=True):
+        assert any(line.startswith(f"| {policy} | {baseline} | 6 |") and f"| {p_holm:.3g} |" in line
+                   for line in section.splitlines()), (policy, baseline)  # fmt: skip
+    assert "| flmarket |" not in section  # the paper's rule is not in the primary family
+    # The secondary pre-registered family: the two rules, Holm over the two.
+    rules = text.split("## Secondary: the two budget rules")[1].split("## ")[0]
+    assert "Holm over the two" in rules.splitlines()[0]
+    two = [paired(p, "flmarket-whole", "flmarket") for p in ("volume", "equal")]
+    for policy, p_holm in zip(("volume", "equal"), holm(two), strict=True):
+        assert any(line.startswith(f"| {policy} | flmarket | 6 |") and f"| {p_holm:.3g} |" in line
+                   for line in rules.splitlines()), policy  # fmt: skip
+    # Every table of arms shows both FLMarket arms.
+    for policy in ("volume", "equal"):
+        assert f"| {policy} | flmarket | 6 | critical payments | 2 (2 to 2) | 0.45 (0.45 to 0.45) | 0 of 6 |" in text
+        assert (
+            f"| {policy} | flmarket-whole | 6 | critical payments | 2 (2 to 2) | 0.95 (0.95 to 0.95) | 0 of 6 |" in text
+        )
+        assert f"| {policy} | flmarket-whole | 6 | 2 (2 to 2) | 0.950 (0.950 to 0.950) |" in text  # what it bought
+        assert sum(line.startswith(f"| {policy} | flmarket-whole | 6 |") for line in text.splitlines()) == 4
+    # Time to 0.6: the whole-budget rule against RS and DICE; the paper's ratios beside the lead arm and baselines.
+    assert "| bids | FLMarket (whole) vs | partitions | FLMarket (whole) reaches 0.6 in fewer rounds |" in text
+    assert "rounds: arm / FLMarket (whole)" in text
+    assert "Pre-registered as secondary (" in text and "fashion_mnist_budget_rule/PREREG.md)." in text
+    # The header: the grid's own title, registration, seeds and script.
+    title, _, protocol, _, status = text.splitlines()[:5]
+    assert title == "# Fashion-MNIST budget-rule grid: what the same money buys under each of FLMarket's budget rules"
+    assert "on seeds 200-201;" in protocol and "Grid: `bash simulations/fashion_mnist_budget_rule.sh`." in protocol
+    assert status.startswith("**Interim: 6 of the 30 pre-registered partitions finished in every primary arm. The "
+                             "registration is seeds 200-209 on d4, d5, d6;")  # fmt: skip
+    # The paper's headline is read on the paper's rule; the deviation names the whole-budget rule.
+    assert "read on FLMarket under the paper's rule" in text
+    assert "The auctions are those under the paper's rule;" in text
+    assert len(main_grid.bidders(runs["volume"])) == 6 * len(SIZES)  # one arm's auctions, not both rules' at once
+    assert "| auction budget rule | Algorithm 1 admits" in text and "`auction_budget_rule` = half, whole" in text
+
+
+def test_the_header_says_all_registered_partitions_only_when_every_primary_arm_has_every_one(tmp_path: Path) -> None:
+    raw, _ = _rule_grid(tmp_path, range(200, 210))
+    text = main_grid.report(raw, "x")
+    assert "**All 30 pre-registered partitions finished: the primary test below is the pre-registered one.**" in text
+    assert "on seeds 200-209;" in text
+    # The paper's rule is a secondary arm: its runs are not needed for the primary test to be the registered one.
+    for run in (raw / "equal").glob("seed=209_distribution=d6_*selector=flmarket"):
+        shutil.rmtree(run)
+    assert "**All 30 pre-registered partitions finished" in main_grid.report(raw, "x")
+    for run in (raw / "equal-whole").glob("seed=209_distribution=d6_*"):
+        shutil.rmtree(run)  # one primary arm of one registered partition still to come
+    text = main_grid.report(raw, "x")
+    assert "**Interim: 29 of the 30 pre-registered partitions finished in every primary arm." in text
+    assert "All 30 pre-registered" not in text
+
+
+@pytest.mark.parametrize(
+    ("grid", "prereg", "first"),
+    [("rule", "fashion_mnist_budget_rule", 30), ("budget", "fashion_mnist_budget", 200), ("budget", None, 30)],
+)
+def test_a_grid_on_other_seeds_than_its_registration_or_with_none_is_not_called_pre_registered(
+    tmp_path: Path, grid: str, prereg: str | None, first: int
+) -> None:
+    if grid == "rule":
+        raw, _ = _rule_grid(tmp_path, range(first, first + 2), prereg=prereg)
+    else:
+        raw = _budget_grid(tmp_path, seeds=2, first=first, prereg=prereg)
+    text = main_grid.report(raw, "x")
+    status = text.splitlines()[4]
+    if prereg is None:
+        assert status.startswith("**Exploratory, not pre-registered** (no PREREG.md beside its raw/ folder)")
+        assert "Protocol: not pre-registered (" in text
+    else:
+        registered = "200-209" if grid == "rule" else "30-39"
+        assert status.startswith("**Not the pre-registered grid: exploratory.**")
+        assert (
+            f"is seeds {registered} on d4, d5, d6 (30 partitions); this grid ran seeds {first}-{first + 1} on d4-d6"
+            in status
+        )
+    assert "decide nothing" in status and "would need" in status
+    assert "pre-registered partitions finished" not in text and "Interim" not in text
+    assert "Descriptive: not pre-registered for this grid." in text and "Pre-registered as secondary" not in text
+
+
+def test_a_pre_registration_the_report_cannot_read_is_named(tmp_path: Path) -> None:
+    raw = _budget_grid(tmp_path, seeds=1)
+    prereg = raw.parent / "PREREG.md"
+    prereg.write_text("**Seeds: 30-39** on each of d4, d5: **30 partitions**\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="registers 30 partitions, but seeds 30-39 on d4, d5 are 20"):
+        main_grid.report(raw, "x")
+    prereg.write_text("# A pre-registration without its seeds\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"PREREG.md has no '\*\*Seeds: A-B\*\* on each of"):
+        main_grid.report(raw, "x")
+
+
+def test_a_median_of_counts_keeps_its_half(tmp_path: Path) -> None:
+    assert main_grid._spread([5, 6]) == "5.5 (5 to 6)"
+    assert main_grid._spread([1_062, 2_063]) == "1,562.5 (1,062 to 2,063)"
+    assert main_grid._spread([5, 6, 7]) == "6 (5 to 7)"
+    assert main_grid._spread([0.25, 0.5], ".2f") == "0.38 (0.25 to 0.50)"  # not counts: the format as given
+    raw = _budget_grid(tmp_path, seeds=2)
+    for path in raw.glob("volume/*selector=rs/result.json"):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        record["selected_partitions"] = list(range(5 if record["distribution"] in ("d4", "d5") and record["seed"] == 30
+                                                   else 6 if record["seed"] == 31 else 5))  # fmt: skip
+        path.write_text(json.dumps(record), encoding="utf-8")
+    for path in raw.glob("volume/*selector=flmarket/result.json"):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        record["selected_partitions"] = list(range(5 + record["seed"] - 30))  # three runs of 5, three of 6
+        path.write_text(json.dumps(record), encoding="utf-8")
+    text = main_grid.report(raw, "x")
+    assert "| volume | rs | 6 | pay-as-bid | 5.5 (5 to 6) |" in text  # what it spent
+    assert "| volume | rs | 6 | 5.5 |" in text  # what it bought
+    assert "| volume | flmarket | 6 | 5.5 (5 to 6) |" in text  # what FLMarket bought
+
+
+def test_a_contrast_that_does_not_reject_is_not_detected_at_this_size_never_level(tmp_path: Path) -> None:
+    null = main_grid.contrast({("d4", i): 50.0 + (-1) ** i for i in range(6)}, {("d4", i): 50.0 for i in range(6)},
+                              "volume", "rs", "auc")  # fmt: skip
+    assert main_grid._side(null, 0.5) == main_grid._side(null, math.nan) == "not detected at this size"
+    texts = [
+        main_grid.report(_rule_grid(tmp_path / "rule", range(200, 202))[0], "x"),
+        main_grid.report(_budget_grid(tmp_path / "budget", seeds=2), "x"),
+        main_grid.report(_grid(tmp_path / "main", _every_arm(2)), "x"),
+        main_grid.report(_grid(tmp_path / "c100", _every_arm(2), clients=100), "x"),
+    ]
+    for text in texts:
+        assert "level" not in text.lower()
+        assert "not detected at this size" in text.split("## What reproduces of the paper's headline")[1]
+    assert "a difference is not detected at this size" in texts[0].split("## Secondary: the two budget rules")[1]
