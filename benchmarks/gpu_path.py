@@ -222,13 +222,22 @@ def plot(report: Mapping[str, Any], path: Path) -> None:
     main.set(title="flwr run . (README's main command)", xlabel="round", ylabel="server-side accuracy")
     for selector, job in report["engine"]["jobs"].items():
         engine.plot(range(len(job["accuracy"])), job["accuracy"], label=f"{selector} ({job['device']})")
-    engine.set(title="engine jobs, one partition", xlabel="round", ylabel="test accuracy")
+    datasets = sorted({job["dataset"] for job in report["engine"]["jobs"].values()})
+    engine.set(title=f"engine jobs, one partition ({', '.join(datasets)})", xlabel="round", ylabel="test accuracy")
     for axes in (main, engine):
         axes.grid(alpha=0.3)
         axes.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     pyplot.close(figure)
+
+
+def _mib_range(value: float | Sequence[float] | None) -> str:
+    """``"31.5 MiB"``, ``"30.1-33.0 MiB"`` or ``"none (CPU)"``."""
+    if value is None:
+        return "none (CPU)"
+    low, high = (value, value) if isinstance(value, float | int) else value
+    return f"{low:.1f} MiB" if low == high else f"{low:.1f}-{high:.1f} MiB"
 
 
 def summary_text(report: Mapping[str, Any]) -> str:
@@ -252,7 +261,7 @@ def summary_text(report: Mapping[str, Any]) -> str:
         verdict = "ok" if proof["ok"] else "FAILED"
         lines.append(
             f"   training proof ({verdict}): {proof['logged']} of {proof['expected']} (winner, round) lines, devices "
-            f"{', '.join(proof['devices']) or '-'}, peak CUDA memory {proof['peak_cuda_mib'] or 'none'} MiB"
+            f"{', '.join(proof['devices']) or '-'}, peak CUDA memory {_mib_range(proof['peak_cuda_mib'])}"
         )
         for key in ("missing", "unexpected", "wrong_device"):
             if proof[key]:
@@ -267,7 +276,7 @@ def summary_text(report: Mapping[str, Any]) -> str:
     for selector, job in report["engine"]["jobs"].items():
         lines.append(
             f"   {selector}: {job['dataset']}, {job['selected']} selected, final {job['final_accuracy']:.4f}, auc "
-            f"{job['auc_accuracy']:.4f}, on {job['device']}, peak CUDA {job['peak_cuda_mib'] or 'none'} MiB, "
+            f"{job['auc_accuracy']:.4f}, on {job['device']}, peak CUDA memory {_mib_range(job['peak_cuda_mib'])}, "
             f"{job['job_wall_s']:.1f} s"
         )
     lines.append(f"all checks: {'ok' if report['ok'] else 'FAILED'}")

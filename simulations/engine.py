@@ -699,7 +699,7 @@ def run_engine(cfg: EngineConfig, run_config: Mapping[str, Any] | None = None) -
     """
     started = time.perf_counter()
     device = task.resolve_device(cfg.device)
-    with _reproducible(cfg.torch_threads) as settings:
+    with _reproducible(cfg.torch_threads, warn_only=device.type == "cuda") as settings:
         task.reset_peak_memory(device)
         federation = load_federation(cfg)
         loaded = time.perf_counter()
@@ -760,29 +760,35 @@ CUBLAS_WORKSPACE_DETERMINISTIC = ":4096:8"
 
 
 @contextmanager
-def _reproducible(threads: int) -> Iterator[dict[str, Any]]:
+def _reproducible(threads: int, warn_only: bool = False) -> Iterator[dict[str, Any]]:
     """Run a job at a fixed number of torch intra-op threads with torch's deterministic algorithms; restore both after.
 
     The thread count is what decides a CPU run's floating-point sums: at one thread the archived job
     ``volume/seed=0_distribution=d4`` (FLMarket) re-runs bit for bit, at two its accuracy matches to about four
     digits through round 5 and then drifts (issue 43). ``threads = 0`` keeps torch's default (the machine's cores):
     the yielded settings, written into the record (``engine.reproducibility``), say how many that was, and
-    :func:`rerun` uses them.
+    :func:`rerun` uses them. ``warn_only`` (a job on CUDA): an operation with no deterministic CUDA kernel (torch
+    lists ``NLLLoss`` on CUDA among them) warns instead of failing the job; the record says so.
     """
     import torch  # pylint: disable=import-outside-toplevel
 
-    before = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    before = (
+        torch.get_num_threads(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
     cublas = os.environ.get(CUBLAS_WORKSPACE_KEY)
     if threads > 0:
         torch.set_num_threads(threads)
     # On a GPU, torch refuses cuBLAS's matrix products in deterministic mode unless cuBLAS keeps a fixed workspace.
     os.environ.setdefault(CUBLAS_WORKSPACE_KEY, CUBLAS_WORKSPACE_DETERMINISTIC)
-    torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(True, warn_only=warn_only)
     try:
         yield {
             "torch_threads": torch.get_num_threads(),
             "interop_threads": torch.get_num_interop_threads(),
             "deterministic_algorithms": True,
+            "deterministic_warn_only": warn_only,
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "torch": torch.__version__,
             "numpy": np.__version__,
@@ -791,7 +797,7 @@ def _reproducible(threads: int) -> Iterator[dict[str, Any]]:
         }
     finally:
         torch.set_num_threads(before[0])
-        torch.use_deterministic_algorithms(before[1])
+        torch.use_deterministic_algorithms(before[1], warn_only=before[2])
         if cublas is None:
             os.environ.pop(CUBLAS_WORKSPACE_KEY, None)
 

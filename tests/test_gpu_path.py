@@ -146,6 +146,7 @@ def test_an_engine_job_records_the_device_it_ran_on() -> None:
     cfg = EngineConfig(dataset="digits", test_per_class=30, distribution="d4", seed=0, num_selected=5, rounds=2)
     result = run_engine(cfg)
     assert result["engine"]["ran_on"] == {"device": "cpu", "peak_cuda_mib": None}
+    assert result["engine"]["reproducibility"]["deterministic_warn_only"] is False  # strict on the CPU
     assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ  # set for the job only (deterministic cuBLAS on a GPU)
 
 
@@ -168,7 +169,8 @@ def _toy_wheel(folder: Path) -> Path:
     info = root / "toy-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy\nVersion: 1.0\n")
-    (info / "WHEEL").write_text("Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: py3-none-linux_x86_64\n\n")
+    wheel_file = "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: py3-none-linux_x86_64\n\n"
+    (info / "WHEEL").write_text(wheel_file)
     subprocess.run([sys.executable, "-m", "wheel", "pack", "-d", str(folder), str(root)], check=True)
     shutil.rmtree(root)
     (built,) = folder.glob("*.whl")
