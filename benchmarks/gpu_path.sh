@@ -14,8 +14,9 @@
 # On a machine without a GPU the same steps run on the CPU and every CUDA check reads "no GPU". Settings (environment):
 # PYTHON (python3), WHEELS (.whl; empty: use PYTHON's own packages), SITE (/tmp/site, where they are installed),
 # GPU_SHARE (0.1), SUPERNODES (20), ROUNDS (the app's num-server-rounds, 15), ENGINE_ROUNDS (30), ENGINE_WORKERS (3),
-# GPU_PATH_WORK (its scratch folder, removed at the end; default a new /tmp/gpu-path.*). Exit 1 when a part or a
-# check fails. Everything it starts runs under its own FLWR_HOME and ports and is stopped by PID.
+# PART_TIMEOUT (180 s for each flwr run, 20 s more for the engine), GPU_PATH_WORK (its scratch folder, removed at
+# the end; default a new /tmp/gpu-path.*). Exit 1 when a part or a check fails. Everything it starts runs under its
+# own FLWR_HOME and ports and is stopped by PID.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -29,6 +30,7 @@ supernodes=${SUPERNODES:-20}
 rounds=${ROUNDS:-15}
 engine_rounds=${ENGINE_ROUNDS:-30}
 engine_workers=${ENGINE_WORKERS:-3}
+part_timeout=${PART_TIMEOUT:-180}  # each flwr run; the engine gets 20 s more: all three within one 600 s device call
 site=${SITE:-/tmp/site}
 work=${GPU_PATH_WORK:-$(mktemp -d /tmp/gpu-path.XXXXXX)}  # short: Ray's socket paths live under it
 status=0
@@ -79,7 +81,7 @@ main_run() {  # arm, device, GPU share: the README's main command, its own FLWR_
     local arm=$1 device=$2 share=$3 home="$work/flwr-$1" started
     started=$(now)
     FLWR_HOME=$home FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=$(free_port) FLWR_LOCAL_CONTROL_API_PORT=$(free_port) \
-        timeout 600 flwr run . --stream \
+        timeout "$part_timeout" flwr run . --stream \
         --federation-config "num-supernodes=$supernodes client-resources-num-cpus=1 client-resources-num-gpus=$share" \
         --run-config "device='$device' num-server-rounds=$rounds results-dir='$work/results' run-name='$arm' train-log-dir='$work/train-log/$arm'" \
         > "$out/main_$arm.log" 2>&1
@@ -110,7 +112,7 @@ else
     on=(--device cpu)
 fi
 started=$(now)
-OMP_NUM_THREADS=1 timeout 600 "$python" -m simulations.engine --out "$work/engine" "${data[@]}" "${on[@]}" \
+OMP_NUM_THREADS=1 timeout $((part_timeout + 20)) "$python" -m simulations.engine --out "$work/engine" "${data[@]}" "${on[@]}" \
     --schedule linear --num-clients 20 --alpha 0.1 --rounds "$engine_rounds" --final-window $((engine_rounds < 10 ? engine_rounds : 10)) --local-steps 10 \
     --batch-size 32 --learning-rate 0.05 --momentum 0.9 --clip-norm 5.0 --distribution d4 --bid-policy volume \
     --budget-fraction 0.15 --num-selected 0 --selector flmarket rs dice --seed 0 --workers "$engine_workers" \

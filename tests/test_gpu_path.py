@@ -244,6 +244,7 @@ def test_gpu_path_runs_end_to_end_on_the_cpu(tmp_path: Path) -> None:
         "SUPERNODES": "4",
         "ROUNDS": "2",
         "ENGINE_ROUNDS": "2",
+        "PART_TIMEOUT": "900",  # a loaded 2-core machine
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     try:
