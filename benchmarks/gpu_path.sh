@@ -18,7 +18,7 @@
 # the end; default a new /tmp/gpu-path.*). Exit 1 when a part or a check fails. Everything it starts runs under its
 # own FLWR_HOME and ports and is stopped by PID.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 python=${PYTHON:-python3}
 wheels=${WHEELS-.whl}
 if [ "${1:-}" = "--budget" ]; then
