@@ -144,10 +144,11 @@ def test_the_engine_refuses_cuda_without_a_gpu_share(tmp_path: Path, capsys: pyt
 
 def test_an_engine_job_records_the_device_it_ran_on() -> None:
     cfg = EngineConfig(dataset="digits", test_per_class=30, distribution="d4", seed=0, num_selected=5, rounds=2)
+    before = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     result = run_engine(cfg)
     assert result["engine"]["ran_on"] == {"device": "cpu", "peak_cuda_mib": None}
     assert result["engine"]["reproducibility"]["deterministic_warn_only"] is False  # strict on the CPU
-    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ  # set for the job only (deterministic cuBLAS on a GPU)
+    assert os.environ.get("CUBLAS_WORKSPACE_CONFIG") == before  # set for the job only (deterministic cuBLAS on a GPU)
 
 
 # --- The slim wheel --------------------------------------------------------------------------------------------------
