@@ -699,10 +699,13 @@ def run_engine(cfg: EngineConfig, run_config: Mapping[str, Any] | None = None) -
     """Run one job in process and return its ``result.json`` record (``simulations.run.summarize``'s shape).
 
     ``final_accuracy`` is the mean of the last ``final_window`` rounds (NaN for a diverged run);
-    ``engine`` holds the protocol, the plateau criterion and the divergence flags.
+    ``engine`` holds the protocol, the plateau criterion and the divergence flags, and ``engine.ran_on`` the device
+    the job trained on and its peak CUDA memory in MiB (``None`` on the CPU).
     """
     started = time.perf_counter()
-    with _reproducible(cfg.torch_threads) as settings:
+    device = task.resolve_device(cfg.device)
+    with _reproducible(cfg.torch_threads, warn_only=device.type == "cuda") as settings:
+        task.reset_peak_memory(device)
         federation = load_federation(cfg)
         loaded = time.perf_counter()
         sfedavg = ShapleyCohort(cfg.num_clients, cfg.num_selected, cfg.seed) if cfg.selector == "sfedavg" else None
@@ -733,6 +736,7 @@ def run_engine(cfg: EngineConfig, run_config: Mapping[str, Any] | None = None) -
     )
     result["engine"] = {"name": "inprocess", "config": asdict(cfg), "bought_nobody": not selected, **protocol}
     result["engine"]["reproducibility"] = settings
+    result["engine"]["ran_on"] = {"device": task.describe_device(device), "peak_cuda_mib": task.peak_memory_mib(device)}
     if market and cfg.selector == "flmarket":
         result["market"] = market
     elif market:
@@ -755,27 +759,41 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+CUBLAS_WORKSPACE_KEY = "CUBLAS_WORKSPACE_CONFIG"
+CUBLAS_WORKSPACE_DETERMINISTIC = ":4096:8"
+"""The cuBLAS workspace setting that torch's deterministic mode needs on CUDA (PyTorch's reproducibility notes)."""
+
+
 @contextmanager
-def _reproducible(threads: int) -> Iterator[dict[str, Any]]:
+def _reproducible(threads: int, warn_only: bool = False) -> Iterator[dict[str, Any]]:
     """Run a job at a fixed number of torch intra-op threads with torch's deterministic algorithms; restore both after.
 
     The thread count is what decides a CPU run's floating-point sums: at one thread the archived job
     ``volume/seed=0_distribution=d4`` (FLMarket) re-runs bit for bit, at two its accuracy matches to about four
     digits through round 5 and then drifts (issue 43). ``threads = 0`` keeps torch's default (the machine's cores):
     the yielded settings, written into the record (``engine.reproducibility``), say how many that was, and
-    :func:`rerun` uses them.
+    :func:`rerun` uses them. ``warn_only`` (a job on CUDA): an operation with no deterministic CUDA kernel (torch
+    lists ``NLLLoss`` on CUDA among them) warns instead of failing the job; the record says so.
     """
     import torch  # pylint: disable=import-outside-toplevel
 
-    before = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    before = (
+        torch.get_num_threads(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    cublas = os.environ.get(CUBLAS_WORKSPACE_KEY)
     if threads > 0:
         torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(True)
+    # On a GPU, torch refuses cuBLAS's matrix products in deterministic mode unless cuBLAS keeps a fixed workspace.
+    os.environ.setdefault(CUBLAS_WORKSPACE_KEY, CUBLAS_WORKSPACE_DETERMINISTIC)
+    torch.use_deterministic_algorithms(True, warn_only=warn_only)
     try:
         yield {
             "torch_threads": torch.get_num_threads(),
             "interop_threads": torch.get_num_interop_threads(),
             "deterministic_algorithms": True,
+            "deterministic_warn_only": warn_only,
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "torch": torch.__version__,
             "numpy": np.__version__,
@@ -784,7 +802,9 @@ def _reproducible(threads: int) -> Iterator[dict[str, Any]]:
         }
     finally:
         torch.set_num_threads(before[0])
-        torch.use_deterministic_algorithms(before[1])
+        torch.use_deterministic_algorithms(before[1], warn_only=before[2])
+        if cublas is None:
+            os.environ.pop(CUBLAS_WORKSPACE_KEY, None)
 
 
 def rerun(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -903,28 +923,35 @@ def write_result(job: Path, result: Mapping[str, Any]) -> None:
 
 
 def run_on_ray(
-    jobs: Sequence[tuple[EngineConfig, Path]], workers: int, done: Callable[[Path, dict[str, Any]], None]
+    jobs: Sequence[tuple[EngineConfig, Path]],
+    workers: int,
+    done: Callable[[Path, dict[str, Any]], None],
+    job_gpus: float = 0.0,
 ) -> None:
     """Run engine jobs as Ray tasks, at most ``workers`` at once, and hand each result to ``done`` as it arrives.
 
     Ray is Flower's simulation backend, so it is installed with the app. With ``RAY_ADDRESS`` set the tasks
     go to that existing cluster (every node needs this project importable at the same path, or installed);
     otherwise a local Ray with ``workers`` CPUs starts for the sweep and stops after it. Each task returns
-    its result to this process, which writes it: a cluster needs no shared file system.
+    its result to this process, which writes it: a cluster needs no shared file system. Each task asks Ray for
+    one CPU and ``job_gpus`` of a GPU: a job with ``device="cuda"`` needs ``job_gpus > 0``, since Ray hides the
+    GPUs from a task that asks for none (``0.25``: four jobs share a GPU).
     """
     import ray  # pylint: disable=import-outside-toplevel
 
     address = os.environ.get("RAY_ADDRESS") or None
     started_here = not ray.is_initialized()
     if started_here:
+        # The project first, then this process's own PYTHONPATH (packages installed with pip --target, say).
+        paths = [str(Path(__file__).resolve().parents[1]), *filter(None, [os.environ.get("PYTHONPATH")])]
         ray.init(
             address=address,
             num_cpus=None if address else workers,
             include_dashboard=False,
             log_to_driver=False,
-            runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}},
+            runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}},
         )
-    task = ray.remote(num_cpus=1)(run_engine)
+    task = ray.remote(num_cpus=1, num_gpus=job_gpus)(run_engine)
     try:
         queue = list(jobs)
         running: dict[Any, Path] = {}
@@ -978,6 +1005,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--workers", type=int, default=1, help="jobs run at once, as Ray tasks (RAY_ADDRESS: a cluster)"
     )
+    parser.add_argument(
+        "--job-gpus", type=float, default=0.0, help="share of a GPU each job's Ray task asks for (--device cuda)"
+    )
     types = {
         "num_selected": int,
         "seed": int,
@@ -996,6 +1026,13 @@ def main(argv: list[str] | None = None) -> None:
     workers: int = args.pop("workers")
     if workers < 1:
         parser.error(f"--workers must be >= 1, got {workers}")
+    job_gpus: float = args.pop("job_gpus")
+    if not 0.0 <= job_gpus <= 1.0:
+        parser.error(f"--job-gpus must be in [0, 1], got {job_gpus}")
+    if str(args["device"]).startswith("cuda") and job_gpus == 0.0:
+        parser.error(
+            f"--device {args['device']} needs --job-gpus > 0: Ray hides the GPUs from a task that asks for none"
+        )
     grids = {key: args.pop(key) or [getattr(EngineConfig, key)] for key in _GRID_KEYS}
     always_named = ("distribution", "num_selected", "selector", "seed")
     varied = [key for key in _GRID_KEYS if len(grids[key]) > 1 or key in always_named]
@@ -1024,7 +1061,7 @@ def main(argv: list[str] | None = None) -> None:
         )
 
     if todo:
-        run_on_ray(todo, workers, report)
+        run_on_ray(todo, workers, report, job_gpus)
     print(f"results in {out.resolve()}", flush=True)
 
 

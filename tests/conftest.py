@@ -53,6 +53,7 @@ SLOW_MODULES = {
     "test_simulations.py",  # Hydra sweeps, each in its own Ray instance
 }
 SLOW_TESTS = {
+    "test_gpu_path.py::test_gpu_path_runs_end_to_end_on_the_cpu",  # two flwr runs and three engine jobs
     "test_adversarial_runs.py::test_the_apps_clients_keep_the_ledger_named_by_their_node_config",  # 7.5 s, digits
     "test_app_quickstart.py::test_the_readme_drop_in_runs_flowers_quickstart_under_flwr_run",
     "test_app_simulation.py::test_budget_mode_only_winners_train",

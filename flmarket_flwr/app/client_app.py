@@ -14,6 +14,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
+from logging import INFO
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -21,6 +22,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.app.typing import MetricRecordValues
 from flwr.clientapp import ClientApp
+from flwr.supercore import log
 
 from flmarket_flwr.app.run_config import (
     DEFAULTS,
@@ -32,9 +34,12 @@ from flmarket_flwr.app.task import (
     DataConfig,
     build_task_model,
     configure_torch_threads,
+    describe_device,
     evaluate,
     load_partition,
     partition_label_counts,
+    peak_memory_mib,
+    reset_peak_memory,
     resolve_device,
     training_seed,
 )
@@ -172,6 +177,7 @@ def train(msg: Message, context: Context, val_per_class: int = 0) -> Message:
     device = resolve_device(settings.device)
     seed = training_seed(data_config.seed, partition_id, server_round)
     torch.manual_seed(seed)  # Dropout and any other draw from torch's global generator: same run, same model.
+    reset_peak_memory(device)
     started = time.perf_counter()
     train_loss = train_model(
         model,
@@ -184,7 +190,19 @@ def train(msg: Message, context: Context, val_per_class: int = 0) -> Message:
         seed=seed,
     )
     train_time = time.perf_counter() - started
-    _record_training(context, partition_id, server_round, len(data[1]), train_time, device)
+    peak_mib = peak_memory_mib(device)
+    log(
+        INFO,
+        "ClientApp node %d (partition %d), round %d: trained %d examples on %s in %.2f s, peak CUDA memory %s",
+        context.node_id,
+        partition_id,
+        server_round,
+        len(data[1]),
+        describe_device(device),
+        train_time,
+        "none (CPU)" if peak_mib is None else f"{peak_mib:.1f} MiB",
+    )
+    _record_training(context, partition_id, server_round, len(data[1]), train_time, device, peak_mib)
 
     metrics: dict[str, MetricRecordValues] = {
         "train_loss": 0.0 if math.isnan(train_loss) else train_loss,
@@ -227,12 +245,14 @@ def _record_training(  # pylint: disable=too-many-arguments,too-many-positional-
     num_examples: int,
     train_time: float,
     device: torch.device,
+    peak_cuda_mib: float | None = None,
 ) -> None:
     """Write an audit record of this train message when ``train-log-dir`` is set.
 
     One small JSON file per (node, round) in ``<train-log-dir>/run-<run_id>/``:
     tests use it to check, from the client side, that only the market's winners
-    ever trained.
+    ever trained, and on which device (``device``; ``peak_cuda_mib``, the training's peak CUDA memory, ``null``
+    on the CPU).
     """
     log_dir = str(settings_of(context).train_log_dir)
     if not log_dir:
@@ -249,6 +269,7 @@ def _record_training(  # pylint: disable=too-many-arguments,too-many-positional-
         "won": None if award is None else award.won,
         "payment": None if award is None else award.payment,
         "device": str(device),
+        "peak_cuda_mib": peak_cuda_mib,
     }
     path = folder / f"train-node{context.node_id}-round{server_round}.json"
     path.write_text(json.dumps(record), encoding="utf-8")
@@ -342,7 +363,9 @@ def build_client_app(run_config: Mapping[str, Any] | None = None, val_per_class:
     * No other query: the baselines' raw-statistics query (RS, QBS, DICE, DDS) is answered
       only by the experiments' ClientApp (:mod:`simulations.apps`), never by this one.
     * **Training** (``train`` / ``evaluate`` messages): plain local SGD on the
-      client's partition with the configured model, on CUDA when available.
+      client's partition with the configured model, on CUDA when available; each train message logs one line with
+      the device it trained on and its peak CUDA memory (``ClientApp node ..., round r: trained n examples on
+      cuda:0 (<GPU>) in t s, peak CUDA memory m MiB``).
 
     Every node-config key is declared once (:data:`NODE_CONFIG`: the market's keys,
     :mod:`flmarket_flwr.market.node.node_config`, and the app's own); a node config with an unknown key, a

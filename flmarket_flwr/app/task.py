@@ -42,6 +42,7 @@ __all__ = [
     "build_task_model",
     "configure_torch_threads",
     "data_embedding",
+    "describe_device",
     "embed_inputs",
     "evaluate",
     "input_shape",
@@ -50,6 +51,8 @@ __all__ = [
     "load_validation_set",
     "num_classes",
     "partition_label_counts",
+    "peak_memory_mib",
+    "reset_peak_memory",
     "resolve_device",
     "train",
 ]
@@ -451,6 +454,32 @@ def resolve_device(name: str = "auto") -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} requested but CUDA is not available")
     return device
+
+
+def describe_device(device: torch.device) -> str:
+    """``device`` as a log names it: ``"cuda:0 (NVIDIA H200)"`` for a GPU (index and model), ``"cpu"``."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    if device.type != "cuda":
+        return str(device)
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start counting ``device``'s peak CUDA memory afresh (:func:`peak_memory_mib`); nothing on the CPU."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_mib(device: torch.device) -> float | None:
+    """The most CUDA memory this process's tensors held on ``device`` since :func:`reset_peak_memory`, in MiB
+    (``torch.cuda.max_memory_allocated``); ``None`` on the CPU."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    return float(torch.cuda.max_memory_allocated(device)) / 2**20 if device.type == "cuda" else None
 
 
 def configure_torch_threads(num_threads: int) -> None:
