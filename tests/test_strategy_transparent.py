@@ -23,7 +23,7 @@ from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, 
 from test_grid_view import NUM_CLASSES, make_counts
 from test_strategy import INITIAL, market_grid, receivers, wrapped
 
-from flmarket_flwr.market import CostBasedBid, FLMarket, RelaunchPolicy, market_mod
+from flmarket_flwr.market import CostBasedBid, FLMarket, MarketError, RelaunchPolicy, market_mod
 from simulations.inprocess_grid import InProcessGrid
 
 
@@ -252,3 +252,20 @@ def test_register_market_handlers_on_a_client_fn_app_points_at_the_mod() -> None
     app = ClientApp(client_fn=lambda context: NumpyClient(1).to_client())
     with pytest.raises(ValueError, match=r"built with a client_fn.*mods=\[market_mod\(label_counts"):
         register_market_handlers(app, lambda context: np.ones(NUM_CLASSES, dtype=np.int64))
+
+
+@pytest.mark.parametrize("kind", ["Message-API app with the mod", "client_fn app without it"])
+def test_a_node_without_market_handlers_is_excluded_with_what_to_do(kind: str) -> None:
+    counts = make_counts(4, seed=2)
+    if kind == "client_fn app without it":
+        app = ClientApp(client_fn=lambda context: NumpyClient(1).to_client())
+    else:  # Flower runs a decorator app's mods around its registered functions only: the market never reaches it
+        app = ClientApp(mods=[market_mod(lambda context: counts[context.node_id])])
+        app.train()(lambda message, context: message)
+    strategy = wrapped(FedAvg())
+    with pytest.raises(MarketError):
+        strategy.start(grid=InProcessGrid(app, list(counts)), initial_arrays=INITIAL)
+    reasons = strategy.market_outcome.excluded
+    assert sorted(reasons) == sorted(counts)
+    hint = "the node's ClientApp has no market handlers: register_market_handlers(app"
+    assert all(hint in reason for reason in reasons.values())

@@ -262,12 +262,7 @@ class FLMarket(Strategy):
         driver: type[Strategy] = Strategy if self.relaunch is not None else type(self.strategy)  # type: ignore[type-abstract]
         keywords = _start_keywords(driver, {"should_stop": should_stop, **newer})
         log(INFO, "Starting FLMarket: market phase, then %s on the winners", type(self.strategy).__name__)
-        self.market_outcome = None
-        self._winners_grid = None
-        self.markets = []
-        self._active, self._spent, self._stopped, self._train_rounds = [], {}, "", 0
-        self._rostered = set()
-        self.dropped = {}
+        self._new_run()
         if self.relaunch is not None:  # the rounds go through this strategy's hooks, which re-run the market
             return Strategy.start(
                 self,
@@ -332,14 +327,22 @@ class FLMarket(Strategy):
                 "num_classes=...)(grid, context)"
             )
         if self._winners_grid is None or self._winners_grid.grid is not grid:
-            self.market_outcome, self._winners_grid, self.markets, self.dropped = None, None, [], {}
-            self._active, self._spent, self._stopped, self._train_rounds, self._rostered = [], {}, "", 0, set()
+            self._new_run()
         log(INFO, "Starting FLMarket: market phase, then %s on the winners", type(self.workflow).__name__)
         view = self.winners_grid(grid)
         legacy_strategy = getattr(context, "strategy", None)
         _warn_if_dp_sized_otherwise(legacy_strategy, len(view.node_ids))
         with _capped_min_nodes(legacy_strategy, len(view.node_ids)):
             self.workflow(view, context)
+
+    def _new_run(self) -> None:
+        """Forget the markets of an earlier run: a new run starts with none."""
+        self.market_outcome = None
+        self._winners_grid = None
+        self.markets = []
+        self._active, self._spent, self._stopped, self._train_rounds = [], {}, "", 0
+        self._rostered = set()
+        self.dropped = {}
 
     def winners_grid(self, grid: Grid) -> WinnersGrid:
         """The view of ``grid`` that holds the market's winners only; runs the market phase the first time.
