@@ -26,7 +26,8 @@ def main(grid: Grid, context: Context) -> None:
 
     # Initialize FedAvg strategy
     strategy = CustomFedAvg(
-        fraction_train=fraction_train, fraction_evaluate=fraction_eval
+        fraction_train=fraction_train,
+        fraction_evaluate=fraction_eval,
     )
 
     # Define directory for results and save config

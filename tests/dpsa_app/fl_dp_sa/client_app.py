@@ -29,9 +29,7 @@ class FlowerClient(NumPyClient):
 
 def client_fn(context: Context):
     partition_id = context.node_config["partition-id"]
-    trainloader, testloader = load_data(
-        partition_id=partition_id, num_partitions=context.node_config["num-partitions"]
-    )
+    trainloader, testloader = load_data(partition_id=partition_id, num_partitions=context.node_config["num-partitions"])
     return FlowerClient(trainloader, testloader).to_client()
 
 

@@ -33,7 +33,7 @@ def get_weights(net):
 
 
 def set_weights(net, parameters):
-    params_dict = zip(net.state_dict().keys(), parameters)
+    params_dict = zip(net.state_dict().keys(), parameters, strict=True)
     state_dict = OrderedDict({k: torch.tensor(v) for k, v in params_dict})
     net.load_state_dict(state_dict, strict=True)
 

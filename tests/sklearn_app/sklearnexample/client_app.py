@@ -37,7 +37,11 @@ def train(msg: Message, context: Context):
         model.fit(X_train, y_train)
 
     train_logloss = log_loss(y_train, model.predict_proba(X_train), labels=UNIQUE_LABELS)
-    metrics = {"num-examples": len(X_train), "train_logloss": train_logloss, "train_accuracy": model.score(X_train, y_train)}
+    metrics = {
+        "num-examples": len(X_train),
+        "train_logloss": train_logloss,
+        "train_accuracy": model.score(X_train, y_train),
+    }
     content = RecordDict({"arrays": ArrayRecord(get_model_params(model)), "metrics": MetricRecord(metrics)})
     return Message(content=content, reply_to=msg)
 
