@@ -6,7 +6,12 @@ Usage, in a ``ServerApp``'s main::
     result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=3)
     strategy.market_outcome  # winners, payments, scores, bids
 
-A strategy that wraps a strategy and composes with Flower's wrappers in either order (:class:`FLMarket`).
+In a legacy ``ServerApp`` (``LegacyContext``, ``DefaultWorkflow``), the same market around the workflow::
+
+    FLMarket(workflow, budget=600.0, num_classes=10)(grid, context)  # was: workflow(grid, context)
+
+A strategy that wraps a strategy and composes with Flower's wrappers in either order (:class:`FLMarket`); what it does
+not define is the wrapped strategy's.
 """
 
 from __future__ import annotations
