@@ -197,7 +197,14 @@ def test_a_dp_wrapper_sized_for_another_cohort_is_warned_about_and_sizing_it_fro
     market = market_of(DefaultWorkflow(), num_winners=3)
     dp = LegacyServerSideDP(legacy_fedavg(fraction_fit=1.0, fraction_evaluate=0.0), 0.1, 10.0, num_sampled_clients=5)
     market(grid, legacy_context(dp, rounds=1))
-    assert "adds noise for num_sampled_clients=5, but the cohort has 3 node(s)" in caplog.text
+    assert "adds noise for num_sampled_clients=5, but 3 of the cohort's 3 node(s) train each round" in caplog.text
+
+    caplog.clear()  # sized for what the strategy samples of the cohort each round: 2 of the 4 winners
+    market = market_of(DefaultWorkflow(), num_winners=4)
+    dp = LegacyServerSideDP(legacy_fedavg(fraction_fit=0.5, fraction_evaluate=0.0), 0.1, 10.0, num_sampled_clients=2)
+    market(legacy_grid(), legacy_context(dp, rounds=1))
+    assert len(market.market_outcome.winners) == 4
+    assert "num_sampled_clients=" not in caplog.text and "differs from the number of sampled clients" not in caplog.text
 
     caplog.clear()
     grid = legacy_grid()

@@ -336,8 +336,8 @@ class FLMarket(Strategy):
         log(INFO, "Starting FLMarket: market phase, then %s on the winners", type(self.workflow).__name__)
         view = self.winners_grid(grid)
         legacy_strategy = getattr(context, "strategy", None)
-        _warn_if_dp_sized_otherwise(legacy_strategy, len(view.node_ids))
         with _capped_min_nodes(legacy_strategy, len(view.node_ids)):
+            _warn_if_dp_sized_otherwise(legacy_strategy, len(view.node_ids))
             self.workflow(view, context)
 
     def _new_run(self) -> None:
@@ -1002,16 +1002,21 @@ def _inside_a_legacy_round(context: Context) -> bool:
 
 def _warn_if_dp_sized_otherwise(strategy: object, cohort: int) -> None:
     """Warn, once before training, when a DP wrapper in the legacy strategy's chain sizes its noise for another
-    number of clients than the cohort that will train."""
-    for each in _strategy_chain(strategy):
+    number of clients than will train each round: what the innermost strategy samples from the cohort
+    (``num_fit_clients``, its minimums capped), else the whole cohort."""
+    chain = _strategy_chain(strategy)
+    samplers = [each for each in chain if callable(getattr(each, "num_fit_clients", None))]
+    per_round = int(samplers[-1].num_fit_clients(cohort)[0]) if samplers else cohort  # type: ignore[attr-defined]
+    for each in chain:
         sampled = getattr(each, "__dict__", {}).get("num_sampled_clients")
-        if isinstance(sampled, int) and sampled != cohort:
+        if isinstance(sampled, int) and sampled != per_round:
             log(
                 WARNING,
-                "FLMarket: %s adds noise for num_sampled_clients=%d, but the cohort has %d node(s): build it with "
-                "num_sampled_clients=len(market.winners_grid(grid).node_ids) (README: 'A legacy ServerApp')",
+                "FLMarket: %s adds noise for num_sampled_clients=%d, but %d of the cohort's %d node(s) train each "
+                "round: build it for the cohort, after market.winners_grid(grid) (docs/drop-in.md)",
                 type(each).__name__,
                 sampled,
+                per_round,
                 cohort,
             )
 
