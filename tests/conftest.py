@@ -56,6 +56,12 @@ SLOW_TESTS = {
     "test_gpu_path.py::test_gpu_path_runs_end_to_end_on_the_cpu",  # two flwr runs and three engine jobs
     "test_adversarial_runs.py::test_the_apps_clients_keep_the_ledger_named_by_their_node_config",  # 7.5 s, digits
     "test_app_quickstart.py::test_the_readme_drop_in_runs_flowers_quickstart_under_flwr_run",
+    # docs/drop-in.md's examples: torch training in process (about 20 s each), and each under `flwr run` with 10 nodes
+    "test_app_dropin_examples.py::test_a_custom_strategy_keeps_its_own_methods_and_start_on_the_winners",
+    "test_app_dropin_examples.py::test_a_legacy_app_runs_secagg_plus_and_central_dp_on_the_winners",
+    "test_app_dropin_examples.py::test_the_custom_strategy_example_runs_under_flwr_run",
+    "test_app_dropin_examples.py::test_the_numpy_example_runs_under_flwr_run",
+    "test_app_dropin_examples.py::test_the_legacy_secagg_dp_example_runs_under_flwr_run",
     "test_app_simulation.py::test_budget_mode_only_winners_train",
     "test_app_simulation.py::test_fixed_cohort_mode",
     "test_app_simulation.py::test_too_few_supernodes_fails_fast",

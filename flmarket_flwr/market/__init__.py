@@ -7,7 +7,8 @@ Server (inside ``@app.main()``)::
 
 Client::
 
-    register_market_handlers(client_app, label_counts, CostBasedBid(0.01))
+    register_market_handlers(client_app, label_counts, CostBasedBid(0.01))  # a Message-API ClientApp
+    ClientApp(client_fn=client_fn, mods=[market_mod(label_counts)])  # a ClientApp built with a client_fn
 
 Inside, the buyer's modules (:mod:`.buyer`) and the node's (:mod:`.node`) never import each other; they meet at
 :mod:`.wire`, what both read (``docs/layout.md``). This module is the public API over the three.
@@ -31,6 +32,7 @@ from flmarket_flwr.market.node.bidding import (
 )
 from flmarket_flwr.market.node.client import MarketAward, read_award, register_market_handlers
 from flmarket_flwr.market.node.labels import label_counts
+from flmarket_flwr.market.node.mod import market_mod
 from flmarket_flwr.market.wire.ledger import ReleaseLedger, RosterHistory, plan_roster
 
 __all__ = [
@@ -54,6 +56,7 @@ __all__ = [
     "SimulatedCostBid",
     "WinnersGrid",
     "label_counts",
+    "market_mod",
     "plan_roster",
     "read_award",
     "register_market_handlers",

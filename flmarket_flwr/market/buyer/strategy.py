@@ -6,7 +6,12 @@ Usage, in a ``ServerApp``'s main::
     result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=3)
     strategy.market_outcome  # winners, payments, scores, bids
 
-A strategy that wraps a strategy and composes with Flower's wrappers in either order (:class:`FLMarket`).
+In a legacy ``ServerApp`` (``LegacyContext``, ``DefaultWorkflow``), the same market around the workflow::
+
+    FLMarket(workflow, budget=600.0, num_classes=10)(grid, context)  # was: workflow(grid, context)
+
+A strategy that wraps a strategy and composes with Flower's wrappers in either order (:class:`FLMarket`); what it does
+not define is the wrapped strategy's.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import flwr
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord
+from flwr.compat.server.typing import Workflow
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
@@ -41,7 +47,16 @@ from flmarket_flwr.pricing.auction import VALUE_RANGE
 
 __all__ = ["FLMarket", "MarketEntry", "log_market_outcome", "start_on_nodes"]
 
-_MIN_NODE_SETTINGS = ("min_available_nodes", "min_train_nodes", "min_evaluate_nodes")
+_MIN_NODE_SETTINGS = frozenset(
+    {
+        "min_available_nodes",
+        "min_train_nodes",
+        "min_evaluate_nodes",
+        "min_available_clients",  # a legacy strategy's, in a workflow
+        "min_fit_clients",
+        "min_evaluate_clients",
+    }
+)
 
 
 class FLMarket(Strategy):
@@ -62,10 +77,15 @@ class FLMarket(Strategy):
 
     Parameters
     ----------
-    strategy : Strategy
-        The strategy to run on the winners (``FedAvg``, ``FedProx``, ``FedAdam``, ...). Its
+    strategy : Strategy or Workflow
+        The strategy to run on the winners (``FedAvg``, ``FedProx``, ``FedAdam``, your own subclass, ...). Its
         ``min_available_nodes`` / ``min_train_nodes`` / ``min_evaluate_nodes`` are capped at the
-        number of winners during :meth:`start`, and restored afterwards.
+        number of winners during :meth:`start`, and restored afterwards. Attributes and methods that ``FLMarket``
+        does not define reach it through the wrapper (``strategy.set_save_path(...)`` on an ``FLMarket`` calls the
+        wrapped strategy's method; setting one of its attributes sets the wrapped strategy's).
+        Or a legacy workflow (``DefaultWorkflow(fit_workflow=SecAggPlusWorkflow(...))``, driving a legacy strategy
+        held in a ``LegacyContext``): then the ``FLMarket`` is itself a workflow, called in its place
+        (:meth:`__call__`). A legacy strategy (``flwr.server.strategy``) is refused with what to do instead.
     budget : float, optional
         Budget ``R > 0``: what the buyer pays over the whole run, every market together (the first market's
         auction gets all of it; see ``relaunch``). Required unless ``market_config`` is given.
@@ -141,7 +161,7 @@ class FLMarket(Strategy):
     # pylint: disable=too-many-arguments
     def __init__(
         self,
-        strategy: Strategy,
+        strategy: Strategy | Workflow,
         *,
         budget: float | None = None,
         num_classes: int | None = None,
@@ -158,8 +178,7 @@ class FLMarket(Strategy):
         budget_rule: str | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(strategy, Strategy):
-            raise TypeError(f"strategy must be a flwr Strategy, got {type(strategy).__name__}")
+        strategy, workflow = _wrapped_parts(strategy)
         shorthand = {
             "budget": budget,
             "num_classes": num_classes,
@@ -217,6 +236,10 @@ class FLMarket(Strategy):
         self._rostered: set[int] = set()
         self._stopped = ""
         self._train_rounds = 0
+        self.workflow: Workflow | None = workflow
+        """The legacy workflow this market wraps (``FLMarket(workflow, ...)(grid, context)``), else ``None``."""
+        _check_workflow_settings(self)
+        self._transparent = True  # last: from here on, writes of the wrapped strategy's attributes reach it
 
     # pylint: disable=too-many-positional-arguments
     def start(
@@ -250,15 +273,12 @@ class FLMarket(Strategy):
         MarketError
             If the market phase cannot run, or nobody won the auction (logged first).
         """
+        if self.workflow is not None:
+            self.strategy.start(grid, initial_arrays)  # the stand-in's refusal: nothing is run
         driver: type[Strategy] = Strategy if self.relaunch is not None else type(self.strategy)  # type: ignore[type-abstract]
         keywords = _start_keywords(driver, {"should_stop": should_stop, **newer})
         log(INFO, "Starting FLMarket: market phase, then %s on the winners", type(self.strategy).__name__)
-        self.market_outcome = None
-        self._winners_grid = None
-        self.markets = []
-        self._active, self._spent, self._stopped, self._train_rounds = [], {}, "", 0
-        self._rostered = set()
-        self.dropped = {}
+        self._new_run()
         if self.relaunch is not None:  # the rounds go through this strategy's hooks, which re-run the market
             return Strategy.start(
                 self,
@@ -283,6 +303,62 @@ class FLMarket(Strategy):
             evaluate_fn=evaluate_fn,
             **keywords,
         )
+
+    def __call__(self, grid: Grid, context: Context) -> None:
+        """Run the market phase, then the wrapped legacy workflow on the winners: a legacy ``ServerApp``'s
+        ``workflow(grid, context)`` becomes ``FLMarket(workflow, budget=..., num_classes=...)(grid, context)``.
+
+        The workflow (``DefaultWorkflow``, with ``SecAggPlusWorkflow`` as its fit workflow, say) gets the market's
+        :meth:`winners_grid`, so its client manager holds the winners only and the legacy strategy in ``context``
+        (``LegacyContext``) samples among them; that strategy's ``min_fit_clients`` / ``min_evaluate_clients`` /
+        ``min_available_clients`` (and those of each strategy it wraps) are capped at the cohort meanwhile, as
+        :meth:`start` caps a Message-API strategy's. A market run already on ``grid`` (:meth:`winners_grid` called
+        first, to size a DP wrapper for the cohort) is not run again. Every train message the workflow sends is
+        recorded in :meth:`delivery_report` (SecAgg+ sends several a round: one per stage).
+
+        Parameters
+        ----------
+        grid : Grid
+            The ``ServerApp``'s grid.
+        context : Context
+            The ``LegacyContext`` the workflow runs with.
+
+        Raises
+        ------
+        TypeError
+            If this ``FLMarket`` wraps a strategy (use :meth:`start`), or it is called from inside a running
+            ``DefaultWorkflow`` (as its fit workflow): it must wrap the outermost workflow.
+        MarketError
+            If the market phase cannot run, or nobody won the auction (logged first).
+        """
+        if self.workflow is None:
+            raise TypeError(
+                f"this FLMarket wraps the strategy {type(self.strategy).__name__}: run it with "
+                "strategy.start(grid=grid, initial_arrays=...), not as a workflow"
+            )
+        if _inside_a_legacy_round(context):
+            raise TypeError(
+                "FLMarket was called inside a running workflow (as DefaultWorkflow's fit_workflow?): wrap the "
+                "outermost workflow instead, FLMarket(DefaultWorkflow(fit_workflow=...), budget=..., "
+                "num_classes=...)(grid, context)"
+            )
+        if self._winners_grid is None or self._winners_grid.grid is not grid:
+            self._new_run()
+        log(INFO, "Starting FLMarket: market phase, then %s on the winners", type(self.workflow).__name__)
+        view = self.winners_grid(grid)
+        legacy_strategy = getattr(context, "strategy", None)
+        with _capped_min_nodes(legacy_strategy, len(view.node_ids)):
+            _warn_if_dp_sized_otherwise(legacy_strategy, len(view.node_ids))
+            self.workflow(view, context)
+
+    def _new_run(self) -> None:
+        """Forget the markets of an earlier run: a new run starts with none."""
+        self.market_outcome = None
+        self._winners_grid = None
+        self.markets = []
+        self._active, self._spent, self._stopped, self._train_rounds = [], {}, "", 0
+        self._rostered = set()
+        self.dropped = {}
 
     def winners_grid(self, grid: Grid) -> WinnersGrid:
         """The view of ``grid`` that holds the market's winners only; runs the market phase the first time.
@@ -683,6 +759,33 @@ class FLMarket(Strategy):
         """Delegate to the wrapped strategy."""
         return self.strategy.aggregate_evaluate(server_round, replies)
 
+    # --- Transparent: the wrapped strategy's own attributes and methods ------------------------------
+    def __getattr__(self, name: str) -> Any:
+        """An attribute ``FLMarket`` does not have: the wrapped strategy's (or workflow's), as if unwrapped.
+
+        Private names (``_...``) are not forwarded, nor is anything before ``__init__`` has set the wrapped
+        object (unpickling, ``copy``): both raise ``AttributeError`` as usual.
+        """
+        wrapped = _wrapped_object(self.__dict__)
+        if name.startswith("_") or wrapped is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        try:
+            return getattr(wrapped, name)
+        except AttributeError:
+            raise AttributeError(
+                f"neither {type(self).__name__!r} nor the {type(wrapped).__name__!r} it wraps has an attribute {name!r}"
+            ) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Set an attribute; one that only the wrapped strategy has (``fraction_train``, your own) is set there."""
+        state = self.__dict__
+        if state.get("_transparent") and name not in state and not hasattr(type(self), name):
+            wrapped = _wrapped_object(state)
+            if not name.startswith("_") and hasattr(wrapped, name):
+                setattr(wrapped, name, value)
+                return
+        super().__setattr__(name, value)
+
 
 @dataclass(frozen=True, eq=False)
 class MarketEntry:
@@ -790,15 +893,18 @@ def _start_parameters(strategy_type: type[Strategy]) -> tuple[frozenset[str], bo
 
 
 @contextmanager
-def _capped_min_nodes(strategy: Strategy, num_nodes: int) -> Iterator[None]:
+def _capped_min_nodes(strategy: object, num_nodes: int) -> Iterator[None]:
     """Cap the ``min_*_nodes`` of the strategy, and of each one it wraps (a DP wrapper's ``strategy``), at
-    ``num_nodes`` (they would wait forever for more); restore after."""
-    chain: list[Strategy] = []
-    wrapped: object = strategy
-    while isinstance(wrapped, Strategy) and all(wrapped is not seen for seen in chain):
-        chain.append(wrapped)
-        wrapped = getattr(wrapped, "strategy", None)
-    saved = [(each, name, getattr(each, name)) for each in chain for name in _MIN_NODE_SETTINGS if hasattr(each, name)]
+    ``num_nodes`` (they would wait forever for more); restore after. A legacy strategy's ``min_*_clients`` alike.
+
+    Only a strategy's own attributes are capped (an ``FLMarket`` in the chain forwards its wrapped strategy's, which
+    the chain caps where they live)."""
+    saved = [
+        (each, name, value)
+        for each in _strategy_chain(strategy)
+        for name, value in getattr(each, "__dict__", {}).items()
+        if name in _MIN_NODE_SETTINGS and isinstance(value, int)
+    ]
     for each, name, value in saved:
         setattr(each, name, min(int(value), num_nodes))
     try:
@@ -806,6 +912,127 @@ def _capped_min_nodes(strategy: Strategy, num_nodes: int) -> Iterator[None]:
     finally:
         for each, name, value in saved:
             setattr(each, name, value)
+
+
+def _strategy_chain(strategy: object) -> list[object]:
+    """``strategy`` and each strategy it wraps (a wrapper's ``strategy``), Message-API or legacy, outermost first."""
+    from flwr.server.strategy import Strategy as LegacyStrategy  # pylint: disable=import-outside-toplevel
+
+    chain: list[object] = []
+    while isinstance(strategy, (Strategy, LegacyStrategy)) and all(strategy is not seen for seen in chain):
+        chain.append(strategy)
+        strategy = getattr(strategy, "__dict__", {}).get("strategy")
+    return chain
+
+
+def _wrapped_object(state: Mapping[str, Any]) -> object:
+    """What an ``FLMarket`` whose ``__dict__`` is ``state`` wraps: its workflow, else its strategy (``None`` while
+    unset)."""
+    workflow = state.get("workflow")
+    return workflow if workflow is not None else state.get("strategy")
+
+
+def _wrapped_parts(wrapped: object) -> tuple[Strategy, Workflow | None]:
+    """``(strategy, workflow)`` of what ``FLMarket`` was given: a Message-API strategy, or a legacy workflow (with a
+    stand-in strategy that refuses the round hooks).
+
+    Raises
+    ------
+    TypeError
+        For a legacy strategy, a class instead of an instance, a legacy fit workflow on its own, or anything else,
+        naming what to pass instead.
+    """
+    from flwr.server.strategy import Strategy as LegacyStrategy  # pylint: disable=import-outside-toplevel
+    from flwr.server.workflow import SecAggPlusWorkflow, SecAggWorkflow  # pylint: disable=import-outside-toplevel
+
+    name = getattr(wrapped, "__name__", type(wrapped).__name__)
+    if isinstance(wrapped, Strategy):
+        return wrapped, None
+    if isinstance(wrapped, type):
+        raise TypeError(f"strategy must be a strategy instance, got the class {name}: write {name}(...)")
+    if isinstance(wrapped, LegacyStrategy):
+        counterpart = f"flwr.serverapp.strategy.{name}" if hasattr(flwr.serverapp.strategy, name) else "a Message-API"
+        raise TypeError(
+            f"{name} is a legacy Flower strategy (flwr.server.strategy), driven by a legacy workflow: keep it in the "
+            "LegacyContext and wrap the workflow instead, FLMarket(workflow, budget=..., num_classes=...)(grid, "
+            f"context) in place of workflow(grid, context); or give FLMarket {counterpart} strategy "
+            "(README: 'Adding the market to your own Flower app')"
+        )
+    if isinstance(wrapped, (SecAggPlusWorkflow, SecAggWorkflow)):
+        raise TypeError(
+            f"{name} is a fit workflow, which runs inside DefaultWorkflow: wrap the outermost workflow, "
+            f"FLMarket(DefaultWorkflow(fit_workflow={name}(...)), budget=..., num_classes=...)(grid, context)"
+        )
+    if callable(wrapped):
+        return _RunsAWorkflow(name), wrapped
+    raise TypeError(
+        f"strategy must be a flwr Strategy (flwr.serverapp.strategy) or a legacy workflow, got {type(wrapped).__name__}"
+    )
+
+
+class _RunsAWorkflow(Strategy):
+    """The stand-in strategy of an ``FLMarket`` that wraps a legacy workflow: its hooks say how to run it instead."""
+
+    def __init__(self, workflow: str) -> None:
+        self.workflow = workflow
+
+    def _refuse(self, *_: Any, **__: Any) -> Any:
+        raise TypeError(
+            f"this FLMarket wraps the legacy workflow {self.workflow}: run it as one, market(grid, context), "
+            "in place of workflow(grid, context); the strategy hooks and start() are for a Message-API strategy"
+        )
+
+    configure_train = configure_evaluate = aggregate_train = aggregate_evaluate = start = _refuse
+
+    def summary(self) -> None:
+        """Log the workflow's name."""
+        log(INFO, "\t├── then the legacy workflow %s on the winners", self.workflow)
+
+
+def _check_workflow_settings(market: FLMarket) -> None:
+    """Refuse the settings that a market around a legacy workflow cannot honour: re-launching (between rounds that
+    the workflow drives) and pay on delivery (SecAgg+ sends several train messages a round, not one)."""
+    if market.workflow is None:
+        return
+    if market.relaunch is not None:
+        raise TypeError(
+            "relaunch needs a Message-API strategy (FLMarket drives its rounds); a legacy workflow drives its own"
+        )
+    if market.settle_on_delivery:
+        raise TypeError(
+            "settle_on_delivery counts train rounds, which a legacy workflow does not show one message each (SecAgg+ "
+            "sends one per stage): leave it False (the award is paid at selection; delivery_report still lists every "
+            "train message)"
+        )
+
+
+def _inside_a_legacy_round(context: Context) -> bool:
+    """Whether a legacy ``DefaultWorkflow`` is running a round in ``context`` (its round counter is set)."""
+    from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, Key  # pylint: disable=import-outside-toplevel
+
+    config = context.state.config_records.get(MAIN_CONFIGS_RECORD)
+    return config is not None and Key.CURRENT_ROUND in config
+
+
+def _warn_if_dp_sized_otherwise(strategy: object, cohort: int) -> None:
+    """Warn, once before training, when a DP wrapper in the legacy strategy's chain sizes its noise for another
+    number of clients than will train each round: what the innermost strategy samples from the cohort
+    (``num_fit_clients``, its minimums capped), else the whole cohort."""
+    chain = _strategy_chain(strategy)
+    samplers = [each for each in chain if callable(getattr(each, "num_fit_clients", None))]
+    per_round = int(samplers[-1].num_fit_clients(cohort)[0]) if samplers else cohort  # type: ignore[attr-defined]
+    for each in chain:
+        sampled = getattr(each, "__dict__", {}).get("num_sampled_clients")
+        if isinstance(sampled, int) and sampled != per_round:
+            log(
+                WARNING,
+                "FLMarket: %s adds noise for num_sampled_clients=%d, but %d of the cohort's %d node(s) train each "
+                "round: build it for the cohort, after market.winners_grid(grid) (docs/drop-in.md)",
+                type(each).__name__,
+                sampled,
+                per_round,
+                cohort,
+            )
 
 
 def warn_if_no_update(server_round: int, messages: Iterable[Message], replies: Iterable[Message]) -> None:

@@ -5,6 +5,8 @@ Usage::
     app = ClientApp()
     register_market_handlers(app, my_label_counts, CostBasedBid(0.01))
 
+(a ``client_fn`` app puts the same handlers in its mods: :func:`~flmarket_flwr.market.node.mod.market_mod`).
+
 The client enforces its own disclosure rules whatever the server asks: it never sends its counts during
 PASS, releases at most one sum per run, opens its counts only as a winner of an award it checked and
 endorsed, and wipes its keys; the rules are listed in :func:`register_market_handlers` (tests:
@@ -90,7 +92,7 @@ if TYPE_CHECKING:
     from flmarket_flwr.pass_protocol.identity import IdentityDirectory
     from flmarket_flwr.pass_protocol.sparse_secure import SparseSecureSettings
 
-__all__ = ["MarketAward", "read_award", "register_market_handlers"]
+__all__ = ["MarketAward", "market_handlers", "read_award", "register_market_handlers"]
 
 _MAX_CAUSE_CHARS = 300
 
@@ -227,7 +229,7 @@ def register_market_handlers(
     Parameters
     ----------
     app : ClientApp
-        A ``ClientApp`` built with decorators (not with a legacy ``client_fn``).
+        A ``ClientApp`` built with decorators (a ``client_fn`` app puts :func:`~.mod.market_mod` in its mods).
     label_counts : Callable[[Context], numpy.ndarray]
         Returns the client's per-class label counts ``N_e``: shape ``(C,)``, non-negative integers,
         the same every time. Called once per market message that needs them, possibly in a fresh process (as in a
@@ -245,7 +247,8 @@ def register_market_handlers(
     Raises
     ------
     ValueError
-        If one of the actions is already registered on ``app``, or ``app`` uses a ``client_fn``.
+        If one of the actions is already registered on ``app``, or ``app`` uses a ``client_fn`` (such an app takes
+        the market as a mod: :func:`~flmarket_flwr.market.node.mod.market_mod`).
 
     Notes
     -----
@@ -301,26 +304,57 @@ def register_market_handlers(
       exception: when the app's own ``label_counts`` callback raises, the reply names that exception (type and
       message), so the server can report the root cause instead of a protocol symptom.
     """
+    for action, handler in market_handlers(label_counts, bid_policy, settings=settings).items():
+        try:
+            register = app.query(action)
+        except ValueError as err:  # Flower's "Use either `@app.query()` or `client_fn`, but not both"
+            raise ValueError(
+                "this ClientApp is built with a client_fn, which takes no query handlers: put the market in its mods "
+                "instead, ClientApp(client_fn=client_fn, mods=[market_mod(label_counts, ...)]) "
+                "(flmarket_flwr.market.market_mod)"
+            ) from err
+        register(handler)
+
+
+def market_handlers(
+    label_counts: LabelCountsFn,
+    bid_policy: BidPolicy | None = None,
+    *,
+    settings: SettingsFn | None = None,
+) -> dict[str, Callable[[Message, Context], Message]]:
+    """The market's handlers by ``query`` action: the one set that :func:`register_market_handlers` registers on a
+    ``ClientApp`` and that :func:`~flmarket_flwr.market.node.mod.market_mod` answers with.
+
+    Parameters are those of :func:`register_market_handlers`.
+
+    Returns
+    -------
+    dict[str, Callable[[Message, Context], Message]]
+        Action (``market_advertise``, ...) -> handler, each a ``ClientApp`` query function.
+    """
     from flmarket_flwr.market.node import node_config  # here, so that `python -m ...node_config` runs it once
 
     handlers = _MarketHandlers(
         label_counts, bid_policy if bid_policy is not None else CostBasedBid(DEFAULT_COST_PER_SAMPLE)
     )
     read = settings if settings is not None else node_config.read_node_settings
-    for action, handler in (
-        (ACTION_ADVERTISE, handlers.advertise),
-        (ACTION_DRAW, handlers.draw),
-        (ACTION_SHARE, handlers.share),
-        (ACTION_MASK, handlers.mask),
-        (ACTION_SURVIVORS, handlers.survivors),
-        (ACTION_UNMASK, handlers.unmask),
-        (ACTION_BID, handlers.bid),
-        (ACTION_ENDORSE, handlers.endorse),
-        (ACTION_AUDIT, handlers.audit),
-        (ACTION_TAGS, _tags),
-    ):
-        app.query(action)(_WithSettings(action, handler, read))
-    app.query(ACTION_AWARD)(handlers.award)  # the receipt is kept whatever the node's settings say
+    table: dict[str, Callable[[Message, Context], Message]] = {
+        action: _WithSettings(action, handler, read)
+        for action, handler in (
+            (ACTION_ADVERTISE, handlers.advertise),
+            (ACTION_DRAW, handlers.draw),
+            (ACTION_SHARE, handlers.share),
+            (ACTION_MASK, handlers.mask),
+            (ACTION_SURVIVORS, handlers.survivors),
+            (ACTION_UNMASK, handlers.unmask),
+            (ACTION_BID, handlers.bid),
+            (ACTION_ENDORSE, handlers.endorse),
+            (ACTION_AUDIT, handlers.audit),
+            (ACTION_TAGS, _tags),
+        )
+    }
+    table[ACTION_AWARD] = handlers.award  # the receipt is kept whatever the node's settings say
+    return table
 
 
 class _WithSettings:

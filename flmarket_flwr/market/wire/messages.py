@@ -438,10 +438,26 @@ def read_config(reply: Message) -> ConfigRecord:
         If the reply carries an error, has no content, or lacks the record.
     """
     if reply.has_error():
-        raise ReplyError(f"error reply (code {reply.error.code}): {reply.error.reason}")
+        raise ReplyError(f"error reply (code {reply.error.code}): {reply.error.reason}{_no_handlers_hint(reply)}")
     if not reply.has_content():
         raise ReplyError("reply has neither content nor error")
     record = reply.content.get(RECORD_KEY)
     if not isinstance(record, ConfigRecord):
         raise ReplyError(f"reply has no ConfigRecord '{RECORD_KEY}'")
     return record
+
+
+_NO_HANDLER_ERRORS: Final = ("No query function registered with name 'market_", "Invalid message type: query.market_")
+"""Flower's own errors for a market message that no handler took: a Message-API app without the market's handlers, a
+``client_fn`` app without the market's mod."""
+
+
+def _no_handlers_hint(reply: Message) -> str:
+    """What to do, when ``reply`` is Flower's error for a ``ClientApp`` that has no market handlers (else ``""``)."""
+    reason = reply.error.reason or ""
+    if not any(error in reason for error in _NO_HANDLER_ERRORS):
+        return ""
+    return (
+        " (the node's ClientApp has no market handlers: register_market_handlers(app, label_counts) in a Message-API "
+        "app, ClientApp(client_fn=..., mods=[market_mod(label_counts)]) in a client_fn app)"
+    )

@@ -1,0 +1,1 @@
+"""pytorch-example: A Flower / PyTorch app."""

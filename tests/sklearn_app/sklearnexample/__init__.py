@@ -1,0 +1,1 @@
+"""sklearnexample: A Flower / sklearn app."""
