@@ -259,8 +259,9 @@ def kernel_settings() -> dict[str, dict[str, str]]:
     """Environments that change which kernels numpy's BLAS, its vector loops and libm use, among those this CPU can
     run: each OpenBLAS core type it supports (x86-64), numpy's dispatch limited to its baseline, and glibc's maths
     without its FMA variants (its ``log`` and ``lgamma`` then round differently)."""
-    found = np.show_config(mode="dicts")["SIMD Extensions"]["found"]  # type: ignore[index]
-    settings_by_name = {"numpy baseline only": {"NPY_DISABLE_CPU_FEATURES": " ".join(found)}} if found else {}
+    simd = np.show_config(mode="dicts")["SIMD Extensions"]  # type: ignore[index]
+    dispatched = [*simd.get("found", []), *simd.get("not found", [])]  # every target numpy dispatches on: all valid
+    settings_by_name = {"numpy baseline only": {"NPY_DISABLE_CPU_FEATURES": " ".join(dispatched)}} if dispatched else {}
     if platform.machine().lower() in ("x86_64", "amd64"):
         flags = _cpu_flags()
         needs = {
