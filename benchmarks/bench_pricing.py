@@ -5,12 +5,16 @@ Run: ``.venv/bin/python -m benchmarks.bench_pricing`` (add ``--quick`` for a sho
 For each market size the fast auction and, where it finishes in reasonable time, the direct
 transcription run on the same instance; the script checks that winners agree exactly and payments to
 1e-9 relative, and prints both wall times and their ratio. The score is timed on ``(E, 100)`` count
-matrices with counts in the millions.
+matrices with counts in the millions, and on ``(E, 10)`` with counts in the thousands (the ``ln(m!)`` table); with
+``--score-baseline FILE`` beside another implementation of it (a module with a ``score`` function, e.g. the score
+before it was portable: ``git show 5daf122:flmarket_flwr/pricing/score.py > /tmp/score_blas.py``), the two
+alternating over three runs, with their largest relative difference.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import platform
 import sys
@@ -75,18 +79,44 @@ def bench_auction(sizes: list[int], reference_limit: int) -> None:
         print(f"\ntarget: 100,000 bidders in under 1 s: {fast_times[100_000]:.3f} s ({verdict})")
 
 
-def bench_score(sizes: list[int], num_classes: int) -> None:
-    print(f"\n{'clients':>10} {'classes':>8} {'score (s)':>10}")
+def _load_score(path: str) -> Callable[..., object]:
+    """The ``score`` function of the module in ``path``."""
+    spec = importlib.util.spec_from_file_location("score_baseline", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load a module from {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.score
+
+
+def bench_score(sizes: list[int], baseline: str | None) -> None:
+    other = _load_score(baseline) if baseline else None
+    header = f"\n{'clients':>10} {'classes':>8} {'counts below':>13} {'score (s)':>18}"
+    print(header + (f" {'baseline (s)':>18} {'max rel diff':>13}" if other else ""))
     for size in sizes:
-        rng = np.random.default_rng(size)
-        counts = rng.integers(0, 3_000_000, size=(size, num_classes))
-        elapsed, _ = _best_of(3, score, counts, counts.sum(axis=0), size)
-        print(f"{size:>10,} {num_classes:>8} {elapsed:>10.4f}")
+        for num_classes, high in ((100, 3_000_000), (10, 3_000)):
+            rng = np.random.default_rng(size)
+            counts = rng.integers(0, high, size=(size, num_classes))
+            arguments = (counts, counts.sum(axis=0), size)
+            ours, theirs = [], []
+            for _ in range(3):  # alternating, so that a change of load hits both
+                elapsed, result = _best_of(3, score, *arguments)
+                ours.append(elapsed)
+                if other is not None:
+                    elapsed, reference = _best_of(3, other, *arguments)
+                    theirs.append(elapsed)
+            line = f"{size:>10,} {num_classes:>8} {high:>13,} {min(ours):>8.4f}-{max(ours):.4f}"
+            if other is not None:
+                expected = np.asarray(reference)
+                difference = float(np.max(np.abs(np.asarray(result) - expected) / np.abs(expected)))
+                line += f" {min(theirs):>8.4f}-{max(theirs):.4f} {difference:>13.1e}"
+            print(line, flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller sizes, reference up to 10,000 bidders")
+    parser.add_argument("--score-baseline", metavar="FILE", help="a module whose score function to time beside ours")
     args = parser.parse_args()
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.python_implementation()} "
@@ -94,10 +124,10 @@ def main() -> None:
     )
     if args.quick:
         bench_auction([1_000, 10_000, 100_000], reference_limit=10_000)
-        bench_score([10_000, 100_000], 100)
+        bench_score([10_000, 100_000], args.score_baseline)
     else:
         bench_auction([1_000, 10_000, 100_000, 1_000_000], reference_limit=100_000)
-        bench_score([10_000, 100_000], 100)
+        bench_score([10_000, 100_000], args.score_baseline)
 
 
 if __name__ == "__main__":

@@ -768,9 +768,11 @@ CUBLAS_WORKSPACE_DETERMINISTIC = ":4096:8"
 def _reproducible(threads: int, warn_only: bool = False) -> Iterator[dict[str, Any]]:
     """Run a job at a fixed number of torch intra-op threads with torch's deterministic algorithms; restore both after.
 
-    The thread count is what decides a CPU run's floating-point sums: at one thread the archived job
+    The thread count is what decides a CPU run's floating-point sums on one machine: at one thread the archived job
     ``volume/seed=0_distribution=d4`` (FLMarket) re-runs bit for bit, at two its accuracy matches to about four
-    digits through round 5 and then drifts (issue 43). ``threads = 0`` keeps torch's default (the machine's cores):
+    digits through round 5 and then drifts (issue 43). Across machines torch's kernels decide them too: the yielded
+    settings name torch's CPU capability (``AVX512``, ``AVX2``, ...), and a job re-runs bit for bit only where it
+    and the CPU model are the recorded ones. ``threads = 0`` keeps torch's default (the machine's cores):
     the yielded settings, written into the record (``engine.reproducibility``), say how many that was, and
     :func:`rerun` uses them. ``warn_only`` (a job on CUDA): an operation with no deterministic CUDA kernel (torch
     lists ``NLLLoss`` on CUDA among them) warns instead of failing the job; the record says so.
@@ -799,6 +801,7 @@ def _reproducible(threads: int, warn_only: bool = False) -> Iterator[dict[str, A
             "numpy": np.__version__,
             "python": platform.python_version(),
             "cpu": _cpu_model(),
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         }
     finally:
         torch.set_num_threads(before[0])
@@ -829,16 +832,24 @@ CURVE_KEYS = ("accuracy", "loss", "train_loss")
 """The per-round values a bit-for-bit re-run must reproduce exactly."""
 
 
-def same_curve(archived: Mapping[str, Any], again: Mapping[str, Any]) -> list[str]:
+def same_curve(archived: Mapping[str, Any], again: Mapping[str, Any], *, score_rel_tol: float = 0.0) -> list[str]:
     """Every difference between two records of one job: the selection, the payments and each round's
-    :data:`CURVE_KEYS`, compared exactly (an empty list: the same run, bit for bit)."""
+    :data:`CURVE_KEYS`, compared exactly (an empty list: the same run, bit for bit).
+
+    The market's scores are compared to ``score_rel_tol`` (exactly by default): a record made before the score had
+    the same bits on every machine (issue 54) carries scores whose last bits came from its CPU's BLAS kernel.
+    """
     differences = []
     for key in ("selected_partitions",):
         if archived.get(key) != again.get(key):
             differences.append(f"{key}: {archived.get(key)} != {again.get(key)}")
     for key in ("scores", "bids", "total_payment", "budget"):
         mine, theirs = archived.get("market", {}).get(key), again.get("market", {}).get(key)
-        if mine != theirs:
+        if key == "scores" and isinstance(mine, list) and isinstance(theirs, list) and len(mine) == len(theirs):
+            same = all(math.isclose(a, b, rel_tol=score_rel_tol) for a, b in zip(mine, theirs, strict=True))
+        else:
+            same = mine == theirs
+        if not same:
             differences.append(f"market.{key}: {mine} != {theirs}")
     rounds, rounds_again = archived["rounds"], again["rounds"]
     if len(rounds) != len(rounds_again):
