@@ -180,6 +180,8 @@ class MarketConfig:
         """Validate every field; apply the secure profile's settings (``security="malicious"``)."""
         if self.security not in SECURITY_PROFILES:
             raise ValueError(f"security must be one of {list(SECURITY_PROFILES)}, got {self.security!r}")
+        for name, minimum in (("pass_colluders", 0), ("pass_min_participants", MIN_PARTICIPANTS), ("pass_reruns", 0)):
+            _check_count_or_auto(name, getattr(self, name), minimum)  # before the profile derives one from another
         if self.security == "malicious":
             if self.neighbours not in ("auto", "all"):
                 raise ValueError(
@@ -347,9 +349,11 @@ class MarketOutcome:
     audited : list[int]
         Winners whose opened counts matched their commitment and their claimed score.
     status : str
-        ``"succeeded"``, or ``"failed"`` for a market that stopped (:meth:`failed`: no winner, no payment).
+        ``"succeeded"`` (it bought a cohort), ``"failed"`` for a market that stopped or bought nobody (:meth:`failed`:
+        no winner, no payment; the scores and bids it received are kept), or ``"skipped"`` for a re-launch that never
+        ran (known before any message).
     reason : str
-        Why a failed market stopped (``""`` when it succeeded).
+        Why a market failed or was skipped (``""`` when it succeeded).
     invited : list[int]
         Node ids the market invited to PASS (after any roster plan), ascending.
     pass_sessions : list[PassSession]
@@ -384,10 +388,18 @@ class MarketOutcome:
     included: dict[int, float] = field(default_factory=dict)
 
     @classmethod
-    def failed(
-        cls, reason: str, budget: float, invited: list[int], excluded: dict[int, str], timings: dict[str, float]
+    def failed(  # pylint: disable=too-many-arguments
+        cls,
+        reason: str,
+        budget: float,
+        invited: list[int],
+        excluded: dict[int, str],
+        timings: dict[str, float],
+        *,
+        status: str = "failed",
     ) -> MarketOutcome:
-        """The record of a market that stopped: nobody won or is paid; who was excluded at which step, and why."""
+        """The record of a market that stopped (``status="skipped"``: one that never ran, known before any message):
+        nobody won or is paid; who was excluded at which step, and why."""
         return cls(
             winners=[],
             participants=[],
@@ -399,7 +411,7 @@ class MarketOutcome:
             global_counts=[],
             excluded=dict(excluded),
             timings=dict(timings),
-            status="failed",
+            status=status,
             reason=reason,
             invited=sorted(invited),
         )
@@ -456,6 +468,14 @@ class MarketOutcome:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n", encoding="utf-8")
         return target
+
+
+def _check_count_or_auto(name: str, value: object, minimum: int) -> None:
+    """Raise ``ValueError`` unless ``value`` is ``"auto"`` or an int of at least ``minimum``, naming the setting."""
+    if value == "auto":
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f'{name} must be an int >= {minimum} or "auto", got {value!r}')
 
 
 def check_int(name: str, value: object, minimum: int) -> None:

@@ -149,6 +149,7 @@ class MarketPhase:
         self._invited: list[int] = []
         self._session = b""
         self._included: dict[int, float] = {}
+        self._listed_out: list[int] = []
         self.pass_sessions: list[PassSession] = []
         """The PASS sessions of the last :meth:`run`, in order."""
         self._buyer_key = config.buyer_key if config.buyer_key is not None else Ed25519PrivateKey.generate()
@@ -180,6 +181,7 @@ class MarketPhase:
         self._invited = []
         self._session = b""
         self._included = {}
+        self._listed_out = []
         self.pass_sessions = []
         self.released = []
         self.bids = {}
@@ -198,6 +200,7 @@ class MarketPhase:
             connected = self._timed(timings, "wait_for_nodes", lambda: self.wait_for_nodes(grid))
             nodes = self.planned_roster(self.admitted(grid, connected))
             self._invited = list(nodes)
+            log(INFO, "Market: %s", profile_line(self.config, len(nodes)))
             pass_result = self._timed(timings, "pass", lambda: self.run_pass(grid, nodes))
             self.released = list(pass_result.participants)
             self._record_release(pass_result.participants)
@@ -348,6 +351,7 @@ class MarketPhase:
             except ValueError as err:
                 raise MarketError(str(err)) from err
         self._included = plan.included
+        self._listed_out = list(plan.excluded)
         if plan.unmatched:
             log(WARNING, "Market: %s match no connected node in this re-launch; skipped", plan.unmatched)
         for node in plan.excluded:
@@ -508,8 +512,20 @@ class MarketPhase:
             raise MarketError(
                 f"{where}: only {len(nodes)} client(s) left, the market needs at least "
                 f"{self.config.min_clients} (PASS with fewer than {MIN_PARTICIPANTS} would reveal "
-                f"a client's counts); excluded so far: {self._excluded}"
+                f"a client's counts); {self._left_out()}"
             )
+
+    def _left_out(self) -> str:
+        """Who this market has left out so far, and why: the buyer's exclude list, then each exclusion's reason."""
+        parts = []
+        if self._listed_out:
+            parts.append(
+                f"{len(self._listed_out)} node(s) left out by the exclude list (MarketConfig.exclude, run config "
+                f"market-exclude: {list(self.config.exclude)}): {self._listed_out}"
+            )
+        if self._excluded:
+            parts.append(f"excluded: {_grouped(self._excluded, sorted(self._excluded))}")
+        return "; ".join(parts) if parts else "no node was excluded"
 
     # --- Step 2: scores and bids ---------------------------------------------------------------
     def collect_bids(self, grid: Grid, pass_result: PassResult) -> dict[int, tuple[float, float]]:
@@ -742,6 +758,32 @@ class MarketPhase:
             return step()
         finally:
             timings[name] = time.perf_counter() - started
+
+
+def profile_line(config: MarketConfig, invited: int) -> str:
+    """What is in effect for a market over ``invited`` clients, in one line: the profile, PASS's graph (complete, or
+    the sparse secure mode with its ``k`` and ``t``), the noise on the counts and the colluders stated."""
+    if config.security == "malicious":
+        profile = f"secure profile (security='malicious', directory of {len(config.directory or {})} nodes)"
+        colluders = f"pass-colluders {config.pass_colluders} stated, {config.pass_reruns} PASS re-run(s) at most"
+    else:
+        profile = "default profile (semi-honest)"
+        colluders = "no colluders stated (the default profile assumes none)"
+    sparse = config.sparse_settings
+    if sparse is not None and config.runs_sparse(invited):
+        graph = sparse.parameters(invited)
+        layout = f"sparse secure mode: each client draws k={graph.degree} out-neighbours, threshold t={graph.threshold}"
+    elif config.security == "malicious" or config.neighbours == "all":
+        layout = "the complete graph"
+    elif config.neighbours == "auto":
+        layout = "a graph the buyer places, its degree sized for the roster"
+    else:
+        layout = f"a graph the buyer places, degree {config.neighbours}"
+    noise = "no noise on the counts"
+    if config.noise is not None:
+        epsilon, delta = config.noise.epsilon, config.noise.delta
+        noise = f"Skellam noise on the counts, epsilon {epsilon:g} and delta {delta:g} per release"
+    return f"{profile}; PASS over {invited} clients on {layout}; {noise}; {colluders}"
 
 
 def _grouped(reasons: Mapping[int, str], nodes: Sequence[int]) -> str:
