@@ -55,6 +55,7 @@ SLOW_MODULES = {
 SLOW_TESTS = {
     "test_adversarial_runs.py::test_the_apps_clients_keep_the_ledger_named_by_their_node_config",  # 7.5 s, digits
     "test_app_quickstart.py::test_the_readme_drop_in_runs_flowers_quickstart_under_flwr_run",
+    "test_app_quickstart_fresh.py::test_the_readme_drop_in_runs_from_a_fresh_flwr_home_on_a_list_of_dicts",
     "test_app_simulation.py::test_budget_mode_only_winners_train",
     "test_app_simulation.py::test_fixed_cohort_mode",
     "test_app_simulation.py::test_too_few_supernodes_fails_fast",

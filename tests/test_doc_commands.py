@@ -218,6 +218,12 @@ def check_pip_install(command: Command) -> None:
     assert set(extras) <= set(optional), f"{command}: extras {sorted(set(extras) - set(optional))} missing"
 
 
+def check_plugin_install(command: Command) -> None:
+    """``pip install -e <checkout>``: the checkout is this project, an installable distribution named flmarket-flwr."""
+    project = tomllib.loads((PROJECT / "pyproject.toml").read_text())["project"]
+    assert project["name"] == _words(command.text)[-1].rsplit("/", 1)[-1] == "flmarket-flwr", command.text
+
+
 def check_archive(command: Command) -> None:
     """``tar -xzf <archive> -C <folder>``: the archive is a real gzip tarball (not a pointer) and the folder exists."""
     words = _words(command.text)
@@ -312,6 +318,11 @@ RULES = (
         ("test_packaging.py::test_the_core_alone_installs_in_a_fresh_venv_and_imports_without_torch",),
     ),
     Rule(r"^\.venv/bin/python -m pytest -q -m \"not slow\"$", check_pytest, ()),
+    Rule(
+        r"^pip install -e /path/to/flmarket-flwr$",
+        check_plugin_install,
+        ("test_app_quickstart_fresh.py::test_the_readme_drop_in_runs_from_a_fresh_flwr_home_on_a_list_of_dicts",),
+    ),
     Rule(
         r"^flower-superlink --insecure --simulation |^mv \"\$FLWR_HOME/local-superlink/state\.db\" ",
         nothing,

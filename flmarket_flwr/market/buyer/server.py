@@ -150,6 +150,8 @@ class MarketPhase:
         self._session = b""
         self._included: dict[int, float] = {}
         self._listed_out: list[int] = []
+        self._answered = False
+        self._silent_start = ""
         self.pass_sessions: list[PassSession] = []
         """The PASS sessions of the last :meth:`run`, in order."""
         self._buyer_key = config.buyer_key if config.buyer_key is not None else Ed25519PrivateKey.generate()
@@ -182,6 +184,8 @@ class MarketPhase:
         self._session = b""
         self._included = {}
         self._listed_out = []
+        self._answered = False
+        self._silent_start = ""
         self.pass_sessions = []
         self.released = []
         self.bids = {}
@@ -206,7 +210,8 @@ class MarketPhase:
             self._record_release(pass_result.participants)
             bids = self._timed(timings, "bid", lambda: self.collect_bids(grid, pass_result))
             result = self._timed(timings, "auction", lambda: self._audited_auction(grid, pass_result, bids))
-        except MarketError as err:
+        except MarketError as stopped:
+            err = MarketError(f"{self._silent_start}; {stopped}") if self._silent_start else stopped
             log(WARNING, "Market: aborted (%s)", err)
             self._close(grid, None, set())
             timings["total"] = time.perf_counter() - started
@@ -219,7 +224,9 @@ class MarketPhase:
                 err.outcome.global_counts = [int(c) for c in pass_result.global_counts]
             err.outcome.scores = {node: score for node, (score, _) in self.bids.items()}
             err.outcome.bids = {node: bid for node, (_, bid) in self.bids.items()}
-            raise
+            if err is stopped:
+                raise
+            raise err from stopped
         acknowledged = self._timed(
             timings, "award", lambda: self._close(grid, result.signed, result.endorsers, sorted(bids))
         )
@@ -710,8 +717,30 @@ class MarketPhase:
 
     # --- Messaging -----------------------------------------------------------------------------
     def exchange(self, grid: Grid, action: str, requests: Mapping[int, ConfigRecord]) -> dict[int, Message]:
-        """Send one request per node; return ``{node: reply}`` received within ``timeout`` (see :func:`exchange`)."""
-        return exchange(grid, action, requests, self.config.step_timeout(len(requests)))
+        """Send one request per node; return ``{node: reply}`` received within ``timeout`` (see :func:`exchange`).
+
+        The first exchange of a run's first market that no node has answered yet may also wait up to
+        ``wait_for_nodes_timeout`` for its first reply: connected nodes whose ClientApps are still starting (on a
+        first run Flower installs the app's dependencies before they answer) are waited for as the market waits for
+        nodes to connect. If none answers even then, the market's error says so first (:attr:`_silent_start`)."""
+        timeout = self.config.step_timeout(len(requests))
+        grace = 0.0 if self._answered or self.relaunch else float(self.config.wait_for_nodes_timeout)
+        replies = exchange(grid, action, requests, timeout, start_grace=grace)
+        if replies:
+            self._answered = True
+        elif grace > 0 and requests:
+            self._silent_start = (
+                f"no node answered its first market message ({action}, {len(requests)} asked) within "
+                f"{timeout + grace:g} s ({grace:g} s for a first answer, then the step's {timeout:g} s): the nodes' "
+                "ClientApps were still starting, most likely still installing the app's dependencies (Flower's "
+                "runtime dependency installation runs uv sync of the app's [project] dependencies at launch: minutes "
+                "for torch on a first run), or they cannot load the app. Install the dependencies beforehand and set "
+                "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 where the SuperLink and SuperNodes start, or raise "
+                "MarketConfig.wait_for_nodes_timeout (run config wait-for-nodes-timeout in the example app; README: "
+                "'The plugin in the app's environment')"
+            )
+            log(WARNING, "Market: %s", self._silent_start)
+        return replies
 
     def validated(
         self,
