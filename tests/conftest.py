@@ -51,6 +51,7 @@ SLOW_MODULES = {
     "test_robustness_fuzz.py",  # fuzzed replies at each of the seven steps
     "test_robustness_truthful.py",  # random markets with a lying client, through Flower messages
     "test_simulations.py",  # Hydra sweeps, each in its own Ray instance
+    "test_secure_simulation.py",  # docs/deployment.md's secure profile in simulation: 40 nodes under flwr run
 }
 SLOW_TESTS = {
     "test_adversarial_runs.py::test_the_apps_clients_keep_the_ledger_named_by_their_node_config",  # 7.5 s, digits

@@ -48,6 +48,13 @@ PROJECT = Path(__file__).resolve().parent.parent
 DOCUMENTS = (PROJECT / "README.md", *sorted((PROJECT / "docs").glob("*.md")), PROJECT / "simulations" / "README.md")
 GUIDE_SECTION = "## Recommended: TLS, SuperNode authentication and the secure profile"
 """docs/deployment.md's section that ``test_deployment.py`` runs block by block, as written."""
+RUN_AS_WRITTEN = {
+    GUIDE_SECTION: "test_deployment.py::test_the_guides_secure_sequence_runs_as_written",
+    "## The secure profile in simulation": (
+        "test_secure_simulation.py::test_forty_simulated_members_run_the_sparse_secure_mode_from_the_documented_directory"
+    ),
+}
+"""docs/deployment.md's sections whose bash blocks a test runs as written, and that test."""
 GLUE = re.compile(r"^(export |for |done\b|do\b|until |N=|NODE_IDS=|ENTRIES=|SUPERNODE_PIDS=|mkdir |cat > |EOF$|\[)")
 """Shell glue between commands: variables, loops, folders (the commands inside the loops are checked)."""
 
@@ -84,10 +91,11 @@ def documented_commands() -> list[Command]:
     found = []
     for document in DOCUMENTS:
         text = document.read_text(encoding="utf-8")
-        if document.name == "deployment.md":  # the guide's section runs as written in test_deployment.py
-            head, rest = text.split(GUIDE_SECTION, 1)
+        for title, runner in RUN_AS_WRITTEN.items() if document.name == "deployment.md" else ():
+            _test_exists(runner)  # these sections run as written there
+            head, rest = text.split(title, 1)
             section, tail = rest.split("\n## ", 1)
-            text = head + GUIDE_SECTION + re.sub(r"```bash\n.*?```", "```guide```", section, flags=re.S) + tail
+            text = head + title + re.sub(r"```bash\n.*?```", "```guide```", section, flags=re.S) + "\n## " + tail
         for match in re.finditer(r"^```bash\n(.*?)^```", text, flags=re.S | re.M):
             first = text[: match.start()].count("\n") + 2
             for offset, line in _logical_lines(match.group(1)):

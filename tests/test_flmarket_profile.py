@@ -62,9 +62,8 @@ def test_the_line_names_profile_graph_noise_and_colluders() -> None:
     large = MarketConfig(100.0, 10, security="malicious", directory=directory_of(400), pass_colluders=10)
     assert large.runs_sparse(400)
     degree = large.sparse_settings.parameters(400)  # type: ignore[union-attr]
-    assert f"sparse secure mode: each client draws k={degree.degree} out-neighbours, threshold t=" in profile_line(
-        large, 400
-    )
+    drawn = f"a graph each client draws (the sparse secure mode): k={degree.degree} out-neighbours each, threshold t="
+    assert drawn in profile_line(large, 400)
 
 
 def test_each_market_logs_the_line_once_at_its_start(caplog: pytest.LogCaptureFixture) -> None:

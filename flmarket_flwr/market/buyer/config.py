@@ -195,7 +195,7 @@ class MarketConfig:
                     "run config identity-directory; FLMarket(..., directory=...)): the same directory the nodes pin, "
                     "against which the buyer checks signatures and names the clients that break the protocol"
                 )
-            size = len(self.directory)
+            size = self.directory.members
             if self.pass_colluders == "auto":
                 object.__setattr__(self, "pass_colluders", profile_colluders(size))
             if self.pass_min_participants == "auto":

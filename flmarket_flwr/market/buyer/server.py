@@ -9,6 +9,7 @@ logged reason; what cannot be recovered stops the phase with :class:`MarketError
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import secrets
 import time
@@ -43,6 +44,7 @@ from flmarket_flwr.market.wire.messages import (
     ACTION_AUDIT,
     ACTION_AWARD,
     ACTION_BID,
+    ACTION_BIND,
     ACTION_ENDORSE,
     ACTION_TAGS,
     AdvertiseTerms,
@@ -50,6 +52,8 @@ from flmarket_flwr.market.wire.messages import (
     AwardReply,
     AwardRequest,
     BidRequest,
+    BindReply,
+    BindRequest,
     EndorseReply,
     EndorseRequest,
     ReplyError,
@@ -61,7 +65,12 @@ from flmarket_flwr.market.wire.messages import (
 from flmarket_flwr.market.wire.records import config_record
 from flmarket_flwr.nodes import wait_for_nodes
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS
-from flmarket_flwr.pass_protocol.identity import SIGNATURE_LENGTH, verify_award_endorsement
+from flmarket_flwr.pass_protocol.identity import (
+    SIGNATURE_LENGTH,
+    bind_members,
+    pack_member_bindings,
+    verify_award_endorsement,
+)
 
 __all__ = ["MarketConfig", "MarketError", "MarketOutcome", "MarketPhase"]
 
@@ -132,6 +141,7 @@ class MarketPhase:
         if not isinstance(config, MarketConfig):
             raise TypeError(f"config must be a MarketConfig, got {type(config).__name__}")
         self.config = config
+        self._given = config  # a directory keyed by member: each run's config holds that run's bound directory
         self.sit_out = dict(sit_out or {})
         """Node id -> why it is not invited to this market (a node that may not release again this run): it is
         sent no market message, its reason kept in :attr:`MarketOutcome.excluded`."""
@@ -178,6 +188,7 @@ class MarketPhase:
             are left as bidders. Every node contacted so far is told the market closed before the error
             is raised; the error's ``outcome`` is the failed market's record (who was excluded and why).
         """
+        self.config = self._given
         self._excluded = {}
         self._contacted = set()
         self._invited = []
@@ -202,7 +213,7 @@ class MarketPhase:
         pass_result: PassResult | None = None
         try:
             connected = self._timed(timings, "wait_for_nodes", lambda: self.wait_for_nodes(grid))
-            nodes = self.planned_roster(self.admitted(grid, connected))
+            nodes = self.bound_roster(grid, self.planned_roster(self.admitted(grid, connected)))
             self._invited = list(nodes)
             log(INFO, "Market: %s", profile_line(self.config, len(nodes)))
             pass_result = self._timed(timings, "pass", lambda: self.run_pass(grid, nodes))
@@ -506,6 +517,54 @@ class MarketPhase:
             self.pass_sessions.append(PassSession(self._session.hex(), roster, "released", []))
             return result
 
+    def bound_roster(self, grid: Grid, nodes: Sequence[int]) -> list[int]:
+        """``nodes`` bound to the members of a directory keyed by member (``identity_cli make --members``); ``nodes``
+        unchanged for a directory keyed by node id, or none.
+
+        Each node is asked which member it is, with that member's signature over the run, its node id and the
+        directory's digest (:func:`~flmarket_flwr.pass_protocol.identity.bind_members`); then every bound node is
+        sent all the bindings, which it checks and keeps for the run. A node whose binding does not verify, or whose
+        member another node claims too, or that refuses the bindings, is excluded with the reason. The rest of the
+        market runs on the bound directory (node id -> key), as on a directory keyed by node id.
+
+        Raises
+        ------
+        MarketError
+            If fewer than ``min_clients`` nodes are bound.
+        """
+        directory = self._given.directory
+        if directory is None or not directory.by_member:
+            return list(nodes)
+        run_id = int(grid.run.run_id)
+        self._contacted.update(nodes)
+        requests = {node: config_record(BindRequest().to_record()) for node in nodes}
+
+        def read(reply: Message, node: int) -> tuple[int, bytes]:
+            claim = BindReply.from_record(read_config(reply))
+            try:
+                bind_members(directory, {node: (claim.member, claim.member_signature)}, run_id)
+            except ValueError as err:
+                raise ReplyError(str(err)) from err
+            return claim.member, claim.member_signature
+
+        claims = self.validated(ACTION_BIND, requests, self.exchange(grid, ACTION_BIND, requests), read, pass_node=True)
+        claimants: dict[int, list[int]] = {}
+        for node, (member, _) in sorted(claims.items()):
+            claimants.setdefault(member, []).append(node)
+        for member, both in claimants.items():
+            for node in both if len(both) > 1 else ():
+                self.exclude(node, ACTION_BIND, f"member {member} is claimed by nodes {both}: none is taken")
+        bindings = {node: claim for node, claim in claims.items() if not self.is_excluded(node)}
+        self.require_enough(sorted(bindings), "the nodes bound to the directory's members")
+        packed = pack_member_bindings(bindings)
+        shared = {node: config_record(BindRequest(packed).to_record()) for node in bindings}
+        replies = self.exchange(grid, ACTION_BIND, shared)
+        kept = self.validated(ACTION_BIND, shared, replies, lambda reply: BindReply.from_record(read_config(reply)))
+        self.config = dataclasses.replace(self._given, directory=bind_members(directory, bindings, run_id))
+        log(INFO, "Market: %d node(s) bound to members of the directory (%d members)", len(kept), directory.members)
+        self.require_enough(sorted(kept), "the nodes that hold the bindings")
+        return sorted(kept)
+
     def _raise_pass_failure(self, err: MarketError, summary: str) -> NoReturn:
         """Raise ``err`` followed by the sessions' ``summary``, naming the root cause first when clients' own
         label-count callbacks failed."""
@@ -801,7 +860,10 @@ def profile_line(config: MarketConfig, invited: int) -> str:
     sparse = config.sparse_settings
     if sparse is not None and config.runs_sparse(invited):
         graph = sparse.parameters(invited)
-        layout = f"sparse secure mode: each client draws k={graph.degree} out-neighbours, threshold t={graph.threshold}"
+        layout = (
+            f"a graph each client draws (the sparse secure mode): k={graph.degree} out-neighbours each, threshold "
+            f"t={graph.threshold}"
+        )
     elif config.security == "malicious" or config.neighbours == "all":
         layout = "the complete graph"
     elif config.neighbours == "auto":
