@@ -5,7 +5,6 @@ itself, so a buyer that writes, swaps or skips them gets no count, and a member 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -175,4 +174,3 @@ def test_the_simulation_template_gives_each_node_its_member(tmp_path: Path, monk
     monkeypatch.setenv(NODE_CONFIG_ENV, "identity-key='{unknown}'")
     with pytest.raises(ValueError, match="is not in this node's node config"):
         read_node_settings(context)
-    assert os.environ[NODE_CONFIG_ENV]
