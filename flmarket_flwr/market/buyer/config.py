@@ -471,11 +471,17 @@ class MarketOutcome:
 
 
 def _check_count_or_auto(name: str, value: object, minimum: int) -> None:
-    """Raise ``ValueError`` unless ``value`` is ``"auto"`` or an int of at least ``minimum``, naming the setting."""
+    """Raise unless ``value`` is ``"auto"`` or an int of at least ``minimum``, naming the setting: ``TypeError`` for
+    a value that is neither an int nor a str, ``ValueError`` for another str or a smaller int."""
     if value == "auto":
         return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f'{name} must be an int >= {minimum} or "auto", got {value!r}')
+    wanted = f'{name} must be an int >= {minimum} or "auto", got {value!r}'
+    if isinstance(value, str):
+        raise ValueError(wanted)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(wanted)
+    if value < minimum:
+        raise ValueError(wanted)
 
 
 def check_int(name: str, value: object, minimum: int) -> None:
