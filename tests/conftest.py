@@ -51,6 +51,7 @@ SLOW_MODULES = {
     "test_robustness_fuzz.py",  # fuzzed replies at each of the seven steps
     "test_robustness_truthful.py",  # random markets with a lying client, through Flower messages
     "test_simulations.py",  # Hydra sweeps, each in its own Ray instance
+    "test_secure_simulation.py",  # docs/deployment.md's secure profile in simulation: 40 nodes under flwr run
 }
 SLOW_TESTS = {
     "test_gpu_path.py::test_gpu_path_runs_end_to_end_on_the_cpu",  # two flwr runs and three engine jobs
@@ -62,6 +63,7 @@ SLOW_TESTS = {
     "test_app_dropin_examples.py::test_the_custom_strategy_example_runs_under_flwr_run",
     "test_app_dropin_examples.py::test_the_numpy_example_runs_under_flwr_run",
     "test_app_dropin_examples.py::test_the_legacy_secagg_dp_example_runs_under_flwr_run",
+    "test_app_quickstart_fresh.py::test_the_readme_drop_in_runs_from_a_fresh_flwr_home_on_a_list_of_dicts",
     "test_app_simulation.py::test_budget_mode_only_winners_train",
     "test_app_simulation.py::test_fixed_cohort_mode",
     "test_app_simulation.py::test_too_few_supernodes_fails_fast",

@@ -48,6 +48,13 @@ PROJECT = Path(__file__).resolve().parent.parent
 DOCUMENTS = (PROJECT / "README.md", *sorted((PROJECT / "docs").glob("*.md")), PROJECT / "simulations" / "README.md")
 GUIDE_SECTION = "## Recommended: TLS, SuperNode authentication and the secure profile"
 """docs/deployment.md's section that ``test_deployment.py`` runs block by block, as written."""
+RUN_AS_WRITTEN = {
+    GUIDE_SECTION: "test_deployment.py::test_the_guides_secure_sequence_runs_as_written",
+    "## The secure profile in simulation": (
+        "test_secure_simulation.py::test_forty_simulated_members_run_the_sparse_secure_mode_from_the_documented_directory"
+    ),
+}
+"""docs/deployment.md's sections whose bash blocks a test runs as written, and that test."""
 GLUE = re.compile(r"^(export |for |done\b|do\b|until |N=|NODE_IDS=|ENTRIES=|SUPERNODE_PIDS=|mkdir |cat > |EOF$|\[)")
 """Shell glue between commands: variables, loops, folders (the commands inside the loops are checked)."""
 
@@ -84,10 +91,11 @@ def documented_commands() -> list[Command]:
     found = []
     for document in DOCUMENTS:
         text = document.read_text(encoding="utf-8")
-        if document.name == "deployment.md":  # the guide's section runs as written in test_deployment.py
-            head, rest = text.split(GUIDE_SECTION, 1)
+        for title, runner in RUN_AS_WRITTEN.items() if document.name == "deployment.md" else ():
+            _test_exists(runner)  # these sections run as written there
+            head, rest = text.split(title, 1)
             section, tail = rest.split("\n## ", 1)
-            text = head + GUIDE_SECTION + re.sub(r"```bash\n.*?```", "```guide```", section, flags=re.S) + tail
+            text = head + title + re.sub(r"```bash\n.*?```", "```guide```", section, flags=re.S) + "\n## " + tail
         for match in re.finditer(r"^```bash\n(.*?)^```", text, flags=re.S | re.M):
             first = text[: match.start()].count("\n") + 2
             for offset, line in _logical_lines(match.group(1)):
@@ -218,6 +226,12 @@ def check_pip_install(command: Command) -> None:
     assert set(extras) <= set(optional), f"{command}: extras {sorted(set(extras) - set(optional))} missing"
 
 
+def check_plugin_install(command: Command) -> None:
+    """``pip install -e <checkout>``: the checkout is this project, an installable distribution named flmarket-flwr."""
+    project = tomllib.loads((PROJECT / "pyproject.toml").read_text())["project"]
+    assert project["name"] == _words(command.text)[-1].rsplit("/", 1)[-1] == "flmarket-flwr", command.text
+
+
 def check_archive(command: Command) -> None:
     """``tar -xzf <archive> -C <folder>``: the archive is a real gzip tarball (not a pointer) and the folder exists."""
     words = _words(command.text)
@@ -312,6 +326,11 @@ RULES = (
         ("test_packaging.py::test_the_core_alone_installs_in_a_fresh_venv_and_imports_without_torch",),
     ),
     Rule(r"^\.venv/bin/python -m pytest -q -m \"not slow\"$", check_pytest, ()),
+    Rule(
+        r"^pip install -e /path/to/flmarket-flwr$",
+        check_plugin_install,
+        ("test_app_quickstart_fresh.py::test_the_readme_drop_in_runs_from_a_fresh_flwr_home_on_a_list_of_dicts",),
+    ),
     Rule(
         r"^flower-superlink --insecure --simulation |^mv \"\$FLWR_HOME/local-superlink/state\.db\" ",
         nothing,

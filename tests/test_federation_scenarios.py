@@ -157,7 +157,7 @@ def test_a_relaunch_with_nothing_left_to_spend_is_skipped_before_any_message(tmp
     strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=4, train_config=TRAIN)
 
     assert strategy.markets[0].outcome.status == "succeeded"
-    skipped = [entry for entry in strategy.markets if entry.outcome.status == "failed"]
+    skipped = [entry for entry in strategy.markets if entry.outcome.status == "skipped"]
     assert skipped, [entry.outcome.total_payment for entry in strategy.markets]
     for entry in skipped:
         assert "leaves no budget for the auction" in entry.outcome.reason and "committed" in entry.outcome.reason
@@ -424,7 +424,7 @@ def test_too_few_newcomers_is_known_before_pass_and_nothing_is_sent() -> None:
     )
     strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=3, train_config=TRAIN)
 
-    assert [entry.outcome.status for entry in strategy.markets] == ["succeeded", "failed"]
+    assert [entry.outcome.status for entry in strategy.markets] == ["succeeded", "skipped"]
     skipped = strategy.markets[1]
     assert "only 2 connected node(s) can take part" in skipped.outcome.reason
     assert skipped.released == [] and skipped.outcome.pass_sessions == []
@@ -584,7 +584,7 @@ def test_a_stopped_relaunch_resumes_when_nodes_that_can_take_part_connect(caplog
         strategy.start(grid=grid, initial_arrays=INITIAL, num_rounds=5, train_config=TRAIN)
 
     ran = [(entry.first_round, entry.outcome.status) for entry in strategy.markets]
-    assert ran == [(1, "succeeded"), (2, "failed"), (4, "succeeded"), (5, "failed")]  # rounds 3: stopped, silent
+    assert ran == [(1, "succeeded"), (2, "skipped"), (4, "succeeded"), (5, "skipped")]  # rounds 3: stopped, silent
     assert strategy.markets[2].outcome.invited == nodes[6:] and strategy.markets[2].joined
     text = caplog.text
     assert text.count("re-launching stops") == 2 and text.count("re-launching resumes") == 1

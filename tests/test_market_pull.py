@@ -230,3 +230,19 @@ def test_a_pull_that_raises_ends_the_exchange_with_its_error_at_once() -> None:
         transport.send_and_receive_within(grid, ["m0", "m1"], timeout=30.0)
     assert time.monotonic() - started < 2.0
     assert grid.pulls == 1
+
+
+def test_a_start_grace_waits_for_the_first_reply_then_gives_the_others_the_steps_timeout() -> None:
+    """ClientApps still starting (a first run's dependency installation): the first reply comes after the step's
+    timeout but within the grace; the others then have the step's timeout from it, and one later than that is lost."""
+    grid = CutOffGrid({"m0": 0.8, "m1": 0.9, "m2": 2.5}, cut_off="none")
+    started = time.monotonic()
+    replies = transport.send_and_receive_within(grid, ["m0", "m1", "m2"], timeout=0.4, start_grace=3.0)
+    elapsed = time.monotonic() - started
+    assert {r.metadata.reply_to_message_id for r in replies} == {"m0", "m1"}
+    assert 1.1 <= elapsed < 2.0, elapsed  # the first reply at 0.8 s, then 0.4 s for the others: m2 is late
+    # Without a grace the same step ends at its timeout with nothing; with one, silence ends at timeout + grace.
+    assert transport.send_and_receive_within(CutOffGrid({"m0": 0.8}, "none"), ["m0"], timeout=0.4) == []
+    started = time.monotonic()
+    assert transport.send_and_receive_within(CutOffGrid({"m0": 9.0}, "none"), ["m0"], 0.3, start_grace=0.5) == []
+    assert 0.8 <= time.monotonic() - started < 1.5

@@ -38,6 +38,7 @@ from flmarket_flwr.market import (
 from flmarket_flwr.market.wire.messages import (
     ACTION_AUDIT,
     ACTION_BID,
+    ACTION_BIND,
     ACTION_DRAW,
     ACTION_ENDORSE,
     ACTION_SURVIVORS,
@@ -55,7 +56,7 @@ TIMEOUT = 0.25  # seconds per message round: small, so that waiting for the depa
 SLACK = 1.0  # scheduling slack allowed on top of each bound (a loaded 2-core CI machine)
 ROUND_SLACK = 2.0  # a market round, push to next push, also holds the in-process clients' own PASS work
 STEPS = tuple(
-    a for a in ACTIONS if a not in (ACTION_DRAW, ACTION_SURVIVORS, ACTION_TAGS)
+    a for a in ACTIONS if a not in (ACTION_DRAW, ACTION_SURVIVORS, ACTION_TAGS, ACTION_BIND)
 )  # advertise ... award (no tags step)
 
 

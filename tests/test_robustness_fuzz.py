@@ -49,6 +49,7 @@ from flmarket_flwr.market.wire.messages import (
     ACTION_AUDIT,
     ACTION_AWARD,
     ACTION_BID,
+    ACTION_BIND,
     ACTION_DRAW,
     ACTION_ENDORSE,
     ACTION_MASK,
@@ -81,8 +82,9 @@ NODES = sorted(COUNTS)
 OFFENDER = NODES[2]  # a winner of the honest auction (checked below), so that its audit is fuzzed
 BYSTANDER = NODES[1]  # another winner, named by spoofed and cross-wired replies
 # The consistency round needs identity keys; the tags step runs only for a buyer that names a tag
-# (tests/test_market_membership.py plays a node silent or lying there).
-STEPS = tuple(action for action in ACTIONS if action not in (ACTION_DRAW, ACTION_SURVIVORS, ACTION_TAGS))
+# (tests/test_market_membership.py plays a node silent or lying there); the bind step only with a directory keyed by
+# member (tests/test_member_directory.py plays nodes and a buyer lying there).
+STEPS = tuple(action for action in ACTIONS if action not in (ACTION_DRAW, ACTION_SURVIVORS, ACTION_TAGS, ACTION_BIND))
 PASS_STEPS = (ACTION_ADVERTISE, ACTION_SHARE, ACTION_MASK, ACTION_UNMASK)
 FIELDS = {
     ACTION_ADVERTISE: ("cipher_public_key", "mask_public_key", "signature", "cipher_key_proof"),

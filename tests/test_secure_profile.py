@@ -1,6 +1,7 @@
-"""The secure profile, one setting on each side: ``MarketConfig(security="malicious")`` / run config
-``market-security`` for the buyer, node config ``market-security=malicious`` for a SuperNode. Each defence it turns
-on, each weakening it refuses (naming the key), and the defaults it picks."""
+"""The secure profile: ``MarketConfig(security="malicious")`` with its directory / run config ``market-security`` and
+``identity-directory`` for the buyer, node config ``market-security=malicious`` with the node's identity key and pinned
+directory for a SuperNode. Each defence it turns on, each weakening it refuses (naming the key), and the defaults it
+picks."""
 
 from __future__ import annotations
 

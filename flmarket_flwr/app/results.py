@@ -105,10 +105,12 @@ def make_run_dir(results_dir: str, run_name: str, run_id: int) -> Path:
 def selection_of(strategy: Strategy) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(selection.json content, extra files)`` of the strategy that ran.
 
-    :class:`~flmarket_flwr.market.FLMarket`: its last market's outcome, every market of the run (``markets``, see
-    :meth:`~flmarket_flwr.market.FLMarket.markets_report`), what each node is owed over the run (``settled``), the
-    run's budget and its total (``market.json``); ``selected`` is the cohort in force at the end. Any other strategy
-    (the experiments') says itself, through ``selection_record()`` and ``result_files()``.
+    :class:`~flmarket_flwr.market.FLMarket`: the run's summary (``run``, see
+    :meth:`~flmarket_flwr.market.FLMarket.run_report`), the outcome of the last market that bought a cohort at the top
+    level (``market`` says which; ``summarises`` says so in words), every market of the run with its own status and
+    reason (``markets``, see :meth:`~flmarket_flwr.market.FLMarket.markets_report`), what each node is owed over the
+    run (``settled``), the run's budget and its total (``market.json``); ``selected`` is the cohort in force at the
+    end. Any other strategy (the experiments') says itself, through ``selection_record()`` and ``result_files()``.
     """
     if not isinstance(strategy, FLMarket):
         return strategy.selection_record(), strategy.result_files()  # type: ignore[attr-defined]
@@ -126,7 +128,12 @@ def selection_of(strategy: Strategy) -> tuple[dict[str, Any], dict[str, Any]]:
     delivery = strategy.delivery_report()
     selection["delivered"] = [int(node) for node, record in delivery["winners"].items() if record["delivered"] > 0]
     settled = {str(node): owed for node, owed in strategy.settled_across_markets().items()}
+    position = next(i for i, entry in enumerate(strategy.markets, 1) if entry.outcome is outcome)
     record = {
+        "run": strategy.run_report(),
+        "market": position,
+        "summarises": f"market {position} of {len(strategy.markets)}: the last market that bought a cohort (every "
+        "market, with its own status and reason, is under 'markets'; the run's totals under 'run')",
         **outcome.to_dict(),
         "delivery": delivery,
         "markets": strategy.markets_report(),

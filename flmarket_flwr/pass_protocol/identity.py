@@ -40,6 +40,10 @@ ROSTER_LENGTH: Final[int] = 32
 _DIRECTORY_VERSION: Final[int] = 1
 _DIRECTORY_LABEL: Final[bytes] = b"flmarket-pass/v2/identity-directory"
 _DIRECTORY_SIGNATURE_LABEL: Final[bytes] = b"flmarket-pass/v2/identity-directory/signature"
+_BY_MEMBER_LABEL: Final[bytes] = b"flmarket-pass/v2/identity-directory/keyed-by-member"
+_MEMBER_BINDING_LABEL: Final[bytes] = b"flmarket-pass/v2/member-binding"
+MEMBER_BINDING_LENGTH: Final[int] = 16 + 64
+"""Bytes of one packed member binding: node id, member (big-endian uint64 each) and the member's signature."""
 DIRECTORY_DIGEST_LENGTH: Final[int] = 32
 """Bytes of a directory digest (SHA-256 of :meth:`IdentityDirectory.canonical_bytes`)."""
 
@@ -257,6 +261,91 @@ def verify_award_endorsement(identity_public_key: bytes, signature: bytes, award
     _verify(identity_public_key, signature, award_endorsement_message(award_digest), "award endorsement")
 
 
+def member_binding_message(run_id: int, node_id: int, member: int, directory_digest: bytes) -> bytes:
+    """The bytes a member signs to say which node id it is in run ``run_id``, under the directory it pins."""
+    for name, value in (("run_id", run_id), ("node_id", node_id), ("member", member)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
+            raise ValueError(f"{name} must be an int in [0, 2**64), got {value!r}")
+    if not isinstance(directory_digest, bytes) or len(directory_digest) != DIRECTORY_DIGEST_LENGTH:
+        raise ValueError(f"directory_digest must be {DIRECTORY_DIGEST_LENGTH} bytes")
+    return _field(_MEMBER_BINDING_LABEL) + struct.pack(">QQQ", run_id, node_id, member) + _field(directory_digest)
+
+
+def sign_member_binding(
+    identity_private_key: Ed25519PrivateKey, run_id: int, node_id: int, member: int, directory_digest: bytes
+) -> bytes:
+    """Ed25519 signature (64 bytes) over :func:`member_binding_message`."""
+    return identity_private_key.sign(member_binding_message(run_id, node_id, member, directory_digest))
+
+
+def pack_member_bindings(bindings: Mapping[int, tuple[int, bytes]]) -> bytes:
+    """``{node id: (member, signature)}`` as one byte string, by node id (:data:`MEMBER_BINDING_LENGTH` each)."""
+    return b"".join(
+        struct.pack(">QQ", node_id, member) + signature for node_id, (member, signature) in sorted(bindings.items())
+    )
+
+
+def unpack_member_bindings(packed: bytes) -> dict[int, tuple[int, bytes]]:
+    """The inverse of :func:`pack_member_bindings`; ``ValueError`` for a malformed string or a node id twice."""
+    if not isinstance(packed, bytes) or len(packed) % MEMBER_BINDING_LENGTH:
+        raise ValueError(f"member bindings must be bytes of a multiple of {MEMBER_BINDING_LENGTH}")
+    bindings: dict[int, tuple[int, bytes]] = {}
+    for start in range(0, len(packed), MEMBER_BINDING_LENGTH):
+        node_id, member = struct.unpack(">QQ", packed[start : start + 16])
+        if node_id in bindings:
+            raise ValueError(f"node {node_id} is bound twice")
+        bindings[node_id] = (member, packed[start + 16 : start + MEMBER_BINDING_LENGTH])
+    return bindings
+
+
+def bind_members(
+    directory: IdentityDirectory, bindings: Mapping[int, tuple[int, bytes]], run_id: int
+) -> IdentityDirectory:
+    """The directory of run ``run_id``, keyed by node id: each node's key is that of the member it proved to be.
+
+    Parameters
+    ----------
+    directory : IdentityDirectory
+        The pinned directory, keyed by member (``by_member``).
+    bindings : Mapping[int, tuple[int, bytes]]
+        Node id -> (member, the member's signature over :func:`member_binding_message` for this run, node id and
+        the directory's digest).
+    run_id : int
+        The Flower run.
+
+    Returns
+    -------
+    IdentityDirectory
+        ``{node id: key of its member}``, with ``members`` the pinned directory's (unbound members count in every
+        size and quorum as they would in a directory keyed by node id).
+
+    Raises
+    ------
+    ValueError
+        If the directory is not keyed by member, a member is not in it or is bound to two node ids, or a signature
+        does not verify (naming the node): a binding can only come from the member's own key, for this run.
+    """
+    if not directory.by_member:
+        raise ValueError("only a directory keyed by member is bound to node ids")
+    digest = directory.digest()
+    keys: dict[int, bytes] = {}
+    seen: dict[int, int] = {}
+    for node_id, (member, signature) in sorted(bindings.items()):
+        if member not in directory:
+            raise ValueError(f"node {node_id} claims member {member}, which the directory does not list")
+        if member in seen:
+            raise ValueError(f"member {member} is bound to two node ids ({seen[member]} and {node_id})")
+        _verify(
+            directory[member],
+            signature,
+            member_binding_message(run_id, node_id, member, digest),
+            f"binding of node {node_id} to member {member}",
+        )
+        seen[member] = node_id
+        keys[node_id] = directory[member]
+    return IdentityDirectory(keys, members=directory.members)
+
+
 def _verify(identity_public_key: bytes, signature: bytes, message: bytes, what: str) -> None:
     """Verify one Ed25519 signature; ``ValueError`` naming ``what`` if it is missing, malformed or wrong."""
     if not signature:
@@ -387,7 +476,19 @@ class IdentityDirectory(Mapping[int, bytes]):
     docs/threat-model.md).
     """
 
-    def __init__(self, keys: Mapping[int, bytes], signature: DirectorySignature | None = None) -> None:
+    def __init__(
+        self,
+        keys: Mapping[int, bytes],
+        signature: DirectorySignature | None = None,
+        *,
+        by_member: bool = False,
+        members: int | None = None,
+    ) -> None:
+        if not isinstance(by_member, bool):
+            raise TypeError(f"by_member must be a bool, got {by_member!r}")
+        self.by_member = by_member
+        """Whether the keys are a consortium's member numbers (a simulation's partitions), each bound to a run's
+        node id by the member's own signature (:func:`bind_members`), rather than Flower node ids."""
         checked: dict[int, bytes] = {}
         for node_id, key in keys.items():
             if isinstance(node_id, bool) or not isinstance(node_id, int) or not 0 <= node_id < 2**64:
@@ -402,6 +503,13 @@ class IdentityDirectory(Mapping[int, bytes]):
         if len(set(checked.values())) != len(checked):
             raise ValueError("two nodes share one identity key")
         self._keys = MappingProxyType(dict(sorted(checked.items())))
+        if members is not None and (
+            isinstance(members, bool) or not isinstance(members, int) or members < len(checked)
+        ):
+            raise ValueError(f"members must be an int >= the {len(checked)} keys, got {members!r}")
+        self.members = len(checked) if members is None else members
+        """How many parties the pinned directory lists: its length, or for a directory bound to one run's node ids
+        (:func:`bind_members`) the member directory's, whichever of them were bound. Sizes and quorums count these."""
         if signature is not None:
             try:
                 Ed25519PublicKey.from_public_bytes(signature.signer).verify(
@@ -425,10 +533,17 @@ class IdentityDirectory(Mapping[int, bytes]):
 
     def __repr__(self) -> str:
         signed = "" if self.signature is None else f", signed by {self.signature.signer.hex()[:16]}..."
-        return f"IdentityDirectory({len(self)} nodes{signed})"
+        kind = "members" if self.by_member else "nodes"
+        bound = f" of {self.members}" if self.members != len(self) else ""
+        return f"IdentityDirectory({len(self)}{bound} {kind}{signed})"
 
     def key_of(self, node_id: int) -> bytes:
         """Public key of ``node_id``; ``ValueError`` (not ``KeyError``) if the node is unknown."""
+        if self.by_member:
+            raise ValueError(
+                "a directory keyed by member lists no node ids: bind its members to the run's node ids first "
+                "(the market's bind step)"
+            )
         if node_id not in self._keys:
             raise ValueError(f"node {node_id} is not in the identity directory")
         return self._keys[node_id]
@@ -439,7 +554,8 @@ class IdentityDirectory(Mapping[int, bytes]):
         Independent of the JSON's layout and of any signature; what :meth:`digest` hashes and a signer signs.
         """
         entries = b"".join(struct.pack(">Q", node_id) + key for node_id, key in self._keys.items())
-        return _field(_DIRECTORY_LABEL) + struct.pack(">QQ", _DIRECTORY_VERSION, len(self._keys)) + entries
+        keyed = _field(_BY_MEMBER_LABEL) if self.by_member else b""  # a node pinning the digest pins this too
+        return _field(_DIRECTORY_LABEL) + struct.pack(">QQ", _DIRECTORY_VERSION, len(self._keys)) + entries + keyed
 
     def digest(self) -> bytes:
         """SHA-256 of :meth:`canonical_bytes` (32 bytes): what a node pins as ``identity-directory-digest``."""
@@ -448,7 +564,9 @@ class IdentityDirectory(Mapping[int, bytes]):
     def signed_by(self, signer_key: Ed25519PrivateKey) -> IdentityDirectory:
         """This directory carrying ``signer_key``'s signature over its canonical bytes (a new object)."""
         value = signer_key.sign(directory_signature_message(self.canonical_bytes()))
-        return IdentityDirectory(self._keys, DirectorySignature(public_key_of(signer_key), value))
+        return IdentityDirectory(
+            self._keys, DirectorySignature(public_key_of(signer_key), value), by_member=self.by_member
+        )
 
     def check_pins(self, *, digest: bytes | None = None, signer: bytes | None = None, source: str = "") -> None:
         """Check the directory against a node's pins: its digest and/or the key that must have signed it.
@@ -485,6 +603,8 @@ class IdentityDirectory(Mapping[int, bytes]):
         """The directory as JSON text (see the class docstring)."""
         keys = {str(node_id): key.hex() for node_id, key in self._keys.items()}
         data: dict[str, object] = {"version": _DIRECTORY_VERSION, "keys": keys}
+        if self.by_member:
+            data["keyed-by"] = "member"
         if self.signature is not None:
             data["signature"] = {"signer": self.signature.signer.hex(), "value": self.signature.value.hex()}
         return json.dumps(data, indent=2)
@@ -502,9 +622,11 @@ class IdentityDirectory(Mapping[int, bytes]):
             raise ValueError(f"identity directory is not valid JSON: {error}") from error
         if not isinstance(data, dict) or data.get("version") != _DIRECTORY_VERSION:
             raise ValueError(f'identity directory must be an object with "version": {_DIRECTORY_VERSION}')
-        unknown = sorted(set(data) - {"version", "keys", "signature"})
+        unknown = sorted(set(data) - {"version", "keys", "signature", "keyed-by"})
         if unknown:
             raise ValueError(f"identity directory has unknown field(s) {unknown}")
+        if data.get("keyed-by", "node") not in ("node", "member"):
+            raise ValueError(f'identity directory "keyed-by" must be "node" or "member", got {data["keyed-by"]!r}')
         keys = data.get("keys")
         if not isinstance(keys, dict):
             raise ValueError('identity directory needs a "keys" object')
@@ -516,7 +638,7 @@ class IdentityDirectory(Mapping[int, bytes]):
                 parsed[int(node_id)] = bytes.fromhex(hex_key)
             except (TypeError, ValueError) as error:
                 raise ValueError(f"identity key of node {node_id} is not hex") from error
-        return cls(parsed, _parse_signature(data.get("signature")))
+        return cls(parsed, _parse_signature(data.get("signature")), by_member=data.get("keyed-by") == "member")
 
 
 def _parse_signature(data: object) -> DirectorySignature | None:

@@ -1,7 +1,8 @@
 """Command line for identity keys and pinned identity directories (:mod:`.identity`).
 
 ``python -m flmarket_flwr.pass_protocol.identity_cli keygen node.pem`` makes a node's key (prints its public
-half); ``make``, ``sign`` and ``digest`` build a directory, sign it as a third party and print the digest that a
+half); ``make`` (``--members``: keyed by member numbers rather than Flower node ids), ``sign`` and ``digest`` build a
+directory, sign it as a third party and print the digest that a
 node pins; ``check`` reads a directory as a node would, against a digest or a signer key.
 """
 
@@ -38,12 +39,13 @@ def _make(args: argparse.Namespace) -> str:
     keys: dict[int, bytes] = {}
     for entry in args.entries:
         node, separator, key = entry.partition("=")
+        what = "member" if args.members else "node id"
         if not separator or not (node.isascii() and node.isdigit()):
-            raise ValueError(f"{entry!r}: each entry is <node id>=<64 hex digits of its public key>")
+            raise ValueError(f"{entry!r}: each entry is <{what}>=<64 hex digits of its public key>")
         if int(node) in keys:
-            raise ValueError(f"node {node} is listed twice")
-        keys[int(node)] = parse_public_key(key, f"the key of node {node}")
-    directory = IdentityDirectory(keys)
+            raise ValueError(f"{what} {node} is listed twice")
+        keys[int(node)] = parse_public_key(key, f"the key of {what} {node}")
+    directory = IdentityDirectory(keys, by_member=args.members)
     Path(args.directory).write_text(directory.to_json() + "\n", encoding="utf-8")
     return directory.digest().hex()
 
@@ -79,6 +81,12 @@ def parser() -> argparse.ArgumentParser:
     make = commands.add_parser("make", help="write a directory of node ids and public keys; print its digest")
     make.add_argument("directory", help="the JSON file to write")
     make.add_argument("entries", nargs="+", metavar="NODE=HEX", help="a node id and its 64-hex-digit public key")
+    make.add_argument(
+        "--members",
+        action="store_true",
+        help="the entries are members (e.g. a simulation's partition ids), each bound to its node id of each run "
+        "by its own signature (node config identity-member), not Flower node ids",
+    )
     make.set_defaults(run=_make)
     sign = commands.add_parser("sign", help="sign a directory with a third party's key; print the signer's key")
     sign.add_argument("directory")

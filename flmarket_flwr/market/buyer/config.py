@@ -186,6 +186,8 @@ class MarketConfig:
         """Validate every field; apply the secure profile's settings (``security="malicious"``)."""
         if self.security not in SECURITY_PROFILES:
             raise ValueError(f"security must be one of {list(SECURITY_PROFILES)}, got {self.security!r}")
+        for name, minimum in (("pass_colluders", 0), ("pass_min_participants", MIN_PARTICIPANTS), ("pass_reruns", 0)):
+            _check_count_or_auto(name, getattr(self, name), minimum)  # before the profile derives one from another
         if self.security == "malicious":
             if self.neighbours not in ("auto", "all"):
                 raise ValueError(
@@ -199,7 +201,7 @@ class MarketConfig:
                     "run config identity-directory; FLMarket(..., directory=...)): the same directory the nodes pin, "
                     "against which the buyer checks signatures and names the clients that break the protocol"
                 )
-            size = len(self.directory)
+            size = self.directory.members
             if self.pass_colluders == "auto":
                 object.__setattr__(self, "pass_colluders", profile_colluders(size))
             if self.pass_min_participants == "auto":
@@ -356,9 +358,11 @@ class MarketOutcome:
     audited : list[int]
         Winners whose opened counts matched their commitment and their claimed score.
     status : str
-        ``"succeeded"``, or ``"failed"`` for a market that stopped (:meth:`failed`: no winner, no payment).
+        ``"succeeded"`` (it bought a cohort), ``"failed"`` for a market that stopped or bought nobody (:meth:`failed`:
+        no winner, no payment; the scores and bids it received are kept), or ``"skipped"`` for a re-launch that never
+        ran (known before any message).
     reason : str
-        Why a failed market stopped (``""`` when it succeeded).
+        Why a market failed or was skipped (``""`` when it succeeded).
     invited : list[int]
         Node ids the market invited to PASS (after any roster plan), ascending.
     pass_sessions : list[PassSession]
@@ -402,9 +406,11 @@ class MarketOutcome:
         excluded: dict[int, str],
         timings: dict[str, float],
         *,
+        status: str = "failed",
         budget_rule: str = "half",
     ) -> MarketOutcome:
-        """The record of a market that stopped: nobody won or is paid; who was excluded at which step, and why."""
+        """The record of a market that stopped (``status="skipped"``: one that never ran, known before any message):
+        nobody won or is paid; who was excluded at which step, and why."""
         return cls(
             winners=[],
             participants=[],
@@ -416,7 +422,7 @@ class MarketOutcome:
             global_counts=[],
             excluded=dict(excluded),
             timings=dict(timings),
-            status="failed",
+            status=status,
             reason=reason,
             invited=sorted(invited),
             budget_rule=budget_rule,
@@ -481,6 +487,20 @@ class MarketOutcome:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n", encoding="utf-8")
         return target
+
+
+def _check_count_or_auto(name: str, value: object, minimum: int) -> None:
+    """Raise unless ``value`` is ``"auto"`` or an int of at least ``minimum``, naming the setting: ``TypeError`` for
+    a value that is neither an int nor a str, ``ValueError`` for another str or a smaller int."""
+    if value == "auto":
+        return
+    wanted = f'{name} must be an int >= {minimum} or "auto", got {value!r}'
+    if isinstance(value, str):
+        raise ValueError(wanted)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(wanted)
+    if value < minimum:
+        raise ValueError(wanted)
 
 
 def check_int(name: str, value: object, minimum: int) -> None:

@@ -30,7 +30,7 @@ class DeliveryRecord:
     delivered : int
         Updates it returned (replies with content, not errors).
     failures : list[str]
-        ``"round <r>: <reason>"`` for each train message without an update.
+        ``"round <r>: <reason>"`` for each train message without an update (``r`` in the run's numbering).
     """
 
     asked: int = 0
@@ -56,10 +56,11 @@ class DeliveryLedger:
         self.records: dict[int, DeliveryRecord] = {int(node): DeliveryRecord() for node in winners}
         self.rounds = 0
 
-    def record(self, messages: Iterable[Message], replies: Iterable[Message]) -> None:
+    def record(self, messages: Iterable[Message], replies: Iterable[Message], server_round: int | None = None) -> None:
         """Record one exchange: every train message in ``messages`` and the replies that came back.
 
-        An exchange with train messages is one training round. Messages of other types (evaluate,
+        An exchange with train messages is one training round: ``server_round``, the run's number of it, names it
+        in the failures (``None``: this ledger's own count, from 1). Messages of other types (evaluate,
         queries) are ignored; a reply is matched to its message by ``reply_to_message_id``, never by
         its sender (an error reply made by the transport names another one).
         """
@@ -71,7 +72,7 @@ class DeliveryLedger:
         if not sent:
             return
         self.rounds += 1
-        server_round = self.rounds
+        server_round = self.rounds if server_round is None else int(server_round)
         answered = {reply.metadata.reply_to_message_id: reply for reply in replies}
         for message_id, node in sent.items():
             record = self.records.setdefault(int(node), DeliveryRecord())

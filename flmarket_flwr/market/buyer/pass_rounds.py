@@ -211,11 +211,12 @@ class PassRounds:
         config = self._config
         settings = server.settings
         if config.audit_winners and config.directory is not None:
-            floor = binding_quorum(len(config.directory), settings.colluders) + settings.colluders
+            floor = binding_quorum(config.directory.members, settings.colluders) + settings.colluders
             if len(nodes) < floor:
                 raise PassError(
                     f"the sparse secure mode over {len(nodes)} clients: the award's quorum over the directory of "
-                    f"{len(config.directory)} with {settings.colluders} colluders needs a roster of at least {floor} "
+                    f"{config.directory.members} with {settings.colluders} colluders needs a roster of at least "
+                    f"{floor} "
                     "(MarketConfig.pass_colluders; run config pass-colluders)"
                 )
         requests: Mapping[int, Any] = server.advertise_requests(list(nodes))

@@ -9,6 +9,7 @@ logged reason; what cannot be recovered stops the phase with :class:`MarketError
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import secrets
 import time
@@ -43,6 +44,7 @@ from flmarket_flwr.market.wire.messages import (
     ACTION_AUDIT,
     ACTION_AWARD,
     ACTION_BID,
+    ACTION_BIND,
     ACTION_ENDORSE,
     ACTION_TAGS,
     AdvertiseTerms,
@@ -50,6 +52,8 @@ from flmarket_flwr.market.wire.messages import (
     AwardReply,
     AwardRequest,
     BidRequest,
+    BindReply,
+    BindRequest,
     EndorseReply,
     EndorseRequest,
     ReplyError,
@@ -61,7 +65,12 @@ from flmarket_flwr.market.wire.messages import (
 from flmarket_flwr.market.wire.records import config_record
 from flmarket_flwr.nodes import wait_for_nodes
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS
-from flmarket_flwr.pass_protocol.identity import SIGNATURE_LENGTH, verify_award_endorsement
+from flmarket_flwr.pass_protocol.identity import (
+    SIGNATURE_LENGTH,
+    bind_members,
+    pack_member_bindings,
+    verify_award_endorsement,
+)
 
 __all__ = ["MarketConfig", "MarketError", "MarketOutcome", "MarketPhase"]
 
@@ -132,6 +141,7 @@ class MarketPhase:
         if not isinstance(config, MarketConfig):
             raise TypeError(f"config must be a MarketConfig, got {type(config).__name__}")
         self.config = config
+        self._given = config  # a directory keyed by member: each run's config holds that run's bound directory
         self.sit_out = dict(sit_out or {})
         """Node id -> why it is not invited to this market (a node that may not release again this run): it is
         sent no market message, its reason kept in :attr:`MarketOutcome.excluded`."""
@@ -149,6 +159,9 @@ class MarketPhase:
         self._invited: list[int] = []
         self._session = b""
         self._included: dict[int, float] = {}
+        self._listed_out: list[int] = []
+        self._answered = False
+        self._silent_start = ""
         self.pass_sessions: list[PassSession] = []
         """The PASS sessions of the last :meth:`run`, in order."""
         self._buyer_key = config.buyer_key if config.buyer_key is not None else Ed25519PrivateKey.generate()
@@ -175,11 +188,15 @@ class MarketPhase:
             are left as bidders. Every node contacted so far is told the market closed before the error
             is raised; the error's ``outcome`` is the failed market's record (who was excluded and why).
         """
+        self.config = self._given
         self._excluded = {}
         self._contacted = set()
         self._invited = []
         self._session = b""
         self._included = {}
+        self._listed_out = []
+        self._answered = False
+        self._silent_start = ""
         self.pass_sessions = []
         self.released = []
         self.bids = {}
@@ -196,14 +213,16 @@ class MarketPhase:
         pass_result: PassResult | None = None
         try:
             connected = self._timed(timings, "wait_for_nodes", lambda: self.wait_for_nodes(grid))
-            nodes = self.planned_roster(self.admitted(grid, connected))
+            nodes = self.bound_roster(grid, self.planned_roster(self.admitted(grid, connected)))
             self._invited = list(nodes)
+            log(INFO, "Market: %s", profile_line(self.config, len(nodes)))
             pass_result = self._timed(timings, "pass", lambda: self.run_pass(grid, nodes))
             self.released = list(pass_result.participants)
             self._record_release(pass_result.participants)
             bids = self._timed(timings, "bid", lambda: self.collect_bids(grid, pass_result))
             result = self._timed(timings, "auction", lambda: self._audited_auction(grid, pass_result, bids))
-        except MarketError as err:
+        except MarketError as stopped:
+            err = MarketError(f"{self._silent_start}; {stopped}") if self._silent_start else stopped
             log(WARNING, "Market: aborted (%s)", err)
             self._close(grid, None, set())
             timings["total"] = time.perf_counter() - started
@@ -223,7 +242,9 @@ class MarketPhase:
                 err.outcome.global_counts = [int(c) for c in pass_result.global_counts]
             err.outcome.scores = {node: score for node, (score, _) in self.bids.items()}
             err.outcome.bids = {node: bid for node, (_, bid) in self.bids.items()}
-            raise
+            if err is stopped:
+                raise
+            raise err from stopped
         acknowledged = self._timed(
             timings, "award", lambda: self._close(grid, result.signed, result.endorsers, sorted(bids))
         )
@@ -358,6 +379,7 @@ class MarketPhase:
             except ValueError as err:
                 raise MarketError(str(err)) from err
         self._included = plan.included
+        self._listed_out = list(plan.excluded)
         if plan.unmatched:
             log(WARNING, "Market: %s match no connected node in this re-launch; skipped", plan.unmatched)
         for node in plan.excluded:
@@ -506,6 +528,54 @@ class MarketPhase:
             self.pass_sessions.append(PassSession(self._session.hex(), roster, "released", []))
             return result
 
+    def bound_roster(self, grid: Grid, nodes: Sequence[int]) -> list[int]:
+        """``nodes`` bound to the members of a directory keyed by member (``identity_cli make --members``); ``nodes``
+        unchanged for a directory keyed by node id, or none.
+
+        Each node is asked which member it is, with that member's signature over the run, its node id and the
+        directory's digest (:func:`~flmarket_flwr.pass_protocol.identity.bind_members`); then every bound node is
+        sent all the bindings, which it checks and keeps for the run. A node whose binding does not verify, or whose
+        member another node claims too, or that refuses the bindings, is excluded with the reason. The rest of the
+        market runs on the bound directory (node id -> key), as on a directory keyed by node id.
+
+        Raises
+        ------
+        MarketError
+            If fewer than ``min_clients`` nodes are bound.
+        """
+        directory = self._given.directory
+        if directory is None or not directory.by_member:
+            return list(nodes)
+        run_id = int(grid.run.run_id)
+        self._contacted.update(nodes)
+        requests = {node: config_record(BindRequest().to_record()) for node in nodes}
+
+        def read(reply: Message, node: int) -> tuple[int, bytes]:
+            claim = BindReply.from_record(read_config(reply))
+            try:
+                bind_members(directory, {node: (claim.member, claim.member_signature)}, run_id)
+            except ValueError as err:
+                raise ReplyError(str(err)) from err
+            return claim.member, claim.member_signature
+
+        claims = self.validated(ACTION_BIND, requests, self.exchange(grid, ACTION_BIND, requests), read, pass_node=True)
+        claimants: dict[int, list[int]] = {}
+        for node, (member, _) in sorted(claims.items()):
+            claimants.setdefault(member, []).append(node)
+        for member, both in claimants.items():
+            for node in both if len(both) > 1 else ():
+                self.exclude(node, ACTION_BIND, f"member {member} is claimed by nodes {both}: none is taken")
+        bindings = {node: claim for node, claim in claims.items() if not self.is_excluded(node)}
+        self.require_enough(sorted(bindings), "the nodes bound to the directory's members")
+        packed = pack_member_bindings(bindings)
+        shared = {node: config_record(BindRequest(packed).to_record()) for node in bindings}
+        replies = self.exchange(grid, ACTION_BIND, shared)
+        kept = self.validated(ACTION_BIND, shared, replies, lambda reply: BindReply.from_record(read_config(reply)))
+        self.config = dataclasses.replace(self._given, directory=bind_members(directory, bindings, run_id))
+        log(INFO, "Market: %d node(s) bound to members of the directory (%d members)", len(kept), directory.members)
+        self.require_enough(sorted(kept), "the nodes that hold the bindings")
+        return sorted(kept)
+
     def _raise_pass_failure(self, err: MarketError, summary: str) -> NoReturn:
         """Raise ``err`` followed by the sessions' ``summary``, naming the root cause first when clients' own
         label-count callbacks failed."""
@@ -519,8 +589,20 @@ class MarketPhase:
             raise MarketError(
                 f"{where}: only {len(nodes)} client(s) left, the market needs at least "
                 f"{self.config.min_clients} (PASS with fewer than {MIN_PARTICIPANTS} would reveal "
-                f"a client's counts); excluded so far: {self._excluded}"
+                f"a client's counts); {self._left_out()}"
             )
+
+    def _left_out(self) -> str:
+        """Who this market has left out so far, and why: the buyer's exclude list, then each exclusion's reason."""
+        parts = []
+        if self._listed_out:
+            parts.append(
+                f"{len(self._listed_out)} node(s) left out by the exclude list (MarketConfig.exclude, run config "
+                f"market-exclude: {list(self.config.exclude)}): {self._listed_out}"
+            )
+        if self._excluded:
+            parts.append(f"excluded: {_grouped(self._excluded, sorted(self._excluded))}")
+        return "; ".join(parts) if parts else "no node was excluded"
 
     # --- Step 2: scores and bids ---------------------------------------------------------------
     def collect_bids(self, grid: Grid, pass_result: PassResult) -> dict[int, tuple[float, float]]:
@@ -705,8 +787,30 @@ class MarketPhase:
 
     # --- Messaging -----------------------------------------------------------------------------
     def exchange(self, grid: Grid, action: str, requests: Mapping[int, ConfigRecord]) -> dict[int, Message]:
-        """Send one request per node; return ``{node: reply}`` received within ``timeout`` (see :func:`exchange`)."""
-        return exchange(grid, action, requests, self.config.step_timeout(len(requests)))
+        """Send one request per node; return ``{node: reply}`` received within ``timeout`` (see :func:`exchange`).
+
+        The first exchange of a run's first market that no node has answered yet may also wait up to
+        ``wait_for_nodes_timeout`` for its first reply: connected nodes whose ClientApps are still starting (on a
+        first run Flower installs the app's dependencies before they answer) are waited for as the market waits for
+        nodes to connect. If none answers even then, the market's error says so first (:attr:`_silent_start`)."""
+        timeout = self.config.step_timeout(len(requests))
+        grace = 0.0 if self._answered or self.relaunch else float(self.config.wait_for_nodes_timeout)
+        replies = exchange(grid, action, requests, timeout, start_grace=grace)
+        if replies:
+            self._answered = True
+        elif grace > 0 and requests:
+            self._silent_start = (
+                f"no node answered its first market message ({action}, {len(requests)} asked) within "
+                f"{timeout + grace:g} s ({grace:g} s for a first answer, then the step's {timeout:g} s): the nodes' "
+                "ClientApps were still starting, most likely still installing the app's dependencies (Flower's "
+                "runtime dependency installation runs uv sync of the app's [project] dependencies at launch: minutes "
+                "for torch on a first run), or they cannot load the app. Install the dependencies beforehand and set "
+                "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 where the SuperLink and SuperNodes start, or raise "
+                "MarketConfig.wait_for_nodes_timeout (run config wait-for-nodes-timeout in the example app; README: "
+                "'The plugin in the app's environment')"
+            )
+            log(WARNING, "Market: %s", self._silent_start)
+        return replies
 
     def validated(
         self,
@@ -753,6 +857,35 @@ class MarketPhase:
             return step()
         finally:
             timings[name] = time.perf_counter() - started
+
+
+def profile_line(config: MarketConfig, invited: int) -> str:
+    """What is in effect for a market over ``invited`` clients, in one line: the profile, PASS's graph (complete, or
+    the sparse secure mode with its ``k`` and ``t``), the noise on the counts and the colluders stated."""
+    if config.security == "malicious":
+        profile = f"secure profile (security='malicious', directory of {len(config.directory or {})} nodes)"
+        colluders = f"pass-colluders {config.pass_colluders} stated, {config.pass_reruns} PASS re-run(s) at most"
+    else:
+        profile = "default profile (semi-honest)"
+        colluders = "no colluders stated (the default profile assumes none)"
+    sparse = config.sparse_settings
+    if sparse is not None and config.runs_sparse(invited):
+        graph = sparse.parameters(invited)
+        layout = (
+            f"a graph each client draws (the sparse secure mode): k={graph.degree} out-neighbours each, threshold "
+            f"t={graph.threshold}"
+        )
+    elif config.security == "malicious" or config.neighbours == "all":
+        layout = "the complete graph"
+    elif config.neighbours == "auto":
+        layout = "a graph the buyer places, its degree sized for the roster"
+    else:
+        layout = f"a graph the buyer places, degree {config.neighbours}"
+    noise = "no noise on the counts"
+    if config.noise is not None:
+        epsilon, delta = config.noise.epsilon, config.noise.delta
+        noise = f"Skellam noise on the counts, epsilon {epsilon:g} and delta {delta:g} per release"
+    return f"{profile}; PASS over {invited} clients on {layout}; {noise}; {colluders}"
 
 
 def _grouped(reasons: Mapping[int, str], nodes: Sequence[int]) -> str:

@@ -93,9 +93,10 @@ class FLMarket(Strategy):
         Number of classes ``C``. Required unless ``market_config`` is given.
     market_config : MarketConfig, optional
         Every market setting (cohort cap, timeouts, PASS graph, members, ...); then ``budget``, ``num_classes``,
-        ``security``, ``directory``, ``include``, ``exclude``, ``allow`` and ``budget_rule`` must be left unset.
-        Those are a drop-in's shorthand for ``MarketConfig(budget=..., num_classes=..., security=..., directory=...,
-        include=..., exclude=..., allow=..., budget_rule=...)``, the rest at its defaults.
+        ``security``, ``directory``, ``pass_colluders``, ``include``, ``exclude``, ``allow`` and ``budget_rule`` must
+        be left unset. Those are a drop-in's shorthand for ``MarketConfig(budget=..., num_classes=..., security=...,
+        directory=..., pass_colluders=..., include=..., exclude=..., allow=..., budget_rule=...)``, the rest at its
+        defaults.
     seed : int or None (default: 0)
         Seeds the wrapped strategy's node sampling among the winners (see ``WinnersGrid``).
     absent_timeout : float or None (default: 600.0)
@@ -113,6 +114,9 @@ class FLMarket(Strategy):
         The directory of the nodes' identity keys (or the path of its JSON file), the same one the nodes pin:
         with it the buyer checks the nodes' signatures and names those that break the protocol. Required by
         ``security="malicious"``.
+    pass_colluders : int or "auto", optional
+        The secure profile's stated number of colluding clients (:attr:`MarketConfig.pass_colluders`; default
+        ``"auto"``, a fifth of the directory): the same number as each node's ``pass-colluders``.
     include : Mapping[int | str, float], optional
         Nodes that must train, node id or tag (node config ``market-tag``) -> fixed payment, outside the auction;
         the payments are charged against ``budget`` before it runs (:attr:`MarketConfig.include`).
@@ -175,6 +179,7 @@ class FLMarket(Strategy):
         exclude: Iterable[Member] | None = None,
         relaunch: RelaunchPolicy | None = None,
         allow: Iterable[int] | None = None,
+        pass_colluders: int | str | None = None,
         budget_rule: str | None = None,
     ) -> None:
         super().__init__()
@@ -187,6 +192,7 @@ class FLMarket(Strategy):
             "include": include,
             "exclude": exclude,
             "allow": allow,
+            "pass_colluders": pass_colluders,
             "budget_rule": budget_rule,
         }
         given = sorted(name for name, value in shorthand.items() if value is not None)
@@ -197,6 +203,8 @@ class FLMarket(Strategy):
                 raise ValueError("FLMarket needs budget and num_classes (or a market_config)")
             if isinstance(directory, (str, Path)):
                 directory = IdentityDirectory.from_json(Path(directory))
+            # One construction: the profile's "auto" values are derived once, from the settings given.
+            profile = {"security": security, "pass_colluders": pass_colluders, "budget_rule": budget_rule}
             market_config = MarketConfig(
                 budget,
                 num_classes,
@@ -204,10 +212,8 @@ class FLMarket(Strategy):
                 include=dict(include or {}),
                 exclude=tuple(exclude or ()),
                 allow=tuple(allow or ()),
-                budget_rule=budget_rule or "half",
+                **{name: value for name, value in profile.items() if value is not None},  # type: ignore[arg-type]
             )
-            if security is not None:
-                market_config = dataclasses.replace(market_config, security=security)
         self.strategy = strategy
         self.market_config = market_config
         self.seed = seed
@@ -379,6 +385,7 @@ class FLMarket(Strategy):
         except MarketError as err:
             if err.outcome is not None:  # the failed market's record: who was excluded at which step, and why
                 self.market_outcome = err.outcome
+                self.markets.append(MarketEntry(1, "the first market", err.outcome, None, phase.released))
             log(ERROR, "FLMarket: the market phase failed: %s", err)
             raise
         self._rounds_at_market = 0
@@ -436,15 +443,27 @@ class FLMarket(Strategy):
         return nodes
 
     def _run_market(self, grid: Grid, phase: MarketPhase) -> MarketOutcome:
-        """Run one market; :class:`MarketError` (with the outcome) when it fails or selects nobody."""
+        """Run one market; :class:`MarketError` (with the outcome) when it fails or selects nobody.
+
+        A market that bought nobody is recorded as failed, with the reason and every score and bid it received
+        (those of winners that did not endorse or failed their audit included)."""
         outcome = phase.run(grid)
         log_market_outcome(outcome)
         if not outcome.cohort:
-            err = MarketError(
-                f"no client won the auction ({len(outcome.participants)} bidders, budget "
-                f"{outcome.budget:.4g}): nothing to train. Raise the budget, or look at the bids in the market log"
+            dropped = sorted(set(phase.bids) - set(outcome.participants))
+            reason = (
+                f"no client won the auction ({len(outcome.participants)} bidders, budget {outcome.budget:.4g}"
+                + (f"; {len(dropped)} winner(s) {dropped} did not hold their award, see excluded" if dropped else "")
+                + "): nothing to train. Raise the budget, or look at the bids in the market log"
             )
-            err.outcome = outcome
+            err = MarketError(reason)
+            err.outcome = dataclasses.replace(
+                outcome,
+                status="failed",
+                reason=reason,
+                scores={node: score for node, (score, _) in phase.bids.items()},
+                bids={node: bid for node, (_, bid) in phase.bids.items()},
+            )
             raise err
         return outcome
 
@@ -489,7 +508,7 @@ class FLMarket(Strategy):
         committed = self._committed(keep_in_force=joins)
         config, skipped = self._relaunch_config(committed, joins, connected)
         if config is None:  # known before any message: nothing released, nobody contacted
-            record = MarketOutcome.failed(skipped, self.market_config.budget - committed, [], {}, {})
+            record = MarketOutcome.failed(skipped, self.market_config.budget - committed, [], {}, {}, status="skipped")
             self._skip(server_round, reason, record, committed, [], connected)
             return
         phase = MarketPhase(config, sit_out=self._sat_out(joins), relaunch=True)
@@ -602,8 +621,9 @@ class FLMarket(Strategy):
         refused = sum(1 for why in record.excluded.values() if PRIVACY_BUDGET_REFUSED in why)
         log(
             WARNING,
-            "FLMarket: market %d skipped (%s%s); training goes on with the cohort in force %s",
+            "FLMarket: market %d %s (%s%s); training goes on with the cohort in force %s",
             len(self.markets),
+            "skipped" if record.status == "skipped" else "failed",
             record.reason,
             f"; {refused} node(s) refused it for their privacy budget" if refused else "",
             self.cohort,
@@ -639,38 +659,66 @@ class FLMarket(Strategy):
         if not train:
             return
         self._train_rounds += 1
+        run_round = server_round or self._train_rounds  # the run's numbering, whichever market's cohort trains
         for entry in self._active:
             assert entry.delivery is not None
             cohort = set(entry.outcome.cohort)
-            entry.delivery.record([m for m in train if m.metadata.dst_node_id in cohort], replies)
-        warn_if_no_update(server_round or self._train_rounds, train, replies)
+            entry.delivery.record([m for m in train if m.metadata.dst_node_id in cohort], replies, run_round)
+        warn_if_no_update(run_round, train, replies)
 
     def markets_report(self) -> list[dict[str, Any]]:
-        """One entry per market of the run (``market.json``'s ``markets``).
+        """One entry per market of the run (``market.json``'s ``markets``), in order: :meth:`market_entry` of each."""
+        return [self.market_entry(position) for position in range(1, len(self.markets) + 1)]
 
-        Each says before which round it ran and why (``trigger``: the first market, or the re-launch policy's
-        criterion); its outcome (:meth:`MarketOutcome.to_dict`: ``status``, and in ``reason`` why it stopped or
-        was skipped; ``budget`` its auction's); the run's budget and what earlier markets had committed of it;
-        ``released``, the nodes whose counts went into a PASS sum the buyer could unmask, a failed market's
-        included; whether its cohort joined the one in force; and its cohort's deliveries and settlement over the
-        rounds it trained (``None`` for a skipped market).
+    def market_entry(self, position: int) -> dict[str, Any]:
+        """The record of market number ``position`` (from 1) of the run: the one place that builds it.
+
+        It says before which round (the run's numbering) it ran and why (``trigger``: the first market, or the
+        re-launch policy's criterion); its own outcome (:meth:`MarketOutcome.to_dict`: ``status`` ``"succeeded"``
+        when it bought a cohort, ``"failed"`` when it stopped or bought nobody, ``"skipped"`` when it never ran, and
+        in ``reason`` why; the scores and bids it received, a failed market's too; ``budget``, its auction's); the
+        run's budget and what earlier markets had committed of it; ``released``, the nodes whose counts went into a
+        PASS sum the buyer could unmask, a failed market's included; whether its cohort joined the one in force;
+        whether it is in force at the end; and its cohort's deliveries and settlement over the rounds it trained
+        (failures named by the run's round; ``None`` for a market that bought nobody).
         """
-        return [
-            {
-                "market": position,
-                "before_round": entry.first_round,
-                "trigger": entry.reason,
-                **entry.outcome.to_dict(),
-                "run_budget": self.market_config.budget,
-                "committed_before": entry.committed_before,
-                "released": sorted(entry.released),
-                "cohort_joined": entry.joined,
-                "delivery": None
-                if entry.delivery is None
-                else entry.delivery.to_dict(entry.outcome.payments, on_delivery=self.settle_on_delivery),
-            }
-            for position, entry in enumerate(self.markets, start=1)
-        ]
+        entry = self.markets[position - 1]
+        return {
+            "market": position,
+            "before_round": entry.first_round,
+            "trigger": entry.reason,
+            **entry.outcome.to_dict(),
+            "run_budget": self.market_config.budget,
+            "committed_before": entry.committed_before,
+            "released": sorted(entry.released),
+            "cohort_joined": entry.joined,
+            "in_force": any(entry is active for active in self._active),
+            "delivery": None
+            if entry.delivery is None
+            else entry.delivery.to_dict(entry.outcome.payments, on_delivery=self.settle_on_delivery),
+        }
+
+    def run_report(self) -> dict[str, Any]:
+        """The run's summary over every market (``market.json``'s ``run``): how many markets ran and how each ended,
+        the cohort in force at the end and the markets it came from, the run's budget, what was awarded and what is
+        owed over every market, the buyer's own include, exclude and allow lists, and the nodes dropped mid-run."""
+        statuses = [entry.outcome.status for entry in self.markets]
+        config = self.market_config
+        return {
+            "markets": len(self.markets),
+            "succeeded": statuses.count("succeeded"),
+            "failed": statuses.count("failed"),
+            "skipped": statuses.count("skipped"),
+            "in_force": [position for position, entry in enumerate(self.markets, 1) if entry in self._active],
+            "cohort": self.cohort,
+            "run_budget": config.budget,
+            "total_awarded": math.fsum(math.fsum(entry.outcome.payments.values()) for entry in self.markets),
+            "total_settled": math.fsum(self.settled_across_markets().values()),
+            "include": {str(member): float(payment) for member, payment in config.include.items()},
+            "exclude": [str(member) for member in config.exclude],
+            "allow": [int(node) for node in config.allow],
+            "dropped": {str(node): reason for node, reason in self.dropped.items()},
+        }
 
     def settled_across_markets(self) -> dict[int, float]:
         """What each node is owed over every market of the run (each market settles its own awards)."""

@@ -37,7 +37,9 @@ pull can take longer than ``STUCK_PULL_S`` (10,000 replies through the wire form
 not a stuck transport."""
 
 
-def exchange(grid: Grid, action: str, requests: Mapping[int, ConfigRecord], timeout: float) -> dict[int, Message]:
+def exchange(
+    grid: Grid, action: str, requests: Mapping[int, ConfigRecord], timeout: float, start_grace: float = 0.0
+) -> dict[int, Message]:
     """Send one request per node and return ``{node: reply}`` received within ``timeout`` seconds.
 
     Replies are matched by ``reply_to_message_id``. An error reply that the transport made for a
@@ -54,6 +56,8 @@ def exchange(grid: Grid, action: str, requests: Mapping[int, ConfigRecord], time
         Node id -> the request's content.
     timeout : float
         Seconds the step may take from the end of the push.
+    start_grace : float (default: 0.0)
+        Seconds more the step may wait for its first reply (see :func:`send_and_receive_within`).
 
     Returns
     -------
@@ -64,7 +68,7 @@ def exchange(grid: Grid, action: str, requests: Mapping[int, ConfigRecord], time
         Message(make_content(record), dst_node_id=node, message_type=message_type(action), group_id=action)
         for node, record in requests.items()
     ]
-    replies = send_and_receive_within(grid, messages, timeout)
+    replies = send_and_receive_within(grid, messages, timeout, start_grace)
     node_of = {msg.metadata.message_id: msg.metadata.dst_node_id for msg in messages}
     matched: dict[int, Message] = {}
     for reply in replies:
@@ -88,11 +92,16 @@ def exchange(grid: Grid, action: str, requests: Mapping[int, ConfigRecord], time
     return matched
 
 
-def send_and_receive_within(grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
+def send_and_receive_within(
+    grid: Grid, messages: list[Message], timeout: float, start_grace: float = 0.0
+) -> list[Message]:
     """Push ``messages`` and pull their replies until all arrived or ``timeout`` seconds passed.
 
     The deadline counts from the end of the push (a grid that computes the replies inside the push, as an
-    in-process test grid does, is not charged for that work).
+    in-process test grid does, is not charged for that work). With ``start_grace``, a step that has no reply yet
+    when its deadline passes waits up to ``start_grace`` seconds more for its first one (nodes whose ClientApps are
+    still starting: installing the app's dependencies on a first run), and once it arrives the others have
+    ``timeout`` seconds from then; the step is bounded by ``timeout + start_grace`` all the same.
     The first pull follows the push at once; while replies are missing the wait between pulls
     doubles from ``FIRST_PULL_DELAY_S`` to ``MAX_PULL_DELAY_S`` and starts again after every pull that
     brought a reply, so a fast step costs milliseconds and a slow one a pull every 0.1 s. While a pull is
@@ -126,25 +135,31 @@ def send_and_receive_within(grid: Grid, messages: list[Message], timeout: float)
         if isinstance(message, Message)
     }
     deadline = time.monotonic() + timeout
+    grace_end = deadline + max(0.0, start_grace)
+    first_wait = start_grace > 0  # no reply yet: the step may wait until grace_end for the first one
     best: dict[str, Message] = {}
     pulls: list[_Pull] = []
     one_by_one = False
     delay = FIRST_PULL_DELAY_S
     while pending:
-        last = time.monotonic() >= deadline
+        end = grace_end if first_wait else deadline
+        last = time.monotonic() >= end
         busy = {message_id for pull in pulls if len(pull.ids) == 1 or not pull.stuck for message_id in pull.ids}
         idle = sorted(pending - busy - set(best))  # an id with an "unavailable" reply waits for its pull instead
         if idle and one_by_one:
             pulls.extend(_Pull(grid, [message_id]) for message_id in idle)
         elif idle and (last or not any(not pull.done and not pull.stuck for pull in pulls)):
             pulls.append(_Pull(grid, idle if last else idle[:PULL_BATCH]))  # one batch at a time
-        _wait_for(pulls, LAST_PULL_S if last else min(MAX_PULL_DELAY_S, max(0.0, deadline - time.monotonic())))
+        _wait_for(pulls, LAST_PULL_S if last else min(MAX_PULL_DELAY_S, max(0.0, end - time.monotonic())))
         arrived = 0
         for pull in [pull for pull in pulls if pull.done]:
             pulls.remove(pull)
             if pull.error is not None:  # the transport gave up (e.g. Flower ended the run): so does the market
                 raise pull.error
             arrived += sum(_keep_best(best, reply, sender_of) for reply in pull.replies)
+        if first_wait and best:  # the first reply: the others get the step's timeout from now (never less)
+            first_wait = False
+            deadline = end = max(deadline, time.monotonic() + timeout)
         outstanding = {message_id for pull in pulls for message_id in pull.ids}
         pending = {
             message_id
@@ -161,7 +176,7 @@ def send_and_receive_within(grid: Grid, messages: list[Message], timeout: float)
         if pending:
             delay = FIRST_PULL_DELAY_S if arrived else min(2.0 * delay, MAX_PULL_DELAY_S)
             if not any(not pull.done and not pull.stuck for pull in pulls):  # else _wait_for waits on that pull
-                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                time.sleep(min(delay, max(0.0, end - time.monotonic())))
     if pending and pulls:
         log(WARNING, "Market: pulling replies did not return within the step's timeout; going on without them")
     return list(best.values())

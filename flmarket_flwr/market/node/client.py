@@ -44,6 +44,7 @@ from flmarket_flwr.market.wire.messages import (
     ACTION_AUDIT,
     ACTION_AWARD,
     ACTION_BID,
+    ACTION_BIND,
     ACTION_DRAW,
     ACTION_ENDORSE,
     ACTION_MASK,
@@ -67,6 +68,8 @@ from flmarket_flwr.market.wire.messages import (
     AwardRequest,
     BidReply,
     BidRequest,
+    BindReply,
+    BindRequest,
     EndorseReply,
     EndorseRequest,
     ReplyError,
@@ -79,7 +82,12 @@ from flmarket_flwr.market.wire.messages import (
 from flmarket_flwr.market.wire.records import config_record, set_values
 from flmarket_flwr.pass_protocol import PassClient, PassError
 from flmarket_flwr.pass_protocol.encoding import bitmap_bits, bitmap_to_indices, roster_fingerprint
-from flmarket_flwr.pass_protocol.identity import sign_award_endorsement
+from flmarket_flwr.pass_protocol.identity import (
+    bind_members,
+    sign_award_endorsement,
+    sign_member_binding,
+    unpack_member_bindings,
+)
 from flmarket_flwr.pass_protocol.primitives import validate_counts
 from flmarket_flwr.pass_protocol.sparse_client import SparseSecureClient
 from flmarket_flwr.pass_protocol.sparse_state import SparseAdvertised
@@ -351,6 +359,7 @@ def market_handlers(
             (ACTION_ENDORSE, handlers.endorse),
             (ACTION_AUDIT, handlers.audit),
             (ACTION_TAGS, _tags),
+            (ACTION_BIND, _bind),
         )
     }
     table[ACTION_AWARD] = handlers.award  # the receipt is kept whatever the node's settings say
@@ -396,6 +405,33 @@ _TERMS_KEYS: Final = AdvertiseTerms.wire_keys()
 def _tags(message: Message, context: Context, settings: NodeSettings) -> Message:
     """The tags step: reply with the node's ``market-tag`` (no market state is read or kept)."""
     return _reply(message, config_record(TagsReply(settings.tag).to_record()))
+
+
+def _bind(message: Message, context: Context, settings: NodeSettings) -> Message:
+    """The bind step (a directory keyed by member): sign which member this node is for this run and node id; given
+    every node's binding, check them all against the pinned directory (each signed by its member's own key, no
+    member or node twice, this node's own among them) and keep them for the run (:mod:`.node_config`: the handlers
+    check the run's neighbours against the bound directory, an empty one before this step)."""
+    from flmarket_flwr.market.node.node_config import IDENTITY_STATE_KEY  # pylint: disable=import-outside-toplevel
+
+    pinned, key = settings.member_directory, settings.identity_key
+    try:
+        if pinned is None or key is None:
+            raise _RequestError("this node pins no directory keyed by member (or has no identity key) to bind")
+        request = BindRequest.from_record(_request(message))
+        run_id, node_id = int(context.run_id), int(context.node_id)
+        own = sign_member_binding(key, run_id, node_id, settings.member, pinned.digest())
+        if request.bindings is not None:
+            bindings = unpack_member_bindings(request.bindings)
+            if bindings.get(node_id, (None, b""))[0] != settings.member:
+                raise _RequestError("the bindings do not bind this node to its own member")
+            bind_members(pinned, bindings, run_id)
+            context.state[IDENTITY_STATE_KEY] = ConfigRecord(
+                {"run-id": run_id, "directory-digest": pinned.digest(), "bindings": request.bindings}
+            )
+    except (ReplyError, ValueError) as err:
+        return _refusal(message, ACTION_BIND, err)
+    return _reply(message, config_record(BindReply(settings.member, own).to_record()))
 
 
 class _MarketHandlers:
@@ -663,7 +699,7 @@ class _MarketHandlers:
                 client = _pass_client(state)
                 endorsements = unpack_endorsements(request.endorsements)  # type: ignore[arg-type]  # None: refused
                 if isinstance(client, SparseSecureClient):  # views of U3 may differ: count over the pinned directory
-                    needed = binding_quorum(len(directory), settings.colluders)
+                    needed = binding_quorum(directory.members, settings.colluders)
                     eligible: set[int] | None = _roster_nodes(state)
                 else:
                     needed = binding_quorum(client.state.survivor_count, settings.colluders)

@@ -9,6 +9,7 @@ flmarket_flwr.market.node.node_config`` prints the market's keys.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -19,7 +20,8 @@ from pathlib import Path
 from typing import Any, Final, NoReturn
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from flwr.app import Context, Error, Message
+from flwr.app import ConfigRecord, Context, Error, Message
+from flwr.common.config import parse_config_args
 from flwr.common.constant import ErrorCode
 from flwr.supercore import log
 
@@ -34,10 +36,12 @@ from flmarket_flwr.market.wire.profiles import (
 from flmarket_flwr.pass_protocol.graph_parameters import DEFAULT_SECURITY_BITS
 from flmarket_flwr.pass_protocol.identity import (
     IdentityDirectory,
+    bind_members,
     load_directory,
     load_identity_key,
     parse_digest,
     parse_public_key,
+    unpack_member_bindings,
 )
 from flmarket_flwr.pass_protocol.noise import (
     MIN_HONEST_CLIENTS,
@@ -66,6 +70,13 @@ PROFILE_SPLIT_TOLERANCE: Final = 2
 """The secure profile's ``pass-split-tolerance`` when unset: two colluders cannot split the consistency round."""
 LEDGER_HOME_ENV: Final = "FLMARKET_HOME"
 """Where the secure profile keeps a node's ledger when ``market-ledger-dir`` is unset (default ``~/.flmarket``)."""
+NODE_CONFIG_ENV: Final = "FLMARKET_NODE_CONFIG"
+"""Market node-config keys for every node of the process, under each node's own node config, in Flower's
+``key=value`` syntax; ``{partition-id}`` (any key of the node's own node config, in braces) in a value becomes the
+node's own. For Flower's simulation, whose nodes hold their partition only (docs/deployment.md, "The secure profile
+in simulation")."""
+IDENTITY_STATE_KEY: Final = "flmarket-identity"
+"""The node's ``context.state`` record of this run's member bindings (a directory keyed by member)."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +172,8 @@ MARKET_NODE_KEYS: Final[tuple[NodeKey, ...]] = (
             'signed the directory; "" for none', _public_key_or_empty, 'an Ed25519 public key in 64 hex digits, or ""'),
     NodeKey("identity-directory-unpinned", bool, False, "true: take the directory with neither pin (only where "
             "this node's operator wrote it, never the buyer)"),
+    NodeKey("identity-member", int, -1, "this node's member number in a directory keyed by member (identity_cli make "
+            "--members; e.g. its partition); -1: the directory lists Flower node ids", at_least(-1), ">= -1"),
     NodeKey("market-tag", str, "", 'a label the buyer may include or exclude this node by (run config market-include '
             '/ market-exclude "tag:<label>"); the node\'s own word, sent to the buyer before a market that asks; '
             '"" for none'),
@@ -321,7 +334,14 @@ class NodeSettings:
         The node's identity key: it signs its PASS key advertisement, its survivor set and its endorsement.
     directory : IdentityDirectory or None
         The pinned directory of identity keys the node checks its neighbours against (the consistency round, the
-        endorsement quorum); without it PASS is secure against a semi-honest server only.
+        endorsement quorum); without it PASS is secure against a semi-honest server only. With a directory keyed by
+        member, this run's bound directory (node id -> key, from the bind step; empty before it, so that every check
+        against it fails closed).
+    member_directory : IdentityDirectory or None
+        The pinned directory keyed by member (``identity_cli make --members``), whose members the bind step binds
+        to this run's node ids; ``None`` for a directory keyed by node id.
+    member : int
+        This node's member number in ``member_directory`` (node config ``identity-member``; ``-1``: none).
     tag : str
         The node's ``market-tag`` (``""``: none), told to a buyer that includes or excludes nodes by tag.
     buyer_key : bytes or None
@@ -363,6 +383,8 @@ class NodeSettings:
     security: str = SECURITY_PROFILES[0]
     identity_key: Ed25519PrivateKey | None = None
     directory: IdentityDirectory | None = None
+    member_directory: IdentityDirectory | None = None
+    member: int = -1
     tag: str = ""
     buyer_key: bytes | None = None
     complete_graph: bool = False
@@ -426,12 +448,14 @@ def read_node_settings(context: Context, announced_noise: SkellamNoise | None = 
         Naming the node-config key, for a value of the wrong type, one its check refuses, or a setting the profile
         refuses or needs; or if the announced noise is weaker than the node's ``pass-dp-max-epsilon``.
     """
-    config = context.node_config
+    config = node_config_of(context)
     value = _ConfigValues(config)
     secure = _profile(str(value("market-security"))) == "malicious"
     identity_key = _identity_key(value, secure)
-    directory = _identity_directory(value, secure)
-    directory_size = len(directory) if directory is not None else 0
+    pinned = _identity_directory(value, secure)
+    member = int(value("identity-member"))
+    directory, member_directory = _run_directory(context, pinned, member)
+    directory_size = pinned.members if pinned is not None else 0
     colluders = int(value("pass-colluders"))
     if secure and "pass-colluders" not in config:
         colluders = profile_colluders(directory_size)
@@ -446,6 +470,8 @@ def read_node_settings(context: Context, announced_noise: SkellamNoise | None = 
         security="malicious" if secure else "semi-honest",
         identity_key=identity_key,
         directory=directory,
+        member_directory=member_directory,
+        member=member if member_directory is not None else -1,
         tag=str(value("market-tag")),
         buyer_key=_buyer_key(value),
         complete_graph=_complete_graph(value, secure, "pass-complete-graph" in config),
@@ -481,6 +507,86 @@ def _profile(spelled: str) -> str:
 
 def _profile_requires(name: str) -> NoReturn:
     raise ValueError(f"node-config market-security=malicious needs {name}: set it in the SuperNode's --node-config")
+
+
+def node_config_of(context: Context) -> dict[str, Any]:
+    """The node's node config: ``context.node_config`` over the market keys of ``$FLMARKET_NODE_CONFIG`` (if set),
+    each ``{key}`` in those values replaced by the node's own ``key`` (:data:`NODE_CONFIG_ENV`).
+
+    Raises
+    ------
+    ValueError
+        If the variable does not parse, names a key that is not a market key, or a ``{key}`` the node lacks.
+    """
+    own = dict(context.node_config)
+    text = os.environ.get(NODE_CONFIG_ENV, "").strip()
+    if not text:
+        return own
+    shared: dict[str, Any] = {}
+    for key, raw in _parsed_env(text).items():
+        if isinstance(raw, str):
+            try:
+                raw = raw.format_map({name: value for name, value in own.items()})
+            except (KeyError, ValueError, IndexError) as err:
+                raise ValueError(f"{NODE_CONFIG_ENV} {key}={raw!r}: {err!r} is not in this node's node config") from err
+        shared[key] = raw
+    return {**shared, **own}
+
+
+@functools.cache
+def _parsed_env(text: str) -> dict[str, Any]:
+    """``$FLMARKET_NODE_CONFIG`` parsed (once per text), its keys checked to be market keys."""
+    try:
+        parsed = dict(parse_config_args([text]))
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{NODE_CONFIG_ENV} does not parse as a node config: {err}") from err
+    known = {key.name for key in MARKET_NODE_KEYS}
+    unknown = sorted(set(parsed) - known)
+    if unknown:
+        raise ValueError(f"{NODE_CONFIG_ENV} names {unknown}, which are not market node-config keys")
+    return parsed
+
+
+def _run_directory(
+    context: Context, pinned: IdentityDirectory | None, member: int
+) -> tuple[IdentityDirectory | None, IdentityDirectory | None]:
+    """``(directory, member directory)`` the node checks this run against: the pinned directory keyed by node id
+    as it is; one keyed by member, bound to this run's node ids by the bind step (empty before it).
+
+    Raises
+    ------
+    ValueError
+        If ``identity-member`` is unset for a directory keyed by member, not in it, or set for one keyed by node id.
+    """
+    if pinned is None or not pinned.by_member:
+        if member >= 0:
+            raise ValueError("node-config identity-member is set, but the directory lists Flower node ids: refused "
+                             "(identity_cli make --members makes a directory keyed by member)")  # fmt: skip
+        return pinned, None
+    if member < 0:
+        raise ValueError("node-config identity-member is needed: the pinned directory is keyed by member (in "
+                         "simulation: identity-member={partition-id})")  # fmt: skip
+    if member not in pinned:
+        raise ValueError(f"node-config identity-member {member} is not a member of the pinned directory")
+    record = context.state.get(IDENTITY_STATE_KEY)
+    if isinstance(record, ConfigRecord) and record.get("run-id") == int(context.run_id):
+        packed, digest = record.get("bindings"), record.get("directory-digest")
+        if isinstance(packed, bytes) and digest == pinned.digest():
+            return _bound(pinned, packed, int(context.run_id)), pinned
+    return IdentityDirectory({}, members=pinned.members), pinned
+
+
+_BOUND: dict[tuple[bytes, bytes, int], IdentityDirectory] = {}
+
+
+def _bound(pinned: IdentityDirectory, packed: bytes, run_id: int) -> IdentityDirectory:
+    """This run's bindings, checked when first read in this process (then kept by their bytes)."""
+    key = (pinned.digest(), hashlib.sha256(packed).digest(), run_id)
+    if key not in _BOUND:
+        if len(_BOUND) >= 64:
+            _BOUND.clear()
+        _BOUND[key] = bind_members(pinned, unpack_member_bindings(packed), run_id)
+    return _BOUND[key]
 
 
 def _identity_key(value: _ConfigValues, secure: bool) -> Ed25519PrivateKey | None:

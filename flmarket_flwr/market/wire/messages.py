@@ -29,6 +29,8 @@ __all__ = [
     "AwardRequest",
     "BidReply",
     "BidRequest",
+    "BindReply",
+    "BindRequest",
     "EndorseReply",
     "EndorseRequest",
     "TagsReply",
@@ -36,6 +38,7 @@ __all__ = [
     "ACTION_AUDIT",
     "ACTION_AWARD",
     "ACTION_BID",
+    "ACTION_BIND",
     "ACTION_DRAW",
     "ACTION_ENDORSE",
     "ACTION_MASK",
@@ -97,6 +100,9 @@ ACTION_ENDORSE: Final = "market_endorse"
 ACTION_AUDIT: Final = "market_audit"
 ACTION_AWARD: Final = "market_award"
 ACTION_TAGS: Final = "market_tags"
+ACTION_BIND: Final = "market_bind"
+"""With a directory keyed by member (``identity_cli make --members``): before PASS, each node proves which member it
+is for this run, then every node is sent the bindings (:func:`~flmarket_flwr.pass_protocol.identity.bind_members`)."""
 """Before a market whose buyer includes or excludes nodes by tag: each connected node says its ``market-tag``."""
 ACTIONS: Final = (
     ACTION_ADVERTISE,
@@ -110,6 +116,7 @@ ACTIONS: Final = (
     ACTION_AUDIT,
     ACTION_AWARD,
     ACTION_TAGS,
+    ACTION_BIND,
 )
 
 # --- Record keys ---------------------------------------------------------------------------------
@@ -291,6 +298,22 @@ class RosterNodeIds(_MarketRecord):
 @dataclass(frozen=True)
 class TagsRequest(_MarketRecord):
     """Tags step, buyer -> node: an empty request for the node's ``market-tag``."""
+
+
+@dataclass(frozen=True)
+class BindRequest(_MarketRecord):
+    """Bind step, buyer -> node: first empty (the node's binding is asked for), then with every node's binding,
+    packed (:func:`~flmarket_flwr.pass_protocol.identity.pack_member_bindings`), for the node to check and keep."""
+
+    bindings: bytes | None = None
+
+
+@dataclass(frozen=True)
+class BindReply(_MarketRecord):
+    """Bind step, node -> buyer: the member the node is and its signature binding it to the node id in this run."""
+
+    member: int
+    member_signature: bytes
 
 
 @dataclass(frozen=True)
