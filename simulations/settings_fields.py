@@ -59,7 +59,7 @@ class EngineFields:
     budget: float = 600.0
     """the buyer's auction budget R for the run: total payments, every market together, never exceed it"""
     neighbours: str = "auto"
-    """PASS masking graph: "auto", "all", or a degree "k" """
+    """PASS masking graph: "auto", "all", "sparse" (the secure profile), or a degree "k" """
     audit_winners: bool = True
     """winners open their PASS counts commitment to the buyer before payment"""
     cost_low: float = 0.5
