@@ -384,3 +384,20 @@ def test_the_draw_allowance_bounds_the_placements_by_releases_waits_and_the_node
         elif event == "wait":
             now += wait * run / 2  # half a wait, one, or one and a half
         assert len(drawn) <= allowance.lifetime
+
+
+def test_a_version_3_ledger_reads_its_draws_as_made_long_ago(tmp_path: Path) -> None:
+    """Draws recorded before their time was (version 3) still count over the node's life, and none within a wait: the
+    node draws again at once, and a draw it records now carries its time."""
+    drawn = [{"run_id": 1, "session": f"{i:02x}"} for i in range(3)]
+    content = {"version": 3, "salt": "00" * 32, "records": [], "spent": [], "drawn": drawn}
+    (tmp_path / LEDGER_FILE).write_text(json.dumps(content), encoding="utf-8")
+    ledger = ReleaseLedger(tmp_path)
+    ledger.record_draw(2, b"new", DrawAllowance(1, 4, 3600.0), now=1e9)
+    with pytest.raises(SessionCapReached, match="the 4 placements its sparse secure degrees are sized for"):
+        ledger.check_session_cap(2, b"later", DrawAllowance(4, 4, 0.0), now=2e9)
+    with pytest.raises(SessionCapReached, match="it draws again after a release or in 3600 s"):
+        ledger.check_session_cap(2, b"later", DrawAllowance(1, 10, 3600.0), now=1e9)
+    data = json.loads((tmp_path / LEDGER_FILE).read_text(encoding="utf-8"))
+    assert data["version"] == 4 and data["drawn"][-1] == {"run_id": 2, "session": b"new".hex(), "time": 1e9}
+    assert [item.get("time", 0.0) for item in data["drawn"][:3]] == [0.0, 0.0, 0.0]
