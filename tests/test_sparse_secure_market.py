@@ -434,9 +434,14 @@ def test_past_their_lifetime_placements_the_nodes_refuse_the_sparse_mode_for_goo
 
 
 def test_the_degrees_are_sized_for_every_placement_of_a_nodes_life() -> None:
-    """The finder's union bounds count ``(reruns + 1) x markets`` placements (here 2 x 65,536 and 4 x 65,536): what
-    that costs in ``k`` at the tests' rosters and at E = 1,000 with 5 % colluders stated (floor two thirds)."""
-    for roster, floor, colluders, per_market_k, lifetime_k in ((30, 20, 1, 26, 26), (1000, 667, 50, 101, 110)):
+    """The finder's union bounds count ``(reruns + 1) x markets`` placements (``reruns`` the colluders): what that
+    costs in ``k`` against one market's ``reruns + 1`` at E = 30 and 60 (one and three colluders) and at E = 1,000 with
+    5 % colluders stated (floor two thirds)."""
+    for roster, floor, colluders, per_market_k, lifetime_k in (
+        (30, 20, 1, 26, 26),
+        (60, 40, 3, 37, 38),
+        (1000, 667, 50, 101, 110),
+    ):
         life = SparseSecureSettings.of(
             colluders=colluders, roster_floor=floor, dropout=0.05, reruns=colluders, markets=65_536
         )
