@@ -182,8 +182,8 @@ MARKET_NODE_KEYS: Final[tuple[NodeKey, ...]] = (
             "consistency round (raises its Shamir threshold)", at_least(0), ">= 0"),
     NodeKey("pass-dropout", float, PROFILE_DROPOUT, "the secure profile's sparse mode: the dropout its degrees are "
             "sized for (a session announcing less is refused)", lambda value: 0.0 <= value < 1.0, "in [0, 1)"),
-    NodeKey("pass-reruns", int, -1, "the secure profile's sparse mode: the sessions the node draws in beyond the first, "
-            "per release or per pass-redraw-wait, whatever a session announces; -1: the profile's colluders",
+    NodeKey("pass-reruns", int, -1, "the secure profile's sparse mode: the sessions the node draws in beyond the "
+            "first, per release or per pass-redraw-wait, whatever a session announces; -1: the profile's colluders",
             at_least(-1), ">= -1 (-1: pass-colluders)"),
     NodeKey("pass-security-bits", int, DEFAULT_SECURITY_BITS, "the secure profile's sparse mode: the security level "
             "2^-bits its degrees are sized for (a session announcing fewer is refused)", at_least(1), ">= 1"),
