@@ -53,6 +53,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from flwr.app import Message
 
 from flmarket_flwr.market import CostBasedBid, MarketConfig, MarketPhase
+from flmarket_flwr.pass_protocol.encoding import PassError
 from flmarket_flwr.pass_protocol.graph import neighbourhood_size
 from simulations.inprocess_grid import (
     InProcessGrid,
@@ -139,8 +140,21 @@ def secure_setup(nodes: list[int], colluders: int, folder: Path) -> tuple[dict[i
     return dict(configs), {"security": "malicious", "directory": directory, "pass_colluders": colluders}
 
 
-def one_size(num_clients: int, num_classes: int, secure_colluders: float | None = None) -> dict:
-    """Set up ``num_clients`` ClientApps, run the market phase once, return its figures."""
+class _GraphForced(MarketConfig):
+    """The secure profile's buyer with the graph forced (``--graphs sparse``): the sparse secure mode wherever the
+    finder gives a degree below ``E - 1``, whatever it costs (to measure what the profile's rule avoids)."""
+
+    def runs_sparse(self, invited: int) -> bool:
+        settings = self.sparse_settings
+        try:
+            return settings is not None and not settings.parameters(invited).complete
+        except PassError:  # no roster yet, or one below the floor: the complete graph
+            return False
+
+
+def one_size(num_clients: int, num_classes: int, secure_colluders: float | None = None, graph: str = "auto") -> dict:
+    """Set up ``num_clients`` ClientApps, run the market phase once, return its figures (``graph``: the secure
+    profile's own choice, ``"sparse"`` forced, or ``"complete"``, ``neighbours="all"``)."""
     rng = np.random.default_rng(num_clients)
     nodes = [10_000 + i for i in range(num_clients)]
     counts = {node: rng.integers(0, MAX_COUNT, size=num_classes) for node in nodes}
@@ -149,7 +163,10 @@ def one_size(num_clients: int, num_classes: int, secure_colluders: float | None 
         if secure_colluders is not None:
             configs, secure = secure_setup(nodes, math.ceil(secure_colluders * num_clients), Path(folder))
         grid = ScaleGrid(market_client_app(counts, CostBasedBid(0.05)), nodes, shuffle_seed=None, node_configs=configs)
-        config = MarketConfig(
+        kind = _GraphForced if graph == "sparse" else MarketConfig
+        if graph == "complete":
+            secure["neighbours"] = "all"
+        config = kind(
             budget=10.0 * num_clients,
             num_classes=num_classes,
             timeout=3600.0,
@@ -186,6 +203,7 @@ def _measured(grid: ScaleGrid, config: MarketConfig, counts: dict[int, np.ndarra
     return {
         "clients": num_clients,
         "classes": num_classes,
+        "colluders": config.pass_colluders if config.security == "malicious" else 0,
         "profile": "secure, sparse"
         if sparse
         else ("secure, complete" if config.security == "malicious" else "default"),
@@ -212,19 +230,21 @@ def report(rows: list[dict]) -> None:
     print(
         "| E | profile | C | k | winners | wait for nodes | PASS | scores and bids | auction | awards | total "
         "| process CPU | server CPU | server CPU / (E k) | X25519 floor | CPU / floor | peak RSS (rise) "
-        "| load start / end |"
+        "| sent to a client | load start / end |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         t = r["timings"]
         cells = " | ".join(f"{t.get(step, math.nan):.2f}" for step in STEPS)
+        sent = sum(r["bytes_to_clients_by_type"].values()) / r["clients"]
         print(
-            f"| {r['clients']:,} | {r['profile']} | {r['classes']} | {r['degree']} | {r['winners']:,} | {cells} "
+            f"| {r['clients']:,} | {r['profile']}, c = {r['colluders']} | {r['classes']} | {r['degree']} "
+            f"| {r['winners']:,} | {cells} "
             f"| {r['process_cpu_s']:.1f} s | {r['server_cpu_s']:.1f} s "
             f"| {r['server_cpu_s'] / (r['clients'] * r['degree']) * 1e6:.1f} us "
             f"| {r['x25519_floor_s']:.1f} s | {r['process_cpu_s'] / r['x25519_floor_s']:.2f}x "
             f"| {r['peak_rss_mib']:.0f} MiB ({r['peak_rss_mib'] - r['rss_before_mib']:+.0f} MiB) "
-            f"| {r['load_start']:.1f} / {r['load_end']:.1f} |"
+            f"| {sent / 1e6:.2f} MB | {r['load_start']:.1f} / {r['load_end']:.1f} |"
         )
     print("\nPer message type: clients' CPU and bytes\n")
     print(
@@ -248,7 +268,18 @@ def main() -> None:
     parser.add_argument("--classes", type=int, default=10, help="number of classes C")
     parser.add_argument("--json", help="also write the raw figures to this JSON file")
     parser.add_argument(
-        "--secure-colluders", type=float, help="the secure profile with this share of colluders stated (e.g. 0.05)"
+        "--secure-colluders",
+        type=float,
+        nargs="+",
+        help="the secure profile with this share of colluders stated (e.g. 0.05; several: each in turn)",
+    )
+    parser.add_argument(
+        "--graphs",
+        nargs="+",
+        choices=("auto", "sparse", "complete"),
+        default=["auto"],
+        help="the secure profile's graph: its own choice (auto), the sparse mode forced, the complete graph; "
+        "several: side by side at each size and share",
     )
     parser.add_argument("--runs", type=int, default=1, help="runs of all the sizes, one after the other")
     args = parser.parse_args()
@@ -259,11 +290,20 @@ def main() -> None:
         flush=True,
     )
     rows = []
-    for num_clients in [size for _ in range(args.runs) for size in args.sizes]:
-        rows.append(one_size(num_clients, args.classes, args.secure_colluders))
-        print(f"  ... E={num_clients:,} done: {json.dumps(rows[-1]['timings'])}", flush=True)
-        if args.json:
-            Path(args.json).write_text(json.dumps(rows, indent=2), encoding="utf-8")
+    shares = args.secure_colluders or [None]
+    for _run in range(args.runs):
+        for num_clients in args.sizes:
+            for share in shares:
+                for graph in args.graphs if share is not None else ["auto"]:
+                    rows.append(one_size(num_clients, args.classes, share, graph))
+                    print(
+                        f"  ... E={num_clients:,} {rows[-1]['profile']}, c = {rows[-1]['colluders']}, k = "
+                        f"{rows[-1]['degree']}: process CPU {rows[-1]['process_cpu_s']:.1f} s, "
+                        f"{json.dumps(rows[-1]['timings'])}",
+                        flush=True,
+                    )
+                    if args.json:
+                        Path(args.json).write_text(json.dumps(rows, indent=2), encoding="utf-8")
     print()
     report(rows)
 

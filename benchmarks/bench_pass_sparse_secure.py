@@ -59,7 +59,12 @@ from flmarket_flwr.pass_protocol.messages import (
 from flmarket_flwr.pass_protocol.primitives import exchange_shared_secret, parse_public_key
 from flmarket_flwr.pass_protocol.shamir import random_scalar, scalar_to_bytes
 from flmarket_flwr.pass_protocol.sparse_client import SparseSecureClient
-from flmarket_flwr.pass_protocol.sparse_secure import SessionBinding, SparseSecureSettings, pack_indices
+from flmarket_flwr.pass_protocol.sparse_secure import (
+    DEFAULT_MARKETS,
+    SessionBinding,
+    SparseSecureSettings,
+    pack_indices,
+)
 from flmarket_flwr.pass_protocol.sparse_server import SparseSecureServer
 from simulations.inprocess_grid import serverapp_identity
 
@@ -145,11 +150,14 @@ def advertise_all(
     }
 
 
-def sparse_client_cpu(size: int, num_classes: int, measured: int) -> tuple[int, int, float]:
-    """``(k, t, mean CPU seconds of one client's six calls)`` in the sparse secure mode at ``E = size``."""
+def sparse_client_cpu(
+    size: int, num_classes: int, measured: int, markets: int = DEFAULT_MARKETS
+) -> tuple[int, int, float]:
+    """``(k, t, mean CPU seconds of one client's six calls)`` in the sparse secure mode at ``E = size``, the degrees
+    sized for ``markets`` markets of ``RERUNS + 1`` placements (the node's default: its life's)."""
     nodes, directory, targets = federation(size, measured)
     settings = SparseSecureSettings.of(
-        colluders=math.ceil(COLLUDER_SHARE * size), roster_floor=size, dropout=DROPOUT, reruns=RERUNS
+        colluders=math.ceil(COLLUDER_SHARE * size), roster_floor=size, dropout=DROPOUT, reruns=RERUNS, markets=markets
     )
     server = SparseSecureServer(SESSION, num_classes, BOUND, settings=settings, directory=directory, run_id=RUN_ID)
     meter = Meter(SparseSecureClient)
@@ -239,6 +247,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1, help="alternating runs")
     parser.add_argument("--no-secagg", action="store_true", help="leave out SecAgg+ at the sparse mode's (k, t)")
     parser.add_argument(
+        "--markets",
+        type=int,
+        default=DEFAULT_MARKETS,
+        help="markets of a node's life the degrees are sized for (pass-markets; 1: one market's three placements)",
+    )
+    parser.add_argument(
         "--secagg-threshold",
         choices=("same", "half"),
         default="same",
@@ -253,7 +267,7 @@ def main() -> None:
     ratios: dict[int, list[float]] = {}
     for run in range(1, args.runs + 1):
         for size in args.sizes:  # sparse then SecAgg+ at its (k, t), one after the other: load hits both alike
-            k, t, sparse = sparse_client_cpu(size, args.classes, args.clients)
+            k, t, sparse = sparse_client_cpu(size, args.classes, args.clients, args.markets)
             print(
                 f"{run:>3} {'sparse secure':>13} {size:>7} {k:>5} {t:>5} {1e3 * sparse:>14.2f} {'':>15} "
                 f"{os.getloadavg()[0]:>5.1f}",

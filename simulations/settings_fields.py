@@ -62,7 +62,7 @@ class EngineFields:
     """the auction's budget rule: half (the paper's Algorithm 1, pays at most R/2) or whole (the same walk at R,
     pays up to R)"""
     neighbours: str = "auto"
-    """PASS masking graph: "auto", "all", or a degree "k" """
+    """PASS masking graph: "auto", "all", "sparse" (the secure profile), or a degree "k" """
     audit_winners: bool = True
     """winners open their PASS counts commitment to the buyer before payment"""
     cost_low: float = 0.5

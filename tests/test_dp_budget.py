@@ -230,7 +230,7 @@ def test_member_records_and_spends_live_side_by_side_and_a_version_1_ledger_has_
     ledger.spend(2, b"t", 21.6)
     assert len(ledger.records()) == 1 and len(ledger.spends()) == 2
     data = json.loads((tmp_path / LEDGER_FILE).read_text(encoding="utf-8"))
-    assert data["version"] == 3 and data["drawn"] == []
+    assert data["version"] == 4 and data["drawn"] == []
     del data["spent"], data["drawn"]
     data["version"] = 1  # a ledger written before spends (and the sparse mode's draws) were recorded
     (tmp_path / LEDGER_FILE).write_text(json.dumps(data), encoding="utf-8")

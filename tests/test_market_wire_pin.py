@@ -56,12 +56,12 @@ SECURE_PROFILE_REQUEST_DIGESTS = {
     "query.market_bid": "3ddc44bbfb42eabda4e675c6507670bfcec3c6c284ddfd93abe082cdae7d920a",
     "query.market_endorse": "15d1c539f61e8dcae896a7223c62064f73c24bbd7c0cd86b8b004e4be9fcbbb7",
     "query.market_mask": "f7de79681a8c7dea9dcc5903290a072b926f63fd2b771f0bf9ff63e8d3d83120",
-    "query.market_share": "1cf2b7ea55f83d44435279ba1d02158eef9df320c3f81eab7b452c94a878a6e7",
+    "query.market_share": "17cc8a6e75048b3a8ad7cd2260d96caa307d9183e576807c68e5a3832e1ceb71",
     "query.market_survivors": "59efdd992e90c47ba0b35bd46311964003bbf9856e6be2457843b6244f778ec0",
     "query.market_unmask": "9db4c03c3baa2afc42bb166ce262a9f0c22e0f5e6db0769542c60f90d7a23998",
 }
 SECURE_PROFILE_DIGESTS = {
-    "query.market_advertise": "6ba1ef5f2aaddaf59f801af73ed76521241549f19f69916b5705d41d7fc58d18",
+    "query.market_advertise": "855a73f122bae543b2307b951783309b9cc5bbbb1a307180acc18b4f63336c6f",
     "query.market_audit": "9428752ec6701daa60ba71ed1eef92d79ce0b1e2f7c6e2fc716c27158d629b6d",
     "query.market_award": "34209e6b5dfad74fc201f55d91228cb2e1bb8a0f01c3924faaddcc7cd55fab3b",
     "query.market_bid": "34b0926269f00f3a774c9a1a65e59bb494bcf0e208d70ad0d3a2b1522de4371b",

@@ -23,7 +23,8 @@ from flmarket_flwr.pass_protocol.identity import (
 
 CIPHER, MASK = b"\x11" * 32, b"\x22" * 32
 ROSTER, OTHER_ROSTER = b"\x44" * 32, b"\x55" * 32
-CONTEXT = {"run_id": 7, "roster": ROSTER}
+MODE, OTHER_MODE = b"\x66" * 32, b"\x77" * 32
+CONTEXT = {"run_id": 7, "roster": ROSTER, "mode": MODE}
 
 
 def test_signature_verifies_only_for_exactly_what_was_signed():
@@ -32,8 +33,9 @@ def test_signature_verifies_only_for_exactly_what_was_signed():
     verify_advertisement(public, signature, b"run-1", 4, 77, CIPHER, MASK, **CONTEXT)
     for args, context, _what in [
         ((b"run-2", 4, 77, CIPHER, MASK), CONTEXT, "replayed from another session"),
-        ((b"run-1", 4, 77, CIPHER, MASK), {"run_id": 8, "roster": ROSTER}, "replayed from another run"),
-        ((b"run-1", 4, 77, CIPHER, MASK), {"run_id": 7, "roster": OTHER_ROSTER}, "shown under another roster"),
+        ((b"run-1", 4, 77, CIPHER, MASK), CONTEXT | {"run_id": 8}, "replayed from another run"),
+        ((b"run-1", 4, 77, CIPHER, MASK), CONTEXT | {"roster": OTHER_ROSTER}, "shown under another roster"),
+        ((b"run-1", 4, 77, CIPHER, MASK), CONTEXT | {"mode": OTHER_MODE}, "joined in another mode or settings"),
         ((b"run-1", 5, 77, CIPHER, MASK), CONTEXT, "another index"),
         ((b"run-1", 4, 78, CIPHER, MASK), CONTEXT, "another node id"),
         ((b"run-1", 4, 77, MASK, CIPHER), CONTEXT, "swapped keys"),
@@ -68,6 +70,8 @@ def test_message_is_injective_over_field_boundaries():
         message(b"s", 1, 2, CIPHER, MASK, roster=b"short")
     with pytest.raises(ValueError, match="run_id"):
         message(b"s", 1, 2, CIPHER, MASK, run_id=-1)
+    with pytest.raises(ValueError, match="mode digest must be 32 bytes"):
+        message(b"s", 1, 2, CIPHER, MASK, mode=b"short")
 
 
 @settings(max_examples=200, deadline=None)

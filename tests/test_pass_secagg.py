@@ -856,9 +856,12 @@ def test_a_colluder_advertising_a_multiple_of_a_victims_cipher_key_gets_no_chann
             forged["mask_public_key"],
             run_id=0,
             roster=server.roster,
+            mode=server.graph_commitment,
         )
     assert not dleq.verify_possession(related, forged["cipher_key_proof"], channel.possession_context(0, b"run-1", 2))
-    honest = PassServer(b"run-1", 3, session.bound, degree=9, directory=server.directory)
+    honest = PassServer(  # the same graph seed: its adverts sign the same commitment
+        b"run-1", 3, session.bound, degree=9, directory=server.directory, server_seed=server._server_seed
+    )
     honest.advertise_requests([1000 + i for i in range(10)])
     assert honest._valid_advert(colluder, forged) is None
     assert "proof of possession" in honest.excluded[colluder]

@@ -56,8 +56,9 @@ def packed(node_ids):
 
 
 def settings_for(size: int) -> SparseSecureSettings:
-    """5 % colluders (at least 1) over a floor of the whole roster, 5 % dropout, 2 re-runs, 2^-40."""
-    return SparseSecureSettings.of(colluders=max(1, size // 20), roster_floor=size, dropout=0.05, reruns=2)
+    """5 % colluders (at least 1) over a floor of the whole roster, 5 % dropout, 2 re-runs, 2^-40, the degrees sized
+    for one market's three draws (what a node counts over its life: tests/test_sparse_secure_market.py)."""
+    return SparseSecureSettings.of(colluders=max(1, size // 20), roster_floor=size, dropout=0.05, reruns=2, markets=1)
 
 
 class SparseSession:
@@ -362,6 +363,7 @@ def test_the_buyer_cannot_put_a_colluder_behind_an_index_the_victim_drew() -> No
         advert.mask_public_key,
         run_id=RUN_ID,
         roster=run.server.state.roster,
+        mode=run.server.settings.digest(),
     )
     assert run.call(victim, "share_keys", record, run.directory, run.key(victim)) is None
     assert "not the one the roster fingerprint puts at its index" in run.refused[victim]
@@ -387,7 +389,7 @@ def test_one_colluder_in_several_roster_slots_is_refused_at_the_draw() -> None:
     for i in requests:
         request = SparseAdvertiseRequest(
             b"sparse-1", i, nodes[i - 1], NUM_CLASSES, 1000, roster, s.colluders, s.roster_floor, s.dropout_ppm,
-            s.reruns, s.security_bits,
+            s.reruns, s.security_bits, s.markets,
         )  # fmt: skip
         reply = run.call(
             i, "advertise", request.to_record(), run.counts[i - 1], identity_key=run.key(i), settings=run.own,
@@ -508,6 +510,7 @@ def test_different_u1_or_k_t_shown_to_one_client_is_refused_by_its_holders() -> 
         stronger.dropout_ppm,
         stronger.reruns,
         stronger.security_bits,
+        stronger.markets,
     )
     fresh.advertise(advert_request, session.counts[5], identity_key=session.key(6), settings=session.own, run_id=RUN_ID)
     wanted = stronger.parameters(30)
@@ -754,6 +757,11 @@ def test_settings_name_each_way_they_are_weaker() -> None:
     stronger = SparseSecureSettings(6, 90, 60_000, 3, 41)
     assert stronger.weaker_than(own) == []
     assert len(SparseSecureSettings(4, 101, 49_999, 1, 39).weaker_than(own)) == 5
+    # placements are counted whole: more re-runs over fewer markets is weaker where it covers fewer placements
+    assert SparseSecureSettings(5, 100, 50_000, 5, 40, own.markets // 2).weaker_than(own) == []  # 6 x m/2 = 3 x m
+    (fewer,) = SparseSecureSettings(5, 100, 50_000, 4, 40, own.markets // 2).weaker_than(own)
+    assert fewer.startswith(f"degrees sized for {5 * own.markets // 2:,} placements")
+    assert own.placements == 3 * 65_536 and own.parameters(100).reruns == own.placements - 1  # the finder's bound
     with pytest.raises(PassError, match="dropout_ppm"):
         SparseSecureSettings(1, 10, 1_000_000, 0)
     with pytest.raises(PassError, match="colluders"):

@@ -26,7 +26,7 @@ NUM_CLIENTS, NUM_CLASSES, RUN_ID = 6, 4, 7
 COUNTS = np.arange(NUM_CLIENTS * NUM_CLASSES).reshape(NUM_CLIENTS, NUM_CLASSES) % 9
 FLOOR = {"security_bits": 0, "bad_fraction": 0.01}
 
-SIGNED_SESSION = "078bcef95d1e88e672252bcbfe4af6c29be2a6d2523f65fca00061c1da8e836a"
+SIGNED_SESSION = "fb3932bc65520ffef9b29aa2c84002d7a54c216029dfc0f87311924e3b378107"
 """Identity keys, the consistency round, noise, a dropout at the masked input."""
 ACCUSED_SESSION = "abb7a0ebf63febdcfca60b8f833102338834f63337ba61e6fe6314b54a1c247d"
 """No identity keys; one dealer sends one neighbour garbage, is accused with a proof and named."""

@@ -16,15 +16,12 @@ import pytest
 from adversary import NUM_CLASSES
 from flwr.app import Message
 from flwr.clientapp import ClientApp
-from test_sparse_secure_market import SparseBuyer, drop_in_app, grinding_buyer
+from test_sparse_secure_market import drop_in_app, grinding_buyer
 
-from flmarket_flwr.market.buyer.transport import exchange
 from flmarket_flwr.market.wire.messages import (
     ACTION_ADVERTISE,
-    ACTION_AWARD,
     ACTION_DRAW,
     ACTION_SHARE,
-    AwardRequest,
     make_content,
     message_type,
 )
@@ -35,15 +32,6 @@ from simulations.inprocess_grid import InProcessGrid
 pytestmark = pytest.mark.usefixtures("ledger_home")
 
 
-def abort_market(buyer: SparseBuyer, nodes: list[int]) -> int:
-    """Close the market under way with an abort (an award message naming the last session, no award): the nodes
-    that took it, each then free to join a re-launched market of the run."""
-    session = b"grind-%d" % buyer.sessions
-    records = {node: config_record(AwardRequest(session).to_record()) for node in nodes}
-    replies = exchange(buyer.grid, ACTION_AWARD, records, timeout=30.0)
-    return sum(not reply.has_error() for reply in replies.values())
-
-
 def test_draws_thrown_away_before_the_mask_count_across_relaunches_in_the_run(tmp_path: Path) -> None:
     """The buyer draws in ``reruns + 1`` sessions, stops each before the mask (it saw every placement), aborts the
     market and re-launches it in the same run: no release was made, so every later draw is past the bound. Before the
@@ -52,10 +40,10 @@ def test_draws_thrown_away_before_the_mask_count_across_relaunches_in_the_run(tm
     per_market = buyer.settings.reruns + 1
     for _ in range(per_market):
         assert set(buyer.session(nodes, until="draw")) == set(nodes)
-    assert abort_market(buyer, nodes) == len(nodes)  # the market closed: the nodes join a re-launch
+    assert buyer.abort(nodes) == len(nodes)  # the market closed: the nodes join a re-launch
     for _ in range(2):
         assert buyer.session(nodes, until="draw") == {}  # no node draws again in this run
-        abort_market(buyer, nodes)
+        buyer.abort(nodes)
 
 
 def test_draws_thrown_away_before_the_mask_count_after_a_restart(tmp_path: Path) -> None:

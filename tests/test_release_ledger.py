@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from flmarket_flwr.market.wire.ledger import (
     LEDGER_FILE,
+    DrawAllowance,
     LedgerError,
     ReleaseLedger,
     ReleaseRefused,
@@ -343,32 +344,60 @@ def test_a_corrupt_roster_history_is_an_error_naming_the_file(tmp_path: Path, co
         RosterHistory(path).plan([1, 2, 3])
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
-    per_market=st.integers(1, 4),
-    events=st.lists(st.tuples(st.sampled_from(["draw", "mask", "release"]), st.integers(1, 3)), max_size=25),
+    per_release=st.integers(1, 4),
+    markets=st.integers(1, 4),
+    events=st.lists(st.tuples(st.sampled_from(["draw", "mask", "release", "wait"]), st.integers(1, 3)), max_size=30),
 )
-def test_the_session_cap_bounds_the_sessions_drawn_by_the_releases(
-    per_market: int, events: list, tmp_path_factory: pytest.TempPathFactory
+def test_the_draw_allowance_bounds_the_placements_by_releases_waits_and_the_nodes_life(
+    per_release: int, markets: int, events: list, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """The sparse secure mode's cap: whatever a buyer starts, in whatever runs, the sessions a node draws in (each
-    checked and recorded before the draw leaves) never exceed ``per_market`` times the releases plus one over the
-    ledger's life; a session counted already passes again (a retried message), and a check records nothing."""
-    ledger = ReleaseLedger(tmp_path_factory.mktemp("cap"))
-    drawn: list[tuple[int, bytes]] = []
+    """The sparse secure mode's allowance, whatever a buyer starts, in whatever runs: the sessions a node draws in
+    (each checked and recorded before the draw leaves) never exceed ``per_release x markets`` over its life, and
+    since its last release never more than ``per_release`` within one wait; a draw refused for the wait is allowed
+    once the wait has passed (while the life lasts); a session counted already passes again (a retried message), and
+    a check records nothing."""
+    ledger, wait = ReleaseLedger(tmp_path_factory.mktemp("cap")), 100.0
+    allowance = DrawAllowance(per_release, per_release * markets, wait)
+    drawn: list[tuple[int, bytes, float]] = []
+    released_at = -1  # the index in `drawn` of the last draw whose session was released
+    now = 0.0
     for number, (event, run) in enumerate(events):
         if event in ("draw", "mask"):
             session = b"s%d" % number
+            pending = [at for at in (t for _, _, t in drawn[released_at + 1 :]) if at > now - wait]
             try:
-                ledger.check_session_cap(run, session, per_market)
-                ledger.record_draw(run, session, per_market)
+                ledger.check_session_cap(run, session, allowance, now=now)
+                ledger.record_draw(run, session, allowance, now=now)
             except SessionCapReached:
-                assert len(drawn) >= per_market * (len(ledger.records()) + 1)
+                assert len(drawn) >= allowance.lifetime or len(pending) >= per_release
                 continue
-            drawn.append((run, session))
-            ledger.record_draw(run, session, per_market)  # the same draw again: a retry, it passes
+            assert len(drawn) < allowance.lifetime and len(pending) < per_release  # refused only past one of them
+            drawn.append((run, session, now))
+            ledger.record_draw(run, session, allowance, now=now)  # the same draw again: a retry, it passes
             if event == "mask":
                 ledger.spend(run, session, 0.0)
-        elif drawn:  # the last session drawn released its sum
-            ledger.record_release(*drawn[-1], [b"key:%d" % i for i in range(5)])
-        assert len(drawn) <= per_market * (len(ledger.records()) + 1)
+        elif event == "release" and drawn:  # the last session drawn released its sum
+            ledger.record_release(*drawn[-1][:2], [b"key:%d" % i for i in range(5)])
+            released_at = len(drawn) - 1
+        elif event == "wait":
+            now += wait * run / 2  # half a wait, one, or one and a half
+        assert len(drawn) <= allowance.lifetime
+
+
+def test_a_version_3_ledger_reads_its_draws_as_made_long_ago(tmp_path: Path) -> None:
+    """Draws recorded before their time was (version 3) still count over the node's life, and none within a wait: the
+    node draws again at once, and a draw it records now carries its time."""
+    drawn = [{"run_id": 1, "session": f"{i:02x}"} for i in range(3)]
+    content = {"version": 3, "salt": "00" * 32, "records": [], "spent": [], "drawn": drawn}
+    (tmp_path / LEDGER_FILE).write_text(json.dumps(content), encoding="utf-8")
+    ledger = ReleaseLedger(tmp_path)
+    ledger.record_draw(2, b"new", DrawAllowance(1, 4, 3600.0), now=1e9)
+    with pytest.raises(SessionCapReached, match="the 4 placements its sparse secure degrees are sized for"):
+        ledger.check_session_cap(2, b"later", DrawAllowance(4, 4, 0.0), now=2e9)
+    with pytest.raises(SessionCapReached, match="it draws again after a release or in 3600 s"):
+        ledger.check_session_cap(2, b"later", DrawAllowance(1, 10, 3600.0), now=1e9)
+    data = json.loads((tmp_path / LEDGER_FILE).read_text(encoding="utf-8"))
+    assert data["version"] == 4 and data["drawn"][-1] == {"run_id": 2, "session": b"new".hex(), "time": 1e9}
+    assert [item.get("time", 0.0) for item in data["drawn"][:3]] == [0.0, 0.0, 0.0]

@@ -150,7 +150,7 @@ def _dataset_ok(value: str) -> bool:
 
 
 def _neighbours_ok(value: str) -> bool:
-    return value in ("auto", "all") or (value.isdigit() and int(value) >= 2)
+    return value in ("auto", "all", "sparse") or (value.isdigit() and int(value) >= 2)
 
 
 def _count_or_auto_ok(value: str) -> bool:
@@ -213,8 +213,9 @@ APP_KEYS: Final[tuple[AppKey, ...]] = (
            "seconds to wait for the SuperNodes to connect", "server", _positive, "> 0"),
     AppKey("min-market-clients", _market_default("min_clients"), "fewest clients PASS runs with", "server",
            _at_least(3), ">= 3 (PASS with 2 reveals a client's counts)"),
-    AppKey("neighbours", _market_default("neighbours"), 'PASS masking graph: "auto", "all", or a degree "k"',
-           "server", _neighbours_ok, "'auto', 'all' or a degree k >= 2 (as a string)"),
+    AppKey("neighbours", _market_default("neighbours"), 'PASS masking graph: "auto", "all", "sparse" (the secure '
+           'profile), or a degree "k"', "server", _neighbours_ok, "'auto', 'all', 'sparse' or a degree k >= 2 (as a "
+           "string)"),
     AppKey("pass-reruns", _market_default("pass_reruns"), "PASS sessions run again, each without the clients a "
            'failed one named: "auto" (2; the secure profile: pass-colluders) or "n"', "server", _count_or_auto_ok,
            "'auto' or an integer n >= 0 (as a string)"),

@@ -47,7 +47,7 @@ class ServerFields:
     min_market_clients: int = 3
     """fewest clients PASS runs with"""
     neighbours: str = "auto"
-    """PASS masking graph: "auto", "all", or a degree "k" """
+    """PASS masking graph: "auto", "all", "sparse" (the secure profile), or a degree "k" """
     pass_reruns: str = "auto"
     """PASS sessions run again, each without the clients a failed one named: "auto" (2; the secure profile:
     pass-colluders) or "n" """

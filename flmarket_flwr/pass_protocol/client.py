@@ -223,6 +223,7 @@ class PassClient(SessionView):
                 mask_public,
                 run_id=run_id,
                 roster=request.roster,
+                mode=request.graph_commitment,
             )
         self._round = Advertised(
             session=request.session,

@@ -65,6 +65,7 @@ def check_neighbour_keys(
                     mask_public,
                     run_id=state.run_id,
                     roster=state.roster,
+                    mode=state.graph_commitment,
                 )
         except (TypeError, ValueError) as error:
             raise PassError(f"neighbour {v} refused: {error}") from error

@@ -160,7 +160,9 @@ def find_graph_parameters(
     dropout : float
         ``delta``: the probability that an honest client drops, in ``[0, 1)``.
     reruns : int
-        PASS re-runs the node's ledger allows after the first session (each a fresh draw), ``>= 0``.
+        Fresh draws of one client the buyer may see beyond the first, ``>= 0``: the union bounds count
+        ``reruns + 1``. The sparse mode passes every placement of a node's life, ``(pass-reruns + 1) x
+        pass-markets`` less one (:attr:`~.sparse_secure.SparseSecureSettings.placements`).
     security_bits, correctness_bits : int
         Targets ``2^-security_bits`` and ``2^-correctness_bits``, each in ``[1, 128]``.
     one_sum : bool

@@ -73,13 +73,21 @@ def advertisement_message(
     *,
     run_id: int,
     roster: bytes,
+    mode: bytes,
 ) -> bytes:
-    """The bytes a client signs: domain label, run id, session, roster, index, node id and both keys."""
+    """The bytes a client signs: domain label, run id, session, roster, index, node id, both keys and the session's
+    mode.
+
+    ``mode`` (32 bytes) is what the session runs under: the commitment to the server's graph seed where the server
+    places the graph, the sparse secure settings' digest
+    (:meth:`~flmarket_flwr.pass_protocol.sparse_secure.SparseSecureSettings.digest`) where each client draws its own
+    out-neighbours. A neighbour's advert verifies only under this client's own mode, so no client takes a neighbour
+    that the server brought into the session in another mode or under other settings."""
     if not 0 <= index < 2**64 or not 0 <= node_id < 2**64:
         raise ValueError(f"index and node_id must be in [0, 2**64), got {index} and {node_id}")
-    for name, key in (("cipher", cipher_public_key), ("mask", mask_public_key)):
+    for name, key in (("cipher", cipher_public_key), ("mask", mask_public_key), ("mode", mode)):
         if not isinstance(key, bytes) or len(key) != 32:
-            raise ValueError(f"{name} public key must be 32 bytes")
+            raise ValueError(f"{name} {'digest' if name == 'mode' else 'public key'} must be 32 bytes")
     return b"".join(
         (
             _field(_ADVERT_LABEL),
@@ -87,6 +95,7 @@ def advertisement_message(
             struct.pack(">QQ", index, node_id),
             _field(cipher_public_key),
             _field(mask_public_key),
+            _field(mode),
         )
     )
 
@@ -101,10 +110,11 @@ def sign_advertisement(
     *,
     run_id: int,
     roster: bytes,
+    mode: bytes,
 ) -> bytes:
     """Ed25519 signature (64 bytes) over :func:`advertisement_message`."""
     message = advertisement_message(
-        session, index, node_id, cipher_public_key, mask_public_key, run_id=run_id, roster=roster
+        session, index, node_id, cipher_public_key, mask_public_key, run_id=run_id, roster=roster, mode=mode
     )
     return identity_private_key.sign(message)
 
@@ -120,6 +130,7 @@ def verify_advertisement(
     *,
     run_id: int,
     roster: bytes,
+    mode: bytes,
 ) -> None:
     """Check an advertisement's signature.
 
@@ -127,10 +138,10 @@ def verify_advertisement(
     ------
     ValueError
         If the signature is missing or malformed, the identity key is malformed, or the signature does not
-        verify for exactly this run, session, roster, index, node id and pair of keys.
+        verify for exactly this run, session, roster, index, node id, pair of keys and mode.
     """
     message = advertisement_message(
-        session, index, node_id, cipher_public_key, mask_public_key, run_id=run_id, roster=roster
+        session, index, node_id, cipher_public_key, mask_public_key, run_id=run_id, roster=roster, mode=mode
     )
     _verify(identity_public_key, signature, message, f"advertisement of node {node_id} (index {index})")
 

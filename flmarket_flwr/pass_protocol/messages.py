@@ -235,6 +235,7 @@ class SparseAdvertiseRequest(_Record):
     dropout_ppm: int
     reruns: int
     security_bits: int
+    markets: int
 
 
 @dataclass(frozen=True)

@@ -188,6 +188,7 @@ class PassServer:
                     advert.mask_public_key,
                     run_id=self.run_id,
                     roster=self.state.roster,
+                    mode=self.graph_commitment,
                 )
             possession = possession_context(self.run_id, self.session, index)
             if not verify_possession(advert.cipher_public_key, advert.cipher_key_proof, possession):

@@ -11,7 +11,6 @@ only where both signed lists name the edge. Its state is :mod:`.sparse_state`'s 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import secrets
 from collections.abc import Mapping
@@ -158,14 +157,20 @@ class SparseSecureClient(SessionView):
         if not isinstance(identity_key, Ed25519PrivateKey):
             raise PassError("the sparse secure mode needs this client's identity key")
         session_settings = SparseSecureSettings(
-            request.colluders, request.roster_floor, request.dropout_ppm, request.reruns, request.security_bits
+            request.colluders,
+            request.roster_floor,
+            request.dropout_ppm,
+            request.reruns,
+            request.security_bits,
+            request.markets,
         )
         weaker = session_settings.weaker_than(settings)
         if weaker:
             raise PassError(f"the session's settings are weaker than this node's: {'; '.join(weaker)}")
         # PassClient's advertise makes and signs the keys; there is no server seed in this mode, so the slot of its
-        # graph commitment holds a digest of the settings accepted (kept in the state, never sent).
-        terms = hashlib.sha256(repr(dataclasses.astuple(session_settings)).encode()).digest()
+        # graph commitment holds the digest of the settings accepted, which the advert's signature binds (its
+        # neighbours check it under their own: a node never takes one that joined in another mode or settings).
+        terms = session_settings.digest()
         inner = PassClient()
         advert = inner.advertise(
             AdvertiseRequest(

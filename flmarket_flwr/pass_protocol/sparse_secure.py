@@ -10,6 +10,7 @@ signs the list of the neighbours it masked with. The rounds are :mod:`.sparse_cl
 from __future__ import annotations
 
 import functools
+import hashlib
 import secrets
 import struct
 from collections.abc import Callable, Sequence
@@ -28,9 +29,20 @@ from flmarket_flwr.pass_protocol.graph_parameters import (
 from flmarket_flwr.pass_protocol.identity import _context, _field, _verify
 
 _DRAW_LABEL: Final[bytes] = b"flmarket-pass/v2/sparse-secure/out-neighbours"
+_SETTINGS_LABEL: Final[bytes] = b"flmarket-pass/v2/sparse-secure/settings"
 _MASKED_WITH_LABEL: Final[bytes] = b"flmarket-pass/v2/sparse-secure/masked-with"
 PPM: Final[int] = 1_000_000
 """The dropout travels and is stored in parts per million (records hold no floats)."""
+DEFAULT_MARKETS: Final[int] = 65_536
+"""The markets over a node's life the sparse mode's degrees are sized for (node config ``pass-markets``): ``reruns +
+1`` placements each. A node that has drawn in ``(reruns + 1) x markets`` sessions refuses the mode for good; at one
+market a ``pass-redraw-wait`` (an hour) a buyer that does nothing but abort needs 7.5 years to get there."""
+
+SPARSE_NEIGHBOUR_SHARE_MAX: Final[float] = 0.5
+"""Where the sparse mode costs less than the complete graph: a client's expected neighbours (out and in,
+:func:`neighbour_share`) below this share of the other ``E - 1``. A neighbour costs the sparse mode more than the
+complete graph (its draw and its masked-with list are signed and checked, and the market runs one more round), so
+the crossover lies below 1; measured on the whole secure market (``benchmarks/RESULTS.md``, "the cheaper graph")."""
 
 IndexDraw = Callable[[int], int]
 """``draw(n)``: a uniform integer in ``[0, n)``; :func:`secrets.randbelow` unless a test passes its own."""
@@ -49,9 +61,13 @@ class SparseSecureSettings:
     dropout_ppm : int
         ``delta`` in parts per million (more is stronger).
     reruns : int
-        PASS re-runs the ledger allows after the first session (more is stronger).
+        PASS re-runs after the first session that a market may draw in: a node draws in at most ``reruns + 1``
+        sessions a release (its own ``reruns``, whatever a session announces).
     security_bits : int
         The security target ``2^-security_bits`` (more is stronger).
+    markets : int
+        The markets over a node's life the degrees are sized for, ``reruns + 1`` placements each
+        (:attr:`placements`, more is stronger).
     """
 
     colluders: int
@@ -59,14 +75,38 @@ class SparseSecureSettings:
     dropout_ppm: int
     reruns: int
     security_bits: int = DEFAULT_SECURITY_BITS
+    markets: int = DEFAULT_MARKETS
 
     def __post_init__(self) -> None:
-        for name in ("colluders", "roster_floor", "dropout_ppm", "reruns", "security_bits"):
+        for name in ("colluders", "roster_floor", "dropout_ppm", "reruns", "security_bits", "markets"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise PassError(f"sparse secure setting {name} must be an int >= 0, got {value!r}")
         if self.dropout_ppm >= PPM:
             raise PassError(f"sparse secure setting dropout_ppm must be below {PPM}, got {self.dropout_ppm}")
+        if self.markets < 1:
+            raise PassError(f"sparse secure setting markets must be >= 1, got {self.markets}")
+
+    @property
+    def placements(self) -> int:
+        """``(reruns + 1) x markets``: the placements of one node a buyer may see over the node's life, which the
+        finder's union bounds cover (a node draws no more: :class:`~flmarket_flwr.market.wire.ledger.DrawAllowance`)."""
+        return (self.reruns + 1) * self.markets
+
+    def digest(self) -> bytes:
+        """SHA-256 of these settings under the mode's label: what every advert of a sparse secure session signs in
+        place of a graph commitment (:func:`~.identity.advertisement_message`'s ``mode``), so a node never takes a
+        neighbour that joined the session in another mode or under other settings."""
+        body = struct.pack(
+            ">QQQQQQ",
+            self.colluders,
+            self.roster_floor,
+            self.dropout_ppm,
+            self.reruns,
+            self.security_bits,
+            self.markets,
+        )
+        return hashlib.sha256(_field(_SETTINGS_LABEL) + body).digest()
 
     @classmethod
     def of(
@@ -77,9 +117,10 @@ class SparseSecureSettings:
         dropout: float,
         reruns: int,
         security_bits: int = DEFAULT_SECURITY_BITS,
+        markets: int = DEFAULT_MARKETS,
     ) -> SparseSecureSettings:
         """The settings with ``dropout`` as a probability."""
-        return cls(colluders, roster_floor, round(dropout * PPM), reruns, security_bits)
+        return cls(colluders, roster_floor, round(dropout * PPM), reruns, security_bits, markets)
 
     def weaker_than(self, own: SparseSecureSettings) -> list[str]:
         """What makes these settings weaker than ``own``, one phrase each (empty: at least as strong)."""
@@ -90,8 +131,11 @@ class SparseSecureSettings:
             reasons.append(f"a roster floor of {self.roster_floor}, above {own.roster_floor}")
         if self.dropout_ppm < own.dropout_ppm:
             reasons.append(f"dropout {self.dropout_ppm} ppm, below {own.dropout_ppm}")
-        if self.reruns < own.reruns:
-            reasons.append(f"{self.reruns} re-runs, fewer than {own.reruns}")
+        if self.placements < own.placements:
+            reasons.append(
+                f"degrees sized for {self.placements:,} placements ({self.reruns} re-runs x {self.markets:,} markets), "
+                f"fewer than {own.placements:,}"
+            )
         if self.security_bits < own.security_bits:
             reasons.append(f"{self.security_bits} security bits, fewer than {own.security_bits}")
         return reasons
@@ -107,15 +151,33 @@ class SparseSecureSettings:
 
 @functools.lru_cache(maxsize=64)
 def _parameters(roster: int, settings: SparseSecureSettings) -> GraphParameters:
-    """The finder, once per roster and settings in a process (every client of an in-process session asks it)."""
+    """The finder, once per roster and settings in a process (every client of an in-process session asks it); its
+    union bounds over ``reruns + 1`` draws taken over every placement of the node's life (:attr:`placements`)."""
     return find_graph_parameters(
         roster,
         roster_floor=settings.roster_floor,
         colluders=settings.colluders,
         dropout=settings.dropout_ppm / PPM,
-        reruns=settings.reruns,
+        reruns=settings.placements - 1,
         security_bits=settings.security_bits,
     )
+
+
+def neighbour_share(roster: int, degree: int) -> float:
+    """A client's expected neighbours in the sparse mode over the ``E - 1`` others: its ``k`` out-neighbours and its
+    in-neighbours (each other client draws it with probability ``k / (E - 1)``), less those that are both,
+    ``(2k - k^2 / (E - 1)) / (E - 1)``; 1 on the complete graph."""
+    if roster < 2 or not 1 <= degree <= roster - 1:
+        raise ValueError(f"a degree in [1, {roster - 1}] on a roster of {roster} >= 2, got {degree}")
+    others = roster - 1
+    return (2 * degree - degree * degree / others) / others
+
+
+def sparse_costs_less(roster: int, degree: int) -> bool:
+    """Whether the sparse mode at out-degree ``degree`` costs less than the complete graph on a roster of ``E``:
+    :func:`neighbour_share` below :data:`SPARSE_NEIGHBOUR_SHARE_MAX` (both modes' other work grows with ``E`` alike,
+    so the crossover is a share, the same at every ``E``)."""
+    return degree < roster - 1 and neighbour_share(roster, degree) < SPARSE_NEIGHBOUR_SHARE_MAX
 
 
 def draw_out_neighbours(

@@ -90,6 +90,17 @@ class SparseSecureServer:
         self._awaiting_draws = False
 
     @property
+    def settings(self) -> SparseSecureSettings:
+        """The session's settings; every advert signs their digest, in the slot of the graph commitment (no graph
+        seed in this mode), and the core checks each advert under it."""
+        return self._settings
+
+    @settings.setter
+    def settings(self, settings: SparseSecureSettings) -> None:
+        self._settings = settings
+        self.core.graph_commitment = settings.digest()
+
+    @property
     def state(self) -> ServerState:
         """What the session has gathered (``graph``: out-neighbours; ``in_graph``: in-neighbours)."""
         return self.core.state
@@ -169,6 +180,7 @@ class SparseSecureServer:
                 settings.dropout_ppm,
                 settings.reruns,
                 settings.security_bits,
+                settings.markets,
             )
             for index, request in self.core.advertise_requests(node_ids).items()
         }

@@ -35,6 +35,7 @@ class SparseAdvertised(Advertised):
     dropout_ppm: int
     reruns: int
     security_bits: int
+    markets: int
     participants: bytes = b""
     roster_node_ids: bytes = b""
     """The roster's node ids in PASS-index order (big-endian uint64), checked against the roster fingerprint."""
@@ -47,7 +48,7 @@ class SparseAdvertised(Advertised):
     def settings(self) -> SparseSecureSettings:
         """The session's settings, as this client accepted them at advertise."""
         return SparseSecureSettings(
-            self.colluders, self.roster_floor, self.dropout_ppm, self.reruns, self.security_bits
+            self.colluders, self.roster_floor, self.dropout_ppm, self.reruns, self.security_bits, self.markets
         )
 
 

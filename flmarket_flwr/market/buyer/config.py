@@ -24,7 +24,7 @@ from flmarket_flwr.market.wire.profiles import (
 from flmarket_flwr.pass_protocol import MIN_PARTICIPANTS, IdentityDirectory, PassError, SkellamNoise
 from flmarket_flwr.pass_protocol.graph_parameters import DEFAULT_SECURITY_BITS
 from flmarket_flwr.pass_protocol.noise import SECURE_PROFILE_DELTA, SECURE_PROFILE_EPSILON
-from flmarket_flwr.pass_protocol.sparse_secure import SparseSecureSettings
+from flmarket_flwr.pass_protocol.sparse_secure import DEFAULT_MARKETS, SparseSecureSettings, sparse_costs_less
 from flmarket_flwr.pricing.auction import VALUE_RANGE, rule_budget
 
 __all__ = ["DEFAULT_COUNT_BOUND", "MarketConfig", "MarketOutcome", "PassSession"]
@@ -86,7 +86,10 @@ class MarketConfig:
     neighbours : int or str (default: "auto")
         PASS masking graph: ``"all"`` masks with every other client (the paper's PASS), an int
         ``k`` with ``k`` neighbours of a random graph, ``"auto"`` picks ``k`` from the number of
-        clients (:func:`flmarket_flwr.pass_protocol.graph.neighbourhood_size`; the complete graph for small E).
+        clients (:func:`flmarket_flwr.pass_protocol.graph.neighbourhood_size`; the complete graph for small E). In
+        the secure profile: ``"auto"`` the cheaper of the complete graph and the sparse secure mode
+        (:meth:`runs_sparse`), ``"all"`` the complete graph, ``"sparse"`` the sparse secure mode wherever its degree
+        is below ``E - 1``, even where it costs more.
     directory : IdentityDirectory, optional
         The buyer's directory of client identity keys (node id -> Ed25519 public key). With it the
         server drops any unsigned or wrongly signed key advertisement; the clients check their
@@ -103,9 +106,10 @@ class MarketConfig:
     security : {"semi-honest", "malicious"} (default: "semi-honest")
         The buyer's side of the secure profile. ``"malicious"`` needs ``directory`` (the one the nodes pin); with
         ``neighbours="auto"`` it runs PASS's sparse secure mode (each client draws its own out-neighbours, with
-        the degree the nodes' parameter finder gives for :attr:`sparse_settings`) where the finder's degree for the
-        invited roster is below the complete graph's, and the complete graph otherwise; ``"all"``: always the
-        complete graph; a fixed degree is refused (the buyer would place the graph). It announces noise on the
+        the degree the nodes' parameter finder gives for :attr:`sparse_settings`) where that costs less than the
+        complete graph (:meth:`runs_sparse`), and the complete graph otherwise; ``"all"``: always the complete
+        graph; ``"sparse"``: the sparse mode wherever the finder's degree is below ``E - 1``; a fixed degree is
+        refused (the buyer would place the graph). It announces noise on the
         counts
         (``noise`` defaults to epsilon 1 per release, delta 1e-6), which nodes in the profile add whatever the
         buyer announces. The nodes' side (identity keys, a pinned directory, roster floor, split tolerance,
@@ -127,6 +131,9 @@ class MarketConfig:
         at once. Each session is a full PASS run, bounded by ``timeout`` per round, and each that reached the
         mask round is charged to the honest nodes' release ledgers (write-ahead) though it released nothing
         (docs/threat-model.md). Resolved to an int here.
+    pass_markets : int (default: 65,536)
+        The sparse secure mode: the markets over a node's life its degrees are sized for (announced with the other
+        settings; the nodes' ``pass-markets``, the same default, refuse fewer placements than their own).
     buyer_key : Ed25519PrivateKey, optional
         The buyer's signing key. Its public half is announced with the market's terms (budget, cohort cap)
         in the PASS advertisement, and it signs the award (:mod:`flmarket_flwr.market.wire.award`), which the
@@ -177,6 +184,7 @@ class MarketConfig:
     pass_min_participants: int | str = "auto"
     pass_dropout: float = PROFILE_DROPOUT
     pass_security_bits: int = DEFAULT_SECURITY_BITS
+    pass_markets: int = DEFAULT_MARKETS
     buyer_key: Ed25519PrivateKey | None = None
     include: Mapping[Member, float] = field(default_factory=dict)
     exclude: tuple[Member, ...] = ()
@@ -189,11 +197,11 @@ class MarketConfig:
         for name, minimum in (("pass_colluders", 0), ("pass_min_participants", MIN_PARTICIPANTS), ("pass_reruns", 0)):
             _check_count_or_auto(name, getattr(self, name), minimum)  # before the profile derives one from another
         if self.security == "malicious":
-            if self.neighbours not in ("auto", "all"):
+            if self.neighbours not in ("auto", "all", "sparse"):
                 raise ValueError(
                     f"security='malicious' runs PASS on the complete graph or on a graph the clients draw: neighbours "
-                    f"must be 'auto' or 'all', got {self.neighbours!r} (on a graph the server places it can seat a "
-                    "client among colluders)"
+                    f"must be 'auto', 'all' or 'sparse', got {self.neighbours!r} (on a graph the server places it can "
+                    "seat a client among colluders)"
                 )
             if self.directory is None:
                 raise ValueError(
@@ -231,7 +239,12 @@ class MarketConfig:
             raise ValueError(f"session_label must be a non-empty str, got {self.session_label!r}")
         check_positive_number("poll_interval", self.poll_interval)
         check_int("count_bound", self.count_bound, minimum=1)
-        if self.neighbours not in ("auto", "all"):
+        if self.neighbours == "sparse" and self.security != "malicious":
+            raise ValueError(
+                "neighbours='sparse' is the secure profile's sparse mode (each client draws its own out-neighbours): "
+                "it needs security='malicious'"
+            )
+        if self.neighbours not in ("auto", "all", "sparse"):
             check_int("neighbours", self.neighbours, minimum=2)
         if not isinstance(self.audit_winners, bool):
             raise TypeError(f"audit_winners must be a bool, got {type(self.audit_winners).__name__}")
@@ -253,6 +266,7 @@ class MarketConfig:
         if not 0.0 <= self.pass_dropout < 1.0:
             raise ValueError(f"pass_dropout must be in [0, 1), got {self.pass_dropout}")
         check_int("pass_security_bits", self.pass_security_bits, minimum=1)
+        check_int("pass_markets", self.pass_markets, minimum=1)
         if self.buyer_key is not None and not isinstance(self.buyer_key, Ed25519PrivateKey):
             raise TypeError(f"buyer_key must be an Ed25519PrivateKey or None, got {type(self.buyer_key).__name__}")
         object.__setattr__(self, "include", dict(self.include))
@@ -268,7 +282,7 @@ class MarketConfig:
     def sparse_settings(self) -> SparseSecureSettings | None:
         """The settings the sparse secure mode announces (``None``: the mode is off: outside the secure profile, or
         ``neighbours="all"``)."""
-        if self.security != "malicious" or self.neighbours != "auto":
+        if self.security != "malicious" or self.neighbours not in ("auto", "sparse"):
             return None
         return SparseSecureSettings.of(
             colluders=int(self.pass_colluders),
@@ -276,19 +290,26 @@ class MarketConfig:
             dropout=float(self.pass_dropout),
             reruns=int(self.pass_reruns),
             security_bits=int(self.pass_security_bits),
+            markets=int(self.pass_markets),
         )
 
     def runs_sparse(self, invited: int) -> bool:
-        """Whether PASS over ``invited`` clients runs in the sparse secure mode: :attr:`sparse_settings` is on and the
-        finder's degree for that roster is below the complete graph's (a roster the finder refuses, below the
-        floor: the complete graph, which the nodes then refuse or run)."""
+        """Whether PASS over ``invited`` clients runs in the sparse secure mode: :attr:`sparse_settings` is on, the
+        finder's degree ``k`` for that roster is below the complete graph's and, with ``neighbours="auto"``, the
+        sparse mode costs less there (:func:`~flmarket_flwr.pass_protocol.sparse_secure.sparse_costs_less`: a
+        client's out- and in-neighbours below half the roster); ``neighbours="sparse"`` takes it wherever ``k`` is
+        below ``E - 1``. A roster the finder refuses, below the floor: the complete graph, which the nodes then refuse
+        or run."""
         settings = self.sparse_settings
         if settings is None:
             return False
         try:
-            return not settings.parameters(invited).complete
+            degree = settings.parameters(invited).degree
         except PassError:
             return False
+        if self.neighbours == "sparse":
+            return degree < invited - 1
+        return sparse_costs_less(invited, degree)
 
     def step_timeout(self, num_nodes: int) -> float:
         """Seconds a message round to ``num_nodes`` nodes may take: ``timeout + timeout_per_node * num_nodes``."""

@@ -123,8 +123,8 @@ the draw request), checked against the roster fingerprint, for the ledger and th
 _SPARSE = "pass-sparse"
 """Whether the PASS state under ``pass/`` is the sparse secure mode's (:class:`SparseSecureClient`)."""
 _MARKET_SESSIONS = "pass-market-sessions"
-"""The sparse secure sessions of the market under way in which this client drew out-neighbours (capped at the
-``reruns + 1`` its settings' bound counts)."""
+"""The sparse secure sessions of the market under way in which this client drew out-neighbours (capped at its own
+``pass-reruns + 1``)."""
 _EARLIER_SESSIONS = "pass-earlier-sessions"
 """The PASS sessions of this run that this client left before it was asked to unmask, or that closed before a
 re-launch (never joined again)."""
@@ -295,9 +295,10 @@ def register_market_handlers(
     * in the secure profile it takes part on the complete graph, or in the sparse secure mode
       (docs/threat-model.md, "The sparse secure profile") under settings no weaker than its own
       (:attr:`NodeSettings.sparse`) and the ``(k, t)`` it computes for them: it draws its own out-neighbours,
-      shares and masks on them only, draws in at most ``reruns + 1`` sessions of a market and, over its life
-      (its release ledger holds the count), ``reruns + 1`` per release, and as a winner opens only with the
-      endorsements of a quorum of the pinned directory;
+      shares and masks on them only, draws in at most ``reruns + 1`` sessions (its own ``pass-reruns``) of a market,
+      and, its release ledger holding the count, ``reruns + 1`` a release or a ``pass-redraw-wait`` and ``(reruns +
+      1) x pass-markets`` over its life, and as a winner opens only with the endorsements of a quorum of the pinned
+      directory;
     * a neighbour whose shares do not open is accused, not fatal: the client masks without it and sends
       that edge's channel secret with a proof of it, which opens the edge's two share pairs (both of which
       the accused holds) and nothing else; only when the accused proved possession of its cipher key, and
@@ -497,7 +498,7 @@ class _MarketHandlers:
             if not isinstance(client, SparseSecureClient) or not isinstance(client.round, SparseAdvertised):
                 raise _RequestError("no sparse secure session at its draw to draw out-neighbours in")
             identity_key, _, _ = _sparse_keys(settings)
-            self._count_sparse_session(context, client.round, settings.release_ledger)
+            self._count_sparse_session(context, client.round.session, settings)
             reply = client.draw(request, identity_key)
             _state_record(context)[_LEDGER_ROSTER] = client.round.roster_node_ids
             return reply.to_record()
@@ -817,28 +818,32 @@ class _MarketHandlers:
         return [b"key:" + directory.key_of(node) for node in nodes]  # an unregistered node: refused
 
     @staticmethod
-    def _count_sparse_session(context: Context, advertised: SparseAdvertised, ledger: ReleaseLedger | None) -> None:
-        """Count this session among the market's sessions this client draws in; refuse past ``reruns + 1``.
+    def _count_sparse_session(context: Context, session: bytes, settings: NodeSettings) -> None:
+        """Count this session among the sessions this client draws in; refuse past its own allowance.
 
-        The session's ``(k, t)`` bounds a victim's risk over the ``reruns + 1`` draws its settings announce
-        (docs/threat-model.md, rule 1): a further session would be outside the bound. Kept in the run's state and,
-        with a release ledger, recorded there before the draw leaves and checked against every session the ledger
-        holds, of any run (drawn or masked in), at ``reruns + 1`` a release (:meth:`.ReleaseLedger.record_draw`): a
-        draw the buyer throws away, by stopping the session, re-launching the market, restarting the node or starting
-        another run, still counts.
+        The degrees bound a victim's risk over every placement the buyer sees (docs/threat-model.md, rule 1), so the
+        node counts its draws by its own settings, never a session's: at most ``reruns + 1`` sessions of a market
+        (kept in the run's state) and, with a release ledger, ``reruns + 1`` since its last release within
+        ``pass-redraw-wait`` and ``(reruns + 1) x markets`` over its life, each draw recorded before it leaves and
+        checked against every session the ledger holds, of any run (:meth:`.ReleaseLedger.record_draw`): a draw the
+        buyer throws away, by stopping the session, re-launching the market, restarting the node or starting another
+        run, still counts.
         """
-        state, session = _state_record(context), advertised.session
-        per_market = advertised.reruns + 1
+        allowance = settings.draw_allowance
+        if allowance is None:
+            raise _RequestError("this node does not take part in the sparse secure mode of PASS")
+        state = _state_record(context)
         drawn = _kept_bytes(state, _MARKET_SESSIONS)
         if session not in drawn:
-            if len(drawn) >= per_market:
+            if len(drawn) >= allowance.per_release:
                 raise _RequestError(
-                    f"this client drew in {len(drawn)} PASS sessions of this market, the {per_market} its settings'"
-                    " bound counts: a further session is refused"
+                    f"this client drew in {len(drawn)} PASS sessions of this market, the {allowance.per_release} its "
+                    "own pass-reruns allows: a further session is refused"
                 )
             state[_MARKET_SESSIONS] = [*drawn, session]
+        ledger = settings.release_ledger
         if ledger is not None:  # write-ahead: a draw the buyer throws away still counts, whatever the run state keeps
-            ledger.record_draw(int(context.run_id), session, per_market)
+            ledger.record_draw(int(context.run_id), session, allowance)
 
     def _label_counts(self, context: Context) -> NDArray[np.int64]:
         """Fetch and validate the local label counts; a failing callback is reported as such."""

@@ -26,7 +26,12 @@ from flwr.common.constant import ErrorCode
 from flwr.supercore import log
 
 from flmarket_flwr.market.wire.config_keys import Scalar, at_least, check_value, one_of, typed_value
-from flmarket_flwr.market.wire.ledger import DEFAULT_MIN_ROSTER_CHANGE, ReleaseLedger
+from flmarket_flwr.market.wire.ledger import (
+    DEFAULT_MIN_ROSTER_CHANGE,
+    DEFAULT_REDRAW_WAIT,
+    DrawAllowance,
+    ReleaseLedger,
+)
 from flmarket_flwr.market.wire.profiles import (
     PROFILE_DROPOUT,
     SECURITY_PROFILES,
@@ -52,7 +57,7 @@ from flmarket_flwr.pass_protocol.noise import (
     SkellamNoise,
 )
 from flmarket_flwr.pass_protocol.primitives import MIN_PARTICIPANTS, is_integer
-from flmarket_flwr.pass_protocol.sparse_secure import SparseSecureSettings
+from flmarket_flwr.pass_protocol.sparse_secure import DEFAULT_MARKETS, SparseSecureSettings
 
 __all__ = [
     "MARKET_NODE_KEYS",
@@ -190,11 +195,17 @@ MARKET_NODE_KEYS: Final[tuple[NodeKey, ...]] = (
             "consistency round (raises its Shamir threshold)", at_least(0), ">= 0"),
     NodeKey("pass-dropout", float, PROFILE_DROPOUT, "the secure profile's sparse mode: the dropout its degrees are "
             "sized for (a session announcing less is refused)", lambda value: 0.0 <= value < 1.0, "in [0, 1)"),
-    NodeKey("pass-reruns", int, -1, "the secure profile's sparse mode: the PASS sessions per market beyond the first "
-            "its bound counts (a session announcing fewer is refused, and no more are joined); -1: the profile's "
-            "colluders", at_least(-1), ">= -1 (-1: pass-colluders)"),
+    NodeKey("pass-reruns", int, -1, "the secure profile's sparse mode: the sessions the node draws in beyond the "
+            "first, per release or per pass-redraw-wait, whatever a session announces; -1: the profile's colluders",
+            at_least(-1), ">= -1 (-1: pass-colluders)"),
     NodeKey("pass-security-bits", int, DEFAULT_SECURITY_BITS, "the secure profile's sparse mode: the security level "
             "2^-bits its degrees are sized for (a session announcing fewer is refused)", at_least(1), ">= 1"),
+    NodeKey("pass-markets", int, DEFAULT_MARKETS, "the secure profile's sparse mode: the markets over the node's life "
+            "its degrees are sized for, pass-reruns + 1 draws each (a session announcing fewer placements is "
+            "refused; past them the node refuses the mode)", at_least(1), ">= 1"),
+    NodeKey("pass-redraw-wait", float, DEFAULT_REDRAW_WAIT, "the secure profile's sparse mode: seconds after which "
+            "a draw that brought no release stops counting against pass-reruns + 1 (the longest a buyer that stops "
+            "its sessions locks the node out)", _finite_at_least_zero, ">= 0 and finite"),
     # Releases: the node's ledger and its noise.
     NodeKey("market-ledger-dir", str, "", 'folder of the node\'s release ledger; "" for none'),
     NodeKey("market-min-roster-change", int, DEFAULT_MIN_ROSTER_CHANGE, "smallest group two releases of the "
@@ -354,6 +365,9 @@ class NodeSettings:
         out-neighbours; docs/threat-model.md, "The sparse secure profile"): a session announcing weaker ones is
         refused. ``None``: the node refuses that mode (outside the secure profile, or ``pass-complete-graph=true``
         set in it).
+    redraw_wait : float
+        Seconds (``pass-redraw-wait``) after which a draw of the sparse mode that brought no release stops counting
+        against the node's ``reruns + 1`` (:attr:`draw_allowance`).
     min_participants : int
         The smallest PASS roster the node takes part in (below 3 counts as 3).
     colluders : int
@@ -389,6 +403,7 @@ class NodeSettings:
     buyer_key: bytes | None = None
     complete_graph: bool = False
     sparse: SparseSecureSettings | None = None
+    redraw_wait: float = DEFAULT_REDRAW_WAIT
     min_participants: int = MIN_PARTICIPANTS
     colluders: int = 0
     split_tolerance: int = 0
@@ -417,6 +432,14 @@ class NodeSettings:
     def secure(self) -> bool:
         """Whether the node runs the secure profile."""
         return self.security == "malicious"
+
+    @property
+    def draw_allowance(self) -> DrawAllowance | None:
+        """How often the node draws in the sparse secure mode, from its own settings (never a session's): ``reruns +
+        1`` draws a release or a ``redraw_wait``, ``(reruns + 1) x markets`` over its life; ``None`` outside it."""
+        if self.sparse is None:
+            return None
+        return DrawAllowance(self.sparse.reruns + 1, self.sparse.placements, self.redraw_wait)
 
 
 def read_node_settings(context: Context, announced_noise: SkellamNoise | None = None) -> NodeSettings:
@@ -476,6 +499,7 @@ def read_node_settings(context: Context, announced_noise: SkellamNoise | None = 
         buyer_key=_buyer_key(value),
         complete_graph=_complete_graph(value, secure, "pass-complete-graph" in config),
         sparse=_sparse_settings(value, secure and "pass-complete-graph" not in config, colluders, min_participants),
+        redraw_wait=float(value("pass-redraw-wait")),
         min_participants=min_participants,
         colluders=colluders,
         split_tolerance=(
@@ -658,7 +682,8 @@ def _sparse_settings(
 ) -> SparseSecureSettings | None:
     """The settings the node holds for the sparse secure mode (``None`` where it refuses the mode: outside the secure
     profile, or with ``pass-complete-graph`` set): its colluders and roster floor, ``pass-dropout``,
-    ``pass-reruns`` (``-1``: as many as colluders, the buyer's default re-runs) and ``pass-security-bits``."""
+    ``pass-reruns`` (``-1``: as many as colluders, the buyer's default re-runs), ``pass-security-bits`` and
+    ``pass-markets``."""
     if not accepts:
         return None
     reruns = int(value("pass-reruns"))
@@ -668,6 +693,7 @@ def _sparse_settings(
         dropout=float(value("pass-dropout")),
         reruns=colluders if reruns < 0 else reruns,
         security_bits=int(value("pass-security-bits")),
+        markets=int(value("pass-markets")),
     )
 
 

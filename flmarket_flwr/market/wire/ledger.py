@@ -16,6 +16,7 @@ import json
 import math
 import os
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MIN_ROSTER_CHANGE",
+    "DEFAULT_REDRAW_WAIT",
+    "DrawAllowance",
     "LEDGER_FILE",
     "PrivacyBudgetExhausted",
     "LedgerError",
@@ -46,10 +49,13 @@ DEFAULT_MIN_ROSTER_CHANGE: Final = 3
 _LOCK_FILE: Final = "release-ledger.lock"
 _VERSION: Final = 1
 """Version of the buyer's roster history file."""
-_LEDGER_VERSION: Final = 3
-_READABLE_LEDGER_VERSIONS: Final = (1, 2, 3)
+_LEDGER_VERSION: Final = 4
+_READABLE_LEDGER_VERSIONS: Final = (1, 2, 3, 4)
 """Ledger files of version 1 (before privacy spends were recorded) are read as having spent nothing; of versions 1 and
-2 (before the sparse secure mode's draws were recorded), as having drawn in no session."""
+2 (before the sparse secure mode's draws were recorded), as having drawn in no session; of version 3 (draws without
+their time), as having drawn long ago."""
+DEFAULT_REDRAW_WAIT: Final = 3600.0
+"""Seconds after which a node whose draws brought no release draws again (node config ``pass-redraw-wait``)."""
 _DIGEST_BYTES: Final = 16
 
 
@@ -62,8 +68,39 @@ class ReleaseRefused(LedgerError):
 
 
 class SessionCapReached(LedgerError):
-    """Drawing in another PASS session would exceed the ``reruns + 1`` draws a release the sparse secure mode's bound
-    counts (:meth:`ReleaseLedger.record_draw`)."""
+    """Drawing in another PASS session would exceed what the node's :class:`DrawAllowance` allows
+    (:meth:`ReleaseLedger.record_draw`)."""
+
+
+@dataclass(frozen=True)
+class DrawAllowance:
+    """How often a node draws out-neighbours in the sparse secure mode: every draw is a placement the buyer sees.
+
+    Attributes
+    ----------
+    per_release : int
+        ``reruns + 1``, the node's own ``pass-reruns``: the draws it makes with no release in between, within
+        ``wait`` seconds (whatever re-runs a session announces).
+    lifetime : int
+        ``(reruns + 1) x markets``: the draws over the node's life, which its degrees are sized for
+        (:attr:`~flmarket_flwr.pass_protocol.sparse_secure.SparseSecureSettings.placements`); past them it refuses
+        the mode for good.
+    wait : float
+        Seconds (``pass-redraw-wait``): a draw older than this no longer counts against ``per_release``, so a buyer
+        that stops its sessions after the draw locks the node out for at most this long after its last draw.
+    """
+
+    per_release: int
+    lifetime: int
+    wait: float = DEFAULT_REDRAW_WAIT
+
+    def __post_init__(self) -> None:
+        if isinstance(self.per_release, bool) or not isinstance(self.per_release, int) or self.per_release < 1:
+            raise ValueError(f"per_release must be an int >= 1, got {self.per_release!r}")
+        if isinstance(self.lifetime, bool) or not isinstance(self.lifetime, int) or self.lifetime < self.per_release:
+            raise ValueError(f"lifetime must be an int >= per_release {self.per_release}, got {self.lifetime!r}")
+        if not (isinstance(self.wait, int | float) and 0.0 <= self.wait < math.inf):
+            raise ValueError(f"wait must be finite seconds >= 0, got {self.wait!r}")
 
 
 class PrivacyBudgetExhausted(LedgerError):
@@ -166,12 +203,13 @@ def plan_roster(
 
 class _LedgerFile(NamedTuple):
     """What a node's ledger file holds: the members' salt, the releases, the privacy spends, and the sparse secure
-    mode's draws ``(run id, session hex)``."""
+    mode's draws ``(run id, session hex, time)``, oldest first (the time: the node's own clock, seconds since the
+    epoch)."""
 
     salt: bytes
     records: list[ReleaseRecord]
     spends: list[PrivacySpend]
-    draws: list[tuple[int, str]]
+    draws: list[tuple[int, str, float]]
 
 
 class ReleaseLedger:
@@ -360,54 +398,77 @@ class ReleaseLedger:
                 "under its id is refused"
             )
 
-    def check_session_cap(self, run_id: int, session: bytes, per_market: int) -> None:
-        """Raise :class:`SessionCapReached` if drawing in ``session`` would exceed ``per_market`` sessions a release.
+    def check_session_cap(
+        self, run_id: int, session: bytes, allowance: DrawAllowance, now: float | None = None
+    ) -> None:
+        """Raise :class:`SessionCapReached` if drawing in ``session`` now is past the node's ``allowance``.
 
-        The sparse secure mode's degrees bound a victim's risk over ``reruns + 1`` draws: each draw is a placement the
-        buyer sees (the signed out-neighbours) and may keep, by running the session on to the mask round, or throw
-        away, by stopping it; ``per_market`` is that number. A market ends with at most one release, so over this
-        node's life the cap is ``per_market`` times (the releases recorded, plus one for the market under way),
-        counted over every session, of any run, that this node drew in (:meth:`record_draw`, write-ahead) or masked
-        in (its spends), whatever the node's in-memory state: neither a re-launch, a restart nor a new Flower run
-        starts a fresh count. A session already counted is a retried message and passes. Records nothing.
+        The sparse secure mode's degrees bound a victim's risk over every placement the buyer sees: each draw is one
+        (the signed out-neighbours), which the buyer may keep, by running the session on to the mask round, or throw
+        away, by stopping it. Counted over every session, of any run, that this node drew in (:meth:`record_draw`,
+        write-ahead) or masked in (its spends), whatever the node's in-memory state (neither a re-launch, a restart
+        nor a new Flower run starts a fresh count):
+
+        * for good, past ``allowance.lifetime`` sessions: the placements its degrees were sized for;
+        * for a while, past ``allowance.per_release`` draws since its last release (the last draw whose session it
+          released), each counted for ``allowance.wait`` seconds after it was made: so a buyer sees at most
+          ``per_release`` placements a release, or a ``wait`` without one, and a buyer that stops its sessions locks
+          the node out for at most ``wait`` after its last draw.
+
+        A session already counted is a retried message and passes. Records nothing. ``now``: the node's clock
+        (:func:`time.time`) unless given.
         """
         with self._locked():
             contents = self._read()
-        self._check_session_cap(contents, (int(run_id), session.hex()), per_market)
+        self._check_session_cap(contents, (int(run_id), session.hex()), allowance, _now(now))
 
-    def record_draw(self, run_id: int, session: bytes, per_market: int) -> None:
-        """Check the session cap (:meth:`check_session_cap`) and record the draw, before it leaves (write-ahead).
+    def record_draw(self, run_id: int, session: bytes, allowance: DrawAllowance, now: float | None = None) -> None:
+        """Check the session cap (:meth:`check_session_cap`) and record the draw and its time, before it leaves
+        (write-ahead).
 
         A draw that never reaches the mask round spends no privacy, so without this record a buyer could stop each
         session after the draw, close the market, re-launch it, restart the node or start another run, and draw
-        again, past the ``reruns + 1`` placements the degrees were computed for. Recording the same run and session
-        again is a no-op (a retried message).
+        again, past the placements the degrees were computed for. Recording the same run and session again is a
+        no-op (a retried message).
 
         Raises
         ------
         SessionCapReached
-            The ledger already holds ``per_market`` times (its releases plus one) sessions drawn or masked in.
+            The ledger holds ``allowance.lifetime`` sessions, or ``allowance.per_release`` draws made within
+            ``allowance.wait`` seconds and since the last release.
         LedgerError
             The ledger file cannot be read, parsed or written: nothing is drawn.
         """
-        key = (int(run_id), session.hex())
+        key, at = (int(run_id), session.hex()), _now(now)
         with self._locked():
             contents = self._read()
-            if not self._check_session_cap(contents, key, per_market):
-                self._write(contents._replace(draws=[*contents.draws, key]))
+            if not self._check_session_cap(contents, key, allowance, at):
+                self._write(contents._replace(draws=[*contents.draws, (*key, at)]))
 
-    def _check_session_cap(self, contents: _LedgerFile, key: tuple[int, str], per_market: int) -> bool:
-        """:class:`SessionCapReached` past the cap; ``True`` if the session ``key`` is already counted (a retry)."""
-        counted = {(spend.run_id, spend.session) for spend in contents.spends} | set(contents.draws)
+    def _check_session_cap(
+        self, contents: _LedgerFile, key: tuple[int, str], allowance: DrawAllowance, now: float
+    ) -> bool:
+        """:class:`SessionCapReached` past the allowance; ``True`` if the session ``key`` is already counted (a
+        retry)."""
+        drawn = [(run, session) for run, session, _ in contents.draws]
+        counted = {(spend.run_id, spend.session) for spend in contents.spends} | set(drawn)
         if key in counted:
             return True
-        released = {(record.run_id, record.session) for record in contents.records}
-        cap = per_market * (len(released) + 1)
-        if len(counted) >= cap:
+        if len(counted) >= allowance.lifetime:
             raise SessionCapReached(
-                f"this node drew or masked in {len(counted)} PASS sessions with {len(released)} released "
-                f"({self.path}); the sparse secure mode's bound counts {per_market} a release: run {key[0]}'s further "
-                "session is refused"
+                f"this node drew or masked in {len(counted)} PASS sessions ({self.path}), the {allowance.lifetime} "
+                f"placements its sparse secure degrees are sized for: run {key[0]}'s further session is refused, as "
+                "is every later one"
+            )
+        released = {(record.run_id, record.session) for record in contents.records}
+        last = max((i for i, pair in enumerate(drawn) if pair in released), default=-1)
+        pending = sorted(at for _, _, at in contents.draws[last + 1 :] if at > now - allowance.wait)
+        if len(pending) >= allowance.per_release:
+            free = pending[len(pending) - allowance.per_release] + allowance.wait
+            raise SessionCapReached(
+                f"this node drew in {len(pending)} PASS sessions within {allowance.wait:g} s and since its last "
+                f"release ({self.path}), the {allowance.per_release} its settings allow: run {key[0]}'s further "
+                f"session is refused; it draws again after a release or in {max(free - now, 0.0):.0f} s"
             )
         return False
 
@@ -500,7 +561,7 @@ class ReleaseLedger:
                 "salt": contents.salt.hex(),
                 "records": [r.to_json() for r in contents.records],
                 "spent": [s.to_json() for s in contents.spends],
-                "drawn": [{"run_id": run, "session": session} for run, session in contents.draws],
+                "drawn": [{"run_id": run, "session": session, "time": at} for run, session, at in contents.draws],
             },
             indent=1,
         )
@@ -637,14 +698,22 @@ def _parse_record(item: Any) -> ReleaseRecord:
     return ReleaseRecord(run_id, session, frozenset(members))
 
 
-def _parse_draw(item: Any) -> tuple[int, str]:
+def _parse_draw(item: Any) -> tuple[int, str, float]:
+    """A draw ``(run id, session hex, time)``; a draw of version 3, without its time, was made long ago (0)."""
     if not isinstance(item, dict):
         raise ValueError("a draw must be an object")
-    run_id, session = item["run_id"], item["session"]
+    run_id, session, at = item["run_id"], item["session"], item.get("time", 0.0)
     if isinstance(run_id, bool) or not isinstance(run_id, int) or not isinstance(session, str):
         raise ValueError("a draw needs an int run_id and a str session")
+    if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
+        raise ValueError("a draw's time must be a finite number of seconds")
     bytes.fromhex(session)
-    return run_id, session
+    return run_id, session, float(at)
+
+
+def _now(now: float | None) -> float:
+    """``now``, or the node's clock."""
+    return time.time() if now is None else float(now)
 
 
 def _parse_spend(item: Any) -> PrivacySpend:
