@@ -34,6 +34,7 @@ def test_forty_simulated_members_run_the_sparse_secure_mode_from_the_documented_
     blocks = section_blocks()
     assert len(blocks) == 2 and f"N={NODES}" in blocks[0]
     assert "pass-colluders=2" in blocks[0] and "pass-colluders='2'" in blocks[1]  # the same colluders on both sides
+    assert "neighbours='sparse'" in blocks[1]  # at 40 nodes the complete graph costs less: the sparse mode is asked for
     (tmp_path / "simulation.sh").write_text("set -euo pipefail\n" + "\n".join(blocks), encoding="utf-8")
     flower = LocalFlower(tmp_path)  # its own local SuperLink ports; the script sets FLWR_HOME itself, as documented
     env = {
