@@ -386,10 +386,18 @@ def award_for(
     bids: Mapping[int, tuple[float, float]],
     terms: AwardTerms | None = None,
 ) -> tuple[Award, BidsTree]:
-    """The honest award of the auction over ``bids`` in this PASS session (and its bids tree)."""
+    """The honest award of the auction over ``bids`` in this PASS session (and its bids tree), each head row with its
+    bidder's signature on its bid where the bidders signed theirs (the secure profile)."""
     survivors = sorted((index, node) for node, index in pass_result.indices.items())
+    signatures = phase.bid_signatures if bids and set(bids) <= set(phase.bid_signatures) else None
     return build_award(
-        int(grid.run.run_id), pass_result.session, pass_result.transcript, terms or phase.terms, survivors, bids
+        int(grid.run.run_id),
+        pass_result.session,
+        pass_result.transcript,
+        terms or phase.terms,
+        survivors,
+        bids,
+        signatures=signatures,
     )
 
 
