@@ -79,56 +79,52 @@ def _award_over(phase: Any, honest: Award, rows: list[tuple[int, float, float]])
 
 
 # --- The head: rows the buyer writes ------------------------------------------------------------------------------
+@pytest.mark.parametrize("colluder", [False, True], ids=["honest-id", "colluders-own-row"])
 def test_a_head_row_under_an_honest_id_gets_nothing_and_a_colluders_signed_row_what_its_bid_would(
-    tmp_path: Path,
+    tmp_path: Path, colluder: bool
 ) -> None:
-    """The buyer takes a low-ranked bidder ``L`` and lists under ``L``'s id a bid ``L`` never made: the winner's score
-    with a bid 1e-4 above the winner's, ranked right after it, so the winner's critical value falls to (almost) its own
-    bid. The bids tree holds every real leaf, so each bidder's own proof verifies. First ``L`` is honest: the row
-    carries no signature of ``L``'s on that bid, and no bidder endorses (before signed rows every bidder but ``L``
-    did, and the winner opened at less than the auction's payment). Then ``L`` is a colluder, whose key the buyer
-    holds and signs the row with: that is a colluder's bid, which the profile allows (docs/threat-model.md, "The
-    binding award", step (6)); every bidder endorses, the winner opens at a payment below the auction's over the
-    honest bids, never below its bid, and the promises stay within R."""
+    """The buyer takes the lowest-ranked loser ``L`` and lists under ``L``'s id a bid ``L`` never made: the winner's
+    score with a bid 1e-4 above the winner's, ranked right after it, so the winner's critical value falls to (almost)
+    its own bid. The bids tree holds every real leaf, so each bidder's own proof verifies. With ``L`` honest the row
+    carries no signature of ``L``'s on that bid, and the winner, which checks every row, refuses it and opens nothing
+    (before signed rows every bidder but ``L`` endorsed it, and the winner opened at less than the auction's payment).
+    With ``L`` a colluder, whose key the buyer holds and signs the row with, it is a colluder's bid, which the profile
+    allows (docs/threat-model.md, "The binding award", step (6)): every bidder endorses, the winner opens at a payment
+    below the auction's over the honest bids, never below its bid, and the promises stay within R."""
     seen: dict[str, Any] = {}
 
     def attack(phase, grid, pass_result, bids):  # type: ignore[no-untyped-def]
         honest, tree = award_for(phase, grid, pass_result, bids)
         _, fair = settle(phase.terms, [(n, s, b) for n, (s, b) in bids.items()])
         winner = honest.winners[0]
-        ranked = sorted(bids, key=lambda n: bids[n][0] / bids[n][1])
-        victims = [n for n in ranked if n not in honest.winners][:2]  # the two lowest-ranked losers
+        victim = min((n for n in bids if n not in honest.winners), key=lambda n: bids[n][0] / bids[n][1])
         score, bid = bids[winner]
-        for victim, colluder in zip(victims, (False, True), strict=True):
-            rows = [(n, s, b) for n, (s, b) in bids.items() if n != victim] + [(victim, score, bid * (1 + 1e-4))]
-            forged = _award_over(phase, honest, rows)
-            assert winner in forged.winners and forged.payments[winner] < fair[winner]
-            key = _colluder_keys(tmp_path, [victim])[victim] if colluder else None
-            head = tuple(
-                signed_row(grid, pass_result, key, b.node_id, b.score, b.bid, b.payment) if b.node_id == victim and key
-                else dataclasses.replace(b, signature=honest_signature(phase, b.node_id))
-                for b in forged.head
-            )  # fmt: skip
-            forged = dataclasses.replace(forged, head=head)
-            signed = _signed(phase, forged)
-            ends = endorsed(send_all(phase, grid, ACTION_ENDORSE, endorse_requests(pass_result, signed, tree, bids)))
-            if key is not None:  # the colluder endorses what the buyer asks
-                ends[victim] = sign_award_endorsement(key, signed.digest)
-            audits = send_all(
-                phase, grid, ACTION_AUDIT, {w: fields_of(pass_result, signed, ends) for w in forged.winners}
-            )
-            seen["colluder" if colluder else "honest"] = {
-                "victim": victim, "endorsers": set(ends), "opened": opened(audits), "award": forged,
-            }  # fmt: skip
-        seen.update(winner=winner, fair=fair[winner], bidders=set(bids))
+        rows = [(n, s, b) for n, (s, b) in bids.items() if n != victim] + [(victim, score, bid * (1 + 1e-4))]
+        forged = _award_over(phase, honest, rows)
+        assert winner in forged.winners and forged.payments[winner] < fair[winner]
+        key = _colluder_keys(tmp_path, [victim])[victim] if colluder else None
+        head = tuple(
+            signed_row(grid, pass_result, key, b.node_id, b.score, b.bid, b.payment) if b.node_id == victim and key
+            else dataclasses.replace(b, signature=honest_signature(phase, b.node_id))
+            for b in forged.head
+        )  # fmt: skip
+        forged = dataclasses.replace(forged, head=head)
+        signed = _signed(phase, forged)
+        ends = endorsed(send_all(phase, grid, ACTION_ENDORSE, endorse_requests(pass_result, signed, tree, bids)))
+        if key is not None:  # the colluder endorses what the buyer asks
+            ends[victim] = sign_award_endorsement(key, signed.digest)
+        audits = send_all(phase, grid, ACTION_AUDIT, {w: fields_of(pass_result, signed, ends) for w in forged.winners})
+        seen.update(endorsers=set(ends), opened=opened(audits), award=forged, winner=winner, fair=fair[winner],
+                    bidders=set(bids))  # fmt: skip
 
     play(tmp_path, attack)
-    assert seen["honest"]["endorsers"] == set() and seen["honest"]["opened"] == set()
-    colluded = seen["colluder"]
-    award = colluded["award"]
-    assert colluded["endorsers"] == seen["bidders"] and colluded["opened"] == set(award.winners)
-    assert all(award.payments[n] >= award.bidder(n).bid for n in colluded["opened"])
-    assert math.fsum(award.payments[n] for n in colluded["opened"]) <= BUDGET
+    award = seen["award"]
+    if not colluder:
+        assert not set(award.winners) & seen["endorsers"] and seen["opened"] == set()  # each winner checks every row
+        return
+    assert seen["endorsers"] == seen["bidders"] and seen["opened"] == set(award.winners)
+    assert all(award.payments[n] >= award.bidder(n).bid for n in seen["opened"])
+    assert math.fsum(award.payments[n] for n in seen["opened"]) <= BUDGET
     assert award.payments[seen["winner"]] < seen["fair"]  # the limit: what a colluding bidder's bid gives
 
 

@@ -1,8 +1,9 @@
 """Signed bids in the award's head (issue 50): every row the outcome depends on carries its bidder's signature, and
-every endorser checks every row. The buyer's head-row attack (rows under other bidders' ids with worse bids, so that a
-chosen honest loser becomes a "winner" and opens its counts) is played at full strength at the secure profile's
-defaults (E = 10) and in the sparse secure mode (E = 60, three colluders stated), for every honest loser: no honest
-bidder endorses, nothing opens, and the honest award still opens exactly its winners. What signed rows leave the buyer,
+every winner checks every row before it endorses (only a winner opens anything, and only for the award it endorsed).
+The buyer's head-row attack (rows under other bidders' ids with worse bids, so that a chosen honest loser becomes a
+"winner" and opens its counts) is played at full strength at the secure profile's defaults (E = 10) and in the sparse
+secure mode (E = 60, three colluders stated), for every honest loser: no honest winner of the forged award endorses
+it, nothing opens, and the honest award still opens exactly its winners. What signed rows leave the buyer,
 leaving bidders out, is played too and its reach asserted to be exactly the stated bound (docs/threat-model.md, "The
 binding award")."""
 
@@ -147,14 +148,14 @@ def test_a_signed_head_encodes_under_its_own_label_and_an_unsigned_one_keeps_its
         Award.decode(struct.pack(">Q", len(label)) + b"flmarket/v1/awarX" + no_head)
 
 
-def test_every_bidder_checks_every_head_row_against_its_bidders_key() -> None:
-    """The honest signed award passes every bidder's checks; one row re-signed by any other key, one row's bid changed
-    under its old signature, or a bidder without a key or PASS index in the session is refused by every bidder (not
-    only by the bidder whose row it is)."""
+def test_every_winner_checks_every_head_row_against_its_bidders_key() -> None:
+    """The honest signed award passes every bidder's checks; one row re-signed by any other key, or a bidder without a
+    key or PASS index in the session, is refused by every winner (not only by the bidder whose row it is); a loser,
+    which opens nothing, does not check the rows."""
     award, tree = _signed_award(BIDS, KEYS)
     for node in BIDS:
         _check(award, tree, node, _signers())
-    victim = award.head[0].node_id
+    victim = next(b.node_id for b in award.head if b.node_id not in award.winners[:1])
     other = Ed25519PrivateKey.generate()
     forged_signature = sign_bid(
         other, run_id=1, session=b"s", transcript=b"t", index=sorted(BIDS).index(victim) + 1, node_id=victim,
@@ -162,20 +163,25 @@ def test_every_bidder_checks_every_head_row_against_its_bidders_key() -> None:
     )  # fmt: skip
     resigned = dataclasses.replace(award, head=(dataclasses.replace(award.head[0], signature=forged_signature),
                                                 *award.head[1:]))  # fmt: skip
-    for node in BIDS:
-        with pytest.raises(AwardError, match=f"node {victim}'s {NOT_SIGNED}"):
-            _check(resigned, tree, node, _signers())
     without = {n: signer for n, signer in _signers().items() if n != victim}
-    for node in set(BIDS) - {victim}:
-        with pytest.raises(AwardError, match=f"node {victim} of the award's head has no key or PASS index"):
-            _check(award, tree, node, without)
-        _check(resigned, tree, node, None)  # without the keys (the default profile) rows are not checked
+    assert set(award.winners) - {victim} and set(BIDS) - set(award.winners)
+    for node in BIDS:
+        if node in award.winners:
+            with pytest.raises(AwardError, match=f"node {victim}'s {NOT_SIGNED}"):
+                _check(resigned, tree, node, _signers())
+        else:
+            _check(resigned, tree, node, _signers())  # a loser's endorsement opens nothing: it skips the rows
+        if node in award.winners and node != victim:
+            with pytest.raises(AwardError, match=f"node {victim} of the award's head has no key or PASS index"):
+                _check(award, tree, node, without)
+        if node != victim:
+            _check(resigned, tree, node, None)  # without the keys (the default profile) rows are not checked
 
 
-def test_a_head_row_under_a_bidders_id_with_another_bid_is_refused_by_every_bidder_it_does_not_name() -> None:
+def test_a_head_row_under_a_bidders_id_with_another_bid_is_refused_by_every_winner_it_does_not_name() -> None:
     """The issue's head-row attack on the pure checks: the top bidder listed with a worse bid (under its own signature,
     on the bid it made), just below the last winner so that it stays in the head; every figure recomputed as a bidder
-    recomputes it. Every other bidder now refuses."""
+    recomputes it. Every winner of the forged award now refuses."""
     award, tree = _signed_award(BIDS, KEYS)
     top, last = award.winners[0], award.winners[-1]
     ratio = BIDS[last][0] / BIDS[last][1]
@@ -191,9 +197,8 @@ def test_a_head_row_under_a_bidders_id_with_another_bid_is_refused_by_every_bidd
         winners=winners,
     )
     assert forged.winners != award.winners and forged.bidder(top) is not None
-    for node in set(BIDS) - {top}:
-        if forged.bidder(node) is None and node in {b.node_id for b in award.head}:
-            continue  # left out while ranking inside: refused for that already
+    assert set(forged.winners) - {top}
+    for node in set(forged.winners) - {top}:
         with pytest.raises(AwardError, match=NOT_SIGNED):
             _check(forged, tree, node, _signers())
 
@@ -261,65 +266,61 @@ def _demoted(terms: Any, bids: Rows, victim: int, honest: list[int]) -> tuple[Ro
     return rows, listed
 
 
-def head_row_attack(seen: dict[str, Any], key_root: Path, colluders: int) -> Any:
-    """For every honest loser of the honest award, in one market (no honest bidder endorses, so each try starts
-    afresh): list the honest bidders ranked above it with worse bids (under their own ids and their own signatures,
-    on the bids they made), have the forged award endorsed, add the ``colluders``' endorsements (the lowest-ranked
-    bidders; the buyer holds their keys, under ``key_root``), and audit its winners. Then, as a control, the honest
-    award."""
+def head_row_attack(seen: dict[str, Any], key_root: Path, colluders: int, allowed: int, pick: int) -> Any:
+    """Among the honest losers of the honest award that listing at most ``allowed`` (``n - q``) honest bidders with
+    worse bids makes "winners" (those the attack opened before signed rows), take the ``pick``-th by rank: list the
+    honest bidders ranked above it with worse bids (under their own ids and their own signatures, on the bids they
+    made), have the forged award endorsed, add the ``colluders``' endorsements (the lowest-ranked bidders; the buyer
+    holds their keys, under ``key_root``), and audit its winners. One try a market: a loser's endorsement is spent on
+    the award it endorsed."""
 
     def attack(phase, grid, pass_result: PassResult, bids):  # type: ignore[no-untyped-def]
         keys = _colluder_keys(key_root, _ranked(bids)[len(bids) - colluders :])
-        honest_award, tree = award_for(phase, grid, pass_result, bids)
+        honest_award, _ = award_for(phase, grid, pass_result, bids)
         honest = [node for node in bids if node not in keys]
-        tries = []
+        reachable = []
         for victim in [n for n in _ranked(bids) if n in honest and n not in honest_award.winners]:
             rows, listed = _demoted(phase.terms, bids, victim, honest)
             forged = _forged_award(phase, honest_award, rows, phase.bid_signatures)
-            if victim not in forged.winners:
-                continue  # no listing of honest bidders makes it a winner
-            if all(forged.bidder(node) is None for node in listed):
-                continue  # no listed row decides the outcome: that is leaving them out (below), not a head row
-            signed = sign_award(forged, phase._buyer_key)  # pylint: disable=protected-access
-            ends = endorsed(send_all(phase, grid, ACTION_ENDORSE, endorse_requests(pass_result, signed, tree, bids)))
-            honest_ends = set(ends)
-            ends |= {node: sign_award_endorsement(key, signed.digest) for node, key in keys.items()}
-            audits = send_all(
-                phase, grid, ACTION_AUDIT, {w: fields_of(pass_result, signed, ends) for w in forged.winners}
-            )
-            tries.append({"victim": victim, "rank": _ranked(bids).index(victim) + 1, "listed": listed,
-                          "endorsers": honest_ends, "opened": opened(audits)})  # fmt: skip
-        signed = sign_award(honest_award, phase._buyer_key)  # pylint: disable=protected-access
+            if victim in forged.winners and len(listed) <= allowed and any(forged.bidder(n) for n in listed):
+                reachable.append((victim, listed, forged))  # a listed row decides the outcome: a head-row attack
+        victim, listed, forged = reachable[pick]
+        _, tree = award_for(phase, grid, pass_result, bids)
+        signed = sign_award(forged, phase._buyer_key)  # pylint: disable=protected-access
         ends = endorsed(send_all(phase, grid, ACTION_ENDORSE, endorse_requests(pass_result, signed, tree, bids)))
-        audits = send_all(
-            phase, grid, ACTION_AUDIT, {w: fields_of(pass_result, signed, ends) for w in honest_award.winners}
-        )
-        seen.update(tries=tries, honest=honest, winners=set(honest_award.winners), control=opened(audits),
-                    control_endorsers=set(ends), bidders=set(bids))  # fmt: skip
+        honest_ends = set(ends)
+        ends |= {node: sign_award_endorsement(key, signed.digest) for node, key in keys.items()}
+        audits = send_all(phase, grid, ACTION_AUDIT, {w: fields_of(pass_result, signed, ends) for w in forged.winners})
+        seen.update(victim=victim, rank=_ranked(bids).index(victim) + 1, listed=listed, endorsers=honest_ends,
+                    endorsements=len(ends), opened=opened(audits), winners=set(forged.winners), honest=set(honest),
+                    honest_winners=set(honest_award.winners), reachable=len(reachable))  # fmt: skip
 
     return attack
 
 
 def _assert_the_head_row_attack_fails(seen: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
-    tries = seen["tries"]
-    print("head-row attack, (rank, rows listed):", [(t["rank"], len(t["listed"])) for t in tries])
-    assert tries and all(t["listed"] for t in tries)  # losers the attack made "winners", each by listed rows
-    assert all(t["endorsers"] == set() and t["opened"] == set() for t in tries)
-    refusals = sum(NOT_SIGNED in record.getMessage() for record in caplog.records)
-    assert refusals >= sum(len(seen["honest"]) - len(t["listed"]) for t in tries)  # refused for the signatures
-    assert seen["control_endorsers"] == seen["bidders"] and seen["control"] == seen["winners"]  # the nodes are live
+    print(f"head-row attack: rank {seen['rank']}, {len(seen['listed'])} rows listed, {seen['endorsements']} "
+          f"endorsements, opened {sorted(seen['opened'])}, {seen['reachable']} losers reachable before")  # fmt: skip
+    assert seen["listed"] and seen["victim"] in seen["winners"] and seen["victim"] not in seen["honest_winners"]
+    honest_winners = seen["winners"] & seen["honest"]
+    assert not honest_winners & seen["endorsers"]  # every honest winner of the forged award refused it
+    assert seen["endorsers"]  # the losers endorsed (a loser's endorsement opens nothing): the nodes were live
+    assert seen["opened"] == set()
+    refusals = [r.getMessage() for r in caplog.records if NOT_SIGNED in r.getMessage()]
+    assert len(refusals) >= len(honest_winners - set(seen["listed"]))  # refused for the rows' signatures
 
 
+@pytest.mark.parametrize("pick", [0, 1, -1], ids=["shallowest", "second", "deepest"])
 def test_the_head_row_attack_opens_no_one_at_the_profiles_defaults(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, pick: int
 ) -> None:
     """E = 10, R = 40, the profile's defaults (``c = 2`` stated, the buyer holding both colluders' keys, the two
     lowest-ranked bidders). Before signed rows this attack opened the losers ranked 2nd and 4th."""
     caplog.set_level(logging.WARNING)
     seen: dict[str, Any] = {}
-    play(tmp_path, head_row_attack(seen, tmp_path, STATED), seed=21)
-    assert len(seen["tries"]) >= 3 and max(t["rank"] for t in seen["tries"]) >= 4
+    play(tmp_path, head_row_attack(seen, tmp_path, STATED, NODES - QUORUM, pick), seed=21)
     _assert_the_head_row_attack_fails(seen, caplog)
+    assert seen["reachable"] == 3  # ranks 2 to 4: listing three honest bidders at most, n - q = 3
 
 
 def _sparse_phase(tmp_path: Path, attack: Any) -> tuple[Any, Any]:
@@ -334,16 +335,21 @@ def _sparse_phase(tmp_path: Path, attack: Any) -> tuple[Any, Any]:
     return grid, phase
 
 
-def test_the_head_row_attack_opens_no_one_in_the_sparse_mode(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """E = 60 in the sparse secure mode, three colluders stated (quorum 32 over the directory). Before signed rows this
-    attack opened the losers ranked 12th and 27th with 48 and 33 endorsements."""
+@pytest.mark.parametrize("pick", [0, -1], ids=["shallowest", "deepest"])
+def test_the_head_row_attack_opens_no_one_in_the_sparse_mode(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, pick: int
+) -> None:
+    """E = 60 in the sparse secure mode, three colluders stated (quorum 32 over the directory), the shallowest and the
+    deepest loser the attack reached before signed rows (listing up to 28 honest bidders). Before, it opened the
+    losers ranked 12th and 27th with 48 and 33 endorsements."""
     caplog.set_level(logging.WARNING)
     seen: dict[str, Any] = {}
-    grid, phase = _sparse_phase(tmp_path, head_row_attack(seen, tmp_path, SPARSE_COLLUDERS))
+    attack = head_row_attack(seen, tmp_path, SPARSE_COLLUDERS, SPARSE_NODES - SPARSE_QUORUM, pick)
+    grid, phase = _sparse_phase(tmp_path, attack)
     with pytest.raises(_AttackDone):
         phase.run(grid)
-    assert len(seen["tries"]) >= 20 and max(t["rank"] for t in seen["tries"]) >= 27
     _assert_the_head_row_attack_fails(seen, caplog)
+    assert seen["reachable"] >= 20
 
 
 # --- What signed rows leave the buyer: leaving bidders out ---------------------------------------------------------

@@ -737,9 +737,9 @@ class _MarketHandlers:
     @staticmethod
     def _bid_signers(state: ConfigRecord, award: Award, settings: NodeSettings) -> dict[int, tuple[int, bytes]] | None:
         """The PASS index (from the roster kept at the share step or the draw) and the pinned identity key of every
-        bidder the award's head names, for :func:`check_award` to check each row's signature; ``None`` without a
-        directory (the default profile: rows are not signed). A head bidder outside the roster or the directory is left
-        out, so the check refuses it."""
+        bidder the award's head names, for :func:`check_award` to check each row's signature (a winner does); ``None``
+        without a directory (the default profile: rows are not signed). A head bidder outside the roster or the
+        directory is left out, so the check refuses it."""
         directory = settings.directory
         if directory is None:
             return None

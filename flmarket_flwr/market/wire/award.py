@@ -529,8 +529,10 @@ def check_award(
     client knows the survivors' node ids (``survivor_nodes``), a survivor; the winners and payments are :func:`settle`
     over the head (so the total is within ``R`` and every payment is a critical value); and, where the client holds
     the session's bidders' keys (``bid_signers``: node id -> its PASS index and Ed25519 public key, for every bidder
-    the head names; the secure profile), that every head row carries its bidder's signature on that bid in this run,
-    session and transcript (docs/threat-model.md, "The binding award", step (6)).
+    the head names; the secure profile) and the award names it a winner, that every head row carries its bidder's
+    signature on that bid in this run, session and transcript. Only a winner opens anything, and only for the award it
+    endorsed, so a winner's check is what keeps a row its bidder did not sign from opening anyone; a loser's
+    endorsement opens nothing and skips it (docs/threat-model.md, "The binding award", step (6)).
 
     Raises
     ------
@@ -571,7 +573,7 @@ def check_award(
         raise AwardError(f"node {award.head[int(wrong[0])].node_id}'s payment is not the auction's")
     if math.fsum(award.payments.values()) > terms.budget * (1.0 + 1e-12):
         raise AwardError("the award's payments exceed the budget")
-    if bid_signers is not None:
+    if bid_signers is not None and node_id in award.winners:
         for bidder in award.head:
             signer = bid_signers.get(bidder.node_id)
             if signer is None:
