@@ -7,12 +7,13 @@ transcript, terms, the root of a hash tree over every survivor's score and bid (
 head* of the ranking (:func:`~flmarket_flwr.pricing.auction.decisive_head`: the bidders the outcome depends on, with
 their payments and, where the bidders hold identity keys, each one's signature on its bid) and the winners. What a
 client receives is ``O(head + log E)``, not ``O(E)``. Each bidder checks it (:func:`check_award`: its own score and bid
-in the tree as sent, ranked after the head unless in it, every named bidder a survivor, with a directory every head
-row signed by its bidder, the outcome exactly :func:`~flmarket_flwr.pricing.run_auction` over the head) and endorses
-its digest, **once per session**: the award is never re-issued. A winner opens its counts only for the award it
-endorsed, and with a directory only when a quorum of survivors endorsed it too (:func:`binding_quorum`), which no two
-awards can both reach; so the buyer opens at most the winners of one budget-feasible award, and the signed award is each
-winner's receipt. The argument is in docs/threat-model.md. Pure: no Flower.
+in the tree as sent, ranked after the head unless in it, every named bidder a survivor, the outcome exactly
+:func:`~flmarket_flwr.pricing.run_auction` over the head, and, as a winner with a directory, every head row signed by
+its bidder) and endorses its digest, **once per session**: the award is never re-issued. A winner opens its counts
+only for the award it endorsed, and with a directory only when a quorum of survivors endorsed it too
+(:func:`binding_quorum`), which no two awards can both reach; so the buyer opens at most the winners of one
+budget-feasible award, and the signed award is each winner's receipt. The argument is in docs/threat-model.md.
+Pure: no Flower.
 """
 
 from __future__ import annotations
