@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from adversary import NUM_CLASSES
+from adversary import NUM_CLASSES, make_counts, market_config, signed_app
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_award import (
     TERMS,
@@ -36,6 +36,7 @@ from test_award import (
 from test_binding_award import NODES, _colluder_keys, play
 from test_sparse_secure_market import sparse_federation
 
+from flmarket_flwr.market import CostBasedBid, MarketPhase
 from flmarket_flwr.market.buyer.pass_rounds import PassResult
 from flmarket_flwr.market.wire import award as award_module
 from flmarket_flwr.market.wire.award import (
@@ -50,7 +51,7 @@ from flmarket_flwr.market.wire.award import (
     settle,
     sign_award,
 )
-from flmarket_flwr.market.wire.messages import ACTION_AUDIT, ACTION_ENDORSE
+from flmarket_flwr.market.wire.messages import ACTION_AUDIT, ACTION_BID, ACTION_ENDORSE, KEY_BID_SIGNATURE, RECORD_KEY
 from flmarket_flwr.market.wire.profiles import PROFILE_COLLUDER_SHARE
 from flmarket_flwr.pass_protocol import generate_identity
 from flmarket_flwr.pass_protocol.identity import (
@@ -60,6 +61,7 @@ from flmarket_flwr.pass_protocol.identity import (
     verify_award_endorsement,
     verify_bid,
 )
+from simulations.inprocess_grid import InProcessGrid, market_client_app
 
 STATED = math.ceil(PROFILE_COLLUDER_SHARE * NODES)
 QUORUM = binding_quorum(NODES, STATED)
@@ -439,3 +441,47 @@ def test_leaving_bidders_out_opens_a_chosen_loser_only_within_n_minus_q_in_the_s
         phase.run(grid)
     _assert_reach(seen, SPARSE_QUORUM, beyond)
     print(f"E = {SPARSE_NODES}: rank {seen['rank']} opened={bool(seen['opened'])} left out {len(seen['left_out'])}")
+
+
+# --- A malformed or wrong bid signature ----------------------------------------------------------------------------
+BAD_SIGNATURES = st.one_of(
+    st.binary(max_size=130).filter(lambda b: len(b) != 64),
+    st.binary(min_size=64, max_size=64),  # 64 bytes that are no signature on this bid
+    st.integers(-(2**63), 2**63 - 1),  # what a ConfigRecord holds
+    st.text(max_size=8),
+    st.none(),  # no signature at all
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(signature=BAD_SIGNATURES, with_directory=st.booleans())
+def test_a_malformed_or_wrong_bid_signature_excludes_its_sender_and_the_market_finishes(
+    signature: object, with_directory: bool
+) -> None:
+    """One node's ``market_bid`` reply carries a fuzzed signature, or none: with a directory the buyer excludes it at
+    the bid step, naming the step, and the market finishes and pays its winners from the others (without one, 64
+    bytes or none are a well-formed, unchecked reply)."""
+    counts = make_counts(8, seed=33)
+    culprit = sorted(counts)[2]
+
+    def hook(instruction: Any, reply: Any) -> Any:
+        if instruction.metadata.message_type == f"query.{ACTION_BID}" and instruction.metadata.dst_node_id == culprit:
+            record = reply.content.config_records[RECORD_KEY]
+            if signature is None:
+                record.pop(KEY_BID_SIGNATURE, None)
+            else:
+                record[KEY_BID_SIGNATURE] = signature  # type: ignore[assignment]
+        return reply
+
+    if with_directory:
+        app, directory = signed_app(counts)
+        config = market_config(budget=60.0, directory=directory)
+    else:
+        app, config = market_client_app(counts, CostBasedBid(0.01)), market_config(budget=60.0)
+    outcome = MarketPhase(config).run(InProcessGrid(app, list(counts), reply_hook=hook))
+    assert outcome.status == "succeeded" and outcome.total_payment <= 60.0
+    well_formed = signature is None or (isinstance(signature, bytes) and len(signature) == 64)
+    if well_formed and not with_directory:
+        assert culprit not in outcome.excluded
+    else:
+        assert outcome.excluded[culprit].startswith(ACTION_BID) and culprit not in outcome.winners
