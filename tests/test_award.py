@@ -72,7 +72,9 @@ finite = st.floats(min_value=-1e12, max_value=1e12, allow_nan=False, allow_infin
 @st.composite
 def awards(draw: st.DrawFn) -> Award:
     nodes = sorted(draw(st.sets(st.integers(0, 2**64 - 1), max_size=6)))
-    head = tuple(Bidder(node, draw(finite), draw(finite), draw(finite)) for node in nodes)
+    signed = draw(st.booleans())  # the secure profile's head: every row with its bidder's 64-byte signature
+    signature = st.binary(min_size=64, max_size=64) if signed else st.just(b"")
+    head = tuple(Bidder(node, draw(finite), draw(finite), draw(finite), draw(signature)) for node in nodes)
     winners = tuple(draw(st.permutations(nodes))[: draw(st.integers(0, len(nodes)))])
     terms = AwardTerms(
         draw(st.floats(min_value=1e-6, max_value=1e9)),
@@ -125,6 +127,9 @@ def _mutations(award: Award) -> list[Award]:
         for name in ("score", "bid", "payment"):
             bumped = dataclasses.replace(first, **{name: math.nextafter(getattr(first, name), math.inf)})
             changed.append(dataclasses.replace(award, head=(bumped, *rest)))
+        if first.signature:  # a signed head: each row's signature is bound too
+            flipped = bytes([first.signature[0] ^ 1]) + first.signature[1:]
+            changed.append(dataclasses.replace(award, head=(dataclasses.replace(first, signature=flipped), *rest)))
         if first.node_id not in award.winners:
             changed.append(dataclasses.replace(award, winners=(*award.winners, first.node_id)))
         dropped = [w for w in award.winners if w != first.node_id]
@@ -386,10 +391,18 @@ def award_for(
     bids: Mapping[int, tuple[float, float]],
     terms: AwardTerms | None = None,
 ) -> tuple[Award, BidsTree]:
-    """The honest award of the auction over ``bids`` in this PASS session (and its bids tree)."""
+    """The honest award of the auction over ``bids`` in this PASS session (and its bids tree), each head row with its
+    bidder's signature on its bid where the bidders signed theirs (the secure profile)."""
     survivors = sorted((index, node) for node, index in pass_result.indices.items())
+    signatures = phase.bid_signatures if bids and set(bids) <= set(phase.bid_signatures) else None
     return build_award(
-        int(grid.run.run_id), pass_result.session, pass_result.transcript, terms or phase.terms, survivors, bids
+        int(grid.run.run_id),
+        pass_result.session,
+        pass_result.transcript,
+        terms or phase.terms,
+        survivors,
+        bids,
+        signatures=signatures,
     )
 
 

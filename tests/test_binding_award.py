@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from adversary import make_counts, market_config
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_award import (
@@ -42,7 +43,7 @@ from flmarket_flwr.market.wire.messages import (
 )
 from flmarket_flwr.market.wire.profiles import PROFILE_COLLUDER_SHARE
 from flmarket_flwr.pass_protocol import load_identity_key
-from flmarket_flwr.pass_protocol.identity import sign_award_endorsement
+from flmarket_flwr.pass_protocol.identity import sign_award_endorsement, sign_bid
 from flmarket_flwr.pricing import BUDGET_RULES
 from simulations.inprocess_grid import InProcessGrid, market_client_app
 
@@ -152,7 +153,9 @@ def test_an_award_naming_a_node_in_no_roster_is_endorsed_by_no_one(tmp_path: Pat
 
     def attack(phase, grid, pass_result, bids):  # type: ignore[no-untyped-def]
         honest, tree = award_for(phase, grid, pass_result, bids)
-        phantom = Bidder(4242, max(s for s, _ in bids.values()) * 10, 1.0, 0.0)
+        phantom = signed_row(
+            grid, pass_result, Ed25519PrivateKey.generate(), 4242, max(s for s, _ in bids.values()) * 10, 1.0
+        )
         rows = sorted([*honest.head, phantom], key=lambda b: b.node_id)
         winners, payments = settle(phase.terms, [(b.node_id, b.score, b.bid) for b in rows])
         forged = dataclasses.replace(
@@ -205,6 +208,18 @@ def test_an_award_under_another_rule_or_over_the_budget_is_endorsed_by_no_one(tm
 
 def _colluder_keys(tmp_path: Path, colluders: list[int]) -> dict[int, Any]:
     return {node: load_identity_key(tmp_path / f"node-{node}.pem") for node in colluders}
+
+
+def signed_row(
+    grid: Any, pass_result: Any, key: Ed25519PrivateKey, node: int, score: float, bid: float, payment: float = 0.0
+) -> Bidder:
+    """A head row for ``node`` with ``score`` and ``bid``, signed with ``key`` (a colluder's, or any key the buyer
+    holds) for this run, session and transcript at the node's PASS index (0 for a node in no roster)."""
+    signature = sign_bid(
+        key, run_id=int(grid.run.run_id), session=pass_result.session, transcript=pass_result.transcript,
+        index=pass_result.indices.get(node, 0), node_id=node, score=score, bid=bid,
+    )  # fmt: skip
+    return Bidder(node, score, bid, payment, signature)
 
 
 @pytest.mark.parametrize("extra", [0, 2], ids=["the-stated-colluders", "two-beyond-them"])

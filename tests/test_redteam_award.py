@@ -1,8 +1,8 @@
 """Red team against the binding award (issue 39), in the secure profile at its defaults: drop-in nodes, the real
 handlers, the buyer deviating at full strength (with the profile's stated colluders where a test says so). Each test
-asserts what the buyer gets. Three of them assert the documented limits of the claim (a head row under another
-bidder's id, the included nodes, the run's budget across re-launches), where the buyer gets no more than the
-threat model says."""
+asserts what the buyer gets. Three of them assert the documented limits of the claim (a colluder's signed head row,
+the included nodes, the run's budget across re-launches), where the buyer gets no more than the threat model says;
+leaving bidders out is in ``tests/test_signed_bids.py``."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_award import MaliciousPhase, _AttackDone, award_for, endorse_requests, endorsed, fields_of, opened, send_all
-from test_binding_award import BUDGET, NODES, _colluder_keys, play, profile_grid
+from test_binding_award import BUDGET, NODES, _colluder_keys, play, profile_grid, signed_row
 from test_secure_profile_market import drop_in_app, profile_setup
 
 from flmarket_flwr.market import MarketPhase
@@ -79,41 +79,58 @@ def _award_over(phase: Any, honest: Award, rows: list[tuple[int, float, float]])
 
 
 # --- The head: rows the buyer writes ------------------------------------------------------------------------------
-def test_a_fabricated_head_row_gives_the_buyer_only_what_a_colluding_bidders_bid_would(tmp_path: Path) -> None:
-    """No colluder. The buyer takes the lowest-ranked honest bidder ``L`` and lists, under ``L``'s node id, a bid it
-    never made: ``L``'s row becomes the winner's score with a bid 1e-4 above the winner's, ranked right after it, so
-    the winner's critical value falls to (almost) its own bid. The bids tree holds every real leaf, so each bidder's
-    own proof verifies. ``L`` refuses (its row is wrong); every other bidder endorses, the quorum is reached, and the
-    winner opens at a payment that is not the auction's over the honest bids. This is the documented limit of the
-    claim (docs/threat-model.md, "The binding award", step (6)): a row under another bidder's id is the buyer's word,
-    worth what a colluding bidder's bid is (the profile assumes c >= 1 of them). Asserted: the misstated bidder
-    refuses, only the award's winners open, each at least at its bid, and the promises stay within R."""
+@pytest.mark.parametrize("colluder", [False, True], ids=["honest-id", "colluders-own-row"])
+def test_a_head_row_under_an_honest_id_gets_nothing_and_a_colluders_signed_row_what_its_bid_would(
+    tmp_path: Path, colluder: bool
+) -> None:
+    """The buyer takes the lowest-ranked loser ``L`` and lists under ``L``'s id a bid ``L`` never made: the winner's
+    score with a bid 1e-4 above the winner's, ranked right after it, so the winner's critical value falls to (almost)
+    its own bid. The bids tree holds every real leaf, so each bidder's own proof verifies. With ``L`` honest the row
+    carries no signature of ``L``'s on that bid, and the winner, which checks every row, refuses it and opens nothing
+    (before signed rows every bidder but ``L`` endorsed it, and the winner opened at less than the auction's payment).
+    With ``L`` a colluder, whose key the buyer holds and signs the row with, it is a colluder's bid, which the profile
+    allows (docs/threat-model.md, "The binding award", step (6)): every bidder endorses, the winner opens at a payment
+    below the auction's over the honest bids, never below its bid, and the promises stay within R."""
     seen: dict[str, Any] = {}
 
     def attack(phase, grid, pass_result, bids):  # type: ignore[no-untyped-def]
         honest, tree = award_for(phase, grid, pass_result, bids)
         _, fair = settle(phase.terms, [(n, s, b) for n, (s, b) in bids.items()])
         winner = honest.winners[0]
-        ranked = sorted(bids, key=lambda n: bids[n][0] / bids[n][1])
-        victim = next(n for n in ranked if n not in honest.winners)  # the lowest-ranked honest loser
+        victim = min((n for n in bids if n not in honest.winners), key=lambda n: bids[n][0] / bids[n][1])
         score, bid = bids[winner]
         rows = [(n, s, b) for n, (s, b) in bids.items() if n != victim] + [(victim, score, bid * (1 + 1e-4))]
         forged = _award_over(phase, honest, rows)
         assert winner in forged.winners and forged.payments[winner] < fair[winner]
+        key = _colluder_keys(tmp_path, [victim])[victim] if colluder else None
+        head = tuple(
+            signed_row(grid, pass_result, key, b.node_id, b.score, b.bid, b.payment) if b.node_id == victim and key
+            else dataclasses.replace(b, signature=honest_signature(phase, b.node_id))
+            for b in forged.head
+        )  # fmt: skip
+        forged = dataclasses.replace(forged, head=head)
         signed = _signed(phase, forged)
         ends = endorsed(send_all(phase, grid, ACTION_ENDORSE, endorse_requests(pass_result, signed, tree, bids)))
+        if key is not None:  # the colluder endorses what the buyer asks
+            ends[victim] = sign_award_endorsement(key, signed.digest)
         audits = send_all(phase, grid, ACTION_AUDIT, {w: fields_of(pass_result, signed, ends) for w in forged.winners})
-        seen.update(
-            victim=victim, endorsers=set(ends), opened=opened(audits), winner=winner, fair=fair[winner], paid=forged
-        )
+        seen.update(endorsers=set(ends), opened=opened(audits), award=forged, winner=winner, fair=fair[winner],
+                    bidders=set(bids))  # fmt: skip
 
     play(tmp_path, attack)
-    award = seen["paid"]
-    assert seen["victim"] not in seen["endorsers"] and len(seen["endorsers"]) >= QUORUM
-    assert seen["opened"] and seen["opened"] <= set(award.winners)
+    award = seen["award"]
+    if not colluder:
+        assert not set(award.winners) & seen["endorsers"] and seen["opened"] == set()  # each winner checks every row
+        return
+    assert seen["endorsers"] == seen["bidders"] and seen["opened"] == set(award.winners)
     assert all(award.payments[n] >= award.bidder(n).bid for n in seen["opened"])
     assert math.fsum(award.payments[n] for n in seen["opened"]) <= BUDGET
-    assert award.payments[seen["winner"]] < seen["fair"]  # the limit: less than the auction over the honest bids
+    assert award.payments[seen["winner"]] < seen["fair"]  # the limit: what a colluding bidder's bid gives
+
+
+def honest_signature(phase: Any, node: int) -> bytes:
+    """The signature ``node`` sent with its bid (the buyer holds it), or any 64 bytes for a node that sent none."""
+    return phase.bid_signatures.get(node, b"\0" * 64)
 
 
 def test_a_head_row_with_a_bid_above_the_budget_is_endorsed_by_no_one(tmp_path: Path) -> None:
@@ -124,7 +141,9 @@ def test_a_head_row_with_a_bid_above_the_budget_is_endorsed_by_no_one(tmp_path: 
     def attack(phase, grid, pass_result, bids):  # type: ignore[no-untyped-def]
         honest, tree = award_for(phase, grid, pass_result, bids)
         extra = next(n for n in sorted(bids) if honest.bidder(n) is None)
-        head = sorted([*honest.head, Bidder(extra, bids[extra][0], BUDGET * 2, 0.0)], key=lambda b: b.node_id)
+        key = _colluder_keys(tmp_path, [extra])[extra]  # a colluder signs the row: only the budget rule refuses it
+        row = signed_row(grid, pass_result, key, extra, bids[extra][0], BUDGET * 2)
+        head = sorted([*honest.head, row], key=lambda b: b.node_id)
         forged = dataclasses.replace(honest, head=tuple(head))
         signed = _signed(phase, forged)
         seen["endorsers"] = endorsed(

@@ -1,4 +1,5 @@
-"""Ed25519 signatures of PASS v2: key advertisements, survivor sets, share ciphertexts and award endorsements.
+"""Ed25519 signatures of PASS v2 and the market: key advertisements, survivor sets, share ciphertexts, bids and award
+endorsements.
 
 Each client holds a long-term identity key; the public halves are distributed out of band in an
 :class:`IdentityDirectory` that each node pins (by digest or a third party's signature,
@@ -33,6 +34,7 @@ _ADVERT_LABEL: Final[bytes] = b"flmarket-pass/v2/advertisement/run-roster"
 _SURVIVORS_LABEL: Final[bytes] = b"flmarket-pass/v2/survivor-set"
 _CIPHERTEXT_LABEL: Final[bytes] = b"flmarket-pass/v2/share-ciphertext"
 _ENDORSEMENT_LABEL: Final[bytes] = b"flmarket/v1/award-endorsement"
+_BID_LABEL: Final[bytes] = b"flmarket/v1/bid"
 AWARD_DIGEST_LENGTH: Final[int] = 32
 """Bytes of an award digest (SHA-256, :meth:`flmarket_flwr.market.wire.award.Award.digest`)."""
 ROSTER_LENGTH: Final[int] = 32
@@ -252,6 +254,66 @@ def verify_share_ciphertext(
         sender, receiver, ciphertext, digest, run_id=run_id, session=session, roster=roster
     )
     _verify(identity_public_key, signature, message, f"share ciphertext {sender} -> {receiver}")
+
+
+def bid_message(
+    *, run_id: int, session: bytes, transcript: bytes, index: int, node_id: int, score: float, bid: float
+) -> bytes:
+    """The bytes a bidder signs at the bid step: domain label, run id, session, transcript, its PASS index and node id,
+    and its score and bid (IEEE-754 doubles, as the award lists them)."""
+    if isinstance(run_id, bool) or not isinstance(run_id, int) or not 0 <= run_id < 2**64:
+        raise ValueError(f"run_id must be an int in [0, 2**64), got {run_id!r}")
+    for name, value in (("session", session), ("transcript", transcript)):
+        if not isinstance(value, bytes) or not value:
+            raise ValueError(f"{name} must be non-empty bytes")
+    if not 0 <= index < 2**64 or not 0 <= node_id < 2**64:
+        raise ValueError(f"index and node_id must be in [0, 2**64), got {index} and {node_id}")
+    return b"".join(
+        (
+            _field(_BID_LABEL),
+            struct.pack(">Q", run_id),
+            _field(session),
+            _field(transcript),
+            struct.pack(">QQdd", index, node_id, score, bid),
+        )
+    )
+
+
+def sign_bid(
+    identity_private_key: Ed25519PrivateKey,
+    *,
+    run_id: int,
+    session: bytes,
+    transcript: bytes,
+    index: int,
+    node_id: int,
+    score: float,
+    bid: float,
+) -> bytes:
+    """Ed25519 signature (64 bytes) over :func:`bid_message`."""
+    message = bid_message(
+        run_id=run_id, session=session, transcript=transcript, index=index, node_id=node_id, score=score, bid=bid
+    )
+    return identity_private_key.sign(message)
+
+
+def verify_bid(
+    identity_public_key: bytes,
+    signature: bytes,
+    *,
+    run_id: int,
+    session: bytes,
+    transcript: bytes,
+    index: int,
+    node_id: int,
+    score: float,
+    bid: float,
+) -> None:
+    """Check a bid's signature; ``ValueError`` unless it verifies for exactly this bid, bidder and session."""
+    message = bid_message(
+        run_id=run_id, session=session, transcript=transcript, index=index, node_id=node_id, score=score, bid=bid
+    )
+    _verify(identity_public_key, signature, message, f"bid of node {node_id} (index {index})")
 
 
 def award_endorsement_message(award_digest: bytes) -> bytes:

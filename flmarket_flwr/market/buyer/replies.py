@@ -12,6 +12,7 @@ from flmarket_flwr.market.buyer.errors import MarketError
 from flmarket_flwr.market.buyer.pass_rounds import PassResult
 from flmarket_flwr.market.wire.messages import AuditReply, BidReply, ReplyError, read_config
 from flmarket_flwr.pass_protocol import counts_commitment
+from flmarket_flwr.pass_protocol.identity import SIGNATURE_LENGTH
 from flmarket_flwr.pricing import score as compute_score
 from flmarket_flwr.pricing.auction import VALUE_RANGE
 
@@ -40,8 +41,9 @@ def highest_possible_score(pass_result: PassResult, tolerance: int = 0) -> float
     return bound * (1.0 + 1e-9) + 1e-9
 
 
-def read_score_and_bid(reply: Message, highest_score: float) -> tuple[float, float]:
-    """``(score, bid)`` of a ``market_bid`` reply: score 0 or in ``[1e-100, highest_score]``, bid in ``VALUE_RANGE``."""
+def read_score_and_bid(reply: Message, highest_score: float) -> BidReply:
+    """A ``market_bid`` reply, checked: score 0 or in ``[1e-100, highest_score]``, bid in ``VALUE_RANGE``, a signature
+    (if any) 64 bytes."""
     bid_reply = BidReply.from_record(read_config(reply))
     score, bid = bid_reply.score, bid_reply.bid
     if score < 0:
@@ -56,7 +58,10 @@ def read_score_and_bid(reply: Message, highest_score: float) -> tuple[float, flo
         raise ReplyError(f"'bid' must be within [{low:g}, {high:g}] (the auction's range), got {bid}")
     if score != 0 and score < low:
         raise ReplyError(f"'score' must be 0 or at least {low:g} (the auction's range), got {score}")
-    return score, bid
+    signature = bid_reply.bid_signature
+    if signature is not None and len(signature) != SIGNATURE_LENGTH:
+        raise ReplyError(f"'bid-signature' must be a {SIGNATURE_LENGTH}-byte signature, got {len(signature)} bytes")
+    return bid_reply
 
 
 def check_opening(

@@ -51,6 +51,7 @@ from flmarket_flwr.market.wire.messages import (
     AuditRequest,
     AwardReply,
     AwardRequest,
+    BidReply,
     BidRequest,
     BindReply,
     BindRequest,
@@ -70,6 +71,7 @@ from flmarket_flwr.pass_protocol.identity import (
     bind_members,
     pack_member_bindings,
     verify_award_endorsement,
+    verify_bid,
 )
 
 __all__ = ["MarketConfig", "MarketError", "MarketOutcome", "MarketPhase"]
@@ -151,6 +153,9 @@ class MarketPhase:
         self._thin = False
         self.bids: dict[int, tuple[float, float]] = {}
         """``{node: (score, bid)}``: the valid bids of the last :meth:`run` (kept if the market fails after them)."""
+        self.bid_signatures: dict[int, bytes] = {}
+        """``{node: signature}``: each bidder's signature on its bid in the last :meth:`run`, checked against the
+        directory where there is one; the award's head carries them (docs/threat-model.md, "The binding award")."""
         self.released: list[int] = []
         """Node ids whose masked counts went into a sum the buyer could unmask in the last :meth:`run`: the
         survivors of the released session, or every node of a session that stopped after its unmask request."""
@@ -608,6 +613,10 @@ class MarketPhase:
     def collect_bids(self, grid: Grid, pass_result: PassResult) -> dict[int, tuple[float, float]]:
         """Broadcast ``N_s``, ``E`` and the transcript hash; return ``{node: (score, bid)}``.
 
+        Each bidder's signature on its bid is kept in :attr:`bid_signatures`; with a directory a bid whose signature
+        is missing or does not verify for this run, session, transcript and the bidder's PASS index excludes it (every
+        endorser would refuse an award whose head carried it).
+
         Raises
         ------
         MarketError
@@ -623,7 +632,30 @@ class MarketPhase:
         requests = {node: config_record(record) for node in pass_result.participants if not self.is_excluded(node)}
         highest = highest_possible_score(pass_result, self.config.noise_tolerance)
         replies = self.exchange(grid, ACTION_BID, requests)
-        bids = self.validated(ACTION_BID, requests, replies, lambda reply: read_score_and_bid(reply, highest))
+        directory, run_id = self.config.directory, int(grid.run.run_id)
+
+        def read(reply: Message, node: int) -> BidReply:
+            bid = read_score_and_bid(reply, highest)
+            if directory is not None:
+                try:
+                    verify_bid(
+                        directory.key_of(node),
+                        bid.bid_signature or b"",
+                        run_id=run_id,
+                        session=pass_result.session,
+                        transcript=pass_result.transcript,
+                        index=pass_result.indices[node],
+                        node_id=node,
+                        score=bid.score,
+                        bid=bid.bid,
+                    )
+                except ValueError as err:
+                    raise ReplyError(f"no valid signature on the bid: {err}") from err
+            return bid
+
+        replied = self.validated(ACTION_BID, requests, replies, read, pass_node=True)
+        bids = {node: (bid.score, bid.bid) for node, bid in replied.items()}
+        self.bid_signatures = {node: bid.bid_signature for node, bid in replied.items() if bid.bid_signature}
         self.bids = dict(bids)  # recorded even if the market stops now
         self.require_participation(len(bids))
         return bids
@@ -689,6 +721,7 @@ class MarketPhase:
                 len(bids),
             )
         survivors = sorted((index, node) for node, index in pass_result.indices.items())
+        signed = all(node in self.bid_signatures for node in bids)  # the secure profile: every bid signed
         try:
             return build_award(
                 int(grid.run.run_id),
@@ -698,6 +731,7 @@ class MarketPhase:
                 survivors,
                 bids,
                 self._included,
+                self.bid_signatures if signed and bids else None,
             )
         except ValueError as err:  # every score and bid was validated on arrival; kept as a clear error all the same
             raise MarketError(f"the auction rejected its input: {err}") from err

@@ -85,6 +85,7 @@ from flmarket_flwr.pass_protocol.encoding import bitmap_bits, bitmap_to_indices,
 from flmarket_flwr.pass_protocol.identity import (
     bind_members,
     sign_award_endorsement,
+    sign_bid,
     sign_member_binding,
     unpack_member_bindings,
 )
@@ -590,7 +591,9 @@ class _MarketHandlers:
 
     # --- Market --------------------------------------------------------------------------------
     def bid(self, message: Message, context: Context, settings: NodeSettings) -> Message:
-        """Score the local data against the session's ``N_s`` and ``E``, then bid (once)."""
+        """Score the local data against the session's ``N_s`` and ``E``, then bid (once); with an identity key, sign
+        the score and bid for this run, session and transcript (every row of the award's head must carry its bidder's
+        signature: docs/threat-model.md, "The binding award")."""
         state = _state_record(context)
         try:
             request = BidRequest.from_record(_request(message))
@@ -613,13 +616,14 @@ class _MarketHandlers:
             num_clients = int(client.survivor_count or 0)  # the request named the same E (checked above)
             if int(global_counts.max()) > client.state.count_bound * num_clients + tolerance:
                 raise _RequestError("the global counts exceed the session's declared bound")
-            score = float(compute_score(counts, global_counts, num_clients, exact_global=noise is None))
+            score = float(compute_score(counts, global_counts, num_clients, exact_global=noise is None)) + 0.0
             bid = _checked_bid(self._bid_policy(counts, score, context))
+            signature = self._bid_signature(context, client, settings, score, bid)
         except (PassError, ValueError, TypeError, KeyError) as err:
             state[_STAGE] = _STAGE_CLOSED
             return _refusal(message, ACTION_BID, err)
         state[_STAGE] = _STAGE_BID
-        own_bid = BidReply(score, bid)
+        own_bid = BidReply(score, bid, signature)
         set_values(state, own_bid.to_record())  # kept: the award must list the score and bid as sent
         return _reply(message, config_record(own_bid.to_record()))
 
@@ -653,6 +657,7 @@ class _MarketHandlers:
                 bid=_own_bid(state).bid,
                 proof=request.bid_proof,
                 survivor_nodes=self._survivor_nodes(context, client, settings),
+                bid_signers=self._bid_signers(state, award, settings),
             )
             identity_key = settings.identity_key
             endorsement = b"" if identity_key is None else sign_award_endorsement(identity_key, signed.digest)
@@ -705,7 +710,8 @@ class _MarketHandlers:
                 else:
                     needed = binding_quorum(client.state.survivor_count, settings.colluders)
                     eligible = self._survivor_nodes(context, client, settings)
-                valid = 1 + count_endorsements(endorsed.digest, endorsements, directory, node_id, eligible)
+                others = count_endorsements(endorsed.digest, endorsements, directory, node_id, eligible, needed - 1)
+                valid = 1 + others  # the count stops at the quorum: the endorsements past it change nothing
                 if valid < needed:
                     raise _RequestError(f"only {valid} survivors (this client among them) endorsed the award, "
                                         f"{needed} are needed")  # fmt: skip
@@ -780,6 +786,43 @@ class _MarketHandlers:
             state[KEY_AWARD_SIGNATURE] = signed.signature
 
     # --- Helpers -------------------------------------------------------------------------------
+    @staticmethod
+    def _bid_signature(
+        context: Context, client: SessionClient, settings: NodeSettings, score: float, bid: float
+    ) -> bytes | None:
+        """This node's signature on its score and bid in this run, session and transcript; ``None`` without an identity
+        key (the default profile)."""
+        identity_key = settings.identity_key
+        if identity_key is None:
+            return None
+        return sign_bid(
+            identity_key,
+            run_id=int(context.run_id),
+            session=client.state.session,
+            transcript=client.state.transcript,
+            index=client.state.index,
+            node_id=int(context.node_id),
+            score=score,
+            bid=bid,
+        )
+
+    @staticmethod
+    def _bid_signers(state: ConfigRecord, award: Award, settings: NodeSettings) -> dict[int, tuple[int, bytes]] | None:
+        """The PASS index (from the roster kept at the share step or the draw) and the pinned identity key of every
+        bidder the award's head names, for :func:`check_award` to check each row's signature (a winner does); ``None``
+        without a directory (the default profile: rows are not signed). A head bidder outside the roster or the
+        directory is left out, so the check refuses it."""
+        directory = settings.directory
+        if directory is None:
+            return None
+        roster = _kept_roster(state)
+        if roster is None:
+            raise _RequestError("no roster of the session kept: the award's bids cannot be checked")
+        named = np.fromiter((bidder.node_id for bidder in award.head), dtype=np.uint64, count=len(award.head))
+        positions = np.flatnonzero(np.isin(roster, named))
+        indices = dict(zip(roster[positions].tolist(), (positions + 1).tolist(), strict=True))
+        return {node: (index, directory[node]) for node, index in indices.items() if node in directory}
+
     @staticmethod
     def _announced_terms(request: Mapping[str, Any], settings: NodeSettings) -> AdvertiseTerms | None:
         """The market's terms in an advertise request (``None`` if it has none), checked as an :class:`AwardTerms`;

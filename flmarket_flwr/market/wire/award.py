@@ -5,13 +5,15 @@ The buyer fixes its terms (:class:`AwardTerms`: budget ``R``, cohort cap, budget
 PASS advertisement, before any count is summed. After the auction it signs one :class:`Award`: run, session, PASS
 transcript, terms, the root of a hash tree over every survivor's score and bid (:class:`BidsTree`), the *decisive
 head* of the ranking (:func:`~flmarket_flwr.pricing.auction.decisive_head`: the bidders the outcome depends on, with
-their payments) and the winners. What a client receives is ``O(head + log E)``, not ``O(E)``. Each bidder checks it
-(:func:`check_award`: its own score and bid in the tree as sent, ranked after the head unless in it, every named
-bidder a survivor, the outcome exactly :func:`~flmarket_flwr.pricing.run_auction` over the head) and endorses its
-digest, **once per session**: the award is never re-issued. A winner opens its counts only for the award it endorsed,
-and with a directory only when a quorum of survivors endorsed it too (:func:`binding_quorum`), which no two awards can
-both reach; so the buyer opens at most the winners of one budget-feasible award, and the signed award is each
-winner's receipt. The argument is in docs/threat-model.md. Pure: no Flower.
+their payments and, where the bidders hold identity keys, each one's signature on its bid) and the winners. What a
+client receives is ``O(head + log E)``, not ``O(E)``. Each bidder checks it (:func:`check_award`: its own score and bid
+in the tree as sent, ranked after the head unless in it, every named bidder a survivor, the outcome exactly
+:func:`~flmarket_flwr.pricing.run_auction` over the head, and, as a winner with a directory, every head row signed by
+its bidder) and endorses its digest, **once per session**: the award is never re-issued. A winner opens its counts
+only for the award it endorsed, and with a directory only when a quorum of survivors endorsed it too
+(:func:`binding_quorum`), which no two awards can both reach; so the buyer opens at most the winners of one
+budget-feasible award, and the signed award is each winner's receipt. The argument is in docs/threat-model.md.
+Pure: no Flower.
 """
 
 from __future__ import annotations
@@ -27,7 +29,12 @@ import numpy as np
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from flmarket_flwr.pass_protocol.identity import IDENTITY_KEY_LENGTH, SIGNATURE_LENGTH, verify_award_endorsement
+from flmarket_flwr.pass_protocol.identity import (
+    IDENTITY_KEY_LENGTH,
+    SIGNATURE_LENGTH,
+    verify_award_endorsement,
+    verify_bid,
+)
 from flmarket_flwr.pricing import BUDGET_RULES, run_auction
 from flmarket_flwr.pricing.auction import decisive_head
 
@@ -51,6 +58,9 @@ __all__ = [
 ]
 
 _AWARD_LABEL: Final[bytes] = b"flmarket/v1/award"
+_SIGNED_BIDS_LABEL: Final[bytes] = b"flmarket/v1/award/signed-bids"
+"""The label of an award whose head rows carry their bidders' signatures (the secure profile); an award without
+them keeps :data:`_AWARD_LABEL` and the bytes it always had."""
 _SIGNATURE_LABEL: Final[bytes] = b"flmarket/v1/award-signature"
 _ENDORSEMENT_BYTES: Final[int] = 8 + SIGNATURE_LENGTH
 _LEAF_LABEL: Final[bytes] = b"flmarket/v1/award-bid"
@@ -59,6 +69,8 @@ _NODE_LABEL: Final[bytes] = b"flmarket/v1/award-tree"
 _HASH_BYTES: Final[int] = 32
 _BIDDER_ROW: Final = np.dtype([("node", ">u8"), ("score", ">f8"), ("bid", ">f8"), ("payment", ">f8")])
 """One bidder in the encoding: node id, score, bid, payment (big-endian uint64 and IEEE-754 doubles)."""
+_SIGNED_BIDDER_ROW: Final = np.dtype([*_BIDDER_ROW.descr, ("signature", f"V{SIGNATURE_LENGTH}")])
+"""One bidder of an award with signed bids: :data:`_BIDDER_ROW` and the bidder's 64-byte signature on its bid."""
 _INCLUDED_ROW: Final = np.dtype([("node", ">u8"), ("payment", ">f8")])
 """One included node in the encoding: node id and its fixed payment."""
 _WHOLE_RULE_BIT: Final[int] = 1 << 63
@@ -123,12 +135,15 @@ class AwardTerms:
 
 @dataclass(frozen=True)
 class Bidder:
-    """One bidder of an award: its node id, the score and bid it sent, and its payment (``0.0`` if it lost)."""
+    """One bidder of an award: its node id, the score and bid it sent, its payment (``0.0`` if it lost) and its
+    Ed25519 signature on its bid (:func:`~flmarket_flwr.pass_protocol.identity.sign_bid`; ``b""`` where bidders hold
+    no identity keys)."""
 
     node_id: int
     score: float
     bid: float
     payment: float
+    signature: bytes = b""
 
     def __post_init__(self) -> None:
         """Validate every field."""
@@ -139,6 +154,8 @@ class Bidder:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise AwardError(f"node {self.node_id}: its {name} must be a finite number, got {value!r}")
             object.__setattr__(self, name, float(value) + 0.0)  # -0.0 becomes 0.0: one encoding per value
+        if not isinstance(self.signature, bytes) or len(self.signature) not in (0, SIGNATURE_LENGTH):
+            raise AwardError(f"node {self.node_id}: its signature must be b'' or {SIGNATURE_LENGTH} bytes")
 
 
 @dataclass(frozen=True)
@@ -161,7 +178,7 @@ class Award:
         The root of the :class:`BidsTree` over every survivor's score and bid (or its absence).
     head : tuple[Bidder, ...]
         The decisive head of the auction over all the bids (the bidders its outcome depends on), with their
-        payments, ascending node id.
+        payments, ascending node id; every row signed by its bidder, or none.
     winners : tuple[int, ...]
         The winners' node ids, in selection order (all in the head).
     included : tuple[tuple[int, float], ...]
@@ -198,6 +215,8 @@ class Award:
         nodes = [bidder.node_id for bidder in self.head]
         if any(not isinstance(bidder, Bidder) for bidder in self.head) or nodes != sorted(set(nodes)):
             raise AwardError("the head must be Bidder entries in strictly ascending node id")
+        if len({len(bidder.signature) for bidder in self.head}) > 1:
+            raise AwardError("either every row of the head carries its bidder's signature or none does")
         if len(nodes) > count:
             raise AwardError("the head lists more bidders than the session has survivors")
         if len(set(self.winners)) != len(self.winners) or not set(self.winners) <= set(nodes):
@@ -214,8 +233,9 @@ class Award:
 
     def encode(self) -> bytes:
         """The canonical encoding: fixed-width fields, length-prefixed bytes and counted lists (injective)."""
+        signed = self.signed_bids
         parts = [
-            _field(_AWARD_LABEL),
+            _field(_SIGNED_BIDS_LABEL if signed else _AWARD_LABEL),
             struct.pack(">Q", self.run_id),
             _field(self.session),
             _field(self.transcript),
@@ -224,8 +244,11 @@ class Award:
             self.bids_root,
             struct.pack(">Q", len(self.head)),
         ]
-        rows = [(b.node_id, b.score, b.bid, b.payment) for b in self.head]
-        parts.append(np.array(rows, dtype=_BIDDER_ROW).tobytes())
+        if signed:
+            rows = [(b.node_id, b.score, b.bid, b.payment, b.signature) for b in self.head]
+            parts.append(np.array(rows, dtype=_SIGNED_BIDDER_ROW).tobytes())
+        else:
+            parts.append(np.array([(b.node_id, b.score, b.bid, b.payment) for b in self.head], _BIDDER_ROW).tobytes())
         parts.append(struct.pack(">Q", len(self.winners)))
         parts.append(np.array(self.winners, dtype=">u8").tobytes())
         parts.append(struct.pack(">Q", len(self.included)))
@@ -238,15 +261,17 @@ class Award:
         if not isinstance(data, bytes):
             raise AwardError(f"an award must be bytes, got {type(data).__name__}")
         reader = _Reader(data)
-        if reader.field() != _AWARD_LABEL:
+        label = reader.field()
+        if label not in (_AWARD_LABEL, _SIGNED_BIDS_LABEL):
             raise AwardError("not an award (wrong label)")
+        row = _SIGNED_BIDDER_ROW if label == _SIGNED_BIDS_LABEL else _BIDDER_ROW
         run_id = reader.unpack(">Q")[0]
         session, transcript = reader.field(), reader.field()
         budget, cap_word = reader.unpack(">dQ")
         terms = AwardTerms.decode_fields(budget, cap_word, reader.take(IDENTITY_KEY_LENGTH))
         survivors = int(reader.unpack(">Q")[0])
         bids_root = reader.take(_HASH_BYTES)
-        table = np.frombuffer(reader.take(_BIDDER_ROW.itemsize * reader.count(_BIDDER_ROW.itemsize)), _BIDDER_ROW)
+        table = np.frombuffer(reader.take(row.itemsize * reader.count(row.itemsize)), row)
         winners = tuple(np.frombuffer(reader.take(8 * reader.count(8)), dtype=">u8").tolist())
         rows = np.frombuffer(reader.take(_INCLUDED_ROW.itemsize * reader.count(_INCLUDED_ROW.itemsize)), _INCLUDED_ROW)
         if np.any(np.signbit(rows["payment"])):  # a negative payment, or a negative zero (one encoding per value)
@@ -259,12 +284,25 @@ class Award:
         nodes = table["node"]
         if not bool(np.all(nodes[1:] > nodes[:-1])):
             raise AwardError("the head must be in strictly ascending node id")
-        head = tuple(_listed(*row) for row in zip(nodes.tolist(), *numbers.tolist(), strict=True))
+        if row is _SIGNED_BIDDER_ROW:
+            if not nodes.size:
+                raise AwardError("an award with signed bids lists at least one bidder")  # one encoding per award
+            packed = table["signature"].tobytes()
+            signatures = [packed[i : i + SIGNATURE_LENGTH] for i in range(0, len(packed), SIGNATURE_LENGTH)]
+        else:
+            signatures = [b""] * nodes.size
+        columns = zip(nodes.tolist(), *numbers.tolist(), signatures, strict=True)
+        head = tuple(_listed(*fields) for fields in columns)
         return cls(run_id, session, transcript, terms, survivors, bids_root, head, winners, included)
 
     def digest(self) -> bytes:
         """SHA-256 of the encoding: what the bidders endorse."""
         return hashlib.sha256(self.encode()).digest()
+
+    @property
+    def signed_bids(self) -> bool:
+        """Whether the head's rows carry their bidders' signatures (the secure profile; all of them or none)."""
+        return bool(self.head) and bool(self.head[0].signature)
 
     def bidder(self, node_id: int) -> Bidder | None:
         """The head's entry of ``node_id``, or ``None`` if it is not in the head (a loser, if it bid)."""
@@ -460,13 +498,17 @@ def build_award(
     survivors: Sequence[tuple[int, int]],
     bids: Mapping[int, tuple[float, float]],
     included: Mapping[int, float] | None = None,
+    signatures: Mapping[int, bytes] | None = None,
 ) -> tuple[Award, BidsTree]:
     """The award of the auction over ``bids`` (node -> ``(score, bid)``), by :func:`settle`, and its bids tree.
 
     ``survivors`` are the session's ``(PASS index, node id)``, ascending index; every bidder must be one. The award
-    lists the decisive head of the auction over all the bids (:func:`head_of`), and records the ``included`` nodes
-    (node -> fixed payment, outside the auction: ``terms.budget`` is what they left).
+    lists the decisive head of the auction over all the bids (:func:`head_of`), each row with its bidder's signature
+    on its bid where ``signatures`` (node -> 64 bytes) are given (then every bidder must have one), and records the
+    ``included`` nodes (node -> fixed payment, outside the auction: ``terms.budget`` is what they left).
     """
+    if signatures is not None and not set(bids) <= set(signatures):
+        raise AwardError(f"bidders {sorted(set(bids) - set(signatures))[:5]} have no signature on their bids")
     tree = BidsTree(survivors, bids)
     rows = [(node, score, bid) for node, (score, bid) in bids.items()]
     winners, payments = settle(terms, rows)
@@ -479,7 +521,9 @@ def build_award(
         terms,
         len(survivors),
         tree.root,
-        tuple(Bidder(node, *bids[node], payments[node]) for node in head),
+        tuple(
+            Bidder(node, *bids[node], payments[node], b"" if signatures is None else signatures[node]) for node in head
+        ),
         winners,
         fixed,
     )
@@ -501,6 +545,7 @@ def check_award(
     bid: float,
     proof: object,
     survivor_nodes: Collection[int] | None = None,
+    bid_signers: Mapping[int, tuple[int, bytes]] | None = None,
 ) -> None:
     """A bidder's checks of an award before it endorses it.
 
@@ -509,7 +554,12 @@ def check_award(
     its score and bid as sent, and if not, the head is closed and it ranks after the whole head (so it cannot change
     the outcome); the head is exactly its own decisive head, every entry eligible (bid within ``R``) and, where the
     client knows the survivors' node ids (``survivor_nodes``), a survivor; the winners and payments are :func:`settle`
-    over the head (so the total is within ``R`` and every payment is a critical value).
+    over the head (so the total is within ``R`` and every payment is a critical value); and, where the client holds
+    the session's bidders' keys (``bid_signers``: node id -> its PASS index and Ed25519 public key, for every bidder
+    the head names; the secure profile) and the award names it a winner, that every head row carries its bidder's
+    signature on that bid in this run, session and transcript. Only a winner opens anything, and only for the award it
+    endorsed, so a winner's check is what keeps a row its bidder did not sign from opening anyone; a loser's
+    endorsement opens nothing and skips it (docs/threat-model.md, "The binding award", step (6)).
 
     Raises
     ------
@@ -550,6 +600,27 @@ def check_award(
         raise AwardError(f"node {award.head[int(wrong[0])].node_id}'s payment is not the auction's")
     if math.fsum(award.payments.values()) > terms.budget * (1.0 + 1e-12):
         raise AwardError("the award's payments exceed the budget")
+    if bid_signers is not None and node_id in award.winners:
+        for bidder in award.head:
+            signer = bid_signers.get(bidder.node_id)
+            if signer is None:
+                raise AwardError(f"node {bidder.node_id} of the award's head has no key or PASS index in this session")
+            try:
+                verify_bid(
+                    signer[1],
+                    bidder.signature,
+                    run_id=run_id,
+                    session=session,
+                    transcript=transcript,
+                    index=signer[0],
+                    node_id=bidder.node_id,
+                    score=bidder.score,
+                    bid=bidder.bid,
+                )
+            except ValueError as err:
+                raise AwardError(
+                    f"node {bidder.node_id}'s row in the award's head is not a bid it signed: {err}"
+                ) from err
 
 
 def binding_quorum(survivors: int, colluders: int) -> int:
@@ -570,11 +641,18 @@ def count_endorsements(
     directory: Mapping[int, bytes],
     own_node: int,
     eligible: Collection[int] | None = None,
+    enough: int | None = None,
 ) -> int:
     """How many of ``endorsements`` (node -> signature) are valid signatures on ``digest`` by directory members other
-    than ``own_node`` (each node counted once), among the ``eligible`` nodes if given (the session's survivors)."""
+    than ``own_node`` (each node counted once), among the ``eligible`` nodes if given (the session's survivors).
+
+    With ``enough``, the count stops there: a winner that needs ``q - 1`` others' endorsements verifies until it has
+    them, not every one it is sent (the rest cannot change its decision).
+    """
     valid = 0
     for node, signature in endorsements.items():
+        if enough is not None and valid >= enough:
+            break
         if node == own_node or node not in directory or (eligible is not None and node not in eligible):
             continue
         try:
@@ -606,10 +684,10 @@ def unpack_endorsements(packed: bytes) -> dict[int, bytes]:
     return {node: entry[8:] for node, entry in zip(nodes, entries, strict=True)}
 
 
-def _listed(node_id: int, score: float, bid: float, payment: float) -> Bidder:
+def _listed(node_id: int, score: float, bid: float, payment: float, signature: bytes) -> Bidder:
     """A :class:`Bidder` whose fields were already checked, vectorised, while decoding."""
     bidder = object.__new__(Bidder)
-    bidder.__dict__.update(node_id=node_id, score=score, bid=bid, payment=payment)
+    bidder.__dict__.update(node_id=node_id, score=score, bid=bid, payment=payment, signature=signature)
     return bidder
 
 

@@ -53,6 +53,7 @@ __all__ = [
     "KEY_AWARD_SIGNATURE",
     "KEY_BID_PROOF",
     "KEY_BID",
+    "KEY_BID_SIGNATURE",
     "KEY_BUDGET",
     "KEY_BUYER_KEY",
     "KEY_BUDGET_RULE",
@@ -141,6 +142,9 @@ KEY_NUM_CLIENTS: Final = "num-clients"
 KEY_TRANSCRIPT: Final = "transcript"
 KEY_SCORE: Final = "score"
 KEY_BID: Final = "bid"
+KEY_BID_SIGNATURE: Final = "bid-signature"
+"""Bid reply, from a node with an identity key: its Ed25519 signature on its score and bid
+(:func:`~flmarket_flwr.pass_protocol.identity.sign_bid`), which the award's head carries."""
 KEY_COUNTS: Final = "counts"
 KEY_NONCE: Final = "nonce"
 KEY_WON: Final = "won"
@@ -328,10 +332,12 @@ class BidRequest(_MarketRecord):
 
 @dataclass(frozen=True)
 class BidReply(_MarketRecord):
-    """Bid step, node -> buyer: the node's score against ``N_s`` and its bid."""
+    """Bid step, node -> buyer: the node's score against ``N_s`` and its bid, and, from a node with an identity key,
+    its signature on them in this run, session and transcript (absent without one: the default profile's bytes)."""
 
     score: float
     bid: float
+    bid_signature: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -431,7 +437,8 @@ def message_type(action: str) -> str:
                           directory: the consistency round)
     ``market_unmask``     survivors, dropped (and the neighbours'     self-mask shares of survivors, key
                           signatures on them)                         shares of the dropped
-    ``market_bid``        session, ``N_s``, ``E``, transcript hash    score, bid
+    ``market_bid``        session, ``N_s``, ``E``, transcript hash    score, bid (with an identity key: its
+                                                                      Ed25519 signature on them)
     ``market_endorse``    session, the award and the buyer's          Ed25519 endorsement of the award's digest
                           signature on it                             (empty without an identity key)
     ``market_audit``      session, the award, its signature and the   the counts and the commitment nonce
