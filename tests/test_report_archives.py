@@ -38,6 +38,7 @@ COMMANDS = {
     "fashion_mnist_main": lambda: _main_grid_command("fashion_mnist_main"),
     "fashion_mnist_c100": lambda: _main_grid_command("fashion_mnist_c100"),
     "fashion_mnist_budget": lambda: _main_grid_command("fashion_mnist_budget"),
+    "fashion_mnist_budget_rule": lambda: _main_grid_command("fashion_mnist_budget_rule"),
     "fashion_mnist_pilot": lambda: _from_archive_on(PROJECT / "simulations/PILOT.md", "fashion_mnist_pilot"),
 }
 
