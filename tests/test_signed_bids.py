@@ -329,9 +329,10 @@ def _sparse_phase(tmp_path: Path, attack: Any) -> tuple[Any, Any]:
     grid, directory, _, _ = sparse_federation(
         tmp_path, num_nodes=SPARSE_NODES, seed=50, **{"pass-colluders": SPARSE_COLLUDERS}
     )
+    # At E = 60 the cost rule would keep the complete graph: the sparse mode is asked for.
     phase = MaliciousPhase(
         attack, security="malicious", directory=directory, pass_colluders=SPARSE_COLLUDERS, budget=SPARSE_BUDGET,
-        num_classes=NUM_CLASSES, timeout_per_node=0.0,
+        num_classes=NUM_CLASSES, timeout_per_node=0.0, neighbours="sparse",
     )  # fmt: skip
     assert phase.config.runs_sparse(SPARSE_NODES)
     return grid, phase
