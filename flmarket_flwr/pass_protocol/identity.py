@@ -12,8 +12,7 @@ import struct
 from collections.abc import Mapping
 from typing import Final
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from flmarket_flwr.pass_protocol.directory import (
     DIRECTORY_DIGEST_LENGTH,
@@ -22,6 +21,7 @@ from flmarket_flwr.pass_protocol.directory import (
     DirectorySignature,
     IdentityDirectory,
     directory_signature_message,
+    ed25519_verifies,
     generate_identity,
     load_directory,
     load_identity_key,
@@ -416,14 +416,10 @@ def _verify(identity_public_key: bytes, signature: bytes, message: bytes, what: 
         raise ValueError(f"{what} is not signed")
     if not isinstance(signature, bytes) or len(signature) != SIGNATURE_LENGTH:
         raise ValueError(f"{what}: a signature must be {SIGNATURE_LENGTH} bytes")
-    try:
-        public_key = Ed25519PublicKey.from_public_bytes(identity_public_key)
-    except ValueError as error:
-        raise ValueError(f"{what}: the identity key is not a valid Ed25519 key: {error}") from error
-    try:
-        public_key.verify(signature, message)
-    except InvalidSignature as error:
-        raise ValueError(f"{what} does not verify for this run, session, roster and content") from error
+    if not isinstance(identity_public_key, bytes) or len(identity_public_key) != IDENTITY_KEY_LENGTH:
+        raise ValueError(f"{what}: the identity key is not a valid Ed25519 key ({IDENTITY_KEY_LENGTH} bytes)")
+    if not ed25519_verifies(identity_public_key, signature, message):
+        raise ValueError(f"{what} does not verify for this run, session, roster and content")
 
 
 __all__ = [
@@ -440,6 +436,7 @@ __all__ = [
     "bid_message",
     "bind_members",
     "directory_signature_message",
+    "ed25519_verifies",
     "generate_identity",
     "load_directory",
     "load_identity_key",

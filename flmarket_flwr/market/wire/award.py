@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from flmarket_flwr.pass_protocol.identity import (
     IDENTITY_KEY_LENGTH,
     SIGNATURE_LENGTH,
+    ed25519_verifies,
     verify_award_endorsement,
     verify_bid,
 )
@@ -415,10 +415,9 @@ class SignedAward:
         award = Award.decode(self.encoded)
         if award.terms.buyer_key != buyer_key:
             raise AwardError("the award's terms name another buyer key")
-        try:
-            _public_key(buyer_key, "the buyer key").verify(self.signature, _signed_message(self.encoded))
-        except InvalidSignature as err:
-            raise AwardError("the award's signature does not verify under the buyer's key") from err
+        _public_key(buyer_key, "the buyer key")
+        if not ed25519_verifies(buyer_key, self.signature, _signed_message(self.encoded)):
+            raise AwardError("the award's signature does not verify under the buyer's key")
         return award
 
     @property
