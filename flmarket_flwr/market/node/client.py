@@ -36,6 +36,7 @@ from flmarket_flwr.market.wire.award import (
     binding_quorum,
     check_award,
     count_endorsements,
+    opening_quorum,
     unpack_endorsements,
 )
 from flmarket_flwr.market.wire.ledger import LedgerError, PrivacyBudgetExhausted, ReleaseLedger
@@ -709,6 +710,9 @@ class _MarketHandlers:
                     eligible: set[int] | None = _roster_nodes(state)
                 else:
                     needed = binding_quorum(client.state.survivor_count, settings.colluders)
+                    eligible = self._survivor_nodes(context, client, settings)
+                if settings.endorse_tolerance >= 0:  # all but d of the survivors it was shown: d left out at most
+                    needed = opening_quorum(needed, award.survivors, settings.endorse_tolerance)
                     eligible = self._survivor_nodes(context, client, settings)
                 others = count_endorsements(endorsed.digest, endorsements, directory, node_id, eligible, needed - 1)
                 valid = 1 + others  # the count stops at the quorum: the endorsements past it change nothing

@@ -184,6 +184,10 @@ MARKET_NODE_KEYS: Final[tuple[NodeKey, ...]] = (
             '"" for none'),
     NodeKey("market-buyer-key", str, "", 'the buyer\'s Ed25519 public key (64 hex) this node pins; "" for none',
             _public_key_or_empty, 'an Ed25519 public key in 64 hex digits, or ""'),
+    NodeKey("market-endorse-tolerance", int, -1, "the survivors that may withhold their endorsement of an award "
+            "this node opens for: d >= 0 also needs survivors - d endorsements, so that after seeing the bids the "
+            "buyer can leave at most d honest bidders out (and any survivor lost after the unmask beyond d stops the "
+            "market); -1: the binding quorum alone", at_least(-1), ">= -1 (-1: the quorum alone)"),
     # PASS: the rosters and graphs the node takes part in.
     NodeKey("pass-complete-graph", bool, False, "true: take part in PASS only on the complete graph"),
     NodeKey("pass-min-participants", int, MIN_PARTICIPANTS, "the smallest PASS roster the node takes part in",
@@ -372,6 +376,11 @@ class NodeSettings:
         The smallest PASS roster the node takes part in (below 3 counts as 3).
     colluders : int
         How many colluding clients the node's guarantees assume at most (its noise, the binding quorum).
+    endorse_tolerance : int
+        ``d``, the survivors that may withhold their endorsement of an award this node opens for (node config
+        ``market-endorse-tolerance``): with ``d >= 0`` the node, as a winner, also needs ``S - d`` endorsements, ``S``
+        the award's survivors, counted over the survivors it was shown (:func:`~flmarket_flwr.market.wire.award.
+        opening_quorum`); ``-1``: the binding quorum alone.
     split_tolerance : int
         How many colluding neighbours the node's secrets withstand in a split consistency round.
     release_ledger : ReleaseLedger or None
@@ -406,6 +415,7 @@ class NodeSettings:
     redraw_wait: float = DEFAULT_REDRAW_WAIT
     min_participants: int = MIN_PARTICIPANTS
     colluders: int = 0
+    endorse_tolerance: int = -1
     split_tolerance: int = 0
     release_ledger: ReleaseLedger | None = None
     noise_ceiling: float = 0.0
@@ -419,7 +429,7 @@ class NodeSettings:
         for name in ("complete_graph", "audit"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        for name in ("min_participants", "colluders", "split_tolerance"):
+        for name in ("min_participants", "colluders", "endorse_tolerance", "split_tolerance"):
             value = getattr(self, name)
             if not is_integer(value):
                 raise TypeError(f"{name} must be an int, got {value!r}")
@@ -502,6 +512,7 @@ def read_node_settings(context: Context, announced_noise: SkellamNoise | None = 
         redraw_wait=float(value("pass-redraw-wait")),
         min_participants=min_participants,
         colluders=colluders,
+        endorse_tolerance=int(value("market-endorse-tolerance")),
         split_tolerance=(
             PROFILE_SPLIT_TOLERANCE
             if secure and "pass-split-tolerance" not in config

@@ -46,6 +46,7 @@ __all__ = [
     "BidsTree",
     "SignedAward",
     "binding_quorum",
+    "opening_quorum",
     "bid_leaf",
     "verify_bid_proof",
     "build_award",
@@ -632,6 +633,21 @@ def binding_quorum(survivors: int, colluders: int) -> int:
     if survivors < 1 or colluders < 0:
         raise AwardError(f"a quorum needs survivors >= 1 and colluders >= 0, got {survivors} and {colluders}")
     return (survivors + colluders) // 2 + 1
+
+
+def opening_quorum(quorum: int, survivors: int, tolerance: int) -> int:
+    """Endorsements a winner needs before it opens: the binding ``quorum`` and, with a ``tolerance`` ``d >= 0``
+    (node config ``market-endorse-tolerance``), all but ``d`` of the award's ``survivors``.
+
+    Every honest survivor that the buyer leaves out of an award it should be in (dropped from the head, or listed as
+    a bid that never arrived) refuses to endorse it, and that refusal is the only trace: so a winner that needs
+    ``S - d`` endorsements, counted over the survivors it was shown, opens only for an award that leaves at most ``d``
+    of them out, whatever the buyer learned from the bids (docs/threat-model.md, "The binding award"). ``-1``: the
+    quorum alone, which tolerates ``S - quorum`` refusals.
+    """
+    if tolerance < -1:
+        raise AwardError(f"an endorsement tolerance is >= 0, or -1 for the quorum alone, got {tolerance}")
+    return quorum if tolerance < 0 else max(quorum, survivors - tolerance)
 
 
 def count_endorsements(
