@@ -44,5 +44,6 @@ for run in 1 2 3; do
     step "profiles300.$run" bench bench_profiles --sizes 300 --secure-whole-max 300 --json "$out/profiles300.$run.json"
     step "pass.$run" bench bench_pass
     step "award_checks.$run" bench bench_award_checks --sizes 1000 10000 --runs 1
+    step "signature_check.$run" bench bench_signature_check --runs 1
 done
 echo "$(date -u +%H:%M:%S) campaign finished" >>"$out/campaign.log"
