@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -59,16 +60,22 @@ def ledger_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
-def profile_grid(tmp_path: Path, seed: int = 21) -> tuple[InProcessGrid, Any, dict[int, np.ndarray]]:
-    """Ten drop-in nodes in the secure profile at its defaults (the issue's E = 10), and the honest directory."""
+def profile_grid(
+    tmp_path: Path, seed: int = 21, node_config: Mapping[str, Any] | None = None
+) -> tuple[InProcessGrid, Any, dict[int, np.ndarray]]:
+    """Ten drop-in nodes in the secure profile at its defaults (the issue's E = 10), each node config with
+    ``node_config`` added, and the honest directory."""
     counts = make_counts(NODES, seed=seed)
     nodes = sorted(counts)
     configs, directory = profile_setup(tmp_path, nodes)
+    configs = {node: {**config, **(node_config or {})} for node, config in configs.items()}
     return InProcessGrid(drop_in_app(counts), nodes, node_configs=configs), directory, counts
 
 
-def play(tmp_path: Path, attack: Any, seed: int = 21, **overrides: Any) -> InProcessGrid:
-    grid, directory, _ = profile_grid(tmp_path, seed)
+def play(
+    tmp_path: Path, attack: Any, seed: int = 21, node_config: Mapping[str, Any] | None = None, **overrides: Any
+) -> InProcessGrid:
+    grid, directory, _ = profile_grid(tmp_path, seed, node_config)
     phase = MaliciousPhase(attack, security="malicious", directory=directory, budget=BUDGET, **overrides)
     with pytest.raises(_AttackDone):
         phase.run(grid)

@@ -13,28 +13,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from adversary import NUM_CLASSES, make_counts
 from flwr.app import Context, RecordDict
 from hypothesis import given
 from hypothesis import strategies as st
-from test_award import MaliciousPhase, _AttackDone
-from test_binding_award import BUDGET, NODES
-from test_secure_profile_market import drop_in_app, profile_setup, secure_config
+from test_award import _AttackDone
+from test_binding_award import BUDGET, NODES, play, profile_grid
+from test_secure_profile_market import profile_setup, secure_config
 from test_signed_bids import (
     QUORUM,
-    SPARSE_BUDGET,
     SPARSE_COLLUDERS,
-    SPARSE_NODES,
     STATED,
     leaving_out_attack,
+    sparse_phase,
 )
-from test_sparse_secure_market import sparse_federation
 
 from flmarket_flwr.market import MarketPhase
 from flmarket_flwr.market.node.node_config import read_node_settings
 from flmarket_flwr.market.wire.award import AwardError, opening_quorum
 from flmarket_flwr.market.wire.messages import ACTION_ENDORSE
-from simulations.inprocess_grid import InProcessGrid
 
 TOLERANCE = "market-endorse-tolerance"
 
@@ -70,18 +66,6 @@ def test_a_tolerance_below_minus_one_is_refused_by_name() -> None:
 
 
 # --- The attack, at the profile's defaults (E = 10, c = 2, q = 7) ---------------------------------------------------
-def _play(tmp_path: Path, attack: Any, tolerance: int) -> None:
-    counts = make_counts(NODES, seed=21)
-    nodes = sorted(counts)
-    configs, directory = profile_setup(tmp_path, nodes)
-    for config in configs.values():
-        config[TOLERANCE] = tolerance
-    grid = InProcessGrid(drop_in_app(counts), nodes, node_configs=configs)
-    phase = MaliciousPhase(attack, security="malicious", directory=directory, budget=BUDGET)
-    with pytest.raises(_AttackDone):
-        phase.run(grid)
-
-
 def _assert_left_out(seen: dict[str, Any], tolerance: int, opens: bool) -> None:
     left = len(seen["left_out"])
     assert seen["victim"] not in seen["honest_winners"]
@@ -101,19 +85,14 @@ def test_with_a_tolerance_d_leaving_bidders_out_opens_a_loser_only_within_d(
     """The loser that needs ``d`` honest bidders left out opens, the one that needs ``d + 1`` does not, while the
     quorum alone (``n - q = 3``) would have opened both (``test_signed_bids``)."""
     seen: dict[str, Any] = {}
-    _play(tmp_path, leaving_out_attack(seen, tmp_path, STATED, tolerance, beyond), tolerance)
+    play(tmp_path, leaving_out_attack(seen, tmp_path, STATED, tolerance, beyond), node_config={TOLERANCE: tolerance})
     _assert_left_out(seen, tolerance, opens=not beyond)
     assert len(seen["left_out"]) <= NODES - QUORUM  # within what the quorum alone tolerates: the tolerance stops it
     print(f"d = {tolerance}: rank {seen['rank']} left out {len(seen['left_out'])} opened={bool(seen['opened'])}")
 
 
 def test_with_no_tolerance_an_honest_market_in_the_profile_opens_its_winners(tmp_path: Path) -> None:
-    counts = make_counts(NODES, seed=21)
-    nodes = sorted(counts)
-    configs, directory = profile_setup(tmp_path, nodes)
-    for config in configs.values():
-        config[TOLERANCE] = 0
-    grid = InProcessGrid(drop_in_app(counts), nodes, node_configs=configs)
+    grid, directory, _ = profile_grid(tmp_path, node_config={TOLERANCE: 0})
     outcome = MarketPhase(secure_config(directory, budget=BUDGET)).run(grid)
     assert outcome.status == "succeeded" and outcome.winners and outcome.excluded == {}
     assert sorted(outcome.audited) == sorted(outcome.winners)
@@ -127,18 +106,14 @@ def test_with_no_tolerance_a_survivor_lost_after_the_unmask_stops_the_opening(
     """The price of ``d = 0``: one survivor whose endorsement never arrives, and no winner opens; the market pays no
     one. With the quorum alone (the default) the same market opens its winners."""
     caplog.set_level(logging.WARNING)
-    counts = make_counts(NODES, seed=21)
-    nodes = sorted(counts)
-    configs, directory = profile_setup(tmp_path, nodes)
-    for config in configs.values():
-        config[TOLERANCE] = tolerance
-    silent = nodes[-1]
+    grid, directory, _ = profile_grid(tmp_path, node_config={TOLERANCE: tolerance})
+    silent = grid.node_ids[-1]
 
     def hook(instruction: Any, reply: Any) -> Any:
         endorse = instruction.metadata.message_type == f"query.{ACTION_ENDORSE}"
         return None if endorse and instruction.metadata.dst_node_id == silent else reply
 
-    grid = InProcessGrid(drop_in_app(counts), nodes, node_configs=configs, reply_hook=hook)
+    grid.reply_hook = hook
     outcome = MarketPhase(secure_config(directory, budget=BUDGET)).run(grid)
     assert outcome.excluded[silent].startswith(ACTION_ENDORSE)
     refusals = [r.getMessage() for r in caplog.records if f"{NODES} are needed" in r.getMessage()]
@@ -164,13 +139,7 @@ def test_with_a_tolerance_the_sparse_mode_opens_a_left_out_loser_only_within_d(t
     tolerance = 2
     seen: dict[str, Any] = {}
     attack = leaving_out_attack(seen, tmp_path, SPARSE_COLLUDERS, tolerance, beyond)
-    grid, directory, _, _ = sparse_federation(
-        tmp_path, num_nodes=SPARSE_NODES, seed=50, **{"pass-colluders": SPARSE_COLLUDERS, TOLERANCE: tolerance}
-    )
-    phase = MaliciousPhase(
-        attack, security="malicious", directory=directory, pass_colluders=SPARSE_COLLUDERS, budget=SPARSE_BUDGET,
-        num_classes=NUM_CLASSES, timeout_per_node=0.0, neighbours="sparse",
-    )  # fmt: skip
+    grid, phase = sparse_phase(tmp_path, attack, **{TOLERANCE: tolerance})
     with pytest.raises(_AttackDone):
         phase.run(grid)
     _assert_left_out(seen, tolerance, opens=not beyond)

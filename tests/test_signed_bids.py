@@ -325,9 +325,11 @@ def test_the_head_row_attack_opens_no_one_at_the_profiles_defaults(
     assert seen["reachable"] == 3  # ranks 2 to 4: listing three honest bidders at most, n - q = 3
 
 
-def _sparse_phase(tmp_path: Path, attack: Any) -> tuple[Any, Any]:
+def sparse_phase(tmp_path: Path, attack: Any, **node_config: Any) -> tuple[Any, Any]:
+    """The E = 60 sparse federation (three colluders stated, ``node_config`` added to each node's) and the buyer
+    that plays ``attack`` in the sparse mode."""
     grid, directory, _, _ = sparse_federation(
-        tmp_path, num_nodes=SPARSE_NODES, seed=50, **{"pass-colluders": SPARSE_COLLUDERS}
+        tmp_path, num_nodes=SPARSE_NODES, seed=50, **{"pass-colluders": SPARSE_COLLUDERS, **node_config}
     )
     # At E = 60 the cost rule would keep the complete graph: the sparse mode is asked for.
     phase = MaliciousPhase(
@@ -348,7 +350,7 @@ def test_the_head_row_attack_opens_no_one_in_the_sparse_mode(
     caplog.set_level(logging.WARNING)
     seen: dict[str, Any] = {}
     attack = head_row_attack(seen, tmp_path, SPARSE_COLLUDERS, SPARSE_NODES - SPARSE_QUORUM, pick)
-    grid, phase = _sparse_phase(tmp_path, attack)
+    grid, phase = sparse_phase(tmp_path, attack)
     with pytest.raises(_AttackDone):
         phase.run(grid)
     _assert_the_head_row_attack_fails(seen, caplog)
@@ -435,7 +437,7 @@ def test_leaving_bidders_out_opens_a_chosen_loser_only_within_n_minus_q_in_the_s
     """E = 60, three colluders stated, the quorum counted over the directory (32): up to 28 honest bidders may be left
     out, and a loser that needs a 29th does not open."""
     seen: dict[str, Any] = {}
-    grid, phase = _sparse_phase(
+    grid, phase = sparse_phase(
         tmp_path, leaving_out_attack(seen, tmp_path, SPARSE_COLLUDERS, SPARSE_NODES - SPARSE_QUORUM, beyond)
     )
     with pytest.raises(_AttackDone):

@@ -50,8 +50,10 @@ def ed25519_verifies(public_key: bytes, signature: bytes, message: bytes) -> boo
     Every signature check of the secure profile goes through here. It is libsodium's verification (PyNaCl), about
     1.6x faster than OpenSSL's on this project's machines (``benchmarks/RESULTS.md``, section 4) and stricter: it also
     refuses small-order keys and ``R`` points, which no honest signer produces. A key or signature of the wrong
-    length is simply not valid.
+    length, or one that is not bytes, is simply not valid.
     """
+    if not isinstance(public_key, bytes) or not isinstance(signature, bytes):
+        return False
     if len(public_key) != IDENTITY_KEY_LENGTH or len(signature) != SIGNATURE_LENGTH:
         return False
     try:

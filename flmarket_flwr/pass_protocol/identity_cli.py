@@ -1,4 +1,4 @@
-"""Command line for identity keys and pinned identity directories (:mod:`.identity`).
+"""Command line for identity keys and pinned identity directories (:mod:`.directory`).
 
 ``python -m flmarket_flwr.pass_protocol.identity_cli keygen node.pem`` makes a node's key (prints its public
 half); ``make`` (``--members``: keyed by member numbers rather than Flower node ids), ``sign`` and ``digest`` build a
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from flmarket_flwr.pass_protocol.identity import (
+from flmarket_flwr.pass_protocol.directory import (
     IdentityDirectory,
     generate_identity,
     load_directory,

@@ -705,14 +705,14 @@ class _MarketHandlers:
             if directory is not None:
                 client = _pass_client(state)
                 endorsements = unpack_endorsements(request.endorsements)  # type: ignore[arg-type]  # None: refused
-                if isinstance(client, SparseSecureClient):  # views of U3 may differ: count over the pinned directory
-                    needed = binding_quorum(directory.members, settings.colluders)
+                # views of U3 may differ in the sparse mode: the quorum over the pinned directory, endorsers from U1
+                sparse = isinstance(client, SparseSecureClient)
+                counted_over = directory.members if sparse else client.state.survivor_count
+                quorum = binding_quorum(counted_over, settings.colluders)
+                needed = opening_quorum(quorum, award.survivors, settings.endorse_tolerance)
+                if sparse and settings.endorse_tolerance < 0:
                     eligible: set[int] | None = _roster_nodes(state)
-                else:
-                    needed = binding_quorum(client.state.survivor_count, settings.colluders)
-                    eligible = self._survivor_nodes(context, client, settings)
-                if settings.endorse_tolerance >= 0:  # all but d of the survivors it was shown: d left out at most
-                    needed = opening_quorum(needed, award.survivors, settings.endorse_tolerance)
+                else:  # the survivors this winner was shown (with a tolerance d: all but d of them must endorse)
                     eligible = self._survivor_nodes(context, client, settings)
                 others = count_endorsements(endorsed.digest, endorsements, directory, node_id, eligible, needed - 1)
                 valid = 1 + others  # the count stops at the quorum: the endorsements past it change nothing
